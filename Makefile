@@ -1,0 +1,68 @@
+# kvlab: `make report` and `make test` set everything up on a fresh machine (Python 3.11 + make).
+SHELL  := /bin/bash
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.kvlab-installed
+PARAMS ?= params.yaml
+# One value over the parameters file, e.g. make report SET="02_batching.SEED=3"
+SET    ?=
+JUPYTERLAB_VERSION := 4.6.6
+
+# Caches live inside the checkout, so a missing or read-only HOME cannot break a build or CI.
+export MPLCONFIGDIR        := $(CURDIR)/.cache/matplotlib
+export IPYTHONDIR          := $(CURDIR)/.cache/ipython
+export JUPYTER_CONFIG_DIR  := $(CURDIR)/.cache/jupyter/config
+export JUPYTER_DATA_DIR    := $(CURDIR)/.cache/jupyter/data
+export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
+export PYTHONHASHSEED      := 0
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Real request traces (not committed): a folder holding the files that data/traces.toml lists.
+export TRACE_DIR ?= $(CURDIR)/../shared/traces
+
+.PHONY: help setup report test bench lab notebooks traces clean
+
+help:
+	@echo "make report   set up (first time) and build report/ (HTML, PDF, ledger.csv)"
+	@echo "make test     set up (first time) and run unit, CLI and notebook (nbval) tests"
+	@echo "make bench    run the speed and memory benchmarks and print their figures"
+	@echo "make notebooks re-execute notebooks/ in place with their defaults (the outputs nbval checks)"
+	@echo "make lab      open the notebooks in JupyterLab (installed on first use)"
+	@echo "make traces   download the public request traces into data/traces/ and check their hashes"
+	@echo "make clean    remove report/ outputs and caches (keeps .venv)"
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
+	@touch $@
+
+# The cache folders must exist before Jupyter or IPython look at them.
+CACHE_DIRS := $(MPLCONFIGDIR) $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR)
+$(shell mkdir -p $(CACHE_DIRS))
+
+report: $(STAMP)
+	$(BIN)/python -m kvlab.report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q --nbval --nbval-current-env tests notebooks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+lab: $(STAMP)
+	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet jupyterlab==$(JUPYTERLAB_VERSION)
+	$(BIN)/jupyter lab notebooks/
+
+notebooks: $(STAMP)
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.kernel_name=python3 notebooks/*.ipynb
+
+traces: $(STAMP)
+	$(BIN)/python -m kvlab.traces download --dest data/traces
+
+clean:
+	find report -mindepth 1 ! -name README.md -exec rm -rf {} +
+	rm -rf .cache .hypothesis

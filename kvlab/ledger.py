@@ -1,0 +1,143 @@
+"""The reproduction ledger: every figure the article publishes, set against kvlab's value.
+
+data/article_figures.csv is the one place that holds the article's figures and their tolerances:
+- ``abs``: pass when |printed - article| <= tolerance, where printed is kvlab's value rounded
+  the way the article rounds (half up, to the article's number of decimals): with tolerance 0
+  kvlab prints exactly what the article prints;
+- ``rel``: pass when |reproduced - article| <= tolerance x |article|;
+- ``band``: pass when the article's value lies inside kvlab's [band_low, band_high] (seed bands).
+"""
+from __future__ import annotations
+
+from decimal import ROUND_HALF_UP, Decimal
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+ARTICLE_FIGURES_CSV = DATA_DIR / "article_figures.csv"
+KEY = ["section", "table", "row", "column"]
+LEDGER_COLUMNS = ["section", "table", "row", "column", "article", "reproduced", "tolerance", "status"]
+SECTIONS = (1, 2, 3)
+
+
+def article_figures(section: int | None = None) -> pd.DataFrame:
+    """The article's published figures (data/article_figures.csv), optionally of one section."""
+    figures = pd.read_csv(ARTICLE_FIGURES_CSV, dtype={"row": str, "table": str, "column": str})
+    if section is not None:
+        if section not in SECTIONS:
+            raise ValueError(f"section={section!r} is not allowed: must be one of 1, 2, 3")
+        figures = figures[figures["section"] == section]
+    return figures.reset_index(drop=True)
+
+
+def round_half_up(value: float, decimals: int) -> float:
+    """value rounded to decimals places, ties away from zero (as the article prints: 31.25 -> 31.3)."""
+    return float(Decimal(repr(float(value))).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP))
+
+
+def as_printed(frame: pd.DataFrame, section: int, table: str) -> pd.DataFrame:
+    """A wide table formatted the way the article prints it: its decimals per column, thousands separators."""
+    figures = article_figures(section)
+    figures = figures[figures["table"] == table]
+    decimals = figures.groupby("column")["decimals"].first()
+    out = frame.copy().astype(object)
+    for column in frame.columns:
+        if column not in decimals:
+            raise ValueError(f"column={column!r} is not allowed: table {table!r} has {sorted(decimals.index)}")
+        d = int(decimals[column])
+        spec = ",.0f" if d == 0 else f".{d}f"  # the article groups thousands in counts only
+        out[column] = [format(round_half_up(v, d), spec) for v in frame[column]]
+    return out
+
+
+def from_table(section: int, table: str, frame: pd.DataFrame, *, band: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Reproduced values in long form from a wide table (index = row labels, columns = column labels).
+
+    band, when given, is a frame of the same shape whose cells are (low, high) pairs.
+    """
+    long = frame.stack().rename("reproduced").reset_index()
+    long.columns = ["row", "column", "reproduced"]
+    long.insert(0, "table", table)
+    long.insert(0, "section", section)
+    long["row"] = long["row"].map(str)
+    if band is not None:
+        pairs = band.stack().reset_index(drop=True)
+        long["band_low"] = [p[0] for p in pairs]
+        long["band_high"] = [p[1] for p in pairs]
+    return long
+
+
+def _status(row) -> tuple[float, str]:
+    if pd.isna(row["reproduced"]):
+        return np.nan, "missing"
+    article, reproduced, kind = row["value"], row["reproduced"], row["tolerance_kind"]
+    difference = reproduced - article
+    if kind == "band":
+        low, high = row.get("band_low", np.nan), row.get("band_high", np.nan)
+        if pd.isna(low) or pd.isna(high):
+            return difference, "missing"
+        return difference, "pass" if low <= article <= high else "fail"
+    tolerance = float(row["tolerance"])
+    if kind == "abs":
+        printed = round_half_up(reproduced, int(row["decimals"]))
+        # 1e-9 relative slack only absorbs binary floating-point noise in the subtraction.
+        ok = abs(printed - article) <= tolerance + 1e-9 * max(1.0, abs(article))
+    elif kind == "rel":
+        ok = abs(difference) <= tolerance * abs(article)
+    else:
+        raise ValueError(f"tolerance_kind={kind!r} is not allowed: must be abs, rel or band")
+    return difference, "pass" if ok else "fail"
+
+
+def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None = None) -> pd.DataFrame:
+    """Join reproduced values with the article's figures: article, reproduced, difference, tolerance, status.
+
+    Every article figure of the section(s) appears; one kvlab did not reproduce is 'missing'.
+    """
+    if isinstance(reproduced, list):
+        reproduced = pd.concat(reproduced, ignore_index=True) if reproduced else None
+    if reproduced is None or reproduced.empty:
+        reproduced = pd.DataFrame(columns=KEY + ["reproduced"])
+    reproduced = reproduced.astype({"section": int, "table": str, "row": str, "column": str})
+    figures = article_figures(section)
+    unknown = reproduced.merge(figures[KEY], on=KEY, how="left", indicator=True)
+    unknown = unknown[unknown["_merge"] == "left_only"]
+    if not unknown.empty:
+        first = unknown.iloc[0]
+        raise ValueError(
+            f"reproduced figure {tuple(first[KEY])} is not allowed: it is not in {ARTICLE_FIGURES_CSV.name}"
+        )
+    merged = figures.merge(reproduced, on=KEY, how="left")
+    results = merged.apply(_status, axis=1, result_type="expand")
+    merged["difference"], merged["status"] = results[0], results[1]
+    merged = merged.rename(columns={"value": "article"})
+    columns = KEY + ["article", "reproduced", "difference", "tolerance", "tolerance_kind", "unit", "status"]
+    for extra in ("band_low", "band_high"):
+        if extra in merged:
+            columns.insert(columns.index("difference"), extra)
+    return merged[columns]
+
+
+def summary(ledger: pd.DataFrame) -> dict:
+    """Counts of pass / fail / missing rows, and the total."""
+    counts = ledger["status"].value_counts()
+    return {"total": int(len(ledger)), **{s: int(counts.get(s, 0)) for s in ("pass", "fail", "missing")}}
+
+
+def save(ledger: pd.DataFrame, path: str | Path | None) -> None:
+    """Write a section's ledger rows to path (CSV); do nothing when path is empty."""
+    if not path:
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ledger.to_csv(path, index=False, float_format="%.10g")
+
+
+def collect(paths: list[str | Path]) -> pd.DataFrame:
+    """The full ledger (every article figure) from the sections' saved rows, in the report's columns."""
+    parts = [pd.read_csv(p, dtype={"row": str, "table": str, "column": str}) for p in paths if Path(p).exists()]
+    reproduced = [p[[c for c in p.columns if c in KEY + ["reproduced", "band_low", "band_high"]]] for p in parts]
+    full = compare(reproduced)
+    return full[LEDGER_COLUMNS]
