@@ -56,8 +56,8 @@ def bytes_per_request(shape: KVShape, context_tokens: int) -> int | float:
 
 def free_bytes(gpu_memory: float, weights: float, unit: str = "GiB") -> Fraction:
     """Memory left for the KV cache once the weights are loaded (bytes, exact)."""
-    gpu_memory = validate.positive_number("gpu_memory", gpu_memory)
-    weights = validate.non_negative_number("weights", weights)
+    validate.positive_number("gpu_memory", gpu_memory)
+    validate.non_negative_number("weights", weights)
     if weights >= gpu_memory:
         validate.fail("weights", weights, f"must be below the GPU memory ({gpu_memory:g} {unit})")
     return (Fraction(gpu_memory) - Fraction(weights)) * unit_bytes(unit)

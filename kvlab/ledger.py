@@ -113,7 +113,8 @@ def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None =
     results = merged.apply(_status, axis=1, result_type="expand")
     merged["difference"], merged["status"] = results[0], results[1]
     merged = merged.rename(columns={"value": "article"})
-    columns = KEY + ["article", "reproduced", "difference", "tolerance", "tolerance_kind", "unit", "status"]
+    merged["tolerance"] = merged.apply(_tolerance_text, axis=1)
+    columns = KEY + ["article", "reproduced", "difference", "tolerance", "status"]
     for extra in ("band_low", "band_high"):
         if extra in merged:
             columns.insert(columns.index("difference"), extra)
@@ -139,5 +140,14 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
     """The full ledger (every article figure) from the sections' saved rows, in the report's columns."""
     parts = [pd.read_csv(p, dtype={"row": str, "table": str, "column": str}) for p in paths if Path(p).exists()]
     reproduced = [p[[c for c in p.columns if c in KEY + ["reproduced", "band_low", "band_high"]]] for p in parts]
-    full = compare(reproduced)
-    return full[LEDGER_COLUMNS]
+    return compare(reproduced)[LEDGER_COLUMNS]
+
+
+def _tolerance_text(row) -> str:
+    """The tolerance as a person reads it: 'abs 0', 'rel 0.02', 'band 140.1..160.2'."""
+    if row["tolerance_kind"] == "band":
+        low, high = row.get("band_low", np.nan), row.get("band_high", np.nan)
+        return "5-95% band" if pd.isna(low) else f"band {low:.6g}..{high:.6g}"
+    if row["tolerance_kind"] == "rel":
+        return f"rel {float(row['tolerance']):g}"
+    return f"abs {float(row['tolerance']):g}"

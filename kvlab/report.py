@@ -1,0 +1,363 @@
+"""Build report/: execute the notebooks with papermill, render HTML and one PDF, write the ledger.
+
+    python -m kvlab.report --params params.yaml [--set NOTEBOOK.NAME=VALUE | --set NAME=VALUE ...]
+
+Parameters are checked before any notebook runs. The build happens in a temporary folder that
+replaces report/ only when every notebook succeeded, so a failed build leaves the last report intact.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import datetime as dt
+import html
+import importlib.metadata
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from kvlab import ledger as ledger_mod
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_DIR = ROOT / "notebooks"
+REPORT_DIR = ROOT / "report"
+PACKAGES = ["kvlab", "numpy", "pandas", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel", "weasyprint"]
+TITLE = "kvlab: KV-cache memory in LLM serving"
+
+
+class ReportError(Exception):
+    """A build problem reported as one line (bad parameters, a failed notebook)."""
+
+
+# ---------------------------------------------------------------- parameters
+def notebook_parameters(path: Path) -> dict:
+    """The parameters cell of a notebook: name -> default value."""
+    import papermill
+
+    found = papermill.inspect_notebook(str(path))
+    return {name: ast.literal_eval(info["default"]) for name, info in found.items()}
+
+
+def _parse_value(text: str):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ReportError(f"--set value {text!r} is not valid YAML: {error.problem}") from None
+
+
+def _same_kind(default, value) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    if default is None:
+        return True
+    return isinstance(value, type(default))
+
+
+def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) -> dict[str, dict]:
+    """Parameters per notebook stem from the YAML file and --set overrides, checked against each notebook."""
+    if not params_path.exists():
+        raise ReportError(f"--params={str(params_path)!r} is not allowed: the file does not exist")
+    try:
+        raw = yaml.safe_load(params_path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ReportError(f"{params_path.name}: not valid YAML: {error}") from None
+    if not isinstance(raw, dict):
+        raise ReportError(f"{params_path.name}: must map notebook names to their parameters")
+    stems = {nb.stem: nb for nb in notebooks}
+    declared = {stem: notebook_parameters(path) for stem, path in stems.items()}
+    params: dict[str, dict] = {stem: {} for stem in stems}
+    for stem, values in raw.items():
+        if stem not in stems:
+            raise ReportError(f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}")
+        params[stem].update(values or {})
+    for item in overrides:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise ReportError(f"--set {item!r} is not allowed: must look like NOTEBOOK.NAME=VALUE or NAME=VALUE")
+        value = _parse_value(text)
+        stem, dot, pname = name.rpartition(".")
+        targets = [stem] if dot else [s for s in stems if pname in declared[s]]
+        if dot and stem not in stems:
+            raise ReportError(f"--set {item!r} is not allowed: notebook {stem!r} must be one of {', '.join(stems)}")
+        if not targets:
+            raise ReportError(f"--set {item!r} is not allowed: no notebook has a parameter {pname!r}")
+        for target in targets:
+            params[target][pname] = value
+    for stem, values in params.items():
+        for pname, value in values.items():
+            where = f"{stem}.{pname}={value!r}"
+            if pname not in declared[stem]:
+                raise ReportError(f"{where} is not allowed: {stem} has parameters {', '.join(declared[stem])}")
+            default = declared[stem][pname]
+            if not _same_kind(default, value):
+                raise ReportError(f"{where} is not allowed: must be a {type(default).__name__} like {default!r}")
+        check = SECTION_CHECKS.get(stem)
+        if check:
+            merged = {**declared[stem], **values}
+            try:
+                check(merged)
+            except ValueError as error:
+                raise ReportError(f"{params_path.name}: {stem}: {error}") from None
+    return params
+
+
+def _check_capacity(p: dict) -> None:
+    from kvlab import capacity
+
+    shape = capacity.KVShape(p["NUM_LAYERS"], p["NUM_KV_HEADS"], p["HEAD_DIM"], p["DTYPE_BYTES"])
+    capacity.memory_table(shape, p["CONTEXTS"], p["CONCURRENCY"])
+    capacity.fit_table(shape, p["GPU_MEMORY_GIB"], p["WEIGHTS_GIB"], p["CONTEXTS"])
+
+
+# Each section's semantic check of its parameters (run before any notebook executes).
+SECTION_CHECKS = {"03_capacity": _check_capacity}
+
+
+# ---------------------------------------------------------------- execution
+@dataclass
+class Section:
+    stem: str
+    title: str = ""
+    headline: str = ""
+    seconds: float = 0.0
+    params: dict = field(default_factory=dict)
+
+
+def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
+    """Run one notebook with papermill into out_dir/notebooks; return its title and headline numbers."""
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    executed = out_dir / "notebooks" / notebook.name
+    ledger_csv = out_dir / "ledger" / f"{notebook.stem}.csv"
+    declared = notebook_parameters(notebook)
+    run_params = dict(params)
+    if "LEDGER_CSV" in declared:
+        run_params["LEDGER_CSV"] = str(ledger_csv)
+    start = time.perf_counter()
+    try:
+        papermill.execute_notebook(
+            str(notebook), str(executed), parameters=run_params, kernel_name="python3",
+            cwd=str(notebook.parent), progress_bar=False,
+        )
+    except PapermillExecutionError as error:
+        raise ReportError(
+            f"notebook {notebook.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}"
+        ) from None
+    seconds = time.perf_counter() - start
+    nb = nbformat.read(executed, as_version=4)
+    title = next((c.source.splitlines()[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), notebook.stem)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    headline = "".join(o.get("text", "") for o in code[-1].get("outputs", []) if o.get("name") == "stdout")
+    return Section(notebook.stem, title, headline.rstrip(), seconds, params)
+
+
+# ---------------------------------------------------------------- rendering
+CSS = """
+body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 62rem; margin: 2rem auto;
+       padding: 0 1rem; color: #222; line-height: 1.45; font-size: 11pt; }
+h1 { font-size: 1.7rem; } h2 { font-size: 1.25rem; margin-top: 1.8rem; }
+table { border-collapse: collapse; margin: 0.8rem 0; font-size: 8pt; }
+.anchor-link { display: none; }
+th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: right; }
+th { background: #f2f2f2; }
+pre { background: #f7f7f7; padding: 0.6rem; overflow-x: auto; font-size: 9pt; white-space: pre-wrap; }
+img { max-width: 100%; }
+nav { font-size: 0.9rem; margin-bottom: 1rem; }
+.pass { color: #176b2c; } .fail { color: #b00020; font-weight: bold; } .missing { color: #8a6d00; }
+footer { margin-top: 2.5rem; font-size: 8.5pt; color: #555; border-top: 1px solid #ccc; }
+@page { size: A4; margin: 1.5cm; }
+"""
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def render_section(executed: Path, section: Section) -> str:
+    """A section page: the notebook's outputs and prose without code, with a link back to the index."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    nb = nbformat.read(executed, as_version=4)
+    body, _ = exporter.from_notebook_node(nb)
+    nav = '<nav><a href="index.html">&larr; back to the report index</a></nav>'
+    return _page(section.title, nav + body + nav)
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def provenance() -> dict:
+    """Versions, commit and date for the reproducibility footer."""
+    commit = _git("rev-parse", "HEAD") or "unknown (not a git checkout)"
+    dirty = bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!report"))
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return {"commit": commit, "dirty": dirty, "python": platform.python_version(), "packages": versions,
+            "built": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _ledger_table(rows) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows.columns)
+    body = []
+    for _, r in rows.iterrows():
+        cells = "".join(
+            f"<td class=\"{r['status']}\">{html.escape(_fmt(v))}</td>" if c == "status" else f"<td>{html.escape(_fmt(v))}</td>"
+            for c, v in r.items()
+        )
+        body.append(f"<tr>{cells}</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if v != v else f"{v:.10g}"
+    return str(v)
+
+
+def render_index(sections: list[Section], ledger, info: dict, params: dict) -> str:
+    """The index page: what the report reproduces, the ledger summary, headlines, the footer."""
+    s = ledger_mod.summary(ledger)
+    open_rows = ledger[ledger["status"] != "pass"]
+    parts = [
+        f"<h1>{TITLE}</h1>",
+        "<p>This report reproduces a short article on how vLLM manages KV-cache memory: reserving KV memory in "
+        "small blocks instead of the maximum length (section 1), continuous instead of static batching (section 2) "
+        "and how many requests fit in GPU memory (section 3). Every figure the article publishes is in the "
+        "reproduction ledger below, next to kvlab's value and whether it matches within the stated tolerance.</p>",
+        f"<h2>Reproduction ledger</h2><p><strong>{s['pass']} of {s['total']} published figures reproduced</strong> "
+        f"({s['fail']} failing, {s['missing']} missing). Machine-readable: <a href=\"ledger.csv\">ledger.csv</a>.</p>",
+    ]
+    if len(open_rows):
+        parts.append("<h3>Figures not reproduced</h3>" + _ledger_table(open_rows))
+    parts.append("<h2>Sections</h2>")
+    for sec in sections:
+        parts.append(f"<h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
+                     f"<pre>{html.escape(sec.headline)}</pre>")
+    parts.append("<h2>All ledger rows</h2>" + _ledger_table(ledger))
+    pkgs = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+    parts.append(
+        "<footer><h2>Reproducibility</h2>"
+        f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
+        f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
+        f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
+        f"<p>Parameters and seeds (papermill):</p><pre>{html.escape(yaml.safe_dump(params, default_flow_style=None, sort_keys=True))}</pre>"
+        "</footer>"
+    )
+    return _page(TITLE, "\n".join(parts))
+
+
+def write_pdf(pages: list[Path], pdf: Path) -> None:
+    """One PDF from the HTML pages, in order (weasyprint: no LaTeX, no browser)."""
+    import weasyprint
+
+    documents = [weasyprint.HTML(filename=str(p)).render() for p in pages]
+    all_pages = [page for doc in documents for page in doc.pages]
+    documents[0].copy(all_pages).write_pdf(str(pdf))
+
+
+# ---------------------------------------------------------------- build
+def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, notebook_dir: Path = NOTEBOOK_DIR,
+          pdf: bool = True, log=print) -> Path:
+    """Build the whole report into out atomically; raise ReportError on bad parameters or a failed notebook."""
+    notebooks = sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))
+    if not notebooks:
+        raise ReportError(f"no notebooks found in {notebook_dir}")
+    params = load_params(params_path, overrides, notebooks)
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
+    (tmp / "notebooks").mkdir()
+    total_start = time.perf_counter()
+    try:
+        sections = []
+        for i, nb in enumerate(notebooks, 1):
+            log(f"report: [{i}/{len(notebooks)}] {nb.name} ...", end=" ", flush=True)
+            sec = execute(nb, tmp, params[nb.stem])
+            log(f"ok ({sec.seconds:.1f} s)", flush=True)
+            (tmp / f"{nb.stem}.html").write_text(render_section(tmp / "notebooks" / nb.name, sec))
+            sections.append(sec)
+        ledger = ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")))
+        ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
+        shutil.rmtree(tmp / "ledger", ignore_errors=True)
+        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params))
+        if pdf:
+            log("report: rendering report.pdf ...", end=" ", flush=True)
+            pdf_start = time.perf_counter()
+            write_pdf([tmp / "index.html"] + [tmp / f"{s.stem}.html" for s in sections], tmp / "report.pdf")
+            log(f"ok ({time.perf_counter() - pdf_start:.1f} s)", flush=True)
+        readme = out / "README.md"
+        if readme.exists():
+            shutil.copy2(readme, tmp / "README.md")
+        tmp.chmod(0o755)
+        _replace(out, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    s = ledger_mod.summary(ledger)
+    log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, report.pdf, ledger.csv "
+        f"({s['pass']} of {s['total']} figures reproduced, {s['fail']} failing, {s['missing']} missing)")
+    return out
+
+
+def _replace(out: Path, new: Path) -> None:
+    """Swap new in for out; the old report is removed only once the new one is in place."""
+    old = out.with_name(f".{out.name}-old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    try:
+        new.rename(out)
+    except BaseException:
+        if old.exists():
+            old.rename(out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kvlab-report", description="Build report/ (HTML, PDF, ledger.csv) "
+                                     "from the notebooks, with the parameters and seeds of a YAML file.")
+    parser.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="parameters file (YAML)")
+    parser.add_argument("--set", action="append", default=[], metavar="[NOTEBOOK.]NAME=VALUE",
+                        help="override one parameter (without NOTEBOOK: every notebook that has NAME)")
+    parser.add_argument("--out", type=Path, default=REPORT_DIR, help="output folder (default report/)")
+    args = parser.parse_args(argv)
+
+    try:
+        build(args.params, args.set, args.out)
+    except ReportError as error:
+        print(f"\nreport: error: {error}", file=sys.stderr)
+        print("report: the previous report was left as it was", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

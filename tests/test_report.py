@@ -1,0 +1,117 @@
+"""The report build: parameters checked first, atomic replacement, every ledger row on the index."""
+import shutil
+
+import nbformat
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from kvlab import ledger, report
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+def _params(tmp_path, text):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("text, overrides, message", [
+    ("03_capacity:\n  NUM_LAYERS: -1\n", [], "03_capacity: num_layers=-1 is not allowed: must be an integer >= 1"),
+    ("03_capacity:\n  NUM_LAYRES: 32\n", [], "03_capacity.NUM_LAYRES=32 is not allowed: 03_capacity has parameters"),
+    ("99_nothing:\n  X: 1\n", [], "notebook '99_nothing' is not allowed"),
+    ("03_capacity:\n  CONTEXTS: 1000\n", [], "03_capacity.CONTEXTS=1000 is not allowed: must be a list"),
+    ("", ["03_capacity.GPU_MEMORY_GIB=0"], "gpu_memory=0 is not allowed: must be a finite number > 0"),
+    ("", ["NO_SUCH_PARAM=3"], "no notebook has a parameter 'NO_SUCH_PARAM'"),
+    ("", ["GPU_MEMORY_GIB"], "must look like NOTEBOOK.NAME=VALUE or NAME=VALUE"),
+])
+def test_bad_parameters_fail_before_any_notebook_runs(tmp_path, text, overrides, message):
+    with pytest.raises(report.ReportError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        report.load_params(_params(tmp_path, text), overrides, NOTEBOOKS)
+
+
+def test_overrides_reach_the_right_notebook(tmp_path):
+    params = report.load_params(_params(tmp_path, "03_capacity:\n  WEIGHTS_GIB: 16\n"),
+                                ["03_capacity.GPU_MEMORY_GIB=141", "WEIGHTS_GIB=20"], NOTEBOOKS)
+    assert params["03_capacity"] == {"WEIGHTS_GIB": 20, "GPU_MEMORY_GIB": 141}
+
+
+def test_the_committed_params_file_is_valid():
+    params = report.load_params(ROOT / "params.yaml", [], NOTEBOOKS)
+    assert set(params) == {nb.stem for nb in NOTEBOOKS}
+
+
+def _notebook(path, source):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [nbformat.v4.new_markdown_cell("# A test section"),
+             nbformat.v4.new_code_cell("X = 1  # a number"), nbformat.v4.new_code_cell(source)]
+    cells[1].metadata["tags"] = ["parameters"]
+    nb.cells = cells
+    nbformat.write(nb, path)
+
+
+def test_a_failing_notebook_leaves_the_previous_report(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _notebook(notebooks / "01_ok.ipynb", "print('fine')")
+    _notebook(notebooks / "02_bad.ipynb", "raise ValueError(f'X={X} is not allowed: must be 2')")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "index.html").write_text("the previous report")
+    with pytest.raises(report.ReportError) as error:
+        report.build(_params(tmp_path, ""), [], out, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
+    assert str(error.value) == "notebook 02_bad.ipynb failed in cell 2: ValueError: X=1 is not allowed: must be 2"
+    assert (out / "index.html").read_text() == "the previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks", "params.yaml", "report"]
+
+
+def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _notebook(notebooks / "01_ok.ipynb", "print('headline: 42 requests')")
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "stale.html").write_text("old")
+    report.build(_params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True,
+                 log=lambda *a, **k: None)
+    assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "notebooks", "report.pdf"]
+    index = (out / "index.html").read_text()
+    assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X: 5" in index
+    assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
+    assert "print(" not in (out / "01_ok.html").read_text()  # no code on section pages
+    assert 'href="index.html"' in (out / "01_ok.html").read_text()
+
+
+def test_index_lists_every_ledger_row():
+    rows = ledger.collect([])
+    page = report.render_index([], rows, report.provenance(), {})
+    assert f"0 of {len(rows)} published figures reproduced" in page
+    for _, r in rows.iterrows():
+        assert f"<td>{r['table']}</td><td>{r['row']}</td><td>{r['column']}</td>" in page
+
+
+def _outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def test_two_builds_give_identical_numbers(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    shutil.copy(ROOT / "notebooks" / "03_capacity.ipynb", notebooks)
+    import yaml
+
+    only_03 = {"03_capacity": yaml.safe_load((ROOT / "params.yaml").read_text())["03_capacity"]}
+    params = _params(tmp_path, yaml.safe_dump(only_03))
+    builds = []
+    for name in ("a", "b"):
+        out = report.build(params, [], tmp_path / name, notebook_dir=notebooks, pdf=False,
+                           log=lambda *a, **k: None)
+        builds.append(out)
+    a, b = builds
+    assert (a / "ledger.csv").read_bytes() == (b / "ledger.csv").read_bytes()
+    assert _outputs(a / "notebooks" / "03_capacity.ipynb") == _outputs(b / "notebooks" / "03_capacity.ipynb")
+    rows = pd.read_csv(a / "ledger.csv", dtype={"row": str})
+    assert (rows[rows["section"] == 3]["status"] == "pass").all()
