@@ -316,3 +316,34 @@ def run_through_allocator(lengths, block_size: int, *, prompt_tokens: int = 1) -
     used = sum(allocator.num_tokens(r) for r in range(len(lengths)))
     return {"reserved_tokens": reserved, "used_tokens": used, "wasted_tokens": reserved - used,
             "num_free_blocks": allocator.num_free_blocks}
+
+
+# ---------------------------------------------------------------- the article's figures, for comparison
+ARTICLE_COLUMNS = ["reserved_tokens", "wasted_tokens", "waste_pct", "max_num_requests"]
+
+
+def article_table() -> pd.DataFrame:
+    """The article's section 1 table (data/article_figures.csv), one row per reservation unit (tokens)."""
+    from kvlab import ledger
+
+    figures = ledger.article_figures(1).query("table == 'allocation'")
+    table = figures.pivot(index="row", columns="column", values="value")[ARTICLE_COLUMNS]
+    table.index = table.index.astype(int).rename("block_size")
+    return table.sort_index(ascending=False)
+
+
+def claims_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The article's headline claim from an allocation table: requests that fit with 16 over 4,096 tokens."""
+    return pd.DataFrame({"fit_ratio": [fit_ratio(table)]}, index=pd.Index(["16 vs 4096"], name="claim"))
+
+
+def band_check(band: pd.DataFrame, article: pd.DataFrame) -> pd.DataFrame:
+    """Per block size and figure: the article's value, the seed band (low, high), and whether it lies inside."""
+    rows = []
+    for block_size in article.index:
+        for column in article.columns:
+            low, high = band.loc[block_size, column]
+            value = article.loc[block_size, column]
+            rows.append({"block_size": block_size, "figure": column, "article": value,
+                         "band_low": low, "band_high": high, "inside": bool(low <= value <= high)})
+    return pd.DataFrame(rows).set_index(["block_size", "figure"])

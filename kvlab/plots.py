@@ -65,7 +65,7 @@ def waste_vs_block_size(table: pd.DataFrame, article: pd.DataFrame | None = None
         a = article.index.to_numpy(dtype=float)
         top.plot(a, article["waste_pct"], "x", color="black", ms=9, label="article")
         fits.plot(a, article["max_num_requests"], "x", color="black", ms=9)
-    top.legend(loc="center right")
+    top.legend(loc="upper center")
     top.grid(True, alpha=0.3)
     bottom.plot(b, table["block_table_entries"], "o-", color="C2")
     bottom.set_yscale("log")
@@ -97,17 +97,20 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
     return fig
 
 
-def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "waste_pct",
-                    ylabel: str = "waste (% of reserved)") -> matplotlib.figure.Figure:
-    """The spread over seeds of one allocation-table column per block size (box plots), the article's value as x."""
+def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wasted_tokens",
+                    label: str = "wasted tokens") -> matplotlib.figure.Figure:
+    """The spread over seeds of one allocation-table column per block size, as % from the seed median; article as x."""
     fig, ax = _figure()
     sizes = list(article.index)
-    data = [runs.loc[runs.index == b, column].to_numpy() for b in sizes]
+    medians = [np.median(runs.loc[runs.index == b, column]) for b in sizes]
+    data = [100 * (runs.loc[runs.index == b, column].to_numpy() / m - 1) for b, m in zip(sizes, medians)]
     ax.boxplot(data, whis=(5, 95), showfliers=False)
-    ax.plot(range(1, len(sizes) + 1), article[column].to_numpy(), "x", color="black", ms=10, label="article")
+    ax.plot(range(1, len(sizes) + 1), 100 * (article[column].to_numpy() / np.array(medians) - 1), "x",
+            color="black", ms=10, label="article")
+    ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(1, len(sizes) + 1), [f"{b:,}" for b in sizes])
     ax.set_xlabel("block size (tokens)")
-    ax.set_ylabel(ylabel + "; whiskers 5-95% over seeds")
+    ax.set_ylabel(f"{label}: % from the seed median\n(box 25-75%, whiskers 5-95%)")
     ax.grid(True, alpha=0.3)
     ax.legend()
     return fig
