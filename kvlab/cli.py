@@ -5,7 +5,12 @@ import argparse
 import json
 import sys
 
+import numpy as np
+
+from kvlab import allocator as alloc
 from kvlab import capacity as cap
+from kvlab import validate
+from kvlab import workloads
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -80,11 +85,77 @@ def run_capacity(args) -> dict:
     return result
 
 
+# ---------------------------------------------------------------- kvlab allocate
+ALLOCATE_FLAGS = {
+    "num_requests": "--num-requests", "max_len_tokens": "--max-len", "block_size": "--block-size",
+    "lengths": "--lengths", "memory_gib": "--memory-gib", "mib_per_token": "--mb-per-token",
+}
+
+
+def add_allocate(commands) -> None:
+    families = "; ".join(f"{name}: {text}" for name, (_, text) in workloads.LENGTH_DISTRIBUTIONS.items()).replace("%", "%%")
+    p = commands.add_parser(
+        "allocate",
+        help="KV slots reserved, used and wasted when memory is reserved in blocks of a given size",
+        description="Reserve KV-cache memory for --num-requests requests in blocks of --block-size tokens "
+        "(each request reserves ceil(length / block size) blocks) and count reserved, used and wasted "
+        "tokens, the waste share, and how many requests fit in --memory-gib at --mb-per-token "
+        "(floor(memory / (mean reserved tokens per request x memory per token)); 1 GB = 1,024 MB, "
+        "as the article counts). Lengths are drawn with --seed from the family --lengths.",
+        epilog="example: kvlab allocate --num-requests 20000 --max-len 4096 --block-size 16 --seed 0 "
+        "--lengths article-s1 --json",
+    )
+    p.add_argument("--num-requests", type=int, default=20000, help="requests (default 20000)")
+    p.add_argument("--max-len", type=int, default=4096,
+                   help="longest allowed request, tokens; lengths are drawn at or below it (default 4096)")
+    p.add_argument("--block-size", type=int, default=16, help="reservation unit, tokens per block (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="seed of numpy.random.default_rng for the lengths (default 0)")
+    p.add_argument("--lengths", default="article-s1", metavar="NAME",
+                   help=f"length family (default article-s1). {families}")
+    budget = p.add_argument_group("memory budget")
+    budget.add_argument("--memory-gib", type=float, default=60, help="KV-cache memory, GB = 2^30 bytes (default 60)")
+    budget.add_argument("--mb-per-token", type=float, default=0.5, help="KV memory per token, MB = 2^20 bytes (default 0.5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(run=run_allocate, flags=ALLOCATE_FLAGS)
+
+
+def allocate_lengths(args):
+    """The request lengths `kvlab allocate` accounts for (one place to add other sources, e.g. a trace)."""
+    return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(args.seed),
+                                    max_len_tokens=args.max_len)
+
+
+def run_allocate(args) -> dict:
+    validate.positive_int("max_len_tokens", args.max_len)
+    validate.positive_int("block_size", args.block_size)
+    lengths = allocate_lengths(args)
+    row = alloc.allocation_table(lengths, [args.block_size], max_len_tokens=args.max_len,
+                                 memory_gib=_int_if_whole(args.memory_gib),
+                                 mib_per_token=_int_if_whole(args.mb_per_token)).iloc[0]
+    result = {
+        "lengths": args.lengths, "num_requests": len(lengths), "block_size": args.block_size, "seed": args.seed,
+        "reserved_tokens": int(row["reserved_tokens"]), "used_tokens": int(row["used_tokens"]),
+        "wasted_tokens": int(row["wasted_tokens"]), "waste_pct": round(float(row["waste_pct"]), 6),
+        "max_num_requests": int(row["max_num_requests"]),
+        "block_table_entries_per_request": round(float(row["block_table_entries"]), 6),
+    }
+    if args.json:
+        _print_json(result)
+        return result
+    print(f"requests             {result['num_requests']:,} ({args.lengths}, seed {args.seed}, at most {args.max_len:,} tokens)")
+    print(f"reserved             {result['reserved_tokens']:,} tokens in blocks of {args.block_size:,}")
+    print(f"used                 {result['used_tokens']:,} tokens ({result['used_tokens'] / result['num_requests']:,.1f} per request)")
+    print(f"wasted               {result['wasted_tokens']:,} tokens ({result['waste_pct']:.1f}% of reserved)")
+    print(f"requests that fit    {result['max_num_requests']:,} in {args.memory_gib:g} GB at {args.mb_per_token:g} MB per token")
+    print(f"block-table entries  {result['block_table_entries_per_request']:,.2f} per request")
+    return result
+
+
 def _int_if_whole(x: float):
     return int(x) if float(x).is_integer() else x
 
 
-COMMANDS = [add_capacity]
+COMMANDS = [add_capacity, add_allocate]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,205 @@
+"""Reservation accounting, reservation policies and the paged block allocator."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kvlab import allocator as alloc
+from kvlab.allocator import BlockAllocator, NoFreeBlocksError
+
+lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=40)
+block_st = st.sampled_from([1, 2, 3, 7, 16, 64, 256])
+
+
+def reference_accounting(lengths, block_size):
+    """The plain-Python definition: reserve whole blocks, count the slots nobody uses."""
+    reserved = sum(((n + block_size - 1) // block_size) * block_size for n in lengths)
+    used = sum(lengths)
+    return reserved, used, reserved - used
+
+
+# ---------------------------------------------------------------- vectorised accounting
+@given(lengths=lengths_st, block_size=block_st)
+@settings(max_examples=60, deadline=None)
+def test_allocation_table_equals_the_reference(lengths, block_size):
+    row = alloc.allocation_table(lengths, [block_size]).iloc[0]
+    assert (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"]) == reference_accounting(lengths, block_size)
+    assert row["block_table_entries"] == pytest.approx(np.mean([-(-n // block_size) for n in lengths]))
+    # waste per request is below one block
+    assert row["wasted_tokens"] <= len(lengths) * (block_size - 1)
+
+
+@pytest.mark.parametrize("reserved_total, expected", [
+    (81_920_000, 30), (26_132_480, 94), (13_992_448, 175), (11_958_528, 205), (11_486_464, 213)])
+def test_requests_that_fit_reproduce_the_article_from_its_reserved_totals(reserved_total, expected):
+    assert alloc.max_num_requests(reserved_total / 20_000, memory_gib=60, mib_per_token=0.5) == expected
+
+
+def test_the_floor_is_exact_at_a_whole_number():
+    assert alloc.max_num_requests(4096, 60, 0.5) == 30   # 61,440 MB / 2,048 MB is exactly 30
+
+
+def test_article_table_columns_and_fit_ratio():
+    lengths = np.array([1, 4096, 600, 17])
+    table = alloc.allocation_table(lengths, alloc.ARTICLE_BLOCK_SIZES, max_len_tokens=4096)
+    assert list(table.index) == [4096, 1024, 256, 64, 16]
+    assert table.loc[4096, "reserved_tokens"] == 4 * 4096
+    assert table.loc[16, "reserved_tokens"] == 16 + 4096 + 608 + 32
+    assert table.loc[16, "waste_pct"] == pytest.approx(100 * (4752 - 4714) / 4752)
+    assert alloc.fit_ratio(table) == table.loc[16, "max_num_requests"] / table.loc[4096, "max_num_requests"]
+
+
+def test_ten_million_requests_go_through_one_histogram():
+    lengths = np.random.default_rng(0).integers(1, 4097, size=2_000_000)
+    table = alloc.allocation_table(lengths, [64])
+    assert table.loc[64, "reserved_tokens"] == int((-(-lengths // 64) * 64).sum())
+
+
+def test_workload_table():
+    table = alloc.workload_table([1, 2, 3])
+    assert table.loc["all", "used_tokens"] == 6 and table.loc["all", "mean_tokens"] == 2.0
+
+
+# ---------------------------------------------------------------- policies
+@given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=30), block_size=block_st)
+@settings(max_examples=60, deadline=None)
+def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
+    table = alloc.policy_breakdown(lengths, max_len_tokens=4096, block_size=block_size)
+    n, held = len(lengths), sum(lengths)
+    assert (table["tokens_held"] == held).all()
+    parts = table[["tokens_held", "internal_fragmentation", "over_reservation"]].sum(axis=1)
+    assert (parts == table["reserved_tokens"]).all()
+    assert table.loc["max", "reserved_tokens"] == 4096 * n
+    assert table.loc["oracle", "reserved_tokens"] == held
+    pow2 = sum(1 << (x - 1).bit_length() for x in lengths)
+    assert table.loc["pow2", "reserved_tokens"] == pow2
+    paged = table.loc[f"paged (block {block_size})"]
+    assert paged["reserved_tokens"] == reference_accounting(lengths, block_size)[0]
+    assert paged["over_reservation"] == 0 and paged["internal_fragmentation"] < n * block_size
+
+
+def test_policy_errors():
+    with pytest.raises(ValueError, match="policy='buddy' is not allowed"):
+        alloc.policy_breakdown([5], ["buddy"], max_len_tokens=10)
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("call, message", [
+    (lambda: alloc.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer >= 1"),
+    (lambda: alloc.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
+    (lambda: alloc.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
+    (lambda: alloc.allocation_table([], [16]), "lengths='0 values' is not allowed"),
+    (lambda: alloc.allocation_table([5, -3], [16]), "lengths[1]=-3 is not allowed: must be >= 1 token"),
+    (lambda: alloc.allocation_table([5, 0], [16]), "lengths[1]=0 is not allowed"),
+    (lambda: alloc.allocation_table([5.5], [16]), "lengths=dtype('float64') is not allowed: must be whole"),
+    (lambda: alloc.allocation_table([5, 5000], [16], max_len_tokens=4096),
+     "lengths[1]=5000 is not allowed: must be <= max_len_tokens=4096"),
+    (lambda: alloc.max_num_requests(100, memory_gib=0), "memory_gib=0 is not allowed"),
+    (lambda: BlockAllocator(0, 16), "num_blocks=0 is not allowed"),
+    (lambda: BlockAllocator(4, 0), "block_size=0 is not allowed"),
+    (lambda: BlockAllocator(4, 2.0), "block_size=2.0 is not allowed"),
+])
+def test_bad_input_is_a_one_line_error(call, message):
+    with pytest.raises(ValueError) as error:
+        call()
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+# ---------------------------------------------------------------- the block allocator
+def test_allocate_append_free():
+    a = BlockAllocator(num_blocks=4, block_size=4)
+    assert a.allocate("r1", 5) == (0, 1)
+    assert a.num_free_blocks == 2 and a.num_tokens("r1") == 5
+    assert [a.append_token("r1") for _ in range(4)] == [False, False, False, True]  # the 9th token opens block 3
+    assert a.block_table("r1") == (0, 1, 2) and a.num_tokens("r1") == 9
+    assert a.free("r1") == 3
+    assert a.num_free_blocks == 4 and a.num_requests == 0
+    a.check_invariants()
+
+
+def test_zero_token_request_takes_a_block_on_its_first_token():
+    a = BlockAllocator(2, 8)
+    assert a.allocate(0, 0) == ()
+    assert a.append_token(0) is True and a.block_table(0) == (0,)
+
+
+def test_exhausted_pool_allocates_nothing():
+    a = BlockAllocator(3, 4)
+    a.allocate("a", 8)
+    with pytest.raises(NoFreeBlocksError, match=r"request_id='b' needs 2 block\(s\) of 4 tokens but only 1 of 3 are free"):
+        a.allocate("b", 5)
+    assert a.num_free_blocks == 1 and a.num_requests == 1   # all or nothing
+    a.allocate("c", 3)
+    assert a.append_token("c") is False   # the 4th token still fits c's block: no new block needed
+    with pytest.raises(NoFreeBlocksError, match="request_id='a' needs 1 block"):
+        a.append_token("a")                # a's two blocks are full and the pool is empty
+    assert a.num_tokens("a") == 8 and len(a.block_table("a")) == 2   # a failed append changes nothing
+    a.check_invariants()
+
+
+def test_double_free_and_unknown_requests_are_clear_errors():
+    a = BlockAllocator(2, 4)
+    a.allocate(7, 3)
+    a.free(7)
+    for call in (lambda: a.free(7), lambda: a.append_token(7), lambda: a.block_table(7), lambda: a.num_tokens(8)):
+        with pytest.raises(ValueError, match=r"request_id=\d is not allowed: is not allocated"):
+            call()
+    a.allocate(1, 1)
+    with pytest.raises(ValueError, match="request_id=1 is not allowed: is already allocated"):
+        a.allocate(1, 1)
+    with pytest.raises(ValueError, match="num_tokens=-1 is not allowed"):
+        a.allocate(2, -1)
+    a.check_invariants()
+
+
+ops_st = st.lists(st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(0, 9)),
+                  max_size=80)
+
+
+@given(ops=ops_st, num_blocks=st.integers(1, 12), block_size=st.integers(1, 5))
+@settings(max_examples=80, deadline=None)
+def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block_size):
+    a = BlockAllocator(num_blocks, block_size)
+    tokens = {}   # the model: tokens per live request
+    for op, rid, n in ops:
+        try:
+            if op == "allocate":
+                a.allocate(rid, n)
+                tokens[rid] = n
+            elif op == "append":
+                a.append_token(rid)
+                tokens[rid] += 1
+            else:
+                a.free(rid)
+                del tokens[rid]
+        except (ValueError, NoFreeBlocksError):
+            pass
+        a.check_invariants()
+        tables = [set(a.block_table(r)) for r in tokens]
+        assert sum(map(len, tables)) == len(set().union(*tables)) if tables else True  # no block in two tables
+        assert a.num_free_blocks + a.num_used_blocks == num_blocks
+        assert {r: a.num_tokens(r) for r in tokens} == tokens
+        for r, t in tokens.items():   # waste per request below one block
+            assert len(a.block_table(r)) * block_size - t < block_size or t == 0
+    for r in list(tokens):
+        a.free(r)
+    assert a.num_free_blocks == num_blocks and a.num_requests == 0
+
+
+@given(lengths=lengths_st, block_size=block_st, prompt=st.integers(1, 50))
+@settings(max_examples=40, deadline=None)
+def test_the_allocator_gives_exactly_the_vectorised_accounting(lengths, block_size, prompt):
+    got = alloc.run_through_allocator(lengths, block_size, prompt_tokens=prompt)
+    row = alloc.allocation_table(lengths, [block_size]).iloc[0]
+    assert (got["reserved_tokens"], got["used_tokens"], got["wasted_tokens"]) == \
+        (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"])
+    assert got["num_free_blocks"] == 0
+
+
+# ---------------------------------------------------------------- seed band
+def test_allocation_band_brackets_every_seed_median():
+    runs, band = alloc.allocation_band("article-s1", 2000, range(20), [256, 16])
+    assert len(runs) == 40 and list(band.index) == [256, 16]
+    for b in (256, 16):
+        values = runs.loc[runs.index == b, "waste_pct"]
+        low, high = band.loc[b, "waste_pct"]
+        assert values.min() <= low <= values.median() <= high <= values.max()
