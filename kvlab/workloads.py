@@ -69,3 +69,31 @@ def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Genera
     gaps = rng.exponential(1.0 / rate_per_s, size=num_requests)
     gaps[0] = 0.0
     return np.cumsum(gaps)
+
+
+# ---------------------------------------------------------------- output lengths of section 2
+# (to merge with section 1's length registry: the article's section 2 mixture is "article-s2" there)
+def article_mixture_lengths(num_requests: int, rng: np.random.Generator) -> np.ndarray:
+    """Section 2's output lengths (tokens): 85% uniform 40-200, 15% uniform 400-1,000, integers, both ends inclusive."""
+    num_requests = validate.positive_int("num_requests", num_requests)
+    long = rng.random(num_requests) < 0.15
+    short_tokens = rng.integers(40, 200, size=num_requests, endpoint=True)
+    long_tokens = rng.integers(400, 1000, size=num_requests, endpoint=True)
+    return np.where(long, long_tokens, short_tokens).astype(np.int64)
+
+
+def constant_lengths(num_requests: int, tokens: int = 150) -> np.ndarray:
+    """Every request tokens long (section 2's "all outputs 150 tokens")."""
+    num_requests = validate.positive_int("num_requests", num_requests)
+    return np.full(num_requests, validate.positive_int("constant_tokens", tokens), dtype=np.int64)
+
+
+def gamma_lengths(num_requests: int, mean_tokens: float, cv: float, rng: np.random.Generator) -> np.ndarray:
+    """Gamma-distributed output lengths (tokens, rounded, at least 1) of mean mean_tokens and coefficient of variation cv (0: all equal)."""
+    num_requests = validate.positive_int("num_requests", num_requests)
+    mean_tokens = validate.positive_number("mean_tokens", mean_tokens)
+    cv = validate.non_negative_number("cv", cv)
+    if cv == 0:
+        return np.full(num_requests, max(1, round(mean_tokens)), dtype=np.int64)
+    draws = rng.gamma(1.0 / cv**2, mean_tokens * cv**2, size=num_requests)
+    return np.maximum(1, np.rint(draws)).astype(np.int64)
