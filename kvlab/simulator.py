@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvlab import validate, workloads
+from kvlab import ledger, validate, workloads
 from kvlab.workloads import Workload
 
 SUMMARY_KEYS = ("num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s", "mean_queue_s",
@@ -221,30 +221,50 @@ def seed_runs(num_seeds: int, *, num_requests: int = 600, arrival_rate: float = 
     return runs[["seed", "policy"] + [c for c in runs.columns if c not in ("seed", "policy")]]
 
 
-def latency_ratio(runs: pd.DataFrame) -> pd.Series:
-    """Mean latency of static over continuous, per seed (x)."""
+def ratio_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean latency of static over continuous per seed (x), as runs of the row "static vs continuous"."""
     wide = runs.pivot(index="seed", columns="policy", values="mean_latency_s")
-    return (wide["static"] / wide["continuous"]).rename("mean_latency_ratio")
+    ratio = (wide["static"] / wide["continuous"]).rename("mean_latency_ratio").reset_index()
+    ratio.insert(1, "policy", "static vs continuous")
+    return ratio
 
 
-def band(runs: pd.DataFrame, columns: list[str], *, low_pct: float = 5.0, high_pct: float = 95.0) -> pd.DataFrame:
-    """(low, high) percentile band over seeds of each column, one row per policy."""
-    validate.fraction("low_pct", low_pct / 100.0, low_open=False)
-    validate.fraction("high_pct", high_pct / 100.0)
+def article_table(table: str) -> pd.DataFrame:
+    """One of the article's section 2 tables, wide: a row per policy, its figures as columns."""
+    figures = ledger.article_figures(2)
+    figures = figures[figures["table"] == validate.one_of("table", table, figures["table"].unique())]
+    wide = figures.pivot(index="row", columns="column", values="value")
+    return wide.loc[figures["row"].unique(), figures["column"].unique()]
+
+
+def band_table(runs: pd.DataFrame, table: str, *, low_pct: float = 5.0, high_pct: float = 95.0) -> pd.DataFrame:
+    """The article's figures of table against kvlab's seeds: median, low_pct-high_pct band, the article's
+    percentile among the seeds (% of seeds at or below it) and whether it lies inside the band."""
+    low_pct = 100.0 * validate.fraction("low_pct", low_pct / 100.0, low_open=False)
+    high_pct = 100.0 * validate.fraction("high_pct", high_pct / 100.0)
     if low_pct >= high_pct:
-        validate.fail("low_pct", low_pct, f"must be below high_pct={high_pct}")
-    grouped = runs.groupby("policy", sort=False)[columns]
-    low, high = grouped.quantile(low_pct / 100.0), grouped.quantile(high_pct / 100.0)
-    return pd.DataFrame({c: list(zip(low[c], high[c])) for c in columns}, index=low.index)
+        validate.fail("low_pct", low_pct, f"must be below high_pct={high_pct:g}")
+    article = article_table(table)
+    rows = []
+    for policy in article.index:
+        mine = runs[runs["policy"] == policy]
+        for column in article.columns:
+            values, value = mine[column].to_numpy(), float(article.loc[policy, column])
+            low, high = np.percentile(values, [low_pct, high_pct])
+            rows.append({"row": policy, "column": column, "article": value, "median": float(np.median(values)),
+                         "band_low": float(low), "band_high": float(high),
+                         "article_percentile": 100.0 * float(np.mean(values <= value)),
+                         "inside": bool(low <= value <= high)})
+    return pd.DataFrame(rows).set_index(["row", "column"])
 
 
-def percentile_in_band(runs: pd.DataFrame, article: pd.DataFrame) -> pd.DataFrame:
-    """Where each article value sits among the seeds: % of seeds at or below it (0-100), per policy."""
-    out = {}
-    for column in article.columns:
-        out[column] = [100.0 * float((runs.loc[runs["policy"] == p, column] <= article.loc[p, column]).mean())
-                       for p in article.index]
-    return pd.DataFrame(out, index=article.index)
+def ledger_rows(bands: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Section 2 ledger rows of table from band_table: reproduced = median of seeds, with the band."""
+    rows = list(dict.fromkeys(bands.index.get_level_values("row")))
+    columns = list(dict.fromkeys(bands.index.get_level_values("column")))
+    median = bands["median"].unstack("column").loc[rows, columns]
+    pairs = pd.Series(list(zip(bands["band_low"], bands["band_high"])), index=bands.index)
+    return ledger.from_table(2, table, median, band=pairs.unstack("column").loc[rows, columns])
 
 
 def rate_sweep(arrival_rates: list[float], num_seeds: int, *, num_requests: int = 600, lengths: str = "article",

@@ -141,14 +141,37 @@ def test_same_seed_same_figures():
     assert a.equals(b)
 
 
-def test_band_and_percentile_in_band():
+def test_band_table_band_percentile_and_ledger_rows():
     runs = simulator.seed_runs(20, num_requests=100)
-    bands = simulator.band(runs, ["mean_latency_s"])
-    low, high = bands.loc["static", "mean_latency_s"]
-    static = runs.loc[runs["policy"] == "static", "mean_latency_s"]
-    assert (low, high) == (static.quantile(0.05), static.quantile(0.95))
-    article = bands.map(lambda pair: pair[1]).rename(columns=str)
-    assert simulator.percentile_in_band(runs, article).loc["static", "mean_latency_s"] == 95.0
+    bands = simulator.band_table(runs, "mixed")
+    static = runs.loc[runs["policy"] == "static", "mean_latency_s"].to_numpy()
+    row = bands.loc[("static", "mean_latency_s")]
+    assert (row["band_low"], row["band_high"]) == tuple(np.percentile(static, [5, 95]))
+    assert row["article"] == 151.36 and row["median"] == np.median(static)
+    assert row["article_percentile"] == 100 * np.mean(static <= 151.36)
+    assert row["inside"] == (row["band_low"] <= 151.36 <= row["band_high"])
+    rows = simulator.ledger_rows(bands, "mixed")
+    assert len(rows) == 10 and set(rows["row"]) == {"static", "continuous"}
+    first = rows.set_index(["row", "column"]).loc[("static", "mean_latency_s")]
+    assert (first["band_low"], first["band_high"], first["reproduced"]) == (row["band_low"], row["band_high"], row["median"])
+
+
+def test_ratio_runs_are_static_over_continuous_per_seed():
+    runs = simulator.seed_runs(3, num_requests=50)
+    ratio = simulator.ratio_runs(runs)
+    static = runs[runs["policy"] == "static"].set_index("seed")["mean_latency_s"]
+    continuous = runs[runs["policy"] == "continuous"].set_index("seed")["mean_latency_s"]
+    np.testing.assert_allclose(ratio.set_index("seed")["mean_latency_ratio"], static / continuous)
+    assert set(ratio["policy"]) == {"static vs continuous"}
+
+
+def test_article_tables_are_the_ledgers():
+    assert simulator.article_table("equal150").loc["static", "makespan_s"] == 91.0
+    assert list(simulator.article_table("slots").columns) == ["busy_slot_s", "idle_pct"]
+    with pytest.raises(ValueError, match="^table='nope' is not allowed"):
+        simulator.article_table("nope")
+    with pytest.raises(ValueError, match="^low_pct=95.0 is not allowed"):
+        simulator.band_table(simulator.seed_runs(2, num_requests=10), "mixed", low_pct=95, high_pct=5)
 
 
 def test_variance_sweep_opens_the_gap():
