@@ -166,12 +166,14 @@ class SimulationResult:
         })
 
 
-def simulate(workload: Workload, policy: str = "continuous", *, max_num_seqs: int = 8,
+def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = 8,
              ms_per_token: float = 8.0) -> SimulationResult:
-    """Serve workload with policy (static or continuous) on max_num_seqs slots at ms_per_token."""
+    """Serve workload on max_num_seqs slots at ms_per_token; policy: "static", "continuous" or a policy object."""
     if not isinstance(workload, Workload):
         validate.fail("workload", type(workload).__name__, "must be a kvlab.workloads.Workload")
-    scheduler = policy_named(policy)
+    scheduler = policy_named(policy) if isinstance(policy, str) else policy
+    if not callable(getattr(scheduler, "schedule", None)):
+        validate.fail("policy", policy, "must be static, continuous or an object with a schedule() method")
     max_num_seqs = validate.positive_int("max_num_seqs", max_num_seqs)
     cost = TokenCost(ms_per_token)
     service = cost.service_s(workload.output_tokens)

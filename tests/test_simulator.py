@@ -36,6 +36,26 @@ def test_static_by_hand():
     assert summary["throughput_rps"] == pytest.approx(4 / 5)
 
 
+@pytest.mark.parametrize("policy, finish", [("continuous", [3, 1, 3, 4]), ("static", [3, 3, 5, 5])])
+def test_the_per_step_loop_by_hand(policy, finish):
+    # the oracle itself, on the hand-worked example above
+    slow = stepwise.simulate_stepwise([0, 0, 0, 1], [3, 1, 2, 1], policy, 2, 1000)
+    assert slow["finish_s"].tolist() == finish
+
+
+def test_a_policy_object_plugs_in():
+    class EveryoneAtOnce:  # unlimited slots: a request never waits
+        name = "unbounded"
+
+        def schedule(self, arrival_s, service_s, max_num_seqs):
+            return simulator.Schedule(arrival_s, arrival_s + service_s, np.arange(len(arrival_s)))
+
+    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), ms_per_token=1000)
+    assert result.policy == "unbounded" and result.latency_s.tolist() == [2, 1, 1]
+    with pytest.raises(ValueError, match="^policy=3 is not allowed"):
+        simulator.simulate(workload([0], [1]), 3)
+
+
 def test_static_batch_waits_for_next_arrival_when_none_is_waiting():
     # idle gap: nothing waits at 2 s, so the next batch starts at 10 s with the two that arrived by then
     result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, ms_per_token=1000)
