@@ -6,6 +6,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from kvlab import allocator, capacity, ledger, plots, validate, workloads  # noqa: E402
+from kvlab import allocator, capacity, ledger, plots, simulator, validate, workloads  # noqa: E402
 
-__all__ = ["allocator", "capacity", "ledger", "plots", "validate", "workloads", "__version__"]
+__all__ = ["allocator", "capacity", "ledger", "plots", "simulator", "validate", "workloads", "__version__"]

@@ -9,8 +9,8 @@ import numpy as np
 
 from kvlab import allocator as alloc
 from kvlab import capacity as cap
-from kvlab import validate
-from kvlab import workloads
+from kvlab import simulator, validate, workloads
+from kvlab.workloads import Workload
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -155,7 +155,71 @@ def _int_if_whole(x: float):
     return int(x) if float(x).is_integer() else x
 
 
-COMMANDS = [add_capacity, add_allocate]
+
+# ---------------------------------------------------------------- kvlab simulate
+SIMULATE_FLAGS = {
+    "policy": "--policy", "max_num_seqs": "--slots", "ms_per_token": "--ms-per-token",
+    "num_requests": "--num-requests", "arrival_rate": "--arrival-rate", "lengths": "--lengths",
+    "constant_tokens": "--constant-tokens", "tokens": "--constant-tokens", "seed": "--seed",
+}
+
+
+def add_simulate(commands) -> None:
+    p = commands.add_parser(
+        "simulate",
+        help="serve a workload with static or continuous batching and print latency, throughput and idle slots",
+        description="Section 2's serving model: --slots requests run at once, each holding its slot for output "
+        "tokens x --ms-per-token (prompts cost nothing), first come, first served. static: a batch starts "
+        "together and holds its slots until its longest request is done; continuous: a freed slot is refilled "
+        "at once. The workload: --num-requests Poisson arrivals at --arrival-rate with the article's output "
+        "lengths (--lengths article: 85% uniform 40-200, 15% uniform 400-1,000 tokens) or all equal "
+        "(--lengths constant). Latency = finish - arrival.",
+        epilog="example: kvlab simulate --policy static --slots 8 --ms-per-token 8 --num-requests 600 "
+        "--arrival-rate 11 --lengths article --seed 0 --json",
+    )
+    p.add_argument("--policy", default="continuous", choices=list(simulator.POLICIES),
+                   help="batching policy (default continuous)")
+    engine = p.add_argument_group("engine")
+    engine.add_argument("--slots", type=int, default=8, help="requests served at once, vLLM's max_num_seqs (default 8)")
+    engine.add_argument("--ms-per-token", type=float, default=8.0, help="time per output token, ms (default 8)")
+    work = p.add_argument_group("synthetic workload")
+    work.add_argument("--num-requests", type=int, default=600, help="requests (default 600)")
+    work.add_argument("--arrival-rate", type=float, default=11.0,
+                      help="Poisson arrival rate, requests/s (default 11; the article does not give one)")
+    work.add_argument("--lengths", default="article", choices=list(simulator.LENGTHS),
+                      help="output lengths: article (the article's mix, default) or constant")
+    work.add_argument("--constant-tokens", type=int, default=150,
+                      help="output tokens of every request with --lengths constant (default 150)")
+    work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(run=run_simulate, flags=SIMULATE_FLAGS)
+
+
+def simulate_workload(args) -> Workload:
+    """The workload `kvlab simulate` serves (a synthetic one from the flags)."""
+    seed = validate.non_negative_int("seed", args.seed)
+    return simulator.synthetic_workload(args.num_requests, args.arrival_rate, args.lengths,
+                                        np.random.default_rng(seed), constant_tokens=args.constant_tokens)
+
+
+def run_simulate(args) -> dict:
+    workload = simulate_workload(args)
+    result = simulator.simulate(workload, args.policy, max_num_seqs=args.slots, ms_per_token=args.ms_per_token)
+    summary = result.summary()
+    if args.json:
+        _print_json(summary)
+        return summary
+    print(f"policy               {args.policy}, {args.slots} slots, {args.ms_per_token:g} ms per output token")
+    print(f"requests             {summary['num_requests']:,}")
+    print(f"latency              mean {summary['mean_latency_s']:,.2f} s, p95 {summary['p95_latency_s']:,.2f} s, "
+          f"max {summary['max_latency_s']:,.2f} s")
+    print(f"queueing delay       mean {summary['mean_queue_s']:,.2f} s")
+    print(f"makespan             {summary['makespan_s']:,.1f} s ({summary['throughput_rps']:,.2f} requests/s)")
+    print(f"slot time            {summary['busy_slot_s']:,.1f} s busy, {100 * summary['idle_share']:.1f}% idle")
+    return summary
+
+
+COMMANDS = [add_capacity, add_allocate, add_simulate]
 
 
 def build_parser() -> argparse.ArgumentParser:

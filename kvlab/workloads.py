@@ -166,6 +166,16 @@ def _constant(num_requests, rng, *, tokens=567, max_len_tokens=None):
     return np.full(num_requests, validate.positive_int("tokens", tokens), dtype=np.int64)
 
 
+def _gamma(num_requests, rng, *, mean_tokens=207.0, cv=1.0, max_len_tokens=None):
+    # Gamma of shape 1/cv^2 and scale mean*cv^2, rounded, at least 1; cv = 0 is every request mean_tokens.
+    mean_tokens = validate.positive_number("mean_tokens", mean_tokens)
+    cv = validate.non_negative_number("cv", cv)
+    if cv == 0:
+        return np.full(num_requests, max(1, round(mean_tokens)), dtype=np.int64)
+    draws = rng.gamma(1.0 / cv**2, mean_tokens * cv**2, size=num_requests)
+    return np.maximum(1, np.rint(draws)).astype(np.int64)
+
+
 # name -> (generator, one-line description). Add a family here and `kvlab allocate --lengths` lists it.
 LENGTH_DISTRIBUTIONS = {
     "article-s1": (_article_s1, "section 1 default: lognormal(5.208, 0.826) with 17.3% uniform on 1..max, "
@@ -174,6 +184,7 @@ LENGTH_DISTRIBUTIONS = {
     "exponential": (_exponential, "exponential, mean 567 tokens, conditioned on <= max"),
     "uniform": (_uniform, "uniform on 1..max tokens"),
     "constant": (_constant, "every request 567 tokens"),
+    "gamma": (_gamma, "gamma, mean 207 tokens (section 2's mean), coefficient of variation cv (default 1)"),
 }
 
 

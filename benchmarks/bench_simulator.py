@@ -1,0 +1,59 @@
+"""Section 2's simulator: a million requests per policy, peak memory, the notebook's seed band, and
+the speed-up over the per-step reference loop at 10,000 requests."""
+import resource
+import time
+import tracemalloc
+
+from pathlib import Path
+
+import nbformat
+import numpy as np
+from nbclient import NotebookClient
+
+from kvlab import simulator, stepwise
+
+MILLION = 1_000_000
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_batching.ipynb"
+
+
+def _timed(call):
+    start = time.perf_counter()
+    value = call()
+    return value, time.perf_counter() - start
+
+
+def main() -> None:
+    big = simulator.synthetic_workload(MILLION, 11.0, "article", np.random.default_rng(0))
+    for policy in ("static", "continuous"):
+        result, seconds = _timed(lambda: simulator.simulate(big, policy).summary())
+        print(f"   {policy:<10} 1,000,000 requests: {seconds:.2f} s (target < 3 s); "
+              f"mean latency {result['mean_latency_s']:,.0f} s")
+    del big
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    tracemalloc.start()
+    for policy in ("static", "continuous"):
+        workload = simulator.synthetic_workload(MILLION, 11.0, "article", np.random.default_rng(0))
+        simulator.simulate(workload, policy).summary()
+        del workload
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"   peak memory, 1,000,000 requests with their workload: {peak / 2**20:,.0f} MiB allocated "
+          f"(tracemalloc; target < 1,024 MiB); process peak RSS {rss_mib:,.0f} MiB (interpreter and libraries included)")
+
+    _, seconds = _timed(lambda: [simulator.seed_runs(200, lengths=lengths) for lengths in simulator.LENGTHS])
+    print(f"   seed band alone (200 seeds x 2 policies x 2 workloads of 600): {seconds:.1f} s")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    client = NotebookClient(notebook, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+    _, seconds = _timed(client.execute)
+    print(f"   notebooks/02_batching.ipynb with its defaults, kernel start included: {seconds:.1f} s (target < 20 s)")
+
+    small = simulator.synthetic_workload(10_000, 11.0, "article", np.random.default_rng(0))
+    for policy in ("static", "continuous"):
+        _, fast = _timed(lambda: simulator.simulate(small, policy))
+        _, slow = _timed(lambda: stepwise.simulate_stepwise(small.arrival_s, small.output_tokens, policy, 8, 8.0))
+        print(f"   {policy:<10} 10,000 requests: {fast * 1e3:.1f} ms event-driven vs {slow:.2f} s per-step "
+              f"reference loop: {slow / fast:,.0f}x faster")
+
+
+if __name__ == "__main__":
+    main()
