@@ -6,6 +6,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from kvlab import capacity, ledger, plots, validate  # noqa: E402
+from kvlab import capacity, ledger, plots, prefix_cache, traces, validate, workloads  # noqa: E402
 
-__all__ = ["capacity", "ledger", "plots", "validate", "__version__"]
+__all__ = ["capacity", "ledger", "plots", "prefix_cache", "traces", "validate", "workloads", "__version__"]
