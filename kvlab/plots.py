@@ -33,3 +33,66 @@ def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> 
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return fig
+
+
+def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
+                ) -> matplotlib.figure.Figure:
+    """Empirical CDF of a token column (prompt_tokens or output_tokens) per workload, log x, with labelled marks."""
+    fig, ax = _figure()
+    for name, w in workloads.items():
+        ax.ecdf(np.maximum(getattr(w, column), 1), label=name)
+    for i, (label, x) in enumerate((marks or {}).items()):
+        ax.axvline(x, color="grey", linestyle=("--", ":", "-.")[i % 3], label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel(column.replace("_", " ").replace("tokens", "(tokens, log scale)"))
+    ax.set_ylabel("share of requests")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.figure.Figure:
+    """CDF of inter-arrival time / its mean per workload, against Poisson arrivals (1 - e^-x, dashed)."""
+    fig, ax = _figure()
+    for name, w in workloads.items():
+        gaps = np.diff(w.arrival_s)
+        ax.ecdf(gaps / gaps.mean(), label=name)
+    x = np.linspace(0, max_ratio, 200)
+    ax.plot(x, 1 - np.exp(-x), "--", color="black", label="Poisson arrivals (exponential gaps)")
+    ax.set_xlim(0, max_ratio)
+    ax.set_xlabel("inter-arrival time / mean inter-arrival time (1)")
+    ax.set_ylabel("share of gaps")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def arrival_rates(rates: dict[str, pd.Series]) -> matplotlib.figure.Figure:
+    """Arrival rate (requests/s) per time window against time (min), one line per trace."""
+    fig, ax = _figure()
+    for name, series in rates.items():
+        ax.step(series.index, series.to_numpy(), where="post", label=name)
+    ax.set_xlabel("time since the first request (min)")
+    ax.set_ylabel("arrival rate (requests/s)")
+    ax.set_ylim(0, None)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
+    """Prefix-cache hit rate and prefill saved (%) against cache size (blocks, log x); dashed: unbounded cache."""
+    fig, ax = _figure()
+    bounded = curve.drop(index="unbounded")
+    limit = curve.loc["unbounded"]
+    x = bounded.index.to_numpy(dtype=float)
+    for column, label, color in (("hit_rate_pct", "block hit rate", "C0"),
+                                 ("prefill_saved_pct", "prefill tokens saved", "C1")):
+        ax.semilogx(x, bounded[column], "o-", color=color, label=label)
+        ax.axhline(limit[column], color=color, linestyle="--", label=f"{label}, unbounded cache ({limit[column]:.1f}%)")
+    ax.set_xlabel("cache size (prefix blocks, log scale)")
+    ax.set_ylabel("% of blocks / of prompt tokens")
+    ax.set_ylim(0, None)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig

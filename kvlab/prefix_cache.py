@@ -74,12 +74,16 @@ def replay(workload: Workload, num_cache_blocks: int | None) -> PrefixCacheStats
     return PrefixCacheStats(num_cache_blocks, num_blocks, num_hit, int(workload.prompt_tokens.sum()), saved)
 
 
-def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int]) -> pd.DataFrame:
+def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int],
+                   kv_bytes_per_token: int | None = None) -> pd.DataFrame:
     """Hit rate and prefill tokens saved per cache size (blocks), then a row "unbounded" (an LRU that never evicts).
 
     cache_tokens is the cache size in prompt tokens; for "unbounded" it is the size that holds every
-    distinct block of the trace, the smallest cache that reaches the limit.
+    distinct block of the trace, the smallest cache that reaches the limit. With kv_bytes_per_token
+    a column cache_gib gives the KV memory (GiB) such a cache holds.
     """
+    if kv_bytes_per_token is not None:
+        kv_bytes_per_token = validate.positive_int("kv_bytes_per_token", kv_bytes_per_token)
     sizes = sorted({validate.positive_int("cache_sizes_blocks", s)
                     for s in validate.non_empty("cache_sizes_blocks", cache_sizes_blocks)})
     rows = [replay(workload, s) for s in sizes] + [replay(workload, None)]
@@ -90,6 +94,8 @@ def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int]) -> pd.
         "prefill_tokens_saved": [r.prefill_tokens_saved for r in rows],
         "prefill_saved_pct": [round(100 * r.saved_fraction, 2) for r in rows],
     }, index=pd.Index(sizes + ["unbounded"], dtype=object, name="cache_blocks"))
+    if kv_bytes_per_token is not None:
+        table.insert(1, "cache_gib", (table["cache_tokens"] * kv_bytes_per_token / 2**30).round(1))
     return table
 
 

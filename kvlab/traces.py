@@ -338,10 +338,14 @@ def article_comparison(workloads: dict[str, Workload]) -> pd.DataFrame:
 
 
 def arrival_rate(workload: Workload, window_s: float = 60.0) -> pd.Series:
-    """Arrival rate (requests/s) in consecutive windows of window_s seconds, indexed by window start (min)."""
+    """Arrival rate (requests/s) in consecutive windows of window_s seconds, indexed by window start (min).
+
+    The last window is dropped when the trace ends inside it (its rate would be too low), unless it is the only one.
+    """
     window_s = validate.positive_number("window_s", window_s)
-    num_windows = int(workload.arrival_s[-1] // window_s) + 1
-    counts = np.bincount((workload.arrival_s // window_s).astype(np.int64), minlength=num_windows)
+    window = (workload.arrival_s // window_s).astype(np.int64)
+    num_windows = max(1, int(workload.arrival_s[-1] // window_s))
+    counts = np.bincount(window, minlength=num_windows)[:num_windows]
     index = pd.Index(np.arange(num_windows) * window_s / 60.0, name="window_start_min")
     return pd.Series(counts / window_s, index=index, name=f"{workload.name or 'trace'} requests/s")
 

@@ -87,12 +87,17 @@ def test_hit_rate_curve_table():
     assert curve["hit_rate_pct"].tolist() == [33.33, 33.33, 50.0]
     assert curve["prefill_tokens_saved"].tolist() == [1024, 1024, 1112]
     assert curve.loc["unbounded", "prefill_saved_pct"] == 50.0
+    with_gib = prefix_cache.hit_rate_curve(w, [1, 2], kv_bytes_per_token=2**20)  # 1 MiB per token
+    assert with_gib["cache_gib"].tolist() == [0.5, 1.0, 1.5]
+    assert with_gib.columns.tolist() == ["cache_tokens", "cache_gib", "hit_rate_pct", "prefill_tokens_saved",
+                                         "prefill_saved_pct"]
 
 
 @pytest.mark.parametrize("call, message", [
     (lambda w: prefix_cache.replay(w, 0), "num_cache_blocks=0 is not allowed: must be an integer >= 1"),
     (lambda w: prefix_cache.hit_rate_curve(w, []), "cache_sizes_blocks=[] is not allowed: must not be empty"),
     (lambda w: prefix_cache.hit_rate_curve(w, [4, -1]), "cache_sizes_blocks=-1 is not allowed: must be an integer >= 1"),
+    (lambda w: prefix_cache.hit_rate_curve(w, [4], 0.5), "kv_bytes_per_token=0.5 is not allowed: must be an integer >= 1"),
 ])
 def test_bad_parameters(call, message):
     with pytest.raises(ValueError) as err:

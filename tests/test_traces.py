@@ -253,8 +253,10 @@ def test_summary_tables_and_arrival_rate(tmp_path):
     assert cmp.index.tolist() == ["article (assumed)", "m"]
     assert cmp.loc["m", "over_4096_tokens_pct"] == 25.0 and cmp.loc["m", "output_40_200_pct"] == 25.0
     assert cmp.loc["m", "output_400_1000_pct"] == 25.0 and cmp.loc["m", "mean_tokens_per_request"] == 2062.5
-    rate = traces.arrival_rate(w, window_s=60.0)
-    assert rate.index.tolist() == [0.0, 1.0] and rate.tolist() == [3 / 60, 1 / 60]
+    rate = traces.arrival_rate(w, window_s=30.0)  # the trace ends at 90 s: three whole windows
+    assert rate.index.tolist() == [0.0, 0.5, 1.0] and rate.tolist() == [2 / 30, 1 / 30, 0.0]
+    assert traces.arrival_rate(w, window_s=40.0).tolist() == [3 / 40, 0.0]  # 80-120 s is cut short
+    assert traces.arrival_rate(w, window_s=600.0).tolist() == [4 / 600]  # the only window is kept
     with pytest.raises(ValueError, match=r"^window_s=0 is not allowed"):
         traces.arrival_rate(w, window_s=0)
 
@@ -364,3 +366,26 @@ def test_real_files_load_clean(name):
         assert all(h[0] == 0 for h in w.prefix_hashes)  # the shared system-prompt block
     if name == "azure":
         assert 3500 < w.arrival_s[-1] < 3600  # about one hour, 18:15 to 19:14
+
+
+# ---------------------------------------------------------------------------------- the figures
+
+
+def test_trace_figures_draw_one_curve_per_trace(tmp_path):
+    from kvlab import plots, prefix_cache
+
+    path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]),
+                                                 moon(5000, 700, 1200, [0, 1]), moon(9000, 80, 3, [0])]))
+    w = traces.load_trace(path).workload
+    fig = plots.length_cdfs({"a": w, "b": w}, "output_tokens", {"mark": 200})
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "mark"]
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "output (tokens, log scale)"
+    ax = plots.interarrival_cdfs({"a": w}).axes[0]
+    assert ax.get_legend().get_texts()[-1].get_text() == "Poisson arrivals (exponential gaps)"
+    ax = plots.arrival_rates({"a": traces.arrival_rate(w, 3.0)}).axes[0]
+    assert ax.get_ylabel() == "arrival rate (requests/s)" and len(ax.lines) == 1
+    ax = plots.prefix_hit_rate(prefix_cache.hit_rate_curve(w, [1, 2])).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "block hit rate", "block hit rate, unbounded cache (66.7%)",  # 4 of 6 blocks
+        "prefill tokens saved", "prefill tokens saved, unbounded cache (87.3%)"]  # 1,292 of 1,480
