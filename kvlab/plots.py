@@ -35,6 +35,17 @@ def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> 
     return fig
 
 
+def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None) -> matplotlib.figure.Figure:
+    """Axis labels (with units), an optional lower y limit, a grid and the legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim_bottom is not None:
+        ax.set_ylim(ylim_bottom, None)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
 def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
                 ) -> matplotlib.figure.Figure:
     """Empirical CDF of a token column (prompt_tokens or output_tokens) per workload, log x, with labelled marks."""
@@ -44,11 +55,7 @@ def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str,
     for i, (label, x) in enumerate((marks or {}).items()):
         ax.axvline(x, color="grey", linestyle=("--", ":", "-.")[i % 3], label=label)
     ax.set_xscale("log")
-    ax.set_xlabel(column.replace("_", " ").replace("tokens", "(tokens, log scale)"))
-    ax.set_ylabel("share of requests")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    return fig
+    return _finish(fig, ax, column.replace("_", " ").replace("tokens", "(tokens, log scale)"), "share of requests")
 
 
 def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.figure.Figure:
@@ -60,11 +67,7 @@ def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.fig
     x = np.linspace(0, max_ratio, 200)
     ax.plot(x, 1 - np.exp(-x), "--", color="black", label="Poisson arrivals (exponential gaps)")
     ax.set_xlim(0, max_ratio)
-    ax.set_xlabel("inter-arrival time / mean inter-arrival time (1)")
-    ax.set_ylabel("share of gaps")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return fig
+    return _finish(fig, ax, "inter-arrival time / mean inter-arrival time (1)", "share of gaps")
 
 
 def arrival_rates(rates: dict[str, pd.Series]) -> matplotlib.figure.Figure:
@@ -72,12 +75,7 @@ def arrival_rates(rates: dict[str, pd.Series]) -> matplotlib.figure.Figure:
     fig, ax = _figure()
     for name, series in rates.items():
         ax.step(series.index, series.to_numpy(), where="post", label=name)
-    ax.set_xlabel("time since the first request (min)")
-    ax.set_ylabel("arrival rate (requests/s)")
-    ax.set_ylim(0, None)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    return fig
+    return _finish(fig, ax, "time since the first request (min)", "arrival rate (requests/s)", ylim_bottom=0)
 
 
 def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
@@ -90,9 +88,4 @@ def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
                                  ("prefill_saved_pct", "prefill tokens saved", "C1")):
         ax.semilogx(x, bounded[column], "o-", color=color, label=label)
         ax.axhline(limit[column], color=color, linestyle="--", label=f"{label}, unbounded cache ({limit[column]:.1f}%)")
-    ax.set_xlabel("cache size (prefix blocks, log scale)")
-    ax.set_ylabel("% of blocks / of prompt tokens")
-    ax.set_ylim(0, None)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    return fig
+    return _finish(fig, ax, "cache size (prefix blocks, log scale)", "% of blocks / of prompt tokens", ylim_bottom=0)

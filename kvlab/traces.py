@@ -7,7 +7,6 @@ folder holding the files that data/traces.toml lists; `python -m kvlab.traces do
 """
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import hashlib
 import json

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import tomllib
 
 import numpy as np
 import pytest
