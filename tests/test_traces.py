@@ -388,3 +388,14 @@ def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "block hit rate", "block hit rate, unbounded cache (66.7%)",  # 4 of 6 blocks
         "prefill tokens saved", "prefill tokens saved, unbounded cache (87.3%)"]  # 1,292 of 1,480
+
+
+def test_download_command_as_make_traces_runs_it(tmp_path):
+    import subprocess
+    import sys
+
+    manifest = local_manifest(tmp_path, b"num_prefill_tokens,num_decode_tokens\n1,2\n")
+    run = subprocess.run([sys.executable, "-m", "kvlab.traces", "download", "--dest", str(tmp_path / "d"),
+                          "--manifest", str(manifest)], capture_output=True, text=True, timeout=60)
+    assert (run.returncode, run.stderr) == (0, "")
+    assert run.stdout == f"tiny: downloaded {tmp_path / 'd' / 'tiny.csv'} (41 bytes), sha256 ok\n"
