@@ -281,3 +281,87 @@ def vllm_log_lines(result: dict) -> list[str]:
         f"GPU KV cache size: {result['gpu_kv_cache_tokens']:,} tokens",
         f"Maximum concurrency for {result['max_model_len']:,} tokens per request: {result['max_concurrency']:.2f}x",
     ]
+
+
+# ---------------------------------------------------------------- planner tables (notebook 03, part 2)
+def model_table(names: Iterable[str], kv_cache_dtype: str = "bf16") -> pd.DataFrame:
+    """Each catalog model's KV shape and KV bytes per token on one GPU, against the article's model."""
+    from kvlab.models import get_model
+
+    rows = {}
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        per_token = kv_bytes_per_token(spec, CacheConfig(kv_cache_dtype=kv_cache_dtype))
+        rows[spec.name] = {
+            "attention": spec.attention, "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim, "sliding_layers": spec.num_sliding_layers,
+            "sliding_window": spec.sliding_window, "kv_kib_per_token": per_token / 2**10,
+            "vs_article": per_token / ARTICLE_SHAPE.kv_bytes_per_token,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+
+def plan_capacity(model, gpu_memory_gib: float, max_model_len: int, config: CacheConfig = CacheConfig(),
+                  gpu_memory_utilization: float = 0.9, weight_bytes_per_param: float = 2,
+                  activation_peak_gib: float = 2.0, non_torch_gib: float = 0.4) -> dict | None:
+    """vllm_capacity on one GPU model, weights estimated from the parameter count; None when no block fits."""
+    from kvlab.models import weights_bytes_per_gpu
+
+    weights_gib = weights_bytes_per_gpu(model, weight_bytes_per_param, config.tensor_parallel_size,
+                                        config.pipeline_parallel_size) / GIB
+    available = available_kv_cache_bytes(gpu_memory_gib, weights_gib, gpu_memory_utilization,
+                                         activation_peak_gib, non_torch_gib)
+    if available < page_size_bytes(model, config) * model.num_layers:  # less than one block on every layer
+        return None
+    return vllm_capacity(model, available, max_model_len, config)
+
+
+def concurrency_table(names: Iterable[str], gpu_memory_gib: float, contexts: Iterable[int],
+                      kv_cache_dtypes: Iterable[str], tensor_parallel_sizes: Iterable[int],
+                      gpu_memory_utilization: float = 0.9, block_size: int = 16) -> pd.DataFrame:
+    """vLLM's maximum concurrency for every model x KV dtype x TP x context (NaN where the weights leave no block)."""
+    from kvlab.models import get_model
+
+    rows = []
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        for dtype in validate.non_empty("kv_cache_dtypes", kv_cache_dtypes):
+            for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
+                config = CacheConfig(block_size=block_size, kv_cache_dtype=dtype, tensor_parallel_size=tp)
+                for ctx in validate.non_empty("contexts", contexts):
+                    result = plan_capacity(spec, gpu_memory_gib, ctx, config, gpu_memory_utilization)
+                    rows.append({"model": spec.name, "kv_cache_dtype": dtype, "tensor_parallel_size": tp,
+                                 "max_model_len": ctx,
+                                 "max_concurrency": float("nan") if result is None else result["max_concurrency"]})
+    return pd.DataFrame(rows)
+
+
+def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: int,
+                   tensor_parallel_sizes: Iterable[int] = (1, 2, 4, 8), kv_cache_dtype: str = "bf16",
+                   gpu_memory_utilization: float = 0.9, block_size: int = 16) -> pd.DataFrame:
+    """vLLM's log figures per model at the smallest TP whose KV cache holds one request of max_model_len.
+
+    max_model_len is capped, as vLLM caps it, at the model's max_position_embeddings.
+    """
+    from kvlab.models import get_model
+
+    rows = {}
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+        row = {"max_model_len": length, "tensor_parallel_size": float("nan"), "available_kv_gib": float("nan"), "num_gpu_blocks": float("nan"),
+               "gpu_kv_cache_tokens": float("nan"), "max_concurrency": float("nan")}
+        for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
+            config = CacheConfig(block_size=block_size, kv_cache_dtype=kv_cache_dtype, tensor_parallel_size=tp)
+            result = plan_capacity(spec, gpu_memory_gib, length, config, gpu_memory_utilization)
+            if result is not None and result["fits_one_request"]:
+                row = {"max_model_len": length, "tensor_parallel_size": tp, "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
+                       "num_gpu_blocks": result["num_gpu_blocks"], "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
+                       "max_concurrency": round(result["max_concurrency"], 2)}
+                break
+        rows[spec.name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table.astype({c: "Int64" for c in ("tensor_parallel_size", "num_gpu_blocks", "gpu_kv_cache_tokens")})
