@@ -44,7 +44,7 @@ CAPACITY_FLAGS = {
     "available_kv_gib": "--available-kv-gib", "gpu_memory_gib": "--gpu-memory-gib", "weights_gib": "--weights-gib",
     "gpu_memory_utilization": "--gpu-memory-utilization", "activation_peak_gib": "--activation-peak-gib",
     "non_torch_gib": "--non-torch-gib", "model": "--model", "gpu": "--gpu", "config": "--config",
-    "weight_dtype": "--weight-dtype", "num_params_b": "--model",
+    "weight_dtype": "--weight-dtype",
 }
 # Flags that switch `kvlab capacity` from the article's arithmetic to vLLM's accounting.
 VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
