@@ -184,7 +184,7 @@ def run_vllm_capacity(args) -> dict:
                 model, cap.WEIGHT_DTYPE_BYTES[args.weight_dtype or "bf16"], config.tensor_parallel_size,
                 config.pipeline_parallel_size) / cap.GIB
         else:
-            weights_gib = 16 * to_gib
+            weights_gib = 16 * to_gib  # the foundation's default: a config.json carries no parameter count
         budget = {"gpu_memory_gib": memory_gib, "weights_gib": weights_gib,
                   "gpu_memory_utilization": 0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
                   "activation_peak_gib": 2.0 if args.activation_peak_gib is None else args.activation_peak_gib,
@@ -211,8 +211,11 @@ def run_vllm_capacity(args) -> dict:
     print(f"KV bytes per token   {result['kv_bytes_per_token']:,} B per GPU "
           f"({result['kv_bytes_per_token'] / 2**10:,.1f} KiB; article's model: 512.0 KiB)")
     if budget:
+        weights_note = ""
+        if args.weights_gib is None:
+            weights_note = " (default)" if model.num_params_b <= 0 else f" ({model.num_params_b:g}B parameters)"
         print(f"budget per GPU       {budget['gpu_memory_gib']:g} GiB x {budget['gpu_memory_utilization']:g} - "
-              f"{budget['weights_gib']:.2f} GiB weights - {budget['activation_peak_gib']:g} GiB activation peak - "
+              f"{budget['weights_gib']:.2f} GiB weights{weights_note} - {budget['activation_peak_gib']:g} GiB activation peak - "
               f"{budget['non_torch_gib']:g} GiB non-torch")
     for line in cap.vllm_log_lines(result):
         print(line)
