@@ -60,7 +60,7 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
 
 notebooks: $(STAMP)
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.kernel_name=python3 notebooks/*.ipynb
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.record_timing=False notebooks/*.ipynb
 
 traces: $(STAMP)
 	$(BIN)/python -m kvlab.traces download --dest data/traces

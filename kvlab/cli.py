@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import numpy as np
 
 from kvlab import allocator as alloc
 from kvlab import capacity as cap
-from kvlab import simulator, validate, workloads
+from kvlab import models, simulator, validate, workloads
+from kvlab.models import ModelSpec
 from kvlab.workloads import Workload
 
 
@@ -38,40 +40,91 @@ def _print_json(result: dict) -> None:
 CAPACITY_FLAGS = {
     "num_layers": "--num-layers", "num_kv_heads": "--num-kv-heads", "head_dim": "--head-dim",
     "dtype_bytes": "--dtype-bytes", "gpu_memory": "--gpu-memory-gib", "weights": "--weights-gib",
-    "context_tokens": "--context", "unit": "--unit",
+    "context_tokens": "--context", "unit": "--unit", "num_attention_heads": "--num-attention-heads",
+    "attention": "--attention", "kv_lora_rank": "--kv-lora-rank", "qk_rope_head_dim": "--qk-rope-head-dim",
+    "kv_cache_dtype": "--kv-cache-dtype", "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size", "block_size": "--block-size",
+    "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+    "available_kv_gib": "--available-kv-gib", "gpu_memory_gib": "--gpu-memory-gib", "weights_gib": "--weights-gib",
+    "gpu_memory_utilization": "--gpu-memory-utilization", "activation_peak_gib": "--activation-peak-gib",
+    "non_torch_gib": "--non-torch-gib", "model": "--model", "gpu": "--gpu", "config": "--config",
+    "weight_dtype": "--weight-dtype",
 }
+# Flags that switch `kvlab capacity` from the article's arithmetic to vLLM's accounting.
+VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
+              "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
+              "max_num_batched_tokens", "disable_hybrid_kv_cache_manager", "available_kv_gib", "gpu",
+              "gpu_memory_utilization", "weight_dtype", "activation_peak_gib", "non_torch_gib"]
 
 
 def add_capacity(commands) -> None:
     p = commands.add_parser(
         "capacity",
-        help="KV bytes per token, memory per request, and requests that fit in GPU memory",
-        description="KV-cache capacity of one GPU. KV bytes per token = 2 (K and V) x layers x KV heads x "
-        "head dim x bytes per value; memory per request = that x context tokens; requests that fit = "
-        "floor((GPU memory - weights) / memory per request). Defaults are the article's model "
-        "(32 layers, 32 heads, head dim 128, 16-bit values) on an 80 GiB GPU with 16 GiB of weights.",
-        epilog="example: kvlab capacity --num-layers 32 --num-kv-heads 32 --head-dim 128 --dtype-bytes 2 "
-        "--gpu-memory-gib 80 --weights-gib 16 --context 1000 --json",
+        help="KV bytes per token, memory per request, and requests that fit in GPU memory (article or vLLM accounting)",
+        description="KV-cache capacity of one GPU. With the article's flags only: KV bytes per token = 2 (K and V) x "
+        "layers x KV heads x head dim x bytes per value; memory per request = that x context tokens; requests that "
+        "fit = floor((GPU memory - weights) / memory per request); defaults are the article's model (32 layers, 32 "
+        "heads, head dim 128, 16-bit values) on an 80 GiB GPU with 16 GiB of weights. With any vLLM flag (--model, "
+        "--config, --kv-cache-dtype, --tensor-parallel-size, --available-kv-gib, --gpu, ...): the figures vLLM logs, "
+        "computed as vLLM computes them: the budget (memory x --gpu-memory-utilization - weights - activation peak - "
+        "non-torch memory), whole blocks of --block-size tokens, 'GPU KV cache size' and 'Maximum concurrency'.",
+        epilog="examples: kvlab capacity --context 1000 --json | kvlab capacity --model Llama-3.1-8B-Instruct "
+        "--available-kv-gib 3.81 --max-model-len 20000 | kvlab capacity --model Qwen3-14B --gpu H100-SXM-80GB "
+        "--kv-cache-dtype fp8 --tensor-parallel-size 2 --max-model-len 32768 --json",
     )
-    model = p.add_argument_group("model")
+    model = p.add_argument_group("model (the article's model by default)")
+    model.add_argument("--model", help="a model of data/models.csv, e.g. Qwen3-14B (close matches listed on a miss)")
+    model.add_argument("--config", help="path of a Hugging Face config.json to read the model from (no hub access)")
     model.add_argument("--num-layers", type=int, default=32, help="decoder layers (default 32)")
     model.add_argument("--num-kv-heads", type=int, default=32, help="K/V heads per layer (default 32)")
+    model.add_argument("--num-attention-heads", type=int,
+                       help="query heads per layer (default: the fewest that --attention and TP allow)")
     model.add_argument("--head-dim", type=int, default=128, help="values per head (default 128)")
-    model.add_argument("--dtype-bytes", type=float, default=2, help="bytes per cached value (default 2: fp16/bf16)")
-    budget = p.add_argument_group("memory budget")
-    budget.add_argument("--gpu-memory-gib", type=float, default=80, help="GPU memory, in --unit (default 80)")
-    budget.add_argument("--weights-gib", type=float, default=16, help="memory held by the weights, in --unit (default 16)")
+    model.add_argument("--attention", choices=["mha", "gqa", "mqa", "mla"],
+                       help="attention kind (default gqa, or mha when heads = KV heads); mla caches one latent")
+    model.add_argument("--kv-lora-rank", type=int, help="MLA latent rank, values (DeepSeek: 512)")
+    model.add_argument("--qk-rope-head-dim", type=int, help="MLA rotary part cached beside the latent, values (DeepSeek: 64)")
+    model.add_argument("--dtype-bytes", type=float, default=2,
+                       help="bytes per cached value, article accounting only (default 2: fp16/bf16)")
+    cache = p.add_argument_group("vLLM cache settings")
+    cache.add_argument("--kv-cache-dtype", choices=["fp16", "bf16", "fp8", "int8", "int4"],
+                       help="KV cache dtype (default bf16): fp8 1 B/value; int8 1 B + fp32 scale per token and head; "
+                       "int4 0.5 B + fp8 scale per 16 values (vLLM's nvfp4)")
+    cache.add_argument("--tensor-parallel-size", type=int, help="GPUs splitting each layer (default 1): KV heads per GPU = max(1, KV heads / TP)")
+    cache.add_argument("--pipeline-parallel-size", type=int, help="GPUs splitting the layers (default 1): the stage with the most layers binds")
+    cache.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
+    cache.add_argument("--max-model-len", type=int,
+                       help="tokens per request for the concurrency figure (default: the model's max_position_embeddings, else --context)")
+    cache.add_argument("--max-num-batched-tokens", type=int, help="tokens per step, bounds a sliding-window group (default 8192)")
+    cache.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
+                       help="sliding-window layers hold every token, as vLLM without its hybrid manager")
+    budget = p.add_argument_group("memory budget (per GPU)")
+    budget.add_argument("--available-kv-gib", type=float,
+                        help="KV memory per GPU, GiB, as vLLM logs 'Available KV cache memory' (skips the budget below)")
+    budget.add_argument("--gpu", help="a GPU of data/gpus.csv for its memory, e.g. H100-SXM-80GB")
+    budget.add_argument("--gpu-memory-gib", type=float, help="GPU memory, in --unit (default 80)")
+    budget.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory vLLM may use (default 0.9)")
+    budget.add_argument("--weights-gib", type=float,
+                        help="memory held by the weights per GPU, in --unit (default 16; with --model: parameters x "
+                        "--weight-dtype / (TP x PP))")
+    budget.add_argument("--weight-dtype", choices=sorted(cap.WEIGHT_DTYPE_BYTES), help="weight dtype for the weights estimate (default bf16)")
+    budget.add_argument("--activation-peak-gib", type=float, help="activation peak per GPU, GiB (default 2.0)")
+    budget.add_argument("--non-torch-gib", type=float, help="non-torch memory per GPU (NCCL, CUDA context), GiB (default 0.4)")
     budget.add_argument("--unit", default="GiB", choices=["GiB", "GB"],
-                        help="unit of the two memory flags: GiB = 2^30 bytes (default, as the article), GB = 10^9")
+                        help="unit of --gpu-memory-gib and --weights-gib: GiB = 2^30 bytes (default, as the article), GB = 10^9")
     p.add_argument("--context", type=int, default=1000, help="context length of one request, tokens (default 1000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run_capacity, flags=CAPACITY_FLAGS)
 
 
 def run_capacity(args) -> dict:
+    if any(getattr(args, name) not in (None, False) for name in VLLM_FLAGS):
+        return run_vllm_capacity(args)
+    gpu_memory = 80 if args.gpu_memory_gib is None else args.gpu_memory_gib
+    weights = 16 if args.weights_gib is None else args.weights_gib
     shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, _int_if_whole(args.dtype_bytes))
     result = {"context_tokens": args.context, "unit": args.unit,
-              **cap.capacity(shape, args.gpu_memory_gib, args.weights_gib, args.context, args.unit)}
+              **cap.capacity(shape, gpu_memory, weights, args.context, args.unit)}
     if args.json:
         _print_json(result)
         return result
@@ -80,8 +133,102 @@ def run_capacity(args) -> dict:
     print(f"memory per request   {result['bytes_per_request'] / scale:,.3f} {args.unit} at {args.context:,} tokens "
           f"({result['bytes_per_request']:,} B)")
     print(f"free for KV cache    {result['free_bytes'] / scale:,.3f} {args.unit} "
-          f"({args.gpu_memory_gib:g} {args.unit} GPU - {args.weights_gib:g} {args.unit} weights)")
+          f"({gpu_memory:g} {args.unit} GPU - {weights:g} {args.unit} weights)")
     print(f"requests that fit    {result['max_num_requests']:,}")
+    return result
+
+
+def _capacity_model(args) -> ModelSpec:
+    """The model of a vLLM-accounting run: --model, --config or the architecture flags."""
+    if args.model and args.config:
+        validate.fail("model", args.model, "give --model or --config, not both")
+    if args.model:
+        return models.get_model(args.model)
+    if args.config:
+        return models.from_config(args.config)
+    tp = args.tensor_parallel_size or 1
+    if args.attention == "mla":
+        rank, rope = args.kv_lora_rank, args.qk_rope_head_dim
+        if rank is None or rope is None:
+            validate.fail("attention", "mla", "needs --kv-lora-rank and --qk-rope-head-dim")
+        heads = args.num_attention_heads or tp
+        return ModelSpec("custom", args.num_layers, heads, 1, rank + rope, "mla", rank, rope)
+    kv = args.num_kv_heads
+    attention = args.attention or ("mha" if (args.num_attention_heads or kv) == kv else "gqa")
+    heads = args.num_attention_heads or (kv if attention == "mha" else math.lcm(kv, tp))
+    return ModelSpec("custom", args.num_layers, heads, kv, args.head_dim, attention)
+
+
+def run_vllm_capacity(args) -> dict:
+    if args.dtype_bytes != 2:
+        validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
+    model = _capacity_model(args)
+    config = cap.CacheConfig(
+        block_size=16 if args.block_size is None else args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype or "bf16",
+        tensor_parallel_size=1 if args.tensor_parallel_size is None else args.tensor_parallel_size,
+        pipeline_parallel_size=1 if args.pipeline_parallel_size is None else args.pipeline_parallel_size,
+        max_num_batched_tokens=8192 if args.max_num_batched_tokens is None else args.max_num_batched_tokens,
+        hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
+    )
+    max_model_len = args.max_model_len or model.max_position_embeddings or args.context
+    budget = {}
+    if args.available_kv_gib is not None:
+        available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * cap.GIB
+    else:
+        to_gib = cap.unit_bytes(args.unit) / cap.GIB
+        if args.gpu:
+            memory_gib = float(models.get_gpu(args.gpu)["memory_gib"])
+        else:
+            memory_gib = (80 if args.gpu_memory_gib is None else args.gpu_memory_gib) * to_gib
+        if args.weights_gib is not None:
+            weights_gib = args.weights_gib * to_gib
+        elif model.num_params_b > 0:
+            weights_gib = models.weights_bytes_per_gpu(
+                model, cap.WEIGHT_DTYPE_BYTES[args.weight_dtype or "bf16"], config.tensor_parallel_size,
+                config.pipeline_parallel_size) / cap.GIB
+        else:
+            weights_gib = 16 * to_gib  # the foundation's default: a config.json carries no parameter count
+        budget = {"gpu_memory_gib": memory_gib, "weights_gib": weights_gib,
+                  "gpu_memory_utilization": 0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
+                  "activation_peak_gib": 2.0 if args.activation_peak_gib is None else args.activation_peak_gib,
+                  "non_torch_gib": 0.4 if args.non_torch_gib is None else args.non_torch_gib}
+        available = cap.available_kv_cache_bytes(**budget)
+        if available <= 0:
+            validate.fail("gpu" if args.gpu else "gpu_memory_gib", args.gpu or round(memory_gib, 2),
+                          f"leaves no KV memory: {memory_gib:g} GiB x {budget['gpu_memory_utilization']:g} is "
+                          f"{memory_gib * budget['gpu_memory_utilization']:.2f} GiB, the weights, activation peak and "
+                          f"non-torch memory take {weights_gib + budget['activation_peak_gib'] + budget['non_torch_gib']:.2f} "
+                          f"GiB ({-available / cap.GIB:.2f} GiB more needed before one KV block)")
+    result = cap.vllm_capacity(model, available, max_model_len, config)
+    result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.kv_cache_dtype,
+              "tensor_parallel_size": config.tensor_parallel_size,
+              "pipeline_parallel_size": config.pipeline_parallel_size, "block_size": config.block_size,
+              **budget, **result, "available_kv_cache_gib": result["available_kv_cache_bytes"] / cap.GIB}
+    if args.json:
+        _print_json(result)
+        return result
+    print(f"model                {model.name} ({model.attention}, {model.num_layers} layers, "
+          f"{cap.kv_heads_per_gpu(model, config.tensor_parallel_size)} KV heads x {model.head_dim} per GPU)")
+    print(f"cache                {config.kv_cache_dtype}, block size {config.block_size}, "
+          f"TP {config.tensor_parallel_size}, PP {config.pipeline_parallel_size}")
+    print(f"KV bytes per token   {result['kv_bytes_per_token']:,} B per GPU "
+          f"({result['kv_bytes_per_token'] / 2**10:,.1f} KiB; article's model: 512.0 KiB)")
+    if budget:
+        weights_note = ""
+        if args.weights_gib is None:
+            weights_note = " (default)" if model.num_params_b <= 0 else f" ({model.num_params_b:g}B parameters)"
+        print(f"budget per GPU       {budget['gpu_memory_gib']:g} GiB x {budget['gpu_memory_utilization']:g} - "
+              f"{budget['weights_gib']:.2f} GiB weights{weights_note} - {budget['activation_peak_gib']:g} GiB activation peak - "
+              f"{budget['non_torch_gib']:g} GiB non-torch")
+    for line in cap.vllm_log_lines(result):
+        print(line)
+    print(f"# GPU blocks: {result['num_gpu_blocks']:,} ({result['blocks_per_request']:,} per request of "
+          f"{max_model_len:,} tokens)")
+    if not result["fits_one_request"]:
+        needed = result["blocks_per_request"] * result["page_size_bytes"] * result["layers_per_group"]
+        print(f"note: one request of {max_model_len:,} tokens needs {needed / cap.GIB:.2f} GiB of KV cache; "
+              "vLLM refuses to start (lower --max-model-len or raise --gpu-memory-utilization)")
     return result
 
 
@@ -148,12 +295,9 @@ def run_allocate(args) -> dict:
     print(f"wasted               {result['wasted_tokens']:,} tokens ({result['waste_pct']:.1f}% of reserved)")
     print(f"requests that fit    {result['max_num_requests']:,} in {args.memory_gib:g} GB at {args.mb_per_token:g} MB per token")
     print(f"block-table entries  {result['block_table_entries_per_request']:,.2f} per request")
-    return result
-
 
 def _int_if_whole(x: float):
     return int(x) if float(x).is_integer() else x
-
 
 
 # ---------------------------------------------------------------- kvlab simulate

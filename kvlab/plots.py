@@ -240,3 +240,32 @@ def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
         ax.semilogx(x, bounded[column], "o-", color=color, label=label)
         ax.axhline(limit[column], color=color, linestyle="--", label=f"{label}, unbounded cache ({limit[column]:.1f}%)")
     return _finish(fig, ax, "cache size (prefix blocks, log scale)", "% of blocks / of prompt tokens", ylim_bottom=0)
+
+def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.figure.Figure:
+    """vLLM's maximum concurrency against max_model_len, one panel per model, a line per TP and KV dtype."""
+    names = list(dict.fromkeys(table["model"]))
+    cols = 2
+    rows = -(-len(names) // cols)
+    fig, axes = _figure(figsize=(9.0, 3.2 * rows), nrows=rows, ncols=cols, sharex=True, squeeze=False)
+    tps = sorted(table["tensor_parallel_size"].unique())
+    colors = dict(zip(tps, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    styles = dict(zip(sorted(table["kv_cache_dtype"].unique()), ["-", "--", ":", "-."]))
+    for ax, name in zip(axes.flat, names):
+        part = table[table["model"] == name]
+        for (dtype, tp), line in part.groupby(["kv_cache_dtype", "tensor_parallel_size"]):
+            ax.loglog(line["max_model_len"], line["max_concurrency"], styles[dtype], color=colors[tp], marker=".",
+                      label=f"TP={tp}, {dtype} KV")
+        ax.axhline(1, color="grey", lw=0.8)
+        ax.set_title(name.split("/")[-1], fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("tokens per request (max_model_len)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("max concurrency (requests)")
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=8)
+    if gpu:
+        fig.suptitle(f"vLLM's maximum concurrency on {gpu} (a missing line: the weights leave no KV block)", fontsize=10)
+    return fig

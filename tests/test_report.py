@@ -115,3 +115,12 @@ def test_two_builds_give_identical_numbers(tmp_path):
     assert _outputs(a / "notebooks" / "03_capacity.ipynb") == _outputs(b / "notebooks" / "03_capacity.ipynb")
     rows = pd.read_csv(a / "ledger.csv", dtype={"row": str})
     assert (rows[rows["section"] == 3]["status"] == "pass").all()
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_papermill_sees_every_parameter(notebook):
+    """papermill skips a parameter line it cannot parse (e.g. '=' or quotes in its comment): catch that."""
+    nb = nbformat.read(notebook, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    names = {line.split("=")[0].strip() for line in cell.source.splitlines() if line[:1].isupper() and "=" in line}
+    assert set(report.notebook_parameters(notebook)) == names

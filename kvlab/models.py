@@ -1,0 +1,227 @@
+"""Model and GPU specs for capacity planning: data/models.csv, data/gpus.csv and HF config.json files.
+
+A ModelSpec holds what the KV cache depends on: layers, heads, head dim, the attention kind
+(mha, gqa, mqa, mla) and which layers use a sliding window. `from_config` reads it from a Hugging
+Face config.json (a local path, no hub access) the way vLLM reads it.
+"""
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kvlab import validate
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+MODELS_CSV = DATA_DIR / "models.csv"
+GPUS_CSV = DATA_DIR / "gpus.csv"
+ATTENTIONS = ("mha", "gqa", "mqa", "mla")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder's KV-cache shape.
+
+    sliding_window_pattern: 0 = no sliding-window layer; 1 = every layer slides; p >= 2 = layer i
+    (from 0) is a full-attention layer when (i + 1) % p == 0 and a sliding-window layer otherwise
+    (Gemma 2: p = 2, Gemma 3: p = 6). For MLA, num_kv_heads is 1 and head_dim is the cached latent,
+    kv_lora_rank + qk_rope_head_dim values.
+    """
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention: str = "gqa"
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    sliding_window: int = 0
+    sliding_window_pattern: int = 0
+    max_position_embeddings: int = 0
+    num_params_b: float = 0.0
+
+    def __post_init__(self):
+        validate.positive_int("num_layers", self.num_layers)
+        validate.positive_int("num_attention_heads", self.num_attention_heads)
+        validate.positive_int("num_kv_heads", self.num_kv_heads)
+        validate.positive_int("head_dim", self.head_dim)
+        validate.one_of("attention", self.attention, ATTENTIONS)
+        validate.non_negative_int("sliding_window", self.sliding_window)
+        validate.non_negative_int("sliding_window_pattern", self.sliding_window_pattern)
+        validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
+        validate.non_negative_number("num_params_b", self.num_params_b)
+        heads, kv = self.num_attention_heads, self.num_kv_heads
+        if self.attention == "mha" and kv != heads:
+            validate.fail("num_kv_heads", kv, f"must equal num_attention_heads ({heads}) for mha")
+        if self.attention == "mqa" and kv != 1:
+            validate.fail("num_kv_heads", kv, "must be 1 for mqa")
+        if self.attention == "gqa" and heads % kv:
+            validate.fail("num_kv_heads", kv, f"must divide num_attention_heads ({heads}) for gqa")
+        if self.attention == "mla":
+            validate.positive_int("kv_lora_rank", self.kv_lora_rank)
+            validate.positive_int("qk_rope_head_dim", self.qk_rope_head_dim)
+            if kv != 1:
+                validate.fail("num_kv_heads", kv, "must be 1 for mla (one latent per token and layer)")
+            if self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim:
+                validate.fail("head_dim", self.head_dim, "must be kv_lora_rank + qk_rope_head_dim for mla "
+                              f"({self.kv_lora_rank + self.qk_rope_head_dim})")
+        if (self.sliding_window == 0) != (self.sliding_window_pattern == 0):
+            validate.fail("sliding_window_pattern", self.sliding_window_pattern,
+                          "must be 0 exactly when sliding_window is 0")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer (0-based) attends over a sliding window."""
+        p = self.sliding_window_pattern
+        return p == 1 or (p >= 2 and (layer + 1) % p != 0)
+
+    @property
+    def num_sliding_layers(self) -> int:
+        """Layers that attend over a sliding window."""
+        return sum(self.is_sliding(i) for i in range(self.num_layers))
+
+
+# ---------------------------------------------------------------- catalogs
+def _close_matches(kind: str, name: str, names: list[str]) -> str:
+    lowered = {n.lower(): n for n in names}
+    short = {n.split("/")[-1].lower(): n for n in names}
+    found = [n for n in lowered if name.lower() in n]
+    found += difflib.get_close_matches(name.lower(), list(lowered), n=4, cutoff=0.5)
+    found += difflib.get_close_matches(name.lower(), list(short), n=4, cutoff=0.5)
+    matches = list(dict.fromkeys([lowered.get(f) or short[f] for f in found]))[:4]
+    hint = "close matches: " + ", ".join(matches) if matches else f"see data/{kind}s.csv"
+    return f"{kind}={name!r} is not allowed: unknown {kind}; {hint}"
+
+
+def load_models(path: str | Path = MODELS_CSV) -> pd.DataFrame:
+    """The model catalog (data/models.csv), one row per model with its sources."""
+    return pd.read_csv(path, keep_default_na=False).set_index("name")
+
+
+def load_gpus(path: str | Path = GPUS_CSV) -> pd.DataFrame:
+    """The GPU catalog (data/gpus.csv): memory (GiB), bandwidth (GB/s), dense bf16 TFLOPS, sources."""
+    return pd.read_csv(path, keep_default_na=False).set_index("name")
+
+
+def _lookup(kind: str, name: str, table: pd.DataFrame) -> pd.Series:
+    if name in table.index:
+        return table.loc[name]
+    for full in table.index:  # the part after the organisation is enough: "Qwen3-14B"
+        if full.split("/")[-1].lower() == str(name).lower():
+            return table.loc[full]
+    raise ValueError(_close_matches(kind, str(name), list(table.index)))
+
+
+def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
+    """The ModelSpec of one catalog model (full name or the part after '/'); close matches on a miss."""
+    row = _lookup("model", name, load_models(path))
+    ints = ["num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "kv_lora_rank",
+            "qk_rope_head_dim", "sliding_window", "sliding_window_pattern", "max_position_embeddings"]
+    return ModelSpec(name=row.name, attention=row["attention"], num_params_b=float(row["num_params_b"]),
+                     **{k: int(row[k]) for k in ints})
+
+
+def get_gpu(name: str, path: str | Path = GPUS_CSV) -> pd.Series:
+    """One GPU's row of data/gpus.csv (memory_gib, memory_bandwidth_gb_s, bf16_dense_tflops)."""
+    return _lookup("gpu", name, load_gpus(path))
+
+
+# ---------------------------------------------------------------- config.json
+def _field(config: dict, field: str, source: str, why: str):
+    if config.get(field) is None:
+        raise ValueError(f"config={source!r} is not allowed: it has no field {field!r}, which kvlab needs for {why}")
+    return config[field]
+
+
+def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tuple[int, int]:
+    """(sliding_window, sliding_window_pattern) the way vLLM reads them from config.json."""
+    layer_types = config.get("layer_types")
+    if layer_types:
+        if len(layer_types) != num_layers:
+            validate.fail("config", source, f"layer_types lists {len(layer_types)} layers, not num_hidden_layers={num_layers}")
+        sliding = [t == "sliding_attention" for t in layer_types]
+        if not any(sliding):
+            return 0, 0
+        window = int(_field(config, "sliding_window", source, "its sliding_attention layers"))
+        for p in [1] + list(range(2, num_layers + 1)):
+            if sliding == [p == 1 or (i + 1) % p != 0 for i in range(num_layers)]:
+                return window, p
+        validate.fail("config", source, "layer_types must repeat (local x (p-1), global) as Gemma's do")
+    window = config.get("sliding_window")
+    if not window or config.get("use_sliding_window") is False:
+        return 0, 0
+    if model_type == "gemma2":
+        return int(window), 2
+    if model_type.startswith("gemma3"):
+        return int(window), int(config.get("sliding_window_pattern", 6))
+    return int(window), 1
+
+
+def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (a path or its parsed dict); no hub access."""
+    if isinstance(path, dict):
+        config, source = path, name or "config.json"
+    else:
+        source = str(path)
+        try:
+            config = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            validate.fail("config", source, "must be the path of a config.json file")
+        except json.JSONDecodeError as error:
+            validate.fail("config", source, f"must be JSON ({error.msg} at line {error.lineno})")
+    if isinstance(config.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the decoder here
+        config = {"model_type": config.get("model_type", ""), **config["text_config"]}
+    model_type = str(config.get("model_type", ""))
+    layers = int(_field(config, "num_hidden_layers", source, "the number of layers"))
+    heads = int(_field(config, "num_attention_heads", source, "the number of heads"))
+    label = name or config.get("_name_or_path") or source
+    window, pattern = _sliding(config, model_type, layers, source)
+    max_pos = int(config.get("max_position_embeddings") or 0)
+    if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
+        rank = int(_field(config, "kv_lora_rank", source, "the MLA latent size"))
+        rope = int(_field(config, "qk_rope_head_dim", source, "the MLA latent size"))
+        return ModelSpec(label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b)
+    kv = config.get("num_key_value_heads")
+    if kv is None:
+        kv = 1 if config.get("multi_query") else heads
+    kv = int(kv)
+    head_dim = config.get("head_dim")
+    if head_dim is None:
+        hidden = int(_field(config, "hidden_size", source, "the head dim (hidden_size / num_attention_heads)"))
+        if hidden % heads:
+            validate.fail("config", source, f"hidden_size={hidden} must be divisible by num_attention_heads={heads}")
+        head_dim = hidden // heads
+    if kv > heads or heads % kv:
+        validate.fail("config", source, f"num_key_value_heads={kv} must divide num_attention_heads={heads}")
+    attention = "mha" if kv == heads else ("mqa" if kv == 1 else "gqa")
+    return ModelSpec(label, layers, heads, kv, int(head_dim), attention, 0, 0, window, pattern, max_pos, num_params_b)
+
+
+def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:
+    """Layer indices of each pipeline stage, split as vLLM splits them (extra layers before the last stage)."""
+    num_layers = validate.positive_int("num_layers", num_layers)
+    pp = validate.positive_int("pipeline_parallel_size", pipeline_parallel_size)
+    if pp > num_layers:
+        validate.fail("pipeline_parallel_size", pp, f"must be at most num_layers ({num_layers})")
+    sizes = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [0, *itertools.accumulate(sizes)]
+    return [range(starts[i], starts[i + 1]) for i in range(pp)]
+
+
+def weights_bytes_per_gpu(model: ModelSpec, weight_bytes_per_param: float, tensor_parallel_size: int = 1,
+                          pipeline_parallel_size: int = 1) -> float:
+    """Weights one GPU holds: parameters x bytes per parameter / (TP x PP) (bytes; embeddings split alike)."""
+    if model.num_params_b <= 0:
+        validate.fail("num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead")
+    validate.positive_number("weight_bytes_per_param", weight_bytes_per_param)
+    return model.num_params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
+
+
+__all__ = ["ModelSpec", "ATTENTIONS", "load_models", "load_gpus", "get_model", "get_gpu", "from_config",
+           "stage_layers", "weights_bytes_per_gpu"]

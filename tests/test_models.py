@@ -1,0 +1,149 @@
+"""Model specs: the catalogs, config.json parsing as vLLM reads it, pipeline stages, one-line errors."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab import models
+from kvlab.models import ModelSpec
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+# fixture file -> the catalog row it must agree with
+FIXTURES = {
+    "llama-3.1-8b-instruct.json": "meta-llama/Llama-3.1-8B-Instruct",
+    "mistral-7b-v0.1.json": "mistralai/Mistral-7B-v0.1",
+    "qwen2.5-7b-instruct.json": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen3-30b-a3b.json": "Qwen/Qwen3-30B-A3B",
+    "phi-3-mini-4k-instruct.json": "microsoft/Phi-3-mini-4k-instruct",
+    "gemma-2-9b-it.json": "google/gemma-2-9b-it",
+    "gemma-3-27b-it.json": "google/gemma-3-27b-it",
+    "deepseek-v2-lite.json": "deepseek-ai/DeepSeek-V2-Lite",
+    "opt-13b.json": "facebook/opt-13b",
+    "gpt-neox-20b.json": "EleutherAI/gpt-neox-20b",
+}
+SHAPE = ["num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "attention", "kv_lora_rank",
+         "qk_rope_head_dim", "sliding_window", "sliding_window_pattern", "max_position_embeddings"]
+
+
+@pytest.mark.parametrize("fixture,name", FIXTURES.items())
+def test_config_json_gives_the_catalog_shape(fixture, name):
+    parsed = models.from_config(CONFIGS / fixture)
+    listed = models.get_model(name)
+    assert {k: getattr(parsed, k) for k in SHAPE} == {k: getattr(listed, k) for k in SHAPE}
+
+
+def test_catalogs_are_large_enough_and_sourced():
+    table = models.load_models()
+    assert len(table) >= 15
+    assert table["config_source"].str.startswith("https://huggingface.co/").all()
+    assert (table["params_source"].str.len() > 0).all()
+    assert {"mha", "gqa", "mla"} <= set(table["attention"])
+    for name in table.index:  # every row is a valid spec
+        models.get_model(name)
+    gpus = models.load_gpus()
+    assert len(gpus) >= 10
+    assert (gpus[["memory_gib", "memory_bandwidth_gb_s", "bf16_dense_tflops"]] > 0).all().all()
+    assert gpus["source"].str.startswith("https://").all()
+
+
+def test_sliding_layers_per_architecture():
+    assert models.get_model("gemma-3-27b-it").num_sliding_layers == 62 - 62 // 6  # 5 local : 1 global
+    assert models.get_model("gemma-2-9b-it").num_sliding_layers == 21  # alternating
+    assert models.get_model("Mistral-7B-v0.1").num_sliding_layers == 32  # every layer
+    assert models.from_config(CONFIGS / "qwen2.5-7b-instruct.json").sliding_window == 0  # use_sliding_window false
+    gemma2 = models.get_model("gemma-2-9b-it")
+    assert [gemma2.is_sliding(i) for i in range(4)] == [True, False, True, False]
+
+
+def test_layer_types_are_read_as_a_pattern():
+    config = {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "head_dim": 256, "sliding_window": 512,
+              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2}
+    spec = models.from_config(config)
+    assert (spec.sliding_window, spec.sliding_window_pattern, spec.num_sliding_layers) == (512, 6, 10)
+    config["layer_types"] = ["full_attention"] * 12
+    assert models.from_config(config).sliding_window_pattern == 0
+
+
+def test_mla_latent_is_rank_plus_rope():
+    spec = models.from_config(CONFIGS / "deepseek-v2-lite.json")
+    assert (spec.attention, spec.num_kv_heads, spec.head_dim) == ("mla", 1, 512 + 64)
+
+
+def test_missing_field_is_named(tmp_path):
+    config = json.loads((CONFIGS / "llama-3.1-8b-instruct.json").read_text())
+    del config["num_hidden_layers"]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"has no field 'num_hidden_layers'") as error:
+        models.from_config(path)
+    assert "\n" not in str(error.value)
+    del config["head_dim"], config["hidden_size"]
+    config["num_hidden_layers"] = 32
+    with pytest.raises(ValueError, match="'hidden_size'"):
+        models.from_config(config)
+    with pytest.raises(ValueError, match="'kv_lora_rank'"):
+        models.from_config({"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128})
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"num_attention_heads": 32, "num_kv_heads": 6, "attention": "gqa"}, "must divide num_attention_heads"),
+    ({"num_attention_heads": 32, "num_kv_heads": 8, "attention": "mha"}, "must equal num_attention_heads"),
+    ({"num_attention_heads": 32, "num_kv_heads": 2, "attention": "mqa"}, "must be 1 for mqa"),
+])
+def test_heads_must_divide_as_the_architecture_requires(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelSpec(name="x", num_layers=4, head_dim=64, **kwargs)
+
+
+def test_config_heads_not_divisible():
+    with pytest.raises(ValueError, match="num_key_value_heads=3 must divide num_attention_heads=32"):
+        models.from_config({"num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 3, "head_dim": 64})
+    with pytest.raises(ValueError, match="must be kv_lora_rank \\+ qk_rope_head_dim"):
+        ModelSpec("x", 2, 16, 1, 512, "mla", 512, 64)
+
+
+def test_unknown_names_list_close_matches():
+    with pytest.raises(ValueError, match="close matches: meta-llama/Meta-Llama-3-8B"):
+        models.get_model("llama-3-8b")
+    with pytest.raises(ValueError, match="close matches: H100-SXM-80GB, H100-PCIe-80GB"):
+        models.get_gpu("H100")
+    assert models.get_model("qwen3-14b").name == "Qwen/Qwen3-14B"  # the part after '/' in any case
+
+
+def test_unreadable_config_paths(tmp_path):
+    with pytest.raises(ValueError, match="must be the path of a config.json"):
+        models.from_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="must be JSON"):
+        models.from_config(tmp_path / "bad.json")
+
+
+def test_pipeline_stages_split_as_vllm():
+    assert [len(s) for s in models.stage_layers(27, 2)] == [14, 13]
+    assert [len(s) for s in models.stage_layers(32, 3)] == [11, 11, 10]
+    assert [len(s) for s in models.stage_layers(61, 4)] == [15, 15, 16, 15]  # vllm get_pp_indices: extra layers before the last stage
+    with pytest.raises(ValueError, match="must be at most num_layers"):
+        models.stage_layers(4, 8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 200), st.integers(1, 16))
+def test_pipeline_stages_cover_every_layer_once(num_layers, pp):
+    if pp > num_layers:
+        return
+    stages = models.stage_layers(num_layers, pp)
+    assert [i for s in stages for i in s] == list(range(num_layers))
+    sizes = [len(s) for s in stages]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) == math.ceil(num_layers / pp)
+
+
+def test_weights_estimate():
+    spec = models.get_model("Llama-3.1-70B-Instruct")
+    assert models.weights_bytes_per_gpu(spec, 2, tensor_parallel_size=4) == pytest.approx(70.55e9 * 2 / 4)
+    with pytest.raises(ValueError, match="give weights_gib instead"):
+        models.weights_bytes_per_gpu(models.from_config(CONFIGS / "opt-13b.json"), 2)
