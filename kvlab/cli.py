@@ -295,6 +295,8 @@ def run_allocate(args) -> dict:
     print(f"wasted               {result['wasted_tokens']:,} tokens ({result['waste_pct']:.1f}% of reserved)")
     print(f"requests that fit    {result['max_num_requests']:,} in {args.memory_gib:g} GB at {args.mb_per_token:g} MB per token")
     print(f"block-table entries  {result['block_table_entries_per_request']:,.2f} per request")
+    return result
+
 
 def _int_if_whole(x: float):
     return int(x) if float(x).is_integer() else x

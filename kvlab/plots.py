@@ -34,7 +34,6 @@ def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> 
     ax.legend()
     return fig
 
-
 def length_fit(lengths: np.ndarray, pmf: np.ndarray, bin_tokens: int = 64) -> matplotlib.figure.Figure:
     """Histogram of sampled request lengths against the fitted distribution, per bin of bin_tokens (log y)."""
     fig, ax = _figure()
@@ -47,57 +46,7 @@ def length_fit(lengths: np.ndarray, pmf: np.ndarray, bin_tokens: int = 64) -> ma
     ax.set_yscale("log")
     ax.set_xlabel(f"request length (tokens, bins of {bin_tokens})")
     ax.set_ylabel("requests per bin")
-
-# ---------------------------------------------------------------- section 2: batching
-POLICY_COLORS = {"static": "tab:red", "continuous": "tab:blue"}
-
-
-def slot_timeline(results: list, until_s: float = 30.0) -> matplotlib.figure.Figure:
-    """Each slot over time (s) for each policy: a request's own tokens solid, static padding hatched."""
-    fig, axes = _figure(figsize=(9.0, 2.2 * len(results) + 0.6), nrows=len(results), sharex=True, squeeze=False)
-    for ax, result in zip(axes[:, 0], results):
-        color = POLICY_COLORS.get(result.policy, "tab:grey")
-        seen = result.start_s < until_s
-        for slot in range(result.max_num_seqs):
-            mine = seen & (result.slot == slot)
-            start, done, finish = result.start_s[mine], result.done_s[mine], result.finish_s[mine]
-            ax.broken_barh(list(zip(start, done - start)), (slot - 0.4, 0.8), facecolors=color, edgecolor="white",
-                           linewidth=0.3)
-            padded = finish > done
-            ax.broken_barh(list(zip(done[padded], (finish - done)[padded])), (slot - 0.4, 0.8), facecolors="none",
-                           edgecolor=color, hatch="////", linewidth=0.0)
-        busy = float(np.clip(np.minimum(result.done_s, until_s) - result.start_s, 0, None)[seen].sum())
-        padding = " (hatched: held by a finished request waiting for its batch)" if result.policy == "static" else ""
-        ax.set_title(f"{result.policy}: slots busy {100 * busy / (result.max_num_seqs * until_s):.0f}% of the first "
-                     f"{until_s:g} s{padding}", fontsize=9)
-        ax.set_ylabel("slot")
-        ax.set_yticks(range(result.max_num_seqs))
-        ax.set_ylim(-0.6, result.max_num_seqs - 0.4)
-    axes[-1, 0].set_xlim(0, until_s)
-    axes[-1, 0].set_xlabel("time since the first arrival (s)")
-    return fig
-
-
-def latency_cdf(results: list) -> matplotlib.figure.Figure:
-    """Share of requests served within each latency (s), one line per policy."""
-    fig, ax = _figure()
-    for result in results:
-        latency = np.sort(result.latency_s)
-        share = np.arange(1, len(latency) + 1) / len(latency)
-        ax.step(latency, share, where="post", color=POLICY_COLORS.get(result.policy), label=result.policy)
-        ax.axvline(result.latency_s.mean(), color=POLICY_COLORS.get(result.policy), ls=":", lw=1)
-    ax.set_xlabel("latency: finish - arrival (s); dotted: mean")
-    ax.set_ylabel("share of requests")
-    ax.set_ylim(0, 1.01)
     ax.grid(True, alpha=0.3)
-
-def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None) -> matplotlib.figure.Figure:
-    """Axis labels (with units), an optional lower y limit, a grid and the legend."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if ylim_bottom is not None:
-        ax.set_ylim(ylim_bottom, None)
-    ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return fig
 
@@ -163,6 +112,53 @@ def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wa
     ax.set_ylabel(f"{label}: % from the seed median\n(box 25-75%, whiskers 5-95%)")
     ax.grid(True, alpha=0.3)
     ax.legend()
+    return fig
+
+# ---------------------------------------------------------------- section 2: batching
+POLICY_COLORS = {"static": "tab:red", "continuous": "tab:blue"}
+
+
+def slot_timeline(results: list, until_s: float = 30.0) -> matplotlib.figure.Figure:
+    """Each slot over time (s) for each policy: a request's own tokens solid, static padding hatched."""
+    fig, axes = _figure(figsize=(9.0, 2.2 * len(results) + 0.6), nrows=len(results), sharex=True, squeeze=False)
+    for ax, result in zip(axes[:, 0], results):
+        color = POLICY_COLORS.get(result.policy, "tab:grey")
+        seen = result.start_s < until_s
+        for slot in range(result.max_num_seqs):
+            mine = seen & (result.slot == slot)
+            start, done, finish = result.start_s[mine], result.done_s[mine], result.finish_s[mine]
+            ax.broken_barh(list(zip(start, done - start)), (slot - 0.4, 0.8), facecolors=color, edgecolor="white",
+                           linewidth=0.3)
+            padded = finish > done
+            ax.broken_barh(list(zip(done[padded], (finish - done)[padded])), (slot - 0.4, 0.8), facecolors="none",
+                           edgecolor=color, hatch="////", linewidth=0.0)
+        busy = float(np.clip(np.minimum(result.done_s, until_s) - result.start_s, 0, None)[seen].sum())
+        padding = " (hatched: held by a finished request waiting for its batch)" if result.policy == "static" else ""
+        ax.set_title(f"{result.policy}: slots busy {100 * busy / (result.max_num_seqs * until_s):.0f}% of the first "
+                     f"{until_s:g} s{padding}", fontsize=9)
+        ax.set_ylabel("slot")
+        ax.set_yticks(range(result.max_num_seqs))
+        ax.set_ylim(-0.6, result.max_num_seqs - 0.4)
+    axes[-1, 0].set_xlim(0, until_s)
+    axes[-1, 0].set_xlabel("time since the first arrival (s)")
+    return fig
+
+
+def latency_cdf(results: list) -> matplotlib.figure.Figure:
+    """Share of requests served within each latency (s), one line per policy."""
+    fig, ax = _figure()
+    for result in results:
+        latency = np.sort(result.latency_s)
+        share = np.arange(1, len(latency) + 1) / len(latency)
+        ax.step(latency, share, where="post", color=POLICY_COLORS.get(result.policy), label=result.policy)
+        ax.axvline(result.latency_s.mean(), color=POLICY_COLORS.get(result.policy), ls=":", lw=1)
+    ax.set_xlabel("latency: finish - arrival (s); dotted: mean")
+    ax.set_ylabel("share of requests")
+    ax.set_ylim(0, 1.01)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
 
 def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_latency_s",
                chosen_rate: float | None = None) -> matplotlib.figure.Figure:
@@ -196,6 +192,17 @@ def variance_sweep(sweep: pd.DataFrame) -> matplotlib.figure.Figure:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None) -> matplotlib.figure.Figure:
+    """Axis labels (with units), an optional lower y limit, a grid and the legend."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if ylim_bottom is not None:
+        ax.set_ylim(ylim_bottom, None)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
 
 def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
                 ) -> matplotlib.figure.Figure:

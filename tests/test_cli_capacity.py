@@ -60,5 +60,5 @@ def test_console_script_and_module(command):
 def test_help_explains(capsys):
     with pytest.raises(SystemExit):
         main(["capacity", "--help"])
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())
     assert "KV bytes per token = 2 (K and V)" in text and "GiB = 2^30 bytes" in text
