@@ -43,8 +43,9 @@ $(STAMP): requirements.lock pyproject.toml
 # The cache folders must exist before Jupyter or IPython look at them.
 CACHE_DIRS := $(MPLCONFIGDIR) $(IPYTHONDIR) $(JUPYTER_CONFIG_DIR) $(JUPYTER_DATA_DIR) $(JUPYTER_RUNTIME_DIR)
 $(shell mkdir -p $(CACHE_DIRS) $(IPYTHONDIR)/profile_default)
-# Kernels log only errors (not the TCP-transport warning every kernel start prints).
-$(shell test -f $(IPYTHONDIR)/profile_default/ipython_kernel_config.py || echo 'c.IPKernelApp.log_level = "ERROR"' > $(IPYTHONDIR)/profile_default/ipython_kernel_config.py)
+# Kernels log nothing short of a crash (not the TCP-transport warning every kernel start prints, nor
+# the interrupt a kernel logs when papermill shuts it down).
+$(shell echo 'c.IPKernelApp.log_level = "CRITICAL"' > $(IPYTHONDIR)/profile_default/ipython_kernel_config.py)
 
 report: $(STAMP)
 	$(BIN)/python -m kvlab.report --params $(PARAMS) $(foreach s,$(SET),--set $(s))

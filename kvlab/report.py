@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from kvlab import ledger as ledger_mod
+from kvlab import validate
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -79,6 +80,7 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
     stems = {nb.stem: nb for nb in notebooks}
     declared = {stem: notebook_parameters(path) for stem, path in stems.items()}
     params: dict[str, dict] = {stem: {} for stem in stems}
+    from_command_line: set[str] = set()
     for stem, values in raw.items():
         if stem not in stems:
             raise ReportError(f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}")
@@ -96,6 +98,7 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
             raise ReportError(f"--set {item!r} is not allowed: no notebook has a parameter {pname!r}")
         for target in targets:
             params[target][pname] = value
+            from_command_line.add(target)
     for stem, values in params.items():
         for pname, value in values.items():
             where = f"{stem}.{pname}={value!r}"
@@ -104,13 +107,11 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
             default = declared[stem][pname]
             if not _same_kind(default, value):
                 raise ReportError(f"{where} is not allowed: must be a {type(default).__name__} like {default!r}")
-        check = SECTION_CHECKS.get(stem)
-        if check:
-            merged = {**declared[stem], **values}
-            try:
-                check(merged)
-            except ValueError as error:
-                raise ReportError(f"{params_path.name}: {stem}: {error}") from None
+        try:
+            check_section(stem, {**declared[stem], **values})
+        except ValueError as error:
+            source = "--set" if stem in from_command_line else params_path.name
+            raise ReportError(f"{source}: {stem}: {error}") from None
     return params
 
 
@@ -122,8 +123,66 @@ def _check_capacity(p: dict) -> None:
     capacity.fit_table(shape, p["GPU_MEMORY_GIB"], p["WEIGHTS_GIB"], p["CONTEXTS"])
 
 
-# Each section's semantic check of its parameters (run before any notebook executes).
-SECTION_CHECKS = {"03_capacity": _check_capacity}
+def _each(check):
+    """A rule for a list parameter: not empty, check on every element."""
+    def rule(name, values):
+        for i, value in enumerate(validate.non_empty(name, values)):
+            check(f"{name}[{i}]", value)
+    return rule
+
+
+def _lengths(name, value):
+    from kvlab import workloads
+
+    validate.one_of(name, value, workloads.LENGTH_DISTRIBUTIONS)
+
+
+def _percent(name, value):
+    if validate.non_negative_number(name, value) > 100:
+        validate.fail(name, value, "must be a percentile in [0, 100]")
+
+
+_int1, _int0, _pos = validate.positive_int, validate.non_negative_int, validate.positive_number
+
+# What each notebook parameter may be, checked before any notebook runs (a parameter without a
+# rule is only checked for its type against the notebook's default).
+PARAM_RULES = {
+    "01_allocation": {
+        "NUM_REQUESTS": _int1, "MAX_LEN_TOKENS": _int1, "LENGTHS": _lengths, "SEED": _int0,
+        "BLOCK_SIZES": _each(_int1), "MEMORY_GIB": _pos, "MIB_PER_TOKEN": _pos, "POLICY_BLOCK_SIZE": _int1,
+        "NUM_SEEDS": _int1,
+    },
+    "02_batching": {
+        "NUM_REQUESTS": _int1, "MAX_NUM_SEQS": _int1, "MS_PER_TOKEN": _pos, "ARRIVAL_RATE": _pos,
+        "CONSTANT_TOKENS": _int1, "SEED": _int0, "NUM_SEEDS": _int1, "BAND_LOW_PCT": _percent,
+        "BAND_HIGH_PCT": _percent, "TIMELINE_S": _pos, "SWEEP_RATES": _each(_pos),
+        "SWEEP_CVS": _each(validate.non_negative_number), "SWEEP_SEEDS": _int1,
+    },
+    "03_capacity": {
+        "GPU_MEMORY_UTILIZATION": lambda n, v: validate.fraction(n, v), "BLOCK_SIZE": _int1,
+        "LOG_MAX_MODEL_LEN": _int1, "PLAN_CONTEXTS": _each(_int1), "PLAN_TENSOR_PARALLEL_SIZES": _each(_int1),
+    },
+    "04_traces": {
+        "SHAREGPT_RATE_PER_S": _pos, "SEED": _int0, "RATE_WINDOW_S": _pos, "CACHE_SIZES_BLOCKS": _each(_int1),
+        "KV_BYTES_PER_TOKEN": _pos,
+    },
+}
+
+# Checks that need several parameters together (run after the per-parameter rules).
+SECTION_CHECKS = {
+    "02_batching": lambda p: p["BAND_LOW_PCT"] < p["BAND_HIGH_PCT"] or validate.fail(
+        "BAND_LOW_PCT", p["BAND_LOW_PCT"], f"must be below BAND_HIGH_PCT={p['BAND_HIGH_PCT']}"),
+    "03_capacity": _check_capacity,
+}
+
+
+def check_section(stem: str, params: dict) -> None:
+    """Raise ValueError if a notebook's parameters (its defaults merged with overrides) are not allowed."""
+    for name, rule in PARAM_RULES.get(stem, {}).items():
+        if name in params:
+            rule(name, params[name])
+    if stem in SECTION_CHECKS:
+        SECTION_CHECKS[stem](params)
 
 
 # ---------------------------------------------------------------- execution
@@ -180,7 +239,7 @@ img { max-width: 100%; }
 nav { font-size: 0.9rem; margin-bottom: 1rem; }
 .pass { color: #176b2c; } .fail { color: #b00020; font-weight: bold; } .missing { color: #8a6d00; }
 footer { margin-top: 2.5rem; font-size: 8.5pt; color: #555; border-top: 1px solid #ccc; }
-@page { size: A4; margin: 1.5cm; }
+@page { size: A4 landscape; margin: 1.2cm; }
 """
 
 

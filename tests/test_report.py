@@ -124,3 +124,16 @@ def test_papermill_sees_every_parameter(notebook):
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     names = {line.split("=")[0].strip() for line in cell.source.splitlines() if line[:1].isupper() and "=" in line}
     assert set(report.notebook_parameters(notebook)) == names
+
+
+@pytest.mark.parametrize("override, message", [
+    ("01_allocation.LENGTHS=zipf", "01_allocation: LENGTHS='zipf' is not allowed: must be one of article-s1"),
+    ("01_allocation.BLOCK_SIZES=[16, 0]", "01_allocation: BLOCK_SIZES[1]=0 is not allowed: must be an integer >= 1"),
+    ("02_batching.ARRIVAL_RATE=-2", "02_batching: ARRIVAL_RATE=-2 is not allowed: must be a finite number > 0"),
+    ("02_batching.BAND_LOW_PCT=96", "02_batching: BAND_LOW_PCT=96 is not allowed: must be below BAND_HIGH_PCT=95.0"),
+    ("SEED=-1", "SEED=-1 is not allowed: must be an integer >= 0"),
+    ("03_capacity.GPU_MEMORY_UTILIZATION=1.5", "GPU_MEMORY_UTILIZATION=1.5 is not allowed: must be a number in (0, 1]"),
+])
+def test_semantic_rules_name_the_parameter(override, message):
+    with pytest.raises(report.ReportError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        report.load_params(ROOT / "params.yaml", [override], NOTEBOOKS)
