@@ -76,7 +76,9 @@ def test_explicit_format_and_max_requests(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({}, "arrival_rate_per_s=None is not allowed: must be a finite number > 0"),
+    ({}, "arrival_rate_per_s=None is not allowed: a sharegpt trace has no timestamps: give a rate (requests/s) "
+         "for Poisson arrivals"),
+    ({"arrival_rate_per_s": 0.0}, "arrival_rate_per_s=0.0 is not allowed: must be a finite number > 0"),
     ({"arrival_rate_per_s": 2.0}, "rng=None is not allowed: a numpy.random.Generator is needed to draw Poisson arrivals"),
 ])
 def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
@@ -88,7 +90,7 @@ def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
 
 def test_timed_trace_refuses_an_arrival_rate(tmp_path):
     path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
-    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: a azure trace has its own timestamps"):
+    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: a azure trace has its own timestamps; leave the rate unset$"):
         traces.load_trace(path, arrival_rate_per_s=3.0)
 
 
