@@ -10,7 +10,7 @@ import numpy as np
 
 from kvlab import allocator as alloc
 from kvlab import capacity as cap
-from kvlab import models, simulator, validate, workloads
+from kvlab import models, simulator, traces, validate, workloads
 from kvlab.models import ModelSpec
 from kvlab.workloads import Workload
 
@@ -236,6 +236,7 @@ def run_vllm_capacity(args) -> dict:
 ALLOCATE_FLAGS = {
     "num_requests": "--num-requests", "max_len_tokens": "--max-len", "block_size": "--block-size",
     "lengths": "--lengths", "memory_gib": "--memory-gib", "mib_per_token": "--mb-per-token",
+    "trace_format": "--trace-format", "trace": "--trace",
 }
 
 
@@ -259,6 +260,12 @@ def add_allocate(commands) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of numpy.random.default_rng for the lengths (default 0)")
     p.add_argument("--lengths", default="article-s1", metavar="NAME",
                    help=f"length family (default article-s1). {families}")
+    trace = _add_trace_flags(p, "a request's length is its prompt + output tokens (ContextTokens + GeneratedTokens, "
+                             "input_length + output_length, num_prefill_tokens + num_decode_tokens); --num-requests, "
+                             "--seed and --lengths are not used")
+    trace.add_argument("--drop-over-max-len", action="store_true",
+                       help="leave out trace requests longer than --max-len and print how many (default: such "
+                       "requests are an error naming how many and the largest)")
     budget = p.add_argument_group("memory budget")
     budget.add_argument("--memory-gib", type=float, default=60, help="KV-cache memory, GB = 2^30 bytes (default 60)")
     budget.add_argument("--mb-per-token", type=float, default=0.5, help="KV memory per token, MB = 2^20 bytes (default 0.5)")
@@ -266,10 +273,54 @@ def add_allocate(commands) -> None:
     p.set_defaults(run=run_allocate, flags=ALLOCATE_FLAGS)
 
 
+def _add_trace_flags(p, lengths_text: str):
+    """--trace, --trace-format and --skip-bad-rows, in their own group; returns the group."""
+    group = p.add_argument_group("real request trace (replaces the synthetic workload)")
+    group.add_argument("--trace", metavar="PATH",
+                       help=f"an Azure LLM inference CSV, a Mooncake JSONL or a ShareGPT length CSV; {lengths_text}")
+    group.add_argument("--trace-format", default="auto", choices=("auto",) + traces.TRACE_FORMATS,
+                       help="format of --trace (default auto: told from the header or first row)")
+    group.add_argument("--skip-bad-rows", action="store_true",
+                       help="skip malformed rows of --trace and print how many (default: the first is an error "
+                       "naming file and line)")
+    return group
+
+
+def load_trace_arg(args, **kwargs) -> traces.TraceLoad:
+    """The --trace file as a TraceLoad; an unreadable file is a one-line ValueError naming --trace."""
+    try:
+        return traces.load_trace(args.trace, args.trace_format, on_bad_row="skip" if args.skip_bad_rows else "raise",
+                                 **kwargs)
+    except OSError as err:
+        validate.fail("trace", args.trace, f"cannot be read ({err.strerror or err})")
+
+
+def _file_format(path: str) -> str:
+    try:
+        return traces.file_format(path)
+    except (OSError, ValueError):
+        return "auto"  # load_trace_arg reports the problem in full
+
+
+def _trace_note(load: traces.TraceLoad) -> dict:
+    """The JSON keys a trace adds to a command's result."""
+    return {"trace": load.path, "trace_format": load.trace_format, "num_rows": load.num_rows,
+            "num_skipped_rows": load.num_skipped}
+
+
 def allocate_lengths(args):
-    """The request lengths `kvlab allocate` accounts for (one place to add other sources, e.g. a trace)."""
-    return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(args.seed),
-                                    max_len_tokens=args.max_len)
+    """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace."""
+    if args.trace is None:
+        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(args.seed),
+                                        max_len_tokens=args.max_len)
+    # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
+    sharegpt = args.trace_format == "sharegpt" or (args.trace_format == "auto" and _file_format(args.trace) == "sharegpt")
+    load = load_trace_arg(args, arrival_rate_per_s=1.0 if sharegpt else None,
+                          rng=np.random.default_rng(0) if sharegpt else None)
+    lengths, dropped = traces.request_lengths(load.workload, args.max_len,
+                                              over_max_len="drop" if args.drop_over_max_len else "error")
+    args.trace_load, args.num_dropped = load, dropped
+    return lengths
 
 
 def run_allocate(args) -> dict:
@@ -280,16 +331,26 @@ def run_allocate(args) -> dict:
                                  memory_gib=_int_if_whole(args.memory_gib),
                                  mib_per_token=_int_if_whole(args.mb_per_token)).iloc[0]
     result = {
-        "lengths": args.lengths, "num_requests": len(lengths), "block_size": args.block_size, "seed": args.seed,
+        "lengths": args.lengths if args.trace is None else "trace", "num_requests": len(lengths),
+        "block_size": args.block_size, "seed": args.seed,
         "reserved_tokens": int(row["reserved_tokens"]), "used_tokens": int(row["used_tokens"]),
         "wasted_tokens": int(row["wasted_tokens"]), "waste_pct": round(float(row["waste_pct"]), 6),
         "max_num_requests": int(row["max_num_requests"]),
         "block_table_entries_per_request": round(float(row["block_table_entries"]), 6),
     }
+    if args.trace is not None:
+        del result["seed"]
+        result |= _trace_note(args.trace_load) | {"num_dropped_over_max_len": args.num_dropped}
     if args.json:
         _print_json(result)
         return result
-    print(f"requests             {result['num_requests']:,} ({args.lengths}, seed {args.seed}, at most {args.max_len:,} tokens)")
+    if args.trace is None:
+        print(f"requests             {result['num_requests']:,} ({args.lengths}, seed {args.seed}, at most {args.max_len:,} tokens)")
+    else:
+        print(f"requests             {result['num_requests']:,} from {result['trace_format']} trace {result['trace']} "
+              f"(prompt + output tokens, at most {args.max_len:,})")
+        print(f"trace rows           {result['num_rows']:,} read, {result['num_skipped_rows']:,} bad rows skipped, "
+              f"{args.num_dropped:,} requests over --max-len dropped")
     print(f"reserved             {result['reserved_tokens']:,} tokens in blocks of {args.block_size:,}")
     print(f"used                 {result['used_tokens']:,} tokens ({result['used_tokens'] / result['num_requests']:,.1f} per request)")
     print(f"wasted               {result['wasted_tokens']:,} tokens ({result['waste_pct']:.1f}% of reserved)")
@@ -307,6 +368,7 @@ SIMULATE_FLAGS = {
     "policy": "--policy", "max_num_seqs": "--slots", "ms_per_token": "--ms-per-token",
     "num_requests": "--num-requests", "arrival_rate": "--arrival-rate", "lengths": "--lengths",
     "constant_tokens": "--constant-tokens", "tokens": "--constant-tokens", "seed": "--seed",
+    "trace_format": "--trace-format", "trace": "--trace", "arrival_rate_per_s": "--arrival-rate",
 }
 
 
@@ -330,31 +392,46 @@ def add_simulate(commands) -> None:
     engine.add_argument("--ms-per-token", type=float, default=8.0, help="time per output token, ms (default 8)")
     work = p.add_argument_group("synthetic workload")
     work.add_argument("--num-requests", type=int, default=600, help="requests (default 600)")
-    work.add_argument("--arrival-rate", type=float, default=11.0,
+    work.add_argument("--arrival-rate", type=float, default=None,
                       help="Poisson arrival rate, requests/s (default 11; the article does not give one)")
     work.add_argument("--lengths", default="article", choices=list(simulator.LENGTHS),
                       help="output lengths: article (the article's mix, default) or constant")
     work.add_argument("--constant-tokens", type=int, default=150,
                       help="output tokens of every request with --lengths constant (default 150)")
     work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    _add_trace_flags(p, "arrivals are its timestamps relative to the first row and each request's output length "
+                     "(GeneratedTokens, output_length, num_decode_tokens) sets its service time; a ShareGPT file "
+                     "has no timestamps, so it gets Poisson arrivals at --arrival-rate drawn with --seed (pass "
+                     "--arrival-rate only for sharegpt); --num-requests, --lengths and --constant-tokens are not used")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run_simulate, flags=SIMULATE_FLAGS)
 
 
 def simulate_workload(args) -> Workload:
-    """The workload `kvlab simulate` serves (a synthetic one from the flags)."""
+    """The workload `kvlab simulate` serves: a synthetic one from the flags, or the --trace file's requests."""
     seed = validate.non_negative_int("seed", args.seed)
-    return simulator.synthetic_workload(args.num_requests, args.arrival_rate, args.lengths,
-                                        np.random.default_rng(seed), constant_tokens=args.constant_tokens)
+    if args.trace is None:
+        rate = 11.0 if args.arrival_rate is None else args.arrival_rate
+        return simulator.synthetic_workload(args.num_requests, rate, args.lengths,
+                                            np.random.default_rng(seed), constant_tokens=args.constant_tokens)
+    args.trace_load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed))
+    return args.trace_load.workload
 
 
 def run_simulate(args) -> dict:
     workload = simulate_workload(args)
     result = simulator.simulate(workload, args.policy, max_num_seqs=args.slots, ms_per_token=args.ms_per_token)
     summary = result.summary()
+    if args.trace is not None:
+        summary |= _trace_note(args.trace_load) | {"poisson_arrivals": args.trace_load.poisson_arrivals}
     if args.json:
         _print_json(summary)
         return summary
+    if args.trace is not None:
+        arrivals = (f"Poisson arrivals at {args.arrival_rate:g} requests/s, seed {args.seed}"
+                    if args.trace_load.poisson_arrivals else "arrivals from its timestamps")
+        print(f"trace                {summary['trace_format']} {summary['trace']}: {summary['num_rows']:,} rows read, "
+              f"{summary['num_skipped_rows']:,} bad rows skipped; {arrivals}")
     print(f"policy               {args.policy}, {args.slots} slots, {args.ms_per_token:g} ms per output token")
     print(f"requests             {summary['num_requests']:,}")
     print(f"latency              mean {summary['mean_latency_s']:,.2f} s, p95 {summary['p95_latency_s']:,.2f} s, "

@@ -206,14 +206,18 @@ def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None)
 
 def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
                 ) -> matplotlib.figure.Figure:
-    """Empirical CDF of a token column (prompt_tokens or output_tokens) per workload, log x, with labelled marks."""
+    """Empirical CDF of a token column (prompt_tokens, output_tokens or total_tokens) per workload, log x, with marks.
+
+    A value of workloads may also be an array of token counts (e.g. lengths drawn from the article's assumption).
+    """
     fig, ax = _figure()
     for name, w in workloads.items():
-        ax.ecdf(np.maximum(getattr(w, column), 1), label=name)
+        ax.ecdf(np.maximum(w if isinstance(w, np.ndarray) else getattr(w, column), 1), label=name)
     for i, (label, x) in enumerate((marks or {}).items()):
         ax.axvline(x, color="grey", linestyle=("--", ":", "-.")[i % 3], label=label)
     ax.set_xscale("log")
-    return _finish(fig, ax, column.replace("_", " ").replace("tokens", "(tokens, log scale)"), "share of requests")
+    label = "request length, prompt + output" if column == "total_tokens" else column.replace("_tokens", "")
+    return _finish(fig, ax, label.replace("_", " ") + " (tokens, log scale)", "share of requests")
 
 
 def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.figure.Figure:

@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 from kvlab import validate
+from kvlab.allocator import allocation_table
+from kvlab.simulator import compare_policies
 from kvlab.workloads import Workload, poisson_arrivals
 
 TRACE_FORMATS = ("azure", "mooncake", "sharegpt")
@@ -141,8 +143,11 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
     has_time = trace_format != "sharegpt"
     if has_time and arrival_rate_per_s is not None:
         validate.fail("arrival_rate_per_s", arrival_rate_per_s,
-                      f"a {trace_format} trace has its own timestamps; pass None")
+                      f"a {trace_format} trace has its own timestamps; leave the rate unset")
     if not has_time:
+        if arrival_rate_per_s is None:
+            validate.fail("arrival_rate_per_s", None, f"a {trace_format} trace has no timestamps: give a rate "
+                          "(requests/s) for Poisson arrivals")
         validate.positive_number("arrival_rate_per_s", arrival_rate_per_s)
         if not isinstance(rng, np.random.Generator):
             validate.fail("rng", rng, "a numpy.random.Generator is needed to draw Poisson arrivals")
@@ -186,6 +191,15 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
         prefix_block_tokens=MOONCAKE_BLOCK_TOKENS if hashes else None,
         name=name if name is not None else trace_format)
     return TraceLoad(workload, path, trace_format, num_rows, tuple(bad), poisson_arrivals=not has_time)
+
+
+def file_format(path: str | os.PathLike) -> str:
+    """The format of a trace file told from its first non-blank line ("auto" for an empty file)."""
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if line.strip():
+                return _detect_format(str(path), line_no, line)
+    return "auto"
 
 
 def _detect_format(path: str, line_no: int, header: str) -> str:
@@ -347,6 +361,123 @@ def arrival_rate(workload: Workload, window_s: float = 60.0) -> pd.Series:
     counts = np.bincount(window, minlength=num_windows)[:num_windows]
     index = pd.Index(np.arange(num_windows) * window_s / 60.0, name="window_start_min")
     return pd.Series(counts / window_s, index=index, name=f"{workload.name or 'trace'} requests/s")
+
+
+# ---------------------------------------------------------------------------------------------
+# A trace in place of the synthetic workload (kvlab allocate / simulate, notebooks 01 and 02)
+
+OVER_MAX_LEN = ("error", "drop")
+
+
+def request_lengths(workload: Workload, max_len_tokens: int | None = None, *,
+                    over_max_len: str = "error") -> tuple[np.ndarray, int]:
+    """Each request's length for section 1 (prompt + output tokens) and how many were dropped as too long.
+
+    over_max_len: "error" (a ValueError naming how many requests exceed max_len_tokens and the largest)
+    or "drop" (leave them out, as vLLM refuses a request longer than max_model_len).
+    """
+    validate.one_of("over_max_len", over_max_len, OVER_MAX_LEN)
+    lengths = workload.prompt_tokens + workload.output_tokens
+    if max_len_tokens is None:
+        return lengths, 0
+    max_len_tokens = validate.positive_int("max_len_tokens", max_len_tokens)
+    too_long = lengths > max_len_tokens
+    num_over = int(too_long.sum())
+    if num_over and over_max_len == "error":
+        validate.fail("max_len_tokens", max_len_tokens,
+                      f"{num_over:,} of the trace's {len(lengths):,} requests are longer (largest "
+                      f"{int(lengths.max()):,} tokens = prompt + output); raise it, or drop them "
+                      "(over_max_len=drop, kvlab allocate --drop-over-max-len)")
+    if num_over == len(lengths):
+        validate.fail("max_len_tokens", max_len_tokens, f"every request of the trace is longer (shortest "
+                      f"{int(lengths.min()):,} tokens); nothing would be left")
+    return lengths[~too_long], num_over
+
+
+@dataclass(frozen=True, eq=False)
+class NotebookTrace:
+    """The trace a notebook asked for: loaded, or None with a plain sentence saying why not."""
+
+    name: str                   # azure, mooncake, sharegpt, or "" for none
+    load: TraceLoad | None      # None when no trace was asked for or its file is missing
+    note: str                   # one sentence for the reader, without absolute paths
+
+    @property
+    def available(self) -> bool:
+        """True when the trace was loaded."""
+        return self.load is not None
+
+    def with_others(self, others: dict) -> dict:
+        """others (name -> workload or lengths) plus this trace's workload when it was loaded."""
+        return dict(others) | ({self.name: self.load.workload} if self.load is not None else {})
+
+
+def open_trace(name: str, directory: str | os.PathLike | None = None, *, max_requests: int | None = None,
+               arrival_rate_per_s: float = 10.0, seed: int = 0) -> NotebookTrace:
+    """The trace name ("" for none) from trace_dir(directory), its first max_requests requests.
+
+    A missing file is not an error: the result says so in .note and holds no load. ShareGPT (no
+    timestamps) gets Poisson arrivals at arrival_rate_per_s (requests/s) from default_rng(seed).
+    """
+    if not name:
+        return NotebookTrace("", None, "No real trace chosen (TRACE is empty): the real-trace tables "
+                                       "below are empty and the figures show the article's assumptions only.")
+    path = trace_path(name, directory or None)
+    if not path.is_file():
+        return NotebookTrace(name, None, f"The {name} trace is not available ({path.name} is not in the trace "
+                                         "folder; set TRACE_DIR or run make traces): the real-trace tables below "
+                                         "are empty and the figures show the article's assumptions only.")
+    timed = name != "sharegpt"
+    load = load_trace(path, name, max_requests=max_requests, name=name,
+                      arrival_rate_per_s=None if timed else arrival_rate_per_s,
+                      rng=None if timed else np.random.default_rng(seed))
+    w = load.workload
+    arrivals = (f"over {w.arrival_s[-1]:,.1f} s of its own timestamps" if timed else
+                f"with Poisson arrivals at {arrival_rate_per_s:g} requests/s (seed {seed}; the file has no timestamps)")
+    first = f"the first {w.num_requests:,}" if max_requests is not None else f"all {w.num_requests:,}"
+    return NotebookTrace(name, load, f"The {name} trace: {first} requests, {arrivals}.")
+
+
+def trace_allocation_table(trace: NotebookTrace, block_sizes, *, max_len_tokens: int,
+                           memory_gib: float, mib_per_token: float) -> pd.DataFrame:
+    """Section 1's waste table on the trace's lengths (prompt + output, those over max_len_tokens dropped).
+
+    Empty (same columns) when the trace is not available. Columns as allocator.allocation_table plus
+    num_requests and dropped_over_max_len.
+    """
+    columns = ["num_requests", "dropped_over_max_len", "reserved_tokens", "used_tokens", "wasted_tokens",
+               "waste_pct", "max_num_requests", "block_table_entries"]
+    if trace.load is None:
+        return pd.DataFrame(columns=columns, index=pd.Index([], name="block_size"))
+    lengths, dropped = request_lengths(trace.load.workload, max_len_tokens, over_max_len="drop")
+    table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens,
+                             memory_gib=memory_gib, mib_per_token=mib_per_token)
+    table.insert(0, "dropped_over_max_len", dropped)
+    table.insert(0, "num_requests", len(lengths))
+    return table
+
+
+def trace_policy_comparison(trace: NotebookTrace, *, max_num_seqs: int, ms_per_token: float) -> pd.DataFrame:
+    """Section 2's static-vs-continuous table on the trace's arrivals and output lengths; empty when not available."""
+    if trace.load is None:
+        return pd.DataFrame(columns=["num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s",
+                                     "mean_queue_s", "makespan_s", "throughput_rps", "busy_slot_s", "idle_pct"],
+                            index=pd.Index([], name="policy"))
+    return compare_policies(trace.load.workload, max_num_seqs=max_num_seqs, ms_per_token=ms_per_token)
+
+
+def availability_note(directory: str | os.PathLike | None = None) -> str:
+    """One sentence for the report: whether the real trace files were in trace_dir(directory), and which."""
+    missing = missing_traces(directory)
+    names = list(read_manifest())
+    if not missing:
+        return f"Real request traces were available ({', '.join(names)}): the real-trace cells ran on them."
+    have = [n for n in names if n not in missing]
+    text = (f"Real request traces were not available ({', '.join(missing)} missing from the trace folder; "
+            "set TRACE_DIR or run make traces)")
+    if have:
+        text += f"; present: {', '.join(have)}"
+    return text + ": the cells that need a missing trace show that it is absent instead of its figures."
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,6 +62,11 @@ class Workload:
     def __len__(self) -> int:
         return self.num_requests
 
+    @property
+    def total_tokens(self) -> np.ndarray:
+        """Each request's length, prompt + output tokens (what section 1 reserves memory for)."""
+        return self.prompt_tokens + self.output_tokens
+
 
 def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) of a Poisson process at rate_per_s, the first request at 0."""

@@ -76,7 +76,9 @@ def test_explicit_format_and_max_requests(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({}, "arrival_rate_per_s=None is not allowed: must be a finite number > 0"),
+    ({}, "arrival_rate_per_s=None is not allowed: a sharegpt trace has no timestamps: give a rate (requests/s) "
+         "for Poisson arrivals"),
+    ({"arrival_rate_per_s": 0.0}, "arrival_rate_per_s=0.0 is not allowed: must be a finite number > 0"),
     ({"arrival_rate_per_s": 2.0}, "rng=None is not allowed: a numpy.random.Generator is needed to draw Poisson arrivals"),
 ])
 def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
@@ -88,7 +90,7 @@ def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
 
 def test_timed_trace_refuses_an_arrival_rate(tmp_path):
     path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
-    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: a azure trace has its own timestamps"):
+    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: a azure trace has its own timestamps; leave the rate unset$"):
         traces.load_trace(path, arrival_rate_per_s=3.0)
 
 
@@ -380,6 +382,9 @@ def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "mark"]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "output (tokens, log scale)"
+    ax = plots.length_cdfs({"drawn": np.array([5, 50, 500]), "a": w}, "total_tokens").axes[0]
+    assert ax.get_xlabel() == "request length, prompt + output (tokens, log scale)"
+    assert np.array_equal(w.total_tokens, w.prompt_tokens + w.output_tokens) and len(ax.lines) == 2
     ax = plots.interarrival_cdfs({"a": w}).axes[0]
     assert ax.get_legend().get_texts()[-1].get_text() == "Poisson arrivals (exponential gaps)"
     ax = plots.arrival_rates({"a": traces.arrival_rate(w, 3.0)}).axes[0]
@@ -399,3 +404,90 @@ def test_download_command_as_make_traces_runs_it(tmp_path):
                           "--manifest", str(manifest)], capture_output=True, text=True, timeout=60)
     assert (run.returncode, run.stderr) == (0, "")
     assert run.stdout == f"tiny: downloaded {tmp_path / 'd' / 'tiny.csv'} (41 bytes), sha256 ok\n"
+
+
+# ---------------------------------------------------------------------- notebooks 01 and 02, and the report
+
+
+def trace_folder(tmp_path, azure_rows):
+    """A trace folder holding only an Azure file (named as the manifest says) with these rows."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / traces.read_manifest()["azure"]["file"]).write_text(azure_text(azure_rows))
+    return folder
+
+
+AZURE_ROWS = ["2023-11-16 18:15:46.0,374,44", "2023-11-16 18:15:47.5,30,300", "2023-11-16 18:15:50.0,5000,20"]
+
+
+def test_request_lengths_are_prompt_plus_output_and_too_long_ones_an_error_or_dropped(tmp_path):
+    w = traces.load_trace(write(tmp_path, "az.csv", azure_text(AZURE_ROWS))).workload
+    lengths, dropped = traces.request_lengths(w)
+    assert lengths.tolist() == [418, 330, 5020] and dropped == 0
+    with pytest.raises(ValueError, match=r"^max_len_tokens=4096 is not allowed: 1 of the trace's 3 requests are "
+                                         r"longer \(largest 5,020 tokens"):
+        traces.request_lengths(w, 4096)
+    lengths, dropped = traces.request_lengths(w, 4096, over_max_len="drop")
+    assert lengths.tolist() == [418, 330] and dropped == 1
+    with pytest.raises(ValueError, match="over_max_len='cap' is not allowed"):
+        traces.request_lengths(w, 4096, over_max_len="cap")
+
+
+def test_open_trace_loads_a_window_or_says_plainly_why_not(tmp_path):
+    folder = trace_folder(tmp_path, AZURE_ROWS)
+    trace = traces.open_trace("azure", folder, max_requests=2)
+    assert trace.available and trace.load.workload.num_requests == 2
+    assert trace.note == "The azure trace: the first 2 requests, over 1.5 s of its own timestamps."
+    assert set(trace.with_others({"article": 1})) == {"article", "azure"}
+    absent = traces.open_trace("mooncake", folder)
+    assert not absent.available and absent.with_others({"article": 1}) == {"article": 1}
+    assert absent.note.startswith("The mooncake trace is not available (mooncake_conversation_trace.jsonl is not "
+                                  "in the trace folder") and str(tmp_path) not in absent.note
+    assert traces.open_trace("", folder).note.startswith("No real trace chosen")
+    with pytest.raises(ValueError, match="trace='kimi' is not allowed"):
+        traces.open_trace("kimi", folder)
+
+
+def test_open_trace_gives_sharegpt_seeded_poisson_arrivals(tmp_path):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    (folder / traces.read_manifest()["sharegpt"]["file"]).write_text(SHAREGPT_HEADER + "\n1,2,3,0.5\n4,5,9,0.8\n7,1,8,7\n")
+    trace = traces.open_trace("sharegpt", folder, arrival_rate_per_s=2.0, seed=5)
+    expected = poisson_arrivals(3, 2.0, np.random.default_rng(5))
+    assert np.array_equal(trace.load.workload.arrival_s, expected)
+    assert "Poisson arrivals at 2 requests/s (seed 5" in trace.note
+
+
+def test_trace_tables_for_the_notebooks_and_their_empty_forms(tmp_path):
+    trace = traces.open_trace("azure", trace_folder(tmp_path, AZURE_ROWS))
+    table = traces.trace_allocation_table(trace, [1024, 16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    assert table.loc[1024, "reserved_tokens"] == 2048 and table.loc[16, "reserved_tokens"] == 432 + 336
+    assert table.loc[16, "used_tokens"] == 748 and (table["dropped_over_max_len"] == 1).all()
+    assert (table["num_requests"] == 2).all()
+    comparison = traces.trace_policy_comparison(trace, max_num_seqs=1, ms_per_token=10)
+    # one slot: 0.44 s from 0 s, then 3 s from 1.5 s, then 0.2 s from 4.5 s: makespan 4.7 s either way
+    assert comparison.loc["continuous", "makespan_s"] == pytest.approx(4.7)
+    absent = traces.open_trace("mooncake", tmp_path / "traces")
+    empty = traces.trace_allocation_table(absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    assert empty.empty and list(empty.columns) == list(table.columns)
+    empty = traces.trace_policy_comparison(absent, max_num_seqs=1, ms_per_token=10)
+    assert empty.empty and list(empty.columns) == list(comparison.columns)
+
+
+def test_availability_note_says_which_traces_were_there(tmp_path):
+    folder = trace_folder(tmp_path, AZURE_ROWS)
+    note = traces.availability_note(folder)
+    assert note.startswith("Real request traces were not available (mooncake, sharegpt missing")
+    assert "present: azure" in note and str(tmp_path) not in note
+    assert traces.availability_note(tmp_path / "nowhere").startswith(
+        "Real request traces were not available (azure, mooncake, sharegpt missing")
+    for name, entry in traces.read_manifest().items():
+        (folder / entry["file"]).touch()
+    assert traces.availability_note(folder).startswith("Real request traces were available (azure, mooncake, sharegpt)")
+
+
+def test_file_format_reads_the_first_line(tmp_path):
+    assert traces.file_format(write(tmp_path, "a.csv", "\n" + azure_text(AZURE_ROWS))) == "azure"
+    assert traces.file_format(write(tmp_path, "s.csv", SHAREGPT_HEADER + "\n")) == "sharegpt"
+    assert traces.file_format(write(tmp_path, "m.jsonl", moon(0, 10, 1) + "\n")) == "mooncake"
+    assert traces.file_format(write(tmp_path, "e.csv", "")) == "auto"
