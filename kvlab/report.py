@@ -300,7 +300,7 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def render_index(sections: list[Section], ledger, info: dict, params: dict) -> str:
+def render_index(sections: list[Section], ledger, info: dict, params: dict, traces_note: str = "") -> str:
     """The index page: what the report reproduces, the ledger summary, headlines, the footer."""
     s = ledger_mod.summary(ledger)
     open_rows = ledger[ledger["status"] != "pass"]
@@ -316,6 +316,8 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict) -> s
     if len(open_rows):
         parts.append("<h3>Figures not reproduced</h3>" + _ledger_table(open_rows))
     parts.append("<h2>Sections</h2>")
+    if traces_note:
+        parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
     for sec in sections:
         parts.append(f"<h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
                      f"<pre>{html.escape(sec.headline)}</pre>")
@@ -330,6 +332,14 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict) -> s
         "</footer>"
     )
     return _page(TITLE, "\n".join(parts))
+
+
+def _traces_note(params: dict) -> str:
+    """Whether the real traces were there for this build (the trace folder the notebooks use)."""
+    from kvlab import traces
+
+    folders = {p.get("TRACE_DIR") or None for p in params.values()}
+    return " ".join(traces.availability_note(folder) for folder in sorted(folders, key=str))
 
 
 def write_pdf(pages: list[Path], pdf: Path) -> None:
@@ -365,7 +375,7 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         ledger = ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")))
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
-        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params))
+        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params, _traces_note(params)))
         if pdf:
             log("report: rendering report.pdf ...", end=" ", flush=True)
             pdf_start = time.perf_counter()

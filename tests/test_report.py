@@ -137,3 +137,9 @@ def test_papermill_sees_every_parameter(notebook):
 def test_semantic_rules_name_the_parameter(override, message):
     with pytest.raises(report.ReportError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
         report.load_params(ROOT / "params.yaml", [override], NOTEBOOKS)
+
+
+def test_index_says_whether_traces_were_available(tmp_path):
+    rows = ledger.collect([])
+    absent = report.render_index([], rows, report.provenance(), {}, report._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}))
+    assert "Real request traces were not available" in absent and "set TRACE_DIR or run make traces" in absent
