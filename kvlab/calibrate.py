@@ -87,8 +87,10 @@ TINY_SHAPE = DecoderShape(num_layers=2, num_heads=4, head_dim=16, hidden_size=64
 
 
 def decode_bytes_per_step(shape: DecoderShape, batch_size, context_tokens):
-    """Bytes one decode step must read at least: every weight once plus the batch's cached K and V (B)."""
-    return shape.weights_bytes + batch_size * (context_tokens + 1) * shape.kv_bytes_per_token
+    """Bytes one decode step must read at least: every weight once (the input embedding only for its batch_size
+    rows, neglected) plus the batch's cached K and V, context_tokens + 1 tokens each (B)."""
+    embedding = shape.vocab_size * shape.hidden_size * DTYPE_BYTES[shape.dtype]
+    return shape.weights_bytes - embedding + batch_size * (context_tokens + 1) * shape.kv_bytes_per_token
 
 
 def decode_bound_ms(shape: DecoderShape, memory_bandwidth_gb_s: float, batch_size, context_tokens):
@@ -193,34 +195,46 @@ def find_calibrations(directory=None) -> list[Calibration]:
 def status_line(calibrations: list[Calibration], directory=None) -> str:
     """One sentence: which measurements exist, or that none does yet and how to make one."""
     where = CALIBRATION_DIR if directory in (None, "") else Path(directory)
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
     if not calibrations:
-        return (f"No GPU measurement is available yet: {where.name}/ holds no calibration file. Make one on a "
+        return (f"No GPU measurement is available yet: {where}/ holds no calibration file. Make one on a "
                 "GPU machine with `bash scripts/gpu_calibration.sh` (or `kvlab calibrate --device cuda`), "
                 "commit the CSV it writes to data/calibration/ and re-run this notebook.")
     names = ", ".join(f"{c.name} ({c.metadata.get('device', '?')}, {c.metadata.get('date', '?')})" for c in calibrations)
     return f"{len(calibrations)} calibration file(s): {names}."
 
 
-def kv_table(shape: DecoderShape, calibrations: list[Calibration], article_mib_per_token: float = 0.5) -> pd.DataFrame:
-    """KV bytes per token: the article's figure, kvlab's analytic value for shape, and each file's measurement."""
-    rows = [{"source": "article (assumed)", "kv_bytes_per_token": article_mib_per_token * 2**20, "kind": "assumption"},
-            {"source": f"analytic: 2 x {shape.num_layers} x {shape.num_heads} x {shape.head_dim} x "
-                       f"{DTYPE_BYTES[shape.dtype]} B", "kv_bytes_per_token": float(shape.kv_bytes_per_token),
-             "kind": "arithmetic"}]
+def kv_table(shape: DecoderShape, calibrations: list[Calibration], article_mib_per_token: float = 0.5, *,
+             free_gib: float = 64, context_tokens: int = 1000) -> pd.DataFrame:
+    """KV bytes per token from the article, from shape's arithmetic and from each file, with the requests of
+    context_tokens tokens that free_gib GiB of KV memory holds at each (section 3's memory budget)."""
+    validate.positive_number("article_mib_per_token", article_mib_per_token)
+    free_bytes = validate.positive_number("free_gib", free_gib) * 2**30
+    validate.positive_int("context_tokens", context_tokens)
+    rows = [{"source": "article (assumed)", "kind": "assumption", "kv_bytes_per_token": article_mib_per_token * 2**20},
+            {"source": f"2 x {shape.num_layers} layers x {shape.num_heads} heads x {shape.head_dim} x "
+                       f"{DTYPE_BYTES[shape.dtype]} B", "kind": "arithmetic", "kv_bytes_per_token": float(shape.kv_bytes_per_token)}]
     for c in calibrations:
         for value in c.kind("kv_bytes_per_token")["value"]:
-            rows.append({"source": f"{c.name}: {c.metadata.get('kv_method', 'measured')}",
-                         "kv_bytes_per_token": value, "kind": "measured"})
+            rows.append({"source": f"{c.name} ({c.metadata.get('dtype', '?')})", "kind": "measured", "kv_bytes_per_token": value})
     table = pd.DataFrame(rows).set_index("source")
     table["kv_kib_per_token"] = table["kv_bytes_per_token"] / 2**10
-    return table[["kind", "kv_bytes_per_token", "kv_kib_per_token"]]
+    table["max_num_requests"] = (free_bytes // (table["kv_bytes_per_token"] * context_tokens)).astype(int)
+    return table
 
 
-def bound_table(shape: DecoderShape, gpus: pd.DataFrame, batch_sizes, context_tokens) -> pd.DataFrame:
-    """Memory-bandwidth lower bound of the decode step (ms) per GPU (rows) and (batch, context) (columns)."""
+def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
+    """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
+    (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
+    NaN where the weights and the batch's cache do not fit in the GPU's memory."""
+    from kvlab import models
+
+    gpus = pd.DataFrame([models.get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)])
     columns = pd.MultiIndex.from_tuples([(b, c) for b in batch_sizes for c in context_tokens],
                                         names=["batch_size", "context_tokens"])
-    values = [[decode_bound_ms(shape, float(bw), b, c) for b, c in columns] for bw in gpus["memory_bandwidth_gb_s"]]
+    values = [[decode_bound_ms(shape, float(gpu["memory_bandwidth_gb_s"]), b, c)
+               if decode_bytes_per_step(shape, b, c) <= float(gpu["memory_gib"]) * 2**30 else math.nan  # does not fit
+               for b, c in columns] for _, gpu in gpus.iterrows()]
     return pd.DataFrame(values, index=gpus.index.rename("gpu"), columns=columns)
 
 
@@ -475,3 +489,21 @@ def write_csv(path, metadata: dict, rows: list[dict]) -> Path:
                              row.get("prompt_tokens", ""), value if isinstance(value, int) else f"{value:.6g}",
                              row["unit"]])
     return path
+
+
+def section2_table(calibrations: list[Calibration], *, max_num_seqs: int = 8, ms_per_token: float = 8.0,
+                   num_requests: int = 600, arrival_rate: float = 11.0, seed: int = 0) -> pd.DataFrame:
+    """Section 2's run (Poisson arrivals, the article's lengths) with the article's ms_per_token and with each
+    file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row per cost and policy."""
+    import numpy as np
+
+    from kvlab import simulator
+
+    workload = simulator.synthetic_workload(num_requests, arrival_rate, "article", np.random.default_rng(seed))
+    costs = {f"article: {ms_per_token:g} ms per token": simulator.TokenCost(ms_per_token)}
+    for c in calibrations:
+        costs[f"measured: {c.name}"] = simulator.CalibratedCost.from_csv(c.path, batch_size=max_num_seqs)
+    frames = [simulator.compare_policies(workload, max_num_seqs=max_num_seqs, cost=cost).reset_index().assign(cost=name)
+              for name, cost in costs.items()]
+    table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
+    return table[["mean_latency_s", "p95_latency_s", "makespan_s", "throughput_rps", "idle_pct"]]

@@ -128,9 +128,13 @@ def test_an_empty_folder_says_no_measurement_and_how_to_make_one(tmp_path):
 def test_the_analytic_figures_are_the_articles_shape():
     shape = calibrate.DecoderShape()
     assert shape.kv_bytes_per_token == 2 * 32 * 32 * 128 * 2 == 2**19  # 0.5 MiB
-    bytes_read = shape.weights_bytes + 8 * 1001 * 2**19
+    bytes_read = shape.weights_bytes - 32000 * 4096 * 2 + 8 * 1001 * 2**19  # the input embedding is not read whole
     assert calibrate.decode_bound_ms(shape, 3350, 8, 1000) == pytest.approx(bytes_read / 3350e9 * 1000)
     assert 6.7e9 < shape.num_params < 6.8e9  # a Llama-2-7B-sized decoder
+    bound = calibrate.bound_table(shape, ["H100-SXM-80GB", "H200-141GB"], [1, 256], [1024, 32768])
+    assert bound.loc["H100-SXM-80GB", (1, 1024)] == pytest.approx(calibrate.decode_bound_ms(shape, 3350, 1, 1024))
+    assert math.isnan(bound.loc["H200-141GB", (256, 32768)])  # 4 TiB of cache: does not fit, no bound shown
+    assert not math.isnan(bound.loc["H200-141GB", (256, 1024)])
 
 
 # ---------------------------------------------------------------- the command without and with torch
