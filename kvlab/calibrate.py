@@ -427,6 +427,17 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
             free = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
             return tokens * shape.kv_bytes_per_token <= memory_fraction * free  # freed blocks the allocator keeps count
 
+        # prefill first: it is short, and the time limit then cuts the largest decode points, not the prefill
+        for p in prompt_tokens:
+            if time.perf_counter() - start > time_limit_s or not fits(p):
+                skipped.append(f"prefill p={p}")
+                continue
+            cache = _new_cache(torch, shape, 1, p, device)
+            prompt = torch.randint(0, shape.vocab_size, (1, p), device=device)
+            ms = _time_ms(torch, device, lambda: _forward(torch, shape, weights, prompt, cache, 0), warmup, repeats)
+            del cache
+            rows.append({"kind": "prefill_ms", "batch_size": 1, "prompt_tokens": p, "value": ms, "unit": "ms"})
+            log(f"prefill      prompt {p:>6}: {ms:8.3f} ms")
         for b in batch_sizes:
             for c in context_tokens:
                 if time.perf_counter() - start > time_limit_s:
@@ -450,16 +461,6 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
                 launches.add(launch)
                 rows.append({"kind": "decode_step_ms", "batch_size": b, "context_tokens": c, "value": ms, "unit": "ms"})
                 log(f"decode step  batch {b:>4} context {c:>6}: {ms:8.3f} ms")
-        for p in prompt_tokens:
-            if time.perf_counter() - start > time_limit_s or not fits(p):
-                skipped.append(f"prefill p={p}")
-                continue
-            cache = _new_cache(torch, shape, 1, p, device)
-            prompt = torch.randint(0, shape.vocab_size, (1, p), device=device)
-            ms = _time_ms(torch, device, lambda: _forward(torch, shape, weights, prompt, cache, 0), warmup, repeats)
-            del cache
-            rows.append({"kind": "prefill_ms", "batch_size": 1, "prompt_tokens": p, "value": ms, "unit": "ms"})
-            log(f"prefill      prompt {p:>6}: {ms:8.3f} ms")
     metadata["decode_launch"] = "; ".join(sorted(launches)) or "none"
     metadata["prefill_launch"] = "eager"
     metadata["skipped"] = "; ".join(skipped) if skipped else "none"

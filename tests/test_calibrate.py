@@ -166,3 +166,29 @@ def test_a_bad_flag_is_one_line_in_the_flags_name(capsys):
     pytest.importorskip("torch", reason="PyTorch is an optional extra (pip install 'kvlab[calibrate]'); CI has none")
     assert cli.main(["calibrate", "--device", "cpu", "--quick", "--num-heads", "0"]) == 2
     assert capsys.readouterr().err.startswith("kvlab calibrate: error: --num-heads=0 is not allowed")
+
+
+def test_the_time_limit_skips_the_rest_of_the_grid_and_says_so():
+    pytest.importorskip("torch", reason="PyTorch is an optional extra (pip install 'kvlab[calibrate]'); CI has none")
+    metadata, rows = calibrate.measure(calibrate.TINY_SHAPE, device="cpu", batch_sizes=[1], context_tokens=[16],
+                                       prompt_tokens=[16], kv_tokens=8, time_limit_s=1e-9, log=lambda m: None)
+    assert [r["kind"] for r in rows] == ["weights_bytes", "kv_bytes_per_token"]
+    assert metadata["skipped"] == "prefill p=16; decode b=1 c=16 (time)"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"batch_size": 0}, "^batch_size=0 is not allowed"),
+    ({"outside": "extrapolate"}, "^outside='extrapolate' is not allowed: must be one of clamp, raise"),
+    ({"include_prefill": True}, "^include_prefill=True is not allowed: .* has no prefill_ms rows"),
+])
+def test_a_bad_cost_model_setting_is_a_one_line_error(tmp_path, kwargs, message):
+    path = write(tmp_path, "decode_step_ms,1,1024,,10,ms\n")
+    with pytest.raises(ValueError, match=message):
+        simulator.CalibratedCost.from_csv(path, **kwargs)
+
+
+def test_the_grid_must_increase_and_match_the_step_table():
+    with pytest.raises(ValueError, match=r"^batch_sizes=\[4.0, 1.0\] is not allowed: must be positive and increasing"):
+        simulator.CalibratedCost(np.array([4.0, 1.0]), np.array([1024.0]), np.ones((2, 1)))
+    with pytest.raises(ValueError, match=r"^step_ms=\(1, 1\) is not allowed: must have the shape \(2, 1\)"):
+        simulator.CalibratedCost(np.array([1.0, 4.0]), np.array([1024.0]), np.ones((1, 1)))
