@@ -20,7 +20,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Real request traces (not committed): a folder holding the files that data/traces.toml lists.
 export TRACE_DIR ?= $(CURDIR)/../shared/traces
 
-.PHONY: help setup report test bench lab notebooks traces clean
+.PHONY: help setup report test bench lab notebooks traces calibrate clean
 
 help:
 	@echo "make report   set up (first time) and build report/ (HTML, PDF, ledger.csv)"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench    run the speed and memory benchmarks and print their figures"
 	@echo "make notebooks re-execute notebooks/ in place with their defaults (the outputs nbval checks)"
 	@echo "make lab      open the notebooks in JupyterLab (installed on first use)"
+	@echo "make calibrate measure KV bytes per token and decode/prefill times on this machine's GPU (needs torch)"
 	@echo "make traces   download the public request traces into data/traces/ and check their hashes"
 	@echo "make clean    remove report/ outputs and caches (keeps .venv)"
 
@@ -62,6 +63,9 @@ lab: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.record_timing=False notebooks/*.ipynb
+
+calibrate:
+	bash scripts/gpu_calibration.sh
 
 traces: $(STAMP)
 	$(BIN)/python -m kvlab.traces download --dest data/traces

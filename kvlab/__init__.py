@@ -6,7 +6,7 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from kvlab import allocator, capacity, ledger, plots, prefix_cache, simulator, validate, workloads  # noqa: E402
+from kvlab import allocator, calibrate, capacity, ledger, plots, prefix_cache, simulator, validate, workloads  # noqa: E402
 
 
 def __getattr__(name: str):
@@ -18,5 +18,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
 
 
-__all__ = ["allocator", "capacity", "ledger", "plots", "prefix_cache", "simulator", "traces", "validate",
+__all__ = ["allocator", "calibrate", "capacity", "ledger", "plots", "prefix_cache", "simulator", "traces", "validate",
            "workloads", "__version__"]

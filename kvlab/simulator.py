@@ -13,7 +13,8 @@ The simulator jumps from event to event (a heap of slot free times; one step per
 steps token by token; kvlab.stepwise is the per-step loop the tests hold it to.
 
 Seams for what vLLM adds later: the cost model (``TokenCost``: here a constant time per output
-token, so a request's service time is known on arrival) and the scheduler policy (an object with
+token, so a request's service time is known on arrival; ``CalibratedCost``: measured decode step
+times of a calibration file at a fixed batch size) and the scheduler policy (an object with
 ``schedule(arrival_s, service_s, max_num_seqs) -> Schedule``). A KV-memory budget, prefill costs or a
 batch-dependent step time replace these two objects, not ``simulate``.
 """
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
@@ -43,9 +44,115 @@ class TokenCost:
     def __post_init__(self):
         validate.positive_number("ms_per_token", self.ms_per_token)
 
-    def service_s(self, output_tokens: np.ndarray) -> np.ndarray:
-        """Seconds each request holds its slot: output_tokens x ms_per_token."""
+    def service_s(self, output_tokens: np.ndarray, prompt_tokens: np.ndarray | None = None) -> np.ndarray:
+        """Seconds each request holds its slot: output_tokens x ms_per_token (prompt_tokens cost nothing)."""
         return np.asarray(output_tokens, dtype=np.float64) * (self.ms_per_token / 1000.0)
+
+
+def _lerp(xp: np.ndarray, fp: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Piecewise-linear fp(x) along the first axis of fp, clamped to xp's ends; a grid point gives its own value
+    (a missing neighbour, NaN, does not leak into it)."""
+    x = np.clip(x, xp[0], xp[-1])
+    if len(xp) == 1:
+        return np.broadcast_to(fp[0], x.shape + fp.shape[1:]).copy()
+    j = np.clip(np.searchsorted(xp, x, side="right") - 1, 0, len(xp) - 2)
+    w = ((x - xp[j]) / (xp[j + 1] - xp[j])).reshape(x.shape + (1,) * (fp.ndim - 1))
+    low, high = fp[j], fp[j + 1]
+    return np.where(w == 0, low, np.where(w == 1, high, (1 - w) * low + w * high))
+
+
+@dataclass(frozen=True, eq=False)
+class CalibratedCost:
+    """A measured cost model: every decode step takes step_ms(batch_size, context), read from a calibration file.
+
+    A request of p prompt tokens and n output tokens holds its slot for the n decode steps at contexts
+    p, p+1, ..., p+n-1 (tokens already cached), each at the step time of a batch of batch_size requests
+    (a fixed operating point, e.g. all slots busy), plus its prefill when include_prefill is True.
+    Interpolation: bilinear in (log2 batch size, log2 context) between measured points; prefill linear in
+    log2 prompt tokens. Outside the measured grid: outside="clamp" uses the nearest edge (constant
+    extrapolation), outside="raise" refuses. A grid cell with an unmeasured corner (a batch x context
+    whose cache did not fit the GPU) always refuses.
+    """
+
+    batch_sizes: np.ndarray       # measured batch sizes, increasing
+    context_tokens: np.ndarray    # measured contexts, tokens, increasing
+    step_ms: np.ndarray           # [batch, context] decode step time, ms (NaN: not measured)
+    batch_size: int = 8           # requests decoded together at every step
+    outside: str = "clamp"
+    prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # measured prompts, tokens (empty: none)
+    prefill_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))     # prefill time of one prompt, ms
+    include_prefill: bool = False
+    source: str = ""
+
+    def __post_init__(self):
+        validate.positive_int("batch_size", self.batch_size)
+        validate.one_of("outside", self.outside, ("clamp", "raise"))
+        shape = (len(self.batch_sizes), len(self.context_tokens))
+        if np.shape(self.step_ms) != shape or 0 in shape:
+            validate.fail("step_ms", np.shape(self.step_ms), f"must have the shape {shape} of (batch_sizes, context_tokens)")
+        for name in ("batch_sizes", "context_tokens", "prompt_tokens"):
+            values = np.asarray(getattr(self, name))
+            if np.any(values <= 0) or np.any(np.diff(values) <= 0):
+                validate.fail(name, values.tolist(), "must be positive and increasing")
+        if self.include_prefill and len(self.prompt_tokens) == 0:
+            validate.fail("include_prefill", True, f"{self.source or 'the calibration'} has no prefill_ms rows")
+
+    @classmethod
+    def from_csv(cls, path, *, batch_size: int = 8, outside: str = "clamp", include_prefill: bool = False) -> "CalibratedCost":
+        """The cost model of a calibration file (kvlab calibrate's CSV); no torch needed."""
+        from kvlab import calibrate
+
+        calibration = calibrate.read_calibration(path)
+        decode = calibration.kind("decode_step_ms")
+        if decode.empty:
+            validate.fail("path", str(path), "has no decode_step_ms rows")
+        grid = decode.pivot(index="batch_size", columns="context_tokens", values="value").sort_index().sort_index(axis=1)
+        prefill = calibration.kind("prefill_ms").sort_values("prompt_tokens")
+        return cls(grid.index.to_numpy(dtype=np.float64), grid.columns.to_numpy(dtype=np.float64),
+                   grid.to_numpy(dtype=np.float64), batch_size, outside,
+                   prefill["prompt_tokens"].to_numpy(dtype=np.float64), prefill["value"].to_numpy(dtype=np.float64),
+                   include_prefill, str(path))
+
+    def _inside(self, name: str, values: np.ndarray, grid: np.ndarray) -> None:
+        if self.outside == "raise" and (values.min() < grid[0] or values.max() > grid[-1]):
+            bad = values.min() if values.min() < grid[0] else values.max()
+            validate.fail(name, int(bad), f"lies outside the measured {grid[0]:g}..{grid[-1]:g} of {self.source or 'the calibration'} "
+                          "(outside='clamp' uses the nearest edge)")
+
+    def step_time_ms(self, context_tokens, batch_size: int | None = None) -> np.ndarray:
+        """Decode step time (ms) at each context (tokens) for batch_size (default: the model's) requests."""
+        batch = float(self.batch_size if batch_size is None else validate.positive_int("batch_size", batch_size))
+        context = np.atleast_1d(np.asarray(context_tokens, dtype=np.float64))
+        self._inside("batch_size", np.array([batch]), self.batch_sizes)
+        self._inside("context_tokens", context, self.context_tokens)
+        row = _lerp(np.log2(self.batch_sizes), self.step_ms, np.log2(np.array([batch])))[0]
+        ms = _lerp(np.log2(self.context_tokens), row, np.log2(np.maximum(context, 1.0)))
+        if np.isnan(ms).any():
+            at = int(context[np.isnan(ms)][0])
+            validate.fail("context_tokens", at, f"at batch size {batch:g} falls in a cell of {self.source or 'the calibration'} "
+                          "with an unmeasured corner (its cache did not fit the GPU)")
+        return ms
+
+    def prefill_time_ms(self, prompt_tokens) -> np.ndarray:
+        """Prefill time (ms) of one prompt of each length (tokens): linear in log2 prompt tokens."""
+        prompt = np.atleast_1d(np.asarray(prompt_tokens, dtype=np.float64))
+        self._inside("prompt_tokens", prompt, self.prompt_tokens)
+        return _lerp(np.log2(self.prompt_tokens), self.prefill_ms, np.log2(np.maximum(prompt, 1.0)))
+
+    def service_s(self, output_tokens: np.ndarray, prompt_tokens: np.ndarray | None = None) -> np.ndarray:
+        """Seconds each request holds its slot: the sum of its decode step times (+ its prefill)."""
+        output = np.asarray(output_tokens, dtype=np.int64)
+        prompt = np.zeros_like(output) if prompt_tokens is None else np.asarray(prompt_tokens, dtype=np.int64)
+        if len(output) == 0:
+            return np.zeros(0)
+        low, high = int(prompt.min()), int((prompt + output).max())
+        # cum[c - low] = total step time of the steps at contexts low .. c-1: a request's steps are one difference
+        steps = self.step_time_ms(np.arange(low, max(high, low + 1)))
+        cum = np.concatenate([[0.0], np.cumsum(steps)])
+        service_ms = cum[prompt + output - low] - cum[prompt - low]
+        if self.include_prefill:
+            service_ms = service_ms + np.where(prompt > 0, self.prefill_time_ms(np.maximum(prompt, 1)), 0.0)
+        return service_ms / 1000.0
 
 
 @dataclass(frozen=True)
@@ -167,16 +274,20 @@ class SimulationResult:
 
 
 def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = 8,
-             ms_per_token: float = 8.0) -> SimulationResult:
-    """Serve workload on max_num_seqs slots at ms_per_token; policy: "static", "continuous" or a policy object."""
+             ms_per_token: float = 8.0, cost=None) -> SimulationResult:
+    """Serve workload on max_num_seqs slots at ms_per_token; policy: "static", "continuous" or a policy object.
+
+    cost: a cost model in place of TokenCost(ms_per_token), e.g. CalibratedCost.from_csv(path)."""
     if not isinstance(workload, Workload):
         validate.fail("workload", type(workload).__name__, "must be a kvlab.workloads.Workload")
     scheduler = policy_named(policy) if isinstance(policy, str) else policy
     if not callable(getattr(scheduler, "schedule", None)):
         validate.fail("policy", policy, "must be static, continuous or an object with a schedule() method")
     max_num_seqs = validate.positive_int("max_num_seqs", max_num_seqs)
-    cost = TokenCost(ms_per_token)
-    service = cost.service_s(workload.output_tokens)
+    cost = TokenCost(ms_per_token) if cost is None else cost
+    if not callable(getattr(cost, "service_s", None)):
+        validate.fail("cost", type(cost).__name__, "must be TokenCost, CalibratedCost or an object with a service_s() method")
+    service = cost.service_s(workload.output_tokens, workload.prompt_tokens)
     plan = scheduler.schedule(workload.arrival_s, service, max_num_seqs)
     return SimulationResult(scheduler.name, max_num_seqs, workload.arrival_s, workload.output_tokens,
                             plan.start_s, plan.start_s + service, plan.finish_s, plan.slot)
@@ -199,9 +310,9 @@ def synthetic_workload(num_requests: int, arrival_rate: float, lengths: str, rng
     return Workload(arrival, np.zeros(num_requests, dtype=np.int64), output, name=f"poisson-{lengths}")
 
 
-def compare_policies(workload: Workload, *, max_num_seqs: int = 8, ms_per_token: float = 8.0) -> pd.DataFrame:
+def compare_policies(workload: Workload, *, max_num_seqs: int = 8, ms_per_token: float = 8.0, cost=None) -> pd.DataFrame:
     """The article's tables for one workload: one row per policy (static, continuous), idle in %."""
-    rows = {name: simulate(workload, name, max_num_seqs=max_num_seqs, ms_per_token=ms_per_token).summary()
+    rows = {name: simulate(workload, name, max_num_seqs=max_num_seqs, ms_per_token=ms_per_token, cost=cost).summary()
             for name in ("static", "continuous")}
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["idle_pct"] = 100.0 * table.pop("idle_share")
