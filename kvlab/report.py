@@ -47,6 +47,8 @@ def notebook_parameters(path: Path) -> dict:
 
 
 def _parse_value(text: str):
+    if not text.strip():
+        return ""  # NAME= sets an empty string (e.g. TRACE= for no trace)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
@@ -137,6 +139,13 @@ def _lengths(name, value):
     validate.one_of(name, value, workloads.LENGTH_DISTRIBUTIONS)
 
 
+def _trace(name, value):
+    from kvlab import traces
+
+    if value:
+        validate.one_of(name, value, traces.TRACE_FORMATS)
+
+
 def _percent(name, value):
     if validate.non_negative_number(name, value) > 100:
         validate.fail(name, value, "must be a percentile in [0, 100]")
@@ -150,13 +159,14 @@ PARAM_RULES = {
     "01_allocation": {
         "NUM_REQUESTS": _int1, "MAX_LEN_TOKENS": _int1, "LENGTHS": _lengths, "SEED": _int0,
         "BLOCK_SIZES": _each(_int1), "MEMORY_GIB": _pos, "MIB_PER_TOKEN": _pos, "POLICY_BLOCK_SIZE": _int1,
-        "NUM_SEEDS": _int1,
+        "NUM_SEEDS": _int1, "TRACE": _trace, "TRACE_MAX_LEN_TOKENS": _int1,
     },
     "02_batching": {
         "NUM_REQUESTS": _int1, "MAX_NUM_SEQS": _int1, "MS_PER_TOKEN": _pos, "ARRIVAL_RATE": _pos,
         "CONSTANT_TOKENS": _int1, "SEED": _int0, "NUM_SEEDS": _int1, "BAND_LOW_PCT": _percent,
         "BAND_HIGH_PCT": _percent, "TIMELINE_S": _pos, "SWEEP_RATES": _each(_pos),
-        "SWEEP_CVS": _each(validate.non_negative_number), "SWEEP_SEEDS": _int1,
+        "SWEEP_CVS": _each(validate.non_negative_number), "SWEEP_SEEDS": _int1, "TRACE": _trace,
+        "TRACE_NUM_REQUESTS": _int1, "SHAREGPT_RATE_PER_S": _pos,
     },
     "03_capacity": {
         "GPU_MEMORY_UTILIZATION": lambda n, v: validate.fraction(n, v), "BLOCK_SIZE": _int1,
@@ -165,6 +175,12 @@ PARAM_RULES = {
     "04_traces": {
         "SHAREGPT_RATE_PER_S": _pos, "SEED": _int0, "RATE_WINDOW_S": _pos, "CACHE_SIZES_BLOCKS": _each(_int1),
         "KV_BYTES_PER_TOKEN": _pos,
+    },
+    "05_calibration": {
+        "ARTICLE_MS_PER_TOKEN": _pos, "ARTICLE_MIB_PER_TOKEN": _pos, "NUM_LAYERS": _int1, "NUM_HEADS": _int1,
+        "HEAD_DIM": _int1, "HIDDEN_SIZE": _int1, "INTERMEDIATE_SIZE": _int1, "VOCAB_SIZE": _int1,
+        "BATCH_SIZES": _each(_int1), "CONTEXTS": _each(_int1), "FREE_GIB": _pos, "CONTEXT_TOKENS": _int1,
+        "MAX_NUM_SEQS": _int1, "SEED": _int0,
     },
 }
 

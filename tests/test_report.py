@@ -143,3 +143,15 @@ def test_index_says_whether_traces_were_available(tmp_path):
     rows = ledger.collect([])
     absent = report.render_index([], rows, report.provenance(), {}, report._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}))
     assert "Real request traces were not available" in absent and "set TRACE_DIR or run make traces" in absent
+
+
+def test_every_parameter_rule_names_a_real_parameter():
+    for stem, rules in report.PARAM_RULES.items():
+        declared = report.notebook_parameters(ROOT / "notebooks" / f"{stem}.ipynb")
+        assert set(rules) <= set(declared), (stem, set(rules) - set(declared))
+
+
+def test_trace_parameter_is_checked():
+    with pytest.raises(report.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"):
+        report.load_params(ROOT / "params.yaml", ["TRACE=azur"], NOTEBOOKS)
+    assert report.load_params(ROOT / "params.yaml", ["TRACE="], NOTEBOOKS)["01_allocation"]["TRACE"] == ""
