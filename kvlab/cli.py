@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import math
 import sys
 
@@ -550,8 +551,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         args.run(args)
+        sys.stdout.flush()
     except ValueError as error:
         return _flag_error(commands_parser(parser, args.command), error, args.flags)
+    except BrokenPipeError:  # e.g. `kvlab ... --json | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
