@@ -1,19 +1,14 @@
-"""Section 2's simulator: a million requests per policy, peak memory, the notebook's seed band, and
+"""Section 2's simulator: a million requests per policy, peak memory, the seed band, and
 the speed-up over the per-step reference loop at 10,000 requests."""
 import resource
 import time
 import tracemalloc
 
-from pathlib import Path
-
-import nbformat
 import numpy as np
-from nbclient import NotebookClient
 
 from kvlab import simulator, stepwise
 
 MILLION = 1_000_000
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "02_batching.ipynb"
 
 
 def _timed(call):
@@ -42,10 +37,6 @@ def main() -> None:
 
     _, seconds = _timed(lambda: [simulator.seed_runs(200, lengths=lengths) for lengths in simulator.LENGTHS])
     print(f"   seed band alone (200 seeds x 2 policies x 2 workloads of 600): {seconds:.1f} s")
-    notebook = nbformat.read(NOTEBOOK, as_version=4)
-    client = NotebookClient(notebook, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    _, seconds = _timed(client.execute)
-    print(f"   notebooks/02_batching.ipynb with its defaults, kernel start included: {seconds:.1f} s (target < 20 s)")
 
     small = simulator.synthetic_workload(10_000, 11.0, "article", np.random.default_rng(0))
     for policy in ("static", "continuous"):
