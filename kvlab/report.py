@@ -256,6 +256,16 @@ nav { font-size: 0.9rem; margin-bottom: 1rem; }
 .pass { color: #176b2c; } .fail { color: #b00020; font-weight: bold; } .missing { color: #8a6d00; }
 footer { margin-top: 2.5rem; font-size: 8.5pt; color: #555; border-top: 1px solid #ccc; }
 @page { size: A4 landscape; margin: 1.2cm; }
+@media print {
+  /* Wide tables (many columns with long names) must fit the page: headers may break anywhere. */
+  table { font-size: 7pt; max-width: 100%; }
+  thead th { overflow-wrap: anywhere; }
+  th, td { padding: 0.15rem 0.35rem; }
+  tr, img, pre { page-break-inside: avoid; }
+  h1, h2, h3 { page-break-after: avoid; }
+  /* The links between pages lead nowhere inside the PDF, and the last one took a page of its own. */
+  nav { display: none; }
+}
 """
 
 
@@ -328,6 +338,10 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict, trac
         "reproduction ledger below, next to kvlab's value and whether it matches within the stated tolerance.</p>",
         f"<h2>Reproduction ledger</h2><p><strong>{s['pass']} of {s['total']} published figures reproduced</strong> "
         f"({s['fail']} failing, {s['missing']} missing). Machine-readable: <a href=\"ledger.csv\">ledger.csv</a>.</p>",
+        "<p>Tolerances: <em>abs N</em> passes when kvlab's value, rounded to the digits the article prints, is "
+        "within N of the article's (abs 0: the same printed digits); <em>rel x</em> when it differs from the article's by at most x times the "
+        "article's value; <em>band low..high</em> when the article's value lies inside kvlab's 5-95% band over "
+        "seeds (section 2, where the reproduced value is the median over seeds).</p>",
     ]
     if len(open_rows):
         parts.append("<h3>Figures not reproduced</h3>" + _ledger_table(open_rows))
