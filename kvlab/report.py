@@ -338,10 +338,11 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict, trac
         "reproduction ledger below, next to kvlab's value and whether it matches within the stated tolerance.</p>",
         f"<h2>Reproduction ledger</h2><p><strong>{s['pass']} of {s['total']} published figures reproduced</strong> "
         f"({s['fail']} failing, {s['missing']} missing). Machine-readable: <a href=\"ledger.csv\">ledger.csv</a>.</p>",
-        "<p>Tolerances: <em>abs N</em> passes when kvlab's value, rounded to the digits the article prints, is "
-        "within N of the article's (abs 0: the same printed digits); <em>rel x</em> when it differs from the article's by at most x times the "
-        "article's value; <em>band low..high</em> when the article's value lies inside kvlab's 5-95% band over "
-        "seeds (section 2, where the reproduced value is the median over seeds).</p>",
+        "<p>Tolerances: <em>abs N</em> passes when kvlab's value, rounded to the digits the article prints, "
+        "is within N of the article's (abs 0: the same printed digits); <em>rel x</em> when it differs from "
+        "the article's by at most x times the article's value; <em>band low..high</em> when the article's "
+        "value lies inside kvlab's 5-95% band over seeds (section 2, where the reproduced value is the "
+        "median over seeds).</p>",
     ]
     if len(open_rows):
         parts.append("<h3>Figures not reproduced</h3>" + _ledger_table(open_rows))
