@@ -64,7 +64,9 @@ def waste_vs_block_size(table: pd.DataFrame, article: pd.DataFrame | None = None
         a = article.index.to_numpy(dtype=float)
         top.plot(a, article["waste_pct"], "x", color="black", ms=9, label="article")
         fits.plot(a, article["max_num_requests"], "x", color="black", ms=9)
-    top.legend(loc="upper center")
+    # One legend for both y axes, at the left middle: the curves there sit at the top and bottom.
+    handles = top.get_legend_handles_labels()[0] + fits.get_legend_handles_labels()[0]
+    top.legend(handles, [h.get_label() for h in handles], loc="center left")
     top.grid(True, alpha=0.3)
     bottom.plot(b, table["block_table_entries"], "o-", color="C2")
     bottom.set_yscale("log")
@@ -160,6 +162,9 @@ def latency_cdf(results: list) -> matplotlib.figure.Figure:
     return fig
 
 
+RATE_SWEEP_LABELS = {"mean_latency_s": "mean latency (s)", "makespan_s": "total time, makespan (s)"}
+
+
 def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_latency_s",
                chosen_rate: float | None = None) -> matplotlib.figure.Figure:
     """A figure (median over seeds) against the arrival rate (requests/s), per policy, with the article's value."""
@@ -172,9 +177,12 @@ def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_l
     if chosen_rate is not None:
         ax.axvline(chosen_rate, color="grey", ls=":", label=f"rate used: {chosen_rate:g}/s")
     ax.set_xlabel("arrival rate (requests/s, Poisson)")
-    ax.set_ylabel(column.replace("_s", " (s)").replace("_", " "))
+    ax.set_ylabel(RATE_SWEEP_LABELS.get(column, column.replace("_s", " (s)").replace("_", " ")))
+    values = np.concatenate([sweep[column].to_numpy(dtype=float), article[column].to_numpy(dtype=float)])
+    pad = 0.06 * (values.max() - values.min())  # the article's lines must not sit on the frame
+    ax.set_ylim(values.min() - pad, values.max() + pad)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 
@@ -190,7 +198,7 @@ def variance_sweep(sweep: pd.DataFrame) -> matplotlib.figure.Figure:
     ax.set_xlabel("coefficient of variation of output length (std / mean)")
     ax.set_ylabel("mean latency (s), median of seeds")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None) -> matplotlib.figure.Figure:
