@@ -254,6 +254,7 @@ pre { background: #f7f7f7; padding: 0.6rem; overflow-x: auto; font-size: 9pt; wh
 img { max-width: 100%; }
 nav { font-size: 0.9rem; margin-bottom: 1rem; }
 .pass { color: #176b2c; } .fail { color: #b00020; font-weight: bold; } .missing { color: #8a6d00; }
+.params { font-family: "DejaVu Sans Mono", monospace; font-size: 7.5pt; margin: 0.3rem 0; }
 footer { margin-top: 2.5rem; font-size: 8.5pt; color: #555; border-top: 1px solid #ccc; }
 @page { size: A4 landscape; margin: 1.2cm; }
 @media print {
@@ -359,8 +360,11 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict, trac
         f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
         f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
         f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
-        f"<p>Parameters and seeds (papermill):</p><pre>{html.escape(yaml.safe_dump(params, default_flow_style=None, sort_keys=True))}</pre>"
-        "</footer>"
+        "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
+        + "".join(f"<p class=\"params\"><strong>{html.escape(stem)}</strong>: "
+                  + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items()))) + "</p>"
+                  for stem, values in sorted(params.items()))
+        + "</footer>"
     )
     return _page(TITLE, "\n".join(parts))
 

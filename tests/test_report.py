@@ -78,7 +78,7 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
                  log=lambda *a, **k: None)
     assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "notebooks", "report.pdf"]
     index = (out / "index.html").read_text()
-    assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X: 5" in index
+    assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X=5" in index
     assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
     assert "print(" not in (out / "01_ok.html").read_text()  # no code on section pages
     assert 'href="index.html"' in (out / "01_ok.html").read_text()
