@@ -203,3 +203,17 @@ def test_allocation_band_brackets_every_seed_median():
         values = runs.loc[runs.index == b, "waste_pct"]
         low, high = band.loc[b, "waste_pct"]
         assert values.min() <= low <= values.median() <= high <= values.max()
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([13_654, 13_653, 13_653], 9),   # 40,960 tokens / 3 requests: 61,440 MiB / (40,960 / 3 x 0.5 MiB) is exactly 9
+    ([1_000] * 6 + [1_024], 122),    # 7,024 / 7 per request: 122.46 requests, floor 122
+])
+def test_requests_that_fit_are_exact_when_the_mean_is_not_a_binary_fraction(lengths, expected):
+    # The mean reserved per request (40,960 / 3) has no exact float; the floor must still land on 9, not 8.
+    assert alloc.allocation_table(lengths, [1]).loc[1, "max_num_requests"] == expected
+
+
+def test_requests_that_fit_read_decimal_memory_figures_as_written():
+    # 0.1 MiB per token and 409.6 tokens per request: 6 GiB / 40.96 MiB = 150 exactly (not 149.99...)
+    assert alloc.max_num_requests(409.6, memory_gib=6, mib_per_token=0.1) == 150
