@@ -120,7 +120,8 @@ def add_capacity(commands) -> None:
 
 
 def run_capacity(args) -> dict:
-    if any(getattr(args, name) not in (None, False) for name in VLLM_FLAGS):
+    # `is not None`, not truthiness: a flag given as 0 is a bad value to report, not an absent flag.
+    if any(getattr(args, name) is not None and getattr(args, name) is not False for name in VLLM_FLAGS):
         return run_vllm_capacity(args)
     gpu_memory = 80 if args.gpu_memory_gib is None else args.gpu_memory_gib
     weights = 16 if args.weights_gib is None else args.weights_gib
@@ -140,31 +141,31 @@ def run_capacity(args) -> dict:
     return result
 
 
-def _capacity_model(args) -> ModelSpec:
-    """The model of a vLLM-accounting run: --model, --config or the architecture flags."""
+def _capacity_model(args, tp: int) -> ModelSpec:
+    """The model of a vLLM-accounting run: --model, --config or the architecture flags (tp: GPUs per layer)."""
     if args.model and args.config:
         validate.fail("model", args.model, "give --model or --config, not both")
     if args.model:
         return models.get_model(args.model)
     if args.config:
         return models.from_config(args.config)
-    tp = args.tensor_parallel_size or 1
     if args.attention == "mla":
         rank, rope = args.kv_lora_rank, args.qk_rope_head_dim
         if rank is None or rope is None:
             validate.fail("attention", "mla", "needs --kv-lora-rank and --qk-rope-head-dim")
-        heads = args.num_attention_heads or tp
+        heads = tp if args.num_attention_heads is None else args.num_attention_heads
         return ModelSpec("custom", args.num_layers, heads, 1, rank + rope, "mla", rank, rope)
     kv = args.num_kv_heads
-    attention = args.attention or ("mha" if (args.num_attention_heads or kv) == kv else "gqa")
-    heads = args.num_attention_heads or (kv if attention == "mha" else math.lcm(kv, tp))
+    heads = args.num_attention_heads
+    attention = args.attention or ("mha" if heads is None or heads == kv else "gqa")
+    if heads is None:
+        heads = kv if attention == "mha" else math.lcm(kv, tp)
     return ModelSpec("custom", args.num_layers, heads, kv, args.head_dim, attention)
 
 
 def run_vllm_capacity(args) -> dict:
     if args.dtype_bytes != 2:
         validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
-    model = _capacity_model(args)
     config = cap.CacheConfig(
         block_size=16 if args.block_size is None else args.block_size,
         kv_cache_dtype=args.kv_cache_dtype or "bf16",
@@ -173,7 +174,11 @@ def run_vllm_capacity(args) -> dict:
         max_num_batched_tokens=8192 if args.max_num_batched_tokens is None else args.max_num_batched_tokens,
         hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
     )
-    max_model_len = args.max_model_len or model.max_position_embeddings or args.context
+    model = _capacity_model(args, config.tensor_parallel_size)
+    if args.max_model_len is not None:
+        max_model_len = args.max_model_len
+    else:
+        max_model_len = model.max_position_embeddings or args.context
     budget = {}
     if args.available_kv_gib is not None:
         available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * cap.GIB
