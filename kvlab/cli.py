@@ -243,7 +243,7 @@ def run_vllm_capacity(args) -> dict:
 ALLOCATE_FLAGS = {
     "num_requests": "--num-requests", "max_len_tokens": "--max-len", "block_size": "--block-size",
     "lengths": "--lengths", "memory_gib": "--memory-gib", "mib_per_token": "--mb-per-token",
-    "trace_format": "--trace-format", "trace": "--trace",
+    "trace_format": "--trace-format", "trace": "--trace", "seed": "--seed",
 }
 
 
@@ -305,7 +305,7 @@ def load_trace_arg(args, **kwargs) -> traces.TraceLoad:
 def _file_format(path: str) -> str:
     try:
         return traces.file_format(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return "auto"  # load_trace_arg reports the problem in full
 
 
@@ -318,7 +318,8 @@ def _trace_note(load: traces.TraceLoad) -> dict:
 def allocate_lengths(args):
     """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace."""
     if args.trace is None:
-        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(args.seed),
+        seed = validate.non_negative_int("seed", args.seed)
+        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(seed),
                                         max_len_tokens=args.max_len)
     # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
     sharegpt = args.trace_format == "sharegpt" or (args.trace_format == "auto" and _file_format(args.trace) == "sharegpt")
