@@ -161,18 +161,31 @@ def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block
     a = BlockAllocator(num_blocks, block_size)
     tokens = {}   # the model: tokens per live request
     for op, rid, n in ops:
-        try:
+        # The model says which error, if any, each call must raise: an error is never just tolerated.
+        free = a.num_free_blocks
+        if op == "allocate":
+            error = ValueError if rid in tokens else NoFreeBlocksError if -(-n // block_size) > free else None
+        elif op == "append":
+            error = (ValueError if rid not in tokens
+                     else NoFreeBlocksError if tokens[rid] % block_size == 0 and free == 0 else None)
+        else:
+            error = None if rid in tokens else ValueError
+        call = {"allocate": lambda: a.allocate(rid, n), "append": lambda: a.append_token(rid),
+                "free": lambda: a.free(rid)}[op]
+        if error is not None:
+            with pytest.raises(error):
+                call()
+            assert a.num_free_blocks == free   # a failed call takes nothing
+        else:
+            result = call()
             if op == "allocate":
-                a.allocate(rid, n)
                 tokens[rid] = n
+                assert len(result) == -(-n // block_size)
             elif op == "append":
-                a.append_token(rid)
+                assert result is (tokens[rid] % block_size == 0)   # a new block exactly when the last is full
                 tokens[rid] += 1
             else:
-                a.free(rid)
-                del tokens[rid]
-        except (ValueError, NoFreeBlocksError):
-            pass
+                assert result == -(-tokens.pop(rid) // block_size)
         a.check_invariants()
         tables = [set(a.block_table(r)) for r in tokens]
         assert sum(map(len, tables)) == len(set().union(*tables)) if tables else True  # no block in two tables
