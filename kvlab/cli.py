@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import math
+import os
 import sys
 
 import numpy as np
@@ -21,6 +21,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit status 2."""
 
     def error(self, message):
+        """Print message on one line and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -60,6 +61,7 @@ VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_ra
 
 
 def add_capacity(commands) -> None:
+    """Register `kvlab capacity` (KV bytes per token, memory per request, requests that fit)."""
     p = commands.add_parser(
         "capacity",
         help="KV bytes per token, memory per request, and requests that fit in GPU memory (article or vLLM accounting)",
@@ -120,6 +122,7 @@ def add_capacity(commands) -> None:
 
 
 def run_capacity(args) -> dict:
+    """Print the article's capacity figures (bytes, requests), or vLLM's when any vLLM flag is given."""
     # `is not None`, not truthiness: a flag given as 0 is a bad value to report, not an absent flag.
     if any(getattr(args, name) is not None and getattr(args, name) is not False for name in VLLM_FLAGS):
         return run_vllm_capacity(args)
@@ -164,6 +167,7 @@ def _capacity_model(args, tp: int) -> ModelSpec:
 
 
 def run_vllm_capacity(args) -> dict:
+    """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
     if args.dtype_bytes != 2:
         validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
     config = cap.CacheConfig(
@@ -248,6 +252,7 @@ ALLOCATE_FLAGS = {
 
 
 def add_allocate(commands) -> None:
+    """Register `kvlab allocate` (reserved, used and wasted tokens for one block size)."""
     families = "; ".join(f"{name}: {text}" for name, (_, text) in workloads.LENGTH_DISTRIBUTIONS.items()).replace("%", "%%")
     p = commands.add_parser(
         "allocate",
@@ -332,6 +337,7 @@ def allocate_lengths(args):
 
 
 def run_allocate(args) -> dict:
+    """Print reserved, used and wasted tokens, waste % and requests that fit for --block-size tokens."""
     validate.positive_int("max_len_tokens", args.max_len)
     validate.positive_int("block_size", args.block_size)
     lengths = allocate_lengths(args)
@@ -381,6 +387,7 @@ SIMULATE_FLAGS = {
 
 
 def add_simulate(commands) -> None:
+    """Register `kvlab simulate` (static vs continuous batching on a synthetic or trace workload)."""
     p = commands.add_parser(
         "simulate",
         help="serve a workload with static or continuous batching and print latency, throughput and idle slots",
@@ -427,6 +434,7 @@ def simulate_workload(args) -> Workload:
 
 
 def run_simulate(args) -> dict:
+    """Print the serving summary: latency (s), queueing (s), makespan (s), requests/s, busy slot-s, idle share."""
     workload = simulate_workload(args)
     result = simulator.simulate(workload, args.policy, max_num_seqs=args.slots, ms_per_token=args.ms_per_token)
     summary = result.summary()
@@ -461,6 +469,7 @@ CALIBRATE_FLAGS = {
 
 
 def add_calibrate(commands) -> None:
+    """Register `kvlab calibrate` (measured KV bytes per token, decode and prefill times in ms)."""
     p = commands.add_parser(
         "calibrate",
         help="measure KV bytes per token, decode step time and prefill time of a random-weight decoder (needs PyTorch)",
@@ -504,6 +513,7 @@ def add_calibrate(commands) -> None:
 
 
 def run_calibrate(args) -> dict:
+    """Measure the decoder on --device and write the calibration CSV; print where and how many points."""
     from kvlab import calibrate
 
     calibrate.import_torch()  # the one-line install hint before any work
@@ -537,6 +547,7 @@ COMMANDS = [add_capacity, add_allocate, add_simulate, add_calibrate]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `kvlab` parser with every command of COMMANDS."""
     parser = OneLineParser(
         prog="kvlab",
         description="kvlab: KV-cache memory in LLM serving. Each command prints its figures with units; "
@@ -550,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one kvlab command; 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
