@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -68,15 +69,23 @@ def reserved_per_request(lengths, block_size: int) -> np.ndarray:
     return -(-lengths // block_size) * block_size
 
 
-def max_num_requests(mean_reserved_tokens: float, memory_gib: float = ARTICLE_MEMORY_GIB,
+def _as_written(x) -> Fraction:
+    """x as an exact fraction; a float is read as its shortest decimal (0.1 is 1/10, as a user writes it)."""
+    return Fraction(repr(float(x))) if isinstance(x, float) else Fraction(x)
+
+
+def max_num_requests(mean_reserved_tokens, memory_gib: float = ARTICLE_MEMORY_GIB,
                      mib_per_token: float = ARTICLE_MIB_PER_TOKEN) -> int:
-    """Requests that fit: floor(memory / (mean reserved tokens per request x memory per token))."""
-    memory_gib = validate.positive_number("memory_gib", memory_gib)
-    mib_per_token = validate.positive_number("mib_per_token", mib_per_token)
-    mean_reserved_tokens = validate.positive_number("mean_reserved_tokens", mean_reserved_tokens)
-    # Exact rational arithmetic, so 61,440 / 2,048 is 30 and not 29.999...
-    from fractions import Fraction
-    return math.floor(Fraction(memory_gib) * 1024 / (Fraction(mean_reserved_tokens) * Fraction(mib_per_token)))
+    """Requests that fit: floor(memory (GiB) / (mean reserved tokens per request x memory per token (MiB))).
+
+    Exact rational arithmetic, so 61,440 / 2,048 is 30 and not 29.999...; pass the mean as a Fraction
+    (reserved, num_requests) when it is not a whole number, as allocation_table does.
+    """
+    validate.positive_number("memory_gib", memory_gib)
+    validate.positive_number("mib_per_token", mib_per_token)
+    validate.positive_number("mean_reserved_tokens", mean_reserved_tokens)
+    return math.floor(_as_written(memory_gib) * 1024
+                      / (_as_written(mean_reserved_tokens) * _as_written(mib_per_token)))
 
 
 def allocation_table(lengths, block_sizes=ARTICLE_BLOCK_SIZES, *, max_len_tokens: int | None = None,
@@ -102,7 +111,7 @@ def allocation_table(lengths, block_sizes=ARTICLE_BLOCK_SIZES, *, max_len_tokens
         rows.append({
             "reserved_tokens": reserved, "used_tokens": used, "wasted_tokens": reserved - used,
             "waste_pct": 100.0 * (reserved - used) / reserved,
-            "max_num_requests": max_num_requests(reserved / n, memory_gib, mib_per_token),
+            "max_num_requests": max_num_requests(Fraction(reserved, n), memory_gib, mib_per_token),
             "block_table_entries": blocks / n,
         })
     return pd.DataFrame(rows, index=pd.Index(sizes, name="block_size"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import math
+import os
 import sys
 
 import numpy as np
@@ -21,6 +21,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line on stderr and exit status 2."""
 
     def error(self, message):
+        """Print message on one line and exit with status 2."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -60,6 +61,7 @@ VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_ra
 
 
 def add_capacity(commands) -> None:
+    """Register `kvlab capacity` (KV bytes per token, memory per request, requests that fit)."""
     p = commands.add_parser(
         "capacity",
         help="KV bytes per token, memory per request, and requests that fit in GPU memory (article or vLLM accounting)",
@@ -120,7 +122,9 @@ def add_capacity(commands) -> None:
 
 
 def run_capacity(args) -> dict:
-    if any(getattr(args, name) not in (None, False) for name in VLLM_FLAGS):
+    """Print the article's capacity figures (bytes, requests), or vLLM's when any vLLM flag is given."""
+    # `is not None`, not truthiness: a flag given as 0 is a bad value to report, not an absent flag.
+    if any(getattr(args, name) is not None and getattr(args, name) is not False for name in VLLM_FLAGS):
         return run_vllm_capacity(args)
     gpu_memory = 80 if args.gpu_memory_gib is None else args.gpu_memory_gib
     weights = 16 if args.weights_gib is None else args.weights_gib
@@ -140,31 +144,32 @@ def run_capacity(args) -> dict:
     return result
 
 
-def _capacity_model(args) -> ModelSpec:
-    """The model of a vLLM-accounting run: --model, --config or the architecture flags."""
+def _capacity_model(args, tp: int) -> ModelSpec:
+    """The model of a vLLM-accounting run: --model, --config or the architecture flags (tp: GPUs per layer)."""
     if args.model and args.config:
         validate.fail("model", args.model, "give --model or --config, not both")
     if args.model:
         return models.get_model(args.model)
     if args.config:
         return models.from_config(args.config)
-    tp = args.tensor_parallel_size or 1
     if args.attention == "mla":
         rank, rope = args.kv_lora_rank, args.qk_rope_head_dim
         if rank is None or rope is None:
             validate.fail("attention", "mla", "needs --kv-lora-rank and --qk-rope-head-dim")
-        heads = args.num_attention_heads or tp
+        heads = tp if args.num_attention_heads is None else args.num_attention_heads
         return ModelSpec("custom", args.num_layers, heads, 1, rank + rope, "mla", rank, rope)
     kv = args.num_kv_heads
-    attention = args.attention or ("mha" if (args.num_attention_heads or kv) == kv else "gqa")
-    heads = args.num_attention_heads or (kv if attention == "mha" else math.lcm(kv, tp))
+    heads = args.num_attention_heads
+    attention = args.attention or ("mha" if heads is None or heads == kv else "gqa")
+    if heads is None:
+        heads = kv if attention == "mha" else math.lcm(kv, tp)
     return ModelSpec("custom", args.num_layers, heads, kv, args.head_dim, attention)
 
 
 def run_vllm_capacity(args) -> dict:
+    """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
     if args.dtype_bytes != 2:
         validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
-    model = _capacity_model(args)
     config = cap.CacheConfig(
         block_size=16 if args.block_size is None else args.block_size,
         kv_cache_dtype=args.kv_cache_dtype or "bf16",
@@ -173,7 +178,11 @@ def run_vllm_capacity(args) -> dict:
         max_num_batched_tokens=8192 if args.max_num_batched_tokens is None else args.max_num_batched_tokens,
         hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
     )
-    max_model_len = args.max_model_len or model.max_position_embeddings or args.context
+    model = _capacity_model(args, config.tensor_parallel_size)
+    if args.max_model_len is not None:
+        max_model_len = args.max_model_len
+    else:
+        max_model_len = model.max_position_embeddings or args.context
     budget = {}
     if args.available_kv_gib is not None:
         available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * cap.GIB
@@ -238,11 +247,12 @@ def run_vllm_capacity(args) -> dict:
 ALLOCATE_FLAGS = {
     "num_requests": "--num-requests", "max_len_tokens": "--max-len", "block_size": "--block-size",
     "lengths": "--lengths", "memory_gib": "--memory-gib", "mib_per_token": "--mb-per-token",
-    "trace_format": "--trace-format", "trace": "--trace",
+    "trace_format": "--trace-format", "trace": "--trace", "seed": "--seed",
 }
 
 
 def add_allocate(commands) -> None:
+    """Register `kvlab allocate` (reserved, used and wasted tokens for one block size)."""
     families = "; ".join(f"{name}: {text}" for name, (_, text) in workloads.LENGTH_DISTRIBUTIONS.items()).replace("%", "%%")
     p = commands.add_parser(
         "allocate",
@@ -300,7 +310,7 @@ def load_trace_arg(args, **kwargs) -> traces.TraceLoad:
 def _file_format(path: str) -> str:
     try:
         return traces.file_format(path)
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return "auto"  # load_trace_arg reports the problem in full
 
 
@@ -313,7 +323,8 @@ def _trace_note(load: traces.TraceLoad) -> dict:
 def allocate_lengths(args):
     """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace."""
     if args.trace is None:
-        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(args.seed),
+        seed = validate.non_negative_int("seed", args.seed)
+        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(seed),
                                         max_len_tokens=args.max_len)
     # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
     sharegpt = args.trace_format == "sharegpt" or (args.trace_format == "auto" and _file_format(args.trace) == "sharegpt")
@@ -326,6 +337,7 @@ def allocate_lengths(args):
 
 
 def run_allocate(args) -> dict:
+    """Print reserved, used and wasted tokens, waste % and requests that fit for --block-size tokens."""
     validate.positive_int("max_len_tokens", args.max_len)
     validate.positive_int("block_size", args.block_size)
     lengths = allocate_lengths(args)
@@ -375,6 +387,7 @@ SIMULATE_FLAGS = {
 
 
 def add_simulate(commands) -> None:
+    """Register `kvlab simulate` (static vs continuous batching on a synthetic or trace workload)."""
     p = commands.add_parser(
         "simulate",
         help="serve a workload with static or continuous batching and print latency, throughput and idle slots",
@@ -421,6 +434,7 @@ def simulate_workload(args) -> Workload:
 
 
 def run_simulate(args) -> dict:
+    """Print the serving summary: latency (s), queueing (s), makespan (s), requests/s, busy slot-s, idle share."""
     workload = simulate_workload(args)
     result = simulator.simulate(workload, args.policy, max_num_seqs=args.slots, ms_per_token=args.ms_per_token)
     summary = result.summary()
@@ -455,6 +469,7 @@ CALIBRATE_FLAGS = {
 
 
 def add_calibrate(commands) -> None:
+    """Register `kvlab calibrate` (measured KV bytes per token, decode and prefill times in ms)."""
     p = commands.add_parser(
         "calibrate",
         help="measure KV bytes per token, decode step time and prefill time of a random-weight decoder (needs PyTorch)",
@@ -498,6 +513,7 @@ def add_calibrate(commands) -> None:
 
 
 def run_calibrate(args) -> dict:
+    """Measure the decoder on --device and write the calibration CSV; print where and how many points."""
     from kvlab import calibrate
 
     calibrate.import_torch()  # the one-line install hint before any work
@@ -531,6 +547,7 @@ COMMANDS = [add_capacity, add_allocate, add_simulate, add_calibrate]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `kvlab` parser with every command of COMMANDS."""
     parser = OneLineParser(
         prog="kvlab",
         description="kvlab: KV-cache memory in LLM serving. Each command prints its figures with units; "
@@ -544,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one kvlab command; 0 on success, 2 with a one-line error on bad input."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

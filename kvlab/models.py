@@ -168,11 +168,15 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     else:
         source = str(path)
         try:
-            config = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            validate.fail("config", source, "must be the path of a config.json file")
+            config = json.loads(Path(path).read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            validate.fail("config", source, "must be a UTF-8 JSON text file")
         except json.JSONDecodeError as error:
             validate.fail("config", source, f"must be JSON ({error.msg} at line {error.lineno})")
+        except OSError as error:  # missing, a directory, unreadable
+            validate.fail("config", source, f"must be the path of a config.json file ({error.strerror or error})")
+    if not isinstance(config, dict):
+        validate.fail("config", source, f"must hold a JSON object, not a {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the decoder here
         config = {"model_type": config.get("model_type", ""), **config["text_config"]}
     model_type = str(config.get("model_type", ""))

@@ -129,8 +129,12 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
     if max_requests is not None:
         validate.positive_int("max_requests", max_requests)
     path = str(path)
-    with open(path, encoding="utf-8", newline=None) as f:  # newline=None: CRLF and LF alike
-        lines = f.read().split("\n")
+    try:
+        with open(path, encoding="utf-8", newline=None) as f:  # newline=None: CRLF and LF alike
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                         "a trace is a CSV or JSONL text file") from None
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}:1: the file is empty: a trace needs a header or JSON rows")
@@ -240,9 +244,12 @@ def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
 def _azure_time(text: str) -> dt.datetime:
     # Python takes at most 6 fractional digits; the Azure files have 7, so cut to 26 characters.
     try:
-        return dt.datetime.fromisoformat(text.strip()[:26])
+        t = dt.datetime.fromisoformat(text.strip()[:26])
     except ValueError:
-        raise _Bad(f"TIMESTAMP={text.strip()!r} is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff") from None
+        t = None
+    if t is None or t.tzinfo is not None:  # a UTC offset cannot be compared with the file's plain times
+        raise _Bad(f"TIMESTAMP={text.strip()!r} is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff")
+    return t
 
 
 def _int_or_none(text: str) -> int | None:
@@ -277,8 +284,9 @@ def _mooncake_row(line: str):
     prompt = _count("input_length", row["input_length"], 0)
     output = _count("output_length", row["output_length"], 1)
     ids = row["hash_ids"]
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ids):
-        raise _Bad(f"hash_ids={str(ids)[:40]} is not allowed: must be a list of whole numbers >= 0")
+    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63
+                                            for h in ids):  # they are kept as int64
+        raise _Bad(f"hash_ids={str(ids)[:40]} is not allowed: must be a list of whole numbers >= 0 and < 2^63")
     if len(ids) != -(-prompt // MOONCAKE_BLOCK_TOKENS):
         raise _Bad(f"hash_ids has {len(ids)} blocks but input_length={prompt} needs "
                    f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} blocks of {MOONCAKE_BLOCK_TOKENS} tokens")

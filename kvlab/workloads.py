@@ -26,8 +26,8 @@ class Workload:
 
     def __post_init__(self):
         arrival = np.ascontiguousarray(self.arrival_s, dtype=np.float64)
-        prompt = np.ascontiguousarray(self.prompt_tokens, dtype=np.int64)
-        output = np.ascontiguousarray(self.output_tokens, dtype=np.int64)
+        prompt = _token_counts("prompt_tokens", self.prompt_tokens)
+        output = _token_counts("output_tokens", self.output_tokens)
         n = len(arrival)
         if n == 0:
             validate.fail("num_requests", 0, "a workload needs at least one request")
@@ -66,6 +66,17 @@ class Workload:
     def total_tokens(self) -> np.ndarray:
         """Each request's length, prompt + output tokens (what section 1 reserves memory for)."""
         return self.prompt_tokens + self.output_tokens
+
+
+def _token_counts(name: str, values) -> np.ndarray:
+    """values as contiguous int64 token counts; a fractional or non-finite count is a ValueError, never truncated."""
+    array = np.asarray(values)
+    if array.dtype.kind == "f":
+        bad = ~np.isfinite(array) | (array != np.round(array))
+        if bad.any():
+            i = int(np.argmax(bad))
+            validate.fail(f"{name}[{i}]", float(array[i]), "must be a whole number of tokens")
+    return np.ascontiguousarray(array, dtype=np.int64)
 
 
 def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:

@@ -161,18 +161,31 @@ def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block
     a = BlockAllocator(num_blocks, block_size)
     tokens = {}   # the model: tokens per live request
     for op, rid, n in ops:
-        try:
+        # The model says which error, if any, each call must raise: an error is never just tolerated.
+        free = a.num_free_blocks
+        if op == "allocate":
+            error = ValueError if rid in tokens else NoFreeBlocksError if -(-n // block_size) > free else None
+        elif op == "append":
+            error = (ValueError if rid not in tokens
+                     else NoFreeBlocksError if tokens[rid] % block_size == 0 and free == 0 else None)
+        else:
+            error = None if rid in tokens else ValueError
+        call = {"allocate": lambda: a.allocate(rid, n), "append": lambda: a.append_token(rid),
+                "free": lambda: a.free(rid)}[op]
+        if error is not None:
+            with pytest.raises(error):
+                call()
+            assert a.num_free_blocks == free   # a failed call takes nothing
+        else:
+            result = call()
             if op == "allocate":
-                a.allocate(rid, n)
                 tokens[rid] = n
+                assert len(result) == -(-n // block_size)
             elif op == "append":
-                a.append_token(rid)
+                assert result is (tokens[rid] % block_size == 0)   # a new block exactly when the last is full
                 tokens[rid] += 1
             else:
-                a.free(rid)
-                del tokens[rid]
-        except (ValueError, NoFreeBlocksError):
-            pass
+                assert result == -(-tokens.pop(rid) // block_size)
         a.check_invariants()
         tables = [set(a.block_table(r)) for r in tokens]
         assert sum(map(len, tables)) == len(set().union(*tables)) if tables else True  # no block in two tables
@@ -203,3 +216,17 @@ def test_allocation_band_brackets_every_seed_median():
         values = runs.loc[runs.index == b, "waste_pct"]
         low, high = band.loc[b, "waste_pct"]
         assert values.min() <= low <= values.median() <= high <= values.max()
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ([13_654, 13_653, 13_653], 9),   # 40,960 tokens / 3 requests: 61,440 MiB / (40,960 / 3 x 0.5 MiB) is exactly 9
+    ([1_000] * 6 + [1_024], 122),    # 7,024 / 7 per request: 122.46 requests, floor 122
+])
+def test_requests_that_fit_are_exact_when_the_mean_is_not_a_binary_fraction(lengths, expected):
+    # The mean reserved per request (40,960 / 3) has no exact float; the floor must still land on 9, not 8.
+    assert alloc.allocation_table(lengths, [1]).loc[1, "max_num_requests"] == expected
+
+
+def test_requests_that_fit_read_decimal_memory_figures_as_written():
+    # 0.1 MiB per token and 409.6 tokens per request: 6 GiB / 40.96 MiB = 150 exactly (not 149.99...)
+    assert alloc.max_num_requests(409.6, memory_gib=6, mib_per_token=0.1) == 150

@@ -95,3 +95,33 @@ def test_missing_config_field_is_named(capsys, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     code, _, err = run(capsys, "--config", str(tmp_path / "config.json"))
     assert code == 2 and "has no field 'num_attention_heads'" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    # a zero is a value the user gave, not an absent flag: it must not fall back to the article's figures
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
+    (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size=0 is not allowed: must be an integer >= 1"),
+    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer >= 1"),
+    (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer >= 1"),
+    (["--num-attention-heads", "0"], "--num-attention-heads=0 is not allowed: must be an integer >= 1"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed: must be an integer >= 1"),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization=0.0 is not allowed: must be a number in (0, 1]"),
+    (["--available-kv-gib", "0"], "--available-kv-gib=0.0 is not allowed: fits no KV block"),
+    (["--model", "Qwen3-14B", "--available-kv-gib", "5", "--max-model-len", "0"], "--max-model-len=0 is not allowed"),
+])
+def test_zero_valued_flags_are_errors_not_the_defaults(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_directory_or_binary_file_as_config_is_one_line(capsys, tmp_path):
+    code, out, err = run(capsys, "--config", str(tmp_path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"--config='{tmp_path}' is not allowed: must be the path of a config.json file" in err
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe\x00binary")
+    code, out, err = run(capsys, "--config", str(tmp_path / "config.json"))
+    assert code == 2 and err.count("\n") == 1 and "--config=" in err and "UTF-8" in err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    code, out, err = run(capsys, "--config", str(tmp_path / "list.json"))
+    assert code == 2 and err.count("\n") == 1 and "--config=" in err and "JSON object" in err

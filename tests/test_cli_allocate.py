@@ -67,6 +67,7 @@ def test_help_lists_every_length_family(capsys):
     (["--lengths", "article-s2", "--max-len", "500"], "kvlab allocate: error: lengths["),
     (["--memory-gib", "0"], "kvlab allocate: error: --memory-gib=0 is not allowed"),
     (["--mb-per-token", "-1"], "kvlab allocate: error: --mb-per-token=-1 is not allowed"),
+    (["--seed", "-1"], "kvlab allocate: error: --seed=-1 is not allowed: must be an integer >= 0"),
 ])
 def test_bad_flags_are_one_line_errors_with_status_2(capsys, flags, message):
     try:

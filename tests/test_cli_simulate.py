@@ -53,6 +53,8 @@ def test_text_output_names_units(capsys):
     (["--num-requests", "0"], "--num-requests=0 is not allowed: must be an integer >= 1"),
     (["--lengths", "constant", "--constant-tokens", "0"], "--constant-tokens=0 is not allowed"),
     (["--seed", "-1"], "--seed=-1 is not allowed: must be an integer >= 0"),
+    (["--ms-per-token", "nan"], "--ms-per-token=nan is not allowed: must be a finite number > 0"),
+    (["--arrival-rate", "inf"], "--arrival-rate=inf is not allowed: must be a finite number > 0"),
 ])
 def test_bad_values_give_one_line_naming_the_flag_and_status_2(capsys, flags, message):
     assert cli.main(["simulate", *flags]) == 2

@@ -175,3 +175,12 @@ def test_help_says_what_a_trace_length_is(capsys):
         main(["simulate", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "relative to the first row" in text and "Poisson arrivals at --arrival-rate" in text
+
+
+@pytest.mark.parametrize("command", ["allocate", "simulate"])
+def test_a_binary_trace_is_one_line_naming_the_file(tmp_path, capsys, command):
+    path = tmp_path / "bin.csv"
+    path.write_bytes(b"x\x00\xff\xfe\n")
+    status, out, err = run(capsys, command, "--trace", str(path))
+    assert status == 2 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"kvlab {command}: error: {path}: is not UTF-8 text")

@@ -131,6 +131,9 @@ AZURE_BAD_ROWS = [
     ("2023-11-16 18:15:47.0,,3", "ContextTokens='' is not allowed: must be a whole number >= 0 (a token count)"),
     ("2023-11-16 18:15:47.0,4.5,3", "ContextTokens='4.5' is not allowed: must be a whole number >= 0 (a token count)"),
     ("yesterday,5,3", "TIMESTAMP='yesterday' is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff"),
+    # an offset cannot be compared with the file's plain times: a bad row, not a TypeError traceback
+    ("2023-11-16 18:15:47+00:00,5,3",
+     "TIMESTAMP='2023-11-16 18:15:47+00:00' is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff"),
     ("2023-11-16 18:15:40.0000000,5,3", "timestamp 2023-11-16 18:15:40 is not allowed: it goes backwards from "
                                         "the previous row's 2023-11-16 18:15:46.680590"),
 ]
@@ -157,7 +160,8 @@ def test_azure_bad_row_raises_naming_file_and_line_or_is_skipped(tmp_path, bad, 
     (moon(5, -3, 1, []), "input_length=-3 is not allowed: must be a whole number >= 0 (a token count)"),
     (moon(5, 3, 0), "output_length=0 is not allowed: must be a whole number >= 1 (a request generates at least one token)"),
     (moon(5, 1025, 1, [0, 1]), "hash_ids has 2 blocks but input_length=1025 needs 3 blocks of 512 tokens"),
-    (moon(5, 3, 1, [-1]), "hash_ids=[-1] is not allowed: must be a list of whole numbers >= 0"),
+    (moon(5, 3, 1, [-1]), "hash_ids=[-1] is not allowed: must be a list of whole numbers >= 0 and < 2^63"),
+    (moon(5, 3, 1, [2**64]), "hash_ids=[18446744073709551616] is not allowed: must be a list of whole numbers >= 0 and < 2^63"),
     (moon('"soon"', 3, 1), "timestamp='soon' is not allowed: must be a number of ms"),
     (moon(1, 3, 1), "timestamp 1 is not allowed: it goes backwards from the previous row's 2"),
     ('{"timestamp": 5, "input', "not a JSON object (Unterminated string starting at, column 18)"),
@@ -178,6 +182,15 @@ def test_sharegpt_bad_row(tmp_path):
     with pytest.raises(ValueError) as err:
         traces.load_trace(path, arrival_rate_per_s=1.0, rng=np.random.default_rng(0))
     assert str(err.value) == f"{path}:3: num_prefill_tokens='-4' is not allowed: must be a whole number >= 0 (a token count)"
+
+
+def test_a_binary_file_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"TIMESTAMP,ContextTokens\xff\xfe\x00\n")
+    with pytest.raises(ValueError) as err:
+        traces.load_trace(path)
+    assert str(err.value).startswith(f"{path}: is not UTF-8 text (byte 0xff at offset 23)")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "\r\n  \r\n"])

@@ -114,3 +114,15 @@ def test_bad_parameters_raise_one_line(call, message):
     with pytest.raises(ValueError) as error:
         call()
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("prompt, output, message", [
+    ([0, 2.5], [1, 1], r"prompt_tokens\[1\]=2.5 is not allowed: must be a whole number of tokens"),
+    ([0, 0], [1, 1.5], r"output_tokens\[1\]=1.5 is not allowed: must be a whole number of tokens"),
+    ([0, 0], [1, float("nan")], r"output_tokens\[1\]=nan is not allowed: must be a whole number of tokens"),
+])
+def test_a_workload_refuses_fractional_token_counts_instead_of_truncating_them(prompt, output, message):
+    with pytest.raises(ValueError, match="^" + message):
+        workloads.Workload(np.array([0.0, 1.0]), np.array(prompt), np.array(output))
+    whole = workloads.Workload(np.array([0.0, 1.0]), np.array([0.0, 3.0]), np.array([1.0, 2.0]))
+    assert whole.prompt_tokens.tolist() == [0, 3] and whole.output_tokens.dtype == np.int64
