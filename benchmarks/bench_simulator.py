@@ -6,7 +6,13 @@ import tracemalloc
 
 import numpy as np
 
-from kvlab import simulator, stepwise
+import sys
+from pathlib import Path
+
+from kvlab import simulator
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import stepwise  # noqa: E402  the per-step reference loop the tests hold the simulator to
 
 MILLION = 1_000_000
 

@@ -10,7 +10,7 @@ order they were given).
   batch's longest request is done, and the next batch starts then.
 
 The simulator jumps from event to event (a heap of slot free times; one step per batch) and never
-steps token by token; kvlab.stepwise is the per-step loop the tests hold it to.
+steps token by token; tests/stepwise.py is the per-step loop the tests hold it to.
 
 Seams for what vLLM adds later: the cost model (``TokenCost``: here a constant time per output
 token, so a request's service time is known on arrival; ``CalibratedCost``: measured decode step

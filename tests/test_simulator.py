@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import simulator, stepwise, workloads
+import stepwise
+from kvlab import simulator, workloads
 from kvlab.workloads import Workload
 
 
