@@ -195,6 +195,40 @@ def allocation_band(name: str, num_requests: int, seeds, block_sizes=ARTICLE_BLO
     return runs, band
 
 
+# ---------------------------------------------------------------- sensitivity to the length family
+# Families one parameter away from the fitted default, each with the article's mean of 567 tokens
+# (uniform on 1..1,133 tokens has mean 567), so that only the shape of the distribution differs.
+MEAN_567_FAMILIES = {
+    "article-s1": {},
+    "exponential": {"mean_tokens": 567},
+    "uniform": {"low_tokens": 1, "high_tokens": 1133},
+    "constant": {"tokens": 567},
+}
+
+
+def family_table(families: dict = MEAN_567_FAMILIES, num_requests: int = 20_000, seed: int = 0,
+                 block_sizes=ARTICLE_BLOCK_SIZES, *, max_len_tokens: int = 4096, **table_kwargs) -> pd.DataFrame:
+    """Waste % and requests that fit per block size (tokens) for several length families, same seed.
+
+    families maps a kvlab.workloads length family to its parameters. One row per family: the mean
+    length (tokens), waste_pct_B and max_num_requests_B for every block size B.
+    """
+    from kvlab import workloads
+
+    rows = {}
+    for name, params in validate.non_empty("families", families.items()):
+        lengths = workloads.sample_lengths(name, num_requests, np.random.default_rng(seed),
+                                           max_len_tokens=max_len_tokens, **params)
+        table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens, **table_kwargs)
+        row = {"mean_tokens": float(lengths.mean())}
+        row.update({f"waste_pct_{b}": table.loc[b, "waste_pct"] for b in table.index})
+        row.update({f"max_num_requests_{b}": int(table.loc[b, "max_num_requests"]) for b in table.index})
+        rows[name] = row
+    frame = pd.DataFrame.from_dict(rows, orient="index")
+    frame.index.name = "lengths"
+    return frame
+
+
 # ---------------------------------------------------------------- the paged block allocator
 class NoFreeBlocksError(RuntimeError):
     """The pool has fewer free blocks than a request needs (nothing was allocated)."""

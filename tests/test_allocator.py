@@ -230,3 +230,15 @@ def test_requests_that_fit_are_exact_when_the_mean_is_not_a_binary_fraction(leng
 def test_requests_that_fit_read_decimal_memory_figures_as_written():
     # 0.1 MiB per token and 409.6 tokens per request: 6 GiB / 40.96 MiB = 150 exactly (not 149.99...)
     assert alloc.max_num_requests(409.6, memory_gib=6, mib_per_token=0.1) == 150
+
+
+def test_family_table_isolates_the_shape_of_the_distribution():
+    table = alloc.family_table(num_requests=5_000, seed=3)
+    assert list(table.index) == list(alloc.MEAN_567_FAMILIES)
+    assert table["mean_tokens"].between(567 * 0.97, 567 * 1.03).all()
+    # reserving the maximum wastes 1 - mean / max whatever the shape
+    assert np.allclose(table["waste_pct_4096"], 100 * (1 - table["mean_tokens"] / 4096))
+    # every request 567 tokens long wastes 16 - 567 % 16 = 9 tokens in 16-token blocks
+    assert table.loc["constant", "waste_pct_16"] == pytest.approx(100 * 9 / 576)
+    with pytest.raises(ValueError, match="lengths='zipf' is not allowed"):
+        alloc.family_table({"zipf": {}})
