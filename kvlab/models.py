@@ -137,6 +137,16 @@ def _field(config: dict, field: str, source: str, why: str):
     return config[field]
 
 
+def _whole(config: dict, field: str, source: str, default=None) -> int:
+    """config[field] (or default when absent) as an int; anything but a whole number is a one-line error."""
+    value = config.get(field)
+    if value is None:
+        value = default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        validate.fail("config", source, f"field {field!r} is {value!r}, not a whole number")
+    return int(value)
+
+
 def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tuple[int, int]:
     """(sliding_window, sliding_window_pattern) the way vLLM reads them from config.json."""
     layer_types = config.get("layer_types")
@@ -146,7 +156,8 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
         sliding = [t == "sliding_attention" for t in layer_types]
         if not any(sliding):
             return 0, 0
-        window = int(_field(config, "sliding_window", source, "its sliding_attention layers"))
+        _field(config, "sliding_window", source, "its sliding_attention layers")
+        window = _whole(config, "sliding_window", source)
         for p in [1] + list(range(2, num_layers + 1)):
             if sliding == [p == 1 or (i + 1) % p != 0 for i in range(num_layers)]:
                 return window, p
@@ -154,11 +165,12 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
     window = config.get("sliding_window")
     if not window or config.get("use_sliding_window") is False:
         return 0, 0
+    window = _whole(config, "sliding_window", source)
     if model_type == "gemma2":
-        return int(window), 2
+        return window, 2
     if model_type.startswith("gemma3"):
-        return int(window), int(config.get("sliding_window_pattern", 6))
-    return int(window), 1
+        return window, _whole(config, "sliding_window_pattern", source, default=6)
+    return window, 1
 
 
 def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
@@ -180,29 +192,31 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     if isinstance(config.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the decoder here
         config = {"model_type": config.get("model_type", ""), **config["text_config"]}
     model_type = str(config.get("model_type", ""))
-    layers = int(_field(config, "num_hidden_layers", source, "the number of layers"))
-    heads = int(_field(config, "num_attention_heads", source, "the number of heads"))
+    _field(config, "num_hidden_layers", source, "the number of layers")
+    _field(config, "num_attention_heads", source, "the number of heads")
+    layers = _whole(config, "num_hidden_layers", source)
+    heads = _whole(config, "num_attention_heads", source)
     label = name or config.get("_name_or_path") or source
     window, pattern = _sliding(config, model_type, layers, source)
-    max_pos = int(config.get("max_position_embeddings") or 0)
+    max_pos = _whole(config, "max_position_embeddings", source, default=0)
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
-        rank = int(_field(config, "kv_lora_rank", source, "the MLA latent size"))
-        rope = int(_field(config, "qk_rope_head_dim", source, "the MLA latent size"))
+        _field(config, "kv_lora_rank", source, "the MLA latent size")
+        _field(config, "qk_rope_head_dim", source, "the MLA latent size")
+        rank, rope = _whole(config, "kv_lora_rank", source), _whole(config, "qk_rope_head_dim", source)
         return ModelSpec(label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b)
-    kv = config.get("num_key_value_heads")
-    if kv is None:
-        kv = 1 if config.get("multi_query") else heads
-    kv = int(kv)
+    kv = _whole(config, "num_key_value_heads", source, default=1 if config.get("multi_query") else heads)
     head_dim = config.get("head_dim")
     if head_dim is None:
-        hidden = int(_field(config, "hidden_size", source, "the head dim (hidden_size / num_attention_heads)"))
+        _field(config, "hidden_size", source, "the head dim (hidden_size / num_attention_heads)")
+        hidden = _whole(config, "hidden_size", source)
         if hidden % heads:
             validate.fail("config", source, f"hidden_size={hidden} must be divisible by num_attention_heads={heads}")
         head_dim = hidden // heads
     if kv > heads or heads % kv:
         validate.fail("config", source, f"num_key_value_heads={kv} must divide num_attention_heads={heads}")
     attention = "mha" if kv == heads else ("mqa" if kv == 1 else "gqa")
-    return ModelSpec(label, layers, heads, kv, int(head_dim), attention, 0, 0, window, pattern, max_pos, num_params_b)
+    head_dim = _whole(config, "head_dim", source, default=head_dim)
+    return ModelSpec(label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b)
 
 
 def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:

@@ -274,17 +274,20 @@ class SimulationResult:
 
 
 def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = 8,
-             ms_per_token: float = 8.0, cost=None) -> SimulationResult:
-    """Serve workload on max_num_seqs slots at ms_per_token; policy: "static", "continuous" or a policy object.
+             ms_per_token: float | None = None, cost=None) -> SimulationResult:
+    """Serve workload on max_num_seqs slots at ms_per_token (default 8 ms); policy: "static", "continuous" or a policy object.
 
-    cost: a cost model in place of TokenCost(ms_per_token), e.g. CalibratedCost.from_csv(path)."""
+    cost: a cost model in place of TokenCost(ms_per_token), e.g. CalibratedCost.from_csv(path); give
+    one or the other, not both."""
     if not isinstance(workload, Workload):
         validate.fail("workload", type(workload).__name__, "must be a kvlab.workloads.Workload")
     scheduler = policy_named(policy) if isinstance(policy, str) else policy
     if not callable(getattr(scheduler, "schedule", None)):
         validate.fail("policy", policy, "must be static, continuous or an object with a schedule() method")
     max_num_seqs = validate.positive_int("max_num_seqs", max_num_seqs)
-    cost = TokenCost(ms_per_token) if cost is None else cost
+    if cost is not None and ms_per_token is not None:
+        validate.fail("ms_per_token", ms_per_token, "must be left out when a cost model is given (it sets the step time)")
+    cost = TokenCost(8.0 if ms_per_token is None else ms_per_token) if cost is None else cost
     if not callable(getattr(cost, "service_s", None)):
         validate.fail("cost", type(cost).__name__, "must be TokenCost, CalibratedCost or an object with a service_s() method")
     service = cost.service_s(workload.output_tokens, workload.prompt_tokens)
@@ -310,7 +313,8 @@ def synthetic_workload(num_requests: int, arrival_rate: float, lengths: str, rng
     return Workload(arrival, np.zeros(num_requests, dtype=np.int64), output, name=f"poisson-{lengths}")
 
 
-def compare_policies(workload: Workload, *, max_num_seqs: int = 8, ms_per_token: float = 8.0, cost=None) -> pd.DataFrame:
+def compare_policies(workload: Workload, *, max_num_seqs: int = 8, ms_per_token: float | None = None,
+                     cost=None) -> pd.DataFrame:
     """The article's tables for one workload: one row per policy (static, continuous), idle in %."""
     rows = {name: simulate(workload, name, max_num_seqs=max_num_seqs, ms_per_token=ms_per_token, cost=cost).summary()
             for name in ("static", "continuous")}

@@ -147,3 +147,12 @@ def test_weights_estimate():
     assert models.weights_bytes_per_gpu(spec, 2, tensor_parallel_size=4) == pytest.approx(70.55e9 * 2 / 4)
     with pytest.raises(ValueError, match="give weights_gib instead"):
         models.weights_bytes_per_gpu(models.from_config(CONFIGS / "opt-13b.json"), 2)
+
+
+@pytest.mark.parametrize("field, value", [("num_hidden_layers", "x"), ("num_key_value_heads", 2.5),
+                                          ("hidden_size", [4096]), ("head_dim", True)])
+def test_a_field_that_is_not_a_whole_number_is_named(field, value):
+    config = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "hidden_size": 4096, field: value}
+    with pytest.raises(ValueError, match=rf"^config='cfg' is not allowed: field '{field}' is .*, not a whole number$"):
+        models.from_config(config, name="cfg")

@@ -226,3 +226,12 @@ def test_bad_parameters_name_themselves(kwargs, message):
 def test_bad_workloads_name_the_parameter(call, message):
     with pytest.raises(ValueError, match="^" + message):
         call()
+
+
+def test_a_cost_model_and_ms_per_token_are_not_both_given():
+    w = workload([0, 1], [5, 3])
+    with pytest.raises(ValueError, match=r"^ms_per_token=4 is not allowed: must be left out when a cost model is given"):
+        simulator.simulate(w, "static", ms_per_token=4, cost=simulator.TokenCost(4))
+    by_cost = simulator.simulate(w, "static", cost=simulator.TokenCost(4)).summary()
+    by_ms = simulator.simulate(w, "static", ms_per_token=4).summary()
+    assert by_cost == by_ms and by_cost["busy_slot_s"] == pytest.approx(8 * 0.004)
