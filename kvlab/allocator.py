@@ -326,7 +326,8 @@ class BlockAllocator:
     def free(self, request_id) -> int:
         """Return all of request_id's blocks to the free queue; the number of blocks freed."""
         table = self._known(request_id)
-        # Freed blocks go to the back in reverse order, as vLLM does, so the tail block is reused last.
+        # Freed blocks go to the back in reverse order, as vLLM does: the tail block is reused first and the
+        # head blocks (the likeliest shared prefix) last.
         self._free.extend(reversed(table))
         del self._tables[request_id], self._num_tokens[request_id]
         return len(table)
