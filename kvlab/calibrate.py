@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvlab import validate
+from kvlab import capacity, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 CALIBRATION_DIR = ROOT / "data" / "calibration"
@@ -66,8 +66,8 @@ class DecoderShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V per token: 2 x layers x heads x head dim x bytes per value."""
-        return 2 * self.num_layers * self.num_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        """Bytes of K and V per token: 2 x layers x heads x head dim x bytes per value (kvlab.capacity's formula)."""
+        return capacity.KVShape(self.num_layers, self.num_heads, self.head_dim, DTYPE_BYTES[self.dtype]).kv_bytes_per_token
 
     @property
     def num_params(self) -> int:

@@ -19,7 +19,7 @@ def unit_bytes(unit: str) -> int:
     return UNIT_BYTES[unit]
 
 
-def _exact(x: float | int) -> int | float:
+def exact(x: float | int) -> int | float:
     """An integral float as int (so byte counts print without '.0')."""
     return int(x) if float(x).is_integer() else x
 
@@ -42,7 +42,7 @@ class KVShape:
     @property
     def kv_bytes_per_token(self) -> int | float:
         """Bytes of K and V for one token over all layers (the factor 2 is K plus V)."""
-        return _exact(2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes)
+        return exact(2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes)
 
 
 ARTICLE_SHAPE = KVShape(num_layers=32, num_kv_heads=32, head_dim=128, dtype_bytes=2)
@@ -51,7 +51,7 @@ ARTICLE_SHAPE = KVShape(num_layers=32, num_kv_heads=32, head_dim=128, dtype_byte
 def bytes_per_request(shape: KVShape, context_tokens: int) -> int | float:
     """KV bytes one request holds at a context length of context_tokens (bytes)."""
     context_tokens = validate.positive_int("context_tokens", context_tokens)
-    return _exact(shape.kv_bytes_per_token * context_tokens)
+    return exact(shape.kv_bytes_per_token * context_tokens)
 
 
 def free_bytes(gpu_memory: float, weights: float, unit: str = "GiB") -> Fraction:
@@ -109,7 +109,7 @@ def capacity(
     return {
         "kv_bytes_per_token": shape.kv_bytes_per_token,
         "bytes_per_request": per,
-        "free_bytes": _exact(float(free)),
+        "free_bytes": exact(float(free)),
         "max_num_requests": max_num_requests(free, per),
     }
 
@@ -193,7 +193,7 @@ def kv_bytes_per_token(model, config: CacheConfig = CacheConfig()) -> int | floa
     from kvlab.models import stage_layers
 
     layers = max(len(s) for s in stage_layers(model.num_layers, config.pipeline_parallel_size))
-    return _exact(layers * kv_bytes_per_token_per_layer(model, config.kv_cache_dtype, config.tensor_parallel_size))
+    return exact(layers * kv_bytes_per_token_per_layer(model, config.kv_cache_dtype, config.tensor_parallel_size))
 
 
 def available_kv_cache_bytes(gpu_memory_gib: float, weights_gib: float, gpu_memory_utilization: float = 0.9,
@@ -262,7 +262,7 @@ def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_
     return {
         "kv_bytes_per_token": kv_bytes_per_token(model, config),
         "page_size_bytes": page,
-        "available_kv_cache_bytes": _exact(available),
+        "available_kv_cache_bytes": exact(available),
         "num_kv_cache_groups": num_groups,
         "layers_per_group": size,
         "num_gpu_blocks": num_blocks,

@@ -128,7 +128,7 @@ def run_capacity(args) -> dict:
         return run_vllm_capacity(args)
     gpu_memory = 80 if args.gpu_memory_gib is None else args.gpu_memory_gib
     weights = 16 if args.weights_gib is None else args.weights_gib
-    shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, _int_if_whole(args.dtype_bytes))
+    shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, cap.exact(args.dtype_bytes))
     result = {"context_tokens": args.context, "unit": args.unit,
               **cap.capacity(shape, gpu_memory, weights, args.context, args.unit)}
     if args.json:
@@ -342,8 +342,8 @@ def run_allocate(args) -> dict:
     validate.positive_int("block_size", args.block_size)
     lengths = allocate_lengths(args)
     row = alloc.allocation_table(lengths, [args.block_size], max_len_tokens=args.max_len,
-                                 memory_gib=_int_if_whole(args.memory_gib),
-                                 mib_per_token=_int_if_whole(args.mb_per_token)).iloc[0]
+                                 memory_gib=cap.exact(args.memory_gib),
+                                 mib_per_token=cap.exact(args.mb_per_token)).iloc[0]
     result = {
         "lengths": args.lengths if args.trace is None else "trace", "num_requests": len(lengths),
         "block_size": args.block_size, "seed": args.seed,
@@ -371,10 +371,6 @@ def run_allocate(args) -> dict:
     print(f"requests that fit    {result['max_num_requests']:,} in {args.memory_gib:g} GB at {args.mb_per_token:g} MB per token")
     print(f"block-table entries  {result['block_table_entries_per_request']:,.2f} per request")
     return result
-
-
-def _int_if_whole(x: float):
-    return int(x) if float(x).is_integer() else x
 
 
 # ---------------------------------------------------------------- kvlab simulate
