@@ -49,7 +49,7 @@ $(shell mkdir -p $(CACHE_DIRS) $(IPYTHONDIR)/profile_default)
 $(shell echo 'c.IPKernelApp.log_level = "CRITICAL"' > $(IPYTHONDIR)/profile_default/ipython_kernel_config.py)
 
 report: $(STAMP)
-	$(BIN)/python -m kvlab.report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
+	$(BIN)/kvlab report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q --nbval --nbval-current-env tests notebooks
@@ -68,7 +68,7 @@ calibrate:
 	bash scripts/gpu_calibration.sh
 
 traces: $(STAMP)
-	$(BIN)/python -m kvlab.traces download --dest data/traces
+	$(BIN)/kvlab traces download --dest data/traces
 
 clean:
 	find report -mindepth 1 ! -name README.md -exec rm -rf {} +

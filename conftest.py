@@ -16,7 +16,7 @@ TRACE_CELL_DEFAULT = "azure"
 
 
 def pytest_collection_modifyitems(config, items):
-    from kvlab import traces
+    from kvlab.workloads import traces
 
     missing = traces.missing_traces()
     if not missing:

@@ -3,13 +3,14 @@ import time
 
 import numpy as np
 
-from kvlab import allocator, workloads
+from kvlab import workloads
+from kvlab.core import allocator
 
 
 def main() -> None:
     lengths = workloads.sample_lengths("article-s1", 10_000_000, np.random.default_rng(0))
     start = time.perf_counter()
-    allocator.allocation_table(lengths, allocator.POWERS_OF_TWO, max_len_tokens=4096)
+    allocator.allocation_counts(lengths, allocator.POWERS_OF_TWO, max_len_tokens=4096)
     s = time.perf_counter() - start
     print(f"   accounting: {s:.2f} s for 10,000,000 requests x {len(allocator.POWERS_OF_TWO)} block sizes "
           f"(target < 2 s)")

@@ -6,7 +6,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from kvlab import report
+import kvlab.report.build as report
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 # Targets from the issues, in seconds.

@@ -9,7 +9,9 @@ import numpy as np
 import sys
 from pathlib import Path
 
-from kvlab import simulator
+from kvlab.core import batching as simulator
+from kvlab.sections import batching as section
+from kvlab.workloads import synthetic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import stepwise  # noqa: E402  the per-step reference loop the tests hold the simulator to
@@ -24,7 +26,7 @@ def _timed(call):
 
 
 def main() -> None:
-    big = simulator.synthetic_workload(MILLION, 11.0, "article", np.random.default_rng(0))
+    big = synthetic.article_s2_workload(MILLION, 11.0, "article", np.random.default_rng(0))
     for policy in ("static", "continuous"):
         result, seconds = _timed(lambda: simulator.simulate(big, policy).summary())
         print(f"   {policy:<10} 1,000,000 requests: {seconds:.2f} s (target < 3 s); "
@@ -33,7 +35,7 @@ def main() -> None:
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     tracemalloc.start()
     for policy in ("static", "continuous"):
-        workload = simulator.synthetic_workload(MILLION, 11.0, "article", np.random.default_rng(0))
+        workload = synthetic.article_s2_workload(MILLION, 11.0, "article", np.random.default_rng(0))
         simulator.simulate(workload, policy).summary()
         del workload
     _, peak = tracemalloc.get_traced_memory()
@@ -41,10 +43,10 @@ def main() -> None:
     print(f"   peak memory, 1,000,000 requests with their workload: {peak / 2**20:,.0f} MiB allocated "
           f"(tracemalloc; target < 1,024 MiB); process peak RSS {rss_mib:,.0f} MiB (interpreter and libraries included)")
 
-    _, seconds = _timed(lambda: [simulator.seed_runs(200, lengths=lengths) for lengths in simulator.LENGTHS])
+    _, seconds = _timed(lambda: [section.seed_runs(section.Experiment(lengths=lengths), 200) for lengths in synthetic.S2_LENGTHS])
     print(f"   seed band alone (200 seeds x 2 policies x 2 workloads of 600): {seconds:.1f} s")
 
-    small = simulator.synthetic_workload(10_000, 11.0, "article", np.random.default_rng(0))
+    small = synthetic.article_s2_workload(10_000, 11.0, "article", np.random.default_rng(0))
     for policy in ("static", "continuous"):
         _, fast = _timed(lambda: simulator.simulate(small, policy))
         _, slow = _timed(lambda: stepwise.simulate_stepwise(small.arrival_s, small.output_tokens, policy, 8, 8.0))

@@ -3,7 +3,8 @@ import time
 
 import numpy as np
 
-from kvlab import prefix_cache, traces
+from kvlab.core import prefix_cache
+from kvlab.workloads import traces
 
 
 def _best_of(fn, repeats: int = 3) -> tuple[float, object]:

@@ -1,4 +1,12 @@
-"""kvlab: KV-cache memory in LLM serving, as a reproducible report."""
+"""kvlab: KV-cache memory in LLM serving, as a reproducible report.
+
+Layers, imports pointing down only:
+    kvlab.core       mechanism: config objects, allocation, capacity, cost models, the schedulers (numpy only)
+    kvlab.workloads  synthetic workloads and the real-trace loaders
+    kvlab.sections   one module per notebook: its tables, bands, sweeps and ledger rows; the ledger; plots
+    kvlab.report     papermill -> nbconvert -> index + PDF
+    kvlab.cli        the `kvlab` command line over all of it
+"""
 from importlib.metadata import PackageNotFoundError, version
 
 try:
@@ -6,17 +14,16 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0.0.0"
 
-from kvlab import allocator, calibrate, capacity, ledger, plots, prefix_cache, simulator, validate, workloads  # noqa: E402
+from kvlab import core, workloads  # noqa: E402
 
 
 def __getattr__(name: str):
-    # kvlab.traces is imported on first use, so that `python -m kvlab.traces` (make traces) runs it only once.
-    if name == "traces":
+    # The upper layers (pandas, matplotlib, papermill) load on first use, so `kvlab capacity` starts fast.
+    if name in ("sections", "report", "cli"):
         import importlib
 
-        return importlib.import_module("kvlab.traces")
+        return importlib.import_module(f"kvlab.{name}")
     raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
 
 
-__all__ = ["allocator", "calibrate", "capacity", "ledger", "plots", "prefix_cache", "simulator", "traces", "validate",
-           "workloads", "__version__"]
+__all__ = ["core", "workloads", "sections", "report", "cli", "__version__"]

@@ -10,11 +10,15 @@ import sys
 
 import numpy as np
 
-from kvlab import allocator as alloc
-from kvlab import capacity as cap
-from kvlab import models, simulator, traces, validate, workloads
-from kvlab.models import ModelSpec
-from kvlab.workloads import Workload
+from kvlab.core import allocator as alloc
+from kvlab.core import article, batching, models, validate
+from kvlab.core import capacity as cap
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import TokenCost
+from kvlab.core.models import ModelSpec
+from kvlab.core.units import GIB, exact, unit_bytes
+from kvlab.core.workload import Workload
+from kvlab.workloads import synthetic, traces
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -126,15 +130,15 @@ def run_capacity(args) -> dict:
     # `is not None`, not truthiness: a flag given as 0 is a bad value to report, not an absent flag.
     if any(getattr(args, name) is not None and getattr(args, name) is not False for name in VLLM_FLAGS):
         return run_vllm_capacity(args)
-    gpu_memory = 80 if args.gpu_memory_gib is None else args.gpu_memory_gib
-    weights = 16 if args.weights_gib is None else args.weights_gib
-    shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, cap.exact(args.dtype_bytes))
+    gpu_memory = article.GPU_MEMORY_GIB if args.gpu_memory_gib is None else args.gpu_memory_gib
+    weights = article.WEIGHTS_GIB if args.weights_gib is None else args.weights_gib
+    shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, exact(args.dtype_bytes))
     result = {"context_tokens": args.context, "unit": args.unit,
               **cap.capacity(shape, gpu_memory, weights, args.context, args.unit)}
     if args.json:
         _print_json(result)
         return result
-    scale = cap.unit_bytes(args.unit)
+    scale = unit_bytes(args.unit)
     print(f"KV bytes per token   {result['kv_bytes_per_token']:,} B ({result['kv_bytes_per_token'] / 2**10:,.1f} KiB)")
     print(f"memory per request   {result['bytes_per_request'] / scale:,.3f} {args.unit} at {args.context:,} tokens "
           f"({result['bytes_per_request']:,} B)")
@@ -166,63 +170,70 @@ def _capacity_model(args, tp: int) -> ModelSpec:
     return ModelSpec("custom", args.num_layers, heads, kv, args.head_dim, attention)
 
 
+def capacity_config(args) -> EngineConfig:
+    """The EngineConfig of a vLLM-accounting run: the flags given, vLLM's defaults for the rest."""
+    given = {"block_size": args.block_size, "kv_cache_dtype": args.kv_cache_dtype,
+             "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
+             "max_num_batched_tokens": args.max_num_batched_tokens}
+    config = EngineConfig().replace(**{name: value for name, value in given.items() if value is not None})
+    return config.replace(hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager)
+
+
+def capacity_budget(args, model: ModelSpec, config: EngineConfig) -> cap.MemoryBudget:
+    """The per-GPU memory budget from --gpu or --gpu-memory-gib, --weights-gib or the model's parameters."""
+    to_gib = unit_bytes(args.unit) / GIB
+    if args.gpu:
+        memory_gib = models.get_gpu(args.gpu).memory_gib
+    else:
+        memory_gib = (article.GPU_MEMORY_GIB if args.gpu_memory_gib is None else args.gpu_memory_gib) * to_gib
+    if args.weights_gib is not None:
+        weights_gib = args.weights_gib * to_gib
+    elif model.num_params_b > 0:
+        weights_gib = cap.estimated_weights_gib(model, args.weight_dtype or "bf16", config)
+    else:
+        weights_gib = article.WEIGHTS_GIB * to_gib  # a config.json carries no parameter count
+    defaults = cap.MemoryBudget(memory_gib, weights_gib)
+    return cap.MemoryBudget(
+        memory_gib, weights_gib,
+        defaults.gpu_memory_utilization if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
+        defaults.activation_peak_gib if args.activation_peak_gib is None else args.activation_peak_gib,
+        defaults.non_torch_gib if args.non_torch_gib is None else args.non_torch_gib)
+
+
 def run_vllm_capacity(args) -> dict:
     """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
     if args.dtype_bytes != 2:
         validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
-    config = cap.CacheConfig(
-        block_size=16 if args.block_size is None else args.block_size,
-        kv_cache_dtype=args.kv_cache_dtype or "bf16",
-        tensor_parallel_size=1 if args.tensor_parallel_size is None else args.tensor_parallel_size,
-        pipeline_parallel_size=1 if args.pipeline_parallel_size is None else args.pipeline_parallel_size,
-        max_num_batched_tokens=8192 if args.max_num_batched_tokens is None else args.max_num_batched_tokens,
-        hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager,
-    )
-    model = _capacity_model(args, config.tensor_parallel_size)
+    config = capacity_config(args)
+    model = _capacity_model(args, config.parallel.tensor_parallel_size)
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
     else:
         max_model_len = model.max_position_embeddings or args.context
     budget = {}
     if args.available_kv_gib is not None:
-        available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * cap.GIB
+        available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * GIB
     else:
-        to_gib = cap.unit_bytes(args.unit) / cap.GIB
-        if args.gpu:
-            memory_gib = float(models.get_gpu(args.gpu)["memory_gib"])
-        else:
-            memory_gib = (80 if args.gpu_memory_gib is None else args.gpu_memory_gib) * to_gib
-        if args.weights_gib is not None:
-            weights_gib = args.weights_gib * to_gib
-        elif model.num_params_b > 0:
-            weights_gib = models.weights_bytes_per_gpu(
-                model, cap.WEIGHT_DTYPE_BYTES[args.weight_dtype or "bf16"], config.tensor_parallel_size,
-                config.pipeline_parallel_size) / cap.GIB
-        else:
-            weights_gib = 16 * to_gib  # the foundation's default: a config.json carries no parameter count
-        budget = {"gpu_memory_gib": memory_gib, "weights_gib": weights_gib,
-                  "gpu_memory_utilization": 0.9 if args.gpu_memory_utilization is None else args.gpu_memory_utilization,
-                  "activation_peak_gib": 2.0 if args.activation_peak_gib is None else args.activation_peak_gib,
-                  "non_torch_gib": 0.4 if args.non_torch_gib is None else args.non_torch_gib}
-        available = cap.available_kv_cache_bytes(**budget)
+        memory = capacity_budget(args, model, config)
+        budget = memory.as_dict()
+        available = memory.available_kv_bytes
         if available <= 0:
-            validate.fail("gpu" if args.gpu else "gpu_memory_gib", args.gpu or round(memory_gib, 2),
-                          f"leaves no KV memory: {memory_gib:g} GiB x {budget['gpu_memory_utilization']:g} is "
-                          f"{memory_gib * budget['gpu_memory_utilization']:.2f} GiB, the weights, activation peak and "
-                          f"non-torch memory take {weights_gib + budget['activation_peak_gib'] + budget['non_torch_gib']:.2f} "
-                          f"GiB ({-available / cap.GIB:.2f} GiB more needed before one KV block)")
+            validate.fail("gpu" if args.gpu else "gpu_memory_gib", args.gpu or round(memory.gpu_memory_gib, 2),
+                          f"leaves no KV memory: {memory.gpu_memory_gib:g} GiB x {memory.gpu_memory_utilization:g} is "
+                          f"{memory.usable_gib:.2f} GiB, the weights, activation peak and non-torch memory take "
+                          f"{memory.reserved_gib:.2f} GiB ({-available / GIB:.2f} GiB more needed before one KV block)")
     result = cap.vllm_capacity(model, available, max_model_len, config)
-    result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.kv_cache_dtype,
-              "tensor_parallel_size": config.tensor_parallel_size,
-              "pipeline_parallel_size": config.pipeline_parallel_size, "block_size": config.block_size,
-              **budget, **result, "available_kv_cache_gib": result["available_kv_cache_bytes"] / cap.GIB}
+    result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.cache.kv_cache_dtype,
+              "tensor_parallel_size": config.parallel.tensor_parallel_size,
+              "pipeline_parallel_size": config.parallel.pipeline_parallel_size, "block_size": config.cache.block_size,
+              **budget, **result, "available_kv_cache_gib": result["available_kv_cache_bytes"] / GIB}
     if args.json:
         _print_json(result)
         return result
     print(f"model                {model.name} ({model.attention}, {model.num_layers} layers, "
-          f"{cap.kv_heads_per_gpu(model, config.tensor_parallel_size)} KV heads x {model.head_dim} per GPU)")
-    print(f"cache                {config.kv_cache_dtype}, block size {config.block_size}, "
-          f"TP {config.tensor_parallel_size}, PP {config.pipeline_parallel_size}")
+          f"{cap.kv_heads_per_gpu(model, config.parallel.tensor_parallel_size)} KV heads x {model.head_dim} per GPU)")
+    print(f"cache                {config.cache.kv_cache_dtype}, block size {config.cache.block_size}, "
+          f"TP {config.parallel.tensor_parallel_size}, PP {config.parallel.pipeline_parallel_size}")
     print(f"KV bytes per token   {result['kv_bytes_per_token']:,} B per GPU "
           f"({result['kv_bytes_per_token'] / 2**10:,.1f} KiB; article's model: 512.0 KiB)")
     if budget:
@@ -238,7 +249,7 @@ def run_vllm_capacity(args) -> dict:
           f"{max_model_len:,} tokens)")
     if not result["fits_one_request"]:
         needed = result["blocks_per_request"] * result["page_size_bytes"] * result["layers_per_group"]
-        print(f"note: one request of {max_model_len:,} tokens needs {needed / cap.GIB:.2f} GiB of KV cache; "
+        print(f"note: one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB of KV cache; "
               "vLLM refuses to start (lower --max-model-len or raise --gpu-memory-utilization)")
     return result
 
@@ -253,7 +264,7 @@ ALLOCATE_FLAGS = {
 
 def add_allocate(commands) -> None:
     """Register `kvlab allocate` (reserved, used and wasted tokens for one block size)."""
-    families = "; ".join(f"{name}: {text}" for name, (_, text) in workloads.LENGTH_DISTRIBUTIONS.items()).replace("%", "%%")
+    families = "; ".join(f"{name}: {text}" for name, (_, text) in synthetic.LENGTH_DISTRIBUTIONS.items()).replace("%", "%%")
     p = commands.add_parser(
         "allocate",
         help="KV slots reserved, used and wasted when memory is reserved in blocks of a given size",
@@ -265,8 +276,9 @@ def add_allocate(commands) -> None:
         epilog="example: kvlab allocate --num-requests 20000 --max-len 4096 --block-size 16 --seed 0 "
         "--lengths article-s1 --json",
     )
-    p.add_argument("--num-requests", type=int, default=20000, help="requests (default 20000)")
-    p.add_argument("--max-len", type=int, default=4096,
+    p.add_argument("--num-requests", type=int, default=article.NUM_REQUESTS_S1,
+                   help=f"requests (default {article.NUM_REQUESTS_S1})")
+    p.add_argument("--max-len", type=int, default=article.MAX_LEN_TOKENS,
                    help="longest allowed request, tokens; lengths are drawn at or below it (default 4096)")
     p.add_argument("--block-size", type=int, default=16, help="reservation unit, tokens per block (default 16)")
     p.add_argument("--seed", type=int, default=0, help="seed of numpy.random.default_rng for the lengths (default 0)")
@@ -279,8 +291,10 @@ def add_allocate(commands) -> None:
                        help="leave out trace requests longer than --max-len and print how many (default: such "
                        "requests are an error naming how many and the largest)")
     budget = p.add_argument_group("memory budget")
-    budget.add_argument("--memory-gib", type=float, default=60, help="KV-cache memory, GB = 2^30 bytes (default 60)")
-    budget.add_argument("--mb-per-token", type=float, default=0.5, help="KV memory per token, MB = 2^20 bytes (default 0.5)")
+    budget.add_argument("--memory-gib", type=float, default=article.MEMORY_GIB,
+                        help=f"KV-cache memory, GB = 2^30 bytes (default {article.MEMORY_GIB})")
+    budget.add_argument("--mb-per-token", type=float, default=article.MIB_PER_TOKEN,
+                        help=f"KV memory per token, MB = 2^20 bytes (default {article.MIB_PER_TOKEN:g})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run_allocate, flags=ALLOCATE_FLAGS)
 
@@ -320,30 +334,31 @@ def _trace_note(load: traces.TraceLoad) -> dict:
             "num_skipped_rows": load.num_skipped}
 
 
-def allocate_lengths(args):
-    """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace."""
+def allocate_lengths(args) -> tuple[np.ndarray, traces.TraceLoad | None, int]:
+    """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace;
+    with the trace's load and how many of its requests were dropped as longer than --max-len."""
     if args.trace is None:
         seed = validate.non_negative_int("seed", args.seed)
-        return workloads.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(seed),
-                                        max_len_tokens=args.max_len)
+        lengths = synthetic.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(seed),
+                                           max_len_tokens=args.max_len)
+        return lengths, None, 0
     # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
     sharegpt = args.trace_format == "sharegpt" or (args.trace_format == "auto" and _file_format(args.trace) == "sharegpt")
     load = load_trace_arg(args, arrival_rate_per_s=1.0 if sharegpt else None,
                           rng=np.random.default_rng(0) if sharegpt else None)
     lengths, dropped = traces.request_lengths(load.workload, args.max_len,
                                               over_max_len="drop" if args.drop_over_max_len else "error")
-    args.trace_load, args.num_dropped = load, dropped
-    return lengths
+    return lengths, load, dropped
 
 
 def run_allocate(args) -> dict:
     """Print reserved, used and wasted tokens, waste % and requests that fit for --block-size tokens."""
     validate.positive_int("max_len_tokens", args.max_len)
     validate.positive_int("block_size", args.block_size)
-    lengths = allocate_lengths(args)
-    row = alloc.allocation_table(lengths, [args.block_size], max_len_tokens=args.max_len,
-                                 memory_gib=cap.exact(args.memory_gib),
-                                 mib_per_token=cap.exact(args.mb_per_token)).iloc[0]
+    lengths, load, num_dropped = allocate_lengths(args)
+    counts = alloc.allocation_counts(lengths, [args.block_size], max_len_tokens=args.max_len,
+                                     memory_gib=exact(args.memory_gib), mib_per_token=exact(args.mb_per_token))
+    row = {name: values[0] for name, values in counts.items()}
     result = {
         "lengths": args.lengths if args.trace is None else "trace", "num_requests": len(lengths),
         "block_size": args.block_size, "seed": args.seed,
@@ -354,7 +369,7 @@ def run_allocate(args) -> dict:
     }
     if args.trace is not None:
         del result["seed"]
-        result |= _trace_note(args.trace_load) | {"num_dropped_over_max_len": args.num_dropped}
+        result |= _trace_note(load) | {"num_dropped_over_max_len": num_dropped}
     if args.json:
         _print_json(result)
         return result
@@ -364,7 +379,7 @@ def run_allocate(args) -> dict:
         print(f"requests             {result['num_requests']:,} from {result['trace_format']} trace {result['trace']} "
               f"(prompt + output tokens, at most {args.max_len:,})")
         print(f"trace rows           {result['num_rows']:,} read, {result['num_skipped_rows']:,} bad rows skipped, "
-              f"{args.num_dropped:,} requests over --max-len dropped")
+              f"{num_dropped:,} requests over --max-len dropped")
     print(f"reserved             {result['reserved_tokens']:,} tokens in blocks of {args.block_size:,}")
     print(f"used                 {result['used_tokens']:,} tokens ({result['used_tokens'] / result['num_requests']:,.1f} per request)")
     print(f"wasted               {result['wasted_tokens']:,} tokens ({result['waste_pct']:.1f}% of reserved)")
@@ -396,19 +411,23 @@ def add_simulate(commands) -> None:
         epilog="example: kvlab simulate --policy static --slots 8 --ms-per-token 8 --num-requests 600 "
         "--arrival-rate 11 --lengths article --seed 0 --json",
     )
-    p.add_argument("--policy", default="continuous", choices=list(simulator.POLICIES),
+    p.add_argument("--policy", default="continuous", choices=list(batching.POLICIES),
                    help="batching policy (default continuous)")
     engine = p.add_argument_group("engine")
-    engine.add_argument("--slots", type=int, default=8, help="requests served at once, vLLM's max_num_seqs (default 8)")
-    engine.add_argument("--ms-per-token", type=float, default=8.0, help="time per output token, ms (default 8)")
+    engine.add_argument("--slots", type=int, default=article.MAX_NUM_SEQS,
+                        help=f"requests served at once, vLLM's max_num_seqs (default {article.MAX_NUM_SEQS})")
+    engine.add_argument("--ms-per-token", type=float, default=article.MS_PER_TOKEN,
+                        help=f"time per output token, ms (default {article.MS_PER_TOKEN:g})")
     work = p.add_argument_group("synthetic workload")
-    work.add_argument("--num-requests", type=int, default=600, help="requests (default 600)")
+    work.add_argument("--num-requests", type=int, default=article.NUM_REQUESTS_S2,
+                      help=f"requests (default {article.NUM_REQUESTS_S2})")
     work.add_argument("--arrival-rate", type=float, default=None,
-                      help="Poisson arrival rate, requests/s (default 11; the article does not give one)")
-    work.add_argument("--lengths", default="article", choices=list(simulator.LENGTHS),
+                      help=f"Poisson arrival rate, requests/s (default {synthetic.S2_ARRIVAL_RATE_PER_S:g}, kvlab's "
+                      "choice: the article does not give one)")
+    work.add_argument("--lengths", default="article", choices=list(synthetic.S2_LENGTHS),
                       help="output lengths: article (the article's mix, default) or constant")
-    work.add_argument("--constant-tokens", type=int, default=150,
-                      help="output tokens of every request with --lengths constant (default 150)")
+    work.add_argument("--constant-tokens", type=int, default=article.CONSTANT_TOKENS,
+                      help=f"output tokens of every request with --lengths constant (default {article.CONSTANT_TOKENS})")
     work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
     _add_trace_flags(p, "arrivals are its timestamps relative to the first row and each request's output length "
                      "(GeneratedTokens, output_length, num_decode_tokens) sets its service time; a ShareGPT file "
@@ -418,30 +437,32 @@ def add_simulate(commands) -> None:
     p.set_defaults(run=run_simulate, flags=SIMULATE_FLAGS)
 
 
-def simulate_workload(args) -> Workload:
-    """The workload `kvlab simulate` serves: a synthetic one from the flags, or the --trace file's requests."""
+def simulate_workload(args) -> tuple[Workload, traces.TraceLoad | None]:
+    """The workload `kvlab simulate` serves: a synthetic one from the flags, or the --trace file's requests
+    (with the trace's load)."""
     seed = validate.non_negative_int("seed", args.seed)
     if args.trace is None:
-        rate = 11.0 if args.arrival_rate is None else args.arrival_rate
-        return simulator.synthetic_workload(args.num_requests, rate, args.lengths,
-                                            np.random.default_rng(seed), constant_tokens=args.constant_tokens)
-    args.trace_load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed))
-    return args.trace_load.workload
+        rate = synthetic.S2_ARRIVAL_RATE_PER_S if args.arrival_rate is None else args.arrival_rate
+        workload = synthetic.article_s2_workload(args.num_requests, rate, args.lengths, np.random.default_rng(seed),
+                                                 constant_tokens=args.constant_tokens)
+        return workload, None
+    load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed))
+    return load.workload, load
 
 
 def run_simulate(args) -> dict:
     """Print the serving summary: latency (s), queueing (s), makespan (s), requests/s, busy slot-s, idle share."""
-    workload = simulate_workload(args)
-    result = simulator.simulate(workload, args.policy, max_num_seqs=args.slots, ms_per_token=args.ms_per_token)
+    workload, load = simulate_workload(args)
+    result = batching.simulate(workload, args.policy, max_num_seqs=args.slots, cost=TokenCost(args.ms_per_token))
     summary = result.summary()
-    if args.trace is not None:
-        summary |= _trace_note(args.trace_load) | {"poisson_arrivals": args.trace_load.poisson_arrivals}
+    if load is not None:
+        summary |= _trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
     if args.json:
         _print_json(summary)
         return summary
-    if args.trace is not None:
+    if load is not None:
         arrivals = (f"Poisson arrivals at {args.arrival_rate:g} requests/s, seed {args.seed}"
-                    if args.trace_load.poisson_arrivals else "arrivals from its timestamps")
+                    if load.poisson_arrivals else "arrivals from its timestamps")
         print(f"trace                {summary['trace_format']} {summary['trace']}: {summary['num_rows']:,} rows read, "
               f"{summary['num_skipped_rows']:,} bad rows skipped; {arrivals}")
     print(f"policy               {args.policy}, {args.slots} slots, {args.ms_per_token:g} ms per output token")
@@ -474,7 +495,7 @@ def add_calibrate(commands) -> None:
         "(torch.cuda.memory_allocated before and after caching --kv-tokens tokens; on the CPU the cache tensors' "
         "bytes), the decode step time for every --batch-sizes x --contexts (median of --repeats after --warmup, CUDA "
         "events on a GPU) and the prefill time of each --prompts. Writes one CSV (default "
-        "data/calibration/<device>.csv) that kvlab.simulator.CalibratedCost.from_csv loads. Needs PyTorch: "
+        "data/calibration/<device>.csv) that kvlab.core.cost.CalibratedCost.from_csv loads. Needs PyTorch: "
         "pip install 'kvlab[calibrate]'.",
         epilog="examples: kvlab calibrate --device cuda | kvlab calibrate --device cpu --quick --out /tmp/cpu.csv",
     )
@@ -510,7 +531,7 @@ def add_calibrate(commands) -> None:
 
 def run_calibrate(args) -> dict:
     """Measure the decoder on --device and write the calibration CSV; print where and how many points."""
-    from kvlab import calibrate
+    from kvlab.core import calibration as calibrate
 
     calibrate.import_torch()  # the one-line install hint before any work
     base = calibrate.TINY_SHAPE if args.quick and args.device == "cpu" else calibrate.DecoderShape()
@@ -539,11 +560,81 @@ def run_calibrate(args) -> dict:
     return result
 
 
-COMMANDS = [add_capacity, add_allocate, add_simulate, add_calibrate]
+# ---------------------------------------------------------------- kvlab report, kvlab traces
+def add_report(commands) -> None:
+    """Register `kvlab report` (execute the notebooks, write report/: HTML, PDF, ledger.csv)."""
+    from pathlib import Path
+
+    from kvlab.report.build import REPORT_DIR, ROOT
+
+    p = commands.add_parser(
+        "report",
+        help="build report/: execute every notebook with the parameters file, render HTML and one PDF, write the ledger",
+        description="Executes notebooks/NN_*.ipynb with papermill, using the parameters and seeds of --params "
+        "(a notebook's own defaults for the rest), renders each as HTML without code, writes index.html, "
+        "report.pdf and ledger.csv. Every parameter is checked before any notebook runs; the build happens in a "
+        "temporary folder that replaces --out only when every notebook succeeded.",
+        epilog="examples: kvlab report | kvlab report --set 03_capacity.GPU_MEMORY_GIB=141 | kvlab report --set SEED=3",
+    )
+    p.add_argument("--params", type=Path, default=ROOT / "params.yaml", help="parameters file (YAML; default params.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="[NOTEBOOK.]NAME=VALUE", dest="overrides",
+                   help="override one parameter (without NOTEBOOK: every notebook that has NAME); repeatable")
+    p.add_argument("--out", type=Path, default=REPORT_DIR, help="output folder (default report/)")
+    p.add_argument("--no-pdf", action="store_true", help="skip report.pdf (faster)")
+    p.set_defaults(run=run_report, flags={})
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The `kvlab` parser with every command of COMMANDS."""
+def run_report(args) -> dict:
+    """Build the report; a bad parameter or a failed notebook is one `report: error:` line and status 1."""
+    from kvlab.report.build import build
+    from kvlab.report.params import ReportError
+
+    try:
+        build(args.params, args.overrides, args.out, pdf=not args.no_pdf)
+    except ReportError as error:
+        print(f"\nreport: error: {error}", file=sys.stderr)
+        print("report: nothing was written; " + ("the previous report is unchanged"
+                                                 if (args.out / "index.html").exists() else "no report exists yet"),
+              file=sys.stderr)
+        raise SystemExit(1) from None
+    return {}
+
+
+def add_traces(commands) -> None:
+    """Register `kvlab traces download` (fetch the public request traces and check their sha256)."""
+    from kvlab.workloads.traces import MANIFEST_PATH, REPO_DIR
+
+    p = commands.add_parser("traces", help="the public request traces: download them and check their sha256",
+                            description="The real request traces kvlab reads (data/traces.toml lists them with "
+                            "their sources, licences and sha256).")
+    sub = p.add_subparsers(dest="traces_command", metavar="ACTION", parser_class=OneLineParser, required=True)
+    down = sub.add_parser("download", help="download the traces of data/traces.toml and check their sha256",
+                          description="Fetches each trace of the manifest into --dest and checks its sha256; a file "
+                          "already there with the right hash is kept, a mismatch leaves nothing behind.")
+    down.add_argument("--dest", default=str(REPO_DIR / "data" / "traces"), help="folder to write the files to (default data/traces)")
+    down.add_argument("--manifest", default=str(MANIFEST_PATH), help="the manifest (TOML) listing the files")
+    down.add_argument("--trace", action="append", dest="names", help="only this trace (repeatable)")
+    down.set_defaults(run=run_traces_download, flags={"trace": "--trace"})
+
+
+def run_traces_download(args) -> dict:
+    """Fetch and verify the traces; print one line per trace."""
+    from kvlab.workloads.download import download
+
+    try:
+        lines = download(args.dest, args.manifest, args.names)
+    except OSError as err:
+        raise ValueError(f"dest={args.dest!r} is not allowed: {err.strerror or err}") from None
+    for line in lines:
+        print(line)
+    return {"traces": lines}
+
+
+COMMANDS = [add_capacity, add_allocate, add_simulate, add_calibrate, add_report, add_traces]
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `kvlab` parser with every command of COMMANDS, and each command's own parser by name."""
     parser = OneLineParser(
         prog="kvlab",
         description="kvlab: KV-cache memory in LLM serving. Each command prints its figures with units; "
@@ -553,12 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for add in COMMANDS:
         add(commands)
-    return parser
+    return parser, dict(commands.choices)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run one kvlab command; 0 on success, 2 with a one-line error on bad input."""
-    parser = build_parser()
+    parser, command_parsers = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -567,15 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run(args)
         sys.stdout.flush()
     except ValueError as error:
-        return _flag_error(commands_parser(parser, args.command), error, args.flags)
+        return _flag_error(command_parsers.get(args.command, parser), error, args.flags)
     except BrokenPipeError:  # e.g. `kvlab ... --json | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
-
-
-def commands_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The sub-parser of one command (for its prog name in error messages)."""
-    for action in parser._subparsers._group_actions:
-        if name in action.choices:
-            return action.choices[name]
-    return parser

@@ -1,4 +1,4 @@
-"""A straightforward per-step reference loop of section 2's model: the oracle for kvlab.simulator.
+"""A straightforward per-step reference loop of section 2's model: the oracle for kvlab.core.batching.
 
 Every running request produces its output one token at a time (one decode step of ms_per_token);
 the clock moves to the next token or arrival. Slow on purpose and written for plain reading: the

@@ -3,8 +3,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvlab import allocator as alloc
-from kvlab.allocator import BlockAllocator, NoFreeBlocksError
+from kvlab.core import allocator as alloc
+from kvlab.core import article
+from kvlab.sections import allocation
+from kvlab.core.allocator import BlockAllocator, NoFreeBlocksError
 
 lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=40)
 block_st = st.sampled_from([1, 2, 3, 7, 16, 64, 256])
@@ -21,7 +23,7 @@ def reference_accounting(lengths, block_size):
 @given(lengths=lengths_st, block_size=block_st)
 @settings(max_examples=60, deadline=None)
 def test_allocation_table_equals_the_reference(lengths, block_size):
-    row = alloc.allocation_table(lengths, [block_size]).iloc[0]
+    row = allocation.allocation_table(lengths, [block_size]).iloc[0]
     assert (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"]) == reference_accounting(lengths, block_size)
     assert row["block_table_entries"] == pytest.approx(np.mean([-(-n // block_size) for n in lengths]))
     # waste per request is below one block
@@ -40,22 +42,22 @@ def test_the_floor_is_exact_at_a_whole_number():
 
 def test_article_table_columns_and_fit_ratio():
     lengths = np.array([1, 4096, 600, 17])
-    table = alloc.allocation_table(lengths, alloc.ARTICLE_BLOCK_SIZES, max_len_tokens=4096)
+    table = allocation.allocation_table(lengths, article.BLOCK_SIZES, max_len_tokens=4096)
     assert list(table.index) == [4096, 1024, 256, 64, 16]
     assert table.loc[4096, "reserved_tokens"] == 4 * 4096
     assert table.loc[16, "reserved_tokens"] == 16 + 4096 + 608 + 32
     assert table.loc[16, "waste_pct"] == pytest.approx(100 * (4752 - 4714) / 4752)
-    assert alloc.fit_ratio(table) == table.loc[16, "max_num_requests"] / table.loc[4096, "max_num_requests"]
+    assert allocation.fit_ratio(table) == table.loc[16, "max_num_requests"] / table.loc[4096, "max_num_requests"]
 
 
 def test_ten_million_requests_go_through_one_histogram():
     lengths = np.random.default_rng(0).integers(1, 4097, size=2_000_000)
-    table = alloc.allocation_table(lengths, [64])
+    table = allocation.allocation_table(lengths, [64])
     assert table.loc[64, "reserved_tokens"] == int((-(-lengths // 64) * 64).sum())
 
 
 def test_workload_table():
-    table = alloc.workload_table([1, 2, 3])
+    table = allocation.workload_table([1, 2, 3])
     assert table.loc["all", "used_tokens"] == 6 and table.loc["all", "mean_tokens"] == 2.0
 
 
@@ -63,7 +65,7 @@ def test_workload_table():
 @given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=30), block_size=block_st)
 @settings(max_examples=60, deadline=None)
 def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
-    table = alloc.policy_breakdown(lengths, max_len_tokens=4096, block_size=block_size)
+    table = allocation.policy_breakdown(lengths, max_len_tokens=4096, block_size=block_size)
     n, held = len(lengths), sum(lengths)
     assert (table["tokens_held"] == held).all()
     parts = table[["tokens_held", "internal_fragmentation", "over_reservation"]].sum(axis=1)
@@ -79,19 +81,19 @@ def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
 
 def test_policy_errors():
     with pytest.raises(ValueError, match="policy='buddy' is not allowed"):
-        alloc.policy_breakdown([5], ["buddy"], max_len_tokens=10)
+        allocation.policy_breakdown([5], ["buddy"], max_len_tokens=10)
 
 
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, message", [
-    (lambda: alloc.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer >= 1"),
-    (lambda: alloc.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
-    (lambda: alloc.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
-    (lambda: alloc.allocation_table([], [16]), "lengths='0 values' is not allowed"),
-    (lambda: alloc.allocation_table([5, -3], [16]), "lengths[1]=-3 is not allowed: must be >= 1 token"),
-    (lambda: alloc.allocation_table([5, 0], [16]), "lengths[1]=0 is not allowed"),
-    (lambda: alloc.allocation_table([5.5], [16]), "lengths=dtype('float64') is not allowed: must be whole"),
-    (lambda: alloc.allocation_table([5, 5000], [16], max_len_tokens=4096),
+    (lambda: allocation.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer >= 1"),
+    (lambda: allocation.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
+    (lambda: allocation.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
+    (lambda: allocation.allocation_table([], [16]), "lengths='0 values' is not allowed"),
+    (lambda: allocation.allocation_table([5, -3], [16]), "lengths[1]=-3 is not allowed: must be >= 1 token"),
+    (lambda: allocation.allocation_table([5, 0], [16]), "lengths[1]=0 is not allowed"),
+    (lambda: allocation.allocation_table([5.5], [16]), "lengths=dtype('float64') is not allowed: must be whole"),
+    (lambda: allocation.allocation_table([5, 5000], [16], max_len_tokens=4096),
      "lengths[1]=5000 is not allowed: must be <= max_len_tokens=4096"),
     (lambda: alloc.max_num_requests(100, memory_gib=0), "memory_gib=0 is not allowed"),
     (lambda: BlockAllocator(0, 16), "num_blocks=0 is not allowed"),
@@ -202,7 +204,7 @@ def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block
 @settings(max_examples=40, deadline=None)
 def test_the_allocator_gives_exactly_the_vectorised_accounting(lengths, block_size, prompt):
     got = alloc.run_through_allocator(lengths, block_size, prompt_tokens=prompt)
-    row = alloc.allocation_table(lengths, [block_size]).iloc[0]
+    row = allocation.allocation_table(lengths, [block_size]).iloc[0]
     assert (got["reserved_tokens"], got["used_tokens"], got["wasted_tokens"]) == \
         (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"])
     assert got["num_free_blocks"] == 0
@@ -210,7 +212,7 @@ def test_the_allocator_gives_exactly_the_vectorised_accounting(lengths, block_si
 
 # ---------------------------------------------------------------- seed band
 def test_allocation_band_brackets_every_seed_median():
-    runs, band = alloc.allocation_band("article-s1", 2000, range(20), [256, 16])
+    runs, band = allocation.allocation_band("article-s1", 2000, range(20), [256, 16])
     assert len(runs) == 40 and list(band.index) == [256, 16]
     for b in (256, 16):
         values = runs.loc[runs.index == b, "waste_pct"]
@@ -224,7 +226,7 @@ def test_allocation_band_brackets_every_seed_median():
 ])
 def test_requests_that_fit_are_exact_when_the_mean_is_not_a_binary_fraction(lengths, expected):
     # The mean reserved per request (40,960 / 3) has no exact float; the floor must still land on 9, not 8.
-    assert alloc.allocation_table(lengths, [1]).loc[1, "max_num_requests"] == expected
+    assert allocation.allocation_table(lengths, [1]).loc[1, "max_num_requests"] == expected
 
 
 def test_requests_that_fit_read_decimal_memory_figures_as_written():
@@ -233,12 +235,12 @@ def test_requests_that_fit_read_decimal_memory_figures_as_written():
 
 
 def test_family_table_isolates_the_shape_of_the_distribution():
-    table = alloc.family_table(num_requests=5_000, seed=3)
-    assert list(table.index) == list(alloc.MEAN_567_FAMILIES)
+    table = allocation.family_table(num_requests=5_000, seed=3)
+    assert list(table.index) == list(allocation.MEAN_567_FAMILIES)
     assert table["mean_tokens"].between(567 * 0.97, 567 * 1.03).all()
     # reserving the maximum wastes 1 - mean / max whatever the shape
     assert np.allclose(table["waste_pct_4096"], 100 * (1 - table["mean_tokens"] / 4096))
     # every request 567 tokens long wastes 16 - 567 % 16 = 9 tokens in 16-token blocks
     assert table.loc["constant", "waste_pct_16"] == pytest.approx(100 * 9 / 576)
     with pytest.raises(ValueError, match="lengths='zipf' is not allowed"):
-        alloc.family_table({"zipf": {}})
+        allocation.family_table({"zipf": {}})

@@ -6,17 +6,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvlab import capacity, ledger
+from kvlab.core import capacity
+from kvlab.sections import capacity as section, ledger
 
 CONTEXTS = [1000, 4000, 8000, 32000, 128000]
 
 
 def test_article_kv_bytes_per_token_is_512_kib():
-    assert capacity.ARTICLE_SHAPE.kv_bytes_per_token == 524_288 == 512 * 2**10
+    assert section.ARTICLE_SHAPE.kv_bytes_per_token == 524_288 == 512 * 2**10
 
 
 def test_memory_table_prints_exactly_as_the_article():
-    table = capacity.memory_table(capacity.ARTICLE_SHAPE, CONTEXTS, [8, 32])
+    table = section.memory_table(section.ARTICLE_SHAPE, CONTEXTS, [8, 32])
     printed = ledger.as_printed(table, section=3, table="memory")
     assert printed.values.tolist() == [
         ["0.49", "3.9", "15.6"],
@@ -28,16 +29,16 @@ def test_memory_table_prints_exactly_as_the_article():
 
 
 def test_fit_table_is_the_article_table():
-    fit = capacity.fit_table(capacity.ARTICLE_SHAPE, 80, 16, CONTEXTS)
+    fit = section.fit_table(section.ARTICLE_SHAPE, 80, 16, CONTEXTS)
     assert fit["max_num_requests"].tolist() == [131, 32, 16, 4, 1]
 
 
 def test_every_section3_ledger_row_passes_with_zero_tolerance():
-    memory = capacity.memory_table(capacity.ARTICLE_SHAPE, CONTEXTS, [8, 32])
-    fit = capacity.fit_table(capacity.ARTICLE_SHAPE, 80, 16, CONTEXTS)
+    memory = section.memory_table(section.ARTICLE_SHAPE, CONTEXTS, [8, 32])
+    fit = section.fit_table(section.ARTICLE_SHAPE, 80, 16, CONTEXTS)
     import pandas as pd
 
-    model = pd.DataFrame({"kv_bytes_per_token": [capacity.ARTICLE_SHAPE.kv_bytes_per_token]}, index=["all"])
+    model = pd.DataFrame({"kv_bytes_per_token": [section.ARTICLE_SHAPE.kv_bytes_per_token]}, index=["all"])
     rows = ledger.compare([ledger.from_table(3, "memory", memory), ledger.from_table(3, "fit", fit),
                            ledger.from_table(3, "model", model)], section=3)
     assert (rows["status"] == "pass").all(), rows[rows["status"] != "pass"]
@@ -45,8 +46,8 @@ def test_every_section3_ledger_row_passes_with_zero_tolerance():
 
 
 def test_gb_and_gib_units_differ():
-    gib = capacity.capacity(capacity.ARTICLE_SHAPE, 80, 16, 1000, unit="GiB")
-    gb = capacity.capacity(capacity.ARTICLE_SHAPE, 80, 16, 1000, unit="GB")
+    gib = capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 1000, unit="GiB")
+    gb = capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 1000, unit="GB")
     assert gib["free_bytes"] == 64 * 2**30 and gb["free_bytes"] == 64 * 10**9
     assert (gib["max_num_requests"], gb["max_num_requests"]) == (131, 122)
 
@@ -70,7 +71,7 @@ def test_max_num_requests_is_the_floor(layers, heads, head_dim, dtype_bytes, con
 @given(st.lists(st.integers(1, 10**6), min_size=2, max_size=8, unique=True))
 def test_fewer_requests_fit_as_context_grows(contexts):
     contexts = sorted(contexts)
-    counts = capacity.fit_table(capacity.ARTICLE_SHAPE, 80, 16, contexts)["max_num_requests"].tolist()
+    counts = section.fit_table(section.ARTICLE_SHAPE, 80, 16, contexts)["max_num_requests"].tolist()
     assert counts == sorted(counts, reverse=True)
 
 
@@ -89,11 +90,11 @@ def test_bad_shapes_name_the_field(kwargs, message):
 
 def test_bad_budget_and_context():
     with pytest.raises(ValueError, match="gpu_memory=0 is not allowed"):
-        capacity.fit_table(capacity.ARTICLE_SHAPE, 0, 0, CONTEXTS)
+        section.fit_table(section.ARTICLE_SHAPE, 0, 0, CONTEXTS)
     with pytest.raises(ValueError, match="weights=90 is not allowed: must be below the GPU memory"):
-        capacity.fit_table(capacity.ARTICLE_SHAPE, 80, 90, CONTEXTS)
+        section.fit_table(section.ARTICLE_SHAPE, 80, 90, CONTEXTS)
     with pytest.raises(ValueError, match="context_tokens=0 is not allowed"):
-        capacity.capacity(capacity.ARTICLE_SHAPE, 80, 16, 0)
+        capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 0)
     with pytest.raises(ValueError, match="unit='TB' is not allowed"):
-        capacity.fit_table(capacity.ARTICLE_SHAPE, 80, 16, CONTEXTS, unit="TB")
-    assert math.isfinite(capacity.capacity(capacity.ARTICLE_SHAPE, 80, 16, 10**9)["max_num_requests"])
+        section.fit_table(section.ARTICLE_SHAPE, 80, 16, CONTEXTS, unit="TB")
+    assert math.isfinite(capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**9)["max_num_requests"])

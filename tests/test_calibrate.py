@@ -5,7 +5,12 @@ import sys
 import numpy as np
 import pytest
 
-from kvlab import calibrate, cli, simulator
+from kvlab import cli
+from kvlab.core import calibration as calibrate
+from kvlab.core import batching
+from kvlab.core import cost as costs
+from kvlab.workloads import synthetic
+from kvlab.sections import calibration as section
 
 HEADER = "kind,batch_size,context_tokens,prompt_tokens,value,unit\n"
 # decode step (ms) at batch 1, 4, 16 x context 1024, 4096; batch 16 x 4096 did not fit (no row)
@@ -27,18 +32,18 @@ def grid_csv(tmp_path):
 def test_the_file_reads_back_with_its_header_block(tmp_path):
     calibration = calibrate.read_calibration(grid_csv(tmp_path))
     assert calibration.name == "Test GPU" and calibration.metadata["device"] == "cuda"
-    assert calibration.kind("kv_bytes_per_token")["value"].tolist() == [524288.0]
+    assert [r["value"] for r in calibration.kind("kv_bytes_per_token")] == [524288.0]
     assert len(calibration.kind("decode_step_ms")) == len(GRID)
 
 
 @pytest.mark.parametrize("point", list(GRID))
 def test_interpolation_at_a_grid_point_is_the_measured_value(tmp_path, point):
-    cost = simulator.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=point[0])
+    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=point[0])
     assert cost.step_time_ms(point[1])[0] == GRID[point]
 
 
 def test_between_points_is_bilinear_in_log2_batch_and_context(tmp_path):
-    cost = simulator.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=2)  # halfway from 1 to 4 in log2
+    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=2)  # halfway from 1 to 4 in log2
     mid = cost.step_time_ms(2048)[0]                                           # halfway from 1024 to 4096
     assert mid == pytest.approx((10 + 12 + 11 + 16) / 4)
     inside = cost.step_time_ms(np.arange(1024, 4097, 7))
@@ -47,40 +52,40 @@ def test_between_points_is_bilinear_in_log2_batch_and_context(tmp_path):
 
 def test_outside_the_grid_clamps_or_refuses(tmp_path):
     path = grid_csv(tmp_path)
-    clamped = simulator.CalibratedCost.from_csv(path, batch_size=1)
+    clamped = costs.CalibratedCost.from_csv(path, batch_size=1)
     assert clamped.step_time_ms([10, 100_000]).tolist() == [10.0, 12.0]
-    assert simulator.CalibratedCost.from_csv(path, batch_size=64).step_time_ms(1024)[0] == 14.0
-    strict = simulator.CalibratedCost.from_csv(path, batch_size=1, outside="raise")
+    assert costs.CalibratedCost.from_csv(path, batch_size=64).step_time_ms(1024)[0] == 14.0
+    strict = costs.CalibratedCost.from_csv(path, batch_size=1, outside="raise")
     with pytest.raises(ValueError, match=r"^context_tokens=100000 is not allowed: lies outside the measured 1024..4096"):
         strict.step_time_ms([2048, 100_000])
     with pytest.raises(ValueError, match="^batch_size=64 is not allowed: lies outside"):
-        simulator.CalibratedCost.from_csv(path, batch_size=64, outside="raise").step_time_ms(2048)
+        costs.CalibratedCost.from_csv(path, batch_size=64, outside="raise").step_time_ms(2048)
 
 
 def test_a_cell_with_an_unmeasured_corner_refuses(tmp_path):
-    cost = simulator.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=16)
+    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=16)
     assert cost.step_time_ms(1024)[0] == 14.0
     with pytest.raises(ValueError, match="^context_tokens=2048 is not allowed: .*unmeasured corner"):
         cost.step_time_ms(2048)
 
 
 def test_service_time_sums_the_steps_of_a_growing_context(tmp_path):
-    cost = simulator.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4)
+    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4)
     prompt, output = np.array([1024, 3000]), np.array([3, 500])
     expected = [cost.step_time_ms(np.arange(p, p + n)).sum() / 1000 for p, n in zip(prompt, output)]
     assert cost.service_s(output, prompt) == pytest.approx(expected)
-    with_prefill = simulator.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4, include_prefill=True)
+    with_prefill = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4, include_prefill=True)
     assert with_prefill.service_s(output, prompt) == pytest.approx(np.array(expected) + 0.080)  # 1024+ tokens: 80 ms
 
 
 def test_a_flat_calibration_serves_exactly_as_the_articles_token_cost(tmp_path):
     path = write(tmp_path, "decode_step_ms,1,1024,,8,ms\ndecode_step_ms,8,1024,,8,ms\n"
                            "decode_step_ms,1,2048,,8,ms\ndecode_step_ms,8,2048,,8,ms\n")
-    workload = simulator.synthetic_workload(200, 11.0, "article", np.random.default_rng(0))
-    article = simulator.simulate(workload, "static").summary()
-    measured = simulator.simulate(workload, "static", cost=simulator.CalibratedCost.from_csv(path)).summary()
+    workload = synthetic.article_s2_workload(200, 11.0, "article", np.random.default_rng(0))
+    article = batching.simulate(workload, "static").summary()
+    measured = batching.simulate(workload, "static", cost=costs.CalibratedCost.from_csv(path)).summary()
     assert measured == pytest.approx(article, rel=1e-12)
-    slower = simulator.simulate(workload, "static", cost=simulator.TokenCost(9.0)).summary()
+    slower = batching.simulate(workload, "static", cost=costs.TokenCost(9.0)).summary()
     assert slower["mean_latency_s"] > article["mean_latency_s"]
 
 
@@ -113,16 +118,16 @@ def test_bad_columns_a_bad_header_line_and_no_decode_rows_are_one_line_errors(tm
         calibrate.read_calibration(header)
     prefill_only = write(tmp_path, "prefill_ms,1,,128,20,ms\n", "prefill.csv")
     with pytest.raises(ValueError, match="has no decode_step_ms rows"):
-        simulator.CalibratedCost.from_csv(prefill_only)
+        costs.CalibratedCost.from_csv(prefill_only)
     with pytest.raises(ValueError, match="^path='.*missing.csv' is not allowed: no such calibration file"):
         calibrate.read_calibration(tmp_path / "missing.csv")
 
 
 def test_an_empty_folder_says_no_measurement_and_how_to_make_one(tmp_path):
     assert calibrate.find_calibrations(tmp_path) == []
-    line = calibrate.status_line([], tmp_path)
+    line = section.status_line([], tmp_path)
     assert line.startswith("No GPU measurement is available yet") and "scripts/gpu_calibration.sh" in line
-    assert calibrate.step_table([]).empty
+    assert section.step_table([]).empty
 
 
 def test_the_analytic_figures_are_the_articles_shape():
@@ -131,7 +136,7 @@ def test_the_analytic_figures_are_the_articles_shape():
     bytes_read = shape.weights_bytes - 32000 * 4096 * 2 + 8 * 1001 * 2**19  # the input embedding is not read whole
     assert calibrate.decode_bound_ms(shape, 3350, 8, 1000) == pytest.approx(bytes_read / 3350e9 * 1000)
     assert 6.7e9 < shape.num_params < 6.8e9  # a Llama-2-7B-sized decoder
-    bound = calibrate.bound_table(shape, ["H100-SXM-80GB", "H200-141GB"], [1, 256], [1024, 32768])
+    bound = section.bound_table(shape, ["H100-SXM-80GB", "H200-141GB"], [1, 256], [1024, 32768])
     assert bound.loc["H100-SXM-80GB", (1, 1024)] == pytest.approx(calibrate.decode_bound_ms(shape, 3350, 1, 1024))
     assert math.isnan(bound.loc["H200-141GB", (256, 32768)])  # 4 TiB of cache: does not fit, no bound shown
     assert not math.isnan(bound.loc["H200-141GB", (256, 1024)])
@@ -153,12 +158,12 @@ def test_the_measurement_runs_on_the_cpu_with_a_tiny_shape(tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out
     calibration = calibrate.read_calibration(out)
     assert calibration.metadata["device"] == "cpu" and calibration.metadata["torch_version"]
-    assert calibration.kind("kv_bytes_per_token")["value"].tolist() == [calibrate.TINY_SHAPE.kv_bytes_per_token]
+    assert [r["value"] for r in calibration.kind("kv_bytes_per_token")] == [calibrate.TINY_SHAPE.kv_bytes_per_token]
     decode = calibration.kind("decode_step_ms")
-    assert sorted(zip(decode["batch_size"], decode["context_tokens"])) == [
+    assert sorted((r["batch_size"], r["context_tokens"]) for r in decode) == [
         (b, c) for b in calibrate.QUICK_GRID["batch_sizes"] for c in calibrate.QUICK_GRID["context_tokens"]]
-    assert calibration.kind("prefill_ms")["prompt_tokens"].tolist() == list(calibrate.QUICK_GRID["prompt_tokens"])
-    cost = simulator.CalibratedCost.from_csv(out, batch_size=2)
+    assert [r["prompt_tokens"] for r in calibration.kind("prefill_ms")] == list(calibrate.QUICK_GRID["prompt_tokens"])
+    cost = costs.CalibratedCost.from_csv(out, batch_size=2)
     assert math.isfinite(cost.service_s(np.array([10]), np.array([20]))[0])
 
 
@@ -184,11 +189,11 @@ def test_the_time_limit_skips_the_rest_of_the_grid_and_says_so():
 def test_a_bad_cost_model_setting_is_a_one_line_error(tmp_path, kwargs, message):
     path = write(tmp_path, "decode_step_ms,1,1024,,10,ms\n")
     with pytest.raises(ValueError, match=message):
-        simulator.CalibratedCost.from_csv(path, **kwargs)
+        costs.CalibratedCost.from_csv(path, **kwargs)
 
 
 def test_the_grid_must_increase_and_match_the_step_table():
     with pytest.raises(ValueError, match=r"^batch_sizes=\[4.0, 1.0\] is not allowed: must be positive and increasing"):
-        simulator.CalibratedCost(np.array([4.0, 1.0]), np.array([1024.0]), np.ones((2, 1)))
+        costs.CalibratedCost(np.array([4.0, 1.0]), np.array([1024.0]), np.ones((2, 1)))
     with pytest.raises(ValueError, match=r"^step_ms=\(1, 1\) is not allowed: must have the shape \(2, 1\)"):
-        simulator.CalibratedCost(np.array([1.0, 4.0]), np.array([1024.0]), np.ones((1, 1)))
+        costs.CalibratedCost(np.array([1.0, 4.0]), np.array([1024.0]), np.ones((1, 1)))

@@ -1,4 +1,4 @@
-"""kvlab.capacity: the article's arithmetic and vLLM's accounting for real models."""
+"""kvlab.core.capacity: the article's arithmetic and vLLM's accounting for real models."""
 from fractions import Fraction
 from math import ceil
 
@@ -6,25 +6,27 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import capacity as cap
-from kvlab import models
-from kvlab.models import ModelSpec
+from kvlab.core import capacity as cap
+from kvlab.core.config import EngineConfig
+from kvlab.sections.capacity import ARTICLE_SHAPE, fit_table
+from kvlab.core import models
+from kvlab.core.models import ModelSpec
 
 GIB = 2**30
 
 
 # ---------------------------------------------------------------- the article's figures stay as they were
 def test_article_figures_unchanged():
-    assert cap.ARTICLE_SHAPE.kv_bytes_per_token == 524288
-    fit = cap.fit_table(cap.ARTICLE_SHAPE, 80, 16, [1000, 4000, 8000, 32000, 128000])
+    assert ARTICLE_SHAPE.kv_bytes_per_token == 524288
+    fit = fit_table(ARTICLE_SHAPE, 80, 16, [1000, 4000, 8000, 32000, 128000])
     assert fit["max_num_requests"].tolist() == [131, 32, 16, 4, 1]
 
 
 # ---------------------------------------------------------------- bytes per token
 def test_gqa_needs_a_quarter_of_the_articles_bytes():
     llama3 = models.get_model("Meta-Llama-3-8B")
-    assert cap.kv_bytes_per_token(llama3) * 4 == cap.ARTICLE_SHAPE.kv_bytes_per_token
-    assert cap.kv_bytes_per_token(models.get_model("Llama-2-7b-hf")) == cap.ARTICLE_SHAPE.kv_bytes_per_token
+    assert cap.kv_bytes_per_token(llama3) * 4 == ARTICLE_SHAPE.kv_bytes_per_token
+    assert cap.kv_bytes_per_token(models.get_model("Llama-2-7b-hf")) == ARTICLE_SHAPE.kv_bytes_per_token
 
 
 @pytest.mark.parametrize("dtype,per_layer", [
@@ -39,10 +41,10 @@ def test_kv_cache_dtypes(dtype, per_layer):
 def test_mla_one_latent_not_split_by_tp():
     v3 = models.get_model("DeepSeek-V3")
     assert cap.kv_bytes_per_token(v3) == 61 * 576 * 2  # no K/V factor 2
-    assert cap.kv_bytes_per_token(v3, cap.CacheConfig(tensor_parallel_size=8)) == 61 * 576 * 2
-    assert cap.kv_bytes_per_token(v3, cap.CacheConfig(kv_cache_dtype="fp8")) == 61 * 576
+    assert cap.kv_bytes_per_token(v3, EngineConfig().replace(tensor_parallel_size=8)) == 61 * 576 * 2
+    assert cap.kv_bytes_per_token(v3, EngineConfig().replace(kv_cache_dtype="fp8")) == 61 * 576
     with pytest.raises(ValueError, match="must be fp16, bf16 or fp8 for mla"):
-        cap.kv_bytes_per_token(v3, cap.CacheConfig(kv_cache_dtype="int4"))
+        cap.kv_bytes_per_token(v3, EngineConfig().replace(kv_cache_dtype="int4"))
 
 
 def test_tensor_parallel_heads_per_gpu():
@@ -59,10 +61,10 @@ def test_tensor_parallel_heads_per_gpu():
 
 def test_pipeline_stage_with_most_layers_binds():
     llama = models.get_model("Llama-3.1-8B-Instruct")  # 32 layers: PP 3 -> 11, 11, 10
-    one = cap.vllm_capacity(llama, 10 * GIB, 8192, cap.CacheConfig(pipeline_parallel_size=3))
+    one = cap.vllm_capacity(llama, 10 * GIB, 8192, EngineConfig().replace(pipeline_parallel_size=3))
     assert one["layers_per_group"] == 11
     assert one["num_gpu_blocks"] == int(10 * GIB // (16 * 4096) // 11)
-    assert cap.kv_bytes_per_token(llama, cap.CacheConfig(pipeline_parallel_size=3)) == 11 * 4096
+    assert cap.kv_bytes_per_token(llama, EngineConfig().replace(pipeline_parallel_size=3)) == 11 * 4096
 
 
 # ---------------------------------------------------------------- blocks: equal to a simple reference
@@ -78,7 +80,7 @@ def _reference_blocks(layers, kv_heads, head_dim, dtype_bytes, block_size, avail
        available=st.integers(0, 200 * GIB), max_model_len=st.integers(1, 262144))
 def test_uniform_model_matches_reference(layers, kv, head_dim, dtype, block_size, available, max_model_len):
     spec = ModelSpec("m", layers, kv, kv, head_dim, "mha")
-    config = cap.CacheConfig(block_size=block_size, kv_cache_dtype=dtype)
+    config = EngineConfig().replace(block_size=block_size, kv_cache_dtype=dtype)
     blocks = _reference_blocks(layers, kv, head_dim, cap.KV_CACHE_DTYPE_BYTES[dtype], block_size, available)
     if blocks == 0:
         with pytest.raises(ValueError, match="fits no KV block"):
@@ -95,10 +97,10 @@ def test_uniform_model_matches_reference(layers, kv, head_dim, dtype, block_size
 @given(gib=st.floats(1, 100), tp=st.sampled_from([1, 2, 4, 8]))
 def test_fp8_and_tp_never_lose_capacity(gib, tp):
     llama70 = models.get_model("Llama-3.1-70B-Instruct")
-    base = cap.vllm_capacity(llama70, gib * GIB, 8192, cap.CacheConfig(tensor_parallel_size=tp))
-    fp8 = cap.vllm_capacity(llama70, gib * GIB, 8192, cap.CacheConfig(tensor_parallel_size=tp, kv_cache_dtype="fp8"))
+    base = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=tp))
+    fp8 = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=tp, kv_cache_dtype="fp8"))
     assert fp8["num_gpu_blocks"] >= 2 * base["num_gpu_blocks"]
-    more = cap.vllm_capacity(llama70, gib * GIB, 8192, cap.CacheConfig(tensor_parallel_size=min(8, 2 * tp)))
+    more = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=min(8, 2 * tp)))
     assert more["num_gpu_blocks"] >= base["num_gpu_blocks"]
 
 
@@ -126,7 +128,7 @@ def test_gemma3_hybrid_groups_as_vllm():
     per_request = 32768 // 16 + 6 * (ceil((1023 + 8192) / 16) + 1)
     assert result["blocks_per_request"] == per_request
     assert result["max_concurrency"] == blocks / per_request
-    flat = cap.vllm_capacity(gemma, available, 32768, cap.CacheConfig(hybrid_kv_cache=False))
+    flat = cap.vllm_capacity(gemma, available, 32768, EngineConfig().replace(hybrid_kv_cache=False))
     assert flat["num_gpu_blocks"] == int(available // page // 62) and flat["blocks_per_request"] == 2048
     assert result["max_concurrency"] > 2 * flat["max_concurrency"]  # windows pay off at long contexts
 
@@ -156,11 +158,11 @@ def test_budget_that_fits_no_block_says_how_much_more():
 
 def test_bad_cache_settings():
     with pytest.raises(ValueError, match="kv_cache_dtype='fp4' is not allowed: must be one of fp16, bf16"):
-        cap.CacheConfig(kv_cache_dtype="fp4")
+        EngineConfig().replace(kv_cache_dtype="fp4")
     with pytest.raises(ValueError, match="block_size=0 is not allowed"):
-        cap.CacheConfig(block_size=0)
+        EngineConfig().replace(block_size=0)
     with pytest.raises(ValueError, match="must be one number or one per pipeline stage"):
-        cap.vllm_capacity(models.get_model("Qwen3-14B"), [GIB, GIB, GIB], 1024, cap.CacheConfig(pipeline_parallel_size=2))
+        cap.vllm_capacity(models.get_model("Qwen3-14B"), [GIB, GIB, GIB], 1024, EngineConfig().replace(pipeline_parallel_size=2))
 
 
 def test_log_lines_use_vllms_wording():

@@ -12,8 +12,9 @@ from math import ceil
 
 import pytest
 
-from kvlab import capacity as cap
-from kvlab import models
+from kvlab.core import capacity as cap
+from kvlab.core.config import EngineConfig
+from kvlab.core import models
 
 GIB = 2**30
 
@@ -55,14 +56,14 @@ LOGS = [
 def _unit_bytes(log: VllmLog) -> int:
     """Bytes of one block over the layers that share it (vLLM's page size x layers per group)."""
     spec = models.get_model(log.model)
-    config = cap.CacheConfig(**log.config)
+    config = EngineConfig().replace(**log.config)
     probe = cap.vllm_capacity(spec, 10**15, log.max_model_len, config)
     return probe["page_size_bytes"] * probe["layers_per_group"]
 
 
 @pytest.mark.parametrize("log", LOGS, ids=lambda log: log.source.split(" ")[0])
 def test_kvlab_prints_what_vllm_printed(log):
-    spec, config = models.get_model(log.model), cap.CacheConfig(**log.config)
+    spec, config = models.get_model(log.model), EngineConfig().replace(**log.config)
     unit = _unit_bytes(log)
     budget = log.num_gpu_blocks * unit  # the smallest budget that holds exactly the logged blocks
     if log.available_gib is not None:  # 1. that budget range meets the logged GiB range
@@ -83,7 +84,7 @@ def test_deepseek_v2_lite_mla_tp2_pp2():
     --max-model-len 1024: ranks 0-1 'Available KV cache memory: 12.13 GiB', ranks 2-3 '11.33 GiB',
     'GPU KV cache size: 807,792 tokens', 'Maximum concurrency for 1,024 tokens per request: 788.86x'."""
     spec = models.get_model("deepseek-ai/DeepSeek-V2-Lite")
-    config = cap.CacheConfig(tensor_parallel_size=2, pipeline_parallel_size=2)
+    config = EngineConfig().replace(tensor_parallel_size=2, pipeline_parallel_size=2)
     # MLA: 512 + 64 values x 2 B per token and layer, not split by TP; stage 0 holds 14 of 27 layers
     assert cap.page_size_bytes(spec, config) == 16 * 576 * 2
     unit = 16 * 576 * 2 * 14
@@ -115,4 +116,4 @@ def test_budget_llama_3_1_8b_rtx_3090(peak_torch_gib, printed):
     available = cap.available_kv_cache_bytes(23.58, weights, 0.90, peak_torch_gib - weights, 0.35)
     assert f"{available / GIB:.2f}" == printed
     gpu = models.get_gpu("RTX-3090-24GB")
-    assert gpu["memory_gib"] == 23.58
+    assert gpu.memory_gib == 23.58

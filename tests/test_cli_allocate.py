@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvlab import allocator, workloads
+from kvlab import workloads
+from kvlab.sections import allocation as allocator
 from kvlab.cli import main
 
 JSON_KEYS = {"reserved_tokens", "used_tokens", "wasted_tokens", "waste_pct", "max_num_requests"}

@@ -1,4 +1,4 @@
-"""`kvlab simulate`: the command line over kvlab.simulator."""
+"""`kvlab simulate`: the command line over kvlab.core.batching."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from kvlab import cli, simulator
+from kvlab import cli
+from kvlab.core import batching as simulator
+from kvlab.workloads import synthetic
 
 KEYS = ["num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s", "mean_queue_s", "makespan_s",
         "throughput_rps", "busy_slot_s", "idle_share"]
@@ -22,7 +24,7 @@ def test_json_has_the_issue_keys_and_the_librarys_numbers(capsys, policy):
     out = run_json(capsys, "--policy", policy, "--slots", "8", "--ms-per-token", "8", "--num-requests", "600",
                    "--arrival-rate", "11", "--lengths", "article", "--seed", "0")
     assert list(out) == KEYS
-    workload = simulator.synthetic_workload(600, 11.0, "article", np.random.default_rng(0))
+    workload = synthetic.article_s2_workload(600, 11.0, "article", np.random.default_rng(0))
     assert out == pytest.approx(simulator.simulate(workload, policy).summary())
 
 
@@ -38,7 +40,7 @@ def test_text_output_names_units(capsys):
     assert cli.main(["simulate", "--policy", "static", "--num-requests", "100"]) == 0
     out = capsys.readouterr().out
     assert "static, 8 slots, 8 ms per output token" in out
-    summary = simulator.simulate(simulator.synthetic_workload(100, 11.0, "article", np.random.default_rng(0)),
+    summary = simulator.simulate(synthetic.article_s2_workload(100, 11.0, "article", np.random.default_rng(0)),
                                  "static").summary()
     assert f"mean {summary['mean_latency_s']:,.2f} s" in out
     assert f"{100 * summary['idle_share']:.1f}% idle" in out

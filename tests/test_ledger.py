@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED
-from kvlab import ledger
+from kvlab.sections import ledger
 
 
 @pytest.mark.parametrize("value, decimals, printed", [

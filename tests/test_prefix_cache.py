@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import prefix_cache, traces
+from kvlab.core import prefix_cache
+from kvlab.sections import traces as section
+from kvlab.workloads import traces
 from kvlab.workloads import Workload
 
 
@@ -81,13 +83,13 @@ def test_hand_worked_example():
 
 def test_hit_rate_curve_table():
     w = workload([[0, 1], [0, 2], [0, 1]], prompts=[600, 1024, 600])
-    curve = prefix_cache.hit_rate_curve(w, [2, 1, 2])
+    curve = section.hit_rate_curve(w, [2, 1, 2])
     assert curve.index.tolist() == [1, 2, "unbounded"]
     assert curve["cache_tokens"].tolist() == [512, 1024, 3 * 512]
     assert curve["hit_rate_pct"].tolist() == [33.33, 33.33, 50.0]
     assert curve["prefill_tokens_saved"].tolist() == [1024, 1024, 1112]
     assert curve.loc["unbounded", "prefill_saved_pct"] == 50.0
-    with_gib = prefix_cache.hit_rate_curve(w, [1, 2], kv_bytes_per_token=2**20)  # 1 MiB per token
+    with_gib = section.hit_rate_curve(w, [1, 2], kv_bytes_per_token=2**20)  # 1 MiB per token
     assert with_gib["cache_gib"].tolist() == [0.5, 1.0, 1.5]
     assert with_gib.columns.tolist() == ["cache_tokens", "cache_gib", "hit_rate_pct", "prefill_tokens_saved",
                                          "prefill_saved_pct"]
@@ -95,9 +97,9 @@ def test_hit_rate_curve_table():
 
 @pytest.mark.parametrize("call, message", [
     (lambda w: prefix_cache.replay(w, 0), "num_cache_blocks=0 is not allowed: must be an integer >= 1"),
-    (lambda w: prefix_cache.hit_rate_curve(w, []), "cache_sizes_blocks=[] is not allowed: must not be empty"),
-    (lambda w: prefix_cache.hit_rate_curve(w, [4, -1]), "cache_sizes_blocks=-1 is not allowed: must be an integer >= 1"),
-    (lambda w: prefix_cache.hit_rate_curve(w, [4], 0.5), "kv_bytes_per_token=0.5 is not allowed: must be an integer >= 1"),
+    (lambda w: section.hit_rate_curve(w, []), "cache_sizes_blocks=[] is not allowed: must not be empty"),
+    (lambda w: section.hit_rate_curve(w, [4, -1]), "cache_sizes_blocks=-1 is not allowed: must be an integer >= 1"),
+    (lambda w: section.hit_rate_curve(w, [4], 0.5), "kv_bytes_per_token=0.5 is not allowed: must be an integer >= 1"),
 ])
 def test_bad_parameters(call, message):
     with pytest.raises(ValueError) as err:

@@ -6,7 +6,10 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from kvlab import ledger, report
+from kvlab import report
+import kvlab.report.build as report_build
+import kvlab.report.params as report_params
+from kvlab.sections import ledger
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -27,18 +30,18 @@ def _params(tmp_path, text):
     ("", ["GPU_MEMORY_GIB"], "must look like NOTEBOOK.NAME=VALUE or NAME=VALUE"),
 ])
 def test_bad_parameters_fail_before_any_notebook_runs(tmp_path, text, overrides, message):
-    with pytest.raises(report.ReportError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        report.load_params(_params(tmp_path, text), overrides, NOTEBOOKS)
+    with pytest.raises(report_params.ReportError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        report_params.load_params(_params(tmp_path, text), overrides, NOTEBOOKS)
 
 
 def test_overrides_reach_the_right_notebook(tmp_path):
-    params = report.load_params(_params(tmp_path, "03_capacity:\n  WEIGHTS_GIB: 16\n"),
+    params = report_params.load_params(_params(tmp_path, "03_capacity:\n  WEIGHTS_GIB: 16\n"),
                                 ["03_capacity.GPU_MEMORY_GIB=141", "WEIGHTS_GIB=20"], NOTEBOOKS)
     assert params["03_capacity"] == {"WEIGHTS_GIB": 20, "GPU_MEMORY_GIB": 141}
 
 
 def test_the_committed_params_file_is_valid():
-    params = report.load_params(ROOT / "params.yaml", [], NOTEBOOKS)
+    params = report_params.load_params(ROOT / "params.yaml", [], NOTEBOOKS)
     assert set(params) == {nb.stem for nb in NOTEBOOKS}
 
 
@@ -60,8 +63,8 @@ def test_a_failing_notebook_leaves_the_previous_report(tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "index.html").write_text("the previous report")
-    with pytest.raises(report.ReportError) as error:
-        report.build(_params(tmp_path, ""), [], out, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
+    with pytest.raises(report_params.ReportError) as error:
+        report_build.build(_params(tmp_path, ""), [], out, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
     assert str(error.value) == "notebook 02_bad.ipynb failed in cell 2: ValueError: X=1 is not allowed: must be 2"
     assert (out / "index.html").read_text() == "the previous report"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks", "params.yaml", "report"]
@@ -74,7 +77,7 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "stale.html").write_text("old")
-    report.build(_params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True,
+    report_build.build(_params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True,
                  log=lambda *a, **k: None)
     assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "notebooks", "report.pdf"]
     index = (out / "index.html").read_text()
@@ -86,7 +89,7 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
 
 def test_index_lists_every_ledger_row():
     rows = ledger.collect([])
-    page = report.render_index([], rows, report.provenance(), {})
+    page = report_build.render_index([], rows, report_build.provenance(), {})
     assert f"0 of {len(rows)} published figures reproduced" in page
     for _, r in rows.iterrows():
         assert f"<td>{r['table']}</td><td>{r['row']}</td><td>{r['column']}</td>" in page
@@ -107,7 +110,7 @@ def test_two_builds_give_identical_numbers(tmp_path):
     params = _params(tmp_path, yaml.safe_dump(only_03))
     builds = []
     for name in ("a", "b"):
-        out = report.build(params, [], tmp_path / name, notebook_dir=notebooks, pdf=False,
+        out = report_build.build(params, [], tmp_path / name, notebook_dir=notebooks, pdf=False,
                            log=lambda *a, **k: None)
         builds.append(out)
     a, b = builds
@@ -123,7 +126,7 @@ def test_papermill_sees_every_parameter(notebook):
     nb = nbformat.read(notebook, as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     names = {line.split("=")[0].strip() for line in cell.source.splitlines() if line[:1].isupper() and "=" in line}
-    assert set(report.notebook_parameters(notebook)) == names
+    assert set(report_params.notebook_parameters(notebook)) == names
 
 
 @pytest.mark.parametrize("override, message", [
@@ -135,23 +138,23 @@ def test_papermill_sees_every_parameter(notebook):
     ("03_capacity.GPU_MEMORY_UTILIZATION=1.5", "GPU_MEMORY_UTILIZATION=1.5 is not allowed: must be a number in (0, 1]"),
 ])
 def test_semantic_rules_name_the_parameter(override, message):
-    with pytest.raises(report.ReportError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
-        report.load_params(ROOT / "params.yaml", [override], NOTEBOOKS)
+    with pytest.raises(report_params.ReportError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+        report_params.load_params(ROOT / "params.yaml", [override], NOTEBOOKS)
 
 
 def test_index_says_whether_traces_were_available(tmp_path):
     rows = ledger.collect([])
-    absent = report.render_index([], rows, report.provenance(), {}, report._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}))
+    absent = report_build.render_index([], rows, report_build.provenance(), {}, report_build._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}))
     assert "Real request traces were not available" in absent and "set TRACE_DIR or run make traces" in absent
 
 
 def test_every_parameter_rule_names_a_real_parameter():
-    for stem, rules in report.PARAM_RULES.items():
-        declared = report.notebook_parameters(ROOT / "notebooks" / f"{stem}.ipynb")
+    for stem, rules in report_params.PARAM_RULES.items():
+        declared = report_params.notebook_parameters(ROOT / "notebooks" / f"{stem}.ipynb")
         assert set(rules) <= set(declared), (stem, set(rules) - set(declared))
 
 
 def test_trace_parameter_is_checked():
-    with pytest.raises(report.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"):
-        report.load_params(ROOT / "params.yaml", ["TRACE=azur"], NOTEBOOKS)
-    assert report.load_params(ROOT / "params.yaml", ["TRACE="], NOTEBOOKS)["01_allocation"]["TRACE"] == ""
+    with pytest.raises(report_params.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"):
+        report_params.load_params(ROOT / "params.yaml", ["TRACE=azur"], NOTEBOOKS)
+    assert report_params.load_params(ROOT / "params.yaml", ["TRACE="], NOTEBOOKS)["01_allocation"]["TRACE"] == ""

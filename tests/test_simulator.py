@@ -1,11 +1,15 @@
-"""kvlab.simulator: the event-driven batching model against the per-step loop and by hand."""
+"""kvlab.core.batching: the event-driven batching model against the per-step loop and by hand."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stepwise
-from kvlab import simulator, workloads
+from kvlab import workloads
+from kvlab.core import batching as simulator
+from kvlab.core import cost
+from kvlab.sections import batching as section
+from kvlab.workloads import synthetic
 from kvlab.workloads import Workload
 
 
@@ -16,7 +20,7 @@ def workload(arrival_s, output_tokens):
 # ---------------------------------------------------------------- by hand
 def test_continuous_by_hand():
     # 2 slots, 1 s per token: r2 takes the slot r1 frees at 1 s; r3 waits for a slot until 3 s
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, ms_per_token=1000)
+    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, cost=cost.TokenCost(1000))
     assert result.start_s.tolist() == [0, 0, 1, 3]
     assert result.finish_s.tolist() == [3, 1, 3, 4]
     assert result.latency_s.tolist() == [3, 1, 3, 3]
@@ -24,7 +28,7 @@ def test_continuous_by_hand():
 
 def test_static_by_hand():
     # the first batch takes the first 2 of 3 arrived; r1 (1 token) holds its slot until r0's 3 tokens are done
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, ms_per_token=1000)
+    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, cost=cost.TokenCost(1000))
     assert result.start_s.tolist() == [0, 0, 3, 3]
     assert result.done_s.tolist() == [3, 1, 5, 4]
     assert result.finish_s.tolist() == [3, 3, 5, 5]
@@ -51,7 +55,7 @@ def test_a_policy_object_plugs_in():
         def schedule(self, arrival_s, service_s, max_num_seqs):
             return simulator.Schedule(arrival_s, arrival_s + service_s, np.arange(len(arrival_s)))
 
-    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), ms_per_token=1000)
+    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), cost=cost.TokenCost(1000))
     assert result.policy == "unbounded" and result.latency_s.tolist() == [2, 1, 1]
     with pytest.raises(ValueError, match="^policy=3 is not allowed"):
         simulator.simulate(workload([0], [1]), 3)
@@ -59,13 +63,13 @@ def test_a_policy_object_plugs_in():
 
 def test_static_batch_waits_for_next_arrival_when_none_is_waiting():
     # idle gap: nothing waits at 2 s, so the next batch starts at 10 s with the two that arrived by then
-    result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, ms_per_token=1000)
+    result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, cost=cost.TokenCost(1000))
     assert result.start_s.tolist() == [0, 10, 10, 11]
     assert result.finish_s.tolist() == [2, 11, 11, 12]
 
 
 def test_summary_p95_is_numpys_linear_percentile_and_makespan_starts_at_first_arrival():
-    result = simulator.simulate(workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, ms_per_token=500)
+    result = simulator.simulate(workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, cost=cost.TokenCost(500))
     summary = result.summary()
     assert summary["p95_latency_s"] == pytest.approx(np.percentile([0.5, 1.0, 2.0], 95))
     assert summary["makespan_s"] == pytest.approx(8.0 - 5.0)
@@ -95,7 +99,7 @@ def small_workloads(draw):
 @given(w=small_workloads(), policy=st.sampled_from(["static", "continuous"]), slots=st.integers(1, 4),
        ms_per_token=st.sampled_from([125, 250, 500, 1000, 2000]))
 def test_event_driven_equals_the_per_step_loop(w, policy, slots, ms_per_token):
-    fast = simulator.simulate(w, policy, max_num_seqs=slots, ms_per_token=ms_per_token)
+    fast = simulator.simulate(w, policy, max_num_seqs=slots, cost=cost.TokenCost(ms_per_token))
     slow = stepwise.simulate_stepwise(w.arrival_s, w.output_tokens, policy, slots, ms_per_token)
     np.testing.assert_array_equal(fast.start_s, slow["start_s"])
     np.testing.assert_array_equal(fast.finish_s, slow["finish_s"])
@@ -104,7 +108,7 @@ def test_event_driven_equals_the_per_step_loop(w, policy, slots, ms_per_token):
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_event_driven_matches_the_per_step_loop_on_the_article_workload(policy):
     # non-dyadic times (8 ms tokens, Poisson arrivals): equal up to the rounding of repeated additions
-    w = simulator.synthetic_workload(300, 11.0, "article", np.random.default_rng(3))
+    w = synthetic.article_s2_workload(300, 11.0, "article", np.random.default_rng(3))
     fast = simulator.simulate(w, policy)
     slow = stepwise.simulate_stepwise(w.arrival_s, w.output_tokens, policy, 8, 8.0)
     np.testing.assert_allclose(fast.start_s, slow["start_s"], rtol=0, atol=1e-6)
@@ -114,7 +118,7 @@ def test_event_driven_matches_the_per_step_loop_on_the_article_workload(policy):
 @settings(max_examples=150, deadline=None)
 @given(w=small_workloads(), policy=st.sampled_from(["static", "continuous"]), slots=st.integers(1, 5))
 def test_schedule_invariants(w, policy, slots):
-    r = simulator.simulate(w, policy, max_num_seqs=slots, ms_per_token=250)
+    r = simulator.simulate(w, policy, max_num_seqs=slots, cost=cost.TokenCost(250))
     service = w.output_tokens * 0.25
     assert np.all(r.start_s >= r.arrival_s)
     assert np.all(np.diff(r.start_s) >= 0)  # first come, first served
@@ -134,8 +138,8 @@ def test_schedule_invariants(w, policy, slots):
 @settings(max_examples=100, deadline=None)
 @given(w=small_workloads(), slots=st.integers(1, 5))
 def test_continuous_never_waits_longer_than_static(w, slots):
-    static = simulator.simulate(w, "static", max_num_seqs=slots, ms_per_token=250)
-    continuous = simulator.simulate(w, "continuous", max_num_seqs=slots, ms_per_token=250)
+    static = simulator.simulate(w, "static", max_num_seqs=slots, cost=cost.TokenCost(250))
+    continuous = simulator.simulate(w, "continuous", max_num_seqs=slots, cost=cost.TokenCost(250))
     assert np.all(continuous.start_s <= static.start_s)
 
 
@@ -157,29 +161,29 @@ def test_gamma_lengths_have_the_asked_mean_and_spread():
 
 
 def test_same_seed_same_figures():
-    a = simulator.seed_runs(3, first_seed=5)
-    b = simulator.seed_runs(3, first_seed=5)
+    a = section.seed_runs(section.Experiment(), 3, first_seed=5)
+    b = section.seed_runs(section.Experiment(), 3, first_seed=5)
     assert a.equals(b)
 
 
 def test_band_table_band_percentile_and_ledger_rows():
-    runs = simulator.seed_runs(20, num_requests=100)
-    bands = simulator.band_table(runs, "mixed")
+    runs = section.seed_runs(section.Experiment(num_requests=100), 20)
+    bands = section.band_table(runs, "mixed")
     static = runs.loc[runs["policy"] == "static", "mean_latency_s"].to_numpy()
     row = bands.loc[("static", "mean_latency_s")]
     assert (row["band_low"], row["band_high"]) == tuple(np.percentile(static, [5, 95]))
     assert row["article"] == 151.36 and row["median"] == np.median(static)
     assert row["article_percentile"] == 100 * np.mean(static <= 151.36)
     assert row["inside"] == (row["band_low"] <= 151.36 <= row["band_high"])
-    rows = simulator.ledger_rows(bands, "mixed")
+    rows = section.ledger_rows(bands, "mixed")
     assert len(rows) == 10 and set(rows["row"]) == {"static", "continuous"}
     first = rows.set_index(["row", "column"]).loc[("static", "mean_latency_s")]
     assert (first["band_low"], first["band_high"], first["reproduced"]) == (row["band_low"], row["band_high"], row["median"])
 
 
 def test_ratio_runs_are_static_over_continuous_per_seed():
-    runs = simulator.seed_runs(3, num_requests=50)
-    ratio = simulator.ratio_runs(runs)
+    runs = section.seed_runs(section.Experiment(num_requests=50), 3)
+    ratio = section.ratio_runs(runs)
     static = runs[runs["policy"] == "static"].set_index("seed")["mean_latency_s"]
     continuous = runs[runs["policy"] == "continuous"].set_index("seed")["mean_latency_s"]
     np.testing.assert_allclose(ratio.set_index("seed")["mean_latency_ratio"], static / continuous)
@@ -187,16 +191,16 @@ def test_ratio_runs_are_static_over_continuous_per_seed():
 
 
 def test_article_tables_are_the_ledgers():
-    assert simulator.article_table("equal150").loc["static", "makespan_s"] == 91.0
-    assert list(simulator.article_table("slots").columns) == ["busy_slot_s", "idle_pct"]
+    assert section.article_table("equal150").loc["static", "makespan_s"] == 91.0
+    assert list(section.article_table("slots").columns) == ["busy_slot_s", "idle_pct"]
     with pytest.raises(ValueError, match="^table='nope' is not allowed"):
-        simulator.article_table("nope")
+        section.article_table("nope")
     with pytest.raises(ValueError, match="^low_pct=95.0 is not allowed"):
-        simulator.band_table(simulator.seed_runs(2, num_requests=10), "mixed", low_pct=95, high_pct=5)
+        section.band_table(section.seed_runs(section.Experiment(num_requests=10), 2), "mixed", low_pct=95, high_pct=5)
 
 
 def test_variance_sweep_opens_the_gap():
-    sweep = simulator.variance_sweep([0.0, 1.5], 2, num_requests=200)
+    sweep = section.variance_sweep(section.Experiment(num_requests=200), [0.0, 1.5], 2)
     assert sweep.loc["gamma cv=0", "ratio"] < 1.2
     assert sweep.loc["gamma cv=1.5", "ratio"] > 2
     assert list(sweep.index) == ["gamma cv=0", "gamma cv=1.5", "article mix"]
@@ -206,19 +210,17 @@ def test_variance_sweep_opens_the_gap():
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_num_seqs": 0}, "max_num_seqs=0 is not allowed: must be an integer >= 1"),
     ({"max_num_seqs": -3}, "max_num_seqs=-3 is not allowed"),
-    ({"ms_per_token": 0}, "ms_per_token=0 is not allowed: must be a finite number > 0"),
-    ({"ms_per_token": -8.0}, "ms_per_token=-8.0 is not allowed"),
     ({"policy": "greedy"}, "policy='greedy' is not allowed: must be one of static, continuous"),
 ])
-def test_bad_parameters_name_themselves(kwargs, message):
+def test_bad_parameters_name_themselves(kwargs, message):  # a bad ms_per_token: TokenCost's own check
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         simulator.simulate(workload([0], [1]), **kwargs)
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: simulator.synthetic_workload(10, 0, "article", np.random.default_rng(0)), "arrival_rate=0"),
-    (lambda: simulator.synthetic_workload(10, 11, "zipf", np.random.default_rng(0)), "lengths='zipf'"),
-    (lambda: simulator.synthetic_workload(0, 11, "article", np.random.default_rng(0)), "num_requests=0"),
+    (lambda: synthetic.article_s2_workload(10, 0, "article", np.random.default_rng(0)), "arrival_rate=0"),
+    (lambda: synthetic.article_s2_workload(10, 11, "zipf", np.random.default_rng(0)), "lengths='zipf'"),
+    (lambda: synthetic.article_s2_workload(0, 11, "article", np.random.default_rng(0)), "num_requests=0"),
     (lambda: workloads.sample_lengths("constant", 3, np.random.default_rng(0), tokens=0), "tokens=0"),
     (lambda: workload([0, 1], [5, 0]), r"output_tokens\[1\]=0"),
     (lambda: workload([], []), "num_requests=0"),
@@ -228,10 +230,8 @@ def test_bad_workloads_name_the_parameter(call, message):
         call()
 
 
-def test_a_cost_model_and_ms_per_token_are_not_both_given():
+def test_the_cost_model_sets_the_service_time():
     w = workload([0, 1], [5, 3])
-    with pytest.raises(ValueError, match=r"^ms_per_token=4 is not allowed: must be left out when a cost model is given"):
-        simulator.simulate(w, "static", ms_per_token=4, cost=simulator.TokenCost(4))
-    by_cost = simulator.simulate(w, "static", cost=simulator.TokenCost(4)).summary()
-    by_ms = simulator.simulate(w, "static", ms_per_token=4).summary()
-    assert by_cost == by_ms and by_cost["busy_slot_s"] == pytest.approx(8 * 0.004)
+    by_cost = simulator.simulate(w, "static", cost=cost.TokenCost(4)).summary()
+    assert by_cost["busy_slot_s"] == pytest.approx(8 * 0.004)
+    assert simulator.simulate(w, "static").summary() == simulator.simulate(w, "static", cost=cost.TokenCost(8.0)).summary()

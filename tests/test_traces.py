@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab import traces
+from kvlab import cli
+from kvlab.core.cost import TokenCost
+from kvlab.sections import allocation as allocation_section
+from kvlab.sections import batching as batching_section
+from kvlab.sections import traces as section
+from kvlab.sections.batching import Experiment
+from kvlab.workloads import download, traces
 from kvlab.workloads import poisson_arrivals
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
@@ -257,22 +263,22 @@ def test_summary_tables_and_arrival_rate(tmp_path):
     path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150), moon(0, 300, 300), moon(30_000, 5000, 500),
                                                  moon(90_000, 700, 1200)]))
     w = traces.load_trace(path).workload
-    table = traces.summary_table({"m": w})
+    table = section.summary_table({"m": w})
     assert table.loc["m", "requests"] == 4 and table.loc["m", "duration_s"] == 90.0
     assert table.loc["m", "rate_per_s"] == round(4 / 90, 2) and table.loc["m", "prompt_max_tokens"] == 5000
     assert table.loc["m", "output_mean_tokens"] == 537.5
     gaps = np.array([0, 30, 60.0])
     assert table.loc["m", "interarrival_cv"] == round(gaps.std() / gaps.mean(), 2)
-    cmp = traces.article_comparison({"m": w})
+    cmp = section.article_comparison({"m": w})
     assert cmp.index.tolist() == ["article (assumed)", "m"]
     assert cmp.loc["m", "over_4096_tokens_pct"] == 25.0 and cmp.loc["m", "output_40_200_pct"] == 25.0
     assert cmp.loc["m", "output_400_1000_pct"] == 25.0 and cmp.loc["m", "mean_tokens_per_request"] == 2062.5
-    rate = traces.arrival_rate(w, window_s=30.0)  # the trace ends at 90 s: three whole windows
+    rate = section.arrival_rate(w, window_s=30.0)  # the trace ends at 90 s: three whole windows
     assert rate.index.tolist() == [0.0, 0.5, 1.0] and rate.tolist() == [2 / 30, 1 / 30, 0.0]
-    assert traces.arrival_rate(w, window_s=40.0).tolist() == [3 / 40, 0.0]  # 80-120 s is cut short
-    assert traces.arrival_rate(w, window_s=600.0).tolist() == [4 / 600]  # the only window is kept
+    assert section.arrival_rate(w, window_s=40.0).tolist() == [3 / 40, 0.0]  # 80-120 s is cut short
+    assert section.arrival_rate(w, window_s=600.0).tolist() == [4 / 600]  # the only window is kept
     with pytest.raises(ValueError, match=r"^window_s=0 is not allowed"):
-        traces.arrival_rate(w, window_s=0)
+        section.arrival_rate(w, window_s=0)
 
 
 # ---------------------------------------------------------------------------------- where the files are
@@ -319,34 +325,34 @@ def local_manifest(tmp_path, payload: bytes, sha: str | None = None):
 def test_download_fetches_and_checks_the_hash(tmp_path, monkeypatch):
     manifest = local_manifest(tmp_path, b"TIMESTAMP,ContextTokens,GeneratedTokens\r\n")
     dest = tmp_path / "dest"
-    report = traces.download(dest, manifest)
+    report = download.download(dest, manifest)
     assert (dest / "tiny.csv").read_bytes() == b"TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
     assert report == [f"tiny: downloaded {dest / 'tiny.csv'} (41 bytes), sha256 ok"]
     assert sorted(p.name for p in dest.iterdir()) == ["tiny.csv"]
 
     def no_fetch(url, path):
         raise AssertionError("a file with the right hash must not be fetched again")
-    assert traces.download(dest, manifest, fetch=no_fetch) == [f"tiny: {dest / 'tiny.csv'} already present, sha256 ok"]
+    assert download.download(dest, manifest, fetch=no_fetch) == [f"tiny: {dest / 'tiny.csv'} already present, sha256 ok"]
 
 
 def test_download_refuses_a_wrong_hash_and_leaves_nothing(tmp_path, capsys):
     manifest = local_manifest(tmp_path, b"tampered", sha="0" * 64)
     dest = tmp_path / "dest"
     with pytest.raises(ValueError) as err:
-        traces.download(dest, manifest)
+        download.download(dest, manifest)
     got = hashlib.sha256(b"tampered").hexdigest()
     assert str(err.value) == (f"{(tmp_path / 'source.csv').as_uri()}: sha256 {got} is not the manifest's "
                               f"{'0' * 64} for tiny; nothing was written")
     assert list(dest.iterdir()) == []
-    assert traces.main(["download", "--dest", str(dest), "--manifest", str(manifest)]) == 1
+    assert cli.main(["traces", "download", "--dest", str(dest), "--manifest", str(manifest)]) == 2
     err_text = capsys.readouterr().err
-    assert err_text.startswith("error: file://") and err_text.count("\n") == 1
+    assert err_text.startswith("kvlab traces: error: file://") and err_text.count("\n") == 1
 
 
 def test_download_cli_unknown_trace(tmp_path, capsys):
     manifest = local_manifest(tmp_path, b"x")
-    assert traces.main(["download", "--dest", str(tmp_path / "d"), "--manifest", str(manifest), "--trace", "big"]) == 1
-    assert capsys.readouterr().err == "error: trace='big' is not allowed: must be one of tiny\n"
+    assert cli.main(["traces", "download", "--dest", str(tmp_path / "d"), "--manifest", str(manifest), "--trace", "big"]) == 2
+    assert capsys.readouterr().err == "kvlab traces: error: --trace='big' is not allowed: must be one of tiny\n"
 
 
 # ---------------------------------------------------------------------------------- the real files
@@ -361,7 +367,7 @@ def test_real_files_match_the_manifest_hashes():
     for name, entry in traces.read_manifest().items():
         path = traces.trace_path(name)
         assert path.stat().st_size == entry["bytes"]
-        assert traces.sha256_of(path) == entry["sha256"], name
+        assert download.sha256_of(path) == entry["sha256"], name
 
 
 @real
@@ -386,7 +392,8 @@ def test_real_files_load_clean(name):
 
 
 def test_trace_figures_draw_one_curve_per_trace(tmp_path):
-    from kvlab import plots, prefix_cache
+    from kvlab.core import prefix_cache
+    from kvlab.sections import plots
 
     path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]),
                                                  moon(5000, 700, 1200, [0, 1]), moon(9000, 80, 3, [0])]))
@@ -400,20 +407,20 @@ def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     assert np.array_equal(w.total_tokens, w.prompt_tokens + w.output_tokens) and len(ax.lines) == 2
     ax = plots.interarrival_cdfs({"a": w}).axes[0]
     assert ax.get_legend().get_texts()[-1].get_text() == "Poisson arrivals (exponential gaps)"
-    ax = plots.arrival_rates({"a": traces.arrival_rate(w, 3.0)}).axes[0]
+    ax = plots.arrival_rates({"a": section.arrival_rate(w, 3.0)}).axes[0]
     assert ax.get_ylabel() == "arrival rate (requests/s)" and len(ax.lines) == 1
-    ax = plots.prefix_hit_rate(prefix_cache.hit_rate_curve(w, [1, 2])).axes[0]
+    ax = plots.prefix_hit_rate(section.hit_rate_curve(w, [1, 2])).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "block hit rate", "block hit rate, unbounded cache (66.7%)",  # 4 of 6 blocks
         "prefill tokens saved", "prefill tokens saved, unbounded cache (87.3%)"]  # 1,292 of 1,480
 
 
-def test_download_command_as_make_traces_runs_it(tmp_path):
+def test_download_command_as_make_traces_runs_it(tmp_path):  # make traces: kvlab traces download
     import subprocess
     import sys
 
     manifest = local_manifest(tmp_path, b"num_prefill_tokens,num_decode_tokens\n1,2\n")
-    run = subprocess.run([sys.executable, "-m", "kvlab.traces", "download", "--dest", str(tmp_path / "d"),
+    run = subprocess.run([sys.executable, "-m", "kvlab", "traces", "download", "--dest", str(tmp_path / "d"),
                           "--manifest", str(manifest)], capture_output=True, text=True, timeout=60)
     assert (run.returncode, run.stderr) == (0, "")
     assert run.stdout == f"tiny: downloaded {tmp_path / 'd' / 'tiny.csv'} (41 bytes), sha256 ok\n"
@@ -448,55 +455,55 @@ def test_request_lengths_are_prompt_plus_output_and_too_long_ones_an_error_or_dr
 
 def test_open_trace_loads_a_window_or_says_plainly_why_not(tmp_path):
     folder = trace_folder(tmp_path, AZURE_ROWS)
-    trace = traces.open_trace("azure", folder, max_requests=2)
+    trace = section.open_trace("azure", folder, max_requests=2)
     assert trace.available and trace.load.workload.num_requests == 2
     assert trace.note == "The azure trace: the first 2 requests, over 1.5 s of its own timestamps."
     assert set(trace.with_others({"article": 1})) == {"article", "azure"}
-    absent = traces.open_trace("mooncake", folder)
+    absent = section.open_trace("mooncake", folder)
     assert not absent.available and absent.with_others({"article": 1}) == {"article": 1}
     assert absent.note.startswith("The mooncake trace is not available (mooncake_conversation_trace.jsonl is not "
                                   "in the trace folder") and str(tmp_path) not in absent.note
-    assert traces.open_trace("", folder).note.startswith("No real trace chosen")
+    assert section.open_trace("", folder).note.startswith("No real trace chosen")
     with pytest.raises(ValueError, match="trace='kimi' is not allowed"):
-        traces.open_trace("kimi", folder)
+        section.open_trace("kimi", folder)
 
 
 def test_open_trace_gives_sharegpt_seeded_poisson_arrivals(tmp_path):
     folder = tmp_path / "traces"
     folder.mkdir()
     (folder / traces.read_manifest()["sharegpt"]["file"]).write_text(SHAREGPT_HEADER + "\n1,2,3,0.5\n4,5,9,0.8\n7,1,8,7\n")
-    trace = traces.open_trace("sharegpt", folder, arrival_rate_per_s=2.0, seed=5)
+    trace = section.open_trace("sharegpt", folder, arrival_rate_per_s=2.0, seed=5)
     expected = poisson_arrivals(3, 2.0, np.random.default_rng(5))
     assert np.array_equal(trace.load.workload.arrival_s, expected)
     assert "Poisson arrivals at 2 requests/s (seed 5" in trace.note
 
 
 def test_trace_tables_for_the_notebooks_and_their_empty_forms(tmp_path):
-    trace = traces.open_trace("azure", trace_folder(tmp_path, AZURE_ROWS))
-    table = traces.trace_allocation_table(trace, [1024, 16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    trace = section.open_trace("azure", trace_folder(tmp_path, AZURE_ROWS))
+    table = allocation_section.trace_allocation_table(trace, [1024, 16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
     assert table.loc[1024, "reserved_tokens"] == 2048 and table.loc[16, "reserved_tokens"] == 432 + 336
     assert table.loc[16, "used_tokens"] == 748 and (table["dropped_over_max_len"] == 1).all()
     assert (table["num_requests"] == 2).all()
-    comparison = traces.trace_policy_comparison(trace, max_num_seqs=1, ms_per_token=10)
+    comparison = batching_section.trace_policy_comparison(trace, Experiment(max_num_seqs=1, cost=TokenCost(10)))
     # one slot: 0.44 s from 0 s, then 3 s from 1.5 s, then 0.2 s from 4.5 s: makespan 4.7 s either way
     assert comparison.loc["continuous", "makespan_s"] == pytest.approx(4.7)
-    absent = traces.open_trace("mooncake", tmp_path / "traces")
-    empty = traces.trace_allocation_table(absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    absent = section.open_trace("mooncake", tmp_path / "traces")
+    empty = allocation_section.trace_allocation_table(absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
     assert empty.empty and list(empty.columns) == list(table.columns)
-    empty = traces.trace_policy_comparison(absent, max_num_seqs=1, ms_per_token=10)
+    empty = batching_section.trace_policy_comparison(absent, Experiment(max_num_seqs=1, cost=TokenCost(10)))
     assert empty.empty and list(empty.columns) == list(comparison.columns)
 
 
 def test_availability_note_says_which_traces_were_there(tmp_path):
     folder = trace_folder(tmp_path, AZURE_ROWS)
-    note = traces.availability_note(folder)
+    note = section.availability_note(folder)
     assert note.startswith("Real request traces were not available (mooncake, sharegpt missing")
     assert "present: azure" in note and str(tmp_path) not in note
-    assert traces.availability_note(tmp_path / "nowhere").startswith(
+    assert section.availability_note(tmp_path / "nowhere").startswith(
         "Real request traces were not available (azure, mooncake, sharegpt missing")
     for name, entry in traces.read_manifest().items():
         (folder / entry["file"]).touch()
-    assert traces.availability_note(folder).startswith("Real request traces were available (azure, mooncake, sharegpt)")
+    assert section.availability_note(folder).startswith("Real request traces were available (azure, mooncake, sharegpt)")
 
 
 def test_file_format_reads_the_first_line(tmp_path):

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from kvlab import validate
+from kvlab.core import validate
 
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "3", None])

@@ -4,6 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvlab import workloads
+from kvlab.sections import allocation
+from kvlab.workloads import synthetic
 from kvlab.workloads import LENGTH_DISTRIBUTIONS, sample_lengths
 
 
@@ -62,15 +64,15 @@ def test_constant_and_uniform():
 
 
 def test_article_s1_pmf_is_a_distribution_on_1_to_max():
-    pmf = workloads.article_s1_pmf(**workloads.ARTICLE_S1_PARAMS)
+    pmf = synthetic.article_s1_pmf(**synthetic.S1_MIXTURE_PARAMS)
     assert pmf.shape == (4096,) and pmf.min() > 0
     assert pmf.sum() == pytest.approx(1.0, abs=1e-12)
     # the uniform share puts at least uniform_share / 4096 on every length
-    assert pmf.min() >= workloads.ARTICLE_S1_PARAMS["uniform_share"] / 4096 * (1 - 1e-12)
+    assert pmf.min() >= synthetic.S1_MIXTURE_PARAMS["uniform_share"] / 4096 * (1 - 1e-12)
 
 
 def test_article_s1_sampler_follows_its_pmf():
-    pmf = workloads.article_s1_pmf(**workloads.ARTICLE_S1_PARAMS)
+    pmf = synthetic.article_s1_pmf(**synthetic.S1_MIXTURE_PARAMS)
     lengths = sample_lengths("article-s1", 400_000, rng(9))
     expected_mean = float(pmf @ np.arange(1, 4097))
     assert lengths.mean() == pytest.approx(expected_mean, rel=0.005)
@@ -79,21 +81,21 @@ def test_article_s1_sampler_follows_its_pmf():
 
 def test_expected_totals_equal_a_direct_sum():
     pmf = np.array([0.5, 0.0, 0.25, 0.25])  # lengths 1, 3, 4
-    got = workloads.expected_totals(pmf, 4, [4, 2])
+    got = allocation.expected_totals(pmf, 4, [4, 2])
     # per request: mean length 0.5*1 + 0.25*3 + 0.25*4; blocks of 4: 1 each; blocks of 2: 1, 2, 2
     np.testing.assert_allclose(got, [4 * 2.25, 4 * 4, 4 * 2 * (0.5 + 0.5 + 0.5)])
 
 
 def test_fit_reproduces_the_published_totals_and_the_default_parameters():
-    fit = workloads.fit_article_lengths()
+    fit = allocation.fit_article_lengths()
     assert fit.max_relative_error < 0.001          # every published total within 0.1% in expectation
-    for name, value in workloads.ARTICLE_S1_PARAMS.items():
+    for name, value in synthetic.S1_MIXTURE_PARAMS.items():
         assert fit.params[name] == pytest.approx(value, abs=2e-4), name
     assert list(fit.table.index) == ["used_tokens"] + [f"reserved_tokens @ {b}" for b in (4096, 1024, 256, 64, 16)]
 
 
 def test_fit_targets_come_from_the_article_figures():
-    t = workloads.article_s1_targets()
+    t = allocation.article_s1_targets()
     assert t["used_tokens"] == 11_336_014 and t["num_requests"] == 20_000
     assert t["reserved_tokens"] == {4096: 81_920_000, 1024: 26_132_480, 256: 13_992_448,
                                     64: 11_958_528, 16: 11_486_464}
@@ -107,8 +109,8 @@ def test_fit_targets_come_from_the_article_figures():
     (lambda: sample_lengths("article-s2", 10, rng(), long_tokens=(900, 400)), "long_tokens=(900, 400) is not allowed"),
     (lambda: sample_lengths("article-s2", 10, rng(), long_share=1.5), "long_share=1.5 is not allowed"),
     (lambda: sample_lengths("constant", 10, rng(), tokens=0), "tokens=0 is not allowed"),
-    (lambda: workloads.article_s1_pmf(5.0, 0.0, 0.1), "log_sigma=0.0 is not allowed"),
-    (lambda: workloads.article_s1_pmf(float("nan"), 1.0, 0.1), "log_mean=nan is not allowed"),
+    (lambda: synthetic.article_s1_pmf(5.0, 0.0, 0.1), "log_sigma=0.0 is not allowed"),
+    (lambda: synthetic.article_s1_pmf(float("nan"), 1.0, 0.1), "log_mean=nan is not allowed"),
 ])
 def test_bad_parameters_raise_one_line(call, message):
     with pytest.raises(ValueError) as error:

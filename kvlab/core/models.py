@@ -6,17 +6,16 @@ Face config.json (a local path, no hub access) the way vLLM reads it.
 """
 from __future__ import annotations
 
+import csv
 import difflib
 import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
+from kvlab.core import validate
 
-from kvlab import validate
-
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 MODELS_CSV = DATA_DIR / "models.csv"
 GPUS_CSV = DATA_DIR / "gpus.csv"
 ATTENTIONS = ("mha", "gqa", "mqa", "mla")
@@ -86,6 +85,17 @@ class ModelSpec:
 
 
 # ---------------------------------------------------------------- catalogs
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU of data/gpus.csv: memory (GiB), memory bandwidth (GB/s of 10^9 bytes), dense bf16 TFLOPS."""
+
+    name: str
+    memory_gib: float
+    memory_bandwidth_gb_s: float
+    bf16_dense_tflops: float
+    source: str = ""
+
+
 def _close_matches(kind: str, name: str, names: list[str]) -> str:
     lowered = {n.lower(): n for n in names}
     short = {n.split("/")[-1].lower(): n for n in names}
@@ -97,23 +107,28 @@ def _close_matches(kind: str, name: str, names: list[str]) -> str:
     return f"{kind}={name!r} is not allowed: unknown {kind}; {hint}"
 
 
-def load_models(path: str | Path = MODELS_CSV) -> pd.DataFrame:
-    """The model catalog (data/models.csv), one row per model with its sources."""
-    return pd.read_csv(path, keep_default_na=False).set_index("name")
+def _read_catalog(path: str | Path) -> dict[str, dict]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return {row["name"]: row for row in csv.DictReader(f)}
 
 
-def load_gpus(path: str | Path = GPUS_CSV) -> pd.DataFrame:
-    """The GPU catalog (data/gpus.csv): memory (GiB), bandwidth (GB/s), dense bf16 TFLOPS, sources."""
-    return pd.read_csv(path, keep_default_na=False).set_index("name")
+def load_models(path: str | Path = MODELS_CSV) -> dict[str, dict]:
+    """The model catalog (data/models.csv): name -> its row (strings), sources included."""
+    return _read_catalog(path)
 
 
-def _lookup(kind: str, name: str, table: pd.DataFrame) -> pd.Series:
-    if name in table.index:
-        return table.loc[name]
-    for full in table.index:  # the part after the organisation is enough: "Qwen3-14B"
+def load_gpus(path: str | Path = GPUS_CSV) -> dict[str, dict]:
+    """The GPU catalog (data/gpus.csv): name -> its row (strings), sources included."""
+    return _read_catalog(path)
+
+
+def _lookup(kind: str, name: str, table: dict[str, dict]) -> dict:
+    if name in table:
+        return table[name]
+    for full, row in table.items():  # the part after the organisation is enough: "Qwen3-14B"
         if full.split("/")[-1].lower() == str(name).lower():
-            return table.loc[full]
-    raise ValueError(_close_matches(kind, str(name), list(table.index)))
+            return row
+    raise ValueError(_close_matches(kind, str(name), list(table)))
 
 
 def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
@@ -121,13 +136,15 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
     row = _lookup("model", name, load_models(path))
     ints = ["num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "kv_lora_rank",
             "qk_rope_head_dim", "sliding_window", "sliding_window_pattern", "max_position_embeddings"]
-    return ModelSpec(name=row.name, attention=row["attention"], num_params_b=float(row["num_params_b"]),
+    return ModelSpec(name=row["name"], attention=row["attention"], num_params_b=float(row["num_params_b"]),
                      **{k: int(row[k]) for k in ints})
 
 
-def get_gpu(name: str, path: str | Path = GPUS_CSV) -> pd.Series:
-    """One GPU's row of data/gpus.csv (memory_gib, memory_bandwidth_gb_s, bf16_dense_tflops)."""
-    return _lookup("gpu", name, load_gpus(path))
+def get_gpu(name: str, path: str | Path = GPUS_CSV) -> GpuSpec:
+    """One GPU of data/gpus.csv (memory_gib, memory_bandwidth_gb_s, bf16_dense_tflops); close matches on a miss."""
+    row = _lookup("gpu", name, load_gpus(path))
+    return GpuSpec(row["name"], float(row["memory_gib"]), float(row["memory_bandwidth_gb_s"]),
+                   float(row["bf16_dense_tflops"]), row.get("source", ""))
 
 
 # ---------------------------------------------------------------- config.json
@@ -241,5 +258,5 @@ def weights_bytes_per_gpu(model: ModelSpec, weight_bytes_per_param: float, tenso
     return model.num_params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
 
 
-__all__ = ["ModelSpec", "ATTENTIONS", "load_models", "load_gpus", "get_model", "get_gpu", "from_config",
+__all__ = ["ModelSpec", "GpuSpec", "ATTENTIONS", "load_models", "load_gpus", "get_model", "get_gpu", "from_config",
            "stage_layers", "weights_bytes_per_gpu"]

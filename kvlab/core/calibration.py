@@ -3,7 +3,7 @@
 The article assumes 0.5 MiB of KV per token and 8 ms per output token. `measure` builds a Llama-like
 decoder with random weights (nothing is downloaded; no rotary embedding, which costs a few elementwise
 operations per token), caches tokens and times its steps; `write_csv` stores the result as one tidy CSV
-under data/calibration/ that `read_calibration` (and kvlab.simulator.CalibratedCost) loads without torch.
+under data/calibration/ that `read_calibration` (and kvlab.core.cost.CalibratedCost) loads without torch.
 
 PyTorch is optional (`pip install 'kvlab[calibrate]'`): it is imported inside the functions that need it.
 
@@ -28,11 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
+from kvlab.core import capacity, validate
 
-from kvlab import capacity, validate
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CALIBRATION_DIR = ROOT / "data" / "calibration"
 COLUMNS = ("kind", "batch_size", "context_tokens", "prompt_tokens", "value", "unit")
 UNITS = {"kv_bytes_per_token": "B", "weights_bytes": "B", "decode_step_ms": "ms", "prefill_ms": "ms"}
@@ -66,7 +64,7 @@ class DecoderShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V per token: 2 x layers x heads x head dim x bytes per value (kvlab.capacity's formula)."""
+        """Bytes of K and V per token: 2 x layers x heads x head dim x bytes per value (kvlab.core.capacity's formula)."""
         return capacity.KVShape(self.num_layers, self.num_heads, self.head_dim, DTYPE_BYTES[self.dtype]).kv_bytes_per_token
 
     @property
@@ -102,21 +100,21 @@ def decode_bound_ms(shape: DecoderShape, memory_bandwidth_gb_s: float, batch_siz
 # ---------------------------------------------------------------- reading a calibration file
 @dataclass(frozen=True, eq=False)
 class Calibration:
-    """One calibration file: its header block (metadata) and its rows (a DataFrame with COLUMNS)."""
+    """One calibration file: its header block (metadata) and its rows (dicts with COLUMNS; empty cells None)."""
 
     path: Path
     metadata: dict = field(default_factory=dict)
-    rows: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(COLUMNS)))
+    rows: tuple = ()
 
     @property
     def name(self) -> str:
         """The device this file measured (gpu_name, else the file's stem)."""
         return self.metadata.get("gpu_name") or self.path.stem
 
-    def kind(self, kind: str) -> pd.DataFrame:
-        """The rows of one kind (kv_bytes_per_token, weights_bytes, decode_step_ms or prefill_ms)."""
+    def kind(self, kind: str) -> list[dict]:
+        """The rows of one kind (kv_bytes_per_token, weights_bytes, decode_step_ms or prefill_ms), in file order."""
         validate.one_of("kind", kind, UNITS)
-        return self.rows[self.rows["kind"] == kind].reset_index(drop=True)
+        return [row for row in self.rows if row["kind"] == kind]
 
 
 def _bad(path, line: int, message: str):
@@ -173,78 +171,22 @@ def read_calibration(path) -> Calibration:
                          "value": number_value, "unit": unit, "line": number})
     if header is None:
         _bad(path, 1, f"no header row: the file must have the columns {','.join(COLUMNS)}")
-    table = pd.DataFrame(rows, columns=list(COLUMNS) + ["line"])
-    table = table.astype({"batch_size": "Int64", "context_tokens": "Int64", "prompt_tokens": "Int64"})
     for kind, keys in (("decode_step_ms", ["batch_size", "context_tokens"]), ("prefill_ms", ["prompt_tokens"])):
-        part = table[table["kind"] == kind]
-        missing = part[part[keys].isna().any(axis=1)]
-        if len(missing):
-            _bad(path, int(missing["line"].iloc[0]), f"{kind} needs {' and '.join(keys)}")
-        repeated = part[part.duplicated(keys)]
-        if len(repeated):
-            _bad(path, int(repeated["line"].iloc[0]), f"{kind} at this {' and '.join(keys)} appears twice")
-    return Calibration(path, metadata, table.drop(columns="line"))
+        seen = set()
+        for row in (r for r in rows if r["kind"] == kind):
+            key = tuple(row[k] for k in keys)
+            if None in key:
+                _bad(path, row["line"], f"{kind} needs {' and '.join(keys)}")
+            if key in seen:
+                _bad(path, row["line"], f"{kind} at this {' and '.join(keys)} appears twice")
+            seen.add(key)
+    return Calibration(path, metadata, tuple({k: v for k, v in row.items() if k != "line"} for row in rows))
 
 
 def find_calibrations(directory=None) -> list[Calibration]:
     """Every calibration CSV in directory (default data/calibration/), sorted by file name."""
     directory = CALIBRATION_DIR if directory in (None, "") else Path(directory)
     return [read_calibration(p) for p in sorted(Path(directory).glob("*.csv"))]
-
-
-def status_line(calibrations: list[Calibration], directory=None) -> str:
-    """One sentence: which measurements exist, or that none does yet and how to make one."""
-    where = CALIBRATION_DIR if directory in (None, "") else Path(directory)
-    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
-    if not calibrations:
-        return (f"No GPU measurement is available yet: {where}/ holds no calibration file. Make one on a "
-                "GPU machine with `bash scripts/gpu_calibration.sh` (or `kvlab calibrate --device cuda`), "
-                "commit the CSV it writes to data/calibration/ and re-run this notebook.")
-    names = ", ".join(f"{c.name} ({c.metadata.get('device', '?')}, {c.metadata.get('date', '?')})" for c in calibrations)
-    return f"{len(calibrations)} calibration file(s): {names}."
-
-
-def kv_table(shape: DecoderShape, calibrations: list[Calibration], article_mib_per_token: float = 0.5, *,
-             free_gib: float = 64, context_tokens: int = 1000) -> pd.DataFrame:
-    """KV bytes per token from the article, from shape's arithmetic and from each file, with the requests of
-    context_tokens tokens that free_gib GiB of KV memory holds at each (section 3's memory budget)."""
-    validate.positive_number("article_mib_per_token", article_mib_per_token)
-    free_bytes = validate.positive_number("free_gib", free_gib) * 2**30
-    validate.positive_int("context_tokens", context_tokens)
-    rows = [{"source": "article (assumed)", "kind": "assumption", "kv_bytes_per_token": article_mib_per_token * 2**20},
-            {"source": f"2 x {shape.num_layers} layers x {shape.num_heads} heads x {shape.head_dim} x "
-                       f"{DTYPE_BYTES[shape.dtype]} B", "kind": "arithmetic", "kv_bytes_per_token": float(shape.kv_bytes_per_token)}]
-    for c in calibrations:
-        for value in c.kind("kv_bytes_per_token")["value"]:
-            rows.append({"source": f"{c.name} ({c.metadata.get('dtype', '?')})", "kind": "measured", "kv_bytes_per_token": value})
-    table = pd.DataFrame(rows).set_index("source")
-    table["kv_kib_per_token"] = table["kv_bytes_per_token"] / 2**10
-    table["max_num_requests"] = (free_bytes // (table["kv_bytes_per_token"] * context_tokens)).astype(int)
-    return table
-
-
-def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
-    """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
-    (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
-    NaN where the weights and the batch's cache do not fit in the GPU's memory."""
-    from kvlab import models
-
-    gpus = pd.DataFrame([models.get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)])
-    columns = pd.MultiIndex.from_tuples([(b, c) for b in batch_sizes for c in context_tokens],
-                                        names=["batch_size", "context_tokens"])
-    values = [[decode_bound_ms(shape, float(gpu["memory_bandwidth_gb_s"]), b, c)
-               if decode_bytes_per_step(shape, b, c) <= float(gpu["memory_gib"]) * 2**30 else math.nan  # does not fit
-               for b, c in columns] for _, gpu in gpus.iterrows()]
-    return pd.DataFrame(values, index=gpus.index.rename("gpu"), columns=columns)
-
-
-def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
-    """Measured decode step times (ms): one row per file, batch size and context (empty with no file)."""
-    frames = [c.kind("decode_step_ms").assign(device=c.name) for c in calibrations]
-    if not frames:
-        return pd.DataFrame(columns=["device", "batch_size", "context_tokens", "decode_step_ms"])
-    table = pd.concat(frames, ignore_index=True).rename(columns={"value": "decode_step_ms"})
-    return table[["device", "batch_size", "context_tokens", "decode_step_ms"]]
 
 
 # ---------------------------------------------------------------- measuring (needs torch)
@@ -479,7 +421,7 @@ def write_csv(path, metadata: dict, rows: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
-        handle.write("# kvlab calibration: see kvlab/calibrate.py for what each kind measures\n")
+        handle.write("# kvlab calibration: see kvlab/core/calibration.py for what each kind measures\n")
         for key, value in metadata.items():
             handle.write(f"# {key}: {str(value).replace(chr(10), ' ')}\n")
         writer = csv.writer(handle, lineterminator="\n")
@@ -490,21 +432,3 @@ def write_csv(path, metadata: dict, rows: list[dict]) -> Path:
                              row.get("prompt_tokens", ""), value if isinstance(value, int) else f"{value:.6g}",
                              row["unit"]])
     return path
-
-
-def section2_table(calibrations: list[Calibration], *, max_num_seqs: int = 8, ms_per_token: float = 8.0,
-                   num_requests: int = 600, arrival_rate: float = 11.0, seed: int = 0) -> pd.DataFrame:
-    """Section 2's run (Poisson arrivals, the article's lengths) with the article's ms_per_token and with each
-    file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row per cost and policy."""
-    import numpy as np
-
-    from kvlab import simulator
-
-    workload = simulator.synthetic_workload(num_requests, arrival_rate, "article", np.random.default_rng(seed))
-    costs = {f"article: {ms_per_token:g} ms per token": simulator.TokenCost(ms_per_token)}
-    for c in calibrations:
-        costs[f"measured: {c.name}"] = simulator.CalibratedCost.from_csv(c.path, batch_size=max_num_seqs)
-    frames = [simulator.compare_policies(workload, max_num_seqs=max_num_seqs, cost=cost).reset_index().assign(cost=name)
-              for name, cost in costs.items()]
-    table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
-    return table[["mean_latency_s", "p95_latency_s", "makespan_s", "throughput_rps", "idle_pct"]]

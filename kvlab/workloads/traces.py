@@ -3,33 +3,27 @@
 `load_trace(path)` tells the format from the file's content (or takes trace_format), checks every row
 and returns a TraceLoad: the Workload plus the rows it skipped. A bad row is a one-line ValueError
 "<file>:<line>: ..." unless on_bad_row="skip" asks to skip and count it. `trace_dir()` finds the
-folder holding the files that data/traces.toml lists; `python -m kvlab.traces download` fetches them.
+folder holding the files that data/traces.toml lists; `kvlab traces download` fetches them.
 """
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import os
-import sys
-import tempfile
 import tomllib
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 
-from kvlab import validate
-from kvlab.allocator import allocation_table
-from kvlab.simulator import compare_policies
-from kvlab.workloads import Workload, poisson_arrivals
+from kvlab.core import validate
+from kvlab.core.workload import Workload
+from kvlab.workloads.synthetic import poisson_arrivals
 
 TRACE_FORMATS = ("azure", "mooncake", "sharegpt")
-REPO_DIR = Path(__file__).resolve().parents[1]
+REPO_DIR = Path(__file__).resolve().parents[2]
 MANIFEST_PATH = REPO_DIR / "data" / "traces.toml"
 MOONCAKE_BLOCK_TOKENS = 512
 # The columns each CSV format needs: arrival time (None: the format has none), prompt and output tokens.
@@ -302,76 +296,6 @@ def _seconds_from_first(times: list, trace_format: str) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tables for the notebook
-
-ARTICLE_MEAN_TOKENS = 567          # section 1: mean tokens used per request
-ARTICLE_MAX_TOKENS = 4096          # section 1: maximum length
-ARTICLE_RATE_PER_S = 10.0          # section 2: arrivals on the order of 10 requests/s
-
-
-def summary_table(workloads: dict[str, Workload]) -> pd.DataFrame:
-    """Per trace: requests, duration (s), rate (requests/s), prompt and output token percentiles, inter-arrival CV."""
-    rows = {}
-    for name, w in workloads.items():
-        gaps = np.diff(w.arrival_s)
-        duration = float(w.arrival_s[-1] - w.arrival_s[0])
-        rows[name] = {
-            "requests": w.num_requests,
-            "duration_s": round(duration, 1),
-            "rate_per_s": round(w.num_requests / duration, 2) if duration > 0 else float("nan"),
-            "prompt_mean_tokens": round(float(w.prompt_tokens.mean()), 1),
-            "prompt_p50_tokens": int(np.percentile(w.prompt_tokens, 50, method="lower")),
-            "prompt_p99_tokens": int(np.percentile(w.prompt_tokens, 99, method="lower")),
-            "prompt_max_tokens": int(w.prompt_tokens.max()),
-            "output_mean_tokens": round(float(w.output_tokens.mean()), 1),
-            "output_p50_tokens": int(np.percentile(w.output_tokens, 50, method="lower")),
-            "output_p99_tokens": int(np.percentile(w.output_tokens, 99, method="lower")),
-            "output_max_tokens": int(w.output_tokens.max()),
-            "interarrival_cv": round(float(gaps.std() / gaps.mean()), 2) if len(gaps) and gaps.mean() > 0 else float("nan"),
-        }
-    table = pd.DataFrame.from_dict(rows, orient="index")
-    table.index.name = "trace"
-    return table
-
-
-def article_comparison(workloads: dict[str, Workload]) -> pd.DataFrame:
-    """The article's assumed figures against each trace's: mean length, share over 4,096 tokens, output mix, rate."""
-    def row(w: Workload) -> dict:
-        total = w.prompt_tokens + w.output_tokens
-        out = w.output_tokens
-        duration = float(w.arrival_s[-1] - w.arrival_s[0])
-        return {
-            "mean_tokens_per_request": round(float(total.mean()), 1),
-            "over_4096_tokens_pct": round(100 * float((total > ARTICLE_MAX_TOKENS).mean()), 1),
-            "output_40_200_pct": round(100 * float(((out >= 40) & (out <= 200)).mean()), 1),
-            "output_400_1000_pct": round(100 * float(((out >= 400) & (out <= 1000)).mean()), 1),
-            "output_mean_tokens": round(float(out.mean()), 1),
-            "rate_per_s": round(w.num_requests / duration, 2) if duration > 0 else float("nan"),
-        }
-
-    article = {"mean_tokens_per_request": float(ARTICLE_MEAN_TOKENS), "over_4096_tokens_pct": 0.0,
-               "output_40_200_pct": 85.0, "output_400_1000_pct": 15.0, "output_mean_tokens": 207.0,
-               "rate_per_s": ARTICLE_RATE_PER_S}
-    table = pd.DataFrame.from_dict({"article (assumed)": article} | {n: row(w) for n, w in workloads.items()},
-                                   orient="index")
-    table.index.name = "source"
-    return table
-
-
-def arrival_rate(workload: Workload, window_s: float = 60.0) -> pd.Series:
-    """Arrival rate (requests/s) in consecutive windows of window_s seconds, indexed by window start (min).
-
-    The last window is dropped when the trace ends inside it (its rate would be too low), unless it is the only one.
-    """
-    window_s = validate.positive_number("window_s", window_s)
-    window = (workload.arrival_s // window_s).astype(np.int64)
-    num_windows = max(1, int(workload.arrival_s[-1] // window_s))
-    counts = np.bincount(window, minlength=num_windows)[:num_windows]
-    index = pd.Index(np.arange(num_windows) * window_s / 60.0, name="window_start_min")
-    return pd.Series(counts / window_s, index=index, name=f"{workload.name or 'trace'} requests/s")
-
-
-# ---------------------------------------------------------------------------------------------
 # A trace in place of the synthetic workload (kvlab allocate / simulate, notebooks 01 and 02)
 
 OVER_MAX_LEN = ("error", "drop")
@@ -400,167 +324,3 @@ def request_lengths(workload: Workload, max_len_tokens: int | None = None, *,
         validate.fail("max_len_tokens", max_len_tokens, f"every request of the trace is longer (shortest "
                       f"{int(lengths.min()):,} tokens); nothing would be left")
     return lengths[~too_long], num_over
-
-
-@dataclass(frozen=True, eq=False)
-class NotebookTrace:
-    """The trace a notebook asked for: loaded, or None with a plain sentence saying why not."""
-
-    name: str                   # azure, mooncake, sharegpt, or "" for none
-    load: TraceLoad | None      # None when no trace was asked for or its file is missing
-    note: str                   # one sentence for the reader, without absolute paths
-
-    @property
-    def available(self) -> bool:
-        """True when the trace was loaded."""
-        return self.load is not None
-
-    def with_others(self, others: dict) -> dict:
-        """others (name -> workload or lengths) plus this trace's workload when it was loaded."""
-        return dict(others) | ({self.name: self.load.workload} if self.load is not None else {})
-
-
-def open_trace(name: str, directory: str | os.PathLike | None = None, *, max_requests: int | None = None,
-               arrival_rate_per_s: float = 10.0, seed: int = 0) -> NotebookTrace:
-    """The trace name ("" for none) from trace_dir(directory), its first max_requests requests.
-
-    A missing file is not an error: the result says so in .note and holds no load. ShareGPT (no
-    timestamps) gets Poisson arrivals at arrival_rate_per_s (requests/s) from default_rng(seed).
-    """
-    if not name:
-        return NotebookTrace("", None, "No real trace chosen (TRACE is empty): the real-trace tables "
-                                       "below are empty and the figures show the article's assumptions only.")
-    path = trace_path(name, directory or None)
-    if not path.is_file():
-        return NotebookTrace(name, None, f"The {name} trace is not available ({path.name} is not in the trace "
-                                         "folder; set TRACE_DIR or run make traces): the real-trace tables below "
-                                         "are empty and the figures show the article's assumptions only.")
-    timed = name != "sharegpt"
-    load = load_trace(path, name, max_requests=max_requests, name=name,
-                      arrival_rate_per_s=None if timed else arrival_rate_per_s,
-                      rng=None if timed else np.random.default_rng(seed))
-    w = load.workload
-    arrivals = (f"over {w.arrival_s[-1]:,.1f} s of its own timestamps" if timed else
-                f"with Poisson arrivals at {arrival_rate_per_s:g} requests/s (seed {seed}; the file has no timestamps)")
-    first = f"the first {w.num_requests:,}" if max_requests is not None else f"all {w.num_requests:,}"
-    return NotebookTrace(name, load, f"The {name} trace: {first} requests, {arrivals}.")
-
-
-def trace_allocation_table(trace: NotebookTrace, block_sizes, *, max_len_tokens: int,
-                           memory_gib: float, mib_per_token: float) -> pd.DataFrame:
-    """Section 1's waste table on the trace's lengths (prompt + output, those over max_len_tokens dropped).
-
-    Empty (same columns) when the trace is not available. Columns as allocator.allocation_table plus
-    num_requests and dropped_over_max_len.
-    """
-    columns = ["num_requests", "dropped_over_max_len", "reserved_tokens", "used_tokens", "wasted_tokens",
-               "waste_pct", "max_num_requests", "block_table_entries"]
-    if trace.load is None:
-        return pd.DataFrame(columns=columns, index=pd.Index([], name="block_size"))
-    lengths, dropped = request_lengths(trace.load.workload, max_len_tokens, over_max_len="drop")
-    table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens,
-                             memory_gib=memory_gib, mib_per_token=mib_per_token)
-    table.insert(0, "dropped_over_max_len", dropped)
-    table.insert(0, "num_requests", len(lengths))
-    return table
-
-
-def trace_policy_comparison(trace: NotebookTrace, *, max_num_seqs: int, ms_per_token: float) -> pd.DataFrame:
-    """Section 2's static-vs-continuous table on the trace's arrivals and output lengths; empty when not available."""
-    if trace.load is None:
-        return pd.DataFrame(columns=["num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s",
-                                     "mean_queue_s", "makespan_s", "throughput_rps", "busy_slot_s", "idle_pct"],
-                            index=pd.Index([], name="policy"))
-    return compare_policies(trace.load.workload, max_num_seqs=max_num_seqs, ms_per_token=ms_per_token)
-
-
-def availability_note(directory: str | os.PathLike | None = None) -> str:
-    """One sentence for the report: whether the real trace files were in trace_dir(directory), and which."""
-    missing = missing_traces(directory)
-    names = list(read_manifest())
-    if not missing:
-        return f"Real request traces were available ({', '.join(names)}): the real-trace cells ran on them."
-    have = [n for n in names if n not in missing]
-    text = (f"Real request traces were not available ({', '.join(missing)} missing from the trace folder; "
-            "set TRACE_DIR or run make traces)")
-    if have:
-        text += f"; present: {', '.join(have)}"
-    return text + ": the cells that need a missing trace show that it is absent instead of its figures."
-
-
-# ---------------------------------------------------------------------------------------------
-# Download (make traces)
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    """The sha256 (hex) of a whole file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _fetch(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=60) as response, open(dest, "wb") as out:
-        while chunk := response.read(1 << 20):
-            out.write(chunk)
-
-
-def download(dest: str | os.PathLike, manifest: str | os.PathLike = MANIFEST_PATH,
-             names: list[str] | None = None, fetch=_fetch) -> list[str]:
-    """Fetch the manifest's traces into dest and check their sha256; a file already there with the right hash is kept.
-
-    Returns one status line per trace. A hash mismatch leaves no file behind and raises a one-line ValueError.
-    """
-    entries = read_manifest(manifest)
-    for name in names or []:
-        validate.one_of("trace", name, entries)
-    dest = Path(dest)
-    dest.mkdir(parents=True, exist_ok=True)
-    report = []
-    for name, entry in entries.items():
-        if names and name not in names:
-            continue
-        target = dest / entry["file"]
-        if target.is_file() and sha256_of(target) == entry["sha256"]:
-            report.append(f"{name}: {target} already present, sha256 ok")
-            continue
-        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{entry['file']}.")
-        os.close(fd)
-        try:
-            fetch(entry["url"], Path(tmp))
-            got = sha256_of(tmp)
-            if got != entry["sha256"]:
-                raise ValueError(f"{entry['url']}: sha256 {got} is not the manifest's {entry['sha256']} "
-                                 f"for {name}; nothing was written")
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        report.append(f"{name}: downloaded {target} ({target.stat().st_size:,} bytes), sha256 ok")
-    return report
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m kvlab.traces download --dest DIR`: fetch and verify the traces (make traces)."""
-    from kvlab.cli import OneLineParser
-
-    parser = OneLineParser(prog="python -m kvlab.traces", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    down = sub.add_parser("download", help="download the traces in data/traces.toml and check their sha256")
-    down.add_argument("--dest", default=str(REPO_DIR / "data" / "traces"), help="folder to write the files to")
-    down.add_argument("--manifest", default=str(MANIFEST_PATH), help="the manifest (TOML) listing the files")
-    down.add_argument("--trace", action="append", dest="names", help="only this trace (repeatable)")
-    args = parser.parse_args(argv)
-    try:
-        for line in download(args.dest, args.manifest, args.names):
-            print(line)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}".splitlines()[0], file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

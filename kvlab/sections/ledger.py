@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 ARTICLE_FIGURES_CSV = DATA_DIR / "article_figures.csv"
 KEY = ["section", "table", "row", "column"]
 LEDGER_COLUMNS = ["section", "table", "row", "column", "article", "reproduced", "tolerance", "status"]

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
-import pandas as pd
 
-from kvlab import validate
-from kvlab.workloads import Workload
+from kvlab.core import validate
+from kvlab.core.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -72,31 +70,6 @@ def replay(workload: Workload, num_cache_blocks: int | None) -> PrefixCacheStats
             while len(cache) > num_cache_blocks:
                 cache.popitem(last=False)
     return PrefixCacheStats(num_cache_blocks, num_blocks, num_hit, int(workload.prompt_tokens.sum()), saved)
-
-
-def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int],
-                   kv_bytes_per_token: int | None = None) -> pd.DataFrame:
-    """Hit rate and prefill tokens saved per cache size (blocks), then a row "unbounded" (an LRU that never evicts).
-
-    cache_tokens is the cache size in prompt tokens; for "unbounded" it is the size that holds every
-    distinct block of the trace, the smallest cache that reaches the limit. With kv_bytes_per_token
-    a column cache_gib gives the KV memory (GiB) such a cache holds.
-    """
-    if kv_bytes_per_token is not None:
-        kv_bytes_per_token = validate.positive_int("kv_bytes_per_token", kv_bytes_per_token)
-    sizes = sorted({validate.positive_int("cache_sizes_blocks", s)
-                    for s in validate.non_empty("cache_sizes_blocks", cache_sizes_blocks)})
-    rows = [replay(workload, s) for s in sizes] + [replay(workload, None)]
-    block_tokens = workload.prefix_block_tokens
-    table = pd.DataFrame({
-        "cache_tokens": [s * block_tokens for s in sizes] + [distinct_blocks(workload) * block_tokens],
-        "hit_rate_pct": [round(100 * r.hit_rate, 2) for r in rows],
-        "prefill_tokens_saved": [r.prefill_tokens_saved for r in rows],
-        "prefill_saved_pct": [round(100 * r.saved_fraction, 2) for r in rows],
-    }, index=pd.Index(sizes + ["unbounded"], dtype=object, name="cache_blocks"))
-    if kv_bytes_per_token is not None:
-        table.insert(1, "cache_gib", (table["cache_tokens"] * kv_bytes_per_token / 2**30).round(1))
-    return table
 
 
 def distinct_blocks(workload: Workload) -> int:

@@ -1,0 +1,84 @@
+"""Config objects in vLLM's vocabulary, passed whole: the KV cache, parallelism and the scheduler.
+
+Each is a frozen dataclass validated on construction (a ValueError naming the field, the value and
+what is allowed). Defaults are vLLM 0.33's where vLLM has one; the article's settings are built
+from kvlab.core.article where a section reproduces the article.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvlab.core import validate
+
+KV_CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8", "int4")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """vLLM's settings that shape the KV cache: block size, cache dtype, the hybrid manager, prefix caching."""
+
+    block_size: int = 16
+    kv_cache_dtype: str = "bf16"
+    gpu_memory_utilization: float = 0.9     # fraction of GPU memory vLLM may use
+    hybrid_kv_cache: bool = True            # vLLM's hybrid KV-cache manager (off: --disable-hybrid-kv-cache-manager)
+    enable_prefix_caching: bool = False
+
+    def __post_init__(self):
+        validate.positive_int("block_size", self.block_size)
+        validate.one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        validate.fraction("gpu_memory_utilization", self.gpu_memory_utilization)
+        validate.one_of("hybrid_kv_cache", self.hybrid_kv_cache, [True, False])
+        validate.one_of("enable_prefix_caching", self.enable_prefix_caching, [True, False])
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """GPUs per model replica: tensor parallelism splits each layer, pipeline parallelism splits the layers."""
+
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    def __post_init__(self):
+        validate.positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        validate.positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """vLLM's scheduler limits: requests running at once and tokens per step."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self):
+        validate.positive_int("max_num_seqs", self.max_num_seqs)
+        validate.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The settings vLLM sizes its KV cache and schedules by, whole (the parts of vLLM's VllmConfig kvlab models)."""
+
+    cache: CacheConfig = CacheConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    def __post_init__(self):
+        for name, kind in (("cache", CacheConfig), ("parallel", ParallelConfig), ("scheduler", SchedulerConfig)):
+            if not isinstance(getattr(self, name), kind):
+                validate.fail(name, getattr(self, name), f"must be a kvlab.core.config.{kind.__name__}")
+
+    def replace(self, **changes) -> "EngineConfig":
+        """A copy with settings changed by their vLLM names, whichever part holds them
+        (e.g. replace(kv_cache_dtype="fp8", tensor_parallel_size=2))."""
+        parts = {name: getattr(self, name) for name in ("cache", "parallel", "scheduler")}
+        updates: dict[str, dict] = {name: {} for name in parts}
+        for key, value in changes.items():
+            owner = next((name for name, part in parts.items() if key in {f.name for f in dataclasses.fields(part)}), None)
+            if owner is None:
+                known = sorted(f.name for part in parts.values() for f in dataclasses.fields(part))
+                validate.fail(key, value, "is not a setting of the engine; settings: " + ", ".join(known))
+            updates[owner][key] = value
+        return EngineConfig(**{name: dataclasses.replace(part, **updates[name]) if updates[name] else part
+                               for name, part in parts.items()})

@@ -1,0 +1,87 @@
+"""Section 5 (notebook 05_calibration): the article's 8 ms and 0.5 MB per token against arithmetic, bounds
+and measurements. Measuring and reading calibration files is kvlab.core.calibration.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from kvlab.core import article, validate
+from kvlab.core.calibration import (CALIBRATION_DIR, DTYPE_BYTES, ROOT, Calibration, DecoderShape,
+                                    decode_bound_ms, decode_bytes_per_step)
+from kvlab.core.cost import CalibratedCost
+from kvlab.core.models import get_gpu
+from kvlab.core.units import GIB, KIB, MIB
+from kvlab.sections.batching import Experiment, compare_policies
+
+
+def status_line(calibrations: list[Calibration], directory=None) -> str:
+    """One sentence: which measurements exist, or that none does yet and how to make one."""
+    where = CALIBRATION_DIR if directory in (None, "") else Path(directory)
+    where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
+    if not calibrations:
+        return (f"No GPU measurement is available yet: {where}/ holds no calibration file. Make one on a "
+                "GPU machine with `bash scripts/gpu_calibration.sh` (or `kvlab calibrate --device cuda`), "
+                "commit the CSV it writes to data/calibration/ and re-run this notebook.")
+    names = ", ".join(f"{c.name} ({c.metadata.get('device', '?')}, {c.metadata.get('date', '?')})" for c in calibrations)
+    return f"{len(calibrations)} calibration file(s): {names}."
+
+
+def kv_table(shape: DecoderShape, calibrations: list[Calibration], article_mib_per_token: float = article.MIB_PER_TOKEN, *,
+             free_gib: float = 64, context_tokens: int = 1000) -> pd.DataFrame:
+    """KV bytes per token from the article, from shape's arithmetic and from each file, with the requests of
+    context_tokens tokens that free_gib GiB of KV memory holds at each (section 3's memory budget)."""
+    validate.positive_number("article_mib_per_token", article_mib_per_token)
+    free_bytes = validate.positive_number("free_gib", free_gib) * GIB
+    validate.positive_int("context_tokens", context_tokens)
+    rows = [{"source": "article (assumed)", "kind": "assumption", "kv_bytes_per_token": article_mib_per_token * MIB},
+            {"source": f"2 x {shape.num_layers} layers x {shape.num_heads} heads x {shape.head_dim} x "
+                       f"{DTYPE_BYTES[shape.dtype]} B", "kind": "arithmetic", "kv_bytes_per_token": float(shape.kv_bytes_per_token)}]
+    for c in calibrations:
+        for value in (row["value"] for row in c.kind("kv_bytes_per_token")):
+            rows.append({"source": f"{c.name} ({c.metadata.get('dtype', '?')})", "kind": "measured", "kv_bytes_per_token": value})
+    table = pd.DataFrame(rows).set_index("source")
+    table["kv_kib_per_token"] = table["kv_bytes_per_token"] / KIB
+    table["max_num_requests"] = (free_bytes // (table["kv_bytes_per_token"] * context_tokens)).astype(int)
+    return table
+
+
+def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
+    """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
+    (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
+    NaN where the weights and the batch's cache do not fit in the GPU's memory."""
+    gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
+    columns = pd.MultiIndex.from_tuples([(b, c) for b in batch_sizes for c in context_tokens],
+                                        names=["batch_size", "context_tokens"])
+    values = [[decode_bound_ms(shape, gpu.memory_bandwidth_gb_s, b, c)
+               if decode_bytes_per_step(shape, b, c) <= gpu.memory_gib * GIB else math.nan  # does not fit
+               for b, c in columns] for gpu in gpus]
+    return pd.DataFrame(values, index=pd.Index([gpu.name for gpu in gpus], name="gpu"), columns=columns)
+
+
+def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
+    """Measured decode step times (ms): one row per file, batch size and context (empty with no file)."""
+    frames = [pd.DataFrame(c.kind("decode_step_ms")).assign(device=c.name) for c in calibrations]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=["device", "batch_size", "context_tokens", "decode_step_ms"])
+    table = pd.concat(frames, ignore_index=True).rename(columns={"value": "decode_step_ms"})
+    return table[["device", "batch_size", "context_tokens", "decode_step_ms"]]
+
+
+
+
+def section2_table(calibrations: list[Calibration], experiment: Experiment = Experiment(), seed: int = 0) -> pd.DataFrame:
+    """Section 2's run (the experiment's workload of one seed) with the experiment's cost (the article's 8 ms per
+    token) and with each file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row
+    per cost and policy."""
+    workload = experiment.workload(seed)
+    costs = {f"article: {experiment.cost.ms_per_token:g} ms per token": experiment.cost}
+    for c in calibrations:
+        costs[f"measured: {c.name}"] = CalibratedCost.from_csv(c.path, batch_size=experiment.max_num_seqs)
+    frames = [compare_policies(workload, max_num_seqs=experiment.max_num_seqs, cost=cost).reset_index().assign(cost=name)
+              for name, cost in costs.items()]
+    table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
+    return table[["mean_latency_s", "p95_latency_s", "makespan_s", "throughput_rps", "idle_pct"]]

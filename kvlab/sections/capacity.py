@@ -1,0 +1,106 @@
+"""Section 3 (notebook 03_capacity): the article's memory and fit tables, and real models counted as vLLM counts.
+
+The mechanism (bytes per token, vLLM's budget, blocks and layer groups) is kvlab.core.capacity.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import pandas as pd
+
+from kvlab.core import article, capacity, validate
+from kvlab.core.config import EngineConfig
+from kvlab.core.models import get_model
+from kvlab.core.units import GIB, KIB, unit_bytes
+
+ARTICLE_SHAPE = capacity.KVShape(article.NUM_LAYERS, article.NUM_KV_HEADS, article.HEAD_DIM, article.DTYPE_BYTES)
+
+
+def memory_table(shape: capacity.KVShape, contexts: Iterable[int], concurrency: Iterable[int],
+                 unit: str = "GiB") -> pd.DataFrame:
+    """KV memory (in unit) for each context length, for one request and for each concurrency level."""
+    contexts = validate.non_empty("contexts", contexts)
+    concurrency = [validate.positive_int("concurrency", c) for c in validate.non_empty("concurrency", concurrency)]
+    scale = unit_bytes(unit)
+    rows = {}
+    for ctx in contexts:
+        per = capacity.bytes_per_request(shape, ctx)
+        rows[ctx] = {f"per_request_{unit.lower()}": per / scale}
+        rows[ctx].update({f"{n}_requests_{unit.lower()}": n * per / scale for n in concurrency})
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "context_tokens"
+    return table
+
+
+def fit_table(shape: capacity.KVShape, gpu_memory: float, weights: float, contexts: Iterable[int],
+              unit: str = "GiB") -> pd.DataFrame:
+    """Requests that fit in gpu_memory less weights (both in unit), for each context length."""
+    contexts = validate.non_empty("contexts", contexts)
+    free = capacity.free_bytes(gpu_memory, weights, unit)
+    return pd.DataFrame(
+        {"max_num_requests": [capacity.max_num_requests(free, capacity.bytes_per_request(shape, c)) for c in contexts]},
+        index=pd.Index(contexts, name="context_tokens"),
+    )
+
+
+# ---------------------------------------------------------------- part 2: real models
+def model_table(names: Iterable[str], config: EngineConfig = EngineConfig()) -> pd.DataFrame:
+    """Each catalog model's KV shape and KV bytes per token on one GPU, against the article's model."""
+    rows = {}
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        per_token = capacity.kv_bytes_per_token(spec, config)
+        rows[spec.name] = {
+            "attention": spec.attention, "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim, "sliding_layers": spec.num_sliding_layers,
+            "sliding_window": spec.sliding_window, "kv_kib_per_token": per_token / KIB,
+            "vs_article": per_token / ARTICLE_SHAPE.kv_bytes_per_token,
+        }
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table
+
+
+def concurrency_table(names: Iterable[str], gpu_memory_gib: float, contexts: Iterable[int],
+                      kv_cache_dtypes: Iterable[str], tensor_parallel_sizes: Iterable[int],
+                      config: EngineConfig = EngineConfig()) -> pd.DataFrame:
+    """vLLM's maximum concurrency for every model x KV dtype x TP x context (NaN where the weights leave no block)."""
+    rows = []
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        for dtype in validate.non_empty("kv_cache_dtypes", kv_cache_dtypes):
+            for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
+                setting = config.replace(kv_cache_dtype=dtype, tensor_parallel_size=tp)
+                for ctx in validate.non_empty("contexts", contexts):
+                    result = capacity.plan_capacity(spec, gpu_memory_gib, ctx, setting)
+                    rows.append({"model": spec.name, "kv_cache_dtype": dtype, "tensor_parallel_size": tp,
+                                 "max_model_len": ctx,
+                                 "max_concurrency": float("nan") if result is None else result["max_concurrency"]})
+    return pd.DataFrame(rows)
+
+
+def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: int,
+                   tensor_parallel_sizes: Iterable[int] = (1, 2, 4, 8),
+                   config: EngineConfig = EngineConfig()) -> pd.DataFrame:
+    """vLLM's log figures per model at the smallest TP whose KV cache holds one request of max_model_len.
+
+    max_model_len is capped, as vLLM caps it, at the model's max_position_embeddings.
+    """
+    rows = {}
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+        row = {"max_model_len": length, "tensor_parallel_size": float("nan"), "available_kv_gib": float("nan"),
+               "num_gpu_blocks": float("nan"), "gpu_kv_cache_tokens": float("nan"), "max_concurrency": float("nan")}
+        for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
+            result = capacity.plan_capacity(spec, gpu_memory_gib, length, config.replace(tensor_parallel_size=tp))
+            if result is not None and result["fits_one_request"]:
+                row = {"max_model_len": length, "tensor_parallel_size": tp,
+                       "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
+                       "num_gpu_blocks": result["num_gpu_blocks"], "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
+                       "max_concurrency": round(result["max_concurrency"], 2)}
+                break
+        rows[spec.name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = "model"
+    return table.astype({c: "Int64" for c in ("tensor_parallel_size", "num_gpu_blocks", "gpu_kv_cache_tokens")})

@@ -1,0 +1,737 @@
+#!/usr/bin/env python3
+"""Replay a workload through vLLM's real v1 scheduler, on the CPU, in simulated time.
+
+This is the vLLM side of kvlab's ``make parity`` check: kvlab's serving engine must make
+exactly the scheduling decisions that vLLM's own ``vllm.v1.core.sched.scheduler.Scheduler``
+makes.  This script builds that scheduler (no GPU, no model weights, nothing downloaded),
+feeds it a workload, fabricates the model's output for every step, and records what it
+decided.  It imports vLLM only (no kvlab), so it runs in the separate vLLM environment::
+
+    .venv-vllm/bin/python scripts/parity/vllm_scheduler.py IN.json OUT.json
+
+IN.json::
+
+    {"config": {"num_gpu_blocks": 2000,        # KV blocks, vLLM's null block included
+                "block_size": 16,
+                "max_num_seqs": 256,
+                "max_num_batched_tokens": 8192,
+                "max_model_len": 8192,
+                "enable_chunked_prefill": true,
+                "long_prefill_token_threshold": 0,
+                "enable_prefix_caching": false,
+                "async_scheduling": false},
+     "cost": {"kind": "constant", "step_ms": 8.0}
+          or {"kind": "linear", "step_ms": 5.0, "step_ms_per_token": 0.01},
+     "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 20,
+                   "prompt_token_ids": [...]},         # optional, see below
+                  ...]}
+
+Simulated time (kvlab's engine follows the same rules):
+
+* The clock starts at the first arrival.  Before each ``schedule()`` call every request
+  with ``arrival_s <= clock`` is added, in arrival order (ties in input order).
+* When no request is running or waiting, the clock jumps to the next arrival.
+* A step lasts ``step_ms`` (constant) or ``step_ms + step_ms_per_token * tokens`` (linear,
+  ``tokens`` = all tokens scheduled in the step), computed in float64 as
+  ``(step_ms + step_ms_per_token * tokens) / 1000.0`` seconds; ``end = start + duration``.
+* A token sampled in a step is emitted at the step's end.
+* Model output is fabricated: a scheduled request samples exactly one token when its
+  scheduled chunk reaches the end of its known tokens (its prefill completes, or it is
+  decoding) and none for a partial prefill chunk.  Requests use ``ignore_eos`` and
+  ``max_tokens = output_tokens``, so they finish after ``output_tokens`` sampled tokens
+  (or earlier if prompt + output reaches ``max_model_len``: vLLM's length cap).
+* Token contents only matter with prefix caching.  ``prompt_token_ids`` (if given) are
+  used as is; otherwise every request gets a prompt no other request shares.  Sampled
+  tokens are always request-unique, so generated tokens never match across requests
+  (but a preempted request can hit its own cached blocks when it resumes).
+
+With ``async_scheduling: true`` the engine's two-deep batch queue is modelled: the step
+after next is scheduled as soon as a step's output has been processed, i.e. step k+1 is
+scheduled at the start of step k and sees outputs only up to step k-1 (see
+``_run_async``).  vLLM 0.33's own engine enables async scheduling by default.
+
+OUT.json has one record per request (``request_id`` = 0-based input position), one per
+step, the scheduler's wall time (``wall_s_scheduler``: seconds inside ``schedule()`` and
+``update_from_output()`` only) and the vLLM version.  If the workload can make no
+progress (e.g. a request that can never be admitted) the script stops with exit status
+2 and a message saying why; it never hangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+# vLLM reads these at import time: keep it quiet and offline.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+
+EXIT_NO_PROGRESS = 2
+EXIT_BAD_INPUT = 3
+
+# Config keys of IN.json and their defaults (the values kvlab's parity runs use).
+DEFAULT_CONFIG: dict[str, Any] = {
+    "num_gpu_blocks": 2000,
+    "block_size": 16,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": 8192,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": False,
+    "async_scheduling": False,
+}
+
+# Fabricated token ids.  Prompts that IN.json does not spell out start with a
+# request-unique token (chained block hashes then make every block of the prompt unique);
+# sampled tokens are request-unique too.  vLLM's scheduler never checks ids against a
+# vocabulary, so any int works; these ranges just keep the three kinds apart.
+PROMPT_FILLER_BASE = 100
+UNIQUE_PROMPT_BASE = 10_000_000
+SAMPLED_TOKEN_BASE = 20_000_000
+
+
+class NoProgressError(RuntimeError):
+    """The workload cannot finish: vLLM would wait forever."""
+
+
+class BadInputError(ValueError):
+    """IN.json is malformed or describes something vLLM itself would reject."""
+
+
+# --------------------------------------------------------------------------------------
+# Input
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Step duration model: ``step_ms + step_ms_per_token * scheduled tokens``."""
+
+    kind: str
+    step_ms: float
+    step_ms_per_token: float = 0.0
+
+    def duration_s(self, num_tokens: int) -> float:
+        if self.kind == "constant":
+            return self.step_ms / 1000.0
+        return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
+
+
+@dataclass
+class RequestSpec:
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    prompt_token_ids: list[int] | None
+
+
+@dataclass
+class Workload:
+    config: dict[str, Any]
+    cost: Cost
+    requests: list[RequestSpec]
+
+
+def _as_int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise BadInputError(f"{what} must be an integer, got {value!r}")
+    if int(value) < minimum:
+        raise BadInputError(f"{what} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def parse_workload(doc: dict[str, Any]) -> Workload:
+    """Validate IN.json and fill in defaults."""
+    if not isinstance(doc, dict):
+        raise BadInputError("IN.json must hold a JSON object")
+    unknown = set(doc.get("config", {})) - set(DEFAULT_CONFIG)
+    if unknown:
+        raise BadInputError(f"unknown config keys: {sorted(unknown)}")
+    config = {**DEFAULT_CONFIG, **doc.get("config", {})}
+    for key in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
+                "max_model_len"):
+        config[key] = _as_int(config[key], f"config.{key}", 1)
+    if config["num_gpu_blocks"] < 2:
+        raise BadInputError("config.num_gpu_blocks counts vLLM's null block; it must be >= 2")
+    config["long_prefill_token_threshold"] = _as_int(
+        config["long_prefill_token_threshold"] or 0, "config.long_prefill_token_threshold", 0)
+    for key in ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"):
+        if not isinstance(config[key], bool):
+            raise BadInputError(f"config.{key} must be true or false")
+
+    raw_cost = doc.get("cost", {"kind": "constant", "step_ms": 8.0})
+    kind = raw_cost.get("kind")
+    if kind not in ("constant", "linear"):
+        raise BadInputError(f"cost.kind must be 'constant' or 'linear', got {kind!r}")
+    cost = Cost(kind, float(raw_cost["step_ms"]), float(raw_cost.get("step_ms_per_token", 0.0)))
+    if not (cost.step_ms > 0 and cost.step_ms_per_token >= 0):
+        raise BadInputError("cost.step_ms must be > 0 and cost.step_ms_per_token >= 0")
+
+    requests = []
+    for i, raw in enumerate(doc.get("requests", [])):
+        arrival = float(raw["arrival_s"])
+        if not math.isfinite(arrival):
+            raise BadInputError(f"request {i}: arrival_s must be finite")
+        ids = raw.get("prompt_token_ids")
+        prompt = _as_int(raw.get("prompt_tokens", len(ids) if ids else 0),
+                         f"request {i}: prompt_tokens", 1)
+        if ids is not None:
+            if len(ids) != prompt or not all(isinstance(t, int) for t in ids):
+                raise BadInputError(
+                    f"request {i}: prompt_token_ids must be {prompt} ints (prompt_tokens)")
+            ids = list(ids)
+        output = _as_int(raw["output_tokens"], f"request {i}: output_tokens", 1)
+        if prompt >= config["max_model_len"]:
+            # vLLM's input processor rejects these before they reach the scheduler.
+            raise BadInputError(
+                f"request {i}: prompt_tokens={prompt} >= max_model_len="
+                f"{config['max_model_len']}; vLLM rejects such prompts at the API")
+        requests.append(RequestSpec(i, arrival, prompt, output, ids))
+    if not requests:
+        raise BadInputError("no requests")
+    return Workload(config, cost, requests)
+
+
+# --------------------------------------------------------------------------------------
+# vLLM setup
+# --------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence the warnings torch and vLLM print while importing (no CUDA, no vllm._C).
+
+    Redirects file descriptor 2, so C-level and pre-logging-setup messages go too.
+    Exceptions still propagate and are printed after stderr is restored.
+    """
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _import_vllm() -> dict[str, Any]:
+    """Import the vLLM pieces the replay uses (takes a few seconds)."""
+    logging.getLogger().setLevel(logging.ERROR)
+    with _quiet_stderr():
+        import torch
+        import vllm
+        from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig,
+                                 VllmConfig)
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,
+                                                 resolve_kv_cache_block_sizes)
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                                KVCacheGroupSpec)
+        from vllm.v1.outputs import ModelRunnerOutput
+        from vllm.v1.request import Request
+        from vllm.v1.structured_output import StructuredOutputManager
+    return dict(locals())
+
+
+def _write_tiny_model_dir(path: str, max_model_len: int) -> None:
+    """A config-only Llama-like checkpoint: ModelConfig needs one, the scheduler does not
+    care what it is (no weights and no tokenizer are ever loaded)."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 1,
+        "vocab_size": 32000,
+        "max_position_embeddings": max_model_len,
+        "rms_norm_eps": 1e-6,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
+    """Build vLLM's v1 scheduler the way EngineCore does, minus the model executor.
+
+    Returns ``(scheduler, block_hasher)``; the hasher is None without prefix caching
+    (EngineCore only hashes blocks when prefix caching or a KV connector is on).
+    """
+    block_size = config["block_size"]
+    num_blocks = config["num_gpu_blocks"]
+    try:
+        # SchedulerConfig validates itself (e.g. max_num_batched_tokens >= max_num_seqs;
+        # without chunked prefill, max_num_batched_tokens >= max_model_len).
+        scheduler_config = v["SchedulerConfig"](
+            max_num_seqs=config["max_num_seqs"],
+            max_num_batched_tokens=config["max_num_batched_tokens"],
+            max_model_len=config["max_model_len"],
+            is_encoder_decoder=False,
+            long_prefill_token_threshold=config["long_prefill_token_threshold"],
+            enable_chunked_prefill=config["enable_chunked_prefill"],
+            async_scheduling=config["async_scheduling"],
+        )
+    except ValueError as e:  # pydantic's ValidationError is a ValueError
+        raise BadInputError(f"vLLM rejects this scheduler config: {e}") from None
+    with _quiet_stderr():
+        model_config = v["ModelConfig"](
+            model=model_dir,
+            tokenizer=model_dir,
+            skip_tokenizer_init=True,
+            max_model_len=config["max_model_len"],
+            dtype="float32",
+            seed=0,
+        )
+        cache_config = v["CacheConfig"](
+            block_size=block_size,
+            gpu_memory_utilization=0.9,
+            cache_dtype="auto",
+            enable_prefix_caching=config["enable_prefix_caching"],
+        )
+        vllm_config = v["VllmConfig"](
+            scheduler_config=scheduler_config,
+            model_config=model_config,
+            cache_config=cache_config,
+            device_config=v["DeviceConfig"](device="cpu"),
+        )
+    _check_effective_config(vllm_config, config)
+
+    # One full-attention KV cache group: a plain decoder.  EngineCore sets
+    # cache_config.num_gpu_blocks to kv_cache_config.num_blocks, null block included.
+    kv_cache_config = v["KVCacheConfig"](
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[v["KVCacheGroupSpec"](
+            ["layer.0"], v["FullAttentionSpec"](
+                block_size=block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32))],
+    )
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    scheduler_block_size, hash_block_size = v["resolve_kv_cache_block_sizes"](
+        kv_cache_config, vllm_config)
+    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+    scheduler = scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=v["StructuredOutputManager"](vllm_config),
+        block_size=scheduler_block_size,
+        hash_block_size=hash_block_size,
+        log_stats=False,  # statistics only; no scheduling decision reads them
+    )
+
+    block_hasher = None
+    if config["enable_prefix_caching"]:
+        hash_fn = v["get_hash_fn_by_name"](vllm_config.cache_config.prefix_caching_hash_algo)
+        v["init_none_hash"](hash_fn)
+        block_hasher = v["get_request_block_hasher"](
+            hash_block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
+    return scheduler, block_hasher
+
+
+def _check_effective_config(vllm_config: Any, config: dict[str, Any]) -> None:
+    """VllmConfig may rewrite scheduler settings in __post_init__ (platform hooks, spec
+    decode); make sure the scheduler runs with exactly what IN.json asked for."""
+    sc = vllm_config.scheduler_config
+    effective = {
+        "max_num_seqs": sc.max_num_seqs,
+        "max_num_batched_tokens": sc.max_num_batched_tokens,
+        "max_model_len": vllm_config.model_config.max_model_len,
+        "enable_chunked_prefill": sc.enable_chunked_prefill,
+        "long_prefill_token_threshold": sc.long_prefill_token_threshold,
+        "enable_prefix_caching": bool(vllm_config.cache_config.enable_prefix_caching),
+        "async_scheduling": bool(sc.async_scheduling),
+        "block_size": vllm_config.cache_config.block_size,
+    }
+    changed = {k: (config[k], got) for k, got in effective.items() if config[k] != got}
+    extra = {
+        "max_num_scheduled_tokens": sc.max_num_scheduled_tokens,  # None: = batched tokens
+        "max_num_active_seqs": sc.max_num_active_seqs,
+        "watermark": sc.watermark,
+        "prefill_schedule_interval": sc.prefill_schedule_interval,
+        "scheduler_reserve_full_isl": sc.scheduler_reserve_full_isl,
+        "policy": sc.policy,
+        "speculative_config": vllm_config.speculative_config,
+    }
+    expected_extra = {
+        "max_num_scheduled_tokens": None, "max_num_active_seqs": None, "watermark": 0.0,
+        "prefill_schedule_interval": 1, "scheduler_reserve_full_isl": True,
+        "policy": "fcfs", "speculative_config": None,
+    }
+    changed.update({k: (expected_extra[k], got) for k, got in extra.items()
+                    if got != expected_extra[k]})
+    if changed:
+        raise RuntimeError(f"vLLM changed the scheduler config (wanted, got): {changed}")
+
+
+# --------------------------------------------------------------------------------------
+# Replay
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class RequestRecord:
+    arrival_s: float
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+
+
+@dataclass
+class StepRecord:
+    start_s: float
+    end_s: float
+    num_scheduled_tokens: int
+    num_running: int
+    num_waiting: int
+    num_blocks_in_use: int = -1
+    scheduled: list[tuple[int, int]] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
+    block_ids: list[tuple[int, list[int]]] | None = None
+
+
+class Replay:
+    """Drive one vLLM scheduler through a workload in simulated time."""
+
+    def __init__(self, v: dict[str, Any], workload: Workload, scheduler: Any,
+                 block_hasher: Any, record_block_ids: bool = False) -> None:
+        self.v = v
+        self.record_block_ids = record_block_ids
+        self.workload = workload
+        self.config = workload.config
+        self.cost = workload.cost
+        self.scheduler = scheduler
+        self.block_pool = scheduler.kv_cache_manager.block_pool
+        self.num_usable_blocks = self.block_pool.num_gpu_blocks - 1  # minus the null block
+        self.wall_s = 0.0
+        # vLLM Request objects by input index (kept after vLLM forgets finished ones).
+        self.vllm_requests = [self._make_request(spec, block_hasher)
+                              for spec in workload.requests]
+        self.records = [RequestRecord(spec.arrival_s) for spec in workload.requests]
+        self.steps: list[StepRecord] = []
+        # Arrival order, ties in input order (sorted() is stable).
+        self.pending = deque(sorted(workload.requests, key=lambda r: r.arrival_s))
+        self.num_finished = 0
+        total_tokens = sum(r.prompt_tokens + r.output_tokens for r in workload.requests)
+        # Every step schedules >= 1 token, and preemption only recomputes what it threw
+        # away, so this is far above any real run: it only catches a livelock.
+        self.max_steps = 50 * total_tokens + 10_000
+
+    # -- requests ------------------------------------------------------------------
+
+    def _make_request(self, spec: RequestSpec, block_hasher: Any) -> Any:
+        if spec.prompt_token_ids is not None:
+            prompt = spec.prompt_token_ids
+        else:
+            # Request-unique first token + filler: no block is shared with any request.
+            prompt = [UNIQUE_PROMPT_BASE + spec.index] + [
+                PROMPT_FILLER_BASE + (j % 1000) for j in range(1, spec.prompt_tokens)]
+        sampling_params = self.v["SamplingParams"](
+            max_tokens=spec.output_tokens, ignore_eos=True, detokenize=False)
+        return self.v["Request"](
+            request_id=str(spec.index),
+            prompt_token_ids=prompt,
+            sampling_params=sampling_params,
+            pooling_params=None,
+            arrival_time=spec.arrival_s,
+            block_hasher=block_hasher,
+        )
+
+    def _add_arrivals(self, clock: float) -> None:
+        while self.pending and self.pending[0].arrival_s <= clock:
+            spec = self.pending.popleft()
+            self.scheduler.add_request(self.vllm_requests[spec.index])
+
+    def _unfinished(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    # -- one step --------------------------------------------------------------------
+
+    def _schedule(self, clock: float) -> tuple[Any, StepRecord, Any]:
+        """Call schedule(); return its output, a step record (times filled in by the
+        caller) and the fabricated model output for the step."""
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self.wall_s += time.perf_counter() - t0
+        # Decide what the "model" samples now, while is_prefill_chunk describes this
+        # step (with async scheduling the request may be scheduled again before this
+        # step's output is processed).
+        model_output = self._model_output(out)
+        num_running, num_waiting = self.scheduler.get_request_counts()
+        step = StepRecord(
+            start_s=clock, end_s=clock, num_scheduled_tokens=out.total_num_scheduled_tokens,
+            num_running=num_running, num_waiting=num_waiting,
+            # num_scheduled_tokens is filled in scheduling order: running requests in
+            # running-queue order, then newly admitted / resumed ones in admission order.
+            scheduled=[(int(rid), n) for rid, n in out.num_scheduled_tokens.items()],
+            preempted=sorted(int(rid) for rid in out.preempted_req_ids),
+        )
+        if self.record_block_ids:
+            # Block table of every scheduled request right after schedule().
+            manager = self.scheduler.kv_cache_manager
+            step.block_ids = [(rid, manager.get_block_ids(str(rid))[0])
+                              for rid, _ in step.scheduled]
+        return out, step, model_output
+
+    def _model_output(self, out: Any) -> Any:
+        """Fabricate the model runner's output: one sampled token for every scheduled
+        request whose chunk reached the end of its known tokens, none for a partial
+        prefill chunk.  schedule() has just set ``is_prefill_chunk`` to
+        ``num_computed_tokens < num_tokens (+ in-flight placeholders)``, i.e. exactly
+        "this chunk stops short of the end"."""
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            request = self.vllm_requests[int(rid)]
+            sampled.append([] if request.is_prefill_chunk
+                           else [SAMPLED_TOKEN_BASE + int(rid)])
+        return self.v["ModelRunnerOutput"](
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+
+    def _update(self, out: Any, step: StepRecord, model_output: Any) -> None:
+        """Feed the fabricated output back and record emitted tokens and finishes."""
+        counts_before = {rid: self.vllm_requests[rid].num_output_tokens
+                         for rid, _ in step.scheduled}
+        t0 = time.perf_counter()
+        self.scheduler.update_from_output(out, model_output)
+        self.wall_s += time.perf_counter() - t0
+        for rid, _ in step.scheduled:
+            request = self.vllm_requests[rid]
+            record = self.records[rid]
+            if record.first_token_s is None and request.num_output_tokens > counts_before[rid]:
+                record.first_token_s = step.end_s
+            if record.finish_s is None and request.is_finished():
+                record.finish_s = step.end_s
+                self.num_finished += 1
+        step.num_blocks_in_use = (
+            self.num_usable_blocks - self.block_pool.get_num_free_blocks())
+
+    def _start_step(self, step: StepRecord, start_s: float) -> None:
+        step.start_s = start_s
+        step.end_s = start_s + self.cost.duration_s(step.num_scheduled_tokens)
+        for rid, _ in step.scheduled:
+            record = self.records[rid]
+            if record.first_scheduled_s is None:
+                record.first_scheduled_s = start_s
+        self.steps.append(step)
+        if len(self.steps) > self.max_steps:
+            raise NoProgressError(f"more than {self.max_steps} steps: livelock?")
+
+    def _no_progress(self, clock: float) -> NoProgressError:
+        sched = self.scheduler
+        head = sched.waiting.peek_request() if sched.waiting else None
+        detail = ""
+        if head is not None:
+            need = math.ceil(head.num_tokens / self.config["block_size"])
+            detail = (f"; head of the waiting queue is request {head.request_id} "
+                      f"({head.num_tokens} tokens = {need} blocks, "
+                      f"{self.block_pool.get_num_free_blocks()} of "
+                      f"{self.num_usable_blocks} usable blocks free)")
+        return NoProgressError(
+            f"no progress possible at t={clock:.6f}s: schedule() scheduled nothing with "
+            f"{len(sched.running)} running, {len(sched.waiting)} waiting and "
+            f"{len(self.pending)} not yet arrived requests{detail}. vLLM would wait "
+            f"forever: the waiting queue is FCFS, and a request whose current length "
+            f"needs more blocks than the KV cache has can never be admitted.")
+
+    # -- main loops ------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.config["async_scheduling"]:
+            self._run_async()
+        else:
+            self._run_sync()
+
+    def _run_sync(self) -> None:
+        """EngineCore.step(): schedule, execute, update_from_output, one step at a time."""
+        clock = self.pending[0].arrival_s
+        while True:
+            self._add_arrivals(clock)
+            if self._unfinished() == 0:
+                if not self.pending:
+                    break
+                clock = self.pending[0].arrival_s  # idle: jump to the next arrival
+                continue
+            out, step, model_output = self._schedule(clock)
+            if out.total_num_scheduled_tokens == 0:
+                # Nothing runs, and the waiting head cannot be admitted; later arrivals
+                # queue behind it (FCFS), so nothing can ever change.
+                raise self._no_progress(clock)
+            self._start_step(step, clock)
+            self._update(out, step, model_output)
+            clock = step.end_s
+
+    def _run_async(self) -> None:
+        """EngineCore.step_with_batch_queue() with async scheduling (batch queue of 2).
+
+        The engine schedules a new batch whenever the queue has room, then blocks on the
+        oldest batch and processes its output.  In simulated time, with zero CPU time:
+        schedule S0 at t0; schedule S1 at t0 (queue not full), which runs after S0;
+        at the end of S0 process S0's output, then schedule S2 (runs after S1), and so on.
+        So the batch that runs as step k+1 is scheduled at the start of step k, seeing
+        the outputs of steps up to k-1 (AsyncScheduler tracks the in-flight token with
+        ``num_output_placeholders``).  A batch with no tokens takes no time.
+        """
+        clock = self.pending[0].arrival_s
+        in_flight: deque[tuple[Any, StepRecord, Any]] = deque()
+        gpu_free_at = clock  # when the device finishes everything queued so far
+        while True:
+            self._add_arrivals(clock)
+            if self._unfinished() == 0 and not in_flight:
+                if not self.pending:
+                    break
+                clock = self.pending[0].arrival_s
+                gpu_free_at = max(gpu_free_at, clock)
+                continue
+            scheduled_something = False
+            if self.scheduler.has_requests():
+                out, step, model_output = self._schedule(clock)
+                if out.total_num_scheduled_tokens > 0:
+                    self._start_step(step, max(clock, gpu_free_at))
+                    gpu_free_at = step.end_s
+                    in_flight.append((out, step, model_output))
+                    scheduled_something = True
+                else:
+                    # An empty batch still goes through update_from_output but takes
+                    # no device time (and, here, no batch-queue slot).
+                    t0 = time.perf_counter()
+                    self.scheduler.update_from_output(out, model_output)
+                    self.wall_s += time.perf_counter() - t0
+            if scheduled_something and len(in_flight) < 2:
+                continue  # the queue has room: schedule again right away
+            if not in_flight:
+                raise self._no_progress(clock)
+            out, step, model_output = in_flight.popleft()
+            clock = max(clock, step.end_s)  # block until the oldest batch finishes
+            self._update(out, step, model_output)
+
+    # -- output ----------------------------------------------------------------------
+
+    def result(self) -> dict[str, Any]:
+        requests = []
+        for spec, record, request in zip(self.workload.requests, self.records,
+                                         self.vllm_requests):
+            requests.append({
+                "request_id": spec.index,
+                "arrival_s": record.arrival_s,
+                "prompt_tokens": spec.prompt_tokens,
+                "output_tokens": spec.output_tokens,
+                "first_scheduled_s": record.first_scheduled_s,
+                "first_token_s": record.first_token_s,
+                "finish_s": record.finish_s,
+                "num_output_tokens": request.num_output_tokens,
+                "num_preemptions": request.num_preemptions,
+                "finish_reason": str(request.get_finished_reason() or ""),
+            })
+        steps = []
+        for s in self.steps:
+            step = {
+                "start_s": s.start_s,
+                "end_s": s.end_s,
+                "num_scheduled_tokens": s.num_scheduled_tokens,
+                "num_running": s.num_running,
+                "num_waiting": s.num_waiting,
+                "num_blocks_in_use": s.num_blocks_in_use,
+                "scheduled": [list(pair) for pair in s.scheduled],
+                "preempted": s.preempted,
+            }
+            if s.block_ids is not None:
+                step["block_ids"] = [[rid, ids] for rid, ids in s.block_ids]
+            steps.append(step)
+        return {
+            "vllm_version": self.v["vllm"].__version__,
+            "config": self.config,
+            "cost": {"kind": self.cost.kind, "step_ms": self.cost.step_ms,
+                     "step_ms_per_token": self.cost.step_ms_per_token},
+            "num_requests": len(requests),
+            "num_steps": len(steps),
+            "wall_s_scheduler": self.wall_s,
+            "requests": requests,
+            "steps": steps,
+        }
+
+
+# --------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------
+
+
+def run_workload(doc: dict[str, Any], record_block_ids: bool = False) -> dict[str, Any]:
+    """Replay an IN.json document and return the OUT.json document."""
+    workload = parse_workload(doc)
+    v = _import_vllm()
+    with tempfile.TemporaryDirectory(prefix="vllm-parity-model-") as model_dir:
+        _write_tiny_model_dir(model_dir, workload.config["max_model_len"])
+        scheduler, block_hasher = build_scheduler(v, workload.config, model_dir)
+    replay = Replay(v, workload, scheduler, block_hasher, record_block_ids)
+    replay.run()
+    return replay.result()
+
+
+def write_result(result: dict[str, Any], f: Any) -> None:
+    """JSON with one request / one step per line: readable, diffable and fast to write
+    even for hundreds of thousands of steps."""
+    f.write("{\n")
+    keys = list(result)
+    for i, key in enumerate(keys):
+        value = result[key]
+        end = ",\n" if i < len(keys) - 1 else "\n"
+        if isinstance(value, list):
+            f.write(f"{json.dumps(key)}: [\n")
+            f.write(",\n".join(json.dumps(item, separators=(",", ":")) for item in value))
+            f.write(f"\n]{end}")
+        else:
+            f.write(f"{json.dumps(key)}: {json.dumps(value)}{end}")
+    f.write("}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("input", help="IN.json: config, cost model and requests")
+    parser.add_argument("output", help="OUT.json to write")
+    parser.add_argument("--block-ids", action="store_true",
+                        help="also record each scheduled request's KV block ids per step")
+    args = parser.parse_args(argv)
+    with open(args.input) as f:
+        doc = json.load(f)
+    try:
+        result = run_workload(doc, record_block_ids=args.block_ids)
+    except BadInputError as e:
+        print(f"vllm_scheduler.py: bad input: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NoProgressError as e:
+        print(f"vllm_scheduler.py: {e}", file=sys.stderr)
+        return EXIT_NO_PROGRESS
+    with open(args.output, "w") as f:
+        write_result(result, f)
+    print(f"vLLM {result['vllm_version']}: {result['num_requests']} requests, "
+          f"{result['num_steps']} steps, scheduler wall {result['wall_s_scheduler']:.3f}s "
+          f"-> {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
