@@ -244,3 +244,35 @@ def test_family_table_isolates_the_shape_of_the_distribution():
     assert table.loc["constant", "waste_pct_16"] == pytest.approx(100 * 9 / 576)
     with pytest.raises(ValueError, match="lengths='zipf' is not allowed"):
         allocation.family_table({"zipf": {}})
+
+
+# ---------------------------------------------------------------- the free-block queue's reuse order
+def test_free_queue_hands_out_blocks_in_id_order_first():
+    pool = BlockAllocator(num_blocks=6, block_size=4)
+    assert pool.allocate("a", 9) == (0, 1, 2)  # a fresh pool hands out blocks 0, 1, 2, ... in order
+    assert pool.allocate("b", 4) == (3,)
+
+
+def test_freed_blocks_are_reused_tail_first_after_the_never_used_ones():
+    """vLLM's order (block_pool.py, tested in its test_prefix_caching.py): a freed request's blocks go to the back
+    of the free queue in reverse order, so its tail block is reused before its head (the likeliest shared
+    prefix), and blocks never used come before any freed one."""
+    pool = BlockAllocator(num_blocks=8, block_size=4)
+    pool.allocate("a", 12)            # blocks 0, 1, 2
+    pool.allocate("b", 8)             # blocks 3, 4
+    pool.free("a")                    # queue: 5, 6, 7, then 2, 1, 0
+    assert pool.allocate("c", 16) == (5, 6, 7, 2)
+    pool.free("b")                    # queue: 1, 0, then 4, 3
+    assert pool.allocate("d", 16) == (1, 0, 4, 3)
+    assert pool.num_free_blocks == 0
+    pool.check_invariants()
+
+
+def test_append_token_takes_the_head_of_the_free_queue():
+    pool = BlockAllocator(num_blocks=4, block_size=2)
+    pool.allocate("a", 2)             # block 0
+    pool.allocate("b", 2)             # block 1
+    pool.free("a")                    # queue: 2, 3, 0
+    assert pool.append_token("b") is True and pool.block_table("b") == (1, 2)
+    assert [pool.append_token("b") for _ in range(3)] == [False, True, False]
+    assert pool.block_table("b") == (1, 2, 3)

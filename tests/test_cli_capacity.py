@@ -1,13 +1,137 @@
-"""`kvlab capacity`: the article's figures, JSON keys, one-line errors with exit status 2."""
+"""`kvlab capacity`: the article's flags print the article's figures, vLLM's flags print vLLM's; JSON keys,
+one-line errors with exit status 2, the console script and --help."""
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
 from kvlab.cli import main
 
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+def run(capsys, *argv):
+    code = main(["capacity", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_foundation_flags_print_the_article_figures(capsys):
+    code, out, _ = run(capsys)
+    assert code == 0
+    assert out.splitlines() == [
+        "KV bytes per token   524,288 B (512.0 KiB)",
+        "memory per request   0.488 GiB at 1,000 tokens (524,288,000 B)",
+        "free for KV cache    64.000 GiB (80 GiB GPU - 16 GiB weights)",
+        "requests that fit    131",
+    ]
+    code, out, _ = run(capsys, "--context", "128000", "--json")
+    assert json.loads(out) == {"context_tokens": 128000, "unit": "GiB", "kv_bytes_per_token": 524288,
+                               "bytes_per_request": 67108864000, "free_bytes": 68719476736, "max_num_requests": 1}
+
+
+def test_vllm_log_figures_from_the_cli(capsys):
+    code, out, _ = run(capsys, "--model", "Qwen3-14B", "--available-kv-gib", "6.51", "--max-model-len", "32768")
+    assert code == 0
+    assert "GPU KV cache size: 42,656 tokens" in out
+    assert "Maximum concurrency for 32,768 tokens per request: 1.30x" in out
+
+
+def test_json_has_the_issue_keys(capsys):
+    code, out, _ = run(capsys, "--config", str(CONFIGS / "deepseek-v2-lite.json"), "--tensor-parallel-size", "2",
+                       "--available-kv-gib", "12.13", "--max-model-len", "1024", "--json")
+    result = json.loads(out)
+    assert code == 0
+    assert result["kv_bytes_per_token"] == 27 * 576 * 2
+    assert result["num_gpu_blocks"] == int(12.13 * 2**30 // (16 * 1152) // 27)
+    assert result["gpu_kv_cache_tokens"] == result["num_gpu_blocks"] * 16
+    assert result["max_concurrency"] == result["num_gpu_blocks"] / 64
+
+
+def test_gpu_budget_from_the_catalog(capsys):
+    code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-SXM-80GB", "--max-model-len", "8192",
+                       "--json")
+    result = json.loads(out)
+    weights_gib = 8.03e9 * 2 / 2**30
+    assert result["available_kv_cache_gib"] == pytest.approx(80 * 0.9 - weights_gib - 2.0 - 0.4)
+    assert result["num_gpu_blocks"] == int(result["available_kv_cache_bytes"] // 65536 // 32)
+
+
+def test_architecture_flags(capsys):
+    code, out, _ = run(capsys, "--num-layers", "32", "--num-kv-heads", "8", "--head-dim", "128",
+                       "--kv-cache-dtype", "fp8", "--available-kv-gib", "10", "--max-model-len", "4096", "--json")
+    result = json.loads(out)
+    assert (code, result["attention"], result["kv_bytes_per_token"]) == (0, "mha", 32 * 2 * 8 * 128)
+    code, out, _ = run(capsys, "--attention", "mla", "--num-layers", "61", "--kv-lora-rank", "512",
+                       "--qk-rope-head-dim", "64", "--tensor-parallel-size", "8", "--available-kv-gib", "10", "--json")
+    assert json.loads(out)["kv_bytes_per_token"] == 61 * 576 * 2
+
+
+def test_concurrency_below_one_is_flagged(capsys):
+    code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--available-kv-gib", "2.89", "--max-model-len", "29000")
+    assert code == 0 and "Maximum concurrency for 29,000 tokens per request: 0.82x" in out
+    assert "vLLM refuses to start" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--model", "llama-3-8b"], "--model='llama-3-8b' is not allowed: unknown model; close matches: meta-llama/Meta-Llama-3-8B"),
+    (["--gpu", "H100"], "--gpu='H100' is not allowed: unknown gpu; close matches: H100-SXM-80GB"),
+    (["--model", "Qwen3-14B", "--tensor-parallel-size", "3"], "--tensor-parallel-size=3 is not allowed: must divide num_attention_heads (40)"),
+    (["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"], "--gpu='H100-SXM-80GB' is not allowed: leaves no KV memory"),
+    (["--model", "Llama-3.1-70B-Instruct", "--available-kv-gib", "0.001"], "one request of 131,072 tokens needs 40.00 GiB, 40.00 GiB more"),
+    (["--attention", "mla", "--available-kv-gib", "1"], "needs --kv-lora-rank and --qk-rope-head-dim"),
+    (["--kv-cache-dtype", "fp8", "--dtype-bytes", "1"], "--dtype-bytes=1.0 is not allowed"),
+    (["--num-kv-heads", "6", "--num-attention-heads", "32", "--available-kv-gib", "1"], "--num-kv-heads=6 is not allowed: must divide"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("kvlab capacity: error: ")
+    assert message in err
+
+
+def test_missing_config_field_is_named(capsys, tmp_path):
+    config = json.loads((CONFIGS / "mistral-7b-v0.1.json").read_text())
+    del config["num_attention_heads"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, _, err = run(capsys, "--config", str(tmp_path / "config.json"))
+    assert code == 2 and "has no field 'num_attention_heads'" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    # a zero is a value the user gave, not an absent flag: it must not fall back to the article's figures
+    (["--tensor-parallel-size", "0"], "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
+    (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size=0 is not allowed: must be an integer >= 1"),
+    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer >= 1"),
+    (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer >= 1"),
+    (["--num-attention-heads", "0"], "--num-attention-heads=0 is not allowed: must be an integer >= 1"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed: must be an integer >= 1"),
+    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization=0.0 is not allowed: must be a number in (0, 1]"),
+    (["--available-kv-gib", "0"], "--available-kv-gib=0.0 is not allowed: fits no KV block"),
+    (["--model", "Qwen3-14B", "--available-kv-gib", "5", "--max-model-len", "0"], "--max-model-len=0 is not allowed"),
+])
+def test_zero_valued_flags_are_errors_not_the_defaults(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err
+
+
+def test_a_directory_or_binary_file_as_config_is_one_line(capsys, tmp_path):
+    code, out, err = run(capsys, "--config", str(tmp_path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"--config='{tmp_path}' is not allowed: must be the path of a config.json file" in err
+    (tmp_path / "config.json").write_bytes(b"\xff\xfe\x00binary")
+    code, out, err = run(capsys, "--config", str(tmp_path / "config.json"))
+    assert code == 2 and err.count("\n") == 1 and "--config=" in err and "UTF-8" in err
+    (tmp_path / "list.json").write_text("[1, 2]")
+    code, out, err = run(capsys, "--config", str(tmp_path / "list.json"))
+    assert code == 2 and err.count("\n") == 1 and "--config=" in err and "JSON object" in err
+
+
+# ---------------------------------------------------------------- the article's accounting
 ARTICLE = ["--num-layers", "32", "--num-kv-heads", "32", "--head-dim", "128", "--dtype-bytes", "2",
            "--gpu-memory-gib", "80", "--weights-gib", "16"]
 

@@ -148,10 +148,9 @@ PARAM_RULES = {
     },
     "04_traces": {
         "SHAREGPT_RATE_PER_S": _pos, "SEED": _int0, "RATE_WINDOW_S": _pos, "CACHE_SIZES_BLOCKS": _each(_int1),
-        "KV_BYTES_PER_TOKEN": _pos,
     },
     "05_calibration": {
-        "ARTICLE_MS_PER_TOKEN": _pos, "ARTICLE_MIB_PER_TOKEN": _pos, "NUM_LAYERS": _int1, "NUM_HEADS": _int1,
+        "NUM_LAYERS": _int1, "NUM_HEADS": _int1,
         "HEAD_DIM": _int1, "HIDDEN_SIZE": _int1, "INTERMEDIATE_SIZE": _int1, "VOCAB_SIZE": _int1,
         "BATCH_SIZES": _each(_int1), "CONTEXTS": _each(_int1), "FREE_GIB": _pos, "CONTEXT_TOKENS": _int1,
         "MAX_NUM_SEQS": _int1, "SEED": _int0,

@@ -7,6 +7,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from kvlab.core.units import cdiv
+
 FIGSIZE = (7.0, 4.2)
 
 
@@ -264,7 +266,7 @@ def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.fig
     """vLLM's maximum concurrency against max_model_len, one panel per model, a line per TP and KV dtype."""
     names = list(dict.fromkeys(table["model"]))
     cols = 2
-    rows = -(-len(names) // cols)
+    rows = cdiv(len(names), cols)
     fig, axes = _figure(figsize=(9.0, 3.2 * rows), nrows=rows, ncols=cols, sharex=True, squeeze=False)
     tps = sorted(table["tensor_parallel_size"].unique())
     colors = dict(zip(tps, plt.rcParams["axes.prop_cycle"].by_key()["color"]))

@@ -23,6 +23,7 @@ from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_m
 ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
 ARTICLE_RATE_PER_S = 10.0
+ARTICLE_KV_BYTES_PER_TOKEN = int(article.MIB_PER_TOKEN * 2**20)  # the article's 0.5 MB (MiB) per token, to size a cache in GiB
 
 
 def summary_table(workloads: dict[str, Workload]) -> pd.DataFrame:

@@ -19,13 +19,15 @@ from typing import NamedTuple
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.units import cdiv
 from kvlab.core.workload import Workload
 from kvlab.workloads.synthetic import poisson_arrivals
 
 TRACE_FORMATS = ("azure", "mooncake", "sharegpt")
 REPO_DIR = Path(__file__).resolve().parents[2]
 MANIFEST_PATH = REPO_DIR / "data" / "traces.toml"
-MOONCAKE_BLOCK_TOKENS = 512
+# The Mooncake trace hashes prompts in blocks of 512 tokens: a property of the trace's data, not a KV block size.
+MOONCAKE_HASH_BLOCK_TOKENS = 512
 # The columns each CSV format needs: arrival time (None: the format has none), prompt and output tokens.
 _CSV_COLUMNS = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
@@ -186,7 +188,7 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
         arrival_s=arrival_s, prompt_tokens=np.array(prompts, dtype=np.int64),
         output_tokens=np.array(outputs, dtype=np.int64),
         prefix_hashes=tuple(np.array(ids, dtype=np.int64) for ids in hashes) if hashes else None,
-        prefix_block_tokens=MOONCAKE_BLOCK_TOKENS if hashes else None,
+        prefix_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS if hashes else None,
         name=name if name is not None else trace_format)
     return TraceLoad(workload, path, trace_format, num_rows, tuple(bad), poisson_arrivals=not has_time)
 
@@ -281,9 +283,9 @@ def _mooncake_row(line: str):
     if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63
                                             for h in ids):  # they are kept as int64
         raise _Bad(f"hash_ids={str(ids)[:40]} is not allowed: must be a list of whole numbers >= 0 and < 2^63")
-    if len(ids) != -(-prompt // MOONCAKE_BLOCK_TOKENS):
+    if len(ids) != cdiv(prompt, MOONCAKE_HASH_BLOCK_TOKENS):
         raise _Bad(f"hash_ids has {len(ids)} blocks but input_length={prompt} needs "
-                   f"{-(-prompt // MOONCAKE_BLOCK_TOKENS)} blocks of {MOONCAKE_BLOCK_TOKENS} tokens")
+                   f"{cdiv(prompt, MOONCAKE_HASH_BLOCK_TOKENS)} blocks of {MOONCAKE_HASH_BLOCK_TOKENS} tokens")
     return t, prompt, output, ids
 
 

@@ -311,6 +311,33 @@ def _as_rank(tp_size: int, pp_size: int, pp_rank: int):
         tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group = saved
 
 
+class _KernelsNotBuilt:
+    """Stands in for a GPU backend's kernel object (its AttentionImpl) while a model is built here.
+
+    A layer's get_kv_cache_spec reads its backend class, never the kernel object, and building
+    the real one needs the GPU (FlashAttention's refuses fp8 on a device it cannot query).
+    """
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+def _construction_backend_path(backend) -> str:
+    """Qualified name of the class the selector hands layers while the model is built.
+
+    MLA backends are used as they are (their kernel objects build on the CPU); other backends
+    through a subclass that builds no kernels, swapped back for the real class right after.
+    """
+    if backend.is_mla():
+        module, qualname = backend.full_cls_name()
+        return f"{module}.{qualname}"
+    name = f"_NoKernels_{backend.get_name()}"
+    if not hasattr(sys.modules[__name__], name):
+        stub = type(name, (backend,), {"get_impl_cls": staticmethod(lambda: _KernelsNotBuilt)})
+        setattr(sys.modules[__name__], name, stub)
+    return f"{__name__}.{name}"
+
+
 @contextlib.contextmanager
 def _gpu_backend_selected(backend):
     """Make vLLM's attention selector hand every layer the GPU's backend while a model is built.
@@ -324,8 +351,8 @@ def _gpu_backend_selected(backend):
 
     platform_cls = type(current_platform)
     original = platform_cls.__dict__["get_attn_backend_cls"]
-    module, qualname = backend.full_cls_name()
-    platform_cls.get_attn_backend_cls = classmethod(lambda cls, *a, **k: f"{module}.{qualname}")
+    path = _construction_backend_path(backend)
+    platform_cls.get_attn_backend_cls = classmethod(lambda cls, *args, **kwargs: path)
     selector._cached_get_attn_backend.cache_clear()
     try:
         yield
@@ -349,6 +376,9 @@ def specs_from_model(config, backend, pp_rank: int) -> dict:
         with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), \
                 torch.device("meta"):
             initialize_model(config)
+        for layer in config.compilation_config.static_forward_context.values():
+            if issubclass(getattr(layer, "attn_backend", object), backend):
+                layer.attn_backend = backend  # the real class, not the no-kernels stand-in
         with set_current_vllm_config(config):
             specs = worker_kv_cache_spec(config)
     config.compilation_config.static_forward_context.clear()
