@@ -7,7 +7,6 @@ STAMP  := $(VENV)/.kvlab-installed
 PARAMS ?= params.yaml
 # One value over the parameters file, e.g. make report SET="02_batching.SEED=3"
 SET    ?=
-JUPYTERLAB_VERSION := 4.6.6
 
 # Caches live inside the checkout, so a missing or read-only HOME cannot break a build or CI.
 export MPLCONFIGDIR        := $(CURDIR)/.cache/matplotlib
@@ -27,7 +26,7 @@ help:
 	@echo "make test     set up (first time) and run unit, CLI and notebook (nbval) tests"
 	@echo "make bench    run the speed and memory benchmarks and print their figures"
 	@echo "make notebooks re-execute notebooks/ in place with their defaults (the outputs nbval checks)"
-	@echo "make lab      open the notebooks in JupyterLab (installed on first use)"
+	@echo "make lab      open the notebooks in JupyterLab (prints the URL to open; root is fine)"
 	@echo "make calibrate measure KV bytes per token and decode/prefill times on this machine's GPU (needs torch)"
 	@echo "make traces   download the public request traces into data/traces/ and check their hashes"
 	@echo "make clean    remove report/ outputs and caches (keeps .venv)"
@@ -52,14 +51,17 @@ report: $(STAMP)
 	$(BIN)/kvlab report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --nbval --nbval-current-env tests notebooks
+	$(BIN)/python -m pytest -q -rs --nbval --nbval-current-env tests notebooks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
+# --allow-root: containers often run as root, where Jupyter refuses to start without it; the URL (with its
+# token) is printed by the server itself once it listens. LAB_PORT picks the port.
+LAB_PORT ?= 8888
 lab: $(STAMP)
-	@$(BIN)/python -c "import jupyterlab" 2>/dev/null || $(BIN)/python -m pip install --quiet jupyterlab==$(JUPYTERLAB_VERSION)
-	$(BIN)/jupyter lab notebooks/
+	@echo "make lab: starting JupyterLab on the notebooks; open the http://127.0.0.1:$(LAB_PORT)/lab?token=... URL it prints"
+	$(BIN)/jupyter lab --no-browser --allow-root --ip 127.0.0.1 --port $(LAB_PORT) --notebook-dir notebooks
 
 notebooks: $(STAMP)
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.kernel_name=python3 --ExecutePreprocessor.record_timing=False notebooks/*.ipynb

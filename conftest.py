@@ -6,10 +6,20 @@ only then rerun their sections on a trace: there nbval still checks every cell e
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-# Notebooks (by file name) that read the real trace files of data/traces.toml in every cell.
-NOTEBOOKS_NEEDING_TRACES = {"04_traces.ipynb"}
+
+def needs_traces(path: Path) -> bool:
+    """A notebook that reads the real trace files in every cell says so in its metadata (kvlab.requires)."""
+    try:
+        return "traces" in json.loads(path.read_text()).get("metadata", {}).get("kvlab", {}).get("requires", [])
+    except (OSError, ValueError):
+        return False
+
+
 # Cells with this tag (notebooks 01 and 02) read the trace of their TRACE parameter's default.
 TRACE_CELL_TAG = "needs-trace"
 TRACE_CELL_DEFAULT = "azure"
@@ -21,12 +31,12 @@ def pytest_collection_modifyitems(config, items):
     missing = traces.missing_traces()
     if not missing:
         return
-    reason = (f"real trace files {', '.join(missing)} not in {traces.trace_dir()} "
+    reason = (f"needs the real trace files {', '.join(missing)}, which are not in {traces.trace_dir()} "
               "(set TRACE_DIR or run make traces)")
     skip = pytest.mark.skip(reason=reason)
     for item in items:
         cell = getattr(item, "cell", None)  # an nbval notebook cell
-        if item.path.name in NOTEBOOKS_NEEDING_TRACES:
+        if item.path.suffix == ".ipynb" and needs_traces(item.path):
             item.add_marker(skip)
         elif cell is not None and TRACE_CELL_TAG in cell.get("metadata", {}).get("tags", []) \
                 and TRACE_CELL_DEFAULT in missing:

@@ -6,12 +6,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 
 import numpy as np
 
 from kvlab.core import allocator as alloc
-from kvlab.core import article, batching, models, validate
+from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import capacity as cap
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import TokenCost
@@ -22,7 +23,11 @@ from kvlab.workloads import synthetic, traces
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line on stderr and exit status 2."""
+    """An ArgumentParser whose errors are one line on stderr and exit status 2; flags are never abbreviated."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --num would silently mean --num-requests otherwise
+        super().__init__(*args, **kwargs)
 
     def error(self, message):
         """Print message on one line and exit with status 2."""
@@ -30,13 +35,39 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _flag_error(parser: argparse.ArgumentParser, error: ValueError, flags: dict[str, str]) -> int:
-    """Report a library ValueError in the command's own flag names; exit status 2."""
+    """Report a library ValueError in the command's own flag names; exit status 2.
+
+    The parameter the message starts with becomes its flag; a library name written with underscores
+    anywhere else in the message (e.g. trace_format) becomes its flag too."""
     message = str(error)
     name = message.split("=", 1)[0]
     if name in flags:
         message = flags[name] + message[len(name):]
+    for library_name, flag in sorted(flags.items(), key=lambda item: -len(item[0])):
+        if "_" in library_name:
+            message = re.sub(rf"(?<![\w'-]){library_name}(?![\w'])", flag, message)  # not a quoted field name
     print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return 2
+
+
+def typed_flags(argv: list[str]) -> set[str]:
+    """The flags the user typed (--name), so that a default is never mistaken for a choice."""
+    return {token.split("=", 1)[0] for token in argv if token.startswith("--")}
+
+
+def exclusive(given: set[str], flag: str, others, why: str) -> None:
+    """A one-line error when flag was typed beside any of others: naming both and why they conflict."""
+    if flag not in given:
+        return
+    for other in others:
+        if other in given:
+            raise ValueError(f"{flag} and {other} cannot be used together: {why}")
+
+
+def requires(given: set[str], flag: str, needed: str, why: str) -> None:
+    """A one-line error when flag was typed without needed, which it only applies to."""
+    if flag in given and needed not in given:
+        raise ValueError(f"{flag} applies only with {needed}: {why}")
 
 
 def _print_json(result: dict) -> None:
@@ -125,11 +156,36 @@ def add_capacity(commands) -> None:
     p.set_defaults(run=run_capacity, flags=CAPACITY_FLAGS)
 
 
-def run_capacity(args) -> dict:
+SHAPE_FLAGS = ["--num-layers", "--num-kv-heads", "--head-dim", "--num-attention-heads", "--attention",
+               "--kv-lora-rank", "--qk-rope-head-dim"]
+BUDGET_FLAGS = ["--gpu", "--gpu-memory-gib", "--weights-gib", "--weight-dtype", "--gpu-memory-utilization",
+                "--activation-peak-gib", "--non-torch-gib", "--unit"]
+
+
+def check_capacity_flags(given: set[str], vllm: bool) -> None:
+    """Flags that contradict each other or would be ignored: one line naming both."""
+    for source in ("--model", "--config"):
+        exclusive(given, source, ["--config"] if source == "--model" else [], "give the model one way")
+        exclusive(given, source, SHAPE_FLAGS, f"{source} sets the model's shape; drop the shape flags or {source}")
+    exclusive(given, "--available-kv-gib", BUDGET_FLAGS,
+              "--available-kv-gib is the KV budget itself; the memory budget flags compute it instead")
+    exclusive(given, "--gpu", ["--gpu-memory-gib"], "--gpu sets the GPU memory from data/gpus.csv")
+    exclusive(given, "--weights-gib", ["--weight-dtype"], "--weight-dtype only estimates weights that --weights-gib gives")
+    if "--unit" in given and not given & {"--gpu-memory-gib", "--weights-gib"}:
+        raise ValueError("--unit applies only to --gpu-memory-gib and --weights-gib, and neither was given")
+    if vllm:
+        first = next(flag for flag in sorted(given) if flag in {f"--{n.replace('_', '-')}" for n in VLLM_FLAGS})
+        exclusive(given, "--dtype-bytes", [first], "--dtype-bytes is the article's accounting; vLLM's takes "
+                  "--kv-cache-dtype (fp16, bf16, fp8, int8, int4)")
+        exclusive(given, "--context", ["--max-model-len"], "in vLLM's accounting --max-model-len is the context")
+
+
+def run_capacity(args, given: set[str]) -> dict:
     """Print the article's capacity figures (bytes, requests), or vLLM's when any vLLM flag is given."""
-    # `is not None`, not truthiness: a flag given as 0 is a bad value to report, not an absent flag.
-    if any(getattr(args, name) is not None and getattr(args, name) is not False for name in VLLM_FLAGS):
-        return run_vllm_capacity(args)
+    vllm = any(f"--{name.replace('_', '-')}" in given for name in VLLM_FLAGS)
+    check_capacity_flags(given, vllm)
+    if vllm:
+        return run_vllm_capacity(args, given)
     gpu_memory = article.GPU_MEMORY_GIB if args.gpu_memory_gib is None else args.gpu_memory_gib
     weights = article.WEIGHTS_GIB if args.weights_gib is None else args.weights_gib
     shape = cap.KVShape(args.num_layers, args.num_kv_heads, args.head_dim, exact(args.dtype_bytes))
@@ -186,6 +242,9 @@ def capacity_budget(args, model: ModelSpec, config: EngineConfig) -> cap.MemoryB
         memory_gib = models.get_gpu(args.gpu).memory_gib
     else:
         memory_gib = (article.GPU_MEMORY_GIB if args.gpu_memory_gib is None else args.gpu_memory_gib) * to_gib
+    if args.weight_dtype is not None and model.num_params_b <= 0:
+        raise ValueError(f"--weight-dtype applies only to a model with a parameter count (data/models.csv); "
+                         f"{model.name} has none: give --weights-gib")
     if args.weights_gib is not None:
         weights_gib = args.weights_gib * to_gib
     elif model.num_params_b > 0:
@@ -200,29 +259,36 @@ def capacity_budget(args, model: ModelSpec, config: EngineConfig) -> cap.MemoryB
         defaults.non_torch_gib if args.non_torch_gib is None else args.non_torch_gib)
 
 
-def run_vllm_capacity(args) -> dict:
+def run_vllm_capacity(args, given: set[str]) -> dict:
     """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
-    if args.dtype_bytes != 2:
-        validate.fail("dtype_bytes", args.dtype_bytes, "applies to the article's accounting; use --kv-cache-dtype with vLLM's")
     config = capacity_config(args)
     model = _capacity_model(args, config.parallel.tensor_parallel_size)
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
     else:
         max_model_len = model.max_position_embeddings or args.context
-    budget = {}
+    budget, memory = {}, None
     if args.available_kv_gib is not None:
-        available = validate.non_negative_number("available_kv_gib", args.available_kv_gib) * GIB
+        available = validate.in_range("available_kv_gib", args.available_kv_gib, "memory_gib") * GIB
     else:
         memory = capacity_budget(args, model, config)
         budget = memory.as_dict()
         available = memory.available_kv_bytes
         if available <= 0:
-            validate.fail("gpu" if args.gpu else "gpu_memory_gib", args.gpu or round(memory.gpu_memory_gib, 2),
+            _does_not_fit(args, given, model, memory, max_model_len, config,
                           f"leaves no KV memory: {memory.gpu_memory_gib:g} GiB x {memory.gpu_memory_utilization:g} is "
-                          f"{memory.usable_gib:.2f} GiB, the weights, activation peak and non-torch memory take "
-                          f"{memory.reserved_gib:.2f} GiB ({-available / GIB:.2f} GiB more needed before one KV block)")
-    result = cap.vllm_capacity(model, available, max_model_len, config)
+                          f"{memory.usable_gib:.2f} GiB and the weights, activation peak and non-torch memory take "
+                          f"{memory.reserved_gib:.2f} GiB")
+    try:
+        result = cap.vllm_capacity(model, available, max_model_len, config)
+    except ValueError as error:
+        if memory is None or "fits no KV block" not in str(error):
+            raise
+        _does_not_fit(args, given, model, memory, max_model_len, config, str(error).split(": ", 1)[1])
+    layout = None
+    if memory is not None and not result["fits_one_request"]:
+        layout = cap.layouts_that_fit(model, _whole_model_budget(args, memory, config), max_model_len, config,
+                                      None if args.weights_gib is not None else (args.weight_dtype or "bf16"))
     result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.cache.kv_cache_dtype,
               "tensor_parallel_size": config.parallel.tensor_parallel_size,
               "pipeline_parallel_size": config.parallel.pipeline_parallel_size, "block_size": config.cache.block_size,
@@ -249,9 +315,44 @@ def run_vllm_capacity(args) -> dict:
           f"{max_model_len:,} tokens)")
     if not result["fits_one_request"]:
         needed = result["blocks_per_request"] * result["page_size_bytes"] * result["layers_per_group"]
+        fix = f"use {_layout_flags(layout)}, " if layout else ""
         print(f"note: one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB of KV cache; "
-              "vLLM refuses to start (lower --max-model-len or raise --gpu-memory-utilization)")
+              f"vLLM refuses to start ({fix}lower --max-model-len or raise --gpu-memory-utilization)")
     return result
+
+
+def _layout_flags(layouts: list[tuple[int, int]]) -> str:
+    """The flags of each layout that fits, joined with 'or'."""
+    def flags(tp, pp):
+        return " ".join(([f"--tensor-parallel-size {tp}"] if tp > 1 else [])
+                        + ([f"--pipeline-parallel-size {pp}"] if pp > 1 else [])) or "one GPU"
+    return " or ".join(flags(*layout) for layout in layouts)
+
+
+def _whole_model_budget(args, memory: cap.MemoryBudget, config: EngineConfig) -> cap.MemoryBudget:
+    """memory with the weights of the whole model (per GPU weights x TP x PP), for trying other layouts."""
+    gpus = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    return dataclasses.replace(memory, weights_gib=memory.weights_gib * gpus)
+
+
+def _does_not_fit(args, given: set[str], model: ModelSpec, memory: cap.MemoryBudget, max_model_len: int,
+                  config: EngineConfig, why: str):
+    """The one-line error for a model that does not fit, naming what the user typed and the fewest GPUs that fit."""
+    if "--gpu" in given:
+        flag, value = "--gpu", args.gpu
+    elif "--gpu-memory-gib" in given:
+        flag, value = "--gpu-memory-gib", args.gpu_memory_gib
+    elif args.model or args.config:
+        flag, value = ("--model", args.model) if args.model else ("--config", args.config)
+    else:
+        flag, value = "--weights-gib", args.weights_gib
+    layout = cap.layouts_that_fit(model, _whole_model_budget(args, memory, config), max_model_len, config,
+                                  None if args.weights_gib is not None else (args.weight_dtype or "bf16"))
+    gpus = config.parallel.tensor_parallel_size * config.parallel.pipeline_parallel_size
+    where = f"{gpus} GPUs of {memory.gpu_memory_gib:g} GiB" if gpus > 1 else f"one GPU of {memory.gpu_memory_gib:g} GiB"
+    fix = (f"one request of {max_model_len:,} tokens fits with {_layout_flags(layout)}" if layout
+           else f"no layout of up to 256 GPUs holds one request of {max_model_len:,} tokens: lower --max-model-len")
+    raise ValueError(f"{flag}={value!r} is not allowed: {model.name} on {where} {why}; {fix}")
 
 
 # ---------------------------------------------------------------- kvlab allocate
@@ -334,28 +435,47 @@ def _trace_note(load: traces.TraceLoad) -> dict:
             "num_skipped_rows": load.num_skipped}
 
 
-def allocate_lengths(args) -> tuple[np.ndarray, traces.TraceLoad | None, int]:
-    """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace;
-    with the trace's load and how many of its requests were dropped as longer than --max-len."""
+TRACE_ONLY_FLAGS = ["--trace-format", "--skip-bad-rows", "--drop-over-max-len"]
+
+
+def check_trace_flags(given: set[str], synthetic_flags: list[str], why: str) -> None:
+    """With --trace the synthetic workload's flags are an error (they would be ignored); without it, the trace's."""
+    for flag in synthetic_flags:
+        exclusive(given, "--trace", [flag], why)
+    for flag in TRACE_ONLY_FLAGS:
+        requires(given, flag, "--trace", "it describes the --trace file")
+
+
+def allocate_lengths(args, given: set[str]) -> tuple[np.ndarray, traces.TraceLoad | None, int]:
+    """The request lengths `kvlab allocate` accounts for: drawn from --lengths, or prompt + output of --trace
+    (its first --num-requests requests when given); with the trace's load and how many of its requests were
+    dropped as longer than --max-len."""
+    max_requests = validate.in_range("num_requests", args.num_requests, "num_requests")
     if args.trace is None:
-        seed = validate.non_negative_int("seed", args.seed)
-        lengths = synthetic.sample_lengths(args.lengths, args.num_requests, np.random.default_rng(seed),
+        seed = validate.in_range("seed", args.seed, "seed")
+        validate.one_of("lengths", args.lengths, synthetic.LENGTH_DISTRIBUTIONS)
+        resources.refuse_if_too_big("num_requests", max_requests, alloc.PEAK_BYTES_PER_REQUEST)
+        lengths = synthetic.sample_lengths(args.lengths, max_requests, np.random.default_rng(seed),
                                            max_len_tokens=args.max_len)
         return lengths, None, 0
     # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
     sharegpt = args.trace_format == "sharegpt" or (args.trace_format == "auto" and _file_format(args.trace) == "sharegpt")
     load = load_trace_arg(args, arrival_rate_per_s=1.0 if sharegpt else None,
-                          rng=np.random.default_rng(0) if sharegpt else None)
+                          rng=np.random.default_rng(0) if sharegpt else None,
+                          max_requests=max_requests if "--num-requests" in given else None)
     lengths, dropped = traces.request_lengths(load.workload, args.max_len,
                                               over_max_len="drop" if args.drop_over_max_len else "error")
     return lengths, load, dropped
 
 
-def run_allocate(args) -> dict:
+def run_allocate(args, given: set[str]) -> dict:
     """Print reserved, used and wasted tokens, waste % and requests that fit for --block-size tokens."""
-    validate.positive_int("max_len_tokens", args.max_len)
-    validate.positive_int("block_size", args.block_size)
-    lengths, load, num_dropped = allocate_lengths(args)
+    check_trace_flags(given, ["--lengths", "--seed"], "a trace's requests have their own lengths")
+    validate.in_range("max_len_tokens", args.max_len, "tokens")
+    validate.in_range("block_size", args.block_size, "block_size")
+    validate.in_range("memory_gib", args.memory_gib, "memory_gib")
+    validate.in_range("mib_per_token", args.mb_per_token, "mib_per_token")
+    lengths, load, num_dropped = allocate_lengths(args, given)
     counts = alloc.allocation_counts(lengths, [args.block_size], max_len_tokens=args.max_len,
                                      memory_gib=exact(args.memory_gib), mib_per_token=exact(args.mb_per_token))
     row = {name: values[0] for name, values in counts.items()}
@@ -437,23 +557,37 @@ def add_simulate(commands) -> None:
     p.set_defaults(run=run_simulate, flags=SIMULATE_FLAGS)
 
 
-def simulate_workload(args) -> tuple[Workload, traces.TraceLoad | None]:
+def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> tuple[Workload, traces.TraceLoad | None]:
     """The workload `kvlab simulate` serves: a synthetic one from the flags, or the --trace file's requests
-    (with the trace's load)."""
-    seed = validate.non_negative_int("seed", args.seed)
+    (its first --num-requests when given; with the trace's load)."""
+    seed = validate.in_range("seed", args.seed, "seed")
+    num_requests = validate.in_range("num_requests", args.num_requests, "num_requests")
+    if args.arrival_rate is not None:
+        validate.in_range("arrival_rate", args.arrival_rate, "arrival_rate")
     if args.trace is None:
+        requires(given, "--constant-tokens", "--lengths", "it sets every output with --lengths constant")
+        if "--constant-tokens" in given and args.lengths != "constant":
+            raise ValueError(f"--constant-tokens applies only with --lengths constant, not --lengths {args.lengths}")
+        resources.refuse_if_too_big("num_requests", num_requests, peak_bytes_per_request)
         rate = synthetic.S2_ARRIVAL_RATE_PER_S if args.arrival_rate is None else args.arrival_rate
-        workload = synthetic.article_s2_workload(args.num_requests, rate, args.lengths, np.random.default_rng(seed),
+        workload = synthetic.article_s2_workload(num_requests, rate, args.lengths, np.random.default_rng(seed),
                                                  constant_tokens=args.constant_tokens)
         return workload, None
-    load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed))
+    load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed),
+                          max_requests=num_requests if "--num-requests" in given else None)
+    if "--seed" in given and not load.poisson_arrivals:
+        raise ValueError(f"--seed and --trace cannot be used together: the {load.trace_format} trace has its own "
+                         "arrival times (--seed draws Poisson arrivals for a ShareGPT file only)")
     return load.workload, load
 
 
-def run_simulate(args) -> dict:
+def run_simulate(args, given: set[str]) -> dict:
     """Print the serving summary: latency (s), queueing (s), makespan (s), requests/s, busy slot-s, idle share."""
-    workload, load = simulate_workload(args)
-    result = batching.simulate(workload, args.policy, max_num_seqs=args.slots, cost=TokenCost(args.ms_per_token))
+    check_trace_flags(given, ["--lengths", "--constant-tokens"], "a trace's requests have their own output lengths")
+    cost = TokenCost(validate.in_range("ms_per_token", args.ms_per_token, "ms_per_token"))
+    slots = validate.in_range("max_num_seqs", args.slots, "max_num_seqs")
+    workload, load = simulate_workload(args, given, batching.PEAK_BYTES_PER_REQUEST)
+    result = batching.simulate(workload, args.policy, max_num_seqs=slots, cost=cost)
     summary = result.summary()
     if load is not None:
         summary |= _trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
@@ -529,7 +663,7 @@ def add_calibrate(commands) -> None:
     p.set_defaults(run=run_calibrate, flags=CALIBRATE_FLAGS)
 
 
-def run_calibrate(args) -> dict:
+def run_calibrate(args, given: set[str]) -> dict:
     """Measure the decoder on --device and write the calibration CSV; print where and how many points."""
     from kvlab.core import calibration as calibrate
 
@@ -584,7 +718,7 @@ def add_report(commands) -> None:
     p.set_defaults(run=run_report, flags={})
 
 
-def run_report(args) -> dict:
+def run_report(args, given: set[str]) -> dict:
     """Build the report; a bad parameter or a failed notebook is one `report: error:` line and status 1."""
     from kvlab.report.build import build
     from kvlab.report.params import ReportError
@@ -617,7 +751,7 @@ def add_traces(commands) -> None:
     down.set_defaults(run=run_traces_download, flags={"trace": "--trace"})
 
 
-def run_traces_download(args) -> dict:
+def run_traces_download(args, given: set[str]) -> dict:
     """Fetch and verify the traces; print one line per trace."""
     from kvlab.workloads.download import download
 
@@ -655,7 +789,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        args.run(args)
+        args.run(args, typed_flags(argv if argv is not None else sys.argv[1:]))
         sys.stdout.flush()
     except ValueError as error:
         return _flag_error(command_parsers.get(args.command, parser), error, args.flags)

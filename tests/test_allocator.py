@@ -86,7 +86,7 @@ def test_policy_errors():
 
 # ---------------------------------------------------------------- bad input
 @pytest.mark.parametrize("call, message", [
-    (lambda: allocation.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer >= 1"),
+    (lambda: allocation.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
     (lambda: allocation.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
     (lambda: allocation.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
     (lambda: allocation.allocation_table([], [16]), "lengths='0 values' is not allowed"),

@@ -97,4 +97,6 @@ def test_bad_budget_and_context():
         capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 0)
     with pytest.raises(ValueError, match="unit='TB' is not allowed"):
         section.fit_table(section.ARTICLE_SHAPE, 80, 16, CONTEXTS, unit="TB")
-    assert math.isfinite(capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**9)["max_num_requests"])
+    assert capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**8)["max_num_requests"] == 0
+    with pytest.raises(ValueError, match="context_tokens=1000000000 is not allowed: must be an integer from 1 to 100,000,000 tokens"):
+        capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**9)

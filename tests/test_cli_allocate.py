@@ -60,15 +60,15 @@ def test_help_lists_every_length_family(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--block-size", "0"], "kvlab allocate: error: --block-size=0 is not allowed: must be an integer >= 1"),
+    (["--block-size", "0"], "kvlab allocate: error: --block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
     (["--block-size", "1.5"], "kvlab allocate: error: argument --block-size: invalid int value: '1.5'"),
     (["--num-requests", "0"], "kvlab allocate: error: --num-requests=0 is not allowed"),
     (["--max-len", "-4"], "kvlab allocate: error: --max-len=-4 is not allowed"),
     (["--lengths", "zipf"], "kvlab allocate: error: --lengths='zipf' is not allowed: must be one of article-s1"),
     (["--lengths", "article-s2", "--max-len", "500"], "kvlab allocate: error: lengths["),
-    (["--memory-gib", "0"], "kvlab allocate: error: --memory-gib=0 is not allowed"),
-    (["--mb-per-token", "-1"], "kvlab allocate: error: --mb-per-token=-1 is not allowed"),
-    (["--seed", "-1"], "kvlab allocate: error: --seed=-1 is not allowed: must be an integer >= 0"),
+    (["--memory-gib", "0"], "kvlab allocate: error: --memory-gib=0.0 is not allowed"),
+    (["--mb-per-token", "-1"], "kvlab allocate: error: --mb-per-token=-1.0 is not allowed"),
+    (["--seed", "-1"], "kvlab allocate: error: --seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807"),
 ])
 def test_bad_flags_are_one_line_errors_with_status_2(capsys, flags, message):
     try:

@@ -77,8 +77,8 @@ def test_concurrency_below_one_is_flagged(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--model", "llama-3-8b"], "--model='llama-3-8b' is not allowed: unknown model; close matches: meta-llama/Meta-Llama-3-8B"),
-    (["--gpu", "H100"], "--gpu='H100' is not allowed: unknown gpu; close matches: H100-SXM-80GB"),
+    (["--model", "llama-3-8b"], "--model='llama-3-8b' is not allowed: not a model of data/models.csv; did you mean meta-llama/Meta-Llama-3-8B"),
+    (["--gpu", "H100"], "--gpu='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),
     (["--model", "Qwen3-14B", "--tensor-parallel-size", "3"], "--tensor-parallel-size=3 is not allowed: must divide num_attention_heads (40)"),
     (["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"], "--gpu='H100-SXM-80GB' is not allowed: leaves no KV memory"),
     (["--model", "Llama-3.1-70B-Instruct", "--available-kv-gib", "0.001"], "one request of 131,072 tokens needs 40.00 GiB, 40.00 GiB more"),
@@ -105,12 +105,12 @@ def test_missing_config_field_is_named(capsys, tmp_path):
     # a zero is a value the user gave, not an absent flag: it must not fall back to the article's figures
     (["--tensor-parallel-size", "0"], "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
     (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size=0 is not allowed: must be an integer >= 1"),
-    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer >= 1"),
-    (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer >= 1"),
+    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
+    (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
     (["--num-attention-heads", "0"], "--num-attention-heads=0 is not allowed: must be an integer >= 1"),
-    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed: must be an integer >= 1"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
     (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization=0.0 is not allowed: must be a number in (0, 1]"),
-    (["--available-kv-gib", "0"], "--available-kv-gib=0.0 is not allowed: fits no KV block"),
+    (["--available-kv-gib", "0"], "--available-kv-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB"),
     (["--model", "Qwen3-14B", "--available-kv-gib", "5", "--max-model-len", "0"], "--max-model-len=0 is not allowed"),
 ])
 def test_zero_valued_flags_are_errors_not_the_defaults(capsys, argv, message):
@@ -153,8 +153,8 @@ def test_text_output_has_units(capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--num-layers", "-1"], "kvlab capacity: error: --num-layers=-1 is not allowed: must be an integer >= 1"),
-    (["--gpu-memory-gib", "0"], "kvlab capacity: error: --gpu-memory-gib=0.0 is not allowed: must be a finite number > 0"),
-    (["--context", "0"], "kvlab capacity: error: --context=0 is not allowed: must be an integer >= 1"),
+    (["--gpu-memory-gib", "0"], "kvlab capacity: error: --gpu-memory-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB"),
+    (["--context", "0"], "kvlab capacity: error: --context=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
     (["--weights-gib", "80"], "kvlab capacity: error: --weights-gib=80.0 is not allowed: must be below the GPU memory (80 GiB)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

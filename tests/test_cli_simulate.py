@@ -47,16 +47,16 @@ def test_text_output_names_units(capsys):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--slots", "0"], "--slots=0 is not allowed: must be an integer >= 1"),
+    (["--slots", "0"], "--slots=0 is not allowed: must be an integer from 1 to 1,000,000 requests"),
     (["--slots", "-2"], "--slots=-2 is not allowed"),
-    (["--ms-per-token", "0"], "--ms-per-token=0.0 is not allowed: must be a finite number > 0"),
+    (["--ms-per-token", "0"], "--ms-per-token=0.0 is not allowed: must be a number from 0.001 to 100,000 ms"),
     (["--ms-per-token", "-8"], "--ms-per-token=-8.0 is not allowed"),
-    (["--arrival-rate", "0"], "--arrival-rate=0.0 is not allowed: must be a finite number > 0"),
-    (["--num-requests", "0"], "--num-requests=0 is not allowed: must be an integer >= 1"),
+    (["--arrival-rate", "0"], "--arrival-rate=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
+    (["--num-requests", "0"], "--num-requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests"),
     (["--lengths", "constant", "--constant-tokens", "0"], "--constant-tokens=0 is not allowed"),
-    (["--seed", "-1"], "--seed=-1 is not allowed: must be an integer >= 0"),
-    (["--ms-per-token", "nan"], "--ms-per-token=nan is not allowed: must be a finite number > 0"),
-    (["--arrival-rate", "inf"], "--arrival-rate=inf is not allowed: must be a finite number > 0"),
+    (["--seed", "-1"], "--seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807"),
+    (["--ms-per-token", "nan"], "--ms-per-token=nan is not allowed: must be a number from 0.001 to 100,000 ms"),
+    (["--arrival-rate", "inf"], "--arrival-rate=inf is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
 ])
 def test_bad_values_give_one_line_naming_the_flag_and_status_2(capsys, flags, message):
     assert cli.main(["simulate", *flags]) == 2

@@ -100,8 +100,8 @@ def test_simulate_sharegpt_needs_a_rate_and_draws_seeded_poisson_arrivals(tmp_pa
     path = write(tmp_path, "s.csv", SHAREGPT)
     status, out, err = run(capsys, "simulate", "--trace", path)
     assert status == 2 and out == ""
-    assert err.strip() == ("kvlab simulate: error: --arrival-rate=None is not allowed: a sharegpt trace has no "
-                           "timestamps: give a rate (requests/s) for Poisson arrivals")
+    assert err.strip() == ("kvlab simulate: error: --arrival-rate is needed: the sharegpt trace has no timestamps, "
+                           "so its requests arrive as a Poisson process at a rate you give (requests/s)")
     first = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "3")
     again = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "3")
     other = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "4")
@@ -112,7 +112,7 @@ def test_simulate_sharegpt_needs_a_rate_and_draws_seeded_poisson_arrivals(tmp_pa
 
 def test_simulate_refuses_a_rate_for_a_timed_trace(tmp_path, capsys):
     status, _, err = run(capsys, "simulate", "--trace", write(tmp_path, "az.csv", AZURE), "--arrival-rate", "3")
-    assert status == 2 and "--arrival-rate=3.0 is not allowed: a azure trace has its own timestamps" in err
+    assert status == 2 and "--arrival-rate=3.0 is not allowed: the azure trace has its own timestamps" in err
 
 
 # ------------------------------------------------------------------------------- bad rows and files

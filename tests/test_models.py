@@ -108,9 +108,9 @@ def test_config_heads_not_divisible():
 
 
 def test_unknown_names_list_close_matches():
-    with pytest.raises(ValueError, match="close matches: meta-llama/Meta-Llama-3-8B"):
+    with pytest.raises(ValueError, match="did you mean meta-llama/Meta-Llama-3-8B"):
         models.get_model("llama-3-8b")
-    with pytest.raises(ValueError, match="close matches: H100-SXM-80GB, H100-PCIe-80GB"):
+    with pytest.raises(ValueError, match="did you mean H100-SXM-80GB or H100-PCIe-80GB"):
         models.get_gpu("H100")
     assert models.get_model("qwen3-14b").name == "Qwen/Qwen3-14B"  # the part after '/' in any case
 

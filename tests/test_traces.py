@@ -82,9 +82,9 @@ def test_explicit_format_and_max_requests(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({}, "arrival_rate_per_s=None is not allowed: a sharegpt trace has no timestamps: give a rate (requests/s) "
-         "for Poisson arrivals"),
-    ({"arrival_rate_per_s": 0.0}, "arrival_rate_per_s=0.0 is not allowed: must be a finite number > 0"),
+    ({}, "arrival_rate_per_s is needed: the sharegpt trace has no timestamps, so its requests arrive as a "
+         "Poisson process at a rate you give (requests/s)"),
+    ({"arrival_rate_per_s": 0.0}, "arrival_rate_per_s=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
     ({"arrival_rate_per_s": 2.0}, "rng=None is not allowed: a numpy.random.Generator is needed to draw Poisson arrivals"),
 ])
 def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
@@ -96,7 +96,7 @@ def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
 
 def test_timed_trace_refuses_an_arrival_rate(tmp_path):
     path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
-    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: a azure trace has its own timestamps; leave the rate unset$"):
+    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: the azure trace has its own timestamps; leave the rate unset$"):
         traces.load_trace(path, arrival_rate_per_s=3.0)
 
 
@@ -116,7 +116,7 @@ def test_unknown_header_and_wrong_explicit_format(tmp_path):
     path = write(tmp_path, "x.csv", "a,b,c\n1,2,3\n")
     with pytest.raises(ValueError) as err:
         traces.load_trace(path)
-    assert str(err.value) == (f"{path}:1: cannot tell the trace format from 'a,b,c': pass trace_format, "
+    assert str(err.value) == (f"{path}:1: cannot tell the trace format from 'a,b,c': name it with trace_format, "
                               "one of azure, mooncake, sharegpt")
     az = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
     with pytest.raises(ValueError) as err:

@@ -103,7 +103,7 @@ def test_fit_targets_come_from_the_article_figures():
 
 @pytest.mark.parametrize("call, message", [
     (lambda: sample_lengths("zipf", 10, rng()), "lengths='zipf' is not allowed: must be one of article-s1"),
-    (lambda: sample_lengths("uniform", 0, rng()), "num_requests=0 is not allowed: must be an integer >= 1"),
+    (lambda: sample_lengths("uniform", 0, rng()), "num_requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests"),
     (lambda: sample_lengths("exponential", 10, rng(), mean_tokens=-1), "mean_tokens=-1 is not allowed"),
     (lambda: sample_lengths("exponential", 10, rng(), width=3), "params=['width'] is not allowed"),
     (lambda: sample_lengths("article-s2", 10, rng(), long_tokens=(900, 400)), "long_tokens=(900, 400) is not allowed"),

@@ -29,6 +29,8 @@ from kvlab.core.capacity import max_num_requests as _requests_that_fit
 from kvlab.core.units import MIB, GIB, as_written, cdiv
 
 POWERS_OF_TWO = tuple(2**k for k in range(13))          # 1 .. 4,096 tokens
+# Bytes held at the peak per request drawn and counted (lengths and their draws; make bench measures 8-25 B).
+PEAK_BYTES_PER_REQUEST = 32
 
 
 # ---------------------------------------------------------------- input checks
@@ -46,7 +48,7 @@ def check_lengths(lengths, max_len_tokens: int | None = None) -> np.ndarray:
         i = int(np.argmin(array))
         validate.fail(f"lengths[{i}]", int(array[i]), "must be >= 1 token")
     if max_len_tokens is not None:
-        max_len_tokens = validate.positive_int("max_len_tokens", max_len_tokens)
+        max_len_tokens = validate.in_range("max_len_tokens", max_len_tokens, "tokens")
         if array.max() > max_len_tokens:
             i = int(np.argmax(array))
             validate.fail(f"lengths[{i}]", int(array[i]), f"must be <= max_len_tokens={max_len_tokens}")
@@ -56,7 +58,7 @@ def check_lengths(lengths, max_len_tokens: int | None = None) -> np.ndarray:
 def check_block_sizes(block_sizes) -> list[int]:
     """block_sizes as a non-empty list of positive ints (tokens)."""
     sizes = validate.non_empty("block_sizes", np.atleast_1d(np.asarray(block_sizes, dtype=object)).tolist())
-    return [validate.positive_int("block_size", b) for b in sizes]
+    return [validate.in_range("block_size", b, "block_size") for b in sizes]
 
 
 # ---------------------------------------------------------------- vectorised accounting
@@ -74,8 +76,8 @@ def max_num_requests(mean_reserved_tokens, memory_gib: float = article.MEMORY_GI
     Exact rational arithmetic (kvlab.core.capacity.max_num_requests); pass the mean as a Fraction
     (reserved, num_requests) when it is not a whole number, as allocation_counts does.
     """
-    validate.positive_number("memory_gib", memory_gib)
-    validate.positive_number("mib_per_token", mib_per_token)
+    validate.in_range("memory_gib", memory_gib, "memory_gib")
+    validate.in_range("mib_per_token", mib_per_token, "mib_per_token")
     validate.positive_number("mean_reserved_tokens", mean_reserved_tokens)
     return _requests_that_fit(as_written(memory_gib) * GIB,
                               as_written(mean_reserved_tokens) * as_written(mib_per_token) * MIB)

@@ -30,6 +30,8 @@ from kvlab.core import article, validate
 from kvlab.core.cost import TokenCost
 from kvlab.core.workload import Workload
 
+# Bytes held at the peak per request served, its workload included (make bench measures about 144 B).
+PEAK_BYTES_PER_REQUEST = 192
 SUMMARY_KEYS = ("num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s", "mean_queue_s",
                 "makespan_s", "throughput_rps", "busy_slot_s", "idle_share")
 

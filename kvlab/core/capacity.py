@@ -40,13 +40,13 @@ class KVShape:
 
 def bytes_per_request(shape: KVShape, context_tokens: int) -> int | float:
     """KV bytes one request holds at a context length of context_tokens (bytes)."""
-    context_tokens = validate.positive_int("context_tokens", context_tokens)
+    context_tokens = validate.in_range("context_tokens", context_tokens, "tokens")
     return exact(shape.kv_bytes_per_token * context_tokens)
 
 
 def free_bytes(gpu_memory: float, weights: float, unit: str = "GiB") -> Fraction:
     """Memory left for the KV cache once the weights are loaded (bytes, exact)."""
-    validate.positive_number("gpu_memory", gpu_memory)
+    validate.in_range("gpu_memory", gpu_memory, "memory_gib")
     validate.non_negative_number("weights", weights)
     if weights >= gpu_memory:
         validate.fail("weights", weights, f"must be below the GPU memory ({gpu_memory:g} {unit})")
@@ -160,7 +160,7 @@ class MemoryBudget:
     non_torch_gib: float = NON_TORCH_GIB
 
     def __post_init__(self):
-        validate.positive_number("gpu_memory_gib", self.gpu_memory_gib)
+        validate.in_range("gpu_memory_gib", self.gpu_memory_gib, "memory_gib")
         validate.non_negative_number("weights_gib", self.weights_gib)
         validate.fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         validate.non_negative_number("activation_peak_gib", self.activation_peak_gib)
@@ -224,7 +224,7 @@ def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_
     if len(budgets) != pp:
         validate.fail("available_kv_bytes", budgets, f"must be one number or one per pipeline stage ({pp})")
     budgets = [validate.non_negative_number("available_kv_bytes", b) for b in budgets]
-    max_model_len = validate.positive_int("max_model_len", max_model_len)
+    max_model_len = validate.in_range("max_model_len", max_model_len, "tokens")
     page = page_size_bytes(model, config)
     bs = config.cache.block_size
     full_blocks = cdiv(max_model_len, bs)
@@ -281,3 +281,51 @@ def plan_capacity(model, gpu_memory_gib: float, max_model_len: int, config: Engi
     if available < page_size_bytes(model, config) * model.num_layers:  # less than one block on every layer
         return None
     return vllm_capacity(model, available, max_model_len, config)
+
+
+PARALLEL_SIZES = (1, 2, 4, 8, 16)
+MAX_PIPELINE_SIZE = 16
+
+
+def _layout_fits(model, budget: MemoryBudget, max_model_len: int, config: EngineConfig, weight_dtype, tp: int,
+                 pp: int) -> bool:
+    if pp > model.num_layers:
+        return False
+    try:
+        kv_heads_per_gpu(model, tp)
+        setting = config.replace(tensor_parallel_size=tp, pipeline_parallel_size=pp)
+    except ValueError:
+        return False  # this TP does not divide the heads
+    if weight_dtype is not None and model.num_params_b > 0:
+        weights = estimated_weights_gib(model, weight_dtype, setting)
+    else:
+        weights = budget.weights_gib / (tp * pp)
+    available = dataclasses.replace(budget, weights_gib=weights).available_kv_bytes
+    if available < page_size_bytes(model, setting) * model.num_layers:
+        return False
+    try:
+        return vllm_capacity(model, available, max_model_len, setting)["fits_one_request"]
+    except ValueError:
+        return False
+
+
+def layouts_that_fit(model, budget: MemoryBudget, max_model_len: int, config: EngineConfig = EngineConfig(),
+                     weight_dtype: str | None = "bf16") -> list[tuple[int, int]]:
+    """The ways to hold one request of max_model_len on more GPUs, as (tensor_parallel_size, pipeline_parallel_size):
+    the smallest tensor parallelism alone, the smallest pipeline parallelism alone, and, when neither alone
+    does, the fewest GPUs of both. Empty when up to 16 x 16 GPUs do not.
+
+    With weight_dtype the weights are re-estimated from the parameter count for each layout; with None
+    budget.weights_gib is taken as the whole model's weights and divided by TP x PP.
+    """
+    def fits(tp, pp):
+        return _layout_fits(model, budget, max_model_len, config, weight_dtype, tp, pp)
+
+    found = [next(((tp, 1) for tp in PARALLEL_SIZES if fits(tp, 1)), None),
+             next(((1, pp) for pp in range(1, MAX_PIPELINE_SIZE + 1) if fits(1, pp)), None)]
+    found = [layout for layout in dict.fromkeys(found) if layout is not None]
+    if not found:
+        both = sorted(((tp, pp) for tp in PARALLEL_SIZES for pp in range(2, MAX_PIPELINE_SIZE + 1)),
+                      key=lambda layout: (layout[0] * layout[1], -layout[0]))
+        found = [next((layout for layout in both if fits(*layout)), None)]
+    return [layout for layout in found if layout is not None]

@@ -25,7 +25,7 @@ class CacheConfig:
     enable_prefix_caching: bool = False
 
     def __post_init__(self):
-        validate.positive_int("block_size", self.block_size)
+        validate.in_range("block_size", self.block_size, "block_size")
         validate.one_of("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         validate.fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         validate.one_of("hybrid_kv_cache", self.hybrid_kv_cache, [True, False])
@@ -52,8 +52,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
 
     def __post_init__(self):
-        validate.positive_int("max_num_seqs", self.max_num_seqs)
-        validate.positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        validate.in_range("max_num_seqs", self.max_num_seqs, "max_num_seqs")
+        validate.in_range("max_num_batched_tokens", self.max_num_batched_tokens, "tokens")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ class TokenCost:
     ms_per_token: float = MS_PER_TOKEN
 
     def __post_init__(self):
-        validate.positive_number("ms_per_token", self.ms_per_token)
+        validate.in_range("ms_per_token", self.ms_per_token, "ms_per_token")
 
     def service_s(self, output_tokens: np.ndarray, prompt_tokens: np.ndarray | None = None) -> np.ndarray:
         """Seconds each request holds its slot: output_tokens x ms_per_token (prompt_tokens cost nothing)."""

@@ -103,8 +103,8 @@ def _close_matches(kind: str, name: str, names: list[str]) -> str:
     found += difflib.get_close_matches(name.lower(), list(lowered), n=4, cutoff=0.5)
     found += difflib.get_close_matches(name.lower(), list(short), n=4, cutoff=0.5)
     matches = list(dict.fromkeys([lowered.get(f) or short[f] for f in found]))[:4]
-    hint = "close matches: " + ", ".join(matches) if matches else f"see data/{kind}s.csv"
-    return f"{kind}={name!r} is not allowed: unknown {kind}; {hint}"
+    hint = f"; did you mean {' or '.join(matches)}?" if matches else ""
+    return f"{kind}={name!r} is not allowed: not a {kind} of data/{kind}s.csv{hint}"
 
 
 def _read_catalog(path: str | Path) -> dict[str, dict]:

@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.core import resources
 from kvlab.report.params import ReportError, load_params, notebook_parameters
 from kvlab.sections import ledger as ledger_mod
+from kvlab.sections import parameters
+from kvlab.workloads import traces
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
@@ -37,6 +40,22 @@ class Section:
     headline: str = ""
     seconds: float = 0.0
     params: dict = field(default_factory=dict)
+    skipped: str = ""           # why the notebook was not run (empty when it ran)
+
+
+def needs(notebook: Path) -> list[str]:
+    """What a notebook needs beyond kvlab, from its metadata (kvlab.requires): e.g. ["traces"]."""
+    import nbformat
+
+    return list(nbformat.read(notebook, as_version=4).metadata.get("kvlab", {}).get("requires", []))
+
+
+def title_of(notebook: Path) -> str:
+    """The notebook's title: the first line of its first markdown cell, without the '#'."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    return next((c.source.splitlines()[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), notebook.stem)
 
 
 def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
@@ -61,12 +80,22 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
         raise ReportError(
             f"notebook {notebook.name} failed in cell {error.exec_count}: {error.ename}: {error.evalue}"
         ) from None
+    except Exception as error:  # noqa: BLE001 - a kernel that died (nbclient's DeadKernelError) or would not start
+        if type(error).__name__ != "DeadKernelError":
+            raise
+        available = resources.available_memory_bytes() / 2**30
+        raise ReportError(f"notebook {notebook.name}: its kernel died, most likely out of memory ({available:.1f} GiB "
+                          "available now); lower its NUM_REQUESTS or NUM_SEEDS") from None
     seconds = time.perf_counter() - start
     nb = nbformat.read(executed, as_version=4)
-    title = next((c.source.splitlines()[0].lstrip("# ") for c in nb.cells if c.cell_type == "markdown"), notebook.stem)
     code = [c for c in nb.cells if c.cell_type == "code"]
     headline = "".join(o.get("text", "") for o in code[-1].get("outputs", []) if o.get("name") == "stdout")
-    return Section(notebook.stem, title, headline.rstrip(), seconds, params)
+    return Section(notebook.stem, title_of(notebook), headline.rstrip(), seconds, params)
+
+
+def skip(notebook: Path, params: dict, why: str) -> Section:
+    """A section that was not run, with the sentence that says why."""
+    return Section(notebook.stem, title_of(notebook), "", 0.0, params, skipped=why)
 
 
 # ---------------------------------------------------------------- rendering
@@ -179,8 +208,9 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict, trac
     if traces_note:
         parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
     for sec in sections:
-        parts.append(f"<h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
-                     f"<pre>{html.escape(sec.headline)}</pre>")
+        body = (f"<p class=\"skipped\">{html.escape(sec.skipped.capitalize())}.</p>" if sec.skipped
+                else f"<pre>{html.escape(sec.headline)}</pre>")
+        parts.append(f"<h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>{body}")
     parts.append("<h2>All ledger rows</h2>" + _ledger_table(ledger))
     pkgs = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
     parts.append(
@@ -197,12 +227,25 @@ def render_index(sections: list[Section], ledger, info: dict, params: dict, trac
     return _page(TITLE, "\n".join(parts))
 
 
-def _traces_note(params: dict) -> str:
-    """Whether the real traces were there for this build (the trace folder the notebooks use)."""
+def _traces_note(merged: dict[str, dict]) -> str:
+    """Whether the real traces were there for this build: one sentence, or one per trace folder when the
+    notebooks were given different folders (merged: each notebook's parameters, defaults included)."""
     from kvlab.sections.traces import availability_note
 
-    folders = {p.get("TRACE_DIR") or None for p in params.values()}
-    return " ".join(availability_note(folder) for folder in sorted(folders, key=str))
+    folders: dict[str, list[str]] = {}
+    for stem, values in merged.items():
+        if "TRACE_DIR" in values:
+            folders.setdefault(str(traces.trace_dir(values["TRACE_DIR"] or None)), []).append(stem)
+    if len(folders) <= 1:
+        return " ".join(availability_note(folder) for folder in folders)
+    return " ".join(f"For {', '.join(stems)}: {availability_note(folder)}" for folder, stems in folders.items())
+
+
+def render_skipped(section: Section) -> str:
+    """The page of a section that was not built: its title and why."""
+    nav = '<nav><a href="index.html">&larr; back to the report index</a></nav>'
+    return _page(section.title, f"{nav}<h1>{html.escape(section.title)}</h1>"
+                                f"<p class=\"skipped\">This section was {html.escape(section.skipped)}.</p>{nav}")
 
 
 def write_pdf(pages: list[Path], pdf: Path) -> None:
@@ -215,13 +258,39 @@ def write_pdf(pages: list[Path], pdf: Path) -> None:
 
 
 # ---------------------------------------------------------------- build
+MAX_MINUTES = 120  # a default report takes about one minute; refuse what would take hours unless asked
+
+
+def plan(notebooks: list[Path], params: dict[str, dict], max_minutes: float, log) -> tuple[dict[str, str], dict]:
+    """Before anything runs: the estimated time (refused past max_minutes), which notebooks to skip and why, and
+    every notebook's parameters with its defaults merged in."""
+    merged = {nb.stem: {**notebook_parameters(nb), **params[nb.stem]} for nb in notebooks}
+    seconds = sum(parameters.estimate(stem, values).seconds for stem, values in merged.items())
+    if seconds > 60 * max_minutes:
+        heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
+        raise ReportError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
+                          f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS")
+    if seconds > 120:
+        log(f"report: about {seconds / 60:,.0f} min on this machine")
+    skipped = {}
+    for nb in notebooks:
+        if "traces" in needs(nb):
+            missing = traces.missing_traces(merged[nb.stem].get("TRACE_DIR") or None)
+            if missing:
+                skipped[nb.stem] = (f"not built: it needs the real request traces, and {', '.join(missing)} "
+                                    f"{'is' if len(missing) == 1 else 'are'} not in the trace folder "
+                                    "(run make traces or set TRACE_DIR)")
+    return skipped, merged
+
+
 def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, notebook_dir: Path = NOTEBOOK_DIR,
-          pdf: bool = True, log=print) -> Path:
+          pdf: bool = True, max_minutes: float = MAX_MINUTES, log=print) -> Path:
     """Build the whole report into out atomically; raise ReportError on bad parameters or a failed notebook."""
     notebooks = sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
         raise ReportError(f"no notebooks found in {notebook_dir}")
     params = load_params(params_path, overrides, notebooks)
+    skipped, merged = plan(notebooks, params, max_minutes, log)
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
@@ -231,14 +300,19 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         sections = []
         for i, nb in enumerate(notebooks, 1):
             log(f"report: [{i}/{len(notebooks)}] {nb.name} ...", end=" ", flush=True)
-            sec = execute(nb, tmp, params[nb.stem])
-            log(f"ok ({sec.seconds:.1f} s)", flush=True)
-            (tmp / f"{nb.stem}.html").write_text(render_section(tmp / "notebooks" / nb.name, sec))
+            if nb.stem in skipped:
+                sec = skip(nb, params[nb.stem], skipped[nb.stem])
+                log(sec.skipped, flush=True)
+                (tmp / f"{nb.stem}.html").write_text(render_skipped(sec))
+            else:
+                sec = execute(nb, tmp, params[nb.stem])
+                log(f"ok ({sec.seconds:.1f} s)", flush=True)
+                (tmp / f"{nb.stem}.html").write_text(render_section(tmp / "notebooks" / nb.name, sec))
             sections.append(sec)
         ledger = ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")))
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
-        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params, _traces_note(params)))
+        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params, _traces_note(merged)))
         if pdf:
             log("report: rendering report.pdf ...", end=" ", flush=True)
             pdf_start = time.perf_counter()

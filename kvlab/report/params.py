@@ -6,9 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from kvlab.core import validate
-from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
-from kvlab.workloads.traces import TRACE_FORMATS
+from kvlab.sections import parameters
 
 
 class ReportError(Exception):
@@ -27,9 +25,21 @@ def _parse_value(text: str):
     if not text.strip():
         return ""  # NAME= sets an empty string (e.g. TRACE= for no trace)
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-3 as text; a person means a number
+            except ValueError:
+                pass
+        return value
     except yaml.YAMLError as error:
         raise ReportError(f"--set value {text!r} is not valid YAML: {error.problem}") from None
+
+
+def _kind(default) -> str:
+    """How a value like default is described: 'an integer like 20000'."""
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "text", list: "a list", tuple: "a list"}
+    return f"{names.get(type(default), type(default).__name__)} like {default!r}"
 
 
 def _same_kind(default, value) -> bool:
@@ -85,90 +95,10 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
                 raise ReportError(f"{where} is not allowed: {stem} has parameters {', '.join(declared[stem])}")
             default = declared[stem][pname]
             if not _same_kind(default, value):
-                raise ReportError(f"{where} is not allowed: must be a {type(default).__name__} like {default!r}")
+                raise ReportError(f"{where} is not allowed: must be {_kind(default)}")
         try:
-            check_section(stem, {**declared[stem], **values})
+            parameters.check(stem, {**declared[stem], **values})
         except ValueError as error:
             source = "--set" if stem in from_command_line else params_path.name
-            raise ReportError(f"{source}: {stem}: {error}") from None
+            raise ReportError(f"{stem}.{error} (from {source})") from None
     return params
-
-
-def _check_capacity(p: dict) -> None:
-    from kvlab.core import capacity
-    from kvlab.sections import capacity as section
-
-    shape = capacity.KVShape(p["NUM_LAYERS"], p["NUM_KV_HEADS"], p["HEAD_DIM"], p["DTYPE_BYTES"])
-    section.memory_table(shape, p["CONTEXTS"], p["CONCURRENCY"])
-    section.fit_table(shape, p["GPU_MEMORY_GIB"], p["WEIGHTS_GIB"], p["CONTEXTS"])
-
-
-def _each(check):
-    """A rule for a list parameter: not empty, check on every element."""
-    def rule(name, values):
-        for i, value in enumerate(validate.non_empty(name, values)):
-            check(f"{name}[{i}]", value)
-    return rule
-
-
-def _lengths(name, value):
-    validate.one_of(name, value, LENGTH_DISTRIBUTIONS)
-
-
-def _trace(name, value):
-    if value:
-        validate.one_of(name, value, TRACE_FORMATS)
-
-
-def _percent(name, value):
-    if validate.non_negative_number(name, value) > 100:
-        validate.fail(name, value, "must be a percentile in [0, 100]")
-
-
-_int1, _int0, _pos = validate.positive_int, validate.non_negative_int, validate.positive_number
-
-# What each notebook parameter may be, checked before any notebook runs (a parameter without a
-# rule is only checked for its type against the notebook's default).
-PARAM_RULES = {
-    "01_allocation": {
-        "NUM_REQUESTS": _int1, "MAX_LEN_TOKENS": _int1, "LENGTHS": _lengths, "SEED": _int0,
-        "BLOCK_SIZES": _each(_int1), "MEMORY_GIB": _pos, "MIB_PER_TOKEN": _pos, "POLICY_BLOCK_SIZE": _int1,
-        "NUM_SEEDS": _int1, "TRACE": _trace, "TRACE_MAX_LEN_TOKENS": _int1,
-    },
-    "02_batching": {
-        "NUM_REQUESTS": _int1, "MAX_NUM_SEQS": _int1, "MS_PER_TOKEN": _pos, "ARRIVAL_RATE": _pos,
-        "CONSTANT_TOKENS": _int1, "SEED": _int0, "NUM_SEEDS": _int1, "BAND_LOW_PCT": _percent,
-        "BAND_HIGH_PCT": _percent, "TIMELINE_S": _pos, "SWEEP_RATES": _each(_pos),
-        "SWEEP_CVS": _each(validate.non_negative_number), "SWEEP_SEEDS": _int1, "TRACE": _trace,
-        "TRACE_NUM_REQUESTS": _int1, "SHAREGPT_RATE_PER_S": _pos,
-    },
-    "03_capacity": {
-        "GPU_MEMORY_UTILIZATION": lambda n, v: validate.fraction(n, v), "BLOCK_SIZE": _int1,
-        "LOG_MAX_MODEL_LEN": _int1, "PLAN_CONTEXTS": _each(_int1), "PLAN_TENSOR_PARALLEL_SIZES": _each(_int1),
-    },
-    "04_traces": {
-        "SHAREGPT_RATE_PER_S": _pos, "SEED": _int0, "RATE_WINDOW_S": _pos, "CACHE_SIZES_BLOCKS": _each(_int1),
-    },
-    "05_calibration": {
-        "NUM_LAYERS": _int1, "NUM_HEADS": _int1,
-        "HEAD_DIM": _int1, "HIDDEN_SIZE": _int1, "INTERMEDIATE_SIZE": _int1, "VOCAB_SIZE": _int1,
-        "BATCH_SIZES": _each(_int1), "CONTEXTS": _each(_int1), "FREE_GIB": _pos, "CONTEXT_TOKENS": _int1,
-        "MAX_NUM_SEQS": _int1, "SEED": _int0,
-    },
-}
-
-# Checks that need several parameters together (run after the per-parameter rules).
-SECTION_CHECKS = {
-    "02_batching": lambda p: p["BAND_LOW_PCT"] < p["BAND_HIGH_PCT"] or validate.fail(
-        "BAND_LOW_PCT", p["BAND_LOW_PCT"], f"must be below BAND_HIGH_PCT={p['BAND_HIGH_PCT']}"),
-    "03_capacity": _check_capacity,
-}
-
-
-def check_section(stem: str, params: dict) -> None:
-    """Raise ValueError if a notebook's parameters (its defaults merged with overrides) are not allowed."""
-    for name, rule in PARAM_RULES.get(stem, {}).items():
-        if name in params:
-            rule(name, params[name])
-    if stem in SECTION_CHECKS:
-        SECTION_CHECKS[stem](params)

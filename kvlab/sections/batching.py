@@ -35,8 +35,8 @@ class Experiment:
     constant_tokens: int = article.CONSTANT_TOKENS
 
     def __post_init__(self):
-        validate.positive_int("num_requests", self.num_requests)
-        validate.positive_number("arrival_rate", self.arrival_rate)
+        validate.in_range("num_requests", self.num_requests, "num_requests")
+        validate.in_range("arrival_rate", self.arrival_rate, "arrival_rate")
         validate.one_of("lengths", self.lengths, synthetic.S2_LENGTHS)
         validate.positive_int("max_num_seqs", self.max_num_seqs)
         validate.positive_int("constant_tokens", self.constant_tokens)

@@ -12,8 +12,8 @@ from kvlab.core.workload import Workload
 
 def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s) of a Poisson process at rate_per_s, the first request at 0."""
-    num_requests = validate.positive_int("num_requests", num_requests)
-    rate_per_s = validate.positive_number("arrival_rate", rate_per_s)
+    num_requests = validate.in_range("num_requests", num_requests, "num_requests")
+    rate_per_s = validate.in_range("arrival_rate", rate_per_s, "arrival_rate")
     gaps = rng.exponential(1.0 / rate_per_s, size=num_requests)
     gaps[0] = 0.0
     return np.cumsum(gaps)
@@ -139,7 +139,7 @@ def sample_lengths(name: str, num_requests: int, rng: np.random.Generator, **par
     constant ignore it (their lengths are fixed by their own parameters).
     """
     validate.one_of("lengths", name, LENGTH_DISTRIBUTIONS)
-    num_requests = validate.positive_int("num_requests", num_requests)
+    num_requests = validate.in_range("num_requests", num_requests, "num_requests")
     generator, _ = LENGTH_DISTRIBUTIONS[name]
     try:
         return generator(num_requests, rng, **params)

@@ -143,12 +143,12 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
     has_time = trace_format != "sharegpt"
     if has_time and arrival_rate_per_s is not None:
         validate.fail("arrival_rate_per_s", arrival_rate_per_s,
-                      f"a {trace_format} trace has its own timestamps; leave the rate unset")
+                      f"the {trace_format} trace has its own timestamps; leave the rate unset")
     if not has_time:
         if arrival_rate_per_s is None:
-            validate.fail("arrival_rate_per_s", None, f"a {trace_format} trace has no timestamps: give a rate "
-                          "(requests/s) for Poisson arrivals")
-        validate.positive_number("arrival_rate_per_s", arrival_rate_per_s)
+            raise ValueError(f"arrival_rate_per_s is needed: the {trace_format} trace has no timestamps, so its "
+                             "requests arrive as a Poisson process at a rate you give (requests/s)")
+        validate.in_range("arrival_rate_per_s", arrival_rate_per_s, "arrival_rate")
         if not isinstance(rng, np.random.Generator):
             validate.fail("rng", rng, "a numpy.random.Generator is needed to draw Poisson arrivals")
 
@@ -210,7 +210,7 @@ def _detect_format(path: str, line_no: int, header: str) -> str:
         if {c for c in needed if c} <= columns:
             return fmt
     raise ValueError(f"{path}:{line_no}: cannot tell the trace format from {header.strip()[:80]!r}: "
-                     f"pass trace_format, one of {', '.join(TRACE_FORMATS)}")
+                     f"name it with trace_format, one of {', '.join(TRACE_FORMATS)}")
 
 
 def _csv_parser(path: str, line_no: int, header: str, trace_format: str):

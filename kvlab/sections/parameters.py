@@ -1,0 +1,193 @@
+"""What each notebook parameter may be, and what a notebook's run will need, checked before anything runs.
+
+One rule per parameter (its sane range, or the names it must be one of, with close matches suggested),
+cross-parameter checks, and an estimate of each notebook's peak memory and time. The report checks
+every notebook here before running any; each notebook checks its own parameters in its first cell, so
+`papermill -p SEED -1` stops with one line naming SEED, not deep inside numpy. Messages name the
+notebook's own parameter (GPU_MEMORY_GIB), never a library argument (gpu_memory).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from kvlab.core import batching, models, resources, validate
+from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_REQUEST
+from kvlab.core.calibration import DTYPES
+from kvlab.core.config import KV_CACHE_DTYPES
+from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
+from kvlab.workloads.traces import TRACE_FORMATS
+
+Rule = Callable[[str, object], object]
+
+# Seconds of work per request and run, measured by make bench on this project's 2-core machine (with margin).
+SECONDS_PER_REQUEST_DRAWN = 1e-7      # section 1: draw a length and count its blocks
+SECONDS_PER_REQUEST_SERVED = 1.5e-6   # section 2: draw and serve one request under one policy
+SECONDS_PER_NOTEBOOK = 5.0            # a kernel's start, imports, figures
+
+
+def _each(rule: Rule) -> Rule:
+    """A rule for a list parameter: not empty, rule on every element."""
+    def check(name, values):
+        if not isinstance(values, (list, tuple)):
+            validate.fail(name, values, "must be a list, e.g. [1, 2]")
+        for i, value in enumerate(validate.non_empty(name, values)):
+            rule(f"{name}[{i}]", value)
+    return check
+
+
+def _increasing(rule: Rule) -> Rule:
+    """A rule for a list that must also be strictly increasing (a grid)."""
+    def check(name, values):
+        _each(rule)(name, values)
+        if any(b <= a for a, b in zip(values, values[1:])):
+            validate.fail(name, values, "must be increasing, each value above the one before")
+    return check
+
+
+def _range(quantity: str) -> Rule:
+    return lambda name, value: validate.in_range(name, value, quantity)
+
+
+def _choice(choices, *, empty_ok: bool = False) -> Rule:
+    def check(name, value):
+        if not (empty_ok and value == ""):
+            validate.one_of(name, value, choices)
+    return check
+
+
+def _folder(name, value):
+    if value and not Path(value).is_dir():
+        validate.fail(name, value, "must be an existing folder (or empty for the default)")
+
+
+def _percent(name, value):
+    x = validate.non_negative_number(name, value)
+    if x > 100:
+        validate.fail(name, value, "must be a percentile from 0 to 100")
+
+
+def _fraction(name, value):
+    return validate.fraction(name, value)
+
+
+def _gpu(name, value):
+    models.get_gpu(value)  # its error lists close matches
+
+
+def _model(name, value):
+    models.get_model(value)
+
+
+def _named(check: Callable[[str], object], kind: str) -> Rule:
+    """A rule for a catalog name whose error starts 'gpu=' or 'model=': restated with the parameter's name."""
+    def rule(name, value):
+        try:
+            check(name, value)
+        except ValueError as error:
+            message = str(error)
+            raise ValueError(name + message[len(kind):] if message.startswith(kind + "=") else message) from None
+    return rule
+
+
+_gpu_name = _named(_gpu, "gpu")
+_model_name = _named(_model, "model")
+_count = _range("count")
+_seed = _range("seed")
+_tokens = _range("tokens")
+
+RULES: dict[str, dict[str, Rule]] = {
+    "01_allocation": {
+        "NUM_REQUESTS": _range("num_requests"), "MAX_LEN_TOKENS": _tokens, "LENGTHS": _choice(LENGTH_DISTRIBUTIONS),
+        "SEED": _seed, "BLOCK_SIZES": _each(_range("block_size")), "MEMORY_GIB": _range("memory_gib"),
+        "MIB_PER_TOKEN": _range("mib_per_token"), "POLICY_BLOCK_SIZE": _range("block_size"),
+        "NUM_SEEDS": _range("num_seeds"), "TRACE": _choice(TRACE_FORMATS, empty_ok=True), "TRACE_DIR": _folder,
+        "TRACE_MAX_LEN_TOKENS": _tokens,
+    },
+    "02_batching": {
+        "NUM_REQUESTS": _range("num_requests"), "MAX_NUM_SEQS": _range("max_num_seqs"),
+        "MS_PER_TOKEN": _range("ms_per_token"), "ARRIVAL_RATE": _range("arrival_rate"), "CONSTANT_TOKENS": _tokens,
+        "SEED": _seed, "NUM_SEEDS": _range("num_seeds"), "BAND_LOW_PCT": _percent, "BAND_HIGH_PCT": _percent,
+        "TIMELINE_S": _range("seconds"), "SWEEP_RATES": _increasing(_range("arrival_rate")),
+        "SWEEP_CVS": _increasing(_range("cv")),
+        "SWEEP_SEEDS": _range("num_seeds"), "TRACE": _choice(TRACE_FORMATS, empty_ok=True), "TRACE_DIR": _folder,
+        "TRACE_NUM_REQUESTS": _range("num_requests"), "SHAREGPT_RATE_PER_S": _range("arrival_rate"),
+    },
+    "03_capacity": {
+        "NUM_LAYERS": _count, "NUM_KV_HEADS": _count, "HEAD_DIM": _count, "DTYPE_BYTES": validate.positive_number,
+        "GPU_MEMORY_GIB": _range("memory_gib"), "WEIGHTS_GIB": validate.non_negative_number,
+        "CONTEXTS": _each(_tokens), "CONCURRENCY": _each(_count), "PLAN_GPU": _gpu_name,
+        "PLAN_MODELS": _each(_model_name), "TABLE_MODELS": _each(_model_name), "PLAN_CONTEXTS": _increasing(_tokens),
+        "PLAN_KV_CACHE_DTYPES": _each(_choice(KV_CACHE_DTYPES)), "PLAN_TENSOR_PARALLEL_SIZES": _increasing(_count),
+        "GPU_MEMORY_UTILIZATION": _fraction, "BLOCK_SIZE": _range("block_size"), "LOG_MAX_MODEL_LEN": _tokens,
+    },
+    "04_traces": {
+        "TRACE_DIR": _folder, "SHAREGPT_RATE_PER_S": _range("arrival_rate"), "SEED": _seed,
+        "RATE_WINDOW_S": _range("seconds"), "CACHE_SIZES_BLOCKS": _increasing(_count),
+    },
+    "05_calibration": {
+        "CALIBRATION_DIR": _folder, "NUM_LAYERS": _count, "NUM_HEADS": _count, "HEAD_DIM": _count,
+        "HIDDEN_SIZE": _count, "INTERMEDIATE_SIZE": _count, "VOCAB_SIZE": _count, "DTYPE": _choice(DTYPES),
+        "GPUS": _each(_gpu_name),
+        "BATCH_SIZES": _increasing(_count), "CONTEXTS": _increasing(_tokens), "FREE_GIB": _range("memory_gib"),
+        "CONTEXT_TOKENS": _tokens, "MAX_NUM_SEQS": _range("max_num_seqs"), "SEED": _seed,
+    },
+}
+
+
+def _check_batching(p: dict) -> None:
+    if p["BAND_LOW_PCT"] >= p["BAND_HIGH_PCT"]:
+        validate.fail("BAND_LOW_PCT", p["BAND_LOW_PCT"], f"must be below BAND_HIGH_PCT={p['BAND_HIGH_PCT']}")
+
+
+def _check_capacity(p: dict) -> None:
+    if p["WEIGHTS_GIB"] >= p["GPU_MEMORY_GIB"]:
+        validate.fail("WEIGHTS_GIB", p["WEIGHTS_GIB"], f"must be below GPU_MEMORY_GIB={p['GPU_MEMORY_GIB']}")
+
+
+# Checks that need several parameters together (run after the per-parameter rules).
+CROSS_CHECKS: dict[str, Callable[[dict], None]] = {
+    "02_batching": _check_batching, "03_capacity": _check_capacity,
+}
+
+
+def check(stem: str, params: dict) -> None:
+    """Raise a one-line ValueError naming the notebook's parameter if any of params (name -> value) is not allowed.
+
+    params may hold other names (a notebook's globals()): only the notebook's parameters are checked."""
+    for name, rule in RULES.get(stem, {}).items():
+        if name in params:
+            rule(name, params[name])
+    if stem in CROSS_CHECKS:
+        CROSS_CHECKS[stem](params)
+    refuse_if_too_big(stem, params)
+
+
+# ---------------------------------------------------------------- what a run needs
+def estimate(stem: str, p: dict) -> resources.Estimate:
+    """Peak memory (bytes) and time (s) of one notebook run with parameters p (its defaults merged in)."""
+    if stem == "01_allocation":
+        n = p["NUM_REQUESTS"]
+        draws = p["NUM_SEEDS"] + 4 + 2  # the band, four length families, the table and the powers of two
+        return resources.Estimate(2 * n * ALLOCATION_BYTES_PER_REQUEST,
+                                  SECONDS_PER_NOTEBOOK + draws * n * SECONDS_PER_REQUEST_DRAWN)
+    if stem == "02_batching":
+        n = p["NUM_REQUESTS"]
+        runs = (4 * p["NUM_SEEDS"] + 2 * p["SWEEP_SEEDS"] * (len(p["SWEEP_RATES"]) + len(p["SWEEP_CVS"]) + 1) + 6)
+        return resources.Estimate(n * batching.PEAK_BYTES_PER_REQUEST,
+                                  SECONDS_PER_NOTEBOOK + runs * n * SECONDS_PER_REQUEST_SERVED)
+    return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
+
+
+# The parameter whose size drives each notebook's memory, to name in a refusal.
+SIZE_PARAMETER = {"01_allocation": "NUM_REQUESTS", "02_batching": "NUM_REQUESTS"}
+
+
+def refuse_if_too_big(stem: str, p: dict) -> None:
+    """A one-line ValueError naming the size parameter when the notebook's estimate exceeds this machine's memory."""
+    name = SIZE_PARAMETER.get(stem)
+    if name is None or name not in p:
+        return
+    needed = estimate(stem, p).peak_bytes
+    per_unit = needed / p[name]
+    resources.refuse_if_too_big(name, p[name], per_unit)
