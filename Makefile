@@ -19,7 +19,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Real request traces (not committed): a folder holding the files that data/traces.toml lists.
 export TRACE_DIR ?= $(CURDIR)/../shared/traces
 
-.PHONY: help setup report test bench lab notebooks traces calibrate clean
+.PHONY: help setup report test bench lab notebooks traces calibrate parity clean
 
 help:
 	@echo "make report   set up (first time) and build report/ (HTML, PDF, ledger.csv)"
@@ -29,6 +29,7 @@ help:
 	@echo "make lab      open the notebooks in JupyterLab (prints the URL to open; root is fine)"
 	@echo "make calibrate measure KV bytes per token and decode/prefill times on this machine's GPU (needs torch)"
 	@echo "make traces   download the public request traces into data/traces/ and check their hashes"
+	@echo "make parity   run vLLM's own sizing code and scheduler (installed in .venv-vllm, CPU only) against kvlab"
 	@echo "make clean    remove report/ outputs and caches (keeps .venv)"
 
 setup: $(STAMP)
@@ -68,6 +69,18 @@ notebooks: $(STAMP)
 
 calibrate:
 	bash scripts/gpu_calibration.sh
+
+# vLLM itself, for make parity only (about 9 GB, a few minutes, CPU only; never part of make test).
+VENV_VLLM := .venv-vllm
+VLLM_VERSION := 0.33.0
+$(VENV_VLLM)/.installed:
+	@test -x $(VENV_VLLM)/bin/python || $(PYTHON) -m venv $(VENV_VLLM)
+	$(VENV_VLLM)/bin/python -m pip install --quiet vllm==$(VLLM_VERSION)
+	@touch $@
+
+parity: $(STAMP) $(VENV_VLLM)/.installed
+	$(BIN)/python scripts/parity/compare_capacity.py --vllm-python $(VENV_VLLM)/bin/python
+	$(BIN)/python scripts/parity/compare_scheduler.py --vllm-python $(VENV_VLLM)/bin/python
 
 traces: $(STAMP)
 	$(BIN)/kvlab traces download --dest data/traces

@@ -715,7 +715,10 @@ def add_report(commands) -> None:
                    help="override one parameter (without NOTEBOOK: every notebook that has NAME); repeatable")
     p.add_argument("--out", type=Path, default=REPORT_DIR, help="output folder (default report/)")
     p.add_argument("--no-pdf", action="store_true", help="skip report.pdf (faster)")
-    p.set_defaults(run=run_report, flags={})
+    p.add_argument("--max-minutes", type=float, default=120.0,
+                   help="refuse, before any notebook runs, a report estimated to take longer on this machine, "
+                   "minutes (default 120; the default parameters take about 1)")
+    p.set_defaults(run=run_report, flags={"max_minutes": "--max-minutes"})
 
 
 def run_report(args, given: set[str]) -> dict:
@@ -724,7 +727,8 @@ def run_report(args, given: set[str]) -> dict:
     from kvlab.report.params import ReportError
 
     try:
-        build(args.params, args.overrides, args.out, pdf=not args.no_pdf)
+        build(args.params, args.overrides, args.out, pdf=not args.no_pdf,
+              max_minutes=validate.in_range("max_minutes", args.max_minutes, "seconds"))
     except ReportError as error:
         print(f"\nreport: error: {error}", file=sys.stderr)
         print("report: nothing was written; " + ("the previous report is unchanged"

@@ -46,14 +46,24 @@ class ParallelConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """vLLM's scheduler limits: requests running at once and tokens per step."""
+    """vLLM's scheduler settings: requests running at once, tokens per step, the longest request, chunked
+    prefill and its per-request cap, and whether the next step is scheduled before this one's tokens are known."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None           # None: the model's own (max_position_embeddings)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0       # 0: no cap on one request's prefill chunk
+    async_scheduling: bool = True               # vLLM 0.33's default on a GPU
 
     def __post_init__(self):
         validate.in_range("max_num_seqs", self.max_num_seqs, "max_num_seqs")
         validate.in_range("max_num_batched_tokens", self.max_num_batched_tokens, "tokens")
+        if self.max_model_len is not None:
+            validate.in_range("max_model_len", self.max_model_len, "tokens")
+        validate.one_of("enable_chunked_prefill", self.enable_chunked_prefill, [True, False])
+        validate.non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
+        validate.one_of("async_scheduling", self.async_scheduling, [True, False])
 
 
 @dataclass(frozen=True)
