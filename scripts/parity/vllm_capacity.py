@@ -24,11 +24,14 @@ path) and the settings vLLM's KV-cache sizing reads:
     tensor_parallel_size    1
     pipeline_parallel_size  1
     max_num_batched_tokens  8192 (`vllm serve` on an H100/H200)
-    async_scheduling        true (vLLM's default on a GPU)
-    hybrid_kv_cache_manager true (vLLM's default on a GPU)
+    async_scheduling        null: vLLM decides as on a GPU (on, except the V1 runner with PP > 1);
+                            true or false as --async-scheduling / --no-async-scheduling
+    hybrid_kv_cache_manager true (vLLM's default on a GPU); false as --disable-hybrid-kv-cache-manager
     model_runner            "v2" (vLLM's default on a GPU with Triton) or "v1"
-    attention_backend       null: FLASH_ATTN, or for MLA the first of vLLM's Hopper priority list
-                            that imports here and takes the KV dtype and block size; or a name of
+    attention_backend       null: the first backend of vLLM's Hopper (SM90) priority list that takes
+                            the KV dtype and block size (FLASH_ATTN for bf16/fp8; for MLA,
+                            TRITON_MLA stands in for FLASH_ATTN_MLA, which imports only on a
+                            GPU: both take any multiple of 16 tokens); or a name of
                             vllm.v1.attention.backends.registry.AttentionBackendEnum
     spec_source             "auto" (model class, else constructed), "model" or "constructed"
 
@@ -46,10 +49,11 @@ starts (or the error it raises), the KV cache groups, the exact log lines, and t
 Running on a CPU, vLLM selects its CPU platform (VLLM_TARGET_DEVICE=cpu; the CUDA build on a
 machine without a GPU cannot even build a VllmConfig). The CPU platform changes settings a GPU
 would not, so the script sets them back to what vLLM chooses on a CUDA GPU and records each
-override under "emulation" in OUT.json: async scheduling (the CPU platform turns it off), the
-hybrid KV cache manager, the model runner (V2 needs Triton), the block size (the CPU platform
-forces 16 for MLA), the attention backend of every layer (CPU_ATTN only takes blocks of 32k
-tokens, which changes sliding-window block sizes) and the device name in the log line.
+change under "emulation" in OUT.json: the settings the CPU platform's check_and_update_config
+changes after vLLM resolved them (async scheduling, which it turns off; the block size, which it
+forces to 16 for MLA), the model runner (V2, which needs Triton; VLLM_USE_V2_MODEL_RUNNER), the
+attention backend of every layer (CPU_ATTN takes multiples of 32 tokens only, which changes
+sliding-window block sizes) and the device name in the log line.
 
 Only vLLM is imported (no kvlab, no pandas); a bad case is recorded and the next one runs.
 """
@@ -57,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import hashlib
 import json
 import logging
@@ -143,16 +146,19 @@ DEFAULTS = {
     "pipeline_parallel_size": 1,
     "max_model_len": None,
     "max_num_batched_tokens": 8192,
-    "async_scheduling": True,
+    "async_scheduling": None,
     "hybrid_kv_cache_manager": True,
     "model_runner": "v2",
     "attention_backend": None,
     "spec_source": "auto",
 }
-# What vLLM's CUDA platform tries first on a Hopper GPU (vllm/platforms/cuda.py,
-# _get_backend_priorities): FLASH_ATTN for MHA/GQA/MQA, this list for MLA.
+# The order vLLM's CUDA platform tries attention backends in on a Hopper GPU (SM90;
+# vllm/platforms/cuda.py, _get_backend_priorities). The first that takes the KV dtype and block
+# size is used (vLLM also checks the device, which cannot be done here).
+BACKEND_PRIORITY = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLEX_ATTENTION")
 MLA_BACKEND_PRIORITY = ("FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA")
-DEFAULT_BACKEND = "FLASH_ATTN"
+# Why each backend was chosen, once per backend and KV dtype (OUT.json's "attention_backends").
+BACKEND_NOTES: dict[str, str] = {}
 # vLLM's loggers whose lines OUT.json keeps (the sizing path).
 PLANNING_LOGGERS = ("vllm.v1.core", "vllm.v1.attention.backends.utils")
 
@@ -213,8 +219,41 @@ def _model_runner_env(runner: str):
             os.environ["VLLM_USE_V2_MODEL_RUNNER"] = old
 
 
+# Settings vLLM resolves in VllmConfig.__post_init__ that the CPU platform's
+# check_and_update_config (run at its end) may change for the CPU's sake.
+# (The hybrid KV cache manager is resolved after the hook; the CPU platform supports it.)
+_WATCHED = (("scheduler_config", "async_scheduling"), ("scheduler_config", "max_num_batched_tokens"),
+            ("cache_config", "block_size"), ("cache_config", "cache_dtype"), ("model_config", "max_model_len"))
+
+
+@contextlib.contextmanager
+def _before_platform_hook():
+    """Record the watched settings as vLLM resolved them, just before the platform's hook runs."""
+    from vllm.platforms import current_platform
+
+    platform_cls = type(current_platform)
+    original = platform_cls.__dict__["check_and_update_config"]
+    seen: dict = {}
+
+    def watched(cls, vllm_config):
+        seen.update({(part, name): getattr(getattr(vllm_config, part), name) for part, name in _WATCHED})
+        return original.__func__(cls, vllm_config)
+
+    platform_cls.check_and_update_config = classmethod(watched)
+    try:
+        yield seen
+    finally:
+        platform_cls.check_and_update_config = original
+
+
 def build_vllm_config(case: dict, settings: dict):
-    """vLLM's VllmConfig for the case, with the CPU platform's changes set back to a GPU's."""
+    """vLLM's VllmConfig for the case, with the CPU platform's changes set back to a GPU's.
+
+    vLLM resolves every setting itself (async scheduling: on unless the V1 runner meets pipeline
+    parallelism, and an explicit request it cannot honour raises as on a GPU); the CPU platform's
+    hook then changes some for the CPU (async scheduling off, block_size 16 for MLA), and those
+    are set back to vLLM's resolution. Each change is recorded in the returned "emulation".
+    """
     args = EngineArgs(
         model=_model_dir(case),
         skip_tokenizer_init=True,
@@ -224,24 +263,23 @@ def build_vllm_config(case: dict, settings: dict):
         tensor_parallel_size=settings["tensor_parallel_size"],
         pipeline_parallel_size=settings["pipeline_parallel_size"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
+        async_scheduling=settings["async_scheduling"],
+        disable_hybrid_kv_cache_manager=None if settings["hybrid_kv_cache_manager"] else True,
     )
-    config = args.create_engine_config()
+    with _before_platform_hook() as resolved:
+        config = args.create_engine_config()
     emulation = {}
 
-    def override(where, name, value):
-        before = getattr(where, name)
-        if before != value:
-            emulation[name] = {"cpu_platform": before, "set_to": value}
+    def restore(where, name, value):
+        now = getattr(where, name)
+        if now != value:
+            emulation[name] = [now, value]  # [the CPU platform's value, the value used]
             setattr(where, name, value)
 
-    # The CPU platform turns async scheduling off; on a GPU it stays on unless asked off.
-    override(config.scheduler_config, "async_scheduling", bool(settings["async_scheduling"]))
-    override(config.scheduler_config, "disable_hybrid_kv_cache_manager",
-             not settings["hybrid_kv_cache_manager"])
-    # The CPU platform forces block_size=16 for MLA; a GPU keeps the user's block size.
-    override(config.cache_config, "block_size", settings["block_size"])
-    # Only the log line's wording ("GPU KV cache size") reads the device type on this path.
-    override(config.device_config, "device_type", "cuda")
+    for (part, name), value in resolved.items():  # as vLLM resolved them before the CPU's hook
+        restore(getattr(config, part), name, value)
+    # Only the capacity log line's wording ("GPU KV cache size") reads the device type here.
+    restore(config.device_config, "device_type", "cuda")
     return config, emulation
 
 
@@ -255,10 +293,8 @@ def choose_backend(settings: dict, use_mla: bool) -> tuple[type, str]:
     if settings["attention_backend"]:
         name = settings["attention_backend"]
         return _backend_class(name), "as asked"
-    if not use_mla:
-        return _backend_class(DEFAULT_BACKEND), "vLLM's first choice on SM90"
     skipped = []
-    for name in MLA_BACKEND_PRIORITY:
+    for name in MLA_BACKEND_PRIORITY if use_mla else BACKEND_PRIORITY:
         try:
             backend = _backend_class(name)
         except Exception as error:  # noqa: BLE001 - a GPU-only import
@@ -271,8 +307,9 @@ def choose_backend(settings: dict, use_mla: bool) -> tuple[type, str]:
         if not backend.supports_block_size(settings["block_size"]):
             skipped.append(f"{name} (block_size {settings['block_size']})")
             continue
-        return backend, "first of vLLM's SM90 MLA priority usable here; skipped: " + ", ".join(skipped)
-    raise ValueError("no MLA attention backend takes this KV dtype and block size: " + ", ".join(skipped))
+        note = "first of vLLM's SM90 priority list that takes the KV dtype and block size"
+        return backend, note + ("; skipped: " + ", ".join(skipped) if skipped else "")
+    raise ValueError("no attention backend takes this KV dtype and block size: " + ", ".join(skipped))
 
 
 # ---------------------------------------------------------------- per-layer KV cache specs
@@ -311,29 +348,23 @@ def _as_rank(tp_size: int, pp_size: int, pp_rank: int):
         tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group = saved
 
 
-class _KernelsNotBuilt:
-    """Stands in for a GPU backend's kernel object (its AttentionImpl) while a model is built here.
-
-    A layer's get_kv_cache_spec reads its backend class, never the kernel object, and building
-    the real one needs the GPU (FlashAttention's refuses fp8 on a device it cannot query).
-    """
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-
 def _construction_backend_path(backend) -> str:
     """Qualified name of the class the selector hands layers while the model is built.
 
-    MLA backends are used as they are (their kernel objects build on the CPU); other backends
-    through a subclass that builds no kernels, swapped back for the real class right after.
+    MLA backends are used as they are (their kernel objects build on the CPU). Other backends go
+    through a subclass whose kernel object (AttentionImpl) skips its __init__, which needs the GPU
+    (FlashAttention's refuses fp8 on a device it cannot query); the layers read the kernel
+    class's flags only, and get_kv_cache_spec reads the backend class, swapped back for the real
+    one right after the build.
     """
     if backend.is_mla():
         module, qualname = backend.full_cls_name()
         return f"{module}.{qualname}"
     name = f"_NoKernels_{backend.get_name()}"
     if not hasattr(sys.modules[__name__], name):
-        stub = type(name, (backend,), {"get_impl_cls": staticmethod(lambda: _KernelsNotBuilt)})
+        impl = backend.get_impl_cls()
+        idle_impl = type(f"_Idle{impl.__name__}", (impl,), {"__init__": lambda self, *args, **kwargs: None})
+        stub = type(name, (backend,), {"get_impl_cls": staticmethod(lambda: idle_impl)})
         setattr(sys.modules[__name__], name, stub)
     return f"{__name__}.{name}"
 
@@ -438,17 +469,18 @@ def specs_constructed(config, backend, pp_rank: int) -> dict:
     return specs
 
 
-_SPEC_CACHE: dict[tuple, tuple[list[dict], str]] = {}
+_SPEC_CACHE: dict[tuple, tuple] = {}
 
 
-def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict], str, list[str]]:
-    """Per-stage layer specs ([stage 0, stage 1, ...]), the path used, and notes on fallbacks."""
+def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict], str, list[str], bool | None]:
+    """Per-stage layer specs ([stage 0, stage 1, ...]), the path used, notes on a fallback, and
+    whether the constructed specs equal the model class's (None where only one path ran)."""
     key = (_model_dir(case), settings["tensor_parallel_size"], settings["pipeline_parallel_size"],
            config.cache_config.cache_dtype, settings["block_size"], backend.get_name(),
            settings["spec_source"])
     if key in _SPEC_CACHE:
-        stages, path, notes = _SPEC_CACHE[key]
-        return [dict(s) for s in stages], path, list(notes)
+        stages, path, notes, agree = _SPEC_CACHE[key]
+        return [dict(s) for s in stages], path, list(notes), agree
     pp = settings["pipeline_parallel_size"]
     notes: list[str] = []
     stages = None
@@ -463,16 +495,15 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
             notes.append(f"model class failed ({type(error).__name__}: {str(error)[:300]}); "
                          "specs constructed from vLLM's spec classes")
             config.compilation_config.static_forward_context.clear()
+    agree = None
     if stages is None:
         stages = [specs_constructed(config, backend, r) for r in range(pp)]
     else:  # check the constructed path against vLLM's layers wherever both run (names aside:
         # multimodal wrappers prefix theirs, e.g. language_model.model.layers.0.self_attn.attn)
         constructed = [specs_constructed(config, backend, r) for r in range(pp)]
         agree = [list(c.values()) for c in constructed] == [list(s.values()) for s in stages]
-        notes.append("constructed specs agree with the model class's" if agree
-                     else "constructed specs DIFFER from the model class's")
-    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes))
-    return stages, path, notes
+    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes), agree)
+    return stages, path, notes, agree
 
 
 # ---------------------------------------------------------------- sizing, in EngineCore's order
@@ -519,14 +550,15 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
     result: dict = {"id": case.get("id"), "settings": settings}
     _reset_log_once()
     capture.records.clear()
-    stage = "config"
+    step = "config"
     started = time.perf_counter()
     try:
         with _model_runner_env(settings["model_runner"]):
             config, emulation = build_vllm_config(case, settings)
             result["emulation"] = emulation
             backend, backend_note = choose_backend(settings, config.model_config.use_mla)
-            result["attention_backend"] = {"name": backend.get_name(), "why": backend_note}
+            result["attention_backend"] = backend.get_name()
+            BACKEND_NOTES.setdefault(f"{backend.get_name()} for {settings['kv_cache_dtype']}", backend_note)
             result["resolved"] = {
                 "architecture": config.model_config.architectures[0],
                 "max_model_len": config.model_config.max_model_len,
@@ -541,9 +573,10 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
                 "max_in_flight_tokens": config.max_in_flight_tokens,
             }
 
-            stage = "specs"
-            stages, path, notes = stage_specs(case, config, settings, backend)
+            step = "specs"
+            stages, path, notes, agree = stage_specs(case, config, settings, backend)
             result["spec_path"] = path
+            result["constructed_specs_agree"] = agree
             if notes:
                 result["spec_notes"] = notes
             tp = settings["tensor_parallel_size"]
@@ -551,7 +584,7 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
             kv_cache_specs = [dict(s) for s in stages for _ in range(tp)]
             result["layers_per_stage"] = [len(s) for s in stages]
 
-            stage = "planning"
+            step = "planning"
             # vllm/v1/engine/core.py, EngineCore._initialize_kv_caches, in its order:
             register_all_kvcache_specs(config)
             layout = resolve_kv_cache_layout(
@@ -603,8 +636,8 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
     except Exception as error:  # noqa: BLE001 - one bad case must not stop the grid
         # vLLM itself rejects the settings (config) or the memory (planning): it would not start.
         # A failure to build the specs here says nothing about vLLM: starts is unknown (None).
-        result["starts"] = None if stage == "specs" else False
-        result["error_stage"] = stage
+        result["starts"] = None if step == "specs" else False
+        result["error_stage"] = step
         result["error"] = f"{type(error).__name__}: {error}"
         result["traceback"] = "".join(traceback.format_exc().splitlines(keepends=True)[-16:])
         return result
@@ -635,14 +668,16 @@ def main(argv=None) -> int:
     results = []
     for n, case in enumerate(cases, 1):
         results.append(size_case(case, capture))
-        if opts.verbose or n % 200 == 0:
+        if opts.verbose or n % 500 == 0:
             r = results[-1]
             print(f"[{n}/{len(cases)}] {r['id']}: starts={r.get('starts')} blocks={r.get('num_gpu_blocks')} "
                   f"{r.get('error', '')[:120]}", file=sys.stderr)
     out = {
         "vllm_version": vllm.__version__,
         "torch_version": torch.__version__,
-        "platform": "vLLM CPU platform, settings set back to vLLM's CUDA defaults (see each case's emulation)",
+        "platform": ("vLLM's CPU platform; each case's emulation lists the settings set back to what vLLM "
+                     "resolves on a CUDA GPU, as [CPU platform's value, value used]"),
+        "attention_backends": BACKEND_NOTES,
         "seconds": round(time.perf_counter() - started, 2),
         "num_cases": len(results),
         "cases": results,
@@ -651,9 +686,11 @@ def main(argv=None) -> int:
     head = json.dumps({k: v for k, v in out.items() if k != "cases"}, default=str)[:-1]
     lines = ",\n".join(json.dumps(r, default=str, separators=(",", ":")) for r in results)
     Path(opts.output).write_text(f'{head}, "cases": [\n{lines}\n]}}\n')
-    failed = sum(1 for r in results if r.get("error_stage"))
-    print(f"{len(results)} cases in {out['seconds']} s; {failed} could not be sized "
-          f"(config/spec errors); output {opts.output}", file=sys.stderr)
+    refused = sum(1 for r in results if r.get("starts") is False)
+    unknown = sum(1 for r in results if r.get("starts") is None)
+    print(f"{len(results)} cases in {out['seconds']} s: {len(results) - refused - unknown} start, "
+          f"{refused} refused or rejected by vLLM, {unknown} not sized (spec errors); "
+          f"output {opts.output}", file=sys.stderr)
     return 0
 
 

@@ -45,16 +45,30 @@ Simulated time (kvlab's engine follows the same rules):
   tokens are always request-unique, so generated tokens never match across requests
   (but a preempted request can hit its own cached blocks when it resumes).
 
-With ``async_scheduling: true`` the engine's two-deep batch queue is modelled: the step
-after next is scheduled as soon as a step's output has been processed, i.e. step k+1 is
-scheduled at the start of step k and sees outputs only up to step k-1 (see
-``_run_async``).  vLLM 0.33's own engine enables async scheduling by default.
+With ``async_scheduling: true`` vLLM's AsyncScheduler runs behind a simplified model of
+the engine's two-deep batch queue: step k+1 is scheduled at the start of step k, so it sees
+outputs only up to step k-1; empty batches take no time (see ``_run_async``).  The
+decisions are vLLM's, the engine timing is an approximation; parity runs use ``false``.
+(vLLM 0.33's own GPU engine enables async scheduling by default.)
 
-OUT.json has one record per request (``request_id`` = 0-based input position), one per
-step, the scheduler's wall time (``wall_s_scheduler``: seconds inside ``schedule()`` and
-``update_from_output()`` only) and the vLLM version.  If the workload can make no
-progress (e.g. a request that can never be admitted) the script stops with exit status
-2 and a message saying why; it never hangs.
+OUT.json:
+
+* ``requests``: one record per request (``request_id`` = 0-based input position) with
+  ``arrival_s``, ``first_scheduled_s`` (start of the first step that scheduled it),
+  ``first_token_s``, ``finish_s``, ``num_output_tokens``, ``num_preemptions``,
+  ``finish_reason``.
+* ``steps``: ``start_s``, ``end_s``, ``num_scheduled_tokens``, ``num_running`` and
+  ``num_waiting`` (read right after ``schedule()``), ``num_blocks_in_use`` (blocks held,
+  null block excluded, read after ``update_from_output()``), ``scheduled`` (``[request_id,
+  tokens]`` pairs in vLLM's batch order: running requests first, then admissions),
+  ``preempted`` (request ids preempted by this ``schedule()``) and, with ``--block-ids``,
+  ``block_ids`` (each scheduled request's block table right after ``schedule()``).
+* ``wall_s_scheduler``: seconds spent inside ``schedule()`` and ``update_from_output()``
+  only (no imports, setup or bookkeeping), and ``vllm_version``.
+
+Exit status 2: the workload can make no progress (e.g. a request that can never be
+admitted; vLLM would wait forever); the script says why instead of hanging.  Exit status
+3: bad input, including configurations vLLM itself rejects.
 """
 
 from __future__ import annotations
@@ -69,8 +83,10 @@ import sys
 import tempfile
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from types import SimpleNamespace
+from typing import Any
 
 # vLLM reads these at import time: keep it quiet and offline.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -231,24 +247,41 @@ def _quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def _import_vllm() -> dict[str, Any]:
-    """Import the vLLM pieces the replay uses (takes a few seconds)."""
+def _import_vllm() -> SimpleNamespace:
+    """Import the vLLM pieces the replay uses (takes a few seconds); returns them as
+    attributes (``v.Request``...), so nothing else needs vLLM at module level."""
     logging.getLogger().setLevel(logging.ERROR)
     with _quiet_stderr():
         import torch
         import vllm
-        from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig,
-                                 VllmConfig)
+        from vllm import config as vllm_config
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
-        from vllm.v1.core.kv_cache_utils import (get_request_block_hasher, init_none_hash,
-                                                 resolve_kv_cache_block_sizes)
-        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
-                                                KVCacheGroupSpec)
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
-    return dict(locals())
+    return SimpleNamespace(
+        version=vllm.__version__,
+        float32=torch.float32,
+        SchedulerConfig=vllm_config.SchedulerConfig,
+        ModelConfig=vllm_config.ModelConfig,
+        CacheConfig=vllm_config.CacheConfig,
+        DeviceConfig=vllm_config.DeviceConfig,
+        VllmConfig=vllm_config.VllmConfig,
+        SamplingParams=SamplingParams,
+        get_hash_fn_by_name=get_hash_fn_by_name,
+        get_request_block_hasher=kv_cache_utils.get_request_block_hasher,
+        init_none_hash=kv_cache_utils.init_none_hash,
+        resolve_kv_cache_block_sizes=kv_cache_utils.resolve_kv_cache_block_sizes,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=Request,
+        StructuredOutputManager=StructuredOutputManager,
+    )
 
 
 def _write_tiny_model_dir(path: str, max_model_len: int) -> None:
@@ -273,7 +306,7 @@ def _write_tiny_model_dir(path: str, max_model_len: int) -> None:
         json.dump(config, f)
 
 
-def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
+def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
     """Build vLLM's v1 scheduler the way EngineCore does, minus the model executor.
 
     Returns ``(scheduler, block_hasher)``; the hasher is None without prefix caching
@@ -284,7 +317,7 @@ def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
     try:
         # SchedulerConfig validates itself (e.g. max_num_batched_tokens >= max_num_seqs;
         # without chunked prefill, max_num_batched_tokens >= max_model_len).
-        scheduler_config = v["SchedulerConfig"](
+        scheduler_config = v.SchedulerConfig(
             max_num_seqs=config["max_num_seqs"],
             max_num_batched_tokens=config["max_num_batched_tokens"],
             max_model_len=config["max_model_len"],
@@ -296,7 +329,7 @@ def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         raise BadInputError(f"vLLM rejects this scheduler config: {e}") from None
     with _quiet_stderr():
-        model_config = v["ModelConfig"](
+        model_config = v.ModelConfig(
             model=model_dir,
             tokenizer=model_dir,
             skip_tokenizer_init=True,
@@ -304,37 +337,37 @@ def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
             dtype="float32",
             seed=0,
         )
-        cache_config = v["CacheConfig"](
+        cache_config = v.CacheConfig(
             block_size=block_size,
             gpu_memory_utilization=0.9,
             cache_dtype="auto",
             enable_prefix_caching=config["enable_prefix_caching"],
         )
-        vllm_config = v["VllmConfig"](
+        vllm_config = v.VllmConfig(
             scheduler_config=scheduler_config,
             model_config=model_config,
             cache_config=cache_config,
-            device_config=v["DeviceConfig"](device="cpu"),
+            device_config=v.DeviceConfig(device="cpu"),
         )
     _check_effective_config(vllm_config, config)
 
     # One full-attention KV cache group: a plain decoder.  EngineCore sets
     # cache_config.num_gpu_blocks to kv_cache_config.num_blocks, null block included.
-    kv_cache_config = v["KVCacheConfig"](
+    kv_cache_config = v.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[v["KVCacheGroupSpec"](
-            ["layer.0"], v["FullAttentionSpec"](
-                block_size=block_size, num_kv_heads=1, head_size=1, dtype=v["torch"].float32))],
+        kv_cache_groups=[v.KVCacheGroupSpec(
+            ["layer.0"], v.FullAttentionSpec(
+                block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.float32))],
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
-    scheduler_block_size, hash_block_size = v["resolve_kv_cache_block_sizes"](
+    scheduler_block_size, hash_block_size = v.resolve_kv_cache_block_sizes(
         kv_cache_config, vllm_config)
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     scheduler = scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
-        structured_output_manager=v["StructuredOutputManager"](vllm_config),
+        structured_output_manager=v.StructuredOutputManager(vllm_config),
         block_size=scheduler_block_size,
         hash_block_size=hash_block_size,
         log_stats=False,  # statistics only; no scheduling decision reads them
@@ -342,9 +375,9 @@ def build_scheduler(v: dict[str, Any], config: dict[str, Any], model_dir: str):
 
     block_hasher = None
     if config["enable_prefix_caching"]:
-        hash_fn = v["get_hash_fn_by_name"](vllm_config.cache_config.prefix_caching_hash_algo)
-        v["init_none_hash"](hash_fn)
-        block_hasher = v["get_request_block_hasher"](
+        hash_fn = v.get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+        v.init_none_hash(hash_fn)
+        block_hasher = v.get_request_block_hasher(
             hash_block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
     return scheduler, block_hasher
 
@@ -413,7 +446,7 @@ class StepRecord:
 class Replay:
     """Drive one vLLM scheduler through a workload in simulated time."""
 
-    def __init__(self, v: dict[str, Any], workload: Workload, scheduler: Any,
+    def __init__(self, v: SimpleNamespace, workload: Workload, scheduler: Any,
                  block_hasher: Any, record_block_ids: bool = False) -> None:
         self.v = v
         self.record_block_ids = record_block_ids
@@ -446,9 +479,9 @@ class Replay:
             # Request-unique first token + filler: no block is shared with any request.
             prompt = [UNIQUE_PROMPT_BASE + spec.index] + [
                 PROMPT_FILLER_BASE + (j % 1000) for j in range(1, spec.prompt_tokens)]
-        sampling_params = self.v["SamplingParams"](
+        sampling_params = self.v.SamplingParams(
             max_tokens=spec.output_tokens, ignore_eos=True, detokenize=False)
-        return self.v["Request"](
+        return self.v.Request(
             request_id=str(spec.index),
             prompt_token_ids=prompt,
             sampling_params=sampling_params,
@@ -505,7 +538,7 @@ class Replay:
             request = self.vllm_requests[int(rid)]
             sampled.append([] if request.is_prefill_chunk
                            else [SAMPLED_TOKEN_BASE + int(rid)])
-        return self.v["ModelRunnerOutput"](
+        return self.v.ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
@@ -633,7 +666,7 @@ class Replay:
     def result(self) -> dict[str, Any]:
         requests = []
         for spec, record, request in zip(self.workload.requests, self.records,
-                                         self.vllm_requests):
+                                         self.vllm_requests, strict=True):
             requests.append({
                 "request_id": spec.index,
                 "arrival_s": record.arrival_s,
@@ -662,7 +695,7 @@ class Replay:
                 step["block_ids"] = [[rid, ids] for rid, ids in s.block_ids]
             steps.append(step)
         return {
-            "vllm_version": self.v["vllm"].__version__,
+            "vllm_version": self.v.version,
             "config": self.config,
             "cost": {"kind": self.cost.kind, "step_ms": self.cost.step_ms,
                      "step_ms_per_token": self.cost.step_ms_per_token},
