@@ -31,13 +31,13 @@ def pytest_collection_modifyitems(config, items):
     missing = traces.missing_traces()
     if not missing:
         return
-    reason = (f"needs the real trace files {', '.join(missing)}, which are not in {traces.trace_dir()} "
-              "(set TRACE_DIR or run make traces)")
-    skip = pytest.mark.skip(reason=reason)
+    where = f"not in {traces.trace_dir()} (set TRACE_DIR or run make traces)"
+    whole = pytest.mark.skip(reason=f"needs the real trace files {', '.join(missing)}, which are {where}")
+    cells = pytest.mark.skip(reason=f"a cell on the {TRACE_CELL_DEFAULT} trace (TRACE's default), whose file is {where}")
     for item in items:
         cell = getattr(item, "cell", None)  # an nbval notebook cell
         if item.path.suffix == ".ipynb" and needs_traces(item.path):
-            item.add_marker(skip)
+            item.add_marker(whole)
         elif cell is not None and TRACE_CELL_TAG in cell.get("metadata", {}).get("tags", []) \
                 and TRACE_CELL_DEFAULT in missing:
-            item.add_marker(skip)
+            item.add_marker(cells)

@@ -67,8 +67,8 @@ def test_workload_table():
 def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
     table = allocation.policy_breakdown(lengths, max_len_tokens=4096, block_size=block_size)
     n, held = len(lengths), sum(lengths)
-    assert (table["tokens_held"] == held).all()
-    parts = table[["tokens_held", "internal_fragmentation", "over_reservation"]].sum(axis=1)
+    assert (table["held_tokens"] == held).all()
+    parts = table[["held_tokens", "unused_in_last_block_tokens", "unused_beyond_last_block_tokens"]].sum(axis=1)
     assert (parts == table["reserved_tokens"]).all()
     assert table.loc["max", "reserved_tokens"] == 4096 * n
     assert table.loc["oracle", "reserved_tokens"] == held
@@ -76,7 +76,7 @@ def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
     assert table.loc["pow2", "reserved_tokens"] == pow2
     paged = table.loc[f"paged (block {block_size})"]
     assert paged["reserved_tokens"] == reference_accounting(lengths, block_size)[0]
-    assert paged["over_reservation"] == 0 and paged["internal_fragmentation"] < n * block_size
+    assert paged["unused_beyond_last_block_tokens"] == 0 and paged["unused_in_last_block_tokens"] < n * block_size
 
 
 def test_policy_errors():
@@ -239,9 +239,9 @@ def test_family_table_isolates_the_shape_of_the_distribution():
     assert list(table.index) == list(allocation.MEAN_567_FAMILIES)
     assert table["mean_tokens"].between(567 * 0.97, 567 * 1.03).all()
     # reserving the maximum wastes 1 - mean / max whatever the shape
-    assert np.allclose(table["waste_pct_4096"], 100 * (1 - table["mean_tokens"] / 4096))
+    assert np.allclose(table["waste_at_4096_pct"], 100 * (1 - table["mean_tokens"] / 4096))
     # every request 567 tokens long wastes 16 - 567 % 16 = 9 tokens in 16-token blocks
-    assert table.loc["constant", "waste_pct_16"] == pytest.approx(100 * 9 / 576)
+    assert table.loc["constant", "waste_at_16_pct"] == pytest.approx(100 * 9 / 576)
     with pytest.raises(ValueError, match="lengths='zipf' is not allowed"):
         allocation.family_table({"zipf": {}})
 

@@ -271,8 +271,8 @@ def test_summary_tables_and_arrival_rate(tmp_path):
     assert table.loc["m", "interarrival_cv"] == round(gaps.std() / gaps.mean(), 2)
     cmp = section.article_comparison({"m": w})
     assert cmp.index.tolist() == ["article (assumed)", "m"]
-    assert cmp.loc["m", "over_4096_tokens_pct"] == 25.0 and cmp.loc["m", "output_40_200_pct"] == 25.0
-    assert cmp.loc["m", "output_400_1000_pct"] == 25.0 and cmp.loc["m", "mean_tokens_per_request"] == 2062.5
+    assert cmp.loc["m", "over_4096_tokens_pct"] == 25.0 and cmp.loc["m", "output_40_to_200_tokens_pct"] == 25.0
+    assert cmp.loc["m", "output_400_to_1000_tokens_pct"] == 25.0 and cmp.loc["m", "mean_tokens_per_request"] == 2062.5
     rate = section.arrival_rate(w, window_s=30.0)  # the trace ends at 90 s: three whole windows
     assert rate.index.tolist() == [0.0, 0.5, 1.0] and rate.tolist() == [2 / 30, 1 / 30, 0.0]
     assert section.arrival_rate(w, window_s=40.0).tolist() == [3 / 40, 0.0]  # 80-120 s is cut short

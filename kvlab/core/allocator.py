@@ -3,18 +3,19 @@
 Vocabulary (vLLM's): a *block* holds the K and V of block_size consecutive tokens of one request; the
 pool has num_blocks blocks; each request's *block table* lists its block ids in token order.
 
-Where reserved memory goes, for a request that ends holding L tokens (the split of the vLLM paper,
-Kwon et al., SOSP 2023, Fig. 2, taken at the request's end, when it holds the most):
-- tokens held: L slots hold a token's K and V;
-- internal fragmentation: the unused tail of the last block, ceil(L / B) * B - L slots (< B), where B is
-  the policy's block size (a contiguous reservation is one block of its own size: B = 1 for the
-  oracle, so 0);
-- over-reservation: slots reserved beyond the last block that holds a token, for tokens the request
-  never produced: reserving the maximum length gives max_len - L, reserving the next power of two
-  gives pow2(L) - L, paged blocks and the oracle give 0.
-Waste = reserved - held = internal fragmentation + over-reservation. The paper's external
-fragmentation (gaps between contiguous reservations) is not modelled: every reservation here is
-counted as if it fit exactly. Block-table entries (bookkeeping) per request = ceil(L / B).
+Where reserved memory goes, in the terms of the vLLM paper (Kwon et al., SOSP 2023, Fig. 2), for a
+request that ends holding L tokens, counted at its end (when it holds the most):
+- token states: L slots hold a token's K and V;
+- internal fragmentation: slots reserved that no token ever fills, which kvlab splits by where they lie:
+  - inside the last block: its unused tail, ceil(L / B) * B - L slots (< B), B the policy's block size
+    (a contiguous reservation is one block of its own size: B = 1, so 0);
+  - beyond the last block: slots for tokens the request never produced: reserving the maximum length
+    gives max_len - L, reserving the next power of two pow2(L) - L, paged blocks and the oracle 0;
+- reservation (slots held now for tokens still to come) is zero at a request's end, so it does not
+  appear here; the serving engine measures it while requests run;
+- external fragmentation (gaps between contiguous reservations in the allocator) is not modelled: every
+  reservation here is counted as if it fit exactly.
+Waste = reserved - held = internal fragmentation. Block-table entries (bookkeeping) per request = ceil(L / B).
 """
 from __future__ import annotations
 
@@ -148,7 +149,8 @@ def policy_reservation(lengths, policy: str, *, max_len_tokens: int, block_size:
 
 
 def policy_split(lengths, policy: str, *, max_len_tokens: int, block_size: int = 16) -> dict:
-    """Tokens held, internal fragmentation and over-reservation (token totals) of one policy, and waste %."""
+    """Token states and internal fragmentation inside and beyond the last block (token totals) of one policy,
+    the total reserved (tokens) and the waste (%)."""
     lengths = check_lengths(lengths, max_len_tokens)
     reserved, unit = policy_reservation(lengths, policy, max_len_tokens=max_len_tokens, block_size=block_size)
     last_block_end = cdiv(lengths, unit) * unit
@@ -157,7 +159,7 @@ def policy_split(lengths, policy: str, *, max_len_tokens: int, block_size: int =
     over = int((reserved - last_block_end).sum())
     total = held + internal + over
     assert total == int(reserved.sum()), "the three parts must add up to what is reserved"
-    return {"tokens_held": held, "internal_fragmentation": internal, "over_reservation": over,
+    return {"held_tokens": held, "unused_in_last_block_tokens": internal, "unused_beyond_last_block_tokens": over,
             "reserved_tokens": total, "waste_pct": 100.0 * (internal + over) / total}
 
 

@@ -86,7 +86,7 @@ def family_table(families: dict = MEAN_567_FAMILIES, num_requests: int = article
     """Waste % and requests that fit per block size (tokens) for several length families, same seed.
 
     families maps a kvlab.workloads length family to its parameters. One row per family: the mean
-    length (tokens), waste_pct_B and max_num_requests_B for every block size B.
+    length (tokens), waste_at_B_pct and requests_that_fit_at_B for every block size B.
     """
     rows = {}
     for name, params in validate.non_empty("families", families.items()):
@@ -94,8 +94,8 @@ def family_table(families: dict = MEAN_567_FAMILIES, num_requests: int = article
                                            max_len_tokens=max_len_tokens, **params)
         table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens, **table_kwargs)
         row = {"mean_tokens": float(lengths.mean())}
-        row.update({f"waste_pct_{b}": table.loc[b, "waste_pct"] for b in table.index})
-        row.update({f"max_num_requests_{b}": int(table.loc[b, "max_num_requests"]) for b in table.index})
+        row.update({f"waste_at_{b}_pct": table.loc[b, "waste_pct"] for b in table.index})
+        row.update({f"requests_that_fit_at_{b}": int(table.loc[b, "max_num_requests"]) for b in table.index})
         rows[name] = row
     frame = pd.DataFrame.from_dict(rows, orient="index")
     frame.index.name = "lengths"
@@ -183,7 +183,7 @@ def band_check(band: pd.DataFrame, article_figures: pd.DataFrame) -> pd.DataFram
         for column in article_figures.columns:
             low, high = band.loc[block_size, column]
             value = article_figures.loc[block_size, column]
-            rows.append({"block_size": block_size, "figure": column, "article": value,
+            rows.append({"block_size": block_size, "figure": column, "article": value,  # column: its name, e.g. waste_pct
                          "band_low": low, "band_high": high, "inside": bool(low <= value <= high)})
     return pd.DataFrame(rows).set_index(["block_size", "figure"])
 

@@ -47,7 +47,7 @@ def as_printed(frame: pd.DataFrame, section: int, table: str) -> pd.DataFrame:
         if column not in decimals:
             raise ValueError(f"column={column!r} is not allowed: table {table!r} has {sorted(decimals.index)}")
         d = int(decimals[column])
-        spec = ",.0f" if d == 0 else f".{d}f"  # the article groups thousands in counts only
+        spec = f",.{d}f"
         out[column] = [format(round_half_up(v, d), spec) for v in frame[column]]
     return out
 

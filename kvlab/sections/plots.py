@@ -79,19 +79,21 @@ def waste_vs_block_size(table: pd.DataFrame, article: pd.DataFrame | None = None
     return fig
 
 
-POLICY_PARTS = {"tokens_held": ("tokens held", "C0"), "internal_fragmentation": ("internal fragmentation", "C1"),
-                "over_reservation": ("over-reservation", "C3")}
+POLICY_PARTS = {"held_tokens": ("token states", "C0"),
+                "unused_in_last_block_tokens": ("internal fragmentation: inside the last block", "C1"),
+                "unused_beyond_last_block_tokens": ("internal fragmentation: beyond the last block", "C3")}
 
 
 def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
-    """Stacked bars per policy: tokens held, internal fragmentation, over-reservation (% of reserved)."""
+    """Stacked bars per policy: token states and internal fragmentation inside and beyond the last block (% of
+    reserved), the vLLM paper's terms."""
     fig, ax = _figure()
     share = breakdown[list(POLICY_PARTS)].div(breakdown["reserved_tokens"], axis=0) * 100
     bottom = np.zeros(len(share))
     for column, (label, color) in POLICY_PARTS.items():
         ax.bar(share.index, share[column], bottom=bottom, color=color, label=label)
         bottom += share[column].to_numpy()
-    for i, held in enumerate(share["tokens_held"]):
+    for i, held in enumerate(share["held_tokens"]):
         ax.annotate(f"{held:.1f}% held", (i, 101), ha="center", va="bottom")
     ax.set_ylim(0, 110)
     ax.set_ylabel("share of reserved KV slots (%)")

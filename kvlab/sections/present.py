@@ -1,11 +1,208 @@
-"""The one way tables reach a reader: rounded to the precision they are shown at, never a negative zero.
+"""The one way tables reach a reader: units in the headers, rounded to what they mean, thousands separators,
+pass/fail marks, empty cells for missing values, no meaningless index, and wide tables split to fit a page.
 
 Outputs that nbval compares must not depend on the machine: another CPU or BLAS kernel changes the last
-bits of a floating-point result, so every float a notebook shows is rounded to what it means first.
+bits of a floating-point result, so every number is formatted here, at the precision it is shown at,
+and a negative zero never appears. A notebook cell ends with `present.table(frame, ...)`; the returned
+Table shows as HTML in the notebook and the report and as aligned text elsewhere.
 """
 from __future__ import annotations
 
+import html
+import math
+import numbers
+import re
+from dataclasses import dataclass
+
+import numpy as np
 import pandas as pd
+
+from kvlab.sections.ledger import round_half_up
+
+# Column names follow kvlab's convention (units as suffixes); a suffix gives the unit shown and the decimals.
+UNITS = [  # (suffix, unit shown, decimals), longest suffix first
+    ("_requests_per_s", "requests/s", 2), ("_per_s", "/s", 2), ("_rps", "requests/s", 2), ("_tokens", "tokens", 0),
+    ("_pct", "%", 1), ("_gib", "GiB", 2), ("_mib", "MiB", 2), ("_kib", "KiB", 1), ("_bytes", "B", 0),
+    ("_ms", "ms", 2), ("_s", "s", 2), ("_x", "x", 2),
+]
+# Words shown other than as written.
+WORDS = {"kv": "KV", "p50": "p50", "p95": "p95", "p99": "p99", "tp": "TP", "pp": "PP", "num": "", "max": "max",
+         "gpu": "GPU", "ttft": "TTFT", "tpot": "TPOT", "cv": "CV", "mla": "MLA", "gqa": "GQA", "fp8": "fp8"}
+# Names that read better as words (the whole column name).
+LABELS = {
+    "max_num_requests": "requests that fit", "num_requests": "requests", "max_concurrency": "max concurrency (x)",
+    "num_gpu_blocks": "GPU blocks", "gpu_kv_cache_tokens": "GPU KV cache (tokens)", "mean_latency_s": "mean latency (s)",
+    "block_table_entries": "block-table entries per request", "idle_pct": "idle slot time (%)",
+    "busy_slot_s": "busy slot time (s)", "throughput_rps": "throughput (requests/s)", "makespan_s": "total time (s)",
+    "interarrival_cv": "inter-arrival CV", "kv_kib_per_token": "KV per token (KiB)",
+    "kv_bytes_per_token": "KV per token (B)", "article_percentile": "article's percentile (%)",
+    "block_size": "block size (tokens)", "arrival_rate": "arrival rate (requests/s)", "held_tokens": "token states (tokens)",
+    "unused_in_last_block_tokens": "internal fragmentation, inside the last block (tokens)",
+    "unused_beyond_last_block_tokens": "internal fragmentation, beyond the last block (tokens)",
+    "context_tokens": "context (tokens)", "rate_per_s": "arrival rate (requests/s)", "max_model_len": "max_model_len (tokens)",
+    "tensor_parallel_size": "tensor parallel size", "kv_cache_dtype": "KV cache dtype",
+}
+MARKS = {"pass": "✓ pass", "fail": "✗ fail", "missing": "– missing", True: "✓", False: "✗"}
+MAX_COLUMNS = 9  # a table wider than this (index included) is split into parts that fit a page
+
+
+def label(name) -> str:
+    """The header of a column called name: words and its unit, e.g. mean_latency_s -> 'mean latency (s)'."""
+    if not isinstance(name, str):
+        return ", ".join(label(part) for part in name if part != "") if isinstance(name, tuple) else str(name)
+    if name in LABELS:
+        return LABELS[name]
+    unit = next(((suffix, u) for suffix, u, _ in UNITS if name.endswith(suffix) and len(name) > len(suffix)), None)
+    stem = name[:-len(unit[0])] if unit else name
+    words = [WORDS.get(w, w) for w in stem.split("_")]
+    text = " ".join(w for w in words if w)
+    return f"{text} ({unit[1]})" if unit else text
+
+
+def decimals_of(name, values: pd.Series) -> int | None:
+    """Decimals a column is shown with: from its unit suffix, 0 for whole numbers, else 2; None for text."""
+    if pd.api.types.is_bool_dtype(values) or not pd.api.types.is_numeric_dtype(values):
+        return None
+    if pd.api.types.is_integer_dtype(values):
+        return 0
+    if isinstance(name, str):
+        for suffix, _, d in UNITS:
+            if name.endswith(suffix):
+                return d
+    finite = values.dropna()
+    if len(finite) and np.all(finite == np.round(finite)) and np.all(np.abs(finite) < 2**53):
+        return 0
+    return 2
+
+
+def cell(value, decimals: int | None) -> str:
+    """One value as shown: a number rounded to decimals with thousands separators and never -0, a mark for
+    pass/fail and booleans, an empty cell for a missing value, text as it is."""
+    if value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, (bool, np.bool_)) or (isinstance(value, str) and value in MARKS):
+        return MARKS[bool(value) if isinstance(value, (bool, np.bool_)) else value]
+    if isinstance(value, numbers.Number) and not isinstance(value, numbers.Integral):
+        if math.isinf(value):
+            return "∞" if value > 0 else "-∞"
+        d = 2 if decimals is None else decimals
+        return f"{round_half_up(float(value), d) + 0.0:,.{d}f}"  # + 0.0: a rounded -0.0 becomes 0.0
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Table:
+    """A formatted table: header labels, rows of text, which columns are the index, a caption."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: tuple[bool, ...]
+    index_columns: int = 0
+    caption: str = ""
+
+    def parts(self, max_columns: int = MAX_COLUMNS) -> list["Table"]:
+        """The table split into parts of at most max_columns columns, each repeating the index columns."""
+        body = list(range(self.index_columns, len(self.header)))
+        per = max(1, max_columns - self.index_columns)
+        if len(self.header) <= max_columns:
+            return [self]
+        chunks = [body[i:i + per] for i in range(0, len(body), per)]
+        out = []
+        for k, chunk in enumerate(chunks, 1):
+            keep = list(range(self.index_columns)) + chunk
+            caption = f"{self.caption} (part {k} of {len(chunks)})" if self.caption else f"part {k} of {len(chunks)}"
+            out.append(Table(tuple(self.header[i] for i in keep), tuple(tuple(r[i] for i in keep) for r in self.rows),
+                             tuple(self.numeric[i] for i in keep), self.index_columns, caption))
+        return out
+
+    def _repr_html_(self) -> str:
+        return "\n".join(part._html() for part in self.parts())
+
+    def _html(self) -> str:
+        def cls(i):
+            kinds = ["index"] if i < self.index_columns else []
+            kinds += ["num"] if self.numeric[i] else []
+            return f' class="{" ".join(kinds)}"' if kinds else ""
+
+        head = "".join(f"<th{cls(i)}>{html.escape(h)}</th>" for i, h in enumerate(self.header))
+        body = "".join("<tr>" + "".join(
+            f"<{'th' if i < self.index_columns else 'td'}{cls(i)}>{html.escape(v)}</{'th' if i < self.index_columns else 'td'}>"
+            for i, v in enumerate(row)) + "</tr>\n" for row in self.rows)
+        caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
+        return f'<table class="kvlab">{caption}<thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>'
+
+    def __repr__(self) -> str:
+        widths = [max([len(h)] + [len(r[i]) for r in self.rows]) for i, h in enumerate(self.header)]
+
+        def line(values):
+            return "  ".join(v.rjust(w) if self.numeric[i] else v.ljust(w)
+                             for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+
+        lines = ([self.caption] if self.caption else []) + [line(self.header)] + [line(r) for r in self.rows]
+        return "\n".join(lines)
+
+
+def table(frame: pd.DataFrame | pd.Series, decimals: dict | int | None = None, labels: dict | None = None, *,
+          caption: str = "", index: bool | None = None) -> Table:
+    """frame as a Table: each column labelled with its unit (labels override) and rounded (decimals: one int for
+    every number column, or per column; default from the unit suffix), the index shown only when it means
+    something (index=None: unless it is 0..n-1)."""
+    if isinstance(frame, pd.Series):
+        frame = frame.to_frame()
+    labels = labels or {}
+    if index is None:
+        index = not (isinstance(frame.index, pd.RangeIndex) and frame.index.name is None)
+    data = frame.reset_index() if index else frame.reset_index(drop=True)
+    index_columns = frame.index.nlevels if index else 0
+    header, columns, numeric = [], [], []
+    for position, name in enumerate(data.columns):
+        values = data.iloc[:, position]
+        if isinstance(decimals, dict):
+            d = decimals.get(name, decimals_of(name, values))
+        elif isinstance(decimals, int) and pd.api.types.is_float_dtype(values):
+            d = decimals
+        else:
+            d = decimals_of(name, values)
+        header.append(labels.get(name, label(name)))
+        columns.append([cell(v, d) for v in values.tolist()])
+        numeric.append(pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
+                       or all(re.fullmatch(r"-?[\d,]+(\.\d+)?%?|", v or "") for v in columns[-1]))
+    rows = tuple(zip(*columns)) if columns else ()
+    return Table(tuple(header), tuple(tuple(r) for r in rows), tuple(numeric), index_columns, caption)
+
+
+def band(bands: pd.DataFrame, caption: str = "") -> Table:
+    """A band table (kvlab.sections.batching.band_table) as a Table: per policy and figure, the article's value,
+    kvlab's median and 5-95% band over seeds, the article's percentile among the seeds, and whether it is inside."""
+    frame = bands.reset_index()
+    frame["column"] = [label(c) for c in frame["column"]]
+    return table(frame.rename(columns={"row": "policy", "column": "figure"}),
+                 {"article": 2, "median": 2, "band_low": 2, "band_high": 2, "article_percentile": 1},
+                 {"band_low": "band low", "band_high": "band high", "inside": "inside the band"}, caption=caption)
+
+
+def ledger(rows: pd.DataFrame, caption: str = "") -> Table:
+    """A section's ledger rows (kvlab.sections.ledger.compare) as a Table: each figure at the article's printed
+    precision, the seed band where there is one, the tolerance and a pass/fail mark."""
+    from kvlab.sections.ledger import article_figures
+
+    decimals = article_figures().set_index(["section", "table", "row", "column"])["decimals"]
+    shown = []
+    for _, r in rows.iterrows():
+        d = int(decimals.get((r["section"], r["table"], r["row"], r["column"]), 2))
+        band = (f"{cell(r['band_low'], d)} to {cell(r['band_high'], d)}"
+                if "band_low" in r and not pd.isna(r.get("band_low")) else "")
+        shown.append({"table": r["table"], "row": r["row"], "figure": label(r["column"]),
+                      "article": cell(r["article"], d), "kvlab": cell(r["reproduced"], d), "kvlab's 5-95% band": band,
+                      "tolerance": r["tolerance"] if r["tolerance"] != "5-95% band" and not band else
+                      ("band" if band else r["tolerance"]), "status": MARKS.get(r["status"], r["status"])})
+    frame = pd.DataFrame(shown)
+    if not frame["kvlab's 5-95% band"].any():
+        frame = frame.drop(columns="kvlab's 5-95% band")
+    return Table(tuple(frame.columns), tuple(tuple(map(str, row)) for row in frame.itertuples(index=False)),
+                 tuple(c in ("article", "kvlab") for c in frame.columns), 0, caption)
 
 
 def rounded(frame: pd.DataFrame, decimals: int | dict = 2) -> pd.DataFrame:

@@ -18,11 +18,9 @@ from kvlab.core.workload import Workload
 from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_manifest, trace_path
 
 
-# What the article assumes, for comparison with the traces. The rate is kvlab's reading of the article's
-# section 2 figures (they fit arrivals on the order of 10 requests/s); the article itself gives no rate.
+# What the article assumes, for comparison with the traces (it gives no arrival rate).
 ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
-ARTICLE_RATE_PER_S = 10.0
 ARTICLE_KV_BYTES_PER_TOKEN = int(article.MIB_PER_TOKEN * 2**20)  # the article's 0.5 MB (MiB) per token, to size a cache in GiB
 
 
@@ -60,15 +58,15 @@ def article_comparison(workloads: dict[str, Workload]) -> pd.DataFrame:
         return {
             "mean_tokens_per_request": round(float(total.mean()), 1),
             "over_4096_tokens_pct": round(100 * float((total > ARTICLE_MAX_TOKENS).mean()), 1),
-            "output_40_200_pct": round(100 * float(((out >= 40) & (out <= 200)).mean()), 1),
-            "output_400_1000_pct": round(100 * float(((out >= 400) & (out <= 1000)).mean()), 1),
+            "output_40_to_200_tokens_pct": round(100 * float(((out >= 40) & (out <= 200)).mean()), 1),
+            "output_400_to_1000_tokens_pct": round(100 * float(((out >= 400) & (out <= 1000)).mean()), 1),
             "output_mean_tokens": round(float(out.mean()), 1),
             "rate_per_s": round(w.num_requests / duration, 2) if duration > 0 else float("nan"),
         }
 
     assumed = {"mean_tokens_per_request": float(ARTICLE_MEAN_TOKENS), "over_4096_tokens_pct": 0.0,
-               "output_40_200_pct": 85.0, "output_400_1000_pct": 15.0, "output_mean_tokens": article.MEAN_OUTPUT_TOKENS,
-               "rate_per_s": ARTICLE_RATE_PER_S}
+               "output_40_to_200_tokens_pct": 85.0, "output_400_to_1000_tokens_pct": 15.0,
+               "output_mean_tokens": article.MEAN_OUTPUT_TOKENS, "rate_per_s": float("nan")}  # the article gives no rate
     table = pd.DataFrame.from_dict({"article (assumed)": assumed} | {n: row(w) for n, w in workloads.items()},
                                    orient="index")
     table.index.name = "source"
