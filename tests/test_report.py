@@ -88,7 +88,8 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
     (out / "stale.html").write_text("old")
     report_build.build(_params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True,
                  log=lambda *a, **k: None)
-    assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "notebooks", "report.pdf"]
+    assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "ledger.html", "notebooks",
+                                                     "report-pages.json", "report.pdf"]
     index = (out / "index.html").read_text()
     assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X=5" in index
     assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
@@ -96,12 +97,28 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
     assert 'href="index.html"' in (out / "01_ok.html").read_text()
 
 
-def test_index_lists_every_ledger_row():
+def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduced():
+    from kvlab.report import render
+    from kvlab.sections import present
+
     rows = ledger.collect([])
-    page = report_build.render_index([], rows, report_build.provenance(), {})
-    assert f"0 of {len(rows)} published figures reproduced" in page
+    page = render.ledger_body(rows)
     for _, r in rows.iterrows():
-        assert f"<td>{r['table']}</td><td>{r['row']}</td><td>{r['column']}</td>" in page
+        assert f"<td class=\"\">{r['table']}: {r['row']}, {present.label(r['column'])}</td>" in page
+    index = render.index_body([], rows, report_build.provenance(), {}, "", {})
+    assert f"<strong>0 of {len(rows)}</strong> figures the article publishes reproduced (0 not within tolerance, " \
+           f"{len(rows)} missing)" in index
+    assert index.count("– missing") == len(rows)  # every figure not reproduced is on the front page
+
+
+def test_a_section_run_with_other_settings_than_the_articles_is_not_compared():
+    from kvlab.report import render
+
+    rows = ledger.set_aside(ledger.collect([]), {3: "GPU_MEMORY_GIB=141 (the article's 80)"})
+    summary = ledger.summary(rows)
+    assert summary["not_compared"] == (rows["section"] == 3).sum() and summary["compared"] == len(rows) - summary["not_compared"]
+    index = render.index_body([], rows, report_build.provenance(), {}, "", {3: "GPU_MEMORY_GIB=141 (the article's 80)"})
+    assert "section 3 ran with GPU_MEMORY_GIB=141 (the article's 80)" in index
 
 
 def _outputs(path):
@@ -153,7 +170,10 @@ def test_semantic_rules_name_the_parameter(override, message):
 
 def test_index_says_whether_traces_were_available(tmp_path):
     rows = ledger.collect([])
-    absent = report_build.render_index([], rows, report_build.provenance(), {}, report_build._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}))
+    from kvlab.report import render
+
+    absent = render.index_body([], rows, report_build.provenance(), {},
+                               report_build._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}), {})
     assert "Real request traces were not available" in absent and "set TRACE_DIR or run make traces" in absent
 
 

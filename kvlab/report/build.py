@@ -8,7 +8,7 @@ replaces report/ only when every notebook succeeded, so a failed build leaves th
 from __future__ import annotations
 
 import datetime as dt
-import html
+import json
 import importlib.metadata
 import platform
 import shutil
@@ -16,11 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+import base64
 from pathlib import Path
 
 from kvlab.core import resources
+from kvlab.report import render
 from kvlab.report.params import ReportError, load_params, notebook_parameters
+from kvlab.report.render import Section
 from kvlab.sections import ledger as ledger_mod
 from kvlab.sections import parameters
 from kvlab.workloads import traces
@@ -28,21 +30,12 @@ from kvlab.workloads import traces
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK_DIR = ROOT / "notebooks"
 REPORT_DIR = ROOT / "report"
-PACKAGES = ["kvlab", "numpy", "pandas", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel", "weasyprint"]
-TITLE = "kvlab: KV-cache memory in LLM serving"
+PACKAGES = ["kvlab", "numpy", "pandas", "scipy", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel",
+            "weasyprint"]
+KEY_FIGURE_TAG = "key-figure"   # the cell whose figure stands for its section on the front page
 
 
 # ---------------------------------------------------------------- execution
-@dataclass
-class Section:
-    stem: str
-    title: str = ""
-    headline: str = ""
-    seconds: float = 0.0
-    params: dict = field(default_factory=dict)
-    skipped: str = ""           # why the notebook was not run (empty when it ran)
-
-
 def needs(notebook: Path) -> list[str]:
     """What a notebook needs beyond kvlab, from its metadata (kvlab.requires): e.g. ["traces"]."""
     import nbformat
@@ -98,53 +91,6 @@ def skip(notebook: Path, params: dict, why: str) -> Section:
     return Section(notebook.stem, title_of(notebook), "", 0.0, params, skipped=why)
 
 
-# ---------------------------------------------------------------- rendering
-CSS = """
-body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 62rem; margin: 2rem auto;
-       padding: 0 1rem; color: #222; line-height: 1.45; font-size: 11pt; }
-h1 { font-size: 1.7rem; } h2 { font-size: 1.25rem; margin-top: 1.8rem; }
-table { border-collapse: collapse; margin: 0.8rem 0; font-size: 8pt; }
-.anchor-link { display: none; }
-th, td { border: 1px solid #ccc; padding: 0.2rem 0.5rem; text-align: right; }
-th { background: #f2f2f2; }
-pre { background: #f7f7f7; padding: 0.6rem; overflow-x: auto; font-size: 9pt; white-space: pre-wrap; }
-img { max-width: 100%; }
-nav { font-size: 0.9rem; margin-bottom: 1rem; }
-.pass { color: #176b2c; } .fail { color: #b00020; font-weight: bold; } .missing { color: #8a6d00; }
-.params { font-family: "DejaVu Sans Mono", monospace; font-size: 7.5pt; margin: 0.3rem 0; }
-footer { margin-top: 2.5rem; font-size: 8.5pt; color: #555; border-top: 1px solid #ccc; }
-@page { size: A4 landscape; margin: 1.2cm; }
-@media print {
-  /* Wide tables (many columns with long names) must fit the page: headers may break anywhere. */
-  table { font-size: 7pt; max-width: 100%; }
-  thead th { overflow-wrap: anywhere; }
-  th, td { padding: 0.15rem 0.35rem; }
-  tr, img, pre { page-break-inside: avoid; }
-  h1, h2, h3 { page-break-after: avoid; }
-  /* The links between pages lead nowhere inside the PDF, and the last one took a page of its own. */
-  nav { display: none; }
-}
-"""
-
-
-def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
-
-
-def render_section(executed: Path, section: Section) -> str:
-    """A section page: the notebook's outputs and prose without code, with a link back to the index."""
-    import nbformat
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True)
-    nb = nbformat.read(executed, as_version=4)
-    body, _ = exporter.from_notebook_node(nb)
-    nav = '<nav><a href="index.html">&larr; back to the report index</a></nav>'
-    return _page(section.title, nav + body + nav)
-
-
 def _git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -166,67 +112,6 @@ def provenance() -> dict:
             "built": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
-def _ledger_table(rows) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows.columns)
-    body = []
-    for _, r in rows.iterrows():
-        cells = "".join(
-            f"<td class=\"{r['status']}\">{html.escape(_fmt(v))}</td>" if c == "status" else f"<td>{html.escape(_fmt(v))}</td>"
-            for c, v in r.items()
-        )
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return "" if v != v else f"{v:.10g}"
-    return str(v)
-
-
-def render_index(sections: list[Section], ledger, info: dict, params: dict, traces_note: str = "") -> str:
-    """The index page: what the report reproduces, the ledger summary, headlines, the footer."""
-    s = ledger_mod.summary(ledger)
-    open_rows = ledger[ledger["status"] != "pass"]
-    parts = [
-        f"<h1>{TITLE}</h1>",
-        "<p>This report reproduces a short article on how vLLM manages KV-cache memory: reserving KV memory in "
-        "small blocks instead of the maximum length (section 1), continuous instead of static batching (section 2) "
-        "and how many requests fit in GPU memory (section 3). Every figure the article publishes is in the "
-        "reproduction ledger below, next to kvlab's value and whether it matches within the stated tolerance.</p>",
-        f"<h2>Reproduction ledger</h2><p><strong>{s['pass']} of {s['total']} published figures reproduced</strong> "
-        f"({s['fail']} failing, {s['missing']} missing). Machine-readable: <a href=\"ledger.csv\">ledger.csv</a>.</p>",
-        "<p>Tolerances: <em>abs N</em> passes when kvlab's value, rounded to the digits the article prints, "
-        "is within N of the article's (abs 0: the same printed digits); <em>rel x</em> when it differs from "
-        "the article's by at most x times the article's value; <em>band low..high</em> when the article's "
-        "value lies inside kvlab's 5-95% band over seeds (section 2, where the reproduced value is the "
-        "median over seeds).</p>",
-    ]
-    if len(open_rows):
-        parts.append("<h3>Figures not reproduced</h3>" + _ledger_table(open_rows))
-    parts.append("<h2>Sections</h2>")
-    if traces_note:
-        parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
-    for sec in sections:
-        body = (f"<p class=\"skipped\">{html.escape(sec.skipped.capitalize())}.</p>" if sec.skipped
-                else f"<pre>{html.escape(sec.headline)}</pre>")
-        parts.append(f"<h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>{body}")
-    parts.append("<h2>All ledger rows</h2>" + _ledger_table(ledger))
-    pkgs = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
-    parts.append(
-        "<footer><h2>Reproducibility</h2>"
-        f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
-        f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
-        f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
-        "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
-        + "".join(f"<p class=\"params\"><strong>{html.escape(stem)}</strong>: "
-                  + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items()))) + "</p>"
-                  for stem, values in sorted(params.items()))
-        + "</footer>"
-    )
-    return _page(TITLE, "\n".join(parts))
-
-
 def _traces_note(merged: dict[str, dict]) -> str:
     """Whether the real traces were there for this build: one sentence, or one per trace folder when the
     notebooks were given different folders (merged: each notebook's parameters, defaults included)."""
@@ -241,23 +126,6 @@ def _traces_note(merged: dict[str, dict]) -> str:
     return " ".join(f"For {', '.join(stems)}: {availability_note(folder)}" for folder, stems in folders.items())
 
 
-def render_skipped(section: Section) -> str:
-    """The page of a section that was not built: its title and why."""
-    nav = '<nav><a href="index.html">&larr; back to the report index</a></nav>'
-    return _page(section.title, f"{nav}<h1>{html.escape(section.title)}</h1>"
-                                f"<p class=\"skipped\">This section was {html.escape(section.skipped)}.</p>{nav}")
-
-
-def write_pdf(pages: list[Path], pdf: Path) -> None:
-    """One PDF from the HTML pages, in order (weasyprint: no LaTeX, no browser)."""
-    import weasyprint
-
-    documents = [weasyprint.HTML(filename=str(p)).render() for p in pages]
-    all_pages = [page for doc in documents for page in doc.pages]
-    documents[0].copy(all_pages).write_pdf(str(pdf))
-
-
-# ---------------------------------------------------------------- build
 MAX_MINUTES = 120  # a default report takes about one minute; refuse what would take hours unless asked
 
 
@@ -303,21 +171,29 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
             if nb.stem in skipped:
                 sec = skip(nb, params[nb.stem], skipped[nb.stem])
                 log(sec.skipped, flush=True)
-                (tmp / f"{nb.stem}.html").write_text(render_skipped(sec))
+                sec.body = render.skipped_body(sec)
             else:
                 sec = execute(nb, tmp, params[nb.stem])
                 log(f"ok ({sec.seconds:.1f} s)", flush=True)
-                (tmp / f"{nb.stem}.html").write_text(render_section(tmp / "notebooks" / nb.name, sec))
+                sec.body = render.section_body(tmp / "notebooks" / nb.name, sec)
+                key_figure(tmp / "notebooks" / nb.name, tmp, sec)
+            (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             sections.append(sec)
-        ledger = ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")))
+        set_aside = {int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))}
+        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv"))), set_aside)
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
-        (tmp / "index.html").write_text(render_index(sections, ledger, provenance(), params, _traces_note(merged)))
+        index = render.index_body(sections, ledger, provenance(), params, _traces_note(merged), set_aside)
+        ledger_html = render.ledger_body(ledger)
+        (tmp / "index.html").write_text(render.page(render.TITLE, index))
+        (tmp / "ledger.html").write_text(render.page("The reproduction ledger", render.NAV + ledger_html))
         if pdf:
             log("report: rendering report.pdf ...", end=" ", flush=True)
             pdf_start = time.perf_counter()
-            write_pdf([tmp / "index.html"] + [tmp / f"{s.stem}.html" for s in sections], tmp / "report.pdf")
-            log(f"ok ({time.perf_counter() - pdf_start:.1f} s)", flush=True)
+            document = render.pdf_document(index, sections, ledger_html, provenance()["built"])
+            pages = render.write_pdf(document, tmp / "report.pdf", tmp)
+            (tmp / "report-pages.json").write_text(json.dumps(pages, indent=1) + "\n")
+            log(f"ok ({pages['num_pages']} pages, {time.perf_counter() - pdf_start:.1f} s)", flush=True)
         readme = out / "README.md"
         if readme.exists():
             shutil.copy2(readme, tmp / "README.md")
@@ -328,8 +204,25 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         raise
     s = ledger_mod.summary(ledger)
     log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, report.pdf, ledger.csv "
-        f"({s['pass']} of {s['total']} figures reproduced, {s['fail']} failing, {s['missing']} missing)")
+        f"({s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within tolerance, {s['missing']} missing"
+        + (f", {s['not_compared']} not compared: other parameters than the article's" if s["not_compared"] else "")
+        + ")")
     return out
+
+
+def key_figure(executed: Path, out_dir: Path, section: Section) -> None:
+    """Save the figure of the cell tagged key-figure as figures/<stem>.png and note it (and its caption) in section."""
+    import nbformat
+
+    for cell in nbformat.read(executed, as_version=4).cells:
+        if cell.cell_type == "code" and KEY_FIGURE_TAG in cell.metadata.get("tags", []):
+            for output in cell.get("outputs", []):
+                if "image/png" in output.get("data", {}):
+                    (out_dir / "figures").mkdir(exist_ok=True)
+                    (out_dir / "figures" / f"{section.stem}.png").write_bytes(base64.b64decode(output["data"]["image/png"]))
+                    section.key_figure = f"figures/{section.stem}.png"
+                    section.key_caption = output.get("metadata", {}).get("image/png", {}).get("alt", "")
+                    return
 
 
 def _replace(out: Path, new: Path) -> None:

@@ -18,7 +18,9 @@ import pandas as pd
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 ARTICLE_FIGURES_CSV = DATA_DIR / "article_figures.csv"
 KEY = ["section", "table", "row", "column"]
-LEDGER_COLUMNS = ["section", "table", "row", "column", "article", "reproduced", "tolerance", "status"]
+LEDGER_COLUMNS = ["section", "table", "row", "column", "article", "reproduced", "band_low", "band_high", "tolerance",
+                  "status", "why"]
+STATUSES = ("pass", "fail", "missing", "not compared")
 SECTIONS = (1, 2, 3)
 
 
@@ -114,7 +116,8 @@ def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None =
     merged["difference"], merged["status"] = results[0], results[1]
     merged = merged.rename(columns={"value": "article"})
     merged["tolerance"] = merged.apply(_tolerance_text, axis=1)
-    columns = KEY + ["article", "reproduced", "difference", "tolerance", "status"]
+    merged["why"] = merged["why"].astype(object).fillna("") if "why" in merged else ""
+    columns = KEY + ["article", "reproduced", "difference", "tolerance", "status", "why"]
     for extra in ("band_low", "band_high"):
         if extra in merged:
             columns.insert(columns.index("difference"), extra)
@@ -122,9 +125,21 @@ def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None =
 
 
 def summary(ledger: pd.DataFrame) -> dict:
-    """Counts of pass / fail / missing rows, and the total."""
+    """Counts of pass / fail / missing / not compared rows; total and compared (the rows not set aside)."""
     counts = ledger["status"].value_counts()
-    return {"total": int(len(ledger)), **{s: int(counts.get(s, 0)) for s in ("pass", "fail", "missing")}}
+    found = {s.replace(" ", "_"): int(counts.get(s, 0)) for s in STATUSES}
+    return {"total": int(len(ledger)), "compared": int(len(ledger)) - found["not_compared"], **found}
+
+
+def set_aside(ledger: pd.DataFrame, sections: dict[int, str]) -> pd.DataFrame:
+    """ledger with the rows of sections (section -> why) marked 'not compared', the reason as their why: a
+    section run with other parameters than the article's cannot be held to the article's figures."""
+    out = ledger.copy()
+    for section, why in sections.items():
+        rows = out["section"] == section
+        out.loc[rows, "status"] = "not compared"
+        out.loc[rows, "why"] = why
+    return out
 
 
 def save(ledger: pd.DataFrame, path: str | Path | None) -> None:
@@ -139,8 +154,12 @@ def save(ledger: pd.DataFrame, path: str | Path | None) -> None:
 def collect(paths: list[str | Path]) -> pd.DataFrame:
     """The full ledger (every article figure) from the sections' saved rows, in the report's columns."""
     parts = [pd.read_csv(p, dtype={"row": str, "table": str, "column": str}) for p in paths if Path(p).exists()]
-    reproduced = [p[[c for c in p.columns if c in KEY + ["reproduced", "band_low", "band_high"]]] for p in parts]
-    return compare(reproduced)[LEDGER_COLUMNS]
+    reproduced = [p[[c for c in p.columns if c in KEY + ["reproduced", "band_low", "band_high", "why"]]] for p in parts]
+    ledger = compare(reproduced)
+    for column in ("band_low", "band_high"):
+        if column not in ledger:
+            ledger[column] = np.nan
+    return ledger[LEDGER_COLUMNS]
 
 
 def _tolerance_text(row) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from kvlab.core import batching, models, resources, validate
+from kvlab.core import article, batching, models, resources, validate
 from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_REQUEST
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
@@ -143,6 +143,29 @@ def _check_batching(p: dict) -> None:
 def _check_capacity(p: dict) -> None:
     if p["WEIGHTS_GIB"] >= p["GPU_MEMORY_GIB"]:
         validate.fail("WEIGHTS_GIB", p["WEIGHTS_GIB"], f"must be below GPU_MEMORY_GIB={p['GPU_MEMORY_GIB']}")
+
+
+# The article's own settings per notebook: a run with other values cannot be held to the article's figures, so
+# the report sets that section's ledger rows aside ('not compared'). kvlab's choices (seeds, the length
+# family, the arrival rate, band percentiles) are not here: changing them is exploring, not another set-up.
+ARTICLE_SETTINGS: dict[str, dict] = {
+    "01_allocation": {"NUM_REQUESTS": article.NUM_REQUESTS_S1, "MAX_LEN_TOKENS": article.MAX_LEN_TOKENS,
+                      "BLOCK_SIZES": list(article.BLOCK_SIZES), "MEMORY_GIB": article.MEMORY_GIB,
+                      "MIB_PER_TOKEN": article.MIB_PER_TOKEN},
+    "02_batching": {"NUM_REQUESTS": article.NUM_REQUESTS_S2, "MAX_NUM_SEQS": article.MAX_NUM_SEQS,
+                    "MS_PER_TOKEN": article.MS_PER_TOKEN, "CONSTANT_TOKENS": article.CONSTANT_TOKENS},
+    "03_capacity": {"NUM_LAYERS": article.NUM_LAYERS, "NUM_KV_HEADS": article.NUM_KV_HEADS,
+                    "HEAD_DIM": article.HEAD_DIM, "DTYPE_BYTES": article.DTYPE_BYTES,
+                    "GPU_MEMORY_GIB": article.GPU_MEMORY_GIB, "WEIGHTS_GIB": article.WEIGHTS_GIB,
+                    "CONTEXTS": list(article.CONTEXTS), "CONCURRENCY": list(article.CONCURRENCY)},
+}
+
+
+def departures(stem: str, p: dict) -> str:
+    """The article's settings that the parameters p of notebook stem change, as one phrase ('' when none)."""
+    changed = [f"{name}={p[name]!r} (the article's {value!r})" for name, value in ARTICLE_SETTINGS.get(stem, {}).items()
+               if name in p and p[name] != value]
+    return ", ".join(changed)
 
 
 # Checks that need several parameters together (run after the per-parameter rules).

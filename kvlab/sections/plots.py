@@ -1,5 +1,14 @@
-"""Figures for the report: fixed sizes, axes with units, nothing computed here but layout."""
+"""Figures for the report: fixed sizes, axes with units, nothing computed here but layout.
+
+Every function returns a Figure: the matplotlib figure with a caption (its docstring's first line) that
+the notebook shows as the image's alt text and the report as the figure's caption.
+"""
 from __future__ import annotations
+
+import base64
+import functools
+import io
+from dataclasses import dataclass
 
 import matplotlib
 
@@ -10,6 +19,40 @@ import pandas as pd
 from kvlab.core.units import cdiv
 
 FIGSIZE = (7.0, 4.2)
+DPI = 100
+
+
+@dataclass(frozen=True, eq=False)
+class Figure:
+    """A figure with its caption; shows as a PNG whose alt text is the caption (and as the caption in text)."""
+
+    figure: matplotlib.figure.Figure
+    caption: str
+
+    def png(self) -> bytes:
+        """The figure as PNG bytes (no software or date metadata, so the same figure gives the same bytes)."""
+        buffer = io.BytesIO()
+        self.figure.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+        return buffer.getvalue()
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"image/png": base64.b64encode(self.png()).decode("ascii"), "text/plain": f"Figure: {self.caption}"}
+        return data, {"image/png": {"alt": self.caption}}
+
+    def __getattr__(self, name):  # fig.axes, fig.savefig(...): the matplotlib figure's own
+        return getattr(self.figure, name)
+
+
+def captioned(function):
+    """Wrap a plot function so that it returns a Figure captioned with the function's first docstring line."""
+    caption = " ".join(function.__doc__.strip().split("\n\n")[0].split())  # the docstring's first paragraph
+
+    @functools.wraps(function)
+    def plot(*args, **kwargs) -> Figure:
+        made = function(*args, **kwargs)
+        return Figure(*made) if isinstance(made, tuple) else Figure(made, caption)  # (figure, its own caption)
+
+    return plot
 
 
 def _figure(figsize=FIGSIZE, **kwargs):
@@ -19,8 +62,9 @@ def _figure(figsize=FIGSIZE, **kwargs):
     return fig, ax
 
 
+@captioned
 def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> matplotlib.figure.Figure:
-    """Requests that fit against context length, log-log, with the 1/context line through the first point."""
+    """Requests that fit against the context length (tokens), log-log, with inverse proportion dashed."""
     fig, ax = _figure()
     ctx = fit.index.to_numpy(dtype=float)
     n = fit["max_num_requests"].to_numpy(dtype=float)
@@ -36,8 +80,9 @@ def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> 
     ax.legend()
     return fig
 
+@captioned
 def length_fit(lengths: np.ndarray, pmf: np.ndarray, bin_tokens: int = 64) -> matplotlib.figure.Figure:
-    """Histogram of sampled request lengths against the fitted distribution, per bin of bin_tokens (log y)."""
+    """Sampled request lengths per 64-token bin (log scale) against the distribution fitted to the article's totals."""
     fig, ax = _figure()
     edges = np.arange(0, len(pmf) + 1, bin_tokens)      # bins [e, e + bin), the last one closed
     counts, _ = np.histogram(lengths, bins=edges)
@@ -53,8 +98,9 @@ def length_fit(lengths: np.ndarray, pmf: np.ndarray, bin_tokens: int = 64) -> ma
     return fig
 
 
+@captioned
 def waste_vs_block_size(table: pd.DataFrame, article: pd.DataFrame | None = None) -> matplotlib.figure.Figure:
-    """Waste %, requests that fit and block-table entries per request against block size (log2 x)."""
+    """Waste (%), requests that fit and block-table entries per request against the block size (tokens, log scale)."""
     fig, (top, bottom) = _figure(figsize=(7.0, 6.0), nrows=2, sharex=True)
     b = table.index.to_numpy(dtype=float)
     top.plot(b, table["waste_pct"], "o-", color="C3", label="waste (% of reserved)")
@@ -84,9 +130,10 @@ POLICY_PARTS = {"held_tokens": ("token states", "C0"),
                 "unused_beyond_last_block_tokens": ("internal fragmentation: beyond the last block", "C3")}
 
 
+@captioned
 def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
-    """Stacked bars per policy: token states and internal fragmentation inside and beyond the last block (% of
-    reserved), the vLLM paper's terms."""
+    """Where reserved KV slots go per policy (%): token states, and internal fragmentation inside and beyond the last
+    block, in the vLLM paper's terms."""
     fig, ax = _figure()
     share = breakdown[list(POLICY_PARTS)].div(breakdown["reserved_tokens"], axis=0) * 100
     bottom = np.zeros(len(share))
@@ -102,9 +149,10 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
     return fig
 
 
+@captioned
 def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wasted_tokens",
                     label: str = "wasted tokens") -> matplotlib.figure.Figure:
-    """The spread over seeds of one allocation-table column per block size, as % from the seed median; article as x."""
+    """How far the article's figure (x) lies from kvlab's seed median per block size, against the spread over seeds."""
     fig, ax = _figure()
     sizes = list(article.index)
     medians = [np.median(runs.loc[runs.index == b, column]) for b in sizes]
@@ -118,12 +166,15 @@ def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wa
     ax.set_ylabel(f"{label}: % from the seed median\n(box 25-75%, whiskers 5-95%)")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return fig
+    return fig, (f"The article's {label} (x) against the spread of kvlab's seeds per block size, as % from the "
+                 "seed median (boxes 25-75%, whiskers 5-95%).")
+
 
 # ---------------------------------------------------------------- section 2: batching
 POLICY_COLORS = {"static": "tab:red", "continuous": "tab:blue"}
 
 
+@captioned
 def slot_timeline(results: list, until_s: float = 30.0) -> matplotlib.figure.Figure:
     """Each slot over time (s) for each policy: a request's own tokens solid, static padding hatched."""
     fig, axes = _figure(figsize=(9.0, 2.2 * len(results) + 0.6), nrows=len(results), sharex=True, squeeze=False)
@@ -150,6 +201,7 @@ def slot_timeline(results: list, until_s: float = 30.0) -> matplotlib.figure.Fig
     return fig
 
 
+@captioned
 def latency_cdf(results: list) -> matplotlib.figure.Figure:
     """Share of requests served within each latency (s), one line per policy."""
     fig, ax = _figure()
@@ -169,9 +221,11 @@ def latency_cdf(results: list) -> matplotlib.figure.Figure:
 RATE_SWEEP_LABELS = {"mean_latency_s": "mean latency (s)", "makespan_s": "total time, makespan (s)"}
 
 
+@captioned
 def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_latency_s",
                chosen_rate: float | None = None) -> matplotlib.figure.Figure:
     """A figure (median over seeds) against the arrival rate (requests/s), per policy, with the article's value."""
+    what = RATE_SWEEP_LABELS.get(column, column)
     fig, ax = _figure()
     for policy in sweep.index.get_level_values("policy").unique():
         part = sweep.xs(policy, level="policy")
@@ -187,11 +241,13 @@ def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_l
     ax.set_ylim(values.min() - pad, values.max() + pad)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9)
-    return fig
+    return fig, (f"{what[0].upper() + what[1:]} against the Poisson arrival rate (requests/s), median over seeds per "
+                 "policy, with the article's value dashed and kvlab's chosen rate dotted.")
 
 
+@captioned
 def variance_sweep(sweep: pd.DataFrame) -> matplotlib.figure.Figure:
-    """Mean latency (s) of both policies against the coefficient of variation of output lengths."""
+    """Mean latency (s) of both policies as output lengths spread (coefficient of variation), the article's mix starred."""
     fig, ax = _figure()
     family = sweep[sweep.index != "article mix"]
     for policy in ("static", "continuous"):
@@ -216,9 +272,10 @@ def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None)
     return fig
 
 
+@captioned
 def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
                 ) -> matplotlib.figure.Figure:
-    """Empirical CDF of a token column (prompt_tokens, output_tokens or total_tokens) per workload, log x, with marks.
+    """Share of requests at or below each length (tokens, log scale), one line per workload, with the article's marks.
 
     A value of workloads may also be an array of token counts (e.g. lengths drawn from the article's assumption).
     """
@@ -229,11 +286,15 @@ def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str,
         ax.axvline(x, color="grey", linestyle=("--", ":", "-.")[i % 3], label=label)
     ax.set_xscale("log")
     label = "request length, prompt + output" if column == "total_tokens" else column.replace("_tokens", "")
-    return _finish(fig, ax, label.replace("_", " ") + " (tokens, log scale)", "share of requests")
+    label = label.replace("_", " ")
+    return (_finish(fig, ax, label + " (tokens, log scale)", "share of requests"),
+            f"Share of requests at or below each {label} (tokens, log scale), one line per workload; "
+            "vertical lines mark the article's figures.")
 
 
+@captioned
 def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.figure.Figure:
-    """CDF of inter-arrival time / its mean per workload, against Poisson arrivals (1 - e^-x, dashed)."""
+    """Share of gaps between arrivals at or below each multiple of the mean gap, against Poisson arrivals (dashed)."""
     fig, ax = _figure()
     for name, w in workloads.items():
         gaps = np.diff(w.arrival_s)
@@ -244,6 +305,7 @@ def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.fig
     return _finish(fig, ax, "inter-arrival time / mean inter-arrival time (1)", "share of gaps")
 
 
+@captioned
 def arrival_rates(rates: dict[str, pd.Series]) -> matplotlib.figure.Figure:
     """Arrival rate (requests/s) per time window against time (min), one line per trace."""
     fig, ax = _figure()
@@ -252,8 +314,9 @@ def arrival_rates(rates: dict[str, pd.Series]) -> matplotlib.figure.Figure:
     return _finish(fig, ax, "time since the first request (min)", "arrival rate (requests/s)", ylim_bottom=0)
 
 
+@captioned
 def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
-    """Prefix-cache hit rate and prefill saved (%) against cache size (blocks, log x); dashed: unbounded cache."""
+    """Prefix-cache hit rate and prefill saved (%) against the cache size (512-token blocks, log scale), unbounded dashed."""
     fig, ax = _figure()
     bounded = curve.drop(index="unbounded")
     limit = curve.loc["unbounded"]
@@ -264,8 +327,9 @@ def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
         ax.axhline(limit[column], color=color, linestyle="--", label=f"{label}, unbounded cache ({limit[column]:.1f}%)")
     return _finish(fig, ax, "cache size (prefix blocks, log scale)", "% of blocks / of prompt tokens", ylim_bottom=0)
 
+@captioned
 def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.figure.Figure:
-    """vLLM's maximum concurrency against max_model_len, one panel per model, a line per TP and KV dtype."""
+    """vLLM's maximum concurrency against the tokens per request, one panel per model, a line per GPU count and KV dtype."""
     names = list(dict.fromkeys(table["model"]))
     cols = 2
     rows = cdiv(len(names), cols)

@@ -42,7 +42,8 @@ LABELS = {
     "context_tokens": "context (tokens)", "rate_per_s": "arrival rate (requests/s)", "max_model_len": "max_model_len (tokens)",
     "tensor_parallel_size": "tensor parallel size", "kv_cache_dtype": "KV cache dtype",
 }
-MARKS = {"pass": "✓ pass", "fail": "✗ fail", "missing": "– missing", True: "✓", False: "✗"}
+MARKS = {"pass": "✓ pass", "fail": "✗ fail", "missing": "– missing", "not compared": "· not compared",
+         True: "✓", False: "✗"}
 MAX_COLUMNS = 9  # a table wider than this (index included) is split into parts that fit a page
 
 
@@ -180,7 +181,8 @@ def band(bands: pd.DataFrame, caption: str = "") -> Table:
     frame["column"] = [label(c) for c in frame["column"]]
     return table(frame.rename(columns={"row": "policy", "column": "figure"}),
                  {"article": 2, "median": 2, "band_low": 2, "band_high": 2, "article_percentile": 1},
-                 {"band_low": "band low", "band_high": "band high", "inside": "inside the band"}, caption=caption)
+                 {"band_low": "band low", "band_high": "band high", "inside": "inside the band",
+                  "num_seeds": "seeds"}, caption=caption)
 
 
 def ledger(rows: pd.DataFrame, caption: str = "") -> Table:

@@ -1,0 +1,297 @@
+"""The report's pages: the front page, one page per section, the ledger, and the one document the PDF is made of.
+
+HTML for a browser (a column of readable width, tables that scroll inside their own box when wide) and
+for print (A4 portrait: a title page, contents with page numbers, each section on a new page, figures and
+tables kept whole and small enough that a page is never left mostly empty before them).
+"""
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bs4 import BeautifulSoup
+
+from kvlab.sections import ledger as ledger_mod
+from kvlab.sections import present
+
+TITLE = "kvlab: KV-cache memory in LLM serving"
+ROWS_PER_PRINTED_TABLE = 24   # a longer table is printed as parts of at most this many rows, each kept whole
+
+CSS = """
+:root { --ink: #1d2327; --muted: #5b6670; --line: #d6dbe0; --pass: #176b2c; --fail: #b00020; --accent: #1f5fa8; }
+body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; max-width: 60rem; margin: 2rem auto;
+       padding: 0 1rem; color: var(--ink); line-height: 1.5; font-size: 11pt; }
+h1 { font-size: 1.7rem; line-height: 1.25; } h2 { font-size: 1.3rem; margin-top: 2rem; } h3 { font-size: 1.1rem; }
+a { color: var(--accent); }
+.anchor-link { display: none; }
+table { border-collapse: collapse; margin: 0.6rem 0; font-size: 8.5pt; }
+th, td { border-bottom: 1px solid var(--line); padding: 0.2rem 0.55rem; text-align: left; vertical-align: top;
+         overflow-wrap: normal; word-break: normal; hyphens: manual; }
+thead th { border-bottom: 2px solid var(--ink); font-weight: 600; }
+th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tbody th { font-weight: normal; color: var(--ink); }
+caption { caption-side: top; text-align: left; color: var(--muted); font-size: 8.5pt; padding-bottom: 0.2rem; }
+.table-wrap, .jp-OutputArea-output:has(> table) { overflow-x: auto; max-width: 100%; }
+.jp-RenderedHTMLCommon, .output_html { overflow-x: auto; max-width: 100%; }
+pre { background: #f5f7f9; padding: 0.6rem 0.8rem; overflow-x: auto; font-size: 9pt; white-space: pre-wrap; }
+img { max-width: 100%; height: auto; }
+figure { margin: 1rem 0; }
+figcaption { color: var(--muted); font-size: 9pt; margin-top: 0.3rem; }
+nav { font-size: 0.9rem; margin: 0 0 1rem; }
+.headline { font-size: 1.15rem; margin: 0.5rem 0 1rem; }
+.headline strong { font-size: 1.6rem; }
+.fail, td.fail { color: var(--fail); } .pass { color: var(--pass); }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(17rem, 1fr)); gap: 1rem; }
+.card { border: 1px solid var(--line); border-radius: 6px; padding: 0.8rem; }
+.card h3 { margin: 0 0 0.5rem; font-size: 1rem; }
+.card img { display: block; border: 1px solid var(--line); }
+.card pre { font-size: 7.5pt; padding: 0.4rem; }
+.skipped { color: var(--muted); font-style: italic; }
+.params { font-family: "DejaVu Sans Mono", monospace; font-size: 7.5pt; margin: 0.2rem 0; overflow-wrap: anywhere; }
+footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 1px solid var(--line); }
+@page { size: A4 portrait; margin: 1.6cm 1.5cm 1.8cm;
+        @bottom-center { content: counter(page); font-size: 8pt; color: #777; } }
+@page title { @bottom-center { content: none; } }
+@media print {
+  body { max-width: none; margin: 0; padding: 0; font-size: 9pt; line-height: 1.35; }
+  p { margin: 0.35rem 0; }
+  nav, .cards img { display: none; }
+  h1 { font-size: 16pt; } h2 { font-size: 12.5pt; } h3 { font-size: 11pt; }
+  h1, h2, h3 { break-after: avoid; }
+  table { font-size: 6.8pt; break-inside: avoid; margin: 0.4rem 0; }
+  pre { font-size: 7.5pt; padding: 0.4rem; }
+  th, td { padding: 0.12rem 0.35rem; }
+  figure, pre { break-inside: avoid; }
+  figure { margin: 0.5rem 0; }
+  figure img, .jp-OutputArea-output img { max-height: 7.2cm; width: auto; }
+  .title-page { page: title; break-after: page; padding-top: 6cm; }
+  .title-page h1 { font-size: 24pt; }
+  .contents { break-after: page; }
+  .contents a { text-decoration: none; color: var(--ink); }
+  .contents a::after { content: leader('.') target-counter(attr(href), page); }
+  .contents li { list-style: none; margin: 0.25rem 0; }
+  section.chapter { break-before: page; }
+  .cards { display: block; } .card { border: none; padding: 0; margin-bottom: 0.6rem; }
+}
+"""
+
+
+@dataclass
+class Section:
+    """One notebook in the report: what it is called, what it concluded, how long it took, why it was skipped."""
+
+    stem: str
+    title: str = ""
+    headline: str = ""
+    seconds: float = 0.0
+    params: dict = field(default_factory=dict)
+    skipped: str = ""           # why the notebook was not run (empty when it ran)
+    key_figure: str = ""        # path of the section's key figure, relative to the report (empty: none)
+    key_caption: str = ""
+    body: str = ""              # the rendered notebook, for the PDF
+
+    @property
+    def number(self) -> int:
+        """The section's number (01_allocation -> 1)."""
+        return int(self.stem[:2])
+
+
+def page(title: str, body: str) -> str:
+    """A whole HTML page with the report's style."""
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
+            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
+NAV = '<nav><a href="index.html">&larr; the report</a></nav>'
+
+
+def section_body(executed: Path, section: Section) -> str:
+    """The notebook's prose and outputs without code, its figures numbered with their captions."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    soup = BeautifulSoup(body, "html.parser")
+    for number, img in enumerate(soup.find_all("img"), 1):
+        alt = img.get("alt", "")
+        figure = soup.new_tag("figure")
+        img.wrap(figure)
+        caption = soup.new_tag("figcaption")
+        caption.string = f"Figure {section.number}.{number}. {alt}"
+        figure.append(caption)
+    for output in soup.select(".jp-OutputArea-output, .output_html"):
+        if output.find("table") is not None:
+            output["class"] = output.get("class", []) + ["table-wrap"]
+    return str(soup)
+
+
+def section_page(section: Section) -> str:
+    """A section's page: its body between links back to the front page."""
+    return page(section.title, NAV + section.body + NAV)
+
+
+def skipped_body(section: Section) -> str:
+    """The body of a section that was not built: its title and why."""
+    return f"<h1>{html.escape(section.title)}</h1><p class=\"skipped\">This section was {html.escape(section.skipped)}.</p>"
+
+
+def ledger_table(rows, *, with_section: bool = True) -> str:
+    """Ledger rows as one table: the figure, the article's value and kvlab's at the article's precision, the mark,
+    and the note that says why where there is one."""
+    decimals = ledger_mod.article_figures().set_index(ledger_mod.KEY)["decimals"]
+    head = (["section"] if with_section else []) + ["figure", "article", "kvlab", "tolerance", "status", "why"]
+    body = []
+    for _, r in rows.iterrows():
+        d = int(decimals.get(tuple(r[k] for k in ledger_mod.KEY), 2))
+        figure = f"{r['table']}: {r['row']}, {present.label(r['column'])}"
+        tolerance = (f"band {present.cell(r['band_low'], d)} to {present.cell(r['band_high'], d)}"
+                     if str(r["tolerance"]).startswith("band") and r["band_low"] == r["band_low"] else str(r["tolerance"]))
+        cells = ([str(r["section"])] if with_section else []) + [
+            figure, present.cell(r["article"], d), present.cell(r["reproduced"], d), tolerance,
+            present.MARKS.get(r["status"], r["status"]), "" if str(r["why"]) == "nan" else str(r["why"])]
+        kinds = ([""] if with_section else []) + ["", "num", "num", "", r["status"].replace(" ", "-"), ""]
+        body.append("<tr>" + "".join(f'<td class="{k}">{html.escape(c)}</td>' for k, c in zip(kinds, cells)) + "</tr>")
+    header = "".join(f'<th class="{"num" if h in ("article", "kvlab") else ""}">{h}</th>' for h in head)
+    return f'<table class="kvlab"><thead><tr>{header}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def ledger_body(ledger) -> str:
+    """Every published figure, by section."""
+    parts = ["<h1>The reproduction ledger</h1>",
+             "<p>Every figure the article publishes, against kvlab's value. Machine-readable: "
+             "<a href=\"ledger.csv\">ledger.csv</a>.</p>", TOLERANCES]
+    for number, rows in ledger.groupby("section", sort=True):
+        parts.append(f"<h2>Section {number}</h2>" + ledger_table(rows, with_section=False))
+    return "\n".join(parts)
+
+
+TOLERANCES = ("<p>How a figure passes: <em>abs N</em>, kvlab's value rounded to the digits the article prints is "
+              "within N of the article's (abs 0: the same printed digits); <em>rel x</em>, it differs by at most x "
+              "times the article's value; <em>band</em>, the article's value lies inside kvlab's 5-95% band over "
+              "seeds (section 2, where kvlab's value is the median over seeds). A figure is <em>not compared</em> "
+              "when its section ran with other settings than the article's.</p>")
+
+
+def _headline(summary: dict, set_aside: dict[int, str]) -> str:
+    text = (f"<p class=\"headline\"><strong>{summary['pass']} of {summary['compared']}</strong> figures the article "
+            f"publishes reproduced")
+    if summary["fail"] or summary["missing"]:
+        text += f" ({summary['fail']} not within tolerance, {summary['missing']} missing)"
+    text += ".</p>"
+    if set_aside:
+        text += ("<p>With the parameters of this build, " + "; ".join(
+            f"section {n} ran with {why}" for n, why in sorted(set_aside.items()))
+            + f": its {summary['not_compared']} figures are not compared with the article's.</p>")
+    return text
+
+
+def index_body(sections: list[Section], ledger, info: dict, params: dict, traces_note: str,
+               set_aside: dict[int, str]) -> str:
+    """The front page: what the report is, the ledger summary with every figure not reproduced and why, one card
+    per section (its key figure and headline numbers), the reproducibility footer."""
+    summary = ledger_mod.summary(ledger)
+    parts = [
+        f"<h1>{TITLE}</h1>",
+        "<p>This report reproduces a short article on how vLLM manages KV-cache memory: reserving it in small "
+        "blocks instead of the maximum length (section 1), continuous instead of static batching (section 2) and how "
+        "many requests fit in GPU memory (section 3). It then goes further: real request traces (section 4) and "
+        "what a GPU measures (section 5). Every figure the article publishes is in the reproduction ledger, next to "
+        "kvlab's value.</p>",
+        "<h2>Reproduction ledger</h2>", _headline(summary, set_aside),
+    ]
+    open_rows = ledger[ledger["status"].isin(["fail", "missing"])]
+    if len(open_rows):
+        parts.append("<h3>Figures not reproduced, and why</h3>" + ledger_table(open_rows))
+    parts.append(f"<p>Every figure: <a href=\"ledger.html\">the full ledger</a> "
+                 f"(<a href=\"ledger.csv\">ledger.csv</a>).</p>" + TOLERANCES)
+    parts.append("<h2>Sections</h2>")
+    if traces_note:
+        parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
+    cards = []
+    for sec in sections:
+        figure = (f"<a href=\"{sec.stem}.html\"><img src=\"{sec.key_figure}\" alt=\"{html.escape(sec.key_caption)}\" "
+                  f"width=\"700\" height=\"420\"></a>" if sec.key_figure else "")
+        body = (f"<p class=\"skipped\">{html.escape(sec.skipped[0].upper() + sec.skipped[1:])}.</p>" if sec.skipped
+                else f"<pre>{html.escape(sec.headline)}</pre>")
+        cards.append(f"<div class=\"card\"><h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
+                     f"{figure}{body}</div>")
+    parts.append("<div class=\"cards\">" + "".join(cards) + "</div>")
+    parts.append(footer(info, params))
+    return "\n".join(parts)
+
+
+def footer(info: dict, params: dict) -> str:
+    """Versions, commit, build date, and the parameters and seeds the notebooks ran with."""
+    pkgs = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
+    return ("<footer><h2>Reproducibility</h2>"
+            f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
+            f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
+            f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
+            "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
+            + "".join(f"<p class=\"params\"><strong>{html.escape(stem)}</strong>: "
+                      + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items())) or "its defaults")
+                      + "</p>" for stem, values in sorted(params.items()))
+            + "</footer>")
+
+
+def _printable_tables(soup: BeautifulSoup) -> None:
+    """Split every table longer than ROWS_PER_PRINTED_TABLE into balanced parts, each repeating the header and
+    kept whole on a page: no page is left with a table's last one or two rows."""
+    for table in soup.find_all("table"):
+        rows = table.find("tbody").find_all("tr", recursive=False) if table.find("tbody") else []
+        if len(rows) <= ROWS_PER_PRINTED_TABLE:
+            continue
+        parts = -(-len(rows) // ROWS_PER_PRINTED_TABLE)
+        size = -(-len(rows) // parts)
+        head = table.find("thead")
+        anchor = table
+        for start in range(size, len(rows), size):
+            piece = soup.new_tag("table", attrs={"class": table.get("class", [])})
+            if head is not None:
+                piece.append(BeautifulSoup(str(head), "html.parser"))
+            body = soup.new_tag("tbody")
+            for row in rows[start:start + size]:
+                body.append(row.extract())
+            piece.append(body)
+            anchor.insert_after(piece)
+            anchor = piece
+
+
+def pdf_document(index: str, sections: list[Section], ledger_html: str, built: str) -> str:
+    """The whole report as one printable HTML document: a title page, contents, the front page's summary, each
+    section on its own pages, the ledger last."""
+    chapters = [("overview", "Overview: the ledger and the sections", index)]
+    chapters += [(f"sec-{s.stem}", s.title, s.body if not s.skipped else skipped_body(s)) for s in sections]
+    chapters += [("ledger", "The reproduction ledger", ledger_html)]
+    contents = "".join(f"<li><a href=\"#{anchor}\">{html.escape(title)}</a></li>" for anchor, title, _ in chapters)
+    body = (f"<div class=\"title-page\"><h1>{TITLE}</h1><p>A reproducible report on KV-cache memory in LLM "
+            f"serving: the article's figures reproduced, and what real models, traces and vLLM's own accounting "
+            f"add.</p><p>Built {html.escape(built)}.</p></div>"
+            f"<div class=\"contents\"><h2>Contents</h2><ul>{contents}</ul></div>"
+            + "".join(f"<section class=\"chapter\" id=\"{anchor}\">{content}</section>" for anchor, _, content in chapters))
+    soup = BeautifulSoup(body, "html.parser")
+    _printable_tables(soup)
+    for link in soup.find_all("a", href=re.compile(r"^[0-9][0-9]_\w+\.html$")):
+        link["href"] = f"#sec-{link['href'][:-5]}"  # links between pages become links inside the PDF
+    for link in soup.find_all("a", href="ledger.html"):
+        link["href"] = "#ledger"
+    return page(TITLE, str(soup))
+
+
+def write_pdf(document: str, pdf: Path, base_url: Path) -> dict:
+    """Render the printable document to pdf (WeasyPrint: no LaTeX, no browser); where each chapter starts (pages)."""
+    import weasyprint
+
+    rendered = weasyprint.HTML(string=document, base_url=str(base_url)).render()
+    first_pages = {}
+    for number, pdf_page in enumerate(rendered.pages, 1):
+        for anchor in pdf_page.anchors:
+            if anchor in ("overview", "ledger") or anchor.startswith("sec-"):
+                first_pages.setdefault(anchor, number)
+    rendered.write_pdf(str(pdf))
+    return {"num_pages": len(rendered.pages), "chapters": first_pages}

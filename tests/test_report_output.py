@@ -1,0 +1,124 @@
+"""The built report, as a reader meets it: in a real browser (every image loads, every link resolves, no console
+error, no horizontal scrolling at 1,280 pixels) and as a PDF (title, contents, sections on new pages, no page
+mostly empty, headers never broken inside a word). One report is built for the whole module."""
+import json
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+
+import pytest
+from bs4 import BeautifulSoup
+
+from conftest import ROOT
+from kvlab.report import render
+from kvlab.report.build import build
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("built") / "report"
+    build(ROOT / "params.yaml", [], out, log=lambda *a, **k: None)
+    return out
+
+
+def pages(report):
+    return ["index.html", "ledger.html"] + sorted(p.name for p in report.glob("[0-9][0-9]_*.html"))
+
+
+# ---------------------------------------------------------------- in a browser
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_report_in_headless_chromium(report):
+    from browser import Browser, Served
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with Served(report) as served:
+        browser = Browser(width=1280, height=900)
+        try:
+            for name in pages(report):
+                browser.open(served.url + name)
+                images = browser.evaluate("[...document.images].map(i => [i.src.slice(0, 80), i.complete && i.naturalWidth > 0, i.alt])")
+                assert all(ok for _, ok, _ in images), f"{name}: an image did not load: {images}"
+                assert all(alt and "No description" not in alt for _, _, alt in images), f"{name}: an image has no alt text"
+                width = browser.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+                assert width[0] <= width[1], f"{name} scrolls sideways at 1,280 px: {width}"
+                assert browser.console_errors() == [], f"{name}: {browser.console_errors()}"
+                for href in browser.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"):
+                    target = urllib.parse.urljoin(served.url + name, href)
+                    path, _, anchor = target.partition("#")
+                    assert path.startswith(served.url), f"{name} links outside the report: {href}"
+                    with urllib.request.urlopen(path, timeout=10) as response:
+                        assert response.status == 200, f"{name}: {href} does not resolve"
+                        if anchor:
+                            assert f'id="{anchor}"' in response.read().decode(), f"{name}: {href} has no anchor"
+                if name == "index.html":
+                    browser.screenshot(ARTIFACTS / "front-page.png")
+        finally:
+            browser.close()
+    assert (ARTIFACTS / "front-page.png").stat().st_size > 10_000
+
+
+# ---------------------------------------------------------------- as a PDF
+def page_images(pdf, folder, dpi=30):
+    subprocess.run(["pdftoppm", "-r", str(dpi), "-gray", str(pdf), str(folder / "p")], check=True)
+    return sorted(folder.glob("p-*.pgm"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def fullness(path) -> float:
+    """How far down the text area a page's content reaches (0 to 1), its page number left out."""
+    from PIL import Image
+
+    image = Image.open(path)
+    width, height = image.size
+    top, bottom = int(height * 1.6 / 29.7), int(height * (29.7 - 1.8) / 29.7)  # the @page margins, cm of A4
+    pixels = image.load()
+    last = max((y for y in range(top, bottom) for x in range(0, width, 2) if pixels[x, y] < 200), default=top)
+    return (last - top) / (bottom - top)
+
+
+@pytest.mark.skipif(shutil.which("pdftoppm") is None, reason="poppler-utils (pdftoppm) is not installed")
+def test_the_pdf_has_no_page_mostly_empty_but_a_chapters_last(report, tmp_path):
+    layout = json.loads((report / "report-pages.json").read_text())
+    starts = sorted(layout["chapters"].values())
+    last_of_chapter = {s - 1 for s in starts} | {layout["num_pages"]} | {1, 2}  # title and contents pages too
+    images = page_images(report / "report.pdf", tmp_path)
+    assert len(images) == layout["num_pages"]
+    thin = [n for n, image in enumerate(images, 1) if n not in last_of_chapter and fullness(image) < 1 / 3]
+    assert thin == [], f"pages less than a third full: {thin}"
+    assert layout["chapters"]["overview"] == 3 and all(s > 2 for s in starts)  # title page, contents, then chapters
+
+
+def test_the_pdf_has_a_title_page_contents_with_page_numbers_and_each_section(report):
+    text = subprocess.run(["pdftotext", "-layout", str(report / "report.pdf"), "-"], capture_output=True,
+                          text=True, check=True).stdout
+    title_page, contents = text.split("\f")[:2]
+    assert render.TITLE in " ".join(title_page.split())
+    layout = json.loads((report / "report-pages.json").read_text())
+    for stem in (p.stem for p in report.glob("[0-9][0-9]_*.html")):
+        title = BeautifulSoup((report / f"{stem}.html").read_text(), "html.parser").title.string
+        entry = next(line for line in contents.splitlines() if title[:40] in line)
+        assert entry.rstrip().endswith(str(layout["chapters"][f"sec-{stem}"])), entry
+
+
+def test_table_headers_are_never_broken_inside_a_word(report):
+    text = subprocess.run(["pdftotext", str(report / "report.pdf"), "-"], capture_output=True, text=True,
+                          check=True).stdout
+    words_in_text = set(re.findall(r"[A-Za-z]{6,}", text))
+    for name in pages(report):
+        soup = BeautifulSoup((report / name).read_text(), "html.parser")
+        for th in soup.select("table.kvlab thead th"):
+            for word in re.findall(r"[A-Za-z]{6,}", th.get_text()):
+                assert word in words_in_text, f"{name}: header word {word!r} is broken in the PDF"
+
+
+def test_long_tables_print_in_parts_of_at_least_three_rows():
+    rows = "".join(f"<tr><td>{i}</td></tr>" for i in range(50))
+    document = render.pdf_document(f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>',
+                                   [], "", "today")
+    soup = BeautifulSoup(document, "html.parser")
+    sizes = [len(t.find("tbody").find_all("tr")) for t in soup.find_all("table")]
+    assert sum(sizes) == 50 and all(3 <= s <= render.ROWS_PER_PRINTED_TABLE for s in sizes)
+    assert all(t.find("thead") is not None for t in soup.find_all("table"))
