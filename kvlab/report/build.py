@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import importlib.metadata
 import platform
 import shutil
@@ -24,7 +25,7 @@ from kvlab.report import render
 from kvlab.report.params import ReportError, load_params, notebook_parameters
 from kvlab.report.render import Section
 from kvlab.sections import ledger as ledger_mod
-from kvlab.sections import parameters
+from kvlab.sections import parameters, sweep
 from kvlab.workloads import traces
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +165,9 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
     (tmp / "notebooks").mkdir()
     total_start = time.perf_counter()
+    sweep_log = tmp / "sweeps.jsonl"
+    previous_log = os.environ.get(sweep.LOG_ENV)
+    os.environ[sweep.LOG_ENV] = str(sweep_log)  # the notebooks' kernels inherit it and log every sweep there
     try:
         sections = []
         for i, nb in enumerate(notebooks, 1):
@@ -183,7 +187,9 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv"))), set_aside)
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
-        index = render.index_body(sections, ledger, provenance(), params, _traces_note(merged), set_aside)
+        info = provenance() | {"sweeps": [str(run) for run in sweep.read_log(sweep_log)]}
+        sweep_log.unlink(missing_ok=True)
+        index = render.index_body(sections, ledger, info, params, _traces_note(merged), set_aside)
         ledger_html = render.ledger_body(ledger)
         (tmp / "index.html").write_text(render.page(render.TITLE, index))
         (tmp / "ledger.html").write_text(render.page("The reproduction ledger", render.NAV + ledger_html))
@@ -202,6 +208,11 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if previous_log is None:
+            os.environ.pop(sweep.LOG_ENV, None)
+        else:
+            os.environ[sweep.LOG_ENV] = previous_log
     s = ledger_mod.summary(ledger)
     log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, report.pdf, ledger.csv "
         f"({s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within tolerance, {s['missing']} missing"

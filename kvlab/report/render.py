@@ -232,7 +232,8 @@ def footer(info: dict, params: dict) -> str:
             f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
             f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
             f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
-            "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
+            + ("<p>Sweeps: " + html.escape("; ".join(info["sweeps"])) + ".</p>" if info.get("sweeps") else "")
+            + "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
             + "".join(f"<p class=\"params\"><strong>{html.escape(stem)}</strong>: "
                       + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items())) or "its defaults")
                       + "</p>" for stem, values in sorted(params.items()))
