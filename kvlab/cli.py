@@ -130,11 +130,15 @@ def add_capacity(commands) -> None:
                        help="KV cache dtype (default bf16): fp8 1 B/value; int8 1 B + fp32 scale per token and head; "
                        "int4 0.5 B + fp8 scale per 16 values (vLLM's nvfp4)")
     cache.add_argument("--tensor-parallel-size", type=int, help="GPUs splitting each layer (default 1): KV heads per GPU = max(1, KV heads / TP)")
-    cache.add_argument("--pipeline-parallel-size", type=int, help="GPUs splitting the layers (default 1): the stage with the most layers binds")
+    cache.add_argument("--pipeline-parallel-size", type=int,
+                       help="GPUs splitting the layers (default 1): vLLM groups the whole model's layers once, each stage's "
+                       "block holds its largest share of a group, and the stage with the fewest blocks binds")
     cache.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     cache.add_argument("--max-model-len", type=int,
                        help="tokens per request for the concurrency figure (default: the model's max_position_embeddings, else --context)")
-    cache.add_argument("--max-num-batched-tokens", type=int, help="tokens per step, bounds a sliding-window group (default 8192)")
+    cache.add_argument("--max-num-batched-tokens", type=int,
+                       help="tokens per step (default 8192): a sliding-window layer keeps window - 1 + the tokens in "
+                       "flight, (PP + 1) x this with async scheduling, PP x this without")
     cache.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
                        help="sliding-window layers hold every token, as vLLM without its hybrid manager")
     budget = p.add_argument_group("memory budget (per GPU)")
@@ -279,14 +283,17 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
                           f"leaves no KV memory: {memory.gpu_memory_gib:g} GiB x {memory.gpu_memory_utilization:g} is "
                           f"{memory.usable_gib:.2f} GiB and the weights, activation peak and non-torch memory take "
                           f"{memory.reserved_gib:.2f} GiB")
-    try:
-        result = cap.vllm_capacity(model, available, max_model_len, config)
-    except ValueError as error:
-        if memory is None or "fits no KV block" not in str(error):
-            raise
-        _does_not_fit(args, given, model, memory, max_model_len, config, str(error).split(": ", 1)[1])
+    result = cap.vllm_capacity(model, available, max_model_len, config)
+    if result["num_gpu_blocks"] == 0:
+        needed = result["blocks_per_request"] * result["bytes_per_block"]
+        why = (f"fits no KV block of {result['bytes_per_block']:,} B ({result['layers_per_group']} layers x "
+               f"{result['page_size_bytes']:,} B); one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB, "
+               f"{(needed - available) / GIB:.2f} GiB more")
+        if memory is None:
+            validate.fail("available_kv_gib", args.available_kv_gib, why)
+        _does_not_fit(args, given, model, memory, max_model_len, config, why)
     layout = None
-    if memory is not None and not result["fits_one_request"]:
+    if memory is not None and not result["starts"]:
         layout = cap.layouts_that_fit(model, _whole_model_budget(args, memory, config), max_model_len, config,
                                       None if args.weights_gib is not None else (args.weight_dtype or "bf16"))
     result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.cache.kv_cache_dtype,
@@ -312,12 +319,11 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     for line in cap.vllm_log_lines(result):
         print(line)
     print(f"# GPU blocks: {result['num_gpu_blocks']:,} ({result['blocks_per_request']:,} per request of "
-          f"{max_model_len:,} tokens)")
-    if not result["fits_one_request"]:
-        needed = result["blocks_per_request"] * result["page_size_bytes"] * result["layers_per_group"]
+          f"{max_model_len:,} tokens: {result['max_concurrency']:.2f}x)")
+    if not result["starts"]:
         fix = f"use {_layout_flags(layout)}, " if layout else ""
-        print(f"note: one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB of KV cache; "
-              f"vLLM refuses to start ({fix}lower --max-model-len or raise --gpu-memory-utilization)")
+        print(f"note: vLLM refuses to start: {result['refusal']} ({fix}lower --max-model-len or raise "
+              f"--gpu-memory-utilization)")
     return result
 
 

@@ -72,8 +72,11 @@ def test_architecture_flags(capsys):
 
 def test_concurrency_below_one_is_flagged(capsys):
     code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--available-kv-gib", "2.89", "--max-model-len", "29000")
-    assert code == 0 and "Maximum concurrency for 29,000 tokens per request: 0.82x" in out
-    assert "vLLM refuses to start" in out
+    assert code == 0 and "# GPU blocks: 1,479 (1,813 per request of 29,000 tokens: 0.82x)" in out
+    assert "GPU KV cache size" not in out  # vLLM 0.33 logs no capacity line when it refuses
+    assert ("note: vLLM refuses to start: one request of 29,000 tokens needs 3.54 GiB of KV cache (1,813 blocks of "
+            "2,097,152 B), more than the 2.89 GiB left once vLLM keeps one block back; the longest max_model_len that "
+            "fits is 23,648 tokens") in out
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -94,7 +94,7 @@ def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: i
                "num_gpu_blocks": float("nan"), "gpu_kv_cache_tokens": float("nan"), "max_concurrency": float("nan")}
         for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
             result = capacity.plan_capacity(spec, gpu_memory_gib, length, config.replace(tensor_parallel_size=tp))
-            if result is not None and result["fits_one_request"]:
+            if result is not None and result["starts"]:
                 row = {"max_model_len": length, "tensor_parallel_size": tp,
                        "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
                        "num_gpu_blocks": result["num_gpu_blocks"], "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
@@ -104,3 +104,4 @@ def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: i
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"
     return table.astype({c: "Int64" for c in ("tensor_parallel_size", "num_gpu_blocks", "gpu_kv_cache_tokens")})
+
