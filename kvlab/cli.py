@@ -14,7 +14,7 @@ import numpy as np
 from kvlab.core import allocator as alloc
 from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import capacity as cap
-from kvlab.core.config import EngineConfig
+from kvlab.core.config import ATTENTION_BACKENDS, EngineConfig
 from kvlab.core.cost import TokenCost
 from kvlab.core.models import ModelSpec
 from kvlab.core.units import GIB, exact, unit_bytes
@@ -86,13 +86,14 @@ CAPACITY_FLAGS = {
     "available_kv_gib": "--available-kv-gib", "gpu_memory_gib": "--gpu-memory-gib", "weights_gib": "--weights-gib",
     "gpu_memory_utilization": "--gpu-memory-utilization", "activation_peak_gib": "--activation-peak-gib",
     "non_torch_gib": "--non-torch-gib", "model": "--model", "gpu": "--gpu", "config": "--config",
-    "weight_dtype": "--weight-dtype",
+    "weight_dtype": "--weight-dtype", "attention_backend": "--attention-backend",
 }
 # Flags that switch `kvlab capacity` from the article's arithmetic to vLLM's accounting.
 VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
               "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
-              "max_num_batched_tokens", "disable_hybrid_kv_cache_manager", "available_kv_gib", "gpu",
-              "gpu_memory_utilization", "weight_dtype", "activation_peak_gib", "non_torch_gib"]
+              "max_num_batched_tokens", "disable_hybrid_kv_cache_manager", "async_scheduling", "no_async_scheduling",
+              "attention_backend", "available_kv_gib", "gpu", "gpu_memory_utilization", "weight_dtype",
+              "activation_peak_gib", "non_torch_gib"]
 
 
 def add_capacity(commands) -> None:
@@ -105,8 +106,14 @@ def add_capacity(commands) -> None:
         "fit = floor((GPU memory - weights) / memory per request); defaults are the article's model (32 layers, 32 "
         "heads, head dim 128, 16-bit values) on an 80 GiB GPU with 16 GiB of weights. With any vLLM flag (--model, "
         "--config, --kv-cache-dtype, --tensor-parallel-size, --available-kv-gib, --gpu, ...): the figures vLLM logs, "
-        "computed as vLLM computes them: the budget (memory x --gpu-memory-utilization - weights - activation peak - "
-        "non-torch memory), whole blocks of --block-size tokens, 'GPU KV cache size' and 'Maximum concurrency'.",
+        "computed as vLLM 0.33 computes them (checked against vLLM's own code by make parity): the budget (memory x "
+        "--gpu-memory-utilization - weights - activation peak - non-torch memory), whole blocks of --block-size tokens "
+        "shared by vLLM's layer groups, the blocks one request of --max-model-len needs (R), 'Maximum concurrency' = "
+        "blocks / R, 'GPU KV cache size' = int(blocks / R x --max-model-len) tokens, and whether vLLM starts (it "
+        "keeps one block back, so exactly one request's memory is refused). Where vLLM's answer depends on a "
+        "setting, kvlab takes vLLM's default on an H100: async scheduling on (--no-async-scheduling), the hybrid "
+        "KV-cache manager on (--disable-hybrid-kv-cache-manager), the attention backend vLLM picks "
+        "(--attention-backend).",
         epilog="examples: kvlab capacity --context 1000 --json | kvlab capacity --model Llama-3.1-8B-Instruct "
         "--available-kv-gib 3.81 --max-model-len 20000 | kvlab capacity --model Qwen3-14B --gpu H100-SXM-80GB "
         "--kv-cache-dtype fp8 --tensor-parallel-size 2 --max-model-len 32768 --json",
@@ -139,8 +146,17 @@ def add_capacity(commands) -> None:
     cache.add_argument("--max-num-batched-tokens", type=int,
                        help="tokens per step (default 8192): a sliding-window layer keeps window - 1 + the tokens in "
                        "flight, (PP + 1) x this with async scheduling, PP x this without")
+    cache.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                       help="schedule the next step before this one's tokens are known (default on, vLLM 0.33's default "
+                       "on a GPU; --no-async-scheduling for a vLLM run with that flag, or with its V1 model runner at "
+                       "PP > 1, which turns it off)")
     cache.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
-                       help="sliding-window layers hold every token, as vLLM without its hybrid manager")
+                       help="sliding-window layers hold every token, as vLLM without its hybrid manager (vLLM's default "
+                       "is on; a vLLM without CUDA, on an unknown platform, turns it off)")
+    cache.add_argument("--attention-backend", choices=sorted(ATTENTION_BACKENDS),
+                       help="vLLM's attention backend, whose kernel block sizes set sliding-window layers' block size "
+                       "(default: vLLM's pick on an H100: FLASH_ATTN; TRITON_ATTN for int8, FLASHINFER for int4); "
+                       "CPU_ATTN gives window layers 32-token blocks")
     budget = p.add_argument_group("memory budget (per GPU)")
     budget.add_argument("--available-kv-gib", type=float,
                         help="KV memory per GPU, GiB, as vLLM logs 'Available KV cache memory' (skips the budget below)")
@@ -234,7 +250,8 @@ def capacity_config(args) -> EngineConfig:
     """The EngineConfig of a vLLM-accounting run: the flags given, vLLM's defaults for the rest."""
     given = {"block_size": args.block_size, "kv_cache_dtype": args.kv_cache_dtype,
              "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
-             "max_num_batched_tokens": args.max_num_batched_tokens}
+             "max_num_batched_tokens": args.max_num_batched_tokens, "async_scheduling": args.async_scheduling,
+             "attention_backend": args.attention_backend}
     config = EngineConfig().replace(**{name: value for name, value in given.items() if value is not None})
     return config.replace(hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager)
 
