@@ -14,7 +14,7 @@ import numpy as np
 from kvlab.core import allocator as alloc
 from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import capacity as cap
-from kvlab.core.config import EngineConfig
+from kvlab.core.config import ATTENTION_BACKENDS, EngineConfig
 from kvlab.core.cost import TokenCost
 from kvlab.core.models import ModelSpec
 from kvlab.core.units import GIB, exact, unit_bytes
@@ -86,13 +86,14 @@ CAPACITY_FLAGS = {
     "available_kv_gib": "--available-kv-gib", "gpu_memory_gib": "--gpu-memory-gib", "weights_gib": "--weights-gib",
     "gpu_memory_utilization": "--gpu-memory-utilization", "activation_peak_gib": "--activation-peak-gib",
     "non_torch_gib": "--non-torch-gib", "model": "--model", "gpu": "--gpu", "config": "--config",
-    "weight_dtype": "--weight-dtype",
+    "weight_dtype": "--weight-dtype", "attention_backend": "--attention-backend",
 }
 # Flags that switch `kvlab capacity` from the article's arithmetic to vLLM's accounting.
 VLLM_FLAGS = ["model", "config", "attention", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim",
               "kv_cache_dtype", "tensor_parallel_size", "pipeline_parallel_size", "block_size", "max_model_len",
-              "max_num_batched_tokens", "disable_hybrid_kv_cache_manager", "available_kv_gib", "gpu",
-              "gpu_memory_utilization", "weight_dtype", "activation_peak_gib", "non_torch_gib"]
+              "max_num_batched_tokens", "disable_hybrid_kv_cache_manager", "async_scheduling", "no_async_scheduling",
+              "attention_backend", "available_kv_gib", "gpu", "gpu_memory_utilization", "weight_dtype",
+              "activation_peak_gib", "non_torch_gib"]
 
 
 def add_capacity(commands) -> None:
@@ -105,8 +106,14 @@ def add_capacity(commands) -> None:
         "fit = floor((GPU memory - weights) / memory per request); defaults are the article's model (32 layers, 32 "
         "heads, head dim 128, 16-bit values) on an 80 GiB GPU with 16 GiB of weights. With any vLLM flag (--model, "
         "--config, --kv-cache-dtype, --tensor-parallel-size, --available-kv-gib, --gpu, ...): the figures vLLM logs, "
-        "computed as vLLM computes them: the budget (memory x --gpu-memory-utilization - weights - activation peak - "
-        "non-torch memory), whole blocks of --block-size tokens, 'GPU KV cache size' and 'Maximum concurrency'.",
+        "computed as vLLM 0.33 computes them (checked against vLLM's own code by make parity): the budget (memory x "
+        "--gpu-memory-utilization - weights - activation peak - non-torch memory), whole blocks of --block-size tokens "
+        "shared by vLLM's layer groups, the blocks one request of --max-model-len needs (R), 'Maximum concurrency' = "
+        "blocks / R, 'GPU KV cache size' = int(blocks / R x --max-model-len) tokens, and whether vLLM starts (it "
+        "keeps one block back, so exactly one request's memory is refused). Where vLLM's answer depends on a "
+        "setting, kvlab takes vLLM's default on an H100: async scheduling on (--no-async-scheduling), the hybrid "
+        "KV-cache manager on (--disable-hybrid-kv-cache-manager), the attention backend vLLM picks "
+        "(--attention-backend).",
         epilog="examples: kvlab capacity --context 1000 --json | kvlab capacity --model Llama-3.1-8B-Instruct "
         "--available-kv-gib 3.81 --max-model-len 20000 | kvlab capacity --model Qwen3-14B --gpu H100-SXM-80GB "
         "--kv-cache-dtype fp8 --tensor-parallel-size 2 --max-model-len 32768 --json",
@@ -130,13 +137,26 @@ def add_capacity(commands) -> None:
                        help="KV cache dtype (default bf16): fp8 1 B/value; int8 1 B + fp32 scale per token and head; "
                        "int4 0.5 B + fp8 scale per 16 values (vLLM's nvfp4)")
     cache.add_argument("--tensor-parallel-size", type=int, help="GPUs splitting each layer (default 1): KV heads per GPU = max(1, KV heads / TP)")
-    cache.add_argument("--pipeline-parallel-size", type=int, help="GPUs splitting the layers (default 1): the stage with the most layers binds")
+    cache.add_argument("--pipeline-parallel-size", type=int,
+                       help="GPUs splitting the layers (default 1): vLLM groups the whole model's layers once, each stage's "
+                       "block holds its largest share of a group, and the stage with the fewest blocks binds")
     cache.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     cache.add_argument("--max-model-len", type=int,
                        help="tokens per request for the concurrency figure (default: the model's max_position_embeddings, else --context)")
-    cache.add_argument("--max-num-batched-tokens", type=int, help="tokens per step, bounds a sliding-window group (default 8192)")
+    cache.add_argument("--max-num-batched-tokens", type=int,
+                       help="tokens per step (default 8192): a sliding-window layer keeps window - 1 + the tokens in "
+                       "flight, (PP + 1) x this with async scheduling, PP x this without")
+    cache.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                       help="schedule the next step before this one's tokens are known (default on, vLLM 0.33's default "
+                       "on a GPU; --no-async-scheduling for a vLLM run with that flag, or with its V1 model runner at "
+                       "PP > 1, which turns it off)")
     cache.add_argument("--disable-hybrid-kv-cache-manager", action="store_true",
-                       help="sliding-window layers hold every token, as vLLM without its hybrid manager")
+                       help="sliding-window layers hold every token, as vLLM without its hybrid manager (vLLM's default "
+                       "is on; a vLLM without CUDA, on an unknown platform, turns it off)")
+    cache.add_argument("--attention-backend", choices=sorted(ATTENTION_BACKENDS),
+                       help="vLLM's attention backend, whose kernel block sizes set sliding-window layers' block size "
+                       "(default: vLLM's pick on an H100: FLASH_ATTN; TRITON_ATTN for int8, FLASHINFER for int4); "
+                       "CPU_ATTN gives window layers 32-token blocks")
     budget = p.add_argument_group("memory budget (per GPU)")
     budget.add_argument("--available-kv-gib", type=float,
                         help="KV memory per GPU, GiB, as vLLM logs 'Available KV cache memory' (skips the budget below)")
@@ -230,7 +250,8 @@ def capacity_config(args) -> EngineConfig:
     """The EngineConfig of a vLLM-accounting run: the flags given, vLLM's defaults for the rest."""
     given = {"block_size": args.block_size, "kv_cache_dtype": args.kv_cache_dtype,
              "tensor_parallel_size": args.tensor_parallel_size, "pipeline_parallel_size": args.pipeline_parallel_size,
-             "max_num_batched_tokens": args.max_num_batched_tokens}
+             "max_num_batched_tokens": args.max_num_batched_tokens, "async_scheduling": args.async_scheduling,
+             "attention_backend": args.attention_backend}
     config = EngineConfig().replace(**{name: value for name, value in given.items() if value is not None})
     return config.replace(hybrid_kv_cache=not args.disable_hybrid_kv_cache_manager)
 
@@ -279,14 +300,17 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
                           f"leaves no KV memory: {memory.gpu_memory_gib:g} GiB x {memory.gpu_memory_utilization:g} is "
                           f"{memory.usable_gib:.2f} GiB and the weights, activation peak and non-torch memory take "
                           f"{memory.reserved_gib:.2f} GiB")
-    try:
-        result = cap.vllm_capacity(model, available, max_model_len, config)
-    except ValueError as error:
-        if memory is None or "fits no KV block" not in str(error):
-            raise
-        _does_not_fit(args, given, model, memory, max_model_len, config, str(error).split(": ", 1)[1])
+    result = cap.vllm_capacity(model, available, max_model_len, config)
+    if result["num_gpu_blocks"] == 0:
+        needed = result["blocks_per_request"] * result["bytes_per_block"]
+        why = (f"fits no KV block of {result['bytes_per_block']:,} B ({result['layers_per_group']} layers x "
+               f"{result['page_size_bytes']:,} B); one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB, "
+               f"{(needed - available) / GIB:.2f} GiB more")
+        if memory is None:
+            validate.fail("available_kv_gib", args.available_kv_gib, why)
+        _does_not_fit(args, given, model, memory, max_model_len, config, why)
     layout = None
-    if memory is not None and not result["fits_one_request"]:
+    if memory is not None and not result["starts"]:
         layout = cap.layouts_that_fit(model, _whole_model_budget(args, memory, config), max_model_len, config,
                                       None if args.weights_gib is not None else (args.weight_dtype or "bf16"))
     result = {"model": model.name, "attention": model.attention, "kv_cache_dtype": config.cache.kv_cache_dtype,
@@ -312,12 +336,11 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     for line in cap.vllm_log_lines(result):
         print(line)
     print(f"# GPU blocks: {result['num_gpu_blocks']:,} ({result['blocks_per_request']:,} per request of "
-          f"{max_model_len:,} tokens)")
-    if not result["fits_one_request"]:
-        needed = result["blocks_per_request"] * result["page_size_bytes"] * result["layers_per_group"]
+          f"{max_model_len:,} tokens: {result['max_concurrency']:.2f}x)")
+    if not result["starts"]:
         fix = f"use {_layout_flags(layout)}, " if layout else ""
-        print(f"note: one request of {max_model_len:,} tokens needs {needed / GIB:.2f} GiB of KV cache; "
-              f"vLLM refuses to start ({fix}lower --max-model-len or raise --gpu-memory-utilization)")
+        print(f"note: vLLM refuses to start: {result['refusal']} ({fix}lower --max-model-len or raise "
+              f"--gpu-memory-utilization)")
     return result
 
 

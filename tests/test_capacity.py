@@ -1,4 +1,5 @@
 """kvlab.core.capacity: the article's arithmetic and vLLM's accounting for real models."""
+import math
 from fractions import Fraction
 from math import ceil
 
@@ -82,15 +83,16 @@ def test_uniform_model_matches_reference(layers, kv, head_dim, dtype, block_size
     spec = ModelSpec("m", layers, kv, kv, head_dim, "mha")
     config = EngineConfig().replace(block_size=block_size, kv_cache_dtype=dtype)
     blocks = _reference_blocks(layers, kv, head_dim, cap.KV_CACHE_DTYPE_BYTES[dtype], block_size, available)
-    if blocks == 0:
-        with pytest.raises(ValueError, match="fits no KV block"):
-            cap.vllm_capacity(spec, available, max_model_len, config)
-        return
+    per_request = ceil(max_model_len / block_size)
     result = cap.vllm_capacity(spec, available, max_model_len, config)
     assert result["num_gpu_blocks"] == blocks
-    assert result["gpu_kv_cache_tokens"] == blocks * block_size
-    assert result["max_concurrency"] == blocks / ceil(max_model_len / block_size)
-    assert result["fits_one_request"] == (blocks >= ceil(max_model_len / block_size))
+    assert result["blocks_per_request"] == per_request
+    assert result["max_concurrency"] == blocks / per_request
+    # int(blocks / R x L) in floats, as vLLM computes it: the exact quotient's floor, or one less where the
+    # quotient is whole and the float product lands just below it
+    tokens = Fraction(blocks * max_model_len, per_request)
+    assert math.floor(tokens) - (tokens.denominator == 1) <= result["gpu_kv_cache_tokens"] <= math.floor(tokens)
+    assert result["starts"] == (blocks >= per_request + 1)  # one block is kept back
 
 
 @settings(max_examples=40, deadline=None)
@@ -108,36 +110,36 @@ def test_fp8_and_tp_never_lose_capacity(gib, tp):
 def test_all_sliding_layers_hold_at_most_the_window():
     mistral = models.get_model("Mistral-7B-v0.1")  # window 4096 on all 32 layers
     result = cap.vllm_capacity(mistral, 20 * GIB, 32768)
-    # vLLM's SlidingWindowSpec: ceil(min(window - 1 + max_num_batched_tokens, max_model_len) / block) + 1 blocks
-    assert result["blocks_per_request"] == ceil((4095 + 8192) / 16) + 1 == 769
+    # vLLM's SlidingWindowSpec: ceil(min(window - 1 + (PP + 1) x max_num_batched_tokens, max_model_len) / block) + 1
+    assert result["max_in_flight_tokens"] == 2 * 8192
+    assert result["blocks_per_request"] == ceil((4095 + 2 * 8192) / 16) + 1 == 1281
     assert result["num_gpu_blocks"] == int(20 * GIB // (16 * 2 * 8 * 128 * 2) // 32)
     short = cap.vllm_capacity(mistral, 20 * GIB, 2048)
     assert short["blocks_per_request"] == 2048 // 16 + 1  # a request shorter than the window
 
 
 def test_gemma3_hybrid_groups_as_vllm():
-    """Gemma 3 27B: 52 local and 10 global layers -> groups of 10 layers: 1 full + 6 sliding (8 padding layers)."""
+    """Gemma 3 27B: 52 local and 10 global layers -> groups of at most 10 layers: 1 full + 6 sliding
+    (vLLM 0.33, 20 GiB, max_num_batched_tokens 2048: 16,384 blocks, R 3,974, 135,095 tokens)."""
     gemma = models.get_model("gemma-3-27b-it")
     page = 16 * 2 * 16 * 128 * 2
-    available = 20 * GIB
-    result = cap.vllm_capacity(gemma, available, 32768)
-    blocks = int(available // page // 10)
+    config = EngineConfig().replace(max_num_batched_tokens=2048)
+    result = cap.vllm_capacity(gemma, 20 * GIB, 32768, config)
     assert (result["layers_per_group"], result["num_kv_cache_groups"]) == (10, 7)
-    assert result["num_gpu_blocks"] == blocks
-    assert result["gpu_kv_cache_tokens"] == blocks // 7 * 16
-    per_request = 32768 // 16 + 6 * (ceil((1023 + 8192) / 16) + 1)
-    assert result["blocks_per_request"] == per_request
-    assert result["max_concurrency"] == blocks / per_request
-    flat = cap.vllm_capacity(gemma, available, 32768, EngineConfig().replace(hybrid_kv_cache=False))
-    assert flat["num_gpu_blocks"] == int(available // page // 62) and flat["blocks_per_request"] == 2048
-    assert result["max_concurrency"] > 2 * flat["max_concurrency"]  # windows pay off at long contexts
+    assert [len(g.layers) for g in cap.kv_cache_groups(gemma, config)] == [9, 9, 9, 9, 8, 8, 10]
+    assert result["num_gpu_blocks"] == 20 * GIB // (10 * page) == 16384
+    assert result["blocks_per_request"] == 32768 // 16 + 6 * (ceil((1023 + 2 * 2048) / 16) + 1) == 3974
+    assert (result["gpu_kv_cache_tokens"], f"{result['max_concurrency']:.2f}") == (135095, "4.12")
+    flat = cap.vllm_capacity(gemma, 20 * GIB, 32768, config.replace(hybrid_kv_cache=False))
+    assert (flat["num_gpu_blocks"], flat["blocks_per_request"], flat["gpu_kv_cache_tokens"]) == (2642, 2048, 42272)
+    assert result["max_concurrency"] > 3 * flat["max_concurrency"]  # windows pay off at long contexts
 
 
 def test_gemma2_alternating_layers_make_two_groups():
     gemma = models.get_model("gemma-2-9b-it")  # 21 local + 21 global
     result = cap.vllm_capacity(gemma, 10 * GIB, 8192)
     assert (result["layers_per_group"], result["num_kv_cache_groups"]) == (21, 2)
-    assert result["blocks_per_request"] == 512 + ceil(min(4095 + 8192, 8192) / 16) + 1
+    assert result["blocks_per_request"] == 512 + ceil(min(4095 + 2 * 8192, 8192) / 16) + 1
 
 
 # ---------------------------------------------------------------- budget and bad input
@@ -147,13 +149,12 @@ def test_budget_formula():
         cap.available_kv_cache_bytes(80, 15, 1.5)
 
 
-def test_budget_that_fits_no_block_says_how_much_more():
+def test_budget_that_fits_no_block_is_refused():
     llama70 = models.get_model("Llama-3.1-70B-Instruct")
-    with pytest.raises(ValueError) as error:
-        cap.vllm_capacity(llama70, 1_000_000, 8192)
-    message = str(error.value)
-    assert message.startswith("available_kv_gib=0.0009 is not allowed: fits no KV block of 5,242,880 B")
-    assert "one request of 8,192 tokens needs 2.50 GiB, 2.50 GiB more" in message and "\n" not in message
+    result = cap.vllm_capacity(llama70, 1_000_000, 8192)
+    assert (result["starts"], result["num_gpu_blocks"], result["max_concurrency"]) == (False, 0, 0.0)
+    assert result["refusal"] == ("no KV-cache memory is left once vLLM keeps one block of 5,242,880 B back "
+                                 "(1,000,000 B available)")
 
 
 def test_bad_cache_settings():
@@ -167,5 +168,8 @@ def test_bad_cache_settings():
 
 def test_log_lines_use_vllms_wording():
     result = cap.vllm_capacity(models.get_model("Qwen3-14B"), 2666 * 16 * 163840, 32768)  # 2,666 blocks of 40 layers
-    assert cap.vllm_log_lines(result)[1:] == ["GPU KV cache size: 42,656 tokens",
-                                              "Maximum concurrency for 32,768 tokens per request: 1.30x"]
+    assert cap.vllm_log_lines(result) == [
+        "Available KV cache memory: 6.51 GiB",
+        "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x"]
+    refused = cap.vllm_capacity(models.get_model("Qwen3-14B"), 1280 * 163840, 32768)
+    assert cap.vllm_log_lines(refused) == ["Available KV cache memory: 0.2 GiB"]  # vLLM's round(x, 2), then stops

@@ -29,6 +29,9 @@ class VllmLog:
     available_gib: float | None = None  # as printed, None where the log does not show it
     tokens: int | None = None  # "GPU KV cache size", where printed
     config: dict = field(default_factory=dict)
+    # vLLM 0.6's "maximum number of tokens that can be stored in KV cache", blocks x block size: a figure
+    # vLLM 0.33 no longer prints (its "GPU KV cache size" is int(blocks / blocks per request x max_model_len))
+    stored_tokens: int | None = None
 
 
 LOGS = [
@@ -37,7 +40,7 @@ LOGS = [
             "meta-llama/Llama-3.1-8B-Instruct", 20000, 1952, "1.56", available_gib=3.81),
     VllmLog("vllm-project/vllm#10517 (RTX 3090, vLLM 0.6, --max-model-len 29000: kv_cache_size=2.89GiB, "
             "# GPU blocks: 1478, 0.82x, 'maximum number of tokens that can be stored in KV cache (23648)')",
-            "meta-llama/Llama-3.1-8B-Instruct", 29000, 1478, "0.82", available_gib=2.89, tokens=23648),
+            "meta-llama/Llama-3.1-8B-Instruct", 29000, 1478, "0.82", available_gib=2.89, stored_tokens=23648),
     VllmLog("LMCache/LMCache#1739 (Qwen3-14B, one GPU, vLLM v1: Available KV cache memory: 6.51 GiB, "
             "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x)",
             "Qwen/Qwen3-14B", 32768, 2666, "1.30", available_gib=6.51, tokens=42656),
@@ -54,11 +57,10 @@ LOGS = [
 
 
 def _unit_bytes(log: VllmLog) -> int:
-    """Bytes of one block over the layers that share it (vLLM's page size x layers per group)."""
+    """Bytes of one block over the layers that share it (vLLM's page size x the largest group's layers)."""
     spec = models.get_model(log.model)
     config = EngineConfig().replace(**log.config)
-    probe = cap.vllm_capacity(spec, 10**15, log.max_model_len, config)
-    return probe["page_size_bytes"] * probe["layers_per_group"]
+    return cap.vllm_capacity(spec, 10**15, log.max_model_len, config)["bytes_per_block"]
 
 
 @pytest.mark.parametrize("log", LOGS, ids=lambda log: log.source.split(" ")[0])
@@ -73,6 +75,7 @@ def test_kvlab_prints_what_vllm_printed(log):
     result = cap.vllm_capacity(spec, budget, log.max_model_len, config)
     assert result["num_gpu_blocks"] == log.num_gpu_blocks  # 2. the same blocks, tokens and concurrency
     assert result["gpu_kv_cache_tokens"] == log.tokens or log.tokens is None
+    assert result["num_gpu_blocks"] * config.cache.block_size == log.stored_tokens or log.stored_tokens is None
     assert f"{result['max_concurrency']:.2f}" == log.concurrency
     if log.available_gib is not None:  # 3. from the printed GiB alone, off by at most the rounding
         rounded = cap.vllm_capacity(spec, log.available_gib * GIB, log.max_model_len, config)

@@ -72,8 +72,27 @@ def test_architecture_flags(capsys):
 
 def test_concurrency_below_one_is_flagged(capsys):
     code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--available-kv-gib", "2.89", "--max-model-len", "29000")
-    assert code == 0 and "Maximum concurrency for 29,000 tokens per request: 0.82x" in out
-    assert "vLLM refuses to start" in out
+    assert code == 0 and "# GPU blocks: 1,479 (1,813 per request of 29,000 tokens: 0.82x)" in out
+    assert "GPU KV cache size" not in out  # vLLM 0.33 logs no capacity line when it refuses
+    assert ("note: vLLM refuses to start: one request of 29,000 tokens needs 3.54 GiB of KV cache (1,813 blocks of "
+            "2,097,152 B), more than the 2.89 GiB left once vLLM keeps one block back; the longest max_model_len that "
+            "fits is 23,648 tokens") in out
+
+
+def test_vllm_settings_flags(capsys):
+    """--no-async-scheduling, --disable-hybrid-kv-cache-manager and --attention-backend change what vLLM computes
+    (vLLM 0.33's figures for Gemma 2 9B, 20 GiB, max_model_len 8192, 2048 tokens per step)."""
+    base = ["--model", "gemma-2-9b-it", "--available-kv-gib", "20", "--max-model-len", "8192",
+            "--max-num-batched-tokens", "2048", "--json"]
+    figures = {}
+    for extra in ([], ["--no-async-scheduling"], ["--disable-hybrid-kv-cache-manager"], ["--attention-backend", "CPU_ATTN"]):
+        code, out, _ = run(capsys, *base, *extra)
+        result = json.loads(out)
+        figures[" ".join(extra)] = (code, result["num_gpu_blocks"], result["blocks_per_request"],
+                                    result["gpu_kv_cache_tokens"])
+    assert figures == {"": (0, 7801, 1025, 62347), "--no-async-scheduling": (0, 7801, 897, 71243),
+                       "--disable-hybrid-kv-cache-manager": (0, 3900, 512, 62400),
+                       "--attention-backend CPU_ATTN": (0, 3900, 513, 62278)}
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -186,3 +205,9 @@ def test_help_explains(capsys):
         main(["capacity", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "KV bytes per token = 2 (K and V)" in text and "GiB = 2^30 bytes" in text
+    text = text.replace("- ", "-")  # argparse wraps lines after a hyphen (--max- model-len)
+    assert "'GPU KV cache size' = int(blocks / R x --max-model-len) tokens" in text
+    for setting in ("async scheduling on (--no-async-scheduling)",
+                    "the hybrid KV-cache manager on (--disable-hybrid-kv-cache-manager)",
+                    "the attention backend vLLM picks (--attention-backend)"):
+        assert setting in text

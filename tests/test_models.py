@@ -69,6 +69,25 @@ def test_layer_types_are_read_as_a_pattern():
     assert models.from_config(config).sliding_window_pattern == 0
 
 
+def test_layer_types_without_a_pattern_are_kept_per_layer():
+    """vLLM reads any layout of layer_types (full layers first, uneven counts); kvlab keeps it layer by layer."""
+    types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(8)]
+    config = {"model_type": "llama", "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "head_dim": 128, "sliding_window": 1024, "layer_types": types}
+    spec = models.from_config(config)
+    assert (spec.sliding_window_pattern, spec.layer_types, spec.num_sliding_layers) == (0, tuple(types), 6)
+    assert [spec.is_sliding(i) for i in range(5)] == [False, True, True, True, False]
+    with pytest.raises(ValueError, match=r"^config='cfg' is not allowed: layer_types holds linear_attention; "
+                                         "kvlab models full_attention and sliding_attention layers only$"):
+        models.from_config({**config, "layer_types": ["linear_attention"] * 8}, name="cfg")
+    with pytest.raises(ValueError, match="layer_types must list num_hidden_layers=8 layers"):
+        models.from_config({**config, "layer_types": types[:7]})
+    with pytest.raises(ValueError, match="sliding_window=0 is not allowed: must be 0 exactly when layer_types"):
+        ModelSpec("x", 8, 8, 4, 128, sliding_window=0, layer_types=tuple(types))
+    with pytest.raises(ValueError, match="layer_types=.* is not allowed: must name each of the 8 layers"):
+        ModelSpec("x", 8, 8, 4, 128, sliding_window=1024, layer_types=("sliding_attention",) * 7)
+
+
 def test_mla_latent_is_rank_plus_rope():
     spec = models.from_config(CONFIGS / "deepseek-v2-lite.json")
     assert (spec.attention, spec.num_kv_heads, spec.head_dim) == ("mla", 1, 512 + 64)

@@ -6,6 +6,7 @@ latter computing what vLLM logs at start-up.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -13,7 +14,8 @@ from fractions import Fraction
 from typing import Iterable
 
 from kvlab.core import validate
-from kvlab.core.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig
+from kvlab.core.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, CacheConfig, EngineConfig
+from kvlab.core.models import stage_layers, weights_bytes_per_gpu
 from kvlab.core.units import GIB, as_written, cdiv, exact, unit_bytes
 
 
@@ -76,10 +78,11 @@ def capacity(shape: KVShape, gpu_memory: float, weights: float, context_tokens: 
 
 
 # ================================================================ real models, vLLM's accounting
-# Everything below computes what vLLM computes when it sizes its KV cache (vllm/v1/core/kv_cache_utils.py
-# and vllm/v1/kv_cache_interface.py): bytes per block and layer (page_size_bytes), whole blocks out
-# of the available memory (get_num_blocks), and the two figures it logs, "GPU KV cache size: N tokens"
-# and "Maximum concurrency for L tokens per request: X.XXx".
+# Everything below computes what vLLM 0.33 computes when it sizes its KV cache (vllm/v1/kv_cache_interface.py,
+# vllm/v1/core/kv_cache_planning.py, vllm/v1/core/kv_cache_utils.py): bytes per block and layer
+# (page_size_bytes), the layer groups, whole blocks out of the available memory, the check that one request
+# fits, and the figures it logs, "GPU KV cache size: N tokens, Maximum concurrency for L tokens per request:
+# X.XXx". scripts/parity/compare_capacity.py (make parity) checks it against vLLM's own code.
 
 # Bytes per cached value; int8 and int4 add scales (see kv_bytes_per_token_per_layer).
 KV_CACHE_DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "int4": 0.5}
@@ -132,8 +135,6 @@ def page_size_bytes(model, config: EngineConfig = EngineConfig()) -> int:
 
 def kv_bytes_per_token(model, config: EngineConfig = EngineConfig()) -> int | float:
     """KV bytes per token on one GPU of the stage with the most layers, every layer counted (bytes)."""
-    from kvlab.core.models import stage_layers
-
     layers = max(len(s) for s in stage_layers(model.num_layers, config.parallel.pipeline_parallel_size))
     return exact(layers * kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype,
                                                        config.parallel.tensor_parallel_size))
@@ -188,83 +189,146 @@ class MemoryBudget:
 
 def estimated_weights_gib(model, weight_dtype: str = "bf16", config: EngineConfig = EngineConfig()) -> float:
     """Weights one GPU holds: parameters x bytes per parameter of weight_dtype / (TP x PP) (GiB)."""
-    from kvlab.core.models import weights_bytes_per_gpu
-
     validate.one_of("weight_dtype", weight_dtype, WEIGHT_DTYPE_BYTES)
     return weights_bytes_per_gpu(model, WEIGHT_DTYPE_BYTES[weight_dtype], config.parallel.tensor_parallel_size,
                                  config.parallel.pipeline_parallel_size) / GIB
 
 
-def _group_layout(n_full: int, n_sliding: int, hybrid: bool) -> tuple[int, int, int]:
-    """(layers per group, full-attention groups, sliding-window groups) of one stage, as vLLM groups them."""
-    if n_sliding and n_full and not hybrid:  # vLLM without its hybrid manager: every layer holds every token
-        return n_full + n_sliding, 1, 0
-    if not n_sliding or not n_full:
-        return n_full + n_sliding, int(n_full > 0), int(n_sliding > 0)
-    size = min(n_full, n_sliding)  # vLLM pads the last group of a type; the n:1 patterns need no padding
-    return size, cdiv(n_full, size), cdiv(n_sliding, size)
+def format_gib(num_bytes: float) -> str:
+    """Bytes as vLLM prints GiB in its logs and errors: str(round(bytes / 2^30, 2)), e.g. 6.51, 0.5, 12.0."""
+    return f"{round(num_bytes / GIB, 2)}"
+
+
+def sliding_window_block_size(block_size: int, attention_backend: str) -> int:
+    """Tokens per block of a sliding-window layer: the largest kernel block the backend offers within block_size
+    tokens, else its smallest (vLLM's _largest_kernel_block_within); full-attention layers keep block_size."""
+    sizes = ATTENTION_BACKENDS[attention_backend]
+    offered = list(sizes) if isinstance(sizes, tuple) else [max(sizes, block_size // sizes * sizes)]
+    within = [b for b in offered if b <= block_size]
+    return max(within) if within else min(offered)
+
+
+@dataclass(frozen=True)
+class KVCacheGroup:
+    """Layers that share one block table (vLLM's KVCacheGroupSpec): their kind, tokens per block, layer indices."""
+
+    kind: str  # "full_attention" (MLA included) or "sliding_attention"
+    block_size: int
+    layers: tuple[int, ...]
+
+    def blocks_per_request(self, max_model_len: int, sliding_window: int, max_in_flight_tokens: int) -> int:
+        """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
+        every token for full attention; the window less one, the tokens in flight and a partly used first
+        block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request)."""
+        if self.kind == "full_attention":
+            return cdiv(max_model_len, self.block_size)
+        return cdiv(min(sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
+
+
+def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCacheGroup]:
+    """The whole model's layers grouped once, as vLLM's get_kv_cache_groups groups every worker's layers.
+
+    Without the hybrid manager a model with both kinds holds every token on every layer (one group). Otherwise
+    layers of one kind form a bucket (in the order of their first layer); the group size is the smallest
+    bucket's, or the largest's when that is under 1.5 times the smallest; a bucket of n layers makes
+    cdiv(n, size) groups, group i taking every cdiv(n, size)-th layer from layer i, so that pipeline stages
+    share groups evenly. Pages of both kinds are made equal by raising the smaller page's block size."""
+    kinds = ["sliding_attention" if model.is_sliding(i) else "full_attention" for i in range(model.num_layers)]
+    if not config.cache.hybrid_kv_cache and "full_attention" in kinds:  # unify_hybrid_kv_cache_specs
+        kinds = ["full_attention"] * model.num_layers
+    buckets: dict[str, list[int]] = {}
+    for i, kind in enumerate(kinds):
+        buckets.setdefault(kind, []).append(i)
+    bs = config.cache.block_size
+    blocks = {"full_attention": bs, "sliding_attention": sliding_window_block_size(bs, config.cache.backend)}
+    if len(buckets) > 1:  # unify_kv_cache_spec_page_size: a page that divides the largest grows its block
+        largest = max(blocks.values())
+        blocks = {kind: largest if largest % b == 0 else b for kind, b in blocks.items()}  # else it is padded
+    sizes = [len(layers) for layers in buckets.values()]
+    size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
+    return [KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]))
+            for kind, layers in buckets.items() for n in [cdiv(len(layers), size)] for i in range(n)]
+
+
+def _estimated_max_model_len(groups, model, config: EngineConfig, max_model_len: int, blocks: int) -> int:
+    """The longest max_model_len whose request needs at most blocks blocks, 0 if none (vLLM's binary search)."""
+    def needed(length: int) -> int:
+        return sum(g.blocks_per_request(length, model.sliding_window, config.max_in_flight_tokens) for g in groups)
+    return bisect.bisect_right(range(1, max_model_len + 1), blocks, key=needed)
 
 
 def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_len: int,
                   config: EngineConfig = EngineConfig()) -> dict:
-    """What vLLM logs for this model and per-GPU KV budget: num_gpu_blocks, GPU KV cache size, max concurrency.
+    """What vLLM 0.33 computes at start-up for this model and per-GPU KV budget (vllm/v1/core/kv_cache_planning.py
+    get_kv_cache_configs, kv_cache_utils.py get_kv_cache_capacity), in the order vllm/v1/engine/core.py calls it.
 
-    Uniform models: num_gpu_blocks = floor(available / page_size / layers of the stage), tokens =
-    blocks x block_size, concurrency = blocks / ceil(max_model_len / block_size). Models with
-    sliding-window and full-attention layers (Gemma 2/3) follow vLLM's hybrid manager: the layers
-    form groups of min(#full, #sliding) layers that share one pool of blocks; a sliding-window group
-    holds at most ceil(min(window - 1 + max_num_batched_tokens, max_model_len) / block_size) + 1
-    blocks of a request. With pipeline parallelism the stage with the fewest blocks binds;
-    available_kv_bytes is one budget for every GPU or one per pipeline stage.
+    The layers are grouped once for the whole model (kv_cache_groups). Each pipeline stage's block holds, per
+    layer, one page of block_size tokens x KV bytes per token and layer, times the largest number of one
+    group's layers on that stage; num_gpu_blocks = min over stages of floor(available / bytes per block).
+    One request of max_model_len needs R = the sum over groups of their blocks_per_request, where a
+    sliding-window group keeps window - 1 + max_in_flight_tokens tokens, (PP + 1) x max_num_batched_tokens
+    with async scheduling (vLLM's default), PP x without. vLLM starts only if every stage holds R blocks after
+    keeping one block back for its null block, so exactly one request's memory is refused; the refusal gives
+    vLLM's reason in kvlab's words. max_concurrency = num_gpu_blocks / R and "GPU KV cache size" =
+    int(max_concurrency x max_model_len) tokens, which is num_gpu_blocks x block_size only for one
+    full-attention group with max_model_len a multiple of block_size. available_kv_bytes is one budget for
+    every GPU or one per pipeline stage (bytes, floored to whole bytes as vLLM's are).
     """
-    from kvlab.core.models import stage_layers
-
     pp = config.parallel.pipeline_parallel_size
     budgets = list(available_kv_bytes) if isinstance(available_kv_bytes, Iterable) else [available_kv_bytes] * pp
     if len(budgets) != pp:
         validate.fail("available_kv_bytes", budgets, f"must be one number or one per pipeline stage ({pp})")
-    budgets = [validate.non_negative_number("available_kv_bytes", b) for b in budgets]
+    budgets = [math.floor(validate.non_negative_number("available_kv_bytes", b)) for b in budgets]
     max_model_len = validate.in_range("max_model_len", max_model_len, "tokens")
-    page = page_size_bytes(model, config)
-    bs = config.cache.block_size
-    full_blocks = cdiv(max_model_len, bs)
-    window_blocks = (cdiv(min(model.sliding_window - 1 + config.scheduler.max_num_batched_tokens, max_model_len), bs)
-                     + 1 if model.sliding_window else 0)
-    stages = []
-    for available, layers in zip(budgets, stage_layers(model.num_layers, pp)):
-        n_sliding = sum(model.is_sliding(i) for i in layers)
-        size, g_full, g_sliding = _group_layout(len(layers) - n_sliding, n_sliding, config.cache.hybrid_kv_cache)
-        per_request = g_full * full_blocks + g_sliding * window_blocks
-        num_blocks = int(available // page // size)
-        stages.append((num_blocks, size, g_full + g_sliding, per_request, available))
-    num_blocks, size, num_groups, per_request, available = min(stages)
-    if num_blocks == 0:
-        needed = per_request * page * size
-        validate.fail("available_kv_gib", round(available / GIB, 4),
-                      f"fits no KV block of {page * size:,} B ({size} layers x {page:,} B); one request of "
-                      f"{max_model_len:,} tokens needs {needed / GIB:.2f} GiB, {(needed - available) / GIB:.2f} GiB more")
+    groups = kv_cache_groups(model, config)
+    page = max(g.block_size for g in groups) * int(kv_bytes_per_token_per_layer(
+        model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size))
+    per_request = sum(g.blocks_per_request(max_model_len, model.sliding_window, config.max_in_flight_tokens)
+                      for g in groups)
+    stages, refusal, estimate = [], None, None
+    for s, layers in enumerate(stage_layers(model.num_layers, pp)):
+        available = budgets[s]
+        bytes_per_block = page * max(sum(i in layers for i in g.layers) for g in groups)
+        stages.append((available // bytes_per_block, bytes_per_block, available))
+        check = available - bytes_per_block  # vLLM keeps one block back: the block pool's null block
+        where = f" on pipeline stage {s}" if pp > 1 else ""
+        if refusal is None and check <= 0:
+            refusal = (f"no KV-cache memory is left{where} once vLLM keeps one block of {bytes_per_block:,} B back "
+                       f"({available:,} B available)")
+        elif refusal is None and per_request * bytes_per_block > check:
+            estimate = _estimated_max_model_len(groups, model, config, max_model_len, check // bytes_per_block)
+            refusal = (f"one request of {max_model_len:,} tokens needs {format_gib(per_request * bytes_per_block)} GiB"
+                       f" of KV cache ({per_request:,} blocks of {bytes_per_block:,} B), more than the "
+                       f"{format_gib(check)} GiB{where} left once vLLM keeps one block back"
+                       + (f"; the longest max_model_len that fits is {estimate:,} tokens" if estimate else ""))
+    num_blocks, bytes_per_block, available = min(stages)
     return {
         "kv_bytes_per_token": kv_bytes_per_token(model, config),
         "page_size_bytes": page,
-        "available_kv_cache_bytes": exact(available),
-        "num_kv_cache_groups": num_groups,
-        "layers_per_group": size,
+        "available_kv_cache_bytes": available,
+        "num_kv_cache_groups": len(groups),
+        "layers_per_group": bytes_per_block // page,
+        "bytes_per_block": bytes_per_block,
+        "max_in_flight_tokens": config.max_in_flight_tokens,
         "num_gpu_blocks": num_blocks,
-        "gpu_kv_cache_tokens": num_blocks // num_groups * bs,
+        "gpu_kv_cache_tokens": int(num_blocks / per_request * max_model_len),
         "blocks_per_request": per_request,
         "max_model_len": max_model_len,
         "max_concurrency": num_blocks / per_request,
-        "fits_one_request": num_blocks >= per_request,
+        "starts": refusal is None,
+        "refusal": refusal,
+        "estimated_max_model_len": estimate,
     }
 
 
 def vllm_log_lines(result: dict) -> list[str]:
-    """The lines vLLM prints for a capacity result (its own wording and rounding)."""
-    return [
-        f"Available KV cache memory: {result['available_kv_cache_bytes'] / GIB:.2f} GiB",
-        f"GPU KV cache size: {result['gpu_kv_cache_tokens']:,} tokens",
-        f"Maximum concurrency for {result['max_model_len']:,} tokens per request: {result['max_concurrency']:.2f}x",
-    ]
+    """The lines vLLM 0.33 prints for a capacity result (its wording and rounding); none of the second when
+    it refuses to start."""
+    lines = [f"Available KV cache memory: {format_gib(result['available_kv_cache_bytes'])} GiB"]
+    if result["starts"]:
+        lines.append(f"GPU KV cache size: {result['gpu_kv_cache_tokens']:,} tokens, Maximum concurrency for "
+                     f"{result['max_model_len']:,} tokens per request: {result['max_concurrency']:.2f}x")
+    return lines
 
 
 def plan_capacity(model, gpu_memory_gib: float, max_model_len: int, config: EngineConfig = EngineConfig(),
@@ -272,15 +336,12 @@ def plan_capacity(model, gpu_memory_gib: float, max_model_len: int, config: Engi
                   non_torch_gib: float = NON_TORCH_GIB) -> dict | None:
     """vllm_capacity on one GPU model (config.cache.gpu_memory_utilization of gpu_memory_gib), weights
     estimated from the parameter count; None when no block fits."""
-    from kvlab.core.models import weights_bytes_per_gpu
-
     weights_gib = weights_bytes_per_gpu(model, weight_bytes_per_param, config.parallel.tensor_parallel_size,
                                         config.parallel.pipeline_parallel_size) / GIB
     available = available_kv_cache_bytes(gpu_memory_gib, weights_gib, config.cache.gpu_memory_utilization,
                                          activation_peak_gib, non_torch_gib)
-    if available < page_size_bytes(model, config) * model.num_layers:  # less than one block on every layer
-        return None
-    return vllm_capacity(model, available, max_model_len, config)
+    result = vllm_capacity(model, max(available, 0), max_model_len, config)
+    return result if result["num_gpu_blocks"] else None
 
 
 PARALLEL_SIZES = (1, 2, 4, 8, 16)
@@ -301,12 +362,7 @@ def _layout_fits(model, budget: MemoryBudget, max_model_len: int, config: Engine
     else:
         weights = budget.weights_gib / (tp * pp)
     available = dataclasses.replace(budget, weights_gib=weights).available_kv_bytes
-    if available < page_size_bytes(model, setting) * model.num_layers:
-        return False
-    try:
-        return vllm_capacity(model, available, max_model_len, setting)["fits_one_request"]
-    except ValueError:
-        return False
+    return available > 0 and vllm_capacity(model, available, max_model_len, setting)["starts"]
 
 
 def layouts_that_fit(model, budget: MemoryBudget, max_model_len: int, config: EngineConfig = EngineConfig(),

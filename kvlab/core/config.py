@@ -12,17 +12,31 @@ from dataclasses import dataclass
 from kvlab.core import validate
 
 KV_CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8", "int4")
+# The kernel block sizes vLLM's attention backends declare on a Hopper GPU (get_supported_kernel_block_sizes):
+# an int n is "any multiple of n tokens" (MultipleOf(n)), a tuple the sizes offered. Only sliding-window
+# layers read them (kvlab.core.capacity.sliding_window_block_size).
+ATTENTION_BACKENDS = {"FLASH_ATTN": 16, "TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "FLASHINFER": (16, 32, 64),
+                      "CPU_ATTN": 32}
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """vLLM's settings that shape the KV cache: block size, cache dtype, the hybrid manager, prefix caching."""
+    """vLLM's settings that shape the KV cache: block size, cache dtype, the hybrid manager, prefix caching, and
+    the attention backend (None: the one vLLM picks on an H100 for the cache dtype: FLASHINFER for int4, vLLM's
+    nvfp4; TRITON_ATTN for int8, vLLM's int8_per_token_head; FLASH_ATTN otherwise)."""
 
     block_size: int = 16
     kv_cache_dtype: str = "bf16"
     gpu_memory_utilization: float = 0.9     # fraction of GPU memory vLLM may use
     hybrid_kv_cache: bool = True            # vLLM's hybrid KV-cache manager (off: --disable-hybrid-kv-cache-manager)
     enable_prefix_caching: bool = False
+    attention_backend: str | None = None    # vLLM's --attention-backend
+
+    @property
+    def backend(self) -> str:
+        """The attention backend in use: attention_backend, else vLLM's pick on an H100 for kv_cache_dtype."""
+        return self.attention_backend or {"int4": "FLASHINFER", "int8": "TRITON_ATTN"}.get(self.kv_cache_dtype,
+                                                                                          "FLASH_ATTN")
 
     def __post_init__(self):
         validate.in_range("block_size", self.block_size, "block_size")
@@ -30,6 +44,7 @@ class CacheConfig:
         validate.fraction("gpu_memory_utilization", self.gpu_memory_utilization)
         validate.one_of("hybrid_kv_cache", self.hybrid_kv_cache, [True, False])
         validate.one_of("enable_prefix_caching", self.enable_prefix_caching, [True, False])
+        validate.one_of("attention_backend", self.attention_backend, [None, *ATTENTION_BACKENDS])
 
 
 @dataclass(frozen=True)
@@ -78,6 +93,17 @@ class EngineConfig:
         for name, kind in (("cache", CacheConfig), ("parallel", ParallelConfig), ("scheduler", SchedulerConfig)):
             if not isinstance(getattr(self, name), kind):
                 validate.fail(name, getattr(self, name), f"must be a kvlab.core.config.{kind.__name__}")
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches in flight at once (vLLM's VllmConfig.max_concurrent_batches with its V2 model runner, the
+        default): one per pipeline stage, and one more when the next step is scheduled asynchronously."""
+        return self.parallel.pipeline_parallel_size + self.scheduler.async_scheduling
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """Tokens scheduled but not yet settled: max_num_batched_tokens per batch in flight (vLLM's name)."""
+        return self.max_concurrent_batches * self.scheduler.max_num_batched_tokens
 
     def replace(self, **changes) -> "EngineConfig":
         """A copy with settings changed by their vLLM names, whichever part holds them

@@ -19,6 +19,7 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 MODELS_CSV = DATA_DIR / "models.csv"
 GPUS_CSV = DATA_DIR / "gpus.csv"
 ATTENTIONS = ("mha", "gqa", "mqa", "mla")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # config.json's layer_types that kvlab models
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,9 @@ class ModelSpec:
 
     sliding_window_pattern: 0 = no sliding-window layer; 1 = every layer slides; p >= 2 = layer i
     (from 0) is a full-attention layer when (i + 1) % p == 0 and a sliding-window layer otherwise
-    (Gemma 2: p = 2, Gemma 3: p = 6). For MLA, num_kv_heads is 1 and head_dim is the cached latent,
+    (Gemma 2: p = 2, Gemma 3: p = 6). layer_types: each layer's kind as config.json's layer_types
+    names it ("full_attention" or "sliding_attention"), for layouts that repeat no such pattern
+    (sliding_window_pattern is then 0). For MLA, num_kv_heads is 1 and head_dim is the cached latent,
     kv_lora_rank + qk_rope_head_dim values.
     """
 
@@ -43,6 +46,7 @@ class ModelSpec:
     sliding_window_pattern: int = 0
     max_position_embeddings: int = 0
     num_params_b: float = 0.0
+    layer_types: tuple[str, ...] = ()
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -69,12 +73,27 @@ class ModelSpec:
             if self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim:
                 validate.fail("head_dim", self.head_dim, "must be kv_lora_rank + qk_rope_head_dim for mla "
                               f"({self.kv_lora_rank + self.qk_rope_head_dim})")
-        if (self.sliding_window == 0) != (self.sliding_window_pattern == 0):
+        if self.layer_types:
+            self._check_layer_types()
+        elif (self.sliding_window == 0) != (self.sliding_window_pattern == 0):
             validate.fail("sliding_window_pattern", self.sliding_window_pattern,
                           "must be 0 exactly when sliding_window is 0")
 
+    def _check_layer_types(self):
+        types = self.layer_types
+        if len(types) != self.num_layers or not set(types) <= set(LAYER_TYPES):
+            validate.fail("layer_types", types, f"must name each of the {self.num_layers} layers "
+                          f"{' or '.join(LAYER_TYPES)}")
+        if self.sliding_window_pattern:
+            validate.fail("sliding_window_pattern", self.sliding_window_pattern, "must be 0 beside layer_types")
+        if (self.sliding_window == 0) == ("sliding_attention" in types):
+            validate.fail("sliding_window", self.sliding_window,
+                          "must be 0 exactly when layer_types has no sliding_attention layer")
+
     def is_sliding(self, layer: int) -> bool:
         """Whether layer (0-based) attends over a sliding window."""
+        if self.layer_types:
+            return self.layer_types[layer] == "sliding_attention"
         p = self.sliding_window_pattern
         return p == 1 or (p >= 2 and (layer + 1) % p != 0)
 
@@ -164,30 +183,36 @@ def _whole(config: dict, field: str, source: str, default=None) -> int:
     return int(value)
 
 
-def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tuple[int, int]:
-    """(sliding_window, sliding_window_pattern) the way vLLM reads them from config.json."""
+def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tuple[int, int, tuple[str, ...]]:
+    """(sliding_window, sliding_window_pattern, layer_types) the way vLLM reads them from config.json: a layer
+    slides where layer_types says "sliding_attention" (any layout), else every layer slides where the model has
+    a window (Gemma 2 and 3 alternate, as transformers derives their layer_types)."""
     layer_types = config.get("layer_types")
     if layer_types:
-        if len(layer_types) != num_layers:
-            validate.fail("config", source, f"layer_types lists {len(layer_types)} layers, not num_hidden_layers={num_layers}")
+        if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+            validate.fail("config", source, f"layer_types must list num_hidden_layers={num_layers} layers")
+        unknown = sorted({str(t) for t in layer_types} - set(LAYER_TYPES))
+        if unknown:
+            validate.fail("config", source, f"layer_types holds {', '.join(unknown)}; kvlab models "
+                          f"{' and '.join(LAYER_TYPES)} layers only")
         sliding = [t == "sliding_attention" for t in layer_types]
         if not any(sliding):
-            return 0, 0
+            return 0, 0, ()
         _field(config, "sliding_window", source, "its sliding_attention layers")
         window = _whole(config, "sliding_window", source)
         for p in [1] + list(range(2, num_layers + 1)):
             if sliding == [p == 1 or (i + 1) % p != 0 for i in range(num_layers)]:
-                return window, p
-        validate.fail("config", source, "layer_types must repeat (local x (p-1), global) as Gemma's do")
+                return window, p, ()
+        return window, 0, tuple(layer_types)
     window = config.get("sliding_window")
     if not window or config.get("use_sliding_window") is False:
-        return 0, 0
+        return 0, 0, ()
     window = _whole(config, "sliding_window", source)
     if model_type == "gemma2":
-        return window, 2
+        return window, 2, ()
     if model_type.startswith("gemma3"):
-        return window, _whole(config, "sliding_window_pattern", source, default=6)
-    return window, 1
+        return window, _whole(config, "sliding_window_pattern", source, default=6), ()
+    return window, 1, ()
 
 
 def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
@@ -214,13 +239,14 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     layers = _whole(config, "num_hidden_layers", source)
     heads = _whole(config, "num_attention_heads", source)
     label = name or config.get("_name_or_path") or source
-    window, pattern = _sliding(config, model_type, layers, source)
+    window, pattern, layer_types = _sliding(config, model_type, layers, source)
     max_pos = _whole(config, "max_position_embeddings", source, default=0)
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
         _field(config, "qk_rope_head_dim", source, "the MLA latent size")
         rank, rope = _whole(config, "kv_lora_rank", source), _whole(config, "qk_rope_head_dim", source)
-        return ModelSpec(label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b)
+        return ModelSpec(label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b,
+                         layer_types)
     kv = _whole(config, "num_key_value_heads", source, default=1 if config.get("multi_query") else heads)
     head_dim = config.get("head_dim")
     if head_dim is None:
@@ -233,7 +259,8 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         validate.fail("config", source, f"num_key_value_heads={kv} must divide num_attention_heads={heads}")
     attention = "mha" if kv == heads else ("mqa" if kv == 1 else "gqa")
     head_dim = _whole(config, "head_dim", source, default=head_dim)
-    return ModelSpec(label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b)
+    return ModelSpec(label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b,
+                     layer_types)
 
 
 def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:

@@ -4,6 +4,7 @@ The mechanism (bytes per token, vLLM's budget, blocks and layer groups) is kvlab
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
@@ -14,6 +15,7 @@ from kvlab.core.models import get_model
 from kvlab.core.units import GIB, KIB, unit_bytes
 
 ARTICLE_SHAPE = capacity.KVShape(article.NUM_LAYERS, article.NUM_KV_HEADS, article.HEAD_DIM, article.DTYPE_BYTES)
+PARITY_DIR = Path(__file__).resolve().parents[2] / "data" / "parity"  # written by make parity
 
 
 def memory_table(shape: capacity.KVShape, contexts: Iterable[int], concurrency: Iterable[int],
@@ -94,7 +96,7 @@ def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: i
                "num_gpu_blocks": float("nan"), "gpu_kv_cache_tokens": float("nan"), "max_concurrency": float("nan")}
         for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
             result = capacity.plan_capacity(spec, gpu_memory_gib, length, config.replace(tensor_parallel_size=tp))
-            if result is not None and result["fits_one_request"]:
+            if result is not None and result["starts"]:
                 row = {"max_model_len": length, "tensor_parallel_size": tp,
                        "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
                        "num_gpu_blocks": result["num_gpu_blocks"], "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
@@ -104,3 +106,22 @@ def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: i
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "model"
     return table.astype({c: "Int64" for c in ("tensor_parallel_size", "num_gpu_blocks", "gpu_kv_cache_tokens")})
+
+
+# ---------------------------------------------------------------- part 3: kvlab against vLLM's own code
+def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
+    """make parity's capacity result (data/parity/capacity_summary.csv) by model family: the models, their KV
+    caches, the grid's cases, how many vLLM refused, and how many kvlab computes exactly as vLLM 0.33 does
+    (num_gpu_blocks, the token figure, the concurrency, whether it starts and why not); a last row for all."""
+    summary = pd.read_csv(Path(folder) / "capacity_summary.csv")
+    table = summary.groupby("family", sort=False).agg(
+        models=("model", "size"), kv_cache=("kv_cache", lambda kinds: ", ".join(dict.fromkeys(kinds))),
+        cases=("cases", "sum"), refused_by_vllm=("refused_by_vllm", "sum"), identical=("identical", "sum"))
+    table.loc["all"] = [len(summary), "", *table[["cases", "refused_by_vllm", "identical"]].sum()]
+    table["identical_pct"] = (100 * table["identical"] / table["cases"]).round(2)
+    return table
+
+
+def parity_differences(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
+    """Every case and figure where kvlab and vLLM 0.33 differ, with the reason (data/parity/capacity_differences.csv)."""
+    return pd.read_csv(Path(folder) / "capacity_differences.csv")
