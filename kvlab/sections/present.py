@@ -27,7 +27,7 @@ UNITS = [  # (suffix, unit shown, decimals), longest suffix first
 ]
 # Words shown other than as written.
 WORDS = {"kv": "KV", "p50": "p50", "p95": "p95", "p99": "p99", "tp": "TP", "pp": "PP", "num": "", "max": "max",
-         "gpu": "GPU", "ttft": "TTFT", "tpot": "TPOT", "cv": "CV", "mla": "MLA", "gqa": "GQA", "fp8": "fp8"}
+         "gpu": "GPU", "vllm": "vLLM", "ttft": "TTFT", "tpot": "TPOT", "cv": "CV", "mla": "MLA", "gqa": "GQA", "fp8": "fp8"}
 # Names that read better as words (the whole column name).
 LABELS = {
     "max_num_requests": "requests that fit", "num_requests": "requests", "max_concurrency": "max concurrency (x)",
