@@ -207,6 +207,24 @@ def ledger(rows: pd.DataFrame, caption: str = "") -> Table:
                  tuple(c in ("article", "kvlab") for c in frame.columns), 0, caption)
 
 
+@dataclass(frozen=True)
+class Prose:
+    """Markdown whose numbers come from the outputs it describes: shown as text in the notebook and the report."""
+
+    text: str
+
+    def _repr_markdown_(self) -> str:
+        return self.text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def prose(text: str) -> Prose:
+    """text (Markdown, usually an f-string formatting the cell's results) shown as prose, not as code output."""
+    return Prose(" ".join(line.strip() for line in text.strip().splitlines()) if "\n\n" not in text else text.strip())
+
+
 def rounded(frame: pd.DataFrame, decimals: int | dict = 2) -> pd.DataFrame:
     """frame with its float columns rounded (pandas' round: an int, or column -> decimals) and -0.0 shown as 0.0."""
     out = frame.round(decimals)
