@@ -189,3 +189,14 @@ def test_trace_parameter_is_checked():
     with pytest.raises(report_params.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"):
         report_params.load_params(ROOT / "params.yaml", ["TRACE=azur"], NOTEBOOKS)
     assert report_params.load_params(ROOT / "params.yaml", ["TRACE="], NOTEBOOKS)["01_allocation"]["TRACE"] == ""
+
+
+def test_two_trace_folders_get_one_sentence_each_naming_their_notebooks(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    note = report_build._traces_note({"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)},
+                                      "04_traces": {"TRACE_DIR": str(ROOT / "data")}, "03_capacity": {}})
+    assert note.count("For ") == 2 and "For 01_allocation, 02_batching: Real request traces were not available" in note
+    assert "03_capacity" not in note  # a notebook without traces is not mentioned
+    same = report_build._traces_note({"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)}})
+    assert not same.startswith("For ") and same.count("Real request traces") == 1

@@ -160,6 +160,7 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         raise ReportError(f"no notebooks found in {notebook_dir}")
     params = load_params(params_path, overrides, notebooks)
     skipped, merged = plan(notebooks, params, max_minutes, log)
+    quiet_kernels()
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
@@ -219,6 +220,16 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         + (f", {s['not_compared']} not compared: other parameters than the article's" if s["not_compared"] else "")
         + ")")
     return out
+
+
+def quiet_kernels() -> None:
+    """Kernels started for the report log nothing short of a crash, wherever `kvlab report` runs (make report sets
+    the same up): not the transport warning every kernel start prints, nor the interrupt papermill's shutdown logs."""
+    ipython_dir = Path(os.environ.setdefault("IPYTHONDIR", str(ROOT / ".cache" / "ipython")))
+    config = ipython_dir / "profile_default" / "ipython_kernel_config.py"
+    if not config.exists():
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text('c.IPKernelApp.log_level = "CRITICAL"\n')
 
 
 def key_figure(executed: Path, out_dir: Path, section: Section) -> None:
