@@ -22,6 +22,7 @@ from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_m
 ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
 ARTICLE_KV_BYTES_PER_TOKEN = int(article.MIB_PER_TOKEN * 2**20)  # the article's 0.5 MB (MiB) per token, to size a cache in GiB
+TRACE_NAMES = {"azure": "Azure", "mooncake": "Mooncake", "sharegpt": "ShareGPT"}  # as the prose names them
 
 
 def summary_table(workloads: dict[str, Workload]) -> pd.DataFrame:
@@ -168,3 +169,72 @@ def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int],
     if kv_bytes_per_token is not None:
         table.insert(1, "cache_gib", (table["cache_tokens"] * kv_bytes_per_token / 2**30).round(1))
     return table
+
+
+# ---------------------------------------------------------------- the figures the notebooks' prose states
+def prose(trace: NotebookTrace, text: str, figures: dict):
+    """A paragraph about the trace: text (Markdown whose {names} are the keys of figures, formatted as str.format
+    does, e.g. "{mean_tokens:,.0f}") as prose when the trace was loaded, else one line that there is none."""
+    from kvlab.sections import present
+
+    if trace.load is None or not figures:
+        return present.prose("(No trace was loaded, so there is nothing to describe here.)")
+    return present.prose(text.format(**figures))
+
+
+def comparison_figures(compare: pd.DataFrame) -> dict:
+    """From article_comparison: per trace (keys by its first word, lower case: azure, mooncake, sharegpt) its mean
+    request length over the article's (x), its share over 4,096 tokens and its short and long output shares (%),
+    its mean output (tokens); and the article's assumed mean length and output mean."""
+    out = {"article_mean_tokens": ARTICLE_MEAN_TOKENS, "article_output_mean": article.MEAN_OUTPUT_TOKENS,
+           "article_max_tokens": ARTICLE_MAX_TOKENS}
+    for name, row in compare.drop(index="article (assumed)", errors="ignore").iterrows():
+        key = name.split()[0].lower()
+        out[f"{key}_vs_article"] = row["mean_tokens_per_request"] / ARTICLE_MEAN_TOKENS
+        out[f"{key}_over_max_pct"] = row["over_4096_tokens_pct"]
+        out[f"{key}_short_pct"] = row["output_40_to_200_tokens_pct"]
+        out[f"{key}_long_pct"] = row["output_400_to_1000_tokens_pct"]
+        out[f"{key}_output_mean"] = row["output_mean_tokens"]
+    return out
+
+
+def prompt_figures(summary: pd.DataFrame) -> dict:
+    """From summary_table: each trace's mean and median prompt over the article's mean whole request (x), keys by
+    the trace name's first word in lower case."""
+    out = {}
+    for name, row in summary.iterrows():
+        key = name.split()[0].lower()
+        out[f"{key}_prompt_vs_article"] = row["prompt_mean_tokens"] / ARTICLE_MEAN_TOKENS
+        out[f"{key}_prompt_p50_vs_article"] = row["prompt_p50_tokens"] / ARTICLE_MEAN_TOKENS
+    return out
+
+
+def gap_figures(workload: Workload) -> dict:
+    """A trace's gaps between arrivals: the share that is zero (%), and the smallest and largest non-zero gap (s)."""
+    gaps = np.diff(workload.arrival_s)
+    positive = gaps[gaps > 0]
+    return {"zero_gaps_pct": 100 * float((gaps == 0).mean()),
+            "smallest_gap_s": float(positive.min()) if len(positive) else float("nan"),
+            "largest_gap_s": float(positive.max()) if len(positive) else float("nan")}
+
+
+def rate_figures(rates: pd.Series) -> dict:
+    """An arrival rate over time (arrival_rate): its first, lowest, highest and last window (requests/s) and when
+    the highest starts (min)."""
+    return {"first": float(rates.iloc[0]), "low": float(rates.min()), "high": float(rates.max()),
+            "last": float(rates.iloc[-1]), "peak_min": float(rates.idxmax())}
+
+
+def prefix_figures(workload: Workload, curve: pd.DataFrame, kv_bytes_per_token: int = ARTICLE_KV_BYTES_PER_TOKEN) -> dict:
+    """What the prefix-cache table says: the block size (tokens) and its KV memory (MiB) at kv_bytes_per_token, the
+    share of requests whose first block is the trace's most common first block (%), and per cache size in the
+    table (keys by size, and "unbounded") its memory (GiB), hit rate and prefill saved (%)."""
+    firsts = pd.Series([h[0] for h in workload.prefix_hashes if len(h)])
+    out = {"block_tokens": workload.prefix_block_tokens,
+           "block_mib": workload.prefix_block_tokens * kv_bytes_per_token / 2**20,
+           "shared_first_block_pct": 100 * float(firsts.value_counts().iloc[0] / workload.num_requests)}
+    for size, row in curve.iterrows():
+        out[f"gib_{size}"] = row.get("cache_gib", float("nan"))
+        out[f"hit_{size}_pct"] = row["hit_rate_pct"]
+        out[f"saved_{size}_pct"] = row["prefill_saved_pct"]
+    return out
