@@ -15,6 +15,7 @@ import pandas as pd
 from kvlab.core import article, validate
 from kvlab.core.prefix_cache import distinct_blocks, replay
 from kvlab.core.workload import Workload
+from kvlab.workloads import synthetic
 from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_manifest, trace_path
 
 
@@ -23,6 +24,7 @@ ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
 ARTICLE_KV_BYTES_PER_TOKEN = int(article.MIB_PER_TOKEN * 2**20)  # the article's 0.5 MB (MiB) per token, to size a cache in GiB
 TRACE_NAMES = {"azure": "Azure", "mooncake": "Mooncake", "sharegpt": "ShareGPT"}  # as the prose names them
+KVLAB_ARRIVAL_RATE_PER_S = synthetic.S2_ARRIVAL_RATE_PER_S  # section 2's Poisson rate: kvlab's choice, not the article's
 
 
 def summary_table(workloads: dict[str, Workload]) -> pd.DataFrame:
@@ -210,12 +212,15 @@ def prompt_figures(summary: pd.DataFrame) -> dict:
 
 
 def gap_figures(workload: Workload) -> dict:
-    """A trace's gaps between arrivals: the share that is zero (%), and the smallest and largest non-zero gap (s)."""
+    """A trace's gaps between arrivals: the share that is zero (%), the smallest and largest non-zero gap (s) and
+    the non-zero gaps in words, to 0.1 s ("3.0 s" when all are equal at that precision, else "0.1 to 12.0 s")."""
     gaps = np.diff(workload.arrival_s)
     positive = gaps[gaps > 0]
-    return {"zero_gaps_pct": 100 * float((gaps == 0).mean()),
-            "smallest_gap_s": float(positive.min()) if len(positive) else float("nan"),
-            "largest_gap_s": float(positive.max()) if len(positive) else float("nan")}
+    low = float(positive.min()) if len(positive) else float("nan")
+    high = float(positive.max()) if len(positive) else float("nan")
+    shown = (f"{low:.1f}", f"{high:.1f}")
+    return {"zero_gaps_pct": 100 * float((gaps == 0).mean()), "smallest_gap_s": low, "largest_gap_s": high,
+            "nonzero_gaps": f"{shown[0]} s" if shown[0] == shown[1] else f"{shown[0]} to {shown[1]} s"}
 
 
 def rate_figures(rates: pd.Series) -> dict:
@@ -226,15 +231,27 @@ def rate_figures(rates: pd.Series) -> dict:
 
 
 def prefix_figures(workload: Workload, curve: pd.DataFrame, kv_bytes_per_token: int = ARTICLE_KV_BYTES_PER_TOKEN) -> dict:
-    """What the prefix-cache table says: the block size (tokens) and its KV memory (MiB) at kv_bytes_per_token, the
-    share of requests whose first block is the trace's most common first block (%), and per cache size in the
-    table (keys by size, and "unbounded") its memory (GiB), hit rate and prefill saved (%)."""
+    """What the prefix-cache table (hit_rate_curve) says: the block size (tokens) and its KV memory (MiB) at
+    kv_bytes_per_token; the share of requests whose first block is the trace's most common first block (%); the
+    prefill saved (%) and memory (GiB) of the smallest cache, of the cache that fills the KV memory the article's
+    section 3 leaves (its GPU memory less its weights, in blocks; NaN when the table has no such row), of the two
+    largest bounded caches, and of the cache that never evicts."""
     firsts = pd.Series([h[0] for h in workload.prefix_hashes if len(h)])
-    out = {"block_tokens": workload.prefix_block_tokens,
-           "block_mib": workload.prefix_block_tokens * kv_bytes_per_token / 2**20,
-           "shared_first_block_pct": 100 * float(firsts.value_counts().iloc[0] / workload.num_requests)}
-    for size, row in curve.iterrows():
-        out[f"gib_{size}"] = row.get("cache_gib", float("nan"))
-        out[f"hit_{size}_pct"] = row["hit_rate_pct"]
-        out[f"saved_{size}_pct"] = row["prefill_saved_pct"]
-    return out
+    block_mib = workload.prefix_block_tokens * kv_bytes_per_token / 2**20
+    budget_gib = article.GPU_MEMORY_GIB - article.WEIGHTS_GIB
+    budget_blocks = int(budget_gib * 1024 // block_mib)
+    bounded = curve.drop(index="unbounded", errors="ignore")
+
+    def row(size, prefix):
+        found = size in bounded.index
+        return {f"{prefix}_blocks": size,
+                f"{prefix}_gib": float(bounded.loc[size, "cache_gib"]) if found and "cache_gib" in bounded else float("nan"),
+                f"{prefix}_saved_pct": float(bounded.loc[size, "prefill_saved_pct"]) if found else float("nan")}
+
+    return {"block_tokens": workload.prefix_block_tokens, "block_mib": block_mib,
+            "shared_first_block_pct": 100 * float(firsts.value_counts().iloc[0] / workload.num_requests),
+            "budget_gib": budget_gib, "article_gpu_gib": article.GPU_MEMORY_GIB,
+            **row(bounded.index[0], "smallest"), **row(budget_blocks, "budget"),
+            **row(bounded.index[max(0, len(bounded) - 2)], "large"), **row(bounded.index[-1], "largest"),
+            "unbounded_saved_pct": float(curve.loc["unbounded", "prefill_saved_pct"]),
+            "unbounded_hit_pct": float(curve.loc["unbounded", "hit_rate_pct"])}
