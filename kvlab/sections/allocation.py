@@ -215,3 +215,143 @@ def trace_allocation_table(trace: NotebookTrace, block_sizes, *, max_len_tokens:
     table.insert(0, "dropped_over_max_len", dropped)
     table.insert(0, "num_requests", len(lengths))
     return table
+
+
+# ---------------------------------------------------------------- the figures the notebook's prose states
+# Each function below returns the numbers one paragraph of notebook 01 states, so that the notebook only formats
+# them (kvlab.sections.present.prose); a figure a table does not hold is NaN, never an error.
+def _at(frame: pd.DataFrame, row, column) -> float:
+    """frame.loc[row, column] as a float, NaN when the row or column is not there (other parameters)."""
+    try:
+        return float(frame.loc[row, column])
+    except KeyError:
+        return float("nan")
+
+
+def fit_figures(fit: LengthFit) -> dict:
+    """The fitted mixture in words: the lognormal's median (tokens) and share (%), the uniform share (%), the
+    largest relative error over the published totals (%) and how many totals there are."""
+    p = fit.params
+    return {"median_tokens": float(np.exp(p["log_mean"])), "log_mean": p["log_mean"], "log_sigma": p["log_sigma"],
+            "lognormal_pct": 100 * (1 - p["uniform_share"]), "uniform_pct": 100 * p["uniform_share"],
+            "max_error_pct": 100 * fit.max_relative_error, "num_totals": len(fit.table)}
+
+
+def match_figures(table: pd.DataFrame, article_figures: pd.DataFrame) -> dict:
+    """kvlab's allocation table against the article's, both printed the article's way, over their common units:
+    how many units print the same waste (%) and requests that fit, the units (tokens) where requests that fit
+    differ with both values, and the largest relative difference of the reserved and wasted totals (%)."""
+    units = [b for b in article_figures.index if b in table.index]
+    mine = ledger.as_printed(table.loc[units, ARTICLE_COLUMNS], 1, "allocation")
+    theirs = ledger.as_printed(article_figures.loc[units], 1, "allocation")
+    fit_differs = [f"{mine.loc[b, 'max_num_requests']} against the article's {theirs.loc[b, 'max_num_requests']} "
+                   f"at {b:,} tokens" for b in units if mine.loc[b, "max_num_requests"] != theirs.loc[b, "max_num_requests"]]
+    totals = table.loc[units, ["reserved_tokens", "wasted_tokens"]].astype(float)
+    article_totals = article_figures.loc[units, ["reserved_tokens", "wasted_tokens"]].astype(float)
+    return {"units": len(units), "waste_same": int((mine["waste_pct"] == theirs["waste_pct"]).sum()),
+            "fit_same": int((mine["max_num_requests"] == theirs["max_num_requests"]).sum()),
+            "fit_differs": "; ".join(fit_differs) or "none",
+            "max_total_difference_pct": float((100 * (totals - article_totals).abs() / article_totals).to_numpy().max())}
+
+
+def block_size_figures(powers: pd.DataFrame) -> dict:
+    """From the table over every power-of-two block size: how waste and block-table entries change per halving
+    (the range of the ratios, from 256 down to 16 tokens for waste and from 128 down to 16 for entries), the
+    entries at a few sizes, the requests that fit at 4,096, 256, 64 and 16 tokens, and the share of the gain
+    from 4,096 to 16 tokens already there at 256 (%)."""
+    waste = [_at(powers, b // 2, "waste_pct") / _at(powers, b, "waste_pct") for b in (256, 128, 64, 32)]
+    entries = [_at(powers, b // 2, "block_table_entries") / _at(powers, b, "block_table_entries") for b in (128, 64, 32)]
+    fit = {b: _at(powers, b, "max_num_requests") for b in (4096, 256, 64, 16)}
+    return {"waste_halving_low": min(waste), "waste_halving_high": max(waste),
+            "entries_doubling_low": min(entries), "entries_doubling_high": max(entries),
+            **{f"entries_{b}": _at(powers, b, "block_table_entries") for b in (4096, 2048, 1024, 128, 64, 16)},
+            **{f"waste_{b}_pct": _at(powers, b, "waste_pct") for b in (4096, 256, 16)},
+            **{f"fit_{b}": v for b, v in fit.items()},
+            "fit_gain_64_to_16_pct": 100 * (fit[16] / fit[64] - 1),
+            "fit_ratio": fit[16] / fit[4096],
+            "gain_at_256_pct": 100 * (fit[256] - fit[4096]) / (fit[16] - fit[4096])}
+
+
+def policy_figures(breakdown: pd.DataFrame) -> dict:
+    """Waste (%) of each policy of policy_breakdown, by its first word: max, pow2, oracle, paged (NaN if absent)."""
+    waste = {label.split()[0]: float(v) for label, v in breakdown["waste_pct"].items()}
+    return {f"{p}_waste_pct": waste.get(p, float("nan")) for p in ("max", "pow2", "oracle", "paged")}
+
+
+def band_figures(checked: pd.DataFrame, num_requests: int, block_size: int = 64) -> dict:
+    """What the seed band says: figures inside it, all figures, those outside (in words), and for the wasted
+    tokens at block_size: the article's value and the band, per request, and the (B - 1) / 2 tokens per request
+    that whole-token lengths spread smoothly over many blocks waste on average."""
+    from kvlab.sections.present import label
+
+    outside = [f"{label(figure).split(' (')[0]} at {b:,}-token blocks" for (b, figure), row in checked.iterrows()
+               if not row["inside"]]
+    key = (block_size, "wasted_tokens")
+    found = key in checked.index
+    return {"inside": int(checked["inside"].sum()), "total": len(checked), "outside": ", ".join(outside) or "none",
+            "num_outside": len(outside), "block_size": block_size,
+            "article_wasted": checked.loc[key, "article"] if found else float("nan"),
+            "band_low": checked.loc[key, "band_low"] if found else float("nan"),
+            "band_high": checked.loc[key, "band_high"] if found else float("nan"),
+            "article_per_request": checked.loc[key, "article"] / num_requests if found else float("nan"),
+            "band_low_per_request": checked.loc[key, "band_low"] / num_requests if found else float("nan"),
+            "smooth_per_request": (block_size - 1) / 2,
+            "article_waste_pct": checked.loc[(block_size, "waste_pct"), "article"]
+            if (block_size, "waste_pct") in checked.index else float("nan")}
+
+
+def family_figures(families: pd.DataFrame) -> dict:
+    """What the length-family table says: the range of the means (and their spread, %), the waste at 4,096
+    tokens over all families, the largest spread of waste (points) at 256, 64 and 16 tokens over the smooth
+    families (all but constant), their range at 1,024 tokens and of requests that fit at 16 tokens, and the tail
+    (tokens) that one request of the article's mean length leaves unused in its last 16- and 64-token block."""
+    smooth = families.drop(index="constant", errors="ignore")
+
+    def column(frame, name):
+        return frame[name] if name in frame else pd.Series([float("nan")])
+
+    spreads = [float(column(smooth, f"waste_at_{b}_pct").max() - column(smooth, f"waste_at_{b}_pct").min())
+               for b in (256, 64, 16)]
+    means = families["mean_tokens"]
+    return {"mean_low": float(means.min()), "mean_high": float(means.max()),
+            "mean_spread_pct": float(100 * (means.max() - means.min()) / means.min()),
+            "waste_4096_low": float(column(families, "waste_at_4096_pct").min()),
+            "waste_4096_high": float(column(families, "waste_at_4096_pct").max()),
+            "fine_spread_points": max(spreads),
+            "waste_1024_low": float(column(smooth, "waste_at_1024_pct").min()),
+            "waste_1024_high": float(column(smooth, "waste_at_1024_pct").max()),
+            "fit_16_low": float(column(smooth, "requests_that_fit_at_16").min()),
+            "fit_16_high": float(column(smooth, "requests_that_fit_at_16").max()),
+            "constant_tail_16": -article.MEAN_TOKENS % 16, "constant_tail_64": -article.MEAN_TOKENS % 64,
+            "uniform_high_tokens": MEAN_567_FAMILIES["uniform"]["high_tokens"]}
+
+
+def trace_figures(trace: NotebookTrace, trace_table: pd.DataFrame, table: pd.DataFrame, *, max_len_tokens: int) -> dict:
+    """What the real-trace part says about the trace's waste table: the trace's name, its mean request length
+    (used tokens / requests, tokens), the waste (%) and requests that fit at the coarsest and finest block size
+    (and what fits at the finest in table, the synthetic lengths' table), the share of its requests longer than
+    the article's 4,096 tokens (%) and the article's mean; {} when the trace is not available."""
+    from kvlab.sections.traces import TRACE_NAMES
+
+    if trace.load is None or trace_table.empty:
+        return {}
+    coarse, fine = max(trace_table.index), min(trace_table.index)
+    lengths, _ = traces.request_lengths(trace.load.workload)
+    return {"name": TRACE_NAMES.get(trace.name, trace.name), "requests": int(trace_table["num_requests"].iloc[0]),
+            "fine_fit_fitted": _at(table, fine, "max_num_requests"),
+            "dropped": int(trace_table["dropped_over_max_len"].iloc[0]), "max_len_tokens": max_len_tokens,
+            "mean_tokens": float(trace_table["used_tokens"].iloc[0] / trace_table["num_requests"].iloc[0]),
+            "article_mean_tokens": article.MEAN_TOKENS, "article_max_tokens": article.MAX_LEN_TOKENS,
+            "coarse": coarse, "fine": fine,
+            "coarse_waste_pct": float(trace_table.loc[coarse, "waste_pct"]),
+            "fine_waste_pct": float(trace_table.loc[fine, "waste_pct"]),
+            "coarse_fit": int(trace_table.loc[coarse, "max_num_requests"]),
+            "fine_fit": int(trace_table.loc[fine, "max_num_requests"]),
+            "over_article_max_pct": 100 * float((lengths > article.MAX_LEN_TOKENS).mean()),
+            "shape": TRACE_SHAPES.get(trace.name, "")}
+
+
+# What the request-length figure shows for a trace, read off the figure (empty: nothing said).
+TRACE_SHAPES = {
+    "azure": "Azure's lengths climb in two steps, near 500 and near 1,500 tokens, unlike the smooth fitted curve.",
+}

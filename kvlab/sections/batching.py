@@ -6,6 +6,7 @@ kvlab.workloads.synthetic.article_s2_workload. One Experiment object carries the
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,7 +17,7 @@ from kvlab.core.batching import simulate
 from kvlab.core.cost import TokenCost
 from kvlab.core.workload import Workload
 from kvlab.sections import ledger
-from kvlab.sections.traces import NotebookTrace
+from kvlab.sections.traces import TRACE_NAMES, NotebookTrace
 from kvlab.workloads import synthetic
 
 ARRIVAL_RATE_PER_S = synthetic.S2_ARRIVAL_RATE_PER_S  # kvlab's choice (the article gives no rate); see there
@@ -200,3 +201,166 @@ def trace_policy_comparison(trace: NotebookTrace, experiment: Experiment) -> pd.
                                      "mean_queue_s", "makespan_s", "throughput_rps", "busy_slot_s", "idle_pct"],
                             index=pd.Index([], name="policy"))
     return compare_policies(trace.load.workload, max_num_seqs=experiment.max_num_seqs, cost=experiment.cost)
+
+
+# ---------------------------------------------------------------- the figures the notebook's prose states
+# Each function below returns the numbers one paragraph of notebook 02 states, so that the notebook only formats them.
+WORK_FIGURES = ("p95_latency_s", "max_latency_s", "makespan_s")  # figures that grow with the total work of a draw
+
+
+def _words(column: str) -> str:
+    """A column's label without its unit: p95_latency_s -> 'p95 latency'."""
+    from kvlab.sections.present import label
+
+    return re.sub(r" \([^)]*\)$", "", label(column))
+
+
+def _listed(words: list[str]) -> str:
+    """a, b and c."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def workload_figures(workload: Workload) -> dict:
+    """One draw of section 2's workload: requests, the last arrival (s), the mean output (tokens) and the share of
+    long outputs (400 tokens or more, %), beside the article's mix: its mean output (tokens) and long share (%)."""
+    out = workload.output_tokens
+    return {"requests": workload.num_requests, "last_arrival_s": float(workload.arrival_s[-1]),
+            "output_mean": float(out.mean()), "long_pct": 100 * float(np.mean(out >= article.LONG_OUTPUT_TOKENS[0])),
+            "mix_mean": article.MEAN_OUTPUT_TOKENS, "mix_long_pct": 100 * article.LONG_OUTPUT_SHARE}
+
+
+def service_figures(experiment: Experiment) -> dict:
+    """How fast the slots can finish requests of the article's mix: slots / (mean output x ms per token), in
+    requests/s, with what goes into it and the experiment's arrival rate."""
+    ms = experiment.cost.ms_per_token
+    return {"slots": experiment.max_num_seqs, "mix_mean": article.MEAN_OUTPUT_TOKENS, "ms_per_token": ms,
+            "service_rate": experiment.max_num_seqs / (article.MEAN_OUTPUT_TOKENS * ms / 1000),
+            "arrival_rate": experiment.arrival_rate}
+
+
+def slower_figures(results) -> dict:
+    """From the static and the continuous run of one workload: requests, and the share (%) that wait at least as
+    long under static batching as under continuous batching."""
+    static, continuous = results
+    same = np.array_equal(static.arrival_s, continuous.arrival_s)
+    return {"requests": len(static.latency_s),
+            "slower_pct": 100 * float(np.mean(static.latency_s >= continuous.latency_s)) if same else float("nan")}
+
+
+def band_figures(mixed_band: pd.DataFrame, slots_band: pd.DataFrame, num_requests: int, ms_per_token: float) -> dict:
+    """What the seed bands of the article's first two tables say: figures inside the band and in all, those
+    outside (in words), the article's percentiles for the figures that grow with the total work (p95, maximum,
+    total time of both policies) and for throughput, and the article's busy slot time against the mix's mean:
+    the article's tokens per request, the busy time the mix's mean gives, and kvlab's median."""
+    bands = pd.concat([mixed_band, slots_band])
+    outside = bands[~bands["inside"]]
+    by_policy = {}
+    for (row, column) in outside.index:
+        by_policy.setdefault(row, []).append(_words(column))
+    columns = mixed_band.index.get_level_values("column")
+    work = mixed_band[columns.isin(WORK_FIGURES)]["article_percentile"]
+    throughput = mixed_band[columns == "throughput_rps"]["article_percentile"]
+    busy = slots_band.xs("busy_slot_s", level="column").iloc[0]
+    return {"inside": int(bands["inside"].sum()), "total": len(bands), "num_outside": len(outside),
+            "outside": "; ".join(f"{row} {_listed(words)}" for row, words in by_policy.items()) or "none",
+            "work_pct_low": float(work.min()), "work_pct_high": float(work.max()),
+            "throughput_pct_low": float(throughput.min()), "throughput_pct_high": float(throughput.max()),
+            "article_busy_s": float(busy["article"]), "busy_pct": float(busy["article_percentile"]),
+            "article_tokens_per_request": float(busy["article"]) / num_requests / (ms_per_token / 1000),
+            "mix_mean": article.MEAN_OUTPUT_TOKENS,
+            "mix_busy_s": num_requests * article.MEAN_OUTPUT_TOKENS * ms_per_token / 1000,
+            "median_busy_s": float(busy["median"]), "num_seeds": int(busy["num_seeds"]),
+            **{f"{policy}_mean_pct": float(mixed_band.loc[(policy, "mean_latency_s"), "article_percentile"])
+               for policy in ("static", "continuous") if (policy, "mean_latency_s") in mixed_band.index},
+            "requests": num_requests, "ms_per_token": ms_per_token}
+
+
+def equal_batch_figures(experiment: Experiment) -> dict:
+    """The all-equal experiment's static total time, counted: every batch lasts constant_tokens x ms per token;
+    a batcher that starts with the requests that have arrived runs the first request alone, then full batches
+    and a last one of what is left (while arrivals outpace the batches, as at the article's set-up); one that
+    waits for a full first batch waits, on average, (slots - 1) / arrival rate, then runs only full batches."""
+    ms = experiment.cost.ms_per_token
+    n, k = experiment.num_requests, experiment.max_num_seqs
+    batch_s = experiment.constant_tokens * ms / 1000
+    full, last = divmod(n - 1, k)
+    batches = 1 + full + (last > 0)
+    fill_batches = -(-n // k)
+    fill_wait_s = (k - 1) / experiment.arrival_rate
+    return {"tokens": experiment.constant_tokens, "ms_per_token": ms, "batch_s": batch_s, "requests": n, "slots": k,
+            "full": full, "last": last, "batches": batches, "total_s": batches * batch_s,
+            "fill_wait_s": fill_wait_s, "fill_batches": fill_batches, "fill_total_s": fill_wait_s + fill_batches * batch_s}
+
+
+def rate_figures(sweep: pd.DataFrame, article_mixed: pd.DataFrame, service_rate: float) -> dict:
+    """From rate_sweep: per policy, the rate (requests/s) at which its median mean latency meets the article's
+    (linear between the swept rates; NaN outside them) and the range of its total time (s); the lowest and highest
+    swept rate, and the service rate it is compared with."""
+    out = {"lowest_rate": float(sweep.index.get_level_values("arrival_rate").min()),
+           "highest_rate": float(sweep.index.get_level_values("arrival_rate").max()), "service_rate": service_rate}
+    for policy in ("static", "continuous"):
+        latency = sweep.xs(policy, level="policy")["mean_latency_s"]
+        target = float(article_mixed.loc[policy, "mean_latency_s"])
+        inside = latency.min() <= target <= latency.max() and latency.is_monotonic_increasing
+        out[f"{policy}_rate"] = float(np.interp(target, latency.to_numpy(), latency.index.to_numpy())) if inside \
+            else float("nan")
+        out[f"{policy}_article"] = target
+        makespan = sweep.xs(policy, level="policy")["makespan_s"]
+        out[f"{policy}_makespan_low"], out[f"{policy}_makespan_high"] = float(makespan.min()), float(makespan.max())
+    return out
+
+
+def variance_figures(variance: pd.DataFrame) -> dict:
+    """From variance_sweep: continuous batching's range of mean latency (s); static batching's at the smallest and
+    largest spread of the gamma rows with their measured CV and ratio (x); the article's mix's CV and ratio."""
+    gamma = variance.drop(index="article mix", errors="ignore")
+    mix = variance.loc["article mix"] if "article mix" in variance.index else pd.Series(dtype=float)
+    return {"continuous_low": float(variance["continuous"].min()), "continuous_high": float(variance["continuous"].max()),
+            "static_first": float(gamma["static"].iloc[0]), "cv_first": float(gamma["cv"].iloc[0]),
+            "ratio_first": float(gamma["ratio"].iloc[0]),
+            "static_last": float(gamma["static"].iloc[-1]), "cv_last": float(gamma["cv"].iloc[-1]),
+            "ratio_last": float(gamma["ratio"].iloc[-1]),
+            "mix_cv": float(mix.get("cv", np.nan)), "mix_ratio": float(mix.get("ratio", np.nan)),
+            "mix_mean": article.MEAN_OUTPUT_TOKENS}
+
+
+def trace_figures(trace: NotebookTrace, trace_mixed: pd.DataFrame, experiment: Experiment) -> dict:
+    """What the real-trace part says: the trace's window (requests, duration in s and min, rate in requests/s,
+    mean output in tokens, the share of outputs of 40 to 200 tokens in %, inter-arrival CV), the work it brings
+    per second (slot-seconds per second) against the slots, both policies' idle share (%) and mean latency (s)
+    and their ratio (x), beside the article's ratio, mix and share and kvlab's chosen rate; {} without a trace."""
+    if trace.load is None or trace_mixed.empty:
+        return {}
+    from kvlab.sections.ledger import round_half_up
+    from kvlab.sections.plots import INTERARRIVAL_MAX_RATIO
+    from kvlab.sections.traces import article_comparison
+
+    w = trace.load.workload
+    duration = float(w.arrival_s[-1] - w.arrival_s[0])
+    rate = w.num_requests / duration
+    out = w.output_tokens
+    gaps = np.diff(w.arrival_s)
+    edge = INTERARRIVAL_MAX_RATIO  # the gap figure's right edge, in mean gaps
+    long_gaps = gaps > edge * gaps.mean()
+    ms = experiment.cost.ms_per_token
+    load = rate * float(out.mean()) * ms / 1000
+    shown = article_comparison({trace.name: w}).loc[trace.name]  # the comparison table's figures, as it shows them
+    static, continuous = trace_mixed.loc["static"], trace_mixed.loc["continuous"]
+    return {"name": TRACE_NAMES.get(trace.name, trace.name), "requests": w.num_requests, "duration_s": duration,
+            "duration_min": duration / 60,
+            "rate": rate, "output_mean": round_half_up(shown["output_mean_tokens"], 0),
+            "short_pct": float(shown["output_40_to_200_tokens_pct"]),
+            "cv": float(gaps.std() / gaps.mean()), "edge": edge, "long_gaps": int(long_gaps.sum()),
+            "longest_gap_x": float(gaps.max() / gaps.mean()),
+            "cv_without_long": float(gaps[~long_gaps].std() / gaps[~long_gaps].mean()),
+            "ms_per_token": ms, "load": load, "slots": experiment.max_num_seqs,
+            "load_vs_slots": "more than" if load > experiment.max_num_seqs else "less than",
+            "queue_note": "so on average the queue grows through the window under both policies" if load > experiment.max_num_seqs
+            else "so a queue forms only where arrivals bunch up",
+            "output_vs_mix": "longer" if out.mean() > article.MEAN_OUTPUT_TOKENS else "shorter",
+            "rate_vs_kvlab": "a lower" if rate < experiment.arrival_rate else "a higher",
+            "static_idle": float(static["idle_pct"]), "continuous_idle": float(continuous["idle_pct"]),
+            "static_latency": float(static["mean_latency_s"]), "continuous_latency": float(continuous["mean_latency_s"]),
+            "ratio": float(static["mean_latency_s"] / continuous["mean_latency_s"]),
+            "article_ratio": float(article_table("claims").iloc[0, 0]), "mix_mean": article.MEAN_OUTPUT_TOKENS,
+            "mix_short_pct": 100 * (1 - article.LONG_OUTPUT_SHARE), "kvlab_rate": experiment.arrival_rate}

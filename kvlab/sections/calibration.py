@@ -85,3 +85,32 @@ def section2_table(calibrations: list[Calibration], experiment: Experiment = Exp
               for name, cost in costs.items()]
     table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
     return table[["mean_latency_s", "p95_latency_s", "makespan_s", "throughput_rps", "idle_pct"]]
+
+
+# ---------------------------------------------------------------- the figures the notebook's prose states
+def shape_figures(shape: DecoderShape) -> dict:
+    """The decoder's shape in words: KV bytes per token (B, KiB, MiB), the bytes per value, the parameters
+    (billions) and their weights (GiB), beside the article's assumed MiB per token."""
+    return {"layers": shape.num_layers, "heads": shape.num_heads, "head_dim": shape.head_dim,
+            "hidden": shape.hidden_size, "intermediate": shape.intermediate_size, "vocab": shape.vocab_size,
+            "dtype_bytes": DTYPE_BYTES[shape.dtype], "kv_bytes": shape.kv_bytes_per_token,
+            "kv_kib": shape.kv_bytes_per_token / KIB, "kv_mib": shape.kv_bytes_per_token / MIB,
+            "article_mib": article.MIB_PER_TOKEN, "params_b": shape.num_params / 1e9, "weights_gib": shape.weights_bytes / GIB}
+
+
+def bound_figures(shape: DecoderShape, gpu_names, batch_size: int, context_tokens: int,
+                  ms_per_token: float = article.MS_PER_TOKEN) -> dict:
+    """The decode-step lower bound (ms) for batch_size requests of context_tokens on each GPU (keys by GPU name);
+    in words, the GPUs where the article's ms_per_token lies above it and those where it lies below, with their
+    bounds; and the lowest and highest bound for one request of context_tokens over the GPUs."""
+    gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
+    bounds = {gpu.name: decode_bound_ms(shape, gpu.memory_bandwidth_gb_s, batch_size, context_tokens) for gpu in gpus}
+    one = [decode_bound_ms(shape, gpu.memory_bandwidth_gb_s, 1, context_tokens) for gpu in gpus]
+
+    def listed(names):
+        return "none" if not names else names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+    return {"batch": batch_size, "context": context_tokens, "ms_per_token": ms_per_token, **bounds,
+            "above": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token >= b]),
+            "below": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token < b]),
+            "one_low": min(one), "one_high": max(one)}

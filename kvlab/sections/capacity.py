@@ -7,11 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from kvlab.core import article, capacity, validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.models import get_model
+from kvlab.core.models import get_gpu, get_model
 from kvlab.core.units import GIB, KIB, unit_bytes
 
 ARTICLE_SHAPE = capacity.KVShape(article.NUM_LAYERS, article.NUM_KV_HEADS, article.HEAD_DIM, article.DTYPE_BYTES)
@@ -125,3 +126,71 @@ def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
 def parity_differences(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
     """Every case and figure where kvlab and vLLM 0.33 differ, with the reason (data/parity/capacity_differences.csv)."""
     return pd.read_csv(Path(folder) / "capacity_differences.csv")
+
+
+# ---------------------------------------------------------------- the figures the notebook's prose states
+# Each function below returns the numbers one paragraph of notebook 03 states, so that the notebook only formats them.
+def fit_figures(shape: capacity.KVShape, fit: pd.DataFrame, gpu_memory_gib: float, weights_gib: float) -> dict:
+    """From the fit table: the memory left for the KV cache (GiB), the shortest and longest context (tokens) and
+    their ratio (x), the requests that fit at each and their ratio (x), and the requests the longest context's
+    memory per request divides into the free memory before rounding down."""
+    free = float(capacity.free_bytes(gpu_memory_gib, weights_gib, "GiB"))
+    shortest, longest = fit.index.min(), fit.index.max()
+    most, fewest = int(fit.loc[shortest, "max_num_requests"]), int(fit.loc[longest, "max_num_requests"])
+    return {"free_gib": free / GIB, "gpu_gib": gpu_memory_gib, "weights_gib": weights_gib,
+            "shortest": shortest, "longest": longest, "context_ratio": longest / shortest,
+            "most": most, "fewest": fewest, "requests_ratio": most / fewest if fewest else float("nan"),
+            "exact_at_longest": free / capacity.bytes_per_request(shape, longest)}
+
+
+# The models the prose names, whatever TABLE_MODELS holds.
+EXAMPLES = {"llama3": "meta-llama/Llama-3.1-8B-Instruct", "llama70b": "meta-llama/Llama-3.1-70B-Instruct",
+            "gemma3": "google/gemma-3-27b-it", "deepseek_v3": "deepseek-ai/DeepSeek-V3"}
+
+
+def example_figures(config: EngineConfig, gpu_name: str, tensor_parallel_sizes: Iterable[int],
+                    kv_cache_dtypes: Iterable[str]) -> dict:
+    """What the prose says about the models it names (EXAMPLES): KV bytes per token against the article's shape
+    (x and %), heads and layers, parameters (billions) and bf16 weights (GiB); Gemma 3's sliding-window layers, and
+    the tokens in flight (config's batches in flight x max_num_batched_tokens) where its lines bend, and that plus
+    its window; vLLM's budget terms kvlab assumes (GiB); the GPU's memory (GiB), the GPU counts and KV dtypes tried
+    (in words) and the most GPUs tried."""
+    sizes = [str(n) for n in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes)]
+    dtypes = list(validate.non_empty("kv_cache_dtypes", kv_cache_dtypes))
+    out = {"gpu_gib": get_gpu(gpu_name).memory_gib, "max_gpus": max(int(n) for n in sizes),
+           "gpu_counts": sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}",
+           "kv_dtypes": " or ".join(dtypes), "gpu_memory_utilization": config.cache.gpu_memory_utilization,
+           "activation_peak_gib": capacity.ACTIVATION_PEAK_GIB, "non_torch_gib": capacity.NON_TORCH_GIB,
+           "block_size": config.cache.block_size, "batches_in_flight": config.max_concurrent_batches,
+           "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+           "in_flight_tokens": config.max_in_flight_tokens}
+    for key, name in EXAMPLES.items():
+        spec = get_model(name)
+        ratio = capacity.kv_bytes_per_token(spec, config) / ARTICLE_SHAPE.kv_bytes_per_token
+        out.update({f"{key}_vs_article": ratio, f"{key}_vs_article_pct": 100 * ratio,
+                    f"{key}_heads": spec.num_attention_heads, f"{key}_kv_heads": spec.num_kv_heads,
+                    f"{key}_layers": spec.num_layers, f"{key}_sliding_layers": spec.num_sliding_layers,
+                    f"{key}_global_layers": spec.num_layers - spec.num_sliding_layers,
+                    f"{key}_window": spec.sliding_window, f"{key}_params_b": spec.num_params_b,
+                    f"{key}_weights_gib": spec.num_params_b * 1e9 * 2 / GIB})
+    out["gemma3_beyond_tokens"] = out["in_flight_tokens"] + out["gemma3_window"]
+    return out
+
+
+def model_range(models: pd.DataFrame) -> dict:
+    """From model_table: the most and the least KV per token against the article's shape (x), the least as a
+    fraction 1/N, and which models they are."""
+    ratio = models["vs_article"]
+    return {"most": float(ratio.max()), "least": float(ratio.min()), "least_one_in": float(1 / ratio.min()),
+            "most_model": ratio.idxmax(), "least_model": ratio.idxmin()}
+
+
+def fp8_range(concurrency: pd.DataFrame) -> dict:
+    """fp8 over bf16 maximum concurrency for every model, TP and context where both start: the lowest and highest
+    ratio (x), and the ratio in words ("2.00 times", or "1.98 to 2.00 times" where they differ at 2 decimals)."""
+    wide = concurrency.pivot_table(index=["model", "tensor_parallel_size", "max_model_len"], columns="kv_cache_dtype",
+                                   values="max_concurrency")
+    ratio = (wide["fp8"] / wide["bf16"]).dropna() if {"fp8", "bf16"} <= set(wide.columns) else pd.Series([np.nan])
+    low, high = f"{ratio.min():.2f}", f"{ratio.max():.2f}"
+    return {"fp8_low": float(ratio.min()), "fp8_high": float(ratio.max()),
+            "fp8_ratio": f"{low} times" if low == high else f"{low} to {high} times"}

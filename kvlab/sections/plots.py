@@ -292,8 +292,11 @@ def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str,
             "vertical lines mark the article's figures.")
 
 
+INTERARRIVAL_MAX_RATIO = 5.0  # the gap figure's right edge, in mean gaps
+
+
 @captioned
-def interarrival_cdfs(workloads: dict, max_ratio: float = 5.0) -> matplotlib.figure.Figure:
+def interarrival_cdfs(workloads: dict, max_ratio: float = INTERARRIVAL_MAX_RATIO) -> matplotlib.figure.Figure:
     """Share of gaps between arrivals at or below each multiple of the mean gap, against Poisson arrivals (dashed)."""
     fig, ax = _figure()
     for name, w in workloads.items():

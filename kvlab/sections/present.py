@@ -198,8 +198,10 @@ def ledger(rows: pd.DataFrame, caption: str = "") -> Table:
                 if "band_low" in r and not pd.isna(r.get("band_low")) else "")
         shown.append({"table": r["table"], "row": r["row"], "figure": label(r["column"]),
                       "article": cell(r["article"], d), "kvlab": cell(r["reproduced"], d), "kvlab's 5-95% band": band,
-                      "tolerance": r["tolerance"] if r["tolerance"] != "5-95% band" and not band else
-                      ("band" if band else r["tolerance"]), "status": MARKS.get(r["status"], r["status"])})
+                      # the tolerance the status is judged by: a band only where it is (section 2), not wherever
+                      # a band is shown beside the default seed's value (section 1)
+                      "tolerance": "band" if str(r["tolerance"]).startswith(("band", "5-95% band")) else r["tolerance"],
+                      "status": MARKS.get(r["status"], r["status"])})
     frame = pd.DataFrame(shown)
     if not frame["kvlab's 5-95% band"].any():
         frame = frame.drop(columns="kvlab's 5-95% band")
@@ -221,8 +223,12 @@ class Prose:
 
 
 def prose(text: str) -> Prose:
-    """text (Markdown, usually an f-string formatting the cell's results) shown as prose, not as code output."""
-    return Prose(" ".join(line.strip() for line in text.strip().splitlines()) if "\n\n" not in text else text.strip())
+    """text (Markdown, usually an f-string formatting the cell's results) shown as prose, not as code output: each
+    paragraph (paragraphs are parted by a blank line) on one line, so that a formatted number at the start of a
+    line can never begin a Markdown list, except a paragraph that starts as a list or a table."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
+    return Prose("\n\n".join(p if re.match(r"([-*|]|\d+\.)\s", p)  # a paragraph that starts as a list or table
+                             else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs))
 
 
 def rounded(frame: pd.DataFrame, decimals: int | dict = 2) -> pd.DataFrame:

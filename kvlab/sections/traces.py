@@ -15,6 +15,7 @@ import pandas as pd
 from kvlab.core import article, validate
 from kvlab.core.prefix_cache import distinct_blocks, replay
 from kvlab.core.workload import Workload
+from kvlab.workloads import synthetic
 from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_manifest, trace_path
 
 
@@ -22,6 +23,8 @@ from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_m
 ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
 ARTICLE_KV_BYTES_PER_TOKEN = int(article.MIB_PER_TOKEN * 2**20)  # the article's 0.5 MB (MiB) per token, to size a cache in GiB
+TRACE_NAMES = {"azure": "Azure", "mooncake": "Mooncake", "sharegpt": "ShareGPT"}  # as the prose names them
+KVLAB_ARRIVAL_RATE_PER_S = synthetic.S2_ARRIVAL_RATE_PER_S  # section 2's Poisson rate: kvlab's choice, not the article's
 
 
 def summary_table(workloads: dict[str, Workload]) -> pd.DataFrame:
@@ -168,3 +171,87 @@ def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int],
     if kv_bytes_per_token is not None:
         table.insert(1, "cache_gib", (table["cache_tokens"] * kv_bytes_per_token / 2**30).round(1))
     return table
+
+
+# ---------------------------------------------------------------- the figures the notebooks' prose states
+def prose(trace: NotebookTrace, text: str, figures: dict):
+    """A paragraph about the trace: text (Markdown whose {names} are the keys of figures, formatted as str.format
+    does, e.g. "{mean_tokens:,.0f}") as prose when the trace was loaded, else one line that there is none."""
+    from kvlab.sections import present
+
+    if trace.load is None or not figures:
+        return present.prose("(No trace was loaded, so there is nothing to describe here.)")
+    return present.prose(text.format(**figures))
+
+
+def comparison_figures(compare: pd.DataFrame) -> dict:
+    """From article_comparison: per trace (keys by its first word, lower case: azure, mooncake, sharegpt) its mean
+    request length over the article's (x), its share over 4,096 tokens and its short and long output shares (%),
+    its mean output (tokens); and the article's assumed mean length and output mean."""
+    out = {"article_mean_tokens": ARTICLE_MEAN_TOKENS, "article_output_mean": article.MEAN_OUTPUT_TOKENS,
+           "article_max_tokens": ARTICLE_MAX_TOKENS}
+    for name, row in compare.drop(index="article (assumed)", errors="ignore").iterrows():
+        key = name.split()[0].lower()
+        out[f"{key}_vs_article"] = row["mean_tokens_per_request"] / ARTICLE_MEAN_TOKENS
+        out[f"{key}_over_max_pct"] = row["over_4096_tokens_pct"]
+        out[f"{key}_short_pct"] = row["output_40_to_200_tokens_pct"]
+        out[f"{key}_long_pct"] = row["output_400_to_1000_tokens_pct"]
+        out[f"{key}_output_mean"] = row["output_mean_tokens"]
+    return out
+
+
+def prompt_figures(summary: pd.DataFrame) -> dict:
+    """From summary_table: each trace's mean and median prompt over the article's mean whole request (x), keys by
+    the trace name's first word in lower case."""
+    out = {}
+    for name, row in summary.iterrows():
+        key = name.split()[0].lower()
+        out[f"{key}_prompt_vs_article"] = row["prompt_mean_tokens"] / ARTICLE_MEAN_TOKENS
+        out[f"{key}_prompt_p50_vs_article"] = row["prompt_p50_tokens"] / ARTICLE_MEAN_TOKENS
+    return out
+
+
+def gap_figures(workload: Workload) -> dict:
+    """A trace's gaps between arrivals: the share that is zero (%), the smallest and largest non-zero gap (s) and
+    the non-zero gaps in words, to 0.1 s ("3.0 s" when all are equal at that precision, else "0.1 to 12.0 s")."""
+    gaps = np.diff(workload.arrival_s)
+    positive = gaps[gaps > 0]
+    low = float(positive.min()) if len(positive) else float("nan")
+    high = float(positive.max()) if len(positive) else float("nan")
+    shown = (f"{low:.1f}", f"{high:.1f}")
+    return {"zero_gaps_pct": 100 * float((gaps == 0).mean()), "smallest_gap_s": low, "largest_gap_s": high,
+            "nonzero_gaps": f"{shown[0]} s" if shown[0] == shown[1] else f"{shown[0]} to {shown[1]} s"}
+
+
+def rate_figures(rates: pd.Series) -> dict:
+    """An arrival rate over time (arrival_rate): its first, lowest, highest and last window (requests/s) and when
+    the highest starts (min)."""
+    return {"first": float(rates.iloc[0]), "low": float(rates.min()), "high": float(rates.max()),
+            "last": float(rates.iloc[-1]), "peak_min": float(rates.idxmax())}
+
+
+def prefix_figures(workload: Workload, curve: pd.DataFrame, kv_bytes_per_token: int = ARTICLE_KV_BYTES_PER_TOKEN) -> dict:
+    """What the prefix-cache table (hit_rate_curve) says: the block size (tokens) and its KV memory (MiB) at
+    kv_bytes_per_token; the share of requests whose first block is the trace's most common first block (%); the
+    prefill saved (%) and memory (GiB) of the smallest cache, of the cache that fills the KV memory the article's
+    section 3 leaves (its GPU memory less its weights, in blocks; NaN when the table has no such row), of the two
+    largest bounded caches, and of the cache that never evicts."""
+    firsts = pd.Series([h[0] for h in workload.prefix_hashes if len(h)])
+    block_mib = workload.prefix_block_tokens * kv_bytes_per_token / 2**20
+    budget_gib = article.GPU_MEMORY_GIB - article.WEIGHTS_GIB
+    budget_blocks = int(budget_gib * 1024 // block_mib)
+    bounded = curve.drop(index="unbounded", errors="ignore")
+
+    def row(size, prefix):
+        found = size in bounded.index
+        return {f"{prefix}_blocks": size,
+                f"{prefix}_gib": float(bounded.loc[size, "cache_gib"]) if found and "cache_gib" in bounded else float("nan"),
+                f"{prefix}_saved_pct": float(bounded.loc[size, "prefill_saved_pct"]) if found else float("nan")}
+
+    return {"block_tokens": workload.prefix_block_tokens, "block_mib": block_mib,
+            "shared_first_block_pct": 100 * float(firsts.value_counts().iloc[0] / workload.num_requests),
+            "budget_gib": budget_gib, "article_gpu_gib": article.GPU_MEMORY_GIB,
+            **row(bounded.index[0], "smallest"), **row(budget_blocks, "budget"),
+            **row(bounded.index[max(0, len(bounded) - 2)], "large"), **row(bounded.index[-1], "largest"),
+            "unbounded_saved_pct": float(curve.loc["unbounded", "prefill_saved_pct"]),
+            "unbounded_hit_pct": float(curve.loc["unbounded", "hit_rate_pct"])}
