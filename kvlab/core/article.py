@@ -27,7 +27,7 @@ LONG_OUTPUT_SHARE = 0.15
 MEAN_OUTPUT_TOKENS = 207.0               # the mixture's mean output, tokens (0.85 x 120 + 0.15 x 700)
 CONSTANT_TOKENS = 150                    # every output in the all-equal experiment, tokens
 
-# Section 3: KV-cache capacity (the article's 7-billion-class model: 32 layers, 32 heads, head dim 128, 16-bit)
+# Section 3: KV-cache capacity (the article's shape; it names no model: 32 layers, 32 heads, head dim 128, 16-bit)
 NUM_LAYERS = 32
 NUM_KV_HEADS = 32
 HEAD_DIM = 128
