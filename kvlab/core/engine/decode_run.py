@@ -17,6 +17,7 @@ records are filled in, so a run is indistinguishable from its steps (tests/test_
 from __future__ import annotations
 
 from bisect import bisect_left
+from itertools import accumulate
 
 from kvlab.core.engine.kv_cache_manager import cdiv
 from kvlab.core.engine.request import FINISHED
@@ -27,23 +28,17 @@ def run(engine) -> bool:
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     running = scheduler.running
     num_running = len(running)
-    k = min(r.max_num_tokens - r.num_tokens for r in running)     # the run's last step: a first finish
+    k = min([r.max_num_tokens - r.num_tokens for r in running])   # the run's last step: a first finish
     if k < 2:
         return False
     paged = engine.allocation == "paged"
     bs = engine.block_size
-    phases = [-r.num_computed_tokens % bs for r in running] if paged else []  # request i takes a block at steps = phases[i] (mod bs)
-
-    def blocks_taken(num_steps: int) -> int:
-        """Blocks the running requests take in the run's first num_steps steps."""
-        if not paged:
-            return 0
-        periods, rest = divmod(num_steps, bs)
-        return num_running * periods + sum(1 for p in phases if p < rest)
-
+    # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
+    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
     budget_left = scheduler.max_num_batched_tokens - num_running
     may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
-    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left, blocks_taken(1)):
+    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left,
+                                                      phases.count(0) if paged else 0):
         return False
     if paged:
         full_periods, left = divmod(kv.num_free_blocks, num_running)
@@ -54,12 +49,15 @@ def run(engine) -> bool:
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
-        if joins < k and admissible(engine, engine.peek_arrival(), budget_left, blocks_taken(joins + 1)):
-            k = joins
-            if k < 2:
-                return False
-            del times[k + 1:]
-    apply(engine, k, times, phases if paged else None)
+        if joins < k:
+            periods, rest = divmod(joins + 1, bs)
+            taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
+            if admissible(engine, engine.peek_arrival(), budget_left, taken):
+                if joins < 2:
+                    return False
+                k = joins
+                del times[k + 1:]
+    apply(engine, k, times, phases)
     return True
 
 
@@ -102,27 +100,24 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     running = scheduler.running
     num_running = len(running)
-    bs = engine.block_size
-    used = kv.num_used_blocks
-    blocks_in_use = []
+    held_before = engine.held()
     if phases is not None:
         # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
         # repeats the same order (by phase, then position), so the request of rank t gets every
         # num_running-th block taken, from the t-th on.
+        bs = engine.block_size
         per_phase = [0] * bs
         for p in phases:
             per_phase[p] += 1
-        for j in range(k):
-            used += per_phase[j % bs]
-            blocks_in_use.append(used)
-        num_taken = used - kv.num_used_blocks
+        held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
+        num_taken = held[-1] - held_before
         if num_taken:
             blocks = kv.pool.get_new_blocks(num_taken)
-            order = sorted(range(num_running), key=lambda i: (phases[i], i))
+            order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
             for rank, i in enumerate(order):
                 running[i].block_ids.extend(blocks[rank::num_running])
     else:
-        blocks_in_use = [used] * k
+        held = [held_before] * k
     for request in running:
         request.num_computed_tokens += k
         request.num_tokens += k
@@ -131,7 +126,6 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
             kv.cache_blocks(request, request.num_computed_tokens)
     kv_tokens = list(range(engine.num_kv_tokens + num_running, engine.num_kv_tokens + (k + 1) * num_running,
                            num_running))
-    reserved = [b * bs for b in blocks_in_use] if phases is not None else [engine.reserved_tokens()] * k
     end = times[k]
     finished = [r for r in running if r.num_tokens >= r.max_num_tokens]
     if finished:
@@ -143,29 +137,21 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
             engine.finished(request, end)
         scheduler.running = [r for r in running if r.status != FINISHED]
         kv_tokens[-1] = num_kv_tokens
-        blocks_in_use[-1] = kv.num_used_blocks
-        reserved[-1] = engine.reserved_tokens()
+        held[-1] = engine.held()
     engine.num_kv_tokens = kv_tokens[-1]
     # Requests arriving during the run join the waiting queue behind a refused head (the loop adds them next).
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
     waiting = len(scheduler.waiting)
-    num_waiting = []
-    for j in range(k):
-        while i < num_arrivals and arrival[i] <= times[j]:
-            i += 1
-            waiting += 1
-        num_waiting.append(waiting)
-    log = engine.steps.columns
-    log["start_s"].extend(times[:k])
-    log["end_s"].extend(times[1:])
-    log["num_scheduled_tokens"].extend([num_running] * k)
-    log["num_running"].extend([num_running] * k)
-    log["num_waiting"].extend(num_waiting)
-    log["num_blocks_in_use"].extend(blocks_in_use)
-    log["num_kv_tokens"].extend(kv_tokens)
-    log["num_reserved_tokens"].extend(reserved)
-    log["num_preemptions"].extend([0] * k)
-    log["num_hit_tokens"].extend([0] * k)
+    if i == num_arrivals or arrival[i] > times[k - 1]:
+        num_waiting = [waiting] * k
+    else:
+        num_waiting = []
+        for j in range(k):
+            while i < num_arrivals and arrival[i] <= times[j]:
+                i += 1
+                waiting += 1
+            num_waiting.append(waiting)
+    engine.steps.extend(times, num_running, num_waiting, held, kv_tokens)
     if engine.record_scheduled:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))

@@ -121,7 +121,7 @@ class Engine:
         self.finish_s = np.full(n, np.nan)
         self.num_preemptions = np.zeros(n, dtype=np.int64)
         self.num_output_tokens = np.zeros(n, dtype=np.int64)
-        self.steps = StepLog()
+        self.steps = StepLog(bs, allocation == "paged")
         self.scheduled_log = [] if record_scheduled else None
         self.block_ids_log = [] if record_block_ids else None
         self.freed_tables = [] if record_frees else None
@@ -188,7 +188,7 @@ class Engine:
         start = self.clock
         end = start + self.cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes,
                                        out.decode_context_tokens)
-        for request, _ in out.scheduled:
+        for request in out.admitted:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = start
         if self.record_scheduled:
@@ -201,17 +201,16 @@ class Engine:
             num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
         else:
             num_kv_tokens = self.num_kv_tokens + out.num_scheduled_tokens
-        sampled, finished = scheduler.update_from_output(out)
-        for request in sampled:
-            if request.first_token_s is None:
-                request.first_token_s = end
+        num_sampled, first_tokens, finished = scheduler.update_from_output(out)
+        for request in first_tokens:
+            request.first_token_s = end
         for request in finished:
             num_kv_tokens -= request.num_computed_tokens
             self.finished(request, end)
         self.num_kv_tokens = num_kv_tokens
-        self.log_step(start, end, out.num_scheduled_tokens, num_running, num_waiting, len(out.preempted),
-                      out.num_hit_tokens)
-        self.all_decoding = len(sampled) - len(finished) == len(scheduler.running)
+        self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.held(),
+                          num_kv_tokens, len(out.preempted), out.num_hit_tokens)
+        self.all_decoding = num_sampled - len(finished) == len(scheduler.running)
         self.clock = end
 
     def finished(self, request: Request, end_s: float) -> None:
@@ -223,26 +222,11 @@ class Engine:
         self.num_output_tokens[i] = request.num_output_tokens
         self.num_preemptions[i] = request.num_preemptions
 
-    def log_step(self, start: float, end: float, num_tokens: int, num_running: int, num_waiting: int,
-                 num_preemptions: int, num_hit_tokens: int) -> None:
-        """Append one step's record (blocks and KV tokens as they are after the step)."""
-        log = self.steps.columns
-        log["start_s"].append(start)
-        log["end_s"].append(end)
-        log["num_scheduled_tokens"].append(num_tokens)
-        log["num_running"].append(num_running)
-        log["num_waiting"].append(num_waiting)
-        log["num_blocks_in_use"].append(self.kv_cache_manager.num_used_blocks)
-        log["num_kv_tokens"].append(self.num_kv_tokens)
-        log["num_reserved_tokens"].append(self.reserved_tokens())
-        log["num_preemptions"].append(num_preemptions)
-        log["num_hit_tokens"].append(num_hit_tokens)
-
-    def reserved_tokens(self) -> int:
-        """Token slots reserved for the running requests: blocks in use x block_size, or the reservations."""
+    def held(self) -> int:
+        """What the running requests hold: blocks in use (paged), or reserved token slots."""
         kv = self.kv_cache_manager
         if self.allocation == "paged":
-            return kv.num_used_blocks * self.block_size
+            return kv.pool.num_used_blocks
         return kv.num_tokens_total - kv.num_free_tokens
 
     def no_progress_message(self) -> str:

@@ -68,26 +68,38 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def blocks_to_admit(self, request: Request, hit_blocks: list[int]) -> int:
-        """Free blocks admission needs: blocks for the whole current length, less hits (evictable hits count)."""
-        evictable = sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0) if hit_blocks else 0
+    def blocks_to_admit(self, request: Request, hit_blocks: list[int], evictable: int | None = None) -> int:
+        """Free blocks admission needs: blocks for the whole current length, less the hits (a hit block in the
+        free queue, evictable, still counts: taking it leaves one free block fewer)."""
+        if evictable is None:
+            evictable = sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0)
         return cdiv(min(request.num_tokens, self.max_model_len), self.block_size) - len(hit_blocks) + evictable
 
     def allocate_slots(self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (),
                        full_sequence_must_fit: bool = False) -> bool:
         """Blocks for num_new_tokens more computed tokens (after the hit blocks, on admission); False, with
         nothing changed, when the pool has too few free blocks (vLLM's allocate_slots returning None)."""
-        pool, bs = self.pool, self.block_size
+        pool, bs, table = self.pool, self.block_size, request.block_ids
+        if not hit_blocks and not full_sequence_must_fit and not self.enable_caching:   # a running request
+            num_slots = min(request.num_computed_tokens + num_new_tokens, self.max_model_len)
+            new = -(-num_slots // bs) - len(table)
+            if new > 0:
+                if new > len(pool._head) + len(pool._tail):
+                    return False
+                table.extend(pool.get_new_blocks(new))
+            return True
         num_free = len(pool._head) + len(pool._tail)
-        evictable = sum(1 for b in hit_blocks if pool.ref_cnt(b) == 0) if hit_blocks else 0
-        if full_sequence_must_fit:
-            need = cdiv(min(request.num_tokens, self.max_model_len), bs) - len(hit_blocks) + evictable
-            if need > num_free:
+        evictable = 0
+        if full_sequence_must_fit:                  # admission: the whole current length must fit
+            if hit_blocks:
+                evictable = sum(1 for b in hit_blocks if pool.ref_cnt(b) == 0)
+            if self.blocks_to_admit(request, hit_blocks, evictable) > num_free:
                 return False
-        table = request.block_ids
         computed = request.num_computed_tokens + len(hit_blocks) * bs
-        num_slots = min(computed + num_new_tokens, self.max_model_len)
-        new = cdiv(num_slots, bs) - len(table) - len(hit_blocks)
+        num_slots = computed + num_new_tokens
+        if num_slots > self.max_model_len:
+            num_slots = self.max_model_len
+        new = -(-num_slots // bs) - len(table) - len(hit_blocks)
         if (new if new > 0 else 0) + evictable > num_free:
             return False
         if hit_blocks:

@@ -6,41 +6,84 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# Per step, read after the step's update (as vLLM's num_running/num_waiting are read right after schedule()):
-STEP_FIELDS = {
-    "start_s": "d", "end_s": "d",
-    "num_scheduled_tokens": "q",   # tokens computed in the step (prefill chunks + decodes)
-    "num_running": "q",            # requests in the running list after schedule()
-    "num_waiting": "q",            # requests waiting after schedule() (arrived, not running)
-    "num_blocks_in_use": "q",      # blocks requests hold after the step (reservations: reserved slots / block_size, up)
-    "num_kv_tokens": "q",          # tokens whose KV the running requests hold (computed tokens) after the step
-    "num_reserved_tokens": "q",    # token slots reserved for them: blocks x block_size, or the reservations
-    "num_preemptions": "q",        # requests preempted in the step
-    "num_hit_tokens": "q",         # prompt tokens found in the prefix cache by the step's admissions
-}
+# Per step, read after the step's update (vLLM's num_running / num_waiting are read right after schedule()):
+STEP_FIELDS = (
+    "start_s", "end_s",
+    "num_scheduled_tokens",   # tokens computed in the step (prefill chunks + decodes)
+    "num_running",            # requests in the running list after schedule()
+    "num_waiting",            # requests waiting after schedule() (arrived, not running)
+    "num_blocks_in_use",      # blocks requests hold after the step (reservations: reserved slots / block_size, up)
+    "num_reserved_tokens",    # token slots held for the running requests: blocks x block_size, or reservations
+    "num_kv_tokens",          # tokens whose KV the running requests hold (their computed tokens) after the step
+    "num_preemptions",        # requests preempted in the step
+    "num_hit_tokens",         # prompt tokens the step's admissions found in the prefix cache
+)
 
 
 class StepLog:
-    """Per-step columns in compact arrays (8 bytes a value), appended step by step or a run at a time."""
+    """Per-step records in compact arrays (8 bytes a value); a decode run's k steps are added at once.
 
-    def __init__(self):
-        self.columns = {name: array(code) for name, code in STEP_FIELDS.items()}
+    Stored: times, scheduled tokens, running, waiting, KV tokens and what is held (blocks for the paged
+    pool, token slots for a reservation); preemptions and prefix hits, rare, as (step, count) events."""
+
+    def __init__(self, block_size: int, paged: bool):
+        self.block_size, self.paged = block_size, paged
+        self.start_s, self.end_s = array("d"), array("d")
+        self.num_scheduled_tokens, self.num_running, self.num_waiting = array("q"), array("q"), array("q")
+        self.held = array("q")                # blocks in use (paged) or reserved token slots
+        self.num_kv_tokens = array("q")
+        self.preemptions: list[tuple[int, int]] = []
+        self.hits: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
-        return len(self.columns["start_s"])
+        return len(self.start_s)
 
-    def extend(self, **values) -> None:
-        """Append a run of steps: each field a numpy array (or a number repeated) of the same length."""
-        n = len(values["start_s"])
-        for name, code in STEP_FIELDS.items():
-            value = values[name]
-            value = np.full(n, value) if np.ndim(value) == 0 else value
-            self.columns[name].frombytes(np.ascontiguousarray(value, dtype="f8" if code == "d" else "i8").tobytes())
+    def append(self, start_s: float, end_s: float, num_tokens: int, num_running: int, num_waiting: int, held: int,
+               num_kv_tokens: int, num_preemptions: int = 0, num_hit_tokens: int = 0) -> None:
+        """Add one step."""
+        if num_preemptions:
+            self.preemptions.append((len(self.start_s), num_preemptions))
+        if num_hit_tokens:
+            self.hits.append((len(self.start_s), num_hit_tokens))
+        self.start_s.append(start_s)
+        self.end_s.append(end_s)
+        self.num_scheduled_tokens.append(num_tokens)
+        self.num_running.append(num_running)
+        self.num_waiting.append(num_waiting)
+        self.held.append(held)
+        self.num_kv_tokens.append(num_kv_tokens)
+
+    def extend(self, times: list[float], num_running: int, num_waiting: list[int], held: list[int],
+               num_kv_tokens: list[int]) -> None:
+        """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step."""
+        k = len(times) - 1
+        self.start_s.extend(times[:k])
+        self.end_s.extend(times[1:])
+        constant = array("q", (num_running,)) * k
+        self.num_scheduled_tokens.extend(constant)
+        self.num_running.extend(constant)
+        self.num_waiting.extend(num_waiting)
+        self.held.extend(held)
+        self.num_kv_tokens.extend(num_kv_tokens)
 
     def as_arrays(self) -> dict[str, np.ndarray]:
-        """The columns as numpy arrays."""
-        return {name: np.frombuffer(column, dtype="f8" if STEP_FIELDS[name] == "d" else "i8").copy()
-                for name, column in self.columns.items()}
+        """Every field of STEP_FIELDS as a numpy array, one entry per step."""
+        def column(values, dtype):
+            return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)
+
+        held = column(self.held, "i8")
+        bs = self.block_size
+        steps = {"start_s": column(self.start_s, "f8"), "end_s": column(self.end_s, "f8"),
+                 "num_scheduled_tokens": column(self.num_scheduled_tokens, "i8"),
+                 "num_running": column(self.num_running, "i8"), "num_waiting": column(self.num_waiting, "i8"),
+                 "num_blocks_in_use": held if self.paged else -(-held // bs),
+                 "num_reserved_tokens": held * bs if self.paged else held,
+                 "num_kv_tokens": column(self.num_kv_tokens, "i8")}
+        for name, events in (("num_preemptions", self.preemptions), ("num_hit_tokens", self.hits)):
+            steps[name] = np.zeros(len(held), dtype=np.int64)
+            for step, count in events:
+                steps[name][step] = count
+        return {name: steps[name] for name in STEP_FIELDS}
 
 
 @dataclass(frozen=True, eq=False)

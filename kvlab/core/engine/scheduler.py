@@ -22,7 +22,6 @@ default on a GPU) is not modelled, see check_scheduler_config.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 from kvlab.core import validate
 from kvlab.core.config import SchedulerConfig
@@ -56,17 +55,21 @@ def check_scheduler_config(scheduler: SchedulerConfig) -> int:
     return max_model_len
 
 
-@dataclass
 class SchedulerOutput:
     """One step's decisions: (request, tokens) in vLLM's batch order, preempted requests, and cost inputs."""
 
-    scheduled: list = field(default_factory=list)     # [(Request, num_new_tokens)]: running first, then admitted
-    preempted: list = field(default_factory=list)     # requests preempted in this step, in order
-    num_scheduled_tokens: int = 0
-    context_tokens: int = 0        # sum over scheduled requests of tokens attended (computed + new)
-    num_decodes: int = 0           # scheduled requests computing exactly their last known token
-    decode_context_tokens: int = 0  # context_tokens of those
-    num_hit_tokens: int = 0        # prompt tokens admitted requests found in the prefix cache
+    __slots__ = ("scheduled", "preempted", "admitted", "num_scheduled_tokens", "context_tokens", "num_decodes",
+                 "decode_context_tokens", "num_hit_tokens")
+
+    def __init__(self):
+        self.scheduled: list = []          # [(Request, num_new_tokens)]: running first, then admitted
+        self.preempted: list = []          # requests preempted in this step, in order
+        self.admitted: list = []           # requests admitted (or resumed) in this step, in order
+        self.num_scheduled_tokens = 0
+        self.context_tokens = 0            # sum over scheduled requests of tokens attended (computed + new)
+        self.num_decodes = 0               # scheduled requests computing exactly their last known token
+        self.decode_context_tokens = 0     # context_tokens of those
+        self.num_hit_tokens = 0            # prompt tokens admitted requests found in the prefix cache
 
 
 class Scheduler:
@@ -106,6 +109,10 @@ class Scheduler:
         cap = self.threshold()
 
         i = 0
+        allocate, bs = kv.allocate_slots, kv.block_size
+        # A decode inside its last block needs no block (and, without caching, caches none): allocate_slots
+        # would change nothing, so it is not called.
+        skip_decodes = not kv.enable_caching
         while i < len(running) and budget > 0:
             request = running[i]
             n = request.num_tokens - request.num_computed_tokens
@@ -113,7 +120,12 @@ class Scheduler:
                 n = cap
             if n > budget:
                 n = budget
-            while not kv.allocate_slots(request, n):
+            if n == 1 and skip_decodes and request.num_computed_tokens % bs:
+                scheduled.append((request, 1))
+                budget -= 1
+                i += 1
+                continue
+            while not allocate(request, n):
                 victim = running.pop()          # the most recently admitted running request
                 self._preempt(victim)
                 preempted.append(victim)
@@ -146,6 +158,7 @@ class Scheduler:
                 request.status = RUNNING
                 request.num_computed_tokens = num_hit_tokens
                 out.num_hit_tokens += num_hit_tokens
+                out.admitted.append(request)
                 scheduled.append((request, n))
                 budget -= n
 
@@ -171,20 +184,23 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     # ---------------------------------------------------------------- update_from_output
-    def update_from_output(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
+    def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
         """Sample one token for each request whose chunk reached its end; finish and free the done ones.
 
-        Returns (requests that sampled, requests that finished), each in batch order."""
-        sampled, finished = [], []
+        Returns how many requests sampled, those that sampled their first token and those that finished
+        (both in batch order)."""
+        num_sampled, first, finished = 0, [], []
         free = self.kv_cache_manager.free
         for request, _ in out.scheduled:
             if request.num_computed_tokens == request.num_tokens:   # not a partial prefill chunk
                 request.num_tokens += 1
-                sampled.append(request)
+                num_sampled += 1
+                if request.num_tokens == request.num_prompt_tokens + 1:
+                    first.append(request)
                 if request.num_tokens >= request.max_num_tokens:
                     request.status = FINISHED
                     free(request)
                     finished.append(request)
         if finished:
             self.running = [r for r in self.running if r.status != FINISHED]
-        return sampled, finished
+        return num_sampled, first, finished
