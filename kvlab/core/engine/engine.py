@@ -23,7 +23,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.engine import decode_run
 from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager, cdiv
-from kvlab.core.engine.records import EngineResult, StepLog
+from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
 from kvlab.core.workload import Workload
@@ -48,6 +48,7 @@ def _config(config: EngineConfig | None) -> EngineConfig:
 def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str = "paged") -> None:
     """Refuse, in one line and before any work, a request vLLM would refuse or that can never fit the pool."""
     max_model_len = check_scheduler_config(config.scheduler)
+    check_pool(num_gpu_blocks)
     bs = config.cache.block_size
     prompt, output = workload.prompt_tokens, workload.output_tokens
     if prompt.min() < 1:
@@ -69,6 +70,10 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
                           "null block): it could never finish")
     else:
         manager = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
+        if allocation == "max" and max_model_len > manager.num_tokens_total:
+            validate.fail("allocation", "max", f"reserves max_model_len={max_model_len:,} token slots a request but the "
+                          f"pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): no request "
+                          "could start")
         i = int(np.argmax(final))
         probe = Request(i, 0.0, int(prompt[i]), int(output[i]), max_model_len)
         need = manager.reservation_tokens(probe)
@@ -76,6 +81,15 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
             validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
                           f"reserves {need:,} token slots with allocation={allocation} but the pool holds "
                           f"{manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): it could never start")
+
+
+def check_pool(num_gpu_blocks: int) -> int:
+    """num_gpu_blocks if the pool holds at least one block besides vLLM's null block."""
+    num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
+    if num_gpu_blocks < 2:
+        validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
+                      "would hold no block for a token")
+    return num_gpu_blocks
 
 
 class Engine:
@@ -89,10 +103,7 @@ class Engine:
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
         validate.one_of("allocation", allocation, ALLOCATIONS)
-        num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
-        if num_gpu_blocks < 2:
-            validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
-                          "would hold no block for a token")
+        num_gpu_blocks = check_pool(num_gpu_blocks)
         caching = config.cache.enable_prefix_caching
         if caching and allocation != "paged":
             validate.fail("enable_prefix_caching", True, f"applies only to paged allocation, not allocation={allocation}")
@@ -251,7 +262,7 @@ class Engine:
         w = self.workload
         return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s, w.prompt_tokens,
                             w.output_tokens, self.num_output_tokens, self.first_scheduled_s, self.first_token_s,
-                            self.finish_s, self.num_preemptions, self.steps.as_arrays(), self.scheduled_log,
+                            self.finish_s, self.num_preemptions, StepRecords(self.steps), self.scheduled_log,
                             self.block_ids_log, self.freed_tables)
 
 

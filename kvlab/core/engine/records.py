@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,32 +22,36 @@ STEP_FIELDS = (
 
 
 class StepLog:
-    """Per-step records in compact arrays (8 bytes a value); a decode run's k steps are added at once.
+    """Per-step records, compact (36 bytes a step); a decode run's k steps are added at once.
 
-    Stored: times, scheduled tokens, running, waiting, KV tokens and what is held (blocks for the paged
-    pool, token slots for a reservation); preemptions and prefix hits, rare, as (step, count) events."""
+    Stored: each step's end time (its start is the previous step's end except after an idle gap, kept
+    aside), scheduled tokens, running and waiting requests (int32), what the running requests hold
+    (blocks of the paged pool, or reserved token slots) and their computed tokens (int64); preemptions
+    and prefix hits, rare, as (step, count) events."""
 
     def __init__(self, block_size: int, paged: bool):
         self.block_size, self.paged = block_size, paged
-        self.start_s, self.end_s = array("d"), array("d")
-        self.num_scheduled_tokens, self.num_running, self.num_waiting = array("q"), array("q"), array("q")
-        self.held = array("q")                # blocks in use (paged) or reserved token slots
-        self.num_kv_tokens = array("q")
+        self.end_s = array("d")
+        self.starts: list[tuple[int, float]] = []     # (step, start_s) where a step does not start at the last end
+        self.num_scheduled_tokens, self.num_running, self.num_waiting = array("i"), array("i"), array("i")
+        self.held, self.num_kv_tokens = array("q"), array("q")
         self.preemptions: list[tuple[int, int]] = []
         self.hits: list[tuple[int, int]] = []
 
     def __len__(self) -> int:
-        return len(self.start_s)
+        return len(self.end_s)
 
     def append(self, start_s: float, end_s: float, num_tokens: int, num_running: int, num_waiting: int, held: int,
                num_kv_tokens: int, num_preemptions: int = 0, num_hit_tokens: int = 0) -> None:
         """Add one step."""
+        ends = self.end_s
+        if not ends or ends[-1] != start_s:
+            self.starts.append((len(ends), start_s))
         if num_preemptions:
-            self.preemptions.append((len(self.start_s), num_preemptions))
+            self.preemptions.append((len(ends), num_preemptions))
         if num_hit_tokens:
-            self.hits.append((len(self.start_s), num_hit_tokens))
-        self.start_s.append(start_s)
-        self.end_s.append(end_s)
+            self.hits.append((len(ends), num_hit_tokens))
+        ends.append(end_s)
         self.num_scheduled_tokens.append(num_tokens)
         self.num_running.append(num_running)
         self.num_waiting.append(num_waiting)
@@ -57,33 +62,68 @@ class StepLog:
                num_kv_tokens: list[int]) -> None:
         """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step."""
         k = len(times) - 1
-        self.start_s.extend(times[:k])
+        if not self.end_s or self.end_s[-1] != times[0]:
+            self.starts.append((len(self.end_s), times[0]))
         self.end_s.extend(times[1:])
-        constant = array("q", (num_running,)) * k
+        constant = array("i", (num_running,)) * k
         self.num_scheduled_tokens.extend(constant)
         self.num_running.extend(constant)
         self.num_waiting.extend(num_waiting)
         self.held.extend(held)
         self.num_kv_tokens.extend(num_kv_tokens)
 
-    def as_arrays(self) -> dict[str, np.ndarray]:
-        """Every field of STEP_FIELDS as a numpy array, one entry per step."""
-        def column(values, dtype):
-            return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)
 
-        held = column(self.held, "i8")
-        bs = self.block_size
-        steps = {"start_s": column(self.start_s, "f8"), "end_s": column(self.end_s, "f8"),
-                 "num_scheduled_tokens": column(self.num_scheduled_tokens, "i8"),
-                 "num_running": column(self.num_running, "i8"), "num_waiting": column(self.num_waiting, "i8"),
-                 "num_blocks_in_use": held if self.paged else -(-held // bs),
-                 "num_reserved_tokens": held * bs if self.paged else held,
-                 "num_kv_tokens": column(self.num_kv_tokens, "i8")}
-        for name, events in (("num_preemptions", self.preemptions), ("num_hit_tokens", self.hits)):
-            steps[name] = np.zeros(len(held), dtype=np.int64)
-            for step, count in events:
-                steps[name][step] = count
-        return {name: steps[name] for name in STEP_FIELDS}
+class StepRecords(Mapping):
+    """The per-step columns of STEP_FIELDS as numpy arrays, built from a StepLog when first asked for."""
+
+    def __init__(self, log: StepLog):
+        self._log, self._columns = log, {}
+
+    def __len__(self) -> int:
+        return len(STEP_FIELDS)
+
+    def __iter__(self):
+        return iter(STEP_FIELDS)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded."""
+        return len(self._log)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._columns:
+            self._columns[name] = self._column(name)
+        return self._columns[name]
+
+    def _column(self, name: str) -> np.ndarray:
+        log, n = self._log, len(self._log)
+        if name not in STEP_FIELDS:
+            raise KeyError(name)
+
+        def view(values, dtype):
+            return np.frombuffer(values, dtype=dtype) if n else np.zeros(0, dtype=dtype)
+
+        if name == "end_s":
+            return view(log.end_s, "f8")
+        if name == "start_s":
+            start = np.empty(n)
+            start[1:] = self["end_s"][:-1]
+            for step, start_s in log.starts:
+                start[step] = start_s
+            return start
+        if name in ("num_scheduled_tokens", "num_running", "num_waiting"):
+            return view(getattr(log, name), "i4")
+        if name == "num_kv_tokens":
+            return view(log.num_kv_tokens, "i8")
+        held = view(log.held, "i8")
+        if name == "num_blocks_in_use":
+            return held if log.paged else -(-held // log.block_size)
+        if name == "num_reserved_tokens":
+            return held * log.block_size if log.paged else held
+        counts = np.zeros(n, dtype=np.int64)
+        for step, count in log.preemptions if name == "num_preemptions" else log.hits:
+            counts[step] = count
+        return counts
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,7 +141,7 @@ class EngineResult:
     first_token_s: np.ndarray           # end of the step that sampled its first token
     finish_s: np.ndarray                # end of the step that sampled its last token
     num_preemptions: np.ndarray
-    steps: dict                         # STEP_FIELDS -> array, one entry per step
+    steps: Mapping                      # STEP_FIELDS -> array, one entry per step (StepRecords)
     scheduled: list | None = None       # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
     block_ids: list | None = None       # per step [(request_id, block table)] after schedule() (record_block_ids)
     freed_tables: list | None = None    # [(request_id, block table)] at every free, in order (record_frees)
@@ -114,7 +154,7 @@ class EngineResult:
     @property
     def num_steps(self) -> int:
         """Steps run."""
-        return len(self.steps["start_s"])
+        return len(self.steps["end_s"])
 
     @property
     def ttft_s(self) -> np.ndarray:
@@ -136,24 +176,33 @@ class EngineResult:
             return np.where(reserved > 0, self.steps["num_kv_tokens"] / np.maximum(reserved, 1), np.nan)
 
     def summary(self) -> dict:
-        """Mean / p95 TTFT (s), mean TPOT (s), preemptions, steps, peak KV blocks, mean running, output tokens/s."""
+        """Mean / p95 TTFT (s), mean TPOT (s), preemptions, steps, peak KV blocks, mean running (over steps),
+        output tokens/s, and the mean share of reserved KV memory that holds token states (over steps)."""
         steps = self.steps
         makespan = float(self.finish_s.max() - self.arrival_s.min())
         tpot = self.tpot_s
         output = int(self.num_output_tokens.sum())
+        n = self.num_steps
+        share_sum = share_steps = 0.0
+        for low in range(0, n, 1 << 20):      # in slices: a million-request run has tens of millions of steps
+            kv = steps["num_kv_tokens"][low:low + (1 << 20)]
+            reserved = steps["num_reserved_tokens"][low:low + (1 << 20)]
+            held = reserved > 0
+            share_sum += float((kv[held] / reserved[held]).sum())
+            share_steps += int(held.sum())
         return {
             "num_requests": self.num_requests,
             "mean_ttft_s": float(self.ttft_s.mean()),
             "p95_ttft_s": float(np.percentile(self.ttft_s, 95)),
             "mean_tpot_s": float(np.nanmean(tpot)) if np.isfinite(tpot).any() else float("nan"),
             "num_preemptions": int(self.num_preemptions.sum()),
-            "num_steps": self.num_steps,
-            "peak_kv_blocks": int(steps["num_blocks_in_use"].max()) if self.num_steps else 0,
-            "mean_running": float(steps["num_running"].mean()) if self.num_steps else 0.0,
+            "num_steps": n,
+            "peak_kv_blocks": int(steps["num_blocks_in_use"].max()) if n else 0,
+            "mean_running": float(steps["num_running"].mean(dtype=np.float64)) if n else 0.0,
             "output_tokens_per_s": output / makespan if makespan > 0 else float("nan"),
             "num_output_tokens": output,
             "makespan_s": makespan,
-            "mean_kv_token_share": float(np.nanmean(self.kv_token_share)) if self.num_steps else float("nan"),
+            "mean_kv_token_share": share_sum / share_steps if share_steps else float("nan"),
         }
 
     def requests_table(self) -> dict[str, np.ndarray]:
