@@ -17,7 +17,7 @@ records are filled in, so a run is indistinguishable from its steps (tests/test_
 from __future__ import annotations
 
 from bisect import bisect_left
-from itertools import accumulate
+from itertools import accumulate, repeat
 
 from kvlab.core.engine.kv_cache_manager import cdiv
 from kvlab.core.engine.request import FINISHED
@@ -63,18 +63,9 @@ def run(engine) -> bool:
 
 def step_times(clock: float, durations, k: int) -> list[float]:
     """The k + 1 step boundaries from clock: each the previous plus the step's duration (the same additions
-    as the per-step loop; durations is one float or k of them)."""
-    times = [clock]
-    t = clock
-    if isinstance(durations, float):
-        for _ in range(k):
-            t = t + durations
-            times.append(t)
-    else:
-        for d in durations.tolist():
-            t = t + d
-            times.append(t)
-    return times
+    as the per-step loop, in order; durations is one float or k of them)."""
+    steps = repeat(durations, k) if isinstance(durations, float) else durations.tolist()
+    return list(accumulate(steps, initial=clock))
 
 
 def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
@@ -100,7 +91,7 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     running = scheduler.running
     num_running = len(running)
-    held_before = engine.held()
+    held_before = kv.held()
     if phases is not None:
         # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
         # repeats the same order (by phase, then position), so the request of rank t gets every
@@ -118,16 +109,18 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
                 running[i].block_ids.extend(blocks[rank::num_running])
     else:
         held = [held_before] * k
+    finished = []
     for request in running:
         request.num_computed_tokens += k
         request.num_tokens += k
+        if request.num_tokens >= request.max_num_tokens:
+            finished.append(request)
     if kv.enable_caching:
         for request in running:
             kv.cache_blocks(request, request.num_computed_tokens)
     kv_tokens = list(range(engine.num_kv_tokens + num_running, engine.num_kv_tokens + (k + 1) * num_running,
                            num_running))
     end = times[k]
-    finished = [r for r in running if r.num_tokens >= r.max_num_tokens]
     if finished:
         num_kv_tokens = kv_tokens[-1]
         for request in finished:
@@ -137,13 +130,13 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
             engine.finished(request, end)
         scheduler.running = [r for r in running if r.status != FINISHED]
         kv_tokens[-1] = num_kv_tokens
-        held[-1] = engine.held()
+        held[-1] = kv.held()
     engine.num_kv_tokens = kv_tokens[-1]
     # Requests arriving during the run join the waiting queue behind a refused head (the loop adds them next).
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
     waiting = len(scheduler.waiting)
     if i == num_arrivals or arrival[i] > times[k - 1]:
-        num_waiting = [waiting] * k
+        num_waiting = waiting
     else:
         num_waiting = []
         for j in range(k):

@@ -51,6 +51,11 @@ class KVCacheManager:
         """Blocks requests hold."""
         return self.pool.num_used_blocks
 
+    def held(self) -> int:
+        """What the requests hold, as the step records count it: blocks in use."""
+        pool = self.pool
+        return pool.num_gpu_blocks - 1 - len(pool._head) - len(pool._tail)
+
     def get_computed_blocks(self, request: Request) -> list[int]:
         """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit).
 
@@ -146,6 +151,10 @@ class ReservationManager:
     def num_used_blocks(self) -> int:
         """Reserved slots in blocks of block_size (rounded up), for the same measure as the paged pool."""
         return cdiv(self.num_tokens_total - self.num_free_tokens, self.block_size)
+
+    def held(self) -> int:
+        """What the requests hold, as the step records count it: reserved token slots."""
+        return self.num_tokens_total - self.num_free_tokens
 
     def reservation_tokens(self, request: Request) -> int:
         """Slots the request reserves: max_model_len, next power of two of its final length, or its final length."""

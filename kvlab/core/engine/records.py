@@ -21,20 +21,43 @@ STEP_FIELDS = (
 )
 
 
+class Runs:
+    """A column of integers stored as runs of equal values (a decode run repeats the same counts k times)."""
+
+    __slots__ = ("values", "counts")
+
+    def __init__(self):
+        self.values, self.counts = array("q"), array("q")
+
+    def add(self, value: int, count: int = 1) -> None:
+        """Append count copies of value."""
+        if self.values and self.values[-1] == value:
+            self.counts[-1] += count
+        else:
+            self.values.append(value)
+            self.counts.append(count)
+
+    def expand(self) -> np.ndarray:
+        """The column, one value a step."""
+        if not self.values:
+            return np.zeros(0, dtype=np.int64)
+        return np.repeat(np.frombuffer(self.values, dtype="i8"), np.frombuffer(self.counts, dtype="i8"))
+
+
 class StepLog:
-    """Per-step records, compact (36 bytes a step); a decode run's k steps are added at once.
+    """Per-step records, compact (24 bytes a step); a decode run's k steps are added at once.
 
     Stored: each step's end time (its start is the previous step's end except after an idle gap, kept
-    aside), scheduled tokens, running and waiting requests (int32), what the running requests hold
-    (blocks of the paged pool, or reserved token slots) and their computed tokens (int64); preemptions
+    aside), what the running requests hold (blocks of the paged pool, or reserved token slots) and their
+    computed tokens; scheduled tokens, running and waiting requests as runs of equal values; preemptions
     and prefix hits, rare, as (step, count) events."""
 
     def __init__(self, block_size: int, paged: bool):
         self.block_size, self.paged = block_size, paged
         self.end_s = array("d")
         self.starts: list[tuple[int, float]] = []     # (step, start_s) where a step does not start at the last end
-        self.num_scheduled_tokens, self.num_running, self.num_waiting = array("i"), array("i"), array("i")
         self.held, self.num_kv_tokens = array("q"), array("q")
+        self.num_scheduled_tokens, self.num_running, self.num_waiting = Runs(), Runs(), Runs()
         self.preemptions: list[tuple[int, int]] = []
         self.hits: list[tuple[int, int]] = []
 
@@ -52,25 +75,29 @@ class StepLog:
         if num_hit_tokens:
             self.hits.append((len(ends), num_hit_tokens))
         ends.append(end_s)
-        self.num_scheduled_tokens.append(num_tokens)
-        self.num_running.append(num_running)
-        self.num_waiting.append(num_waiting)
         self.held.append(held)
         self.num_kv_tokens.append(num_kv_tokens)
+        self.num_scheduled_tokens.add(num_tokens)
+        self.num_running.add(num_running)
+        self.num_waiting.add(num_waiting)
 
-    def extend(self, times: list[float], num_running: int, num_waiting: list[int], held: list[int],
+    def extend(self, times: list[float], num_running: int, num_waiting: list[int] | int, held: list[int],
                num_kv_tokens: list[int]) -> None:
-        """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step."""
+        """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step,
+        num_waiting one count or one a step."""
         k = len(times) - 1
         if not self.end_s or self.end_s[-1] != times[0]:
             self.starts.append((len(self.end_s), times[0]))
         self.end_s.extend(times[1:])
-        constant = array("i", (num_running,)) * k
-        self.num_scheduled_tokens.extend(constant)
-        self.num_running.extend(constant)
-        self.num_waiting.extend(num_waiting)
         self.held.extend(held)
         self.num_kv_tokens.extend(num_kv_tokens)
+        self.num_scheduled_tokens.add(num_running, k)
+        self.num_running.add(num_running, k)
+        if isinstance(num_waiting, int):
+            self.num_waiting.add(num_waiting, k)
+        else:
+            for waiting in num_waiting:
+                self.num_waiting.add(waiting)
 
 
 class StepRecords(Mapping):
@@ -112,7 +139,7 @@ class StepRecords(Mapping):
                 start[step] = start_s
             return start
         if name in ("num_scheduled_tokens", "num_running", "num_waiting"):
-            return view(getattr(log, name), "i4")
+            return getattr(log, name).expand()
         if name == "num_kv_tokens":
             return view(log.num_kv_tokens, "i8")
         held = view(log.held, "i8")
