@@ -845,7 +845,11 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
     vllm_engine.check_workload(workload, config, num_gpu_blocks, args.allocation)
-    result = vllm_engine.simulate(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation)
+    try:
+        result = vllm_engine.simulate(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost,
+                                      allocation=args.allocation)
+    except vllm_engine.NoProgressError as err:   # a run that cannot go on stops with why, in one line
+        raise ValueError(str(err)) from None
     if args.requests_csv:
         write_requests_csv(args.requests_csv, result)
     summary = result.summary()

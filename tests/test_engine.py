@@ -119,6 +119,7 @@ def test_invariants_hold(args):
     freed = [rid for rid, _ in result.freed_tables]
     assert sorted(freed) == sorted(i for i in range(w.num_requests) for _ in range(1 + result.num_preemptions[i]))
     # no block over-committed; nothing left held
+    assert engine.num_kv_tokens == 0 and not engine.scheduler.running and not engine.scheduler.waiting
     steps = result.steps
     assert (steps["num_blocks_in_use"] <= args["num_gpu_blocks"] - 1).all()
     assert (steps["num_scheduled_tokens"] <= settings_.scheduler.max_num_batched_tokens).all()

@@ -37,8 +37,8 @@ SUMMARY_CSV = ROOT / "data" / "parity" / "scheduler.csv"
 REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions")
 STEP_FIELDS = ("start_s", "end_s", "num_scheduled_tokens", "num_blocks_in_use", "num_running", "num_waiting",
                "scheduled", "preempted")
-COLUMNS = ("run", "requests", "steps", "identical_requests_pct", "identical_steps_pct", "kvlab_req_per_s",
-           "vllm_req_per_s", "speed_ratio", "first_difference", "description")
+COLUMNS = ("run", "requests", "steps", "preemptions", "identical_requests_pct", "identical_steps_pct",
+           "kvlab_req_per_s", "vllm_req_per_s", "speed_ratio", "first_difference", "description")
 
 
 def run_vllm(python: str, doc: dict, folder: Path, name: str) -> dict:
@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             all_identical &= identical
             kvlab_s = time_kvlab(doc)
             row = {"run": name, "requests": n, "steps": steps,
+                   "preemptions": sum(r["num_preemptions"] for r in theirs["requests"]),
                    "identical_requests_pct": round(100 * same_requests / n, 3),
                    "identical_steps_pct": round(100 * same_steps / max(steps, 1), 3),
                    "kvlab_req_per_s": round(n / kvlab_s), "vllm_req_per_s": round(n / theirs["wall_s_scheduler"]),

@@ -214,7 +214,7 @@ class Engine:
         if out.preempted:
             num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
         else:
-            num_kv_tokens = self.num_kv_tokens + out.num_scheduled_tokens
+            num_kv_tokens = self.num_kv_tokens + out.num_scheduled_tokens + out.num_hit_tokens
         num_sampled, first_tokens, finished = scheduler.update_from_output(out)
         for request in first_tokens:
             request.first_token_s = end

@@ -15,7 +15,8 @@ STEP_FIELDS = (
     "num_waiting",            # requests waiting after schedule() (arrived, not running)
     "num_blocks_in_use",      # blocks requests hold after the step (reservations: reserved slots / block_size, up)
     "num_reserved_tokens",    # token slots held for the running requests: blocks x block_size, or reservations
-    "num_kv_tokens",          # tokens whose KV the running requests hold (their computed tokens) after the step
+    "num_kv_tokens",          # tokens whose KV the running requests hold (their computed tokens, prefix hits
+                              # included: a shared block counts once per request holding it) after the step
     "num_preemptions",        # requests preempted in the step
     "num_hit_tokens",         # prompt tokens the step's admissions found in the prefix cache
 )
