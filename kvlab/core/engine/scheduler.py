@@ -109,10 +109,7 @@ class Scheduler:
         cap = self.threshold()
 
         i = 0
-        allocate, bs = kv.allocate_slots, kv.block_size
-        # A decode inside its last block needs no block (and, without caching, caches none): allocate_slots
-        # would change nothing, so it is not called.
-        skip_decodes = not kv.enable_caching
+        allocate, bs, caching = kv.allocate_slots, kv.block_size, kv.enable_caching
         while i < len(running) and budget > 0:
             request = running[i]
             n = request.num_tokens - request.num_computed_tokens
@@ -120,7 +117,10 @@ class Scheduler:
                 n = cap
             if n > budget:
                 n = budget
-            if n == 1 and skip_decodes and request.num_computed_tokens % bs:
+            # A decode inside its last block that does not fill it needs no block and caches none:
+            # allocate_slots would change nothing, so it is not called.
+            computed = request.num_computed_tokens
+            if n == 1 and computed % bs and not (caching and (computed + 1) % bs == 0):
                 scheduled.append((request, 1))
                 budget -= 1
                 i += 1
