@@ -45,14 +45,21 @@ def serve(workload: Workload, fast: bool = True):
     return result, time.perf_counter() - start
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM, MiB; ru_maxrss would carry the parent's over fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def one_run(num_requests: int) -> None:
     """Child process: serve num_requests and print seconds, peak RSS and the summary as JSON."""
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    baseline = peak_rss_mib()
     workload = binding_workload(num_requests)
     result, seconds = serve(workload)
     summary = result.summary()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss     # KiB on Linux
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak / 1024, "baseline_rss_mib": baseline / 1024,
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_rss_mib(), "baseline_rss_mib": baseline,
                       **{k: summary[k] for k in ("num_preemptions", "num_steps", "mean_running", "mean_ttft_s")}}))
 
 
