@@ -9,17 +9,17 @@ per running request (max_num_batched_tokens >= max_num_seqs, which vLLM requires
 - a waiting request is admitted: the head of the waiting queue is refused in the first step and so in every
   later one, since free blocks only fall while nothing finishes (a refused head's prefix hits can only be
   evicted); if nothing waits, the first request to arrive during the run must be refused when it joins;
-- the step cost changes other than in closed form (step costs give a run's durations at once).
-Step times are the same float additions as the per-step loop (np.add.accumulate adds in order), blocks are
-taken from the free queue in the per-step loop's order (step by step, in running order), and the per-step
-records are filled in, so a run is indistinguishable from its steps (tests/test_engine.py checks it).
+and the step cost stays the same or changes in closed form: every step cost gives a run's durations at once
+(run_s: constant and linear ones one duration, roofline and calibrated ones one a step as the context grows).
+Step times are the same float additions as the per-step loop, in the same order; blocks are taken from the
+free queue in the per-step loop's order (step by step, in running order); and the per-step records are
+filled in, so a run is indistinguishable from its steps (tests/test_engine.py checks it).
 """
 from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate, repeat
 
-from kvlab.core.engine.kv_cache_manager import cdiv
 from kvlab.core.engine.request import FINISHED
 
 

@@ -23,10 +23,11 @@ from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.engine import decode_run
-from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager, cdiv
+from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
 from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
+from kvlab.core.units import cdiv
 from kvlab.core.workload import Workload
 
 # Bytes held at the peak per request served, its workload and per-step records included: make bench measures

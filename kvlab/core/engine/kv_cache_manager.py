@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from kvlab.core.block_pool import BlockPool
 from kvlab.core.engine.request import Request
+from kvlab.core.units import cdiv
 
 ALLOCATIONS = {
     "paged": "vLLM: blocks of block_size tokens allocated as tokens are computed; preempts when the pool is empty",
@@ -23,11 +24,6 @@ ALLOCATIONS = {
     "pow2": "reserve the next power of two of the final length at admission (Orca Pow2); never preempts",
     "oracle": "reserve exactly the final length at admission (Orca Oracle); never preempts",
 }
-
-
-def cdiv(a: int, b: int) -> int:
-    """Ceiling division of ints."""
-    return -(-a // b)
 
 
 class KVCacheManager:
