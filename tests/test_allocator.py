@@ -109,10 +109,10 @@ def test_bad_input_is_a_one_line_error(call, message):
 # ---------------------------------------------------------------- the block allocator
 def test_allocate_append_free():
     a = BlockAllocator(num_blocks=4, block_size=4)
-    assert a.allocate("r1", 5) == (0, 1)
+    assert a.allocate("r1", 5) == (1, 2)     # ids from 1: block 0 is vLLM's null block
     assert a.num_free_blocks == 2 and a.num_tokens("r1") == 5
     assert [a.append_token("r1") for _ in range(4)] == [False, False, False, True]  # the 9th token opens block 3
-    assert a.block_table("r1") == (0, 1, 2) and a.num_tokens("r1") == 9
+    assert a.block_table("r1") == (1, 2, 3) and a.num_tokens("r1") == 9
     assert a.free("r1") == 3
     assert a.num_free_blocks == 4 and a.num_requests == 0
     a.check_invariants()
@@ -121,7 +121,7 @@ def test_allocate_append_free():
 def test_zero_token_request_takes_a_block_on_its_first_token():
     a = BlockAllocator(2, 8)
     assert a.allocate(0, 0) == ()
-    assert a.append_token(0) is True and a.block_table(0) == (0,)
+    assert a.append_token(0) is True and a.block_table(0) == (1,)
 
 
 def test_exhausted_pool_allocates_nothing():
@@ -249,30 +249,31 @@ def test_family_table_isolates_the_shape_of_the_distribution():
 # ---------------------------------------------------------------- the free-block queue's reuse order
 def test_free_queue_hands_out_blocks_in_id_order_first():
     pool = BlockAllocator(num_blocks=6, block_size=4)
-    assert pool.allocate("a", 9) == (0, 1, 2)  # a fresh pool hands out blocks 0, 1, 2, ... in order
-    assert pool.allocate("b", 4) == (3,)
+    assert pool.allocate("a", 9) == (1, 2, 3)  # a fresh pool hands out blocks 1, 2, 3, ... (0 is the null block)
+    assert pool.allocate("b", 4) == (4,)
 
 
-def test_freed_blocks_are_reused_tail_first_after_the_never_used_ones():
-    """vLLM's order (block_pool.py, tested in its test_prefix_caching.py): a freed request's blocks go to the back
-    of the free queue in reverse order, so its tail block is reused before its head (the likeliest shared
-    prefix), and blocks never used come before any freed one."""
+def test_freed_blocks_are_reused_first_last_block_first():
+    """vLLM 0.33's order (block_pool.py free_blocks, kv_cache_utils.py prepend_n): a freed request's blocks go
+    to the head of the free queue, its last block first, so the next request reuses the blocks freed last
+    (LIFO, for GPU locality) before any never-used block."""
     pool = BlockAllocator(num_blocks=8, block_size=4)
-    pool.allocate("a", 12)            # blocks 0, 1, 2
-    pool.allocate("b", 8)             # blocks 3, 4
-    pool.free("a")                    # queue: 5, 6, 7, then 2, 1, 0
-    assert pool.allocate("c", 16) == (5, 6, 7, 2)
-    pool.free("b")                    # queue: 1, 0, then 4, 3
-    assert pool.allocate("d", 16) == (1, 0, 4, 3)
+    pool.allocate("a", 12)            # blocks 1, 2, 3
+    pool.allocate("b", 8)             # blocks 4, 5
+    pool.free("a")                    # queue: 3, 2, 1, then 6, 7, 8
+    assert pool.free_block_ids() == [3, 2, 1, 6, 7, 8]
+    assert pool.allocate("c", 16) == (3, 2, 1, 6)
+    pool.free("b")                    # queue: 5, 4, then 7, 8
+    assert pool.allocate("d", 16) == (5, 4, 7, 8)
     assert pool.num_free_blocks == 0
     pool.check_invariants()
 
 
 def test_append_token_takes_the_head_of_the_free_queue():
     pool = BlockAllocator(num_blocks=4, block_size=2)
-    pool.allocate("a", 2)             # block 0
-    pool.allocate("b", 2)             # block 1
-    pool.free("a")                    # queue: 2, 3, 0
-    assert pool.append_token("b") is True and pool.block_table("b") == (1, 2)
+    pool.allocate("a", 2)             # block 1
+    pool.allocate("b", 2)             # block 2
+    pool.free("a")                    # queue: 1, 3, 4
+    assert pool.append_token("b") is True and pool.block_table("b") == (2, 1)
     assert [pool.append_token("b") for _ in range(3)] == [False, True, False]
-    assert pool.block_table("b") == (1, 2, 3)
+    assert pool.block_table("b") == (2, 1, 3)

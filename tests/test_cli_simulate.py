@@ -83,3 +83,94 @@ def test_console_script_runs():
     done = subprocess.run([sys.executable, "-m", "kvlab", "simulate", "--num-requests", "20", "--json"],
                           capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["num_requests"] == 20
+
+
+# ---------------------------------------------------------------- --policy vllm
+VLLM_KEYS = ["mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
+             "mean_running", "output_tokens_per_s"]
+
+
+def test_vllm_json_has_the_issue_keys_and_the_engines_numbers(capsys):
+    from kvlab.core import engine
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.cost import LinearStepCost
+
+    out = run_json(capsys, "--policy", "vllm", "--num-requests", "300", "--prompt-tokens", "200", "--num-gpu-blocks",
+                   "300", "--max-num-seqs", "64", "--step-ms", "5", "--step-ms-per-token", "0.02", "--seed", "1")
+    assert set(VLLM_KEYS) <= set(out) and out["num_gpu_blocks"] == 300 and out["cost"] == "linear"
+    w = synthetic.article_s2_workload(300, 11.0, "article", np.random.default_rng(1))
+    w = type(w)(w.arrival_s, np.full(300, 200), w.output_tokens)
+    config = EngineConfig().replace(max_num_seqs=64, max_model_len=8192, async_scheduling=False)
+    summary = engine.simulate(w, config, num_gpu_blocks=300, cost=LinearStepCost(5.0, 0.02)).summary()
+    assert {k: out[k] for k in VLLM_KEYS} == pytest.approx({k: summary[k] for k in VLLM_KEYS})
+    assert out["num_preemptions"] > 0     # 299 usable blocks do not hold the load
+
+
+def test_vllm_text_output_names_units(capsys):
+    assert cli.main(["simulate", "--policy", "vllm", "--num-requests", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "7,681 GPU blocks of 16 tokens (7,680 usable + vLLM's null block; the article's 60 GiB" in out
+    assert "constant, 8 ms a step" in out and "output tokens/s" in out and "TTFT                 mean" in out
+
+
+def test_requests_csv_round_trips_through_trace(tmp_path, capsys):
+    path = tmp_path / "requests.csv"
+    run_json(capsys, "--policy", "vllm", "--num-requests", "40", "--prompt-tokens", "30", "--requests-csv", str(path))
+    lines = path.read_text().splitlines()
+    assert lines[0] == ("request_id,arrival_s,prompt_tokens,output_tokens,first_scheduled_s,first_token_s,finish_s,"
+                        "num_preemptions")
+    rows = [line.split(",") for line in lines[1:]]
+    assert [int(r[0]) for r in rows] == list(range(40))
+    assert all(float(r[4]) >= float(r[1]) and float(r[6]) >= float(r[5]) for r in rows)
+    again = run_json(capsys, "--policy", "vllm", "--trace", str(path), "--requests-csv", str(tmp_path / "again.csv"))
+    assert again["trace_format"] == "csv" and again["num_requests"] == 40
+    assert (tmp_path / "again.csv").read_text() == path.read_text()   # arrivals start at 0 in both
+
+
+def test_capacity_flags_give_the_pool_vllm_logs(capsys):
+    out = run_json(capsys, "--policy", "vllm", "--num-requests", "20", "--model", "facebook/opt-13b", "--gpu",
+                   "A100-40GB", "--max-model-len", "2048", "--cost", "roofline", "--prompt-tokens", "100")
+    assert cli.main(["capacity", "--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--max-model-len", "2048",
+                     "--json"]) == 0
+    assert out["num_gpu_blocks"] == json.loads(capsys.readouterr().out)["num_gpu_blocks"]
+    assert out["cost"] == "roofline"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-gpu-blocks", "1"], "--num-gpu-blocks=1 is not allowed: must be >= 2: it counts vLLM's null block"),
+    (["--num-gpu-blocks", "0"], "--num-gpu-blocks=0 is not allowed"),
+    (["--max-num-seqs", "0"], "--max-num-seqs=0 is not allowed"),
+    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed"),
+    (["--max-num-batched-tokens", "100"], "--max-num-batched-tokens=100 is not allowed: must be >= --max-num-seqs (256)"),
+    (["--no-chunked-prefill", "--max-model-len", "9000"],
+     "--max-num-batched-tokens=8192 is not allowed: is smaller than --max-model-len (9,000) with chunked prefill off"),
+    (["--prompt-tokens", "9000"], "prompt_tokens[0]=9000 is not allowed: must be shorter than --max-model-len=8,192"),
+    (["--prompt-tokens", "5000", "--num-gpu-blocks", "100"],
+     "request 26='5,000 prompt + 983 output tokens' is not allowed: needs 374 blocks of 16 tokens at its longest "
+     "(5,982 tokens) but the pool has 99 usable blocks"),
+    (["--allocation", "max", "--num-gpu-blocks", "100"], "--allocation='max' is not allowed: reserves --max-model-len=8,192 "
+     "token slots a request but the pool holds 1,584"),
+    (["--slots", "4"], "--slots and --policy vllm cannot be used together"),
+    (["--num-gpu-blocks", "10", "--kv-cache-dtype", "fp8"], "--num-gpu-blocks and --kv-cache-dtype cannot be used together"),
+    (["--num-gpu-blocks", "10", "--model", "facebook/opt-13b", "--gpu", "A100-40GB"],
+     "--num-gpu-blocks and --model cannot be used together"),
+    (["--model", "facebook/opt-13b"], "--model needs --gpu too"),
+    (["--step-ms-per-token", "0.1", "--cost", "constant"], "--step-ms-per-token and --cost constant cannot be used together"),
+    (["--step-ms", "0"], "--step-ms=0.0 is not allowed"),
+    (["--cost", "roofline"], "--cost roofline needs --model and --gpu"),
+    (["--cost", "calibrated"], "--cost calibrated needs --calibration FILE"),
+    (["--enable-prefix-caching", "--allocation", "oracle"], "--enable-prefix-caching and --allocation oracle cannot"),
+    (["--num-requests", "10000000000"], "--num-requests=10000000000 is not allowed: needs about"),
+])
+def test_vllm_bad_input_is_one_line_naming_the_flag(capsys, flags, message):
+    assert cli.main(["simulate", "--policy", "vllm", "--num-requests", "50", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab simulate: error: " + message), err
+    assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("flag", ["--num-gpu-blocks", "--max-num-seqs", "--allocation", "--step-ms"])
+def test_engine_flags_need_policy_vllm(capsys, flag):
+    value = {"--allocation": "paged"}.get(flag, "10")
+    assert cli.main(["simulate", flag, value]) == 2
+    assert f"{flag} applies only with --policy vllm" in capsys.readouterr().err

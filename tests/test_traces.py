@@ -101,7 +101,7 @@ def test_timed_trace_refuses_an_arrival_rate(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"trace_format": "csv"}, "trace_format='csv' is not allowed: must be one of auto, azure, mooncake, sharegpt"),
+    ({"trace_format": "jsonl"}, "trace_format='jsonl' is not allowed: must be one of auto, azure, mooncake, sharegpt, csv"),
     ({"on_bad_row": "ignore"}, "on_bad_row='ignore' is not allowed: must be one of raise, skip"),
     ({"max_requests": 0}, "max_requests=0 is not allowed: must be an integer >= 1"),
 ])
@@ -117,12 +117,23 @@ def test_unknown_header_and_wrong_explicit_format(tmp_path):
     with pytest.raises(ValueError) as err:
         traces.load_trace(path)
     assert str(err.value) == (f"{path}:1: cannot tell the trace format from 'a,b,c': name it with trace_format, "
-                              "one of azure, mooncake, sharegpt")
+                              "one of azure, mooncake, sharegpt, csv")
     az = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
     with pytest.raises(ValueError) as err:
         traces.load_trace(az, "sharegpt", arrival_rate_per_s=1.0, rng=np.random.default_rng(0))
     assert str(err.value) == (f"{az}:1: the header lacks column(s) num_prefill_tokens, num_decode_tokens that a "
                               "sharegpt trace needs (found: TIMESTAMP, ContextTokens, GeneratedTokens)")
+
+
+def test_a_plain_csv_of_arrivals_and_lengths_is_a_workload(tmp_path):
+    path = write(tmp_path, "plain.csv", "arrival_s,prompt_tokens,output_tokens\n0.5,10,3\n0.75,20,4\n0.75,5,1\n")
+    load = traces.load_trace(path)
+    assert load.trace_format == "csv"
+    assert load.workload.arrival_s.tolist() == [0.0, 0.25, 0.25]     # seconds from the first request
+    assert load.workload.prompt_tokens.tolist() == [10, 20, 5] and load.workload.output_tokens.tolist() == [3, 4, 1]
+    bad = write(tmp_path, "bad.csv", "arrival_s,prompt_tokens,output_tokens\n-1,10,3\n")
+    with pytest.raises(ValueError, match=r"bad.csv:2: arrival_s='-1' is not allowed: must be a number of seconds >= 0"):
+        traces.load_trace(bad)
 
 
 # ---------------------------------------------------------------------------------- bad rows

@@ -19,13 +19,13 @@ Waste = reserved - held = internal fragmentation. Block-table entries (bookkeepi
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
 from kvlab.core import article, validate
+from kvlab.core.block_pool import BlockPool
 from kvlab.core.capacity import max_num_requests as _requests_that_fit
 from kvlab.core.units import MIB, GIB, as_written, cdiv
 
@@ -181,17 +181,19 @@ class PoolSpec:
 
 
 class BlockAllocator:
-    """A paged KV-cache block allocator: a fixed pool, a FIFO free-block queue, one block table per request.
+    """A paged KV-cache block allocator over vLLM 0.33's block pool (kvlab.core.block_pool): num_blocks usable
+    blocks (the pool adds vLLM's null block 0, so ids run 1..num_blocks), one block table per request.
 
-    allocate, append_token and free are O(1) per block (a deque of free block ids, a dict of
-    requests). Invariants: every block id is either free or in exactly one block table; a request's
-    table has ceil(num_tokens / block_size) blocks; free + used = num_blocks.
+    Blocks come from the head of vLLM's free queue; a freed request's blocks go back to its head, last
+    block first, so the next block handed out is the last block freed (vLLM's LIFO reuse). allocate,
+    append_token and free are O(1) per block. Invariants: every block id is either free or in exactly one
+    block table; a request's table has ceil(num_tokens / block_size) blocks; free + used = num_blocks.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
         spec = PoolSpec(num_blocks, block_size)
         self.num_blocks, self.block_size = spec.num_blocks, spec.block_size
-        self._free = deque(range(spec.num_blocks))
+        self._pool = BlockPool(spec.num_blocks + 1)      # + vLLM's null block
         self._tables: dict = {}          # request_id -> list of block ids
         self._num_tokens: dict = {}      # request_id -> tokens held
 
@@ -199,12 +201,12 @@ class BlockAllocator:
     @property
     def num_free_blocks(self) -> int:
         """Blocks in the free queue."""
-        return len(self._free)
+        return self._pool.num_free_blocks
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks held by requests."""
-        return self.num_blocks - len(self._free)
+        return self._pool.num_used_blocks
 
     @property
     def num_requests(self) -> int:
@@ -227,10 +229,11 @@ class BlockAllocator:
         return table
 
     def _take(self, request_id, count: int) -> list:
-        if count > len(self._free):
+        free = self._pool.num_free_blocks
+        if count > free:
             raise NoFreeBlocksError(f"request_id={request_id!r} needs {count} block(s) of {self.block_size} "
-                                    f"tokens but only {len(self._free)} of {self.num_blocks} are free")
-        return [self._free.popleft() for _ in range(count)]
+                                    f"tokens but only {free} of {self.num_blocks} are free")
+        return self._pool.get_new_blocks(count)
 
     # -- requests
     def allocate(self, request_id, num_tokens: int) -> tuple[int, ...]:
@@ -248,29 +251,32 @@ class BlockAllocator:
         held = self._num_tokens.get(request_id)
         if held is None:
             self._known(request_id)
-        self._num_tokens[request_id] = held + 1
         if held % self.block_size:
+            self._num_tokens[request_id] = held + 1
             return False
-        if not self._free:
-            self._num_tokens[request_id] = held
-            self._take(request_id, 1)
-        self._tables[request_id].append(self._free.popleft())
+        self._tables[request_id].extend(self._take(request_id, 1))
+        self._num_tokens[request_id] = held + 1
         return True
 
     def free(self, request_id) -> int:
-        """Return all of request_id's blocks to the free queue; the number of blocks freed."""
+        """Return all of request_id's blocks to the free queue (vLLM's order: to its head, last block first);
+        the number of blocks freed."""
         table = self._known(request_id)
-        # Freed blocks go to the back in reverse order, as vLLM does: the tail block is reused first and the
-        # head blocks (the likeliest shared prefix) last.
-        self._free.extend(reversed(table))
+        self._pool.free_blocks(reversed(table))
         del self._tables[request_id], self._num_tokens[request_id]
         return len(table)
 
+    def free_block_ids(self) -> list[int]:
+        """The free queue, the block handed out next first."""
+        return self._pool.free_block_ids()
+
     def check_invariants(self) -> None:
         """Raise AssertionError unless every block is free or in exactly one table and tables fit their tokens."""
+        self._pool.check_invariants()
         held = [b for table in self._tables.values() for b in table]
-        assert len(held) + len(self._free) == self.num_blocks, "free + used must equal the pool"
-        assert len(set(held) | set(self._free)) == self.num_blocks, "a block is in two places"
+        free = self._pool.free_block_ids()
+        assert len(held) + len(free) == self.num_blocks, "free + used must equal the pool"
+        assert set(held) | set(free) == set(range(1, self.num_blocks + 1)), "a block is in two places or lost"
         for rid, table in self._tables.items():
             assert len(table) == cdiv(self._num_tokens[rid], self.block_size), f"table of {rid!r} has the wrong size"
 

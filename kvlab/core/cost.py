@@ -132,3 +132,147 @@ class CalibratedCost:
         if self.include_prefill:
             service_ms = service_ms + np.where(prompt > 0, self.prefill_time_ms(np.maximum(prompt, 1)), 0.0)
         return service_ms / 1000.0
+
+
+# ---------------------------------------------------------------- step costs (the serving engine)
+# The engine (kvlab.core.engine) asks a step cost how long one step takes, from what the step schedules:
+# num_tokens (all scheduled tokens), context_tokens (sum over scheduled requests of the tokens they attend:
+# computed + new), num_decodes and decode_context_tokens (the same for requests computing one last token).
+# run_s gives the k steps of a decode run at once: num_decodes requests decode every step and their
+# context grows by num_decodes tokens per step; it returns one float when every step lasts the same, else
+# an array, computed by the same float operations as step_s so that both paths give the same times.
+STEP_COSTS = ("constant", "linear", "roofline", "calibrated")
+
+
+@dataclass(frozen=True)
+class ConstantStepCost:
+    """Every step takes step_ms, whatever it schedules (the article's 8 ms per output token)."""
+
+    step_ms: float = MS_PER_TOKEN
+    name = "constant"
+
+    def __post_init__(self):
+        validate.in_range("step_ms", self.step_ms, "ms_per_token")
+
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        """Seconds of one step: step_ms / 1000."""
+        return self.step_ms / 1000.0
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float:
+        """Seconds of each step of a decode run (all the same)."""
+        return self.step_ms / 1000.0
+
+
+@dataclass(frozen=True)
+class LinearStepCost:
+    """A step takes step_ms + step_ms_per_token x its scheduled tokens (prefill and decode tokens alike)."""
+
+    step_ms: float = MS_PER_TOKEN
+    step_ms_per_token: float = 0.0
+    name = "linear"
+
+    def __post_init__(self):
+        validate.in_range("step_ms", self.step_ms, "step_ms")
+        validate.in_range("step_ms_per_token", self.step_ms_per_token, "step_ms")
+        if self.step_ms == 0 and self.step_ms_per_token == 0:
+            validate.fail("step_ms", 0.0, "and step_ms_per_token cannot both be 0: a step must take time")
+
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        """Seconds of one step: (step_ms + step_ms_per_token x num_tokens) / 1000."""
+        return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float:
+        """Seconds of each step of a decode run (all the same: num_decodes tokens each)."""
+        return (self.step_ms + self.step_ms_per_token * num_decodes) / 1000.0
+
+
+@dataclass(frozen=True)
+class RooflineStepCost:
+    """A step is bound by memory or compute, whichever is slower, on one GPU of the model's replica:
+    max((weights_bytes + kv_bytes_per_token x context_tokens) / memory bandwidth,
+        2 x num_params x num_tokens / peak dense bf16 FLOP/s).
+
+    Weights are read once per step and every scheduled request reads the KV of all the tokens it attends;
+    each scheduled token costs 2 FLOPs per parameter (attention FLOPs left out). Figures per GPU: with
+    tensor parallelism the weights, the KV and the FLOPs are split (from_specs)."""
+
+    weights_bytes: float
+    kv_bytes_per_token: float
+    num_params: float
+    memory_bandwidth_gb_s: float
+    bf16_dense_tflops: float
+    name = "roofline"
+
+    def __post_init__(self):
+        validate.positive_number("weights_bytes", self.weights_bytes)
+        validate.positive_number("kv_bytes_per_token", self.kv_bytes_per_token)
+        validate.positive_number("num_params", self.num_params)
+        validate.positive_number("memory_bandwidth_gb_s", self.memory_bandwidth_gb_s)
+        validate.positive_number("bf16_dense_tflops", self.bf16_dense_tflops)
+
+    @classmethod
+    def from_specs(cls, model, gpu, config=None, weight_bytes_per_param: float = 2.0) -> "RooflineStepCost":
+        """The roofline of a ModelSpec (num_params_b > 0) on a GpuSpec, per GPU of config's parallelism."""
+        from kvlab.core.capacity import kv_bytes_per_token
+        from kvlab.core.config import EngineConfig
+        from kvlab.core.models import weights_bytes_per_gpu
+
+        config = EngineConfig() if config is None else config
+        if model.num_params_b <= 0:
+            validate.fail("model", model.name, "has no parameter count (num_params_b) for the roofline's weights")
+        tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
+        return cls(weights_bytes_per_gpu(model, weight_bytes_per_param, tp, pp), kv_bytes_per_token(model, config),
+                   model.num_params_b * 1e9 / (tp * pp), gpu.memory_bandwidth_gb_s, gpu.bf16_dense_tflops)
+
+    def _seconds(self, num_tokens, context_tokens):
+        memory_s = (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / (self.memory_bandwidth_gb_s * 1e9)
+        compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
+        return np.maximum(memory_s, compute_s)
+
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        """Seconds of one step (see the class)."""
+        return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
+        """Seconds of each step of a decode run: the context grows by num_decodes tokens a step."""
+        context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        return self._seconds(np.float64(num_decodes), context.astype(np.float64))
+
+
+@dataclass(frozen=True, eq=False)
+class CalibratedStepCost:
+    """Measured step times from a calibration file (kvlab.core.calibration's CSV): a step takes the decode
+    step time of its decoding requests (batch = their number, context = their mean context, interpolated
+    as CalibratedCost does) plus the prefill time of its other tokens as one prompt."""
+
+    calibration: CalibratedCost
+    name = "calibrated"
+
+    def __post_init__(self):
+        if not isinstance(self.calibration, CalibratedCost):
+            validate.fail("calibration", type(self.calibration).__name__, "must be a kvlab.core.cost.CalibratedCost")
+        if len(self.calibration.prompt_tokens) == 0:
+            validate.fail("calibration", self.calibration.source, "has no prefill_ms rows, which the engine needs")
+
+    @classmethod
+    def from_csv(cls, path, outside: str = "clamp") -> "CalibratedStepCost":
+        """The step cost of a calibration file."""
+        return cls(CalibratedCost.from_csv(path, outside=outside))
+
+    def _ms(self, num_tokens, num_decodes: int, decode_context_tokens) -> np.ndarray:
+        decode_context = np.atleast_1d(np.asarray(decode_context_tokens, dtype=np.float64))
+        ms = np.zeros_like(decode_context)
+        if num_decodes:
+            ms = ms + self.calibration.step_time_ms(decode_context / num_decodes, num_decodes)
+        if num_tokens > num_decodes:
+            ms = ms + self.calibration.prefill_time_ms(num_tokens - num_decodes)
+        return ms
+
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+        """Seconds of one step (see the class)."""
+        return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
+        """Seconds of each step of a decode run (all its tokens are decodes)."""
+        context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        return self._ms(num_decodes, num_decodes, context) / 1000.0

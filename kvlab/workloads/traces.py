@@ -24,6 +24,9 @@ from kvlab.core.workload import Workload
 from kvlab.workloads.synthetic import poisson_arrivals
 
 TRACE_FORMATS = ("azure", "mooncake", "sharegpt")
+# What load_trace reads: the traces, and a plain CSV with the header arrival_s,prompt_tokens,output_tokens
+# (arrival times in seconds), e.g. kvlab simulate --requests-csv output or a workload written by hand.
+FILE_FORMATS = TRACE_FORMATS + ("csv",)
 REPO_DIR = Path(__file__).resolve().parents[2]
 MANIFEST_PATH = REPO_DIR / "data" / "traces.toml"
 # The Mooncake trace hashes prompts in blocks of 512 tokens: a property of the trace's data, not a KV block size.
@@ -32,6 +35,7 @@ MOONCAKE_HASH_BLOCK_TOKENS = 512
 _CSV_COLUMNS = {
     "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
     "sharegpt": (None, "num_prefill_tokens", "num_decode_tokens"),
+    "csv": ("arrival_s", "prompt_tokens", "output_tokens"),
 }
 _MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -115,12 +119,12 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
                max_requests: int | None = None, name: str | None = None) -> TraceLoad:
     """Load an Azure, Mooncake or ShareGPT trace file as a Workload (arrivals in s from the first request).
 
-    trace_format: "auto" (tell by content) or one of TRACE_FORMATS. on_bad_row: "raise" (ValueError
+    trace_format: "auto" (tell by content) or one of FILE_FORMATS. on_bad_row: "raise" (ValueError
     naming file and line) or "skip" (skip and count in TraceLoad.bad_rows). A file without timestamps
     (ShareGPT) needs arrival_rate_per_s (requests/s) and rng for seeded Poisson arrivals.
     max_requests keeps only the first valid requests.
     """
-    validate.one_of("trace_format", trace_format, ("auto",) + TRACE_FORMATS)
+    validate.one_of("trace_format", trace_format, ("auto",) + FILE_FORMATS)
     validate.one_of("on_bad_row", on_bad_row, ("raise", "skip"))
     if max_requests is not None:
         validate.positive_int("max_requests", max_requests)
@@ -210,7 +214,7 @@ def _detect_format(path: str, line_no: int, header: str) -> str:
         if {c for c in needed if c} <= columns:
             return fmt
     raise ValueError(f"{path}:{line_no}: cannot tell the trace format from {header.strip()[:80]!r}: "
-                     f"name it with trace_format, one of {', '.join(TRACE_FORMATS)}")
+                     f"name it with trace_format, one of {', '.join(FILE_FORMATS)}")
 
 
 def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
@@ -230,7 +234,7 @@ def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
         fields = line.split(",")
         if len(fields) < width:
             raise _Bad(f"{len(fields)} columns where the header has {width} ({', '.join(columns)})")
-        t = _azure_time(fields[i_time]) if i_time is not None else None
+        t = None if i_time is None else _seconds(fields[i_time]) if trace_format == "csv" else _azure_time(fields[i_time])
         prompt = _count(prompt_col, _int_or_none(fields[i_prompt]), 0, fields[i_prompt])
         return t, prompt, _count(output_col, _int_or_none(fields[i_output]), 1, fields[i_output]), None
 
@@ -245,6 +249,17 @@ def _azure_time(text: str) -> dt.datetime:
         t = None
     if t is None or t.tzinfo is not None:  # a UTC offset cannot be compared with the file's plain times
         raise _Bad(f"TIMESTAMP={text.strip()!r} is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff")
+    return t
+
+
+def _seconds(text: str) -> float:
+    """arrival_s of a plain CSV: a finite number of seconds >= 0."""
+    try:
+        t = float(text.strip())
+    except ValueError:
+        t = math.nan
+    if not math.isfinite(t) or t < 0:
+        raise _Bad(f"arrival_s={text.strip()!r} is not allowed: must be a number of seconds >= 0")
     return t
 
 
@@ -293,6 +308,9 @@ def _seconds_from_first(times: list, trace_format: str) -> np.ndarray:
     if trace_format == "mooncake":
         ms = np.array(times, dtype=np.float64)
         return (ms - ms[0]) / 1e3
+    if trace_format == "csv":
+        seconds = np.array(times, dtype=np.float64)
+        return seconds - seconds[0]
     t0 = times[0]
     return np.array([(t - t0).total_seconds() for t in times], dtype=np.float64)
 

@@ -1,0 +1,125 @@
+"""The serving engine's speed: against vLLM's own scheduler (when .venv-vllm exists), and 100,000 and 1,000,000
+requests under a binding memory budget (time and peak memory), and the fast path against the per-step loop.
+
+Targets (issue 14): >= 30x vLLM's scheduler's requests/s on the Azure conversation trace with memory that forces
+preemption and on a long-prompt, short-output workload (make parity's runs azure-preempt and long-prompt);
+100,000 requests under a binding memory budget in < 10 s; 1,000,000 in < 90 s and < 2 GB.
+"""
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts" / "parity"))
+import scheduler_workloads  # noqa: E402  the parity runs (scripts/parity/scheduler_workloads.py)
+
+from kvlab.core.config import EngineConfig  # noqa: E402
+from kvlab.core.cost import LinearStepCost  # noqa: E402
+from kvlab.core.engine import Engine, replay  # noqa: E402
+from kvlab.core.workload import Workload  # noqa: E402
+
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+# The budget that binds: 1,100 blocks of 16 tokens (about 11 Azure-like requests at once) at 5.5 requests/s.
+BINDING = {"num_gpu_blocks": 1100, "rate_per_s": 5.5}
+
+
+def binding_workload(num_requests: int) -> Workload:
+    """Azure-like lengths and Poisson arrivals (scheduler_workloads._azure_like), seed 0."""
+    arrival, prompt, output = scheduler_workloads._azure_like(np.random.default_rng(0), num_requests,
+                                                              BINDING["rate_per_s"])
+    return Workload(arrival, prompt, output)
+
+
+def serve(workload: Workload, fast: bool = True):
+    """The engine on a binding budget: the result and its seconds."""
+    config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
+    start = time.perf_counter()
+    result = Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01),
+                    fast=fast).run()
+    return result, time.perf_counter() - start
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM, MiB; ru_maxrss would carry the parent's over fork and exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def one_run(num_requests: int) -> None:
+    """Child process: serve num_requests and print seconds, peak RSS and the summary as JSON."""
+    baseline = peak_rss_mib()
+    workload = binding_workload(num_requests)
+    result, seconds = serve(workload)
+    summary = result.summary()
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": peak_rss_mib(), "baseline_rss_mib": baseline,
+                      **{k: summary[k] for k in ("num_preemptions", "num_steps", "mean_running", "mean_ttft_s")}}))
+
+
+def in_child(num_requests: int) -> dict:
+    """one_run in a fresh interpreter, so its peak memory is its own."""
+    done = subprocess.run([sys.executable, __file__, "--one", str(num_requests)], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout)
+
+
+def against_vllm() -> None:
+    """Both speed runs of make parity: vLLM's scheduler (one replay) and kvlab's engine (median of 3)."""
+    if not VLLM_PYTHON.exists():
+        print("   vs vLLM: skipped (.venv-vllm not installed; make parity installs it)")
+        return
+    for name in scheduler_workloads.SPEED_RUNS:
+        description, build = scheduler_workloads.RUNS[name]
+        try:
+            doc = build()
+        except (OSError, ValueError) as err:
+            print(f"   vs vLLM, {name}: skipped ({err})")
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            path_in, path_out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+            path_in.write_text(json.dumps(doc))
+            subprocess.run([str(VLLM_PYTHON), str(ROOT / "scripts" / "parity" / "vllm_scheduler.py"), str(path_in),
+                            str(path_out)], check=True, capture_output=True)
+            vllm_s = json.loads(path_out.read_text())["wall_s_scheduler"]
+        args = replay.from_document(doc)
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            Engine(**args).run()
+            times.append(time.perf_counter() - start)
+        kvlab_s = sorted(times)[1]
+        n = len(doc["requests"])
+        print(f"   vs vLLM, {name} ({description}): kvlab {n / kvlab_s:,.0f} requests/s, vLLM's scheduler "
+              f"{n / vllm_s:,.0f} requests/s: {vllm_s / kvlab_s:.0f}x (target >= 30x)")
+
+
+def main() -> None:
+    against_vllm()
+    for n, target_s in ((100_000, 10), (1_000_000, 90)):
+        run = in_child(n)
+        print(f"   {n:>9,} requests, binding memory ({BINDING['num_gpu_blocks']:,} blocks, {run['num_preemptions']:,} "
+              f"preemptions, {run['num_steps']:,} steps): {run['seconds']:.1f} s (target < {target_s} s), "
+              f"peak RSS {run['peak_rss_mib']:,.0f} MiB (interpreter {run['baseline_rss_mib']:,.0f} MiB"
+              + ("; target < 2,048 MiB)" if n == 1_000_000 else ")"))
+        if n == 1_000_000:
+            per_request = (run["peak_rss_mib"] - run["baseline_rss_mib"]) * 2**20 / n
+            print(f"   memory per request served: {per_request:,.0f} B (kvlab.core.engine.PEAK_BYTES_PER_REQUEST "
+                  "is the memory guard's figure)")
+    small = binding_workload(10_000)
+    _, fast = serve(small)
+    _, slow = serve(small, fast=False)
+    print(f"   10,000 requests: {fast:.2f} s with decode runs vs {slow:.2f} s step by step: {slow / fast:.1f}x")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        one_run(int(sys.argv[2]))
+    else:
+        main()

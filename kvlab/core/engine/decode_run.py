@@ -1,0 +1,151 @@
+"""The engine's fast path: k decode steps in which nothing can change, done at once in closed form.
+
+When every running request is decoding (it sampled in the last step), the next steps schedule one token
+per running request (max_num_batched_tokens >= max_num_seqs, which vLLM requires) until one of:
+- a request finishes: the run ends with the step that samples its last token;
+- a request needs a block the pool has not got: a request whose computed tokens are c crosses into a new
+  block at the steps j with (c + j) % block_size == 0, so the pool covers the first k steps while the
+  blocks crossed in them, R x (k // block_size) + #{phase < k % block_size}, are at most the free blocks;
+- a waiting request is admitted: the head of the waiting queue is refused in the first step and so in every
+  later one, since free blocks only fall while nothing finishes (a refused head's prefix hits can only be
+  evicted); if nothing waits, the first request to arrive during the run must be refused when it joins;
+and the step cost stays the same or changes in closed form: every step cost gives a run's durations at once
+(run_s: constant and linear ones one duration, roofline and calibrated ones one a step as the context grows).
+Step times are the same float additions as the per-step loop, in the same order; blocks are taken from the
+free queue in the per-step loop's order (step by step, in running order); and the per-step records are
+filled in, so a run is indistinguishable from its steps (tests/test_engine.py checks it).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from itertools import accumulate, repeat
+
+from kvlab.core.engine.request import FINISHED
+
+
+def run(engine) -> bool:
+    """Do the next decode run of at least 2 steps; False (nothing changed) if there is none."""
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    k = min([r.max_num_tokens - r.num_tokens for r in running])   # the run's last step: a first finish
+    if k < 2:
+        return False
+    paged = engine.allocation == "paged"
+    bs = engine.block_size
+    # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
+    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
+    budget_left = scheduler.max_num_batched_tokens - num_running
+    may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
+    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left,
+                                                      phases.count(0) if paged else 0):
+        return False
+    if paged:
+        full_periods, left = divmod(kv.num_free_blocks, num_running)
+        k = min(k, full_periods * bs + sorted(phases)[left])        # the last step every crossing finds a block
+        if k < 2:
+            return False
+    times = step_times(engine.clock, engine.cost.run_s(num_running, engine.num_kv_tokens + num_running, k), k)
+    arrival, first = engine.arrival_list, engine.next_arrival
+    if may_admit and not scheduler.waiting and first < len(arrival):
+        joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
+        if joins < k:
+            periods, rest = divmod(joins + 1, bs)
+            taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
+            if admissible(engine, engine.peek_arrival(), budget_left, taken):
+                if joins < 2:
+                    return False
+                k = joins
+                del times[k + 1:]
+    apply(engine, k, times, phases)
+    return True
+
+
+def step_times(clock: float, durations, k: int) -> list[float]:
+    """The k + 1 step boundaries from clock: each the previous plus the step's duration (the same additions
+    as the per-step loop, in order; durations is one float or k of them)."""
+    steps = repeat(durations, k) if isinstance(durations, float) else durations.tolist()
+    return list(accumulate(steps, initial=clock))
+
+
+def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
+    """Whether the waiting loop could admit request in a step of the run (after blocks_taken blocks are gone).
+
+    Side-effect free and never wrong in the unsafe direction: its prefix hits are looked up now, and blocks
+    taken later can only evict some of them."""
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    hits = kv.get_computed_blocks(request)
+    n = request.num_tokens - len(hits) * engine.block_size
+    cap = scheduler.long_prefill_token_threshold        # active: a request runs and this one waits
+    if 0 < cap < n:
+        n = cap
+    if not scheduler.enable_chunked_prefill and n > budget_left:
+        return False
+    if engine.allocation != "paged":
+        return kv.reservation_tokens(request) <= kv.num_free_tokens
+    return kv.blocks_to_admit(request, hits) <= kv.num_free_blocks - blocks_taken
+
+
+def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
+    """Advance every running request k decode steps; record the k steps; finish the requests done at the end."""
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    held_before = kv.held()
+    if phases is not None:
+        # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
+        # repeats the same order (by phase, then position), so the request of rank t gets every
+        # num_running-th block taken, from the t-th on.
+        bs = engine.block_size
+        per_phase = [0] * bs
+        for p in phases:
+            per_phase[p] += 1
+        held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
+        num_taken = held[-1] - held_before
+        if num_taken:
+            blocks = kv.pool.get_new_blocks(num_taken)
+            order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
+            for rank, i in enumerate(order):
+                running[i].block_ids.extend(blocks[rank::num_running])
+    else:
+        held = [held_before] * k
+    finished = []
+    for request in running:
+        request.num_computed_tokens += k
+        request.num_tokens += k
+        if request.num_tokens >= request.max_num_tokens:
+            finished.append(request)
+    if kv.enable_caching:
+        for request in running:
+            kv.cache_blocks(request, request.num_computed_tokens)
+    kv_tokens = list(range(engine.num_kv_tokens + num_running, engine.num_kv_tokens + (k + 1) * num_running,
+                           num_running))
+    end = times[k]
+    if finished:
+        num_kv_tokens = kv_tokens[-1]
+        for request in finished:
+            request.status = FINISHED
+            kv.free(request)
+            num_kv_tokens -= request.num_computed_tokens
+            engine.finished(request, end)
+        scheduler.running = [r for r in running if r.status != FINISHED]
+        kv_tokens[-1] = num_kv_tokens
+        held[-1] = kv.held()
+    engine.num_kv_tokens = kv_tokens[-1]
+    # Requests arriving during the run join the waiting queue behind a refused head (the loop adds them next).
+    arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
+    waiting = len(scheduler.waiting)
+    if i == num_arrivals or arrival[i] > times[k - 1]:
+        num_waiting = waiting
+    else:
+        num_waiting = []
+        for j in range(k):
+            while i < num_arrivals and arrival[i] <= times[j]:
+                i += 1
+                waiting += 1
+            num_waiting.append(waiting)
+    engine.steps.extend(times, num_running, num_waiting, held, kv_tokens)
+    if engine.record_scheduled:
+        batch = [(r.request_id, 1) for r in running]
+        engine.scheduled_log.extend((list(batch), []) for _ in range(k))
+    engine.clock = end

@@ -1,0 +1,285 @@
+"""The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step or a decode run at once.
+
+Time (the rules of scripts/parity/vllm_scheduler.py, vLLM's side of make parity): the clock starts at the
+first arrival; before each step every request that has arrived by the clock joins the waiting queue
+(arrival order, ties in input order); when nothing runs or waits the clock jumps to the next arrival; a
+step lasts its cost (end = start + duration, in float64); a token sampled in a step is emitted at the
+step's end (first-token and finish times).
+
+Speed: where every running request is decoding and nothing can change for a while -- no admission (the
+waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
+arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
+finish before the run's last step -- decode_run does k steps at once in closed form. fast=False is the plain
+per-step loop: the reference the tests hold the fast path to.
+"""
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import ConstantStepCost
+from kvlab.core.engine import decode_run
+from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
+from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
+from kvlab.core.engine.request import Request
+from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
+from kvlab.core.units import cdiv
+from kvlab.core.workload import Workload
+
+# Bytes held at the peak per request served, its workload and per-step records included: make bench measures
+# about 1,000 B on Azure-like requests at about 21 steps each (a run with fewer requests at once has more steps).
+PEAK_BYTES_PER_REQUEST = 1_200
+DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
+
+
+class NoProgressError(RuntimeError):
+    """The workload cannot finish: vLLM would wait forever (its message says why)."""
+
+
+def _config(config: EngineConfig | None) -> EngineConfig:
+    if config is None:
+        return DEFAULT_CONFIG
+    if not isinstance(config, EngineConfig):
+        validate.fail("config", type(config).__name__, "must be a kvlab.core.config.EngineConfig")
+    return config
+
+
+def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str = "paged") -> None:
+    """Refuse, in one line and before any work, a request vLLM would refuse or that can never fit the pool."""
+    max_model_len = check_scheduler_config(config.scheduler)
+    check_pool(num_gpu_blocks)
+    bs = config.cache.block_size
+    prompt, output = workload.prompt_tokens, workload.output_tokens
+    if prompt.min() < 1:
+        i = int(np.argmin(prompt))
+        validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), "must be >= 1: vLLM needs a prompt of at least one token")
+    if prompt.max() >= max_model_len:
+        i = int(np.argmax(prompt))
+        validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), f"must be shorter than max_model_len={max_model_len:,} "
+                      "tokens (vLLM rejects a prompt of max_model_len tokens or more)")
+    final = np.minimum(prompt + output, max_model_len)
+    if allocation == "paged":
+        usable = num_gpu_blocks - 1
+        need = cdiv(final - 1, bs)       # a request computes every token but its last sampled one
+        if need.max() > usable:
+            i = int(np.argmax(need))
+            validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
+                          f"needs {int(need[i]):,} blocks of {bs} tokens at its longest ({int(final[i]) - 1:,} tokens) "
+                          f"but the pool has {usable:,} usable blocks (num_gpu_blocks={num_gpu_blocks:,} counts vLLM's "
+                          "null block): it could never finish")
+    else:
+        manager = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
+        if allocation == "max" and max_model_len > manager.num_tokens_total:
+            validate.fail("allocation", "max", f"reserves max_model_len={max_model_len:,} token slots a request but the "
+                          f"pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): no request "
+                          "could start")
+        i = int(np.argmax(final))
+        probe = Request(i, 0.0, int(prompt[i]), int(output[i]), max_model_len)
+        need = manager.reservation_tokens(probe)
+        if need > manager.num_tokens_total:
+            validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
+                          f"reserves {need:,} token slots with allocation={allocation} but the pool holds "
+                          f"{manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): it could never start")
+
+
+def check_pool(num_gpu_blocks: int) -> int:
+    """num_gpu_blocks if the pool holds at least one block besides vLLM's null block."""
+    num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
+    if num_gpu_blocks < 2:
+        validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
+                      "would hold no block for a token")
+    return num_gpu_blocks
+
+
+class Engine:
+    """vLLM's scheduler, a KV-cache manager and a step cost, driven through a workload in simulated time."""
+
+    def __init__(self, workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int,
+                 cost=None, allocation: str = "paged", prompt_token_ids=None, fast: bool = True,
+                 record_scheduled: bool = False, record_block_ids: bool = False, record_frees: bool = False,
+                 check: bool = True):
+        if not isinstance(workload, Workload):
+            validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
+        config = _config(config)
+        validate.one_of("allocation", allocation, ALLOCATIONS)
+        num_gpu_blocks = check_pool(num_gpu_blocks)
+        caching = config.cache.enable_prefix_caching
+        if caching and allocation != "paged":
+            validate.fail("enable_prefix_caching", True, f"applies only to paged allocation, not allocation={allocation}")
+        if prompt_token_ids is not None and len(prompt_token_ids) != workload.num_requests:
+            validate.fail("prompt_token_ids", f"{len(prompt_token_ids)} entries", f"must have one per request "
+                          f"({workload.num_requests})")
+        max_model_len = check_scheduler_config(config.scheduler)
+        if check:
+            check_workload(workload, config, num_gpu_blocks, allocation)
+        bs = config.cache.block_size
+        if allocation == "paged":
+            kv = KVCacheManager(num_gpu_blocks, bs, max_model_len, caching)
+        else:
+            kv = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
+        self.workload, self.config, self.allocation = workload, config, allocation
+        self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
+        self.kv_cache_manager = kv
+        self.scheduler = Scheduler(config.scheduler, kv)
+        self.cost = ConstantStepCost() if cost is None else cost
+        self.prompt_token_ids = prompt_token_ids
+        self.fast = fast and not record_block_ids
+        self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
+        n = workload.num_requests
+        # Per request, written once when it finishes (compact arrays; NaN until then).
+        self.first_scheduled_s = array("d", [math.nan]) * n
+        self.first_token_s = array("d", [math.nan]) * n
+        self.finish_s = array("d", [math.nan]) * n
+        self.num_preemptions = array("q", [0]) * n
+        self.num_output_tokens = array("q", [0]) * n
+        self.steps = StepLog(bs, allocation == "paged")
+        self.scheduled_log = [] if record_scheduled else None
+        self.block_ids_log = [] if record_block_ids else None
+        self.freed_tables = [] if record_frees else None
+        if record_frees:
+            free = kv.free
+
+            def logged_free(request):
+                self.freed_tables.append((request.request_id, tuple(request.block_ids)))
+                return free(request)
+            kv.free = logged_free
+        self.arrival_s = workload.arrival_s
+        self.arrival_list = workload.arrival_s.tolist()
+        self.next_arrival = 0           # index of the next request to arrive
+        self._arrived: Request | None = None
+        self.num_kv_tokens = 0          # computed tokens of the running requests
+        self.all_decoding = False       # every running request was scheduled in the last step and sampled
+        self.clock = float(self.arrival_s[0])
+
+    # ---------------------------------------------------------------- requests
+    def peek_arrival(self) -> Request:
+        """The next request to arrive, built once (the decode run may look at it before it arrives)."""
+        if self._arrived is None:
+            i, w = self.next_arrival, self.workload
+            ids = blocks = None
+            if self.prompt_token_ids is not None:
+                ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
+            elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
+                blocks = w.prefix_hashes[i]
+            self._arrived = Request(i, float(w.arrival_s[i]), int(w.prompt_tokens[i]), int(w.output_tokens[i]),
+                                    self.max_model_len, ids, blocks, w.prefix_block_tokens or 0)
+        return self._arrived
+
+    def add_arrivals(self) -> None:
+        """Every request that has arrived by the clock joins the waiting queue, in arrival order."""
+        arrival, n, add = self.arrival_list, len(self.arrival_list), self.scheduler.waiting.append
+        while self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
+            add(self.peek_arrival())
+            self._arrived = None
+            self.next_arrival += 1
+
+    # ---------------------------------------------------------------- the loop
+    def run(self) -> EngineResult:
+        """Serve the whole workload; the result of every request and step."""
+        scheduler = self.scheduler
+        n = len(self.arrival_s)
+        while True:
+            self.add_arrivals()
+            if not (scheduler.running or scheduler.waiting):
+                if self.next_arrival == n:
+                    break
+                self.clock = float(self.arrival_s[self.next_arrival])   # idle: jump to the next arrival
+                continue
+            if self.fast and self.all_decoding and scheduler.running and decode_run.run(self):
+                continue
+            self.step()
+        return self.result()
+
+    def step(self) -> None:
+        """One step of vLLM's engine: schedule, run (its cost), update from the sampled tokens."""
+        scheduler = self.scheduler
+        out = scheduler.schedule()
+        if out.num_scheduled_tokens == 0:
+            raise NoProgressError(self.no_progress_message())
+        start = self.clock
+        end = start + self.cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes,
+                                       out.decode_context_tokens)
+        for request in out.admitted:
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = start
+        if self.record_scheduled:
+            self.scheduled_log.append(([(r.request_id, n) for r, n in out.scheduled],
+                                       sorted(r.request_id for r in out.preempted)))
+        if self.record_block_ids:
+            self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+        num_running, num_waiting = len(scheduler.running), len(scheduler.waiting)
+        if out.preempted:
+            num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
+        else:
+            num_kv_tokens = self.num_kv_tokens + out.num_scheduled_tokens + out.num_hit_tokens
+        num_sampled, first_tokens, finished = scheduler.update_from_output(out)
+        for request in first_tokens:
+            request.first_token_s = end
+        for request in finished:
+            num_kv_tokens -= request.num_computed_tokens
+            self.finished(request, end)
+        self.num_kv_tokens = num_kv_tokens
+        self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.held(),
+                          num_kv_tokens, len(out.preempted), out.num_hit_tokens)
+        self.all_decoding = num_sampled - len(finished) == len(scheduler.running)
+        self.clock = end
+
+    def finished(self, request: Request, end_s: float) -> None:
+        """Write a finished request's record."""
+        i = request.request_id
+        self.first_scheduled_s[i] = request.first_scheduled_s
+        self.first_token_s[i] = request.first_token_s
+        self.finish_s[i] = end_s
+        self.num_output_tokens[i] = request.num_output_tokens
+        self.num_preemptions[i] = request.num_preemptions
+
+    def no_progress_message(self) -> str:
+        """Why nothing can be scheduled: the waiting queue's head can never be admitted (vLLM would wait forever)."""
+        scheduler, kv = self.scheduler, self.kv_cache_manager
+        head = scheduler.waiting[0] if scheduler.waiting else None
+        detail = ""
+        if head is not None:
+            if self.allocation == "paged":
+                detail = (f"; the head of the waiting queue, request {head.request_id}, has {head.num_tokens:,} tokens = "
+                          f"{cdiv(head.num_tokens, self.block_size):,} blocks and {kv.num_free_blocks:,} of "
+                          f"{self.num_gpu_blocks - 1:,} usable blocks are free")
+            else:
+                detail = (f"; the head of the waiting queue, request {head.request_id}, reserves "
+                          f"{kv.reservation_tokens(head):,} token slots and {kv.num_free_tokens:,} are free")
+        return (f"no progress possible at t={self.clock:.6f} s: a step scheduled nothing with {len(scheduler.running)} "
+                f"running, {len(scheduler.waiting)} waiting and {len(self.arrival_s) - self.next_arrival} not yet "
+                f"arrived requests{detail}; vLLM would wait forever (first come, first served)")
+
+    def result(self) -> EngineResult:
+        """The run's records as an EngineResult."""
+        w = self.workload
+        def column(values, dtype):
+            return np.frombuffer(values, dtype=dtype)
+
+        return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s, w.prompt_tokens,
+                            w.output_tokens, column(self.num_output_tokens, "i8"), column(self.first_scheduled_s, "f8"),
+                            column(self.first_token_s, "f8"), column(self.finish_s, "f8"),
+                            column(self.num_preemptions, "i8"), StepRecords(self.steps), self.scheduled_log,
+                            self.block_ids_log, self.freed_tables)
+
+
+def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int, cost=None,
+             allocation: str = "paged", prompt_token_ids=None, fast: bool = True, record_scheduled: bool = False,
+             record_block_ids: bool = False, record_frees: bool = False) -> EngineResult:
+    """Serve workload with vLLM 0.33's scheduler over num_gpu_blocks KV blocks (vLLM's null block included).
+
+    config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
+    chunked prefill and long_prefill_token_threshold (async_scheduling must be False); default DEFAULT_CONFIG.
+    cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
+    or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
+    caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). fast=False: the
+    plain per-step loop. record_scheduled / record_block_ids / record_frees: keep each step's batch, each
+    step's block tables (per-step loop only) and every freed block table, in order, in the result.
+    """
+    return Engine(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
+                  prompt_token_ids=prompt_token_ids, fast=fast, record_scheduled=record_scheduled,
+                  record_block_ids=record_block_ids, record_frees=record_frees).run()

@@ -1,0 +1,241 @@
+"""What the engine records: per request (times, preemptions) and per step (what section 6 plots)."""
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+# Per step, read after the step's update (vLLM's num_running / num_waiting are read right after schedule()):
+STEP_FIELDS = (
+    "start_s", "end_s",
+    "num_scheduled_tokens",   # tokens computed in the step (prefill chunks + decodes)
+    "num_running",            # requests in the running list after schedule()
+    "num_waiting",            # requests waiting after schedule() (arrived, not running)
+    "num_blocks_in_use",      # blocks requests hold after the step (reservations: reserved slots / block_size, up)
+    "num_reserved_tokens",    # token slots held for the running requests: blocks x block_size, or reservations
+    "num_kv_tokens",          # tokens whose KV the running requests hold (their computed tokens, prefix hits
+                              # included: a shared block counts once per request holding it) after the step
+    "num_preemptions",        # requests preempted in the step
+    "num_hit_tokens",         # prompt tokens the step's admissions found in the prefix cache
+)
+
+
+class Runs:
+    """A column of integers stored as runs of equal values (a decode run repeats the same counts k times)."""
+
+    __slots__ = ("values", "counts")
+
+    def __init__(self):
+        self.values, self.counts = array("q"), array("q")
+
+    def add(self, value: int, count: int = 1) -> None:
+        """Append count copies of value."""
+        if self.values and self.values[-1] == value:
+            self.counts[-1] += count
+        else:
+            self.values.append(value)
+            self.counts.append(count)
+
+    def expand(self) -> np.ndarray:
+        """The column, one value a step."""
+        if not self.values:
+            return np.zeros(0, dtype=np.int64)
+        return np.repeat(np.frombuffer(self.values, dtype="i8"), np.frombuffer(self.counts, dtype="i8"))
+
+
+class StepLog:
+    """Per-step records, compact (24 bytes a step); a decode run's k steps are added at once.
+
+    Stored: each step's end time (its start is the previous step's end except after an idle gap, kept
+    aside), what the running requests hold (blocks of the paged pool, or reserved token slots) and their
+    computed tokens; scheduled tokens, running and waiting requests as runs of equal values; preemptions
+    and prefix hits, rare, as (step, count) events."""
+
+    def __init__(self, block_size: int, paged: bool):
+        self.block_size, self.paged = block_size, paged
+        self.end_s = array("d")
+        self.starts: list[tuple[int, float]] = []     # (step, start_s) where a step does not start at the last end
+        self.held, self.num_kv_tokens = array("q"), array("q")
+        self.num_scheduled_tokens, self.num_running, self.num_waiting = Runs(), Runs(), Runs()
+        self.preemptions: list[tuple[int, int]] = []
+        self.hits: list[tuple[int, int]] = []
+
+    def __len__(self) -> int:
+        return len(self.end_s)
+
+    def append(self, start_s: float, end_s: float, num_tokens: int, num_running: int, num_waiting: int, held: int,
+               num_kv_tokens: int, num_preemptions: int = 0, num_hit_tokens: int = 0) -> None:
+        """Add one step."""
+        ends = self.end_s
+        if not ends or ends[-1] != start_s:
+            self.starts.append((len(ends), start_s))
+        if num_preemptions:
+            self.preemptions.append((len(ends), num_preemptions))
+        if num_hit_tokens:
+            self.hits.append((len(ends), num_hit_tokens))
+        ends.append(end_s)
+        self.held.append(held)
+        self.num_kv_tokens.append(num_kv_tokens)
+        self.num_scheduled_tokens.add(num_tokens)
+        self.num_running.add(num_running)
+        self.num_waiting.add(num_waiting)
+
+    def extend(self, times: list[float], num_running: int, num_waiting: list[int] | int, held: list[int],
+               num_kv_tokens: list[int]) -> None:
+        """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step,
+        num_waiting one count or one a step."""
+        k = len(times) - 1
+        if not self.end_s or self.end_s[-1] != times[0]:
+            self.starts.append((len(self.end_s), times[0]))
+        self.end_s.extend(times[1:])
+        self.held.extend(held)
+        self.num_kv_tokens.extend(num_kv_tokens)
+        self.num_scheduled_tokens.add(num_running, k)
+        self.num_running.add(num_running, k)
+        if isinstance(num_waiting, int):
+            self.num_waiting.add(num_waiting, k)
+        else:
+            for waiting in num_waiting:
+                self.num_waiting.add(waiting)
+
+
+class StepRecords(Mapping):
+    """The per-step columns of STEP_FIELDS as numpy arrays, built from a StepLog when first asked for."""
+
+    def __init__(self, log: StepLog):
+        self._log, self._columns = log, {}
+
+    def __len__(self) -> int:
+        return len(STEP_FIELDS)
+
+    def __iter__(self):
+        return iter(STEP_FIELDS)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps recorded."""
+        return len(self._log)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._columns:
+            self._columns[name] = self._column(name)
+        return self._columns[name]
+
+    def _column(self, name: str) -> np.ndarray:
+        log, n = self._log, len(self._log)
+        if name not in STEP_FIELDS:
+            raise KeyError(name)
+
+        def view(values, dtype):
+            return np.frombuffer(values, dtype=dtype) if n else np.zeros(0, dtype=dtype)
+
+        if name == "end_s":
+            return view(log.end_s, "f8")
+        if name == "start_s":
+            start = np.empty(n)
+            start[1:] = self["end_s"][:-1]
+            for step, start_s in log.starts:
+                start[step] = start_s
+            return start
+        if name in ("num_scheduled_tokens", "num_running", "num_waiting"):
+            return getattr(log, name).expand()
+        if name == "num_kv_tokens":
+            return view(log.num_kv_tokens, "i8")
+        held = view(log.held, "i8")
+        if name == "num_blocks_in_use":
+            return held if log.paged else -(-held // log.block_size)
+        if name == "num_reserved_tokens":
+            return held * log.block_size if log.paged else held
+        counts = np.zeros(n, dtype=np.int64)
+        for step, count in log.preemptions if name == "num_preemptions" else log.hits:
+            counts[step] = count
+        return counts
+
+
+@dataclass(frozen=True, eq=False)
+class EngineResult:
+    """One engine run: per-request arrays (index = input order), per-step arrays, and how it was configured."""
+
+    allocation: str
+    num_gpu_blocks: int
+    block_size: int
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray           # asked for
+    num_output_tokens: np.ndarray       # produced (fewer when prompt + output exceeds max_model_len)
+    first_scheduled_s: np.ndarray       # start of the first step that scheduled it
+    first_token_s: np.ndarray           # end of the step that sampled its first token
+    finish_s: np.ndarray                # end of the step that sampled its last token
+    num_preemptions: np.ndarray
+    steps: Mapping                      # STEP_FIELDS -> array, one entry per step (StepRecords)
+    scheduled: list | None = None       # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
+    block_ids: list | None = None       # per step [(request_id, block table)] after schedule() (record_block_ids)
+    freed_tables: list | None = None    # [(request_id, block table)] at every free, in order (record_frees)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests served."""
+        return len(self.arrival_s)
+
+    @property
+    def num_steps(self) -> int:
+        """Steps run."""
+        return len(self.steps["end_s"])
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """Time to first token: first_token_s - arrival_s (s)."""
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first: (finish - first token) / (outputs - 1) (s; NaN for one output)."""
+        extra = self.num_output_tokens - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(extra > 0, (self.finish_s - self.first_token_s) / np.maximum(extra, 1), np.nan)
+
+    @property
+    def kv_token_share(self) -> np.ndarray:
+        """Per step: share of the reserved KV memory that holds token states (num_kv_tokens / num_reserved_tokens)."""
+        reserved = self.steps["num_reserved_tokens"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(reserved > 0, self.steps["num_kv_tokens"] / np.maximum(reserved, 1), np.nan)
+
+    def summary(self) -> dict:
+        """Mean / p95 TTFT (s), mean TPOT (s), preemptions, steps, peak KV blocks, mean running (over steps),
+        output tokens/s, and the mean share of reserved KV memory that holds token states (over steps)."""
+        steps = self.steps
+        makespan = float(self.finish_s.max() - self.arrival_s.min())
+        tpot = self.tpot_s
+        output = int(self.num_output_tokens.sum())
+        n = self.num_steps
+        share_sum = share_steps = 0.0
+        for low in range(0, n, 1 << 20):      # in slices: a million-request run has tens of millions of steps
+            kv = steps["num_kv_tokens"][low:low + (1 << 20)]
+            reserved = steps["num_reserved_tokens"][low:low + (1 << 20)]
+            held = reserved > 0
+            share_sum += float((kv[held] / reserved[held]).sum())
+            share_steps += int(held.sum())
+        return {
+            "num_requests": self.num_requests,
+            "mean_ttft_s": float(self.ttft_s.mean()),
+            "p95_ttft_s": float(np.percentile(self.ttft_s, 95)),
+            "mean_tpot_s": float(np.nanmean(tpot)) if np.isfinite(tpot).any() else float("nan"),
+            "num_preemptions": int(self.num_preemptions.sum()),
+            "num_steps": n,
+            "peak_kv_blocks": int(steps["num_blocks_in_use"].max()) if n else 0,
+            "mean_running": float(steps["num_running"].mean(dtype=np.float64)) if n else 0.0,
+            "output_tokens_per_s": output / makespan if makespan > 0 else float("nan"),
+            "num_output_tokens": output,
+            "makespan_s": makespan,
+            "mean_kv_token_share": share_sum / share_steps if share_steps else float("nan"),
+        }
+
+    def requests_table(self) -> dict[str, np.ndarray]:
+        """One row per request (request_id = 0-based input order): the columns of kvlab simulate --requests-csv."""
+        return {"request_id": np.arange(self.num_requests), "arrival_s": self.arrival_s,
+                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+                "first_scheduled_s": self.first_scheduled_s, "first_token_s": self.first_token_s,
+                "finish_s": self.finish_s, "num_preemptions": self.num_preemptions}

@@ -1,0 +1,106 @@
+"""The workloads of make parity's scheduler comparison (and of make bench's speed ratio), as IN.json documents.
+
+Each run is a document for scripts/parity/vllm_scheduler.py (vLLM's side) and kvlab.core.engine.replay
+(kvlab's side): a config, a step cost and the requests. Everything is drawn from numpy default_rng with a
+fixed seed, or read from the Azure conversation trace (TRACE_DIR), so every run is the same on every machine.
+
+Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; about 1.5 minutes of vLLM's
+scheduler per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off, with a long-prefill threshold, with
+prefix caching over shared system prompts (tight memory, so cached blocks are evicted and requests
+preempted); and a long-prompt, short-output workload.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LINEAR = {"kind": "linear", "step_ms": 8.0, "step_ms_per_token": 0.01}
+CONSTANT = {"kind": "constant", "step_ms": 8.0}
+
+
+def _config(**settings) -> dict:
+    base = {"num_gpu_blocks": 2000, "block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
+            "max_model_len": 16384, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
+            "enable_prefix_caching": False, "async_scheduling": False}
+    return base | settings
+
+
+def _requests(arrival_s, prompt_tokens, output_tokens, prompt_token_ids=None) -> list[dict]:
+    requests = [{"arrival_s": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}
+                for a, p, o in zip(arrival_s, prompt_tokens, output_tokens)]
+    if prompt_token_ids is not None:
+        for request, ids in zip(requests, prompt_token_ids):
+            request["prompt_token_ids"] = [int(t) for t in ids]
+    return requests
+
+
+def azure(num_gpu_blocks: int, num_requests: int | None = None) -> dict:
+    """The Azure conversation trace, all of it or its first num_requests requests (needs the trace file)."""
+    from kvlab.workloads import traces
+
+    load = traces.load_trace(traces.trace_path("azure"), max_requests=num_requests)
+    w = load.workload
+    return {"config": _config(num_gpu_blocks=num_gpu_blocks), "cost": LINEAR,
+            "requests": _requests(w.arrival_s, w.prompt_tokens, w.output_tokens)}
+
+
+def _azure_like(rng, n: int, rate_per_s: float, max_prompt: int = 14_000):
+    """Lengths and Poisson arrivals shaped like the Azure conversation trace (median prompt ~800, output ~120)."""
+    arrival = np.cumsum(rng.exponential(1 / rate_per_s, n))
+    prompt = np.clip(rng.lognormal(np.log(800), 0.9, n), 1, max_prompt).astype(np.int64)
+    output = np.clip(rng.lognormal(np.log(120), 1.0, n), 1, 1000).astype(np.int64)
+    return arrival - arrival[0], prompt, output
+
+
+def chunked_prefill_off(n: int = 3000) -> dict:
+    """Chunked prefill off (a prompt waits for a step with room for all of it), memory that preempts."""
+    arrival, prompt, output = _azure_like(np.random.default_rng(1), n, 6.0, max_prompt=7000)
+    return {"config": _config(num_gpu_blocks=900, max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=64,
+                              enable_chunked_prefill=False), "cost": CONSTANT,
+            "requests": _requests(arrival, prompt, output)}
+
+
+def long_prefill_threshold(n: int = 3000) -> dict:
+    """A small step budget shared by long prompts capped at 256 tokens a step, memory that preempts."""
+    arrival, prompt, output = _azure_like(np.random.default_rng(2), n, 5.0)
+    return {"config": _config(num_gpu_blocks=1200, max_num_batched_tokens=1024, max_num_seqs=128,
+                              long_prefill_token_threshold=256), "cost": LINEAR,
+            "requests": _requests(arrival, prompt, output)}
+
+
+def prefix_caching(n: int = 2000) -> dict:
+    """Prefix caching: each prompt is one of 8 system prompts (200-1,500 tokens) plus its own question."""
+    rng = np.random.default_rng(3)
+    systems = [rng.integers(1000, 30_000, int(rng.integers(200, 1500))) for _ in range(8)]
+    arrival = np.cumsum(rng.exponential(1 / 6.0, n))
+    which = rng.integers(0, len(systems), n)
+    questions = [rng.integers(1000, 30_000, int(q)) for q in np.clip(rng.lognormal(np.log(150), 0.8, n), 1, 2000)]
+    ids = [np.concatenate([systems[s], q]) for s, q in zip(which, questions)]
+    output = np.clip(rng.lognormal(np.log(100), 1.0, n), 1, 800).astype(np.int64)
+    return {"config": _config(num_gpu_blocks=700, enable_prefix_caching=True), "cost": LINEAR,
+            "requests": _requests(arrival - arrival[0], [len(x) for x in ids], output, ids)}
+
+
+def long_prompt_short_output(n: int = 2000) -> dict:
+    """Long prompts (2,000-8,000 tokens) with short outputs (16-128 tokens): prefill-heavy steps."""
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(2000, 8001, n)
+    output = rng.integers(16, 129, n)
+    arrival = np.cumsum(rng.exponential(1 / 6.0, n))
+    return {"config": _config(num_gpu_blocks=6000), "cost": LINEAR,
+            "requests": _requests(arrival - arrival[0], prompt, output)}
+
+
+# name -> (what it shows, the document's builder)
+RUNS = {
+    "azure-preempt": ("Azure conversation trace, all 19,366 requests, 1,100 blocks: memory forces preemption",
+                      lambda: azure(1100)),
+    "azure-ample": ("Azure conversation trace, all 19,366 requests, 40,000 blocks: ample memory",
+                    lambda: azure(40_000)),
+    "chunked-prefill-off": ("synthetic, chunked prefill off, 900 blocks", chunked_prefill_off),
+    "long-prefill-threshold": ("synthetic, long_prefill_token_threshold 256, budget 1,024 tokens, 1,200 blocks",
+                               long_prefill_threshold),
+    "prefix-caching": ("synthetic, prefix caching over 8 shared system prompts, 700 blocks", prefix_caching),
+    "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
+}
+# The two runs make bench measures the speed ratio on (the issue's targets).
+SPEED_RUNS = ("azure-preempt", "long-prompt")

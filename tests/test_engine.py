@@ -1,0 +1,282 @@
+"""The serving engine: vLLM 0.33's own outputs on hand-checked cases, the fast path against the per-step loop,
+invariants, the reservation baselines and the article's model inside the engine."""
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from conftest import ROOT
+from kvlab.core import batching
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import ConstantStepCost, LinearStepCost, TokenCost
+from kvlab.core.engine import Engine, NoProgressError, replay, simulate
+from kvlab.core.workload import Workload
+
+CASES = json.loads((ROOT / "tests" / "data" / "vllm_scheduler_cases.json").read_text())["cases"]
+REQUEST_KEYS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions")
+
+
+def config(**settings) -> EngineConfig:
+    return EngineConfig().replace(async_scheduling=False, **settings)
+
+
+# ---------------------------------------------------------------- vLLM's own outputs (no vLLM needed)
+@pytest.mark.parametrize("case", [c for c in CASES if "out" in c], ids=lambda c: c["name"])
+@pytest.mark.parametrize("fast", [False, True], ids=["per-step", "fast"])
+def test_hand_checked_cases_equal_vllms_outputs(case, fast):
+    """Every request's times and preemptions and every step's batch, blocks (ids too) and queues as vLLM 0.33."""
+    got = replay.to_document(replay.run_document(case["in"], fast=fast, record_scheduled=True,
+                                                 record_block_ids=not fast))
+    want = case["out"]
+    for mine, theirs in zip(got["requests"], want["requests"], strict=True):
+        assert {k: mine[k] for k in REQUEST_KEYS} == {k: theirs[k] for k in REQUEST_KEYS}, mine["request_id"]
+    assert len(got["steps"]) == len(want["steps"])
+    for j, (mine, theirs) in enumerate(zip(got["steps"], want["steps"])):
+        assert mine == {k: theirs[k] for k in mine}, f"step {j}"
+
+
+def test_a_request_that_never_fits_stops_with_vllms_message_or_is_refused_up_front():
+    case = next(c for c in CASES if c["name"] == "no_progress_never_fits")
+    with pytest.raises(NoProgressError, match=r"at t=0\.030000 s: .* request 1, has 20 tokens = 5 blocks and 4 of 4"):
+        replay.run_document(case["in"], check=False)
+    with pytest.raises(ValueError, match=r"request 1='20 prompt \+ 2 output tokens' is not allowed: needs 6 blocks of 4 "
+                                         r"tokens at its longest \(21 tokens\) but the pool has 4 usable blocks"):
+        replay.run_document(case["in"])
+
+
+# ---------------------------------------------------------------- the fast path against the per-step loop
+@st.composite
+def engine_runs(draw):
+    """A small workload and engine settings, some tight enough to preempt, some with shared prompts."""
+    n = draw(st.integers(1, 24))
+    bs = draw(st.sampled_from([1, 2, 4, 16]))
+    max_model_len = draw(st.sampled_from([48, 128]))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.004, 0.008, 0.01, 0.023, 0.05, 0.3]), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    allocation = draw(st.sampled_from(["paged", "paged", "paged", "max", "pow2", "oracle"]))
+    caching = allocation == "paged" and draw(st.booleans())
+    chunked = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(max_num_seqs, 96))
+    if not chunked:
+        budget = max(budget, max_model_len)
+    final = [min(p + o, max_model_len) for p, o in zip(prompts, outputs)]
+    if allocation == "paged":
+        least = max(-(-(f - 1) // bs) for f in final) + 1
+    else:
+        least = -(-max(max_model_len if allocation == "max" else 1 << (f - 1).bit_length() if allocation == "pow2"
+                       else f for f in final) // bs) + 1
+    num_gpu_blocks = least + draw(st.sampled_from([0, 0, 1, 3, 10, 400]))
+    cost = draw(st.sampled_from([ConstantStepCost(8.0), ConstantStepCost(10.0), LinearStepCost(5.0, 0.1),
+                                 LinearStepCost(2.0, 0.013)]))
+    ids = None
+    if caching:   # prompts drawn from a few shared stems
+        stems = [list(range(100 * s, 100 * s + 40)) for s in range(3)]
+        ids = [np.array(stems[draw(st.integers(0, 2))][:p - 1] + [draw(st.integers(0, 2))]) for p in prompts]
+    workload = Workload(np.cumsum(gaps) - gaps[0], np.array(prompts), np.array(outputs))
+    settings_ = config(block_size=bs, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=budget, max_model_len=max_model_len, enable_chunked_prefill=chunked,
+                       long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 16])) if max_model_len >= 16 else 0)
+    return dict(workload=workload, config=settings_, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
+                prompt_token_ids=ids)
+
+
+def run_both(args):
+    results = [Engine(**args, fast=fast, record_scheduled=True, record_frees=True).run() for fast in (False, True)]
+    return results
+
+
+@given(engine_runs())
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_fast_path_equals_the_per_step_loop(args):
+    """Same times for every request, same records and batch for every step, same blocks freed in the same order."""
+    slow, fast = run_both(args)
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
+    for name in slow.steps:
+        assert np.array_equal(slow.steps[name], fast.steps[name]), name
+    assert slow.scheduled == fast.scheduled
+    assert slow.freed_tables == fast.freed_tables
+
+
+@given(engine_runs())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_invariants_hold(args):
+    """No block over-committed, every request finishes once with its tokens, every scheduled token accounted for."""
+    engine = Engine(**args, record_scheduled=True, record_frees=True)
+    result = engine.run()
+    w, settings_ = args["workload"], args["config"]
+    max_model_len, bs = settings_.scheduler.max_model_len, settings_.cache.block_size
+    final = np.minimum(w.prompt_tokens + w.output_tokens, max_model_len)
+    # every request finishes, once, with all its tokens
+    assert np.isfinite(result.finish_s).all()
+    assert np.array_equal(result.num_output_tokens, final - w.prompt_tokens)
+    assert (result.first_scheduled_s >= w.arrival_s).all()
+    assert (result.first_token_s <= result.finish_s).all() and (result.first_scheduled_s < result.first_token_s).all()
+    freed = [rid for rid, _ in result.freed_tables]
+    assert sorted(freed) == sorted(i for i in range(w.num_requests) for _ in range(1 + result.num_preemptions[i]))
+    # no block over-committed; nothing left held
+    assert engine.num_kv_tokens == 0 and not engine.scheduler.running and not engine.scheduler.waiting
+    steps = result.steps
+    assert (steps["num_blocks_in_use"] <= args["num_gpu_blocks"] - 1).all()
+    assert (steps["num_scheduled_tokens"] <= settings_.scheduler.max_num_batched_tokens).all()
+    assert (steps["num_running"] <= settings_.scheduler.max_num_seqs).all()
+    if args["allocation"] == "paged":
+        pool = engine.kv_cache_manager.pool
+        pool.check_invariants()
+        assert pool.num_free_blocks == args["num_gpu_blocks"] - 1
+        if not settings_.cache.enable_prefix_caching:
+            assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
+            assert (steps["num_reserved_tokens"] - steps["num_kv_tokens"] < bs * np.maximum(steps["num_running"], 1)).all()
+    else:
+        assert result.num_preemptions.sum() == 0
+        assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
+        assert engine.kv_cache_manager.num_free_tokens == engine.kv_cache_manager.num_tokens_total
+    # tokens conserved: since its last admission each request computed exactly its tokens but the last sampled one
+    computed = np.zeros(w.num_requests, dtype=np.int64)
+    for batch, preempted in result.scheduled:
+        for rid in preempted:
+            computed[rid] = 0
+        for rid, n in batch:
+            computed[rid] += n
+    assert sum(n for batch, _ in result.scheduled for _, n in batch) == steps["num_scheduled_tokens"].sum()
+    if not settings_.cache.enable_prefix_caching:
+        assert np.array_equal(computed, final - 1)
+    else:   # prefix hits are not computed
+        assert (computed <= final - 1).all() and (computed >= 1).all()
+
+
+# ---------------------------------------------------------------- the block pool's order, in the engine
+def test_preempted_requests_blocks_go_to_the_requester_last_block_first():
+    case = next(c for c in CASES if c["name"] == "preempt_two_victims_one_step")
+    result = replay.run_document(case["in"], fast=False, record_block_ids=True, record_frees=True)
+    assert result.freed_tables[:2] == [(2, (4,)), (1, (3,))]  # victims freed last-admitted first, then reused
+
+
+# ---------------------------------------------------------------- reservation baselines
+def test_reservations_admit_by_their_size_and_never_preempt():
+    w = Workload(np.zeros(4), np.full(4, 10), np.array([6, 6, 6, 6]))   # each ends at 16 tokens
+    blocks = {"oracle": None, "pow2": None, "max": None}
+    for allocation in blocks:
+        result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+                          num_gpu_blocks=17, allocation=allocation)    # 64 token slots
+        assert result.num_preemptions.sum() == 0
+        blocks[allocation] = result.steps["num_running"][0]
+    # oracle reserves 16 slots each (all 4 fit), pow2 16 (all 4), max 64 (only 1 at a time)
+    assert blocks == {"oracle": 4, "pow2": 4, "max": 1}
+    w = Workload(np.zeros(4), np.full(4, 10), np.array([7, 7, 7, 7]))   # 17 tokens: pow2 reserves 32
+    result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+                      num_gpu_blocks=17, allocation="pow2")
+    assert result.steps["num_running"][0] == 2 and result.steps["num_reserved_tokens"][0] == 64
+
+
+def test_paged_allocation_preempts_where_oracle_reservation_waits():
+    w = Workload(np.zeros(3), np.full(3, 8), np.full(3, 16))
+    settings_ = config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64)
+    paged = simulate(w, settings_, num_gpu_blocks=13)
+    oracle = simulate(w, settings_, num_gpu_blocks=13, allocation="oracle")
+    assert paged.num_preemptions.sum() > 0 and oracle.num_preemptions.sum() == 0
+    assert oracle.steps["num_running"][0] == 2     # 2 x 24 slots of 48
+
+
+# ---------------------------------------------------------------- the article's model inside the engine
+def article_engine(workload, max_num_seqs=8, ms=8.0):
+    """Unlimited blocks and budget, prompts free (one token), a constant cost per step: section 2's slots."""
+    settings_ = config(block_size=16, max_model_len=4096, max_num_seqs=max_num_seqs, max_num_batched_tokens=1 << 20)
+    return simulate(workload, settings_, num_gpu_blocks=1 << 20, cost=ConstantStepCost(ms))
+
+
+@given(st.lists(st.integers(0, 60), min_size=1, max_size=60), st.lists(st.integers(1, 300), min_size=60, max_size=60),
+       st.integers(1, 8))
+@settings(max_examples=60, deadline=None)
+def test_engine_equals_the_continuous_slot_model_on_step_aligned_arrivals(steps_apart, outputs, slots):
+    arrival = np.cumsum(steps_apart) * 0.008
+    n = len(arrival)
+    w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
+    engine = article_engine(w, slots)
+    slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
+                                   max_num_seqs=slots, cost=TokenCost(8.0))
+    assert np.allclose(engine.finish_s, slot_model.finish_s, rtol=0, atol=1e-9)
+    assert np.allclose(engine.first_scheduled_s, slot_model.start_s, rtol=0, atol=1e-9)
+
+
+@given(st.lists(st.floats(0, 0.5), min_size=1, max_size=60), st.lists(st.integers(1, 300), min_size=60, max_size=60),
+       st.integers(1, 8))
+@settings(max_examples=60, deadline=None)
+def test_engine_is_within_one_step_of_the_slot_model_otherwise(gaps, outputs, slots):
+    arrival = np.cumsum(gaps)
+    n = len(arrival)
+    w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
+    engine = article_engine(w, slots)
+    slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
+                                   max_num_seqs=slots, cost=TokenCost(8.0))
+    late = engine.finish_s - slot_model.finish_s
+    assert (late > -1e-9).all() and (late < 0.008 + 1e-9).all()
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("settings_, blocks, message", [
+    (dict(max_model_len=32), 100, r"prompt_tokens\[1\]=40 is not allowed: must be shorter than max_model_len=32"),
+    (dict(max_model_len=128), 3, r"request 1='40 prompt \+ 8 output tokens' is not allowed: needs 3 blocks of 16 "
+                                 r"tokens at its longest \(47 tokens\) but the pool has 2 usable blocks"),
+    (dict(max_model_len=128), 1, r"num_gpu_blocks=1 is not allowed: must be >= 2"),
+    (dict(max_model_len=4096, enable_chunked_prefill=False), 100,
+     r"max_num_batched_tokens=2048 is not allowed: is smaller than max_model_len \(4,096\) with chunked prefill off"),
+    (dict(max_model_len=128, max_num_seqs=4096), 100, r"max_num_batched_tokens=2048 is not allowed: must be >= max_num_seqs"),
+    (dict(max_model_len=128, long_prefill_token_threshold=200), 100, r"long_prefill_token_threshold=200 is not allowed"),
+])
+def test_bad_input_is_refused_in_one_line_before_any_work(settings_, blocks, message):
+    w = Workload(np.zeros(2), np.array([10, 40]), np.array([4, 8]))
+    settings_ = config(max_num_batched_tokens=2048, **settings_)
+    with pytest.raises(ValueError, match=message):
+        simulate(w, settings_, num_gpu_blocks=blocks)
+
+
+def test_async_scheduling_and_a_missing_max_model_len_are_refused():
+    w = Workload(np.zeros(1), np.array([10]), np.array([4]))
+    with pytest.raises(ValueError, match="async_scheduling=True is not allowed: kvlab's engine is vLLM's synchronous"):
+        simulate(w, EngineConfig().replace(max_model_len=64), num_gpu_blocks=10)
+    with pytest.raises(ValueError, match="max_model_len=None is not allowed"):
+        simulate(w, config(), num_gpu_blocks=10)
+    with pytest.raises(ValueError, match="prompt_tokens.0.=0 is not allowed: must be >= 1"):
+        simulate(Workload(np.zeros(1), np.array([0]), np.array([4])), config(max_model_len=64), num_gpu_blocks=10)
+
+
+def test_summary_has_the_figures_of_the_command_line():
+    w = Workload(np.array([0.0, 0.0]), np.array([10, 20]), np.array([5, 1]))
+    result = simulate(w, config(max_model_len=64, block_size=4), num_gpu_blocks=20)
+    summary = result.summary()
+    assert summary["num_steps"] == 5 and summary["num_preemptions"] == 0
+    assert summary["mean_ttft_s"] == pytest.approx(0.008)
+    assert summary["mean_tpot_s"] == pytest.approx(0.008)            # only request 0 has more than one token
+    assert summary["peak_kv_blocks"] == 4                              # request 0 at 13 tokens (1 finished in step 0)
+    assert summary["output_tokens_per_s"] == pytest.approx(6 / 0.040)
+    assert math.isclose(summary["mean_running"], (2 + 1 + 1 + 1 + 1) / 5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fast_path_equals_the_per_step_loop_on_larger_workloads(seed):
+    """Hundreds of requests, long decode runs crossing many blocks, preemption, prefix caching and arrivals in runs."""
+    rng = np.random.default_rng(seed)
+    n = 300
+    prompts = rng.integers(1, 400, n)
+    outputs = rng.integers(1, 300, n)
+    w = Workload(np.cumsum(rng.exponential(0.05, n)), prompts, outputs)
+    caching = seed % 2 == 1
+    stems = [rng.integers(0, 50_000, 400) for _ in range(4)]
+    ids = [np.concatenate([stems[rng.integers(4)][:p // 2], rng.integers(0, 50_000, p - p // 2)]) for p in prompts]
+    settings_ = config(block_size=16, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=512,
+                       enable_prefix_caching=caching, long_prefill_token_threshold=128 if seed >= 2 else 0)
+    args = dict(workload=w, config=settings_, num_gpu_blocks=[90, 160, 400, 120][seed], cost=LinearStepCost(8.0, 0.01),
+                prompt_token_ids=ids if caching else None)
+    slow, fast = run_both(args)
+    assert slow.num_preemptions.sum() > 0 or seed == 2
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions"):
+        assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
+    for name in slow.steps:
+        assert np.array_equal(slow.steps[name], fast.steps[name]), name
+    assert slow.freed_tables == fast.freed_tables
+    assert fast.steps["num_hit_tokens"].sum() > 0 or not caching
