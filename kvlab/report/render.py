@@ -51,11 +51,11 @@ nav { font-size: 0.9rem; margin: 0 0 1rem; }
 .skipped { color: var(--muted); font-style: italic; }
 .params { font-family: "DejaVu Sans Mono", monospace; font-size: 7.5pt; margin: 0.2rem 0; overflow-wrap: anywhere; }
 footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 1px solid var(--line); }
-@page { size: A4 portrait; margin: 1.6cm 1.5cm 1.8cm;
+@page { size: A4 portrait; margin: 1.3cm 1.3cm 1.5cm;
         @bottom-center { content: counter(page); font-size: 8pt; color: #777; } }
 @page title { @bottom-center { content: none; } }
 @media print {
-  body { max-width: none; margin: 0; padding: 0; font-size: 9pt; line-height: 1.35; }
+  body { max-width: none; margin: 0; padding: 0; font-size: 8.6pt; line-height: 1.3; }
   p { margin: 0.35rem 0; }
   nav, .cards img { display: none; }
   h1 { font-size: 16pt; } h2 { font-size: 12.5pt; } h3 { font-size: 11pt; }
@@ -65,10 +65,12 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   th, td { padding: 0.12rem 0.35rem; }
   figure, pre { break-inside: avoid; }
   figure { margin: 0.5rem 0; }
-  figure img, .jp-OutputArea-output img { max-height: 7.2cm; width: auto; }
-  .title-page { page: title; break-after: page; padding-top: 6cm; }
+  figure img, .jp-OutputArea-output img { max-height: 6.6cm; width: auto; }
+  .title-page { page: title; padding-top: 3cm; }
   .title-page h1 { font-size: 24pt; }
-  .contents { break-after: page; }
+  .contents { page: title; break-after: page; margin-top: 2cm; }
+  footer .params { font-size: 6pt; }
+  section#ledger table { font-size: 6.2pt; }
   .contents a { text-decoration: none; color: var(--ink); }
   .contents a::after { content: leader('.') target-counter(attr(href), page); }
   .contents li { list-style: none; margin: 0.25rem 0; }
