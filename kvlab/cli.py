@@ -36,17 +36,24 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _flag_error(parser: argparse.ArgumentParser, error: ValueError, flags: dict[str, str]) -> int:
+# Names that are a model's own figures when the model comes from --model or --config: in a message they become
+# their flag only where the user typed that flag.
+MODEL_FIGURES = ("num_layers", "num_kv_heads", "head_dim", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim")
+
+
+def _flag_error(parser: argparse.ArgumentParser, error: ValueError, flags: dict[str, str],
+                given: set[str] = frozenset()) -> int:
     """Report a library ValueError in the command's own flag names; exit status 2.
 
-    The parameter the message starts with becomes its flag; a library name written with underscores
-    anywhere else in the message (e.g. trace_format) becomes its flag too."""
+    The parameter the message starts with becomes its flag, and so does a setting named elsewhere in it
+    (max_model_len: --max-model-len, the flag that changes it); a model's own figure (MODEL_FIGURES) does so
+    only where the user typed its flag: a model's num_attention_heads stays the model's."""
     message = str(error)
-    name = message.split("=", 1)[0]
+    name = re.match(r"[\w\[\]]+", message).group(0) if re.match(r"\w", message) else ""
     if name in flags:
         message = flags[name] + message[len(name):]
     for library_name, flag in sorted(flags.items(), key=lambda item: -len(item[0])):
-        if "_" in library_name:
+        if "_" in library_name and (flag in given or library_name not in MODEL_FIGURES):
             message = re.sub(rf"(?<![\w'-]){library_name}(?![\w'])", flag, message)  # not a quoted field name
     print(f"{parser.prog}: error: {message}", file=sys.stderr)
     return 2
@@ -1109,11 +1116,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    given = typed_flags(argv if argv is not None else sys.argv[1:])
     try:
-        args.run(args, typed_flags(argv if argv is not None else sys.argv[1:]))
+        args.run(args, given)
         sys.stdout.flush()
     except ValueError as error:
-        return _flag_error(command_parsers.get(args.command, parser), error, args.flags)
+        return _flag_error(command_parsers.get(args.command, parser), error, args.flags, given)
     except BrokenPipeError:  # e.g. `kvlab ... --json | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

@@ -1,5 +1,4 @@
 """Section 3 of the article: KV bytes per token, memory per request, requests that fit."""
-import math
 from fractions import Fraction
 
 import pytest

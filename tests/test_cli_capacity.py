@@ -99,10 +99,10 @@ def test_vllm_settings_flags(capsys):
     (["--model", "llama-3-8b"], "--model='llama-3-8b' is not allowed: not a model of data/models.csv; did you mean meta-llama/Meta-Llama-3-8B"),
     (["--gpu", "H100"], "--gpu='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),
     (["--model", "Qwen3-14B", "--tensor-parallel-size", "3"], "--tensor-parallel-size=3 is not allowed: must divide num_attention_heads (40)"),
-    (["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"], "--gpu='H100-SXM-80GB' is not allowed: leaves no KV memory"),
+    (["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"], "--gpu='H100-SXM-80GB' is not allowed: meta-llama/Llama-3.1-70B-Instruct on one GPU of 80 GiB leaves no KV memory"),
     (["--model", "Llama-3.1-70B-Instruct", "--available-kv-gib", "0.001"], "one request of 131,072 tokens needs 40.00 GiB, 40.00 GiB more"),
     (["--attention", "mla", "--available-kv-gib", "1"], "needs --kv-lora-rank and --qk-rope-head-dim"),
-    (["--kv-cache-dtype", "fp8", "--dtype-bytes", "1"], "--dtype-bytes=1.0 is not allowed"),
+    (["--kv-cache-dtype", "fp8", "--dtype-bytes", "1"], "--dtype-bytes and --kv-cache-dtype cannot be used together"),
     (["--num-kv-heads", "6", "--num-attention-heads", "32", "--available-kv-gib", "1"], "--num-kv-heads=6 is not allowed: must divide"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
@@ -176,7 +176,7 @@ def test_text_output_has_units(capsys):
     (["--context", "0"], "kvlab capacity: error: --context=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
     (["--weights-gib", "80"], "kvlab capacity: error: --weights-gib=80.0 is not allowed: must be below the GPU memory (80 GiB)"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
+def test_article_accounting_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(["capacity", *args]) == 2
     err = capsys.readouterr().err
     assert err.strip() == message

@@ -7,7 +7,7 @@ import pytest
 from kvlab.core import batching as simulator
 from kvlab.core.cost import TokenCost
 from kvlab.sections import allocation as allocator
-from kvlab.workloads import synthetic, traces
+from kvlab.workloads import traces
 from kvlab.cli import main
 from kvlab.workloads import Workload
 

@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from kvlab import report
 import kvlab.report.build as report_build
 import kvlab.report.params as report_params
 from kvlab.sections import ledger

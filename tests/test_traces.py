@@ -403,7 +403,6 @@ def test_real_files_load_clean(name):
 
 
 def test_trace_figures_draw_one_curve_per_trace(tmp_path):
-    from kvlab.core import prefix_cache
     from kvlab.sections import plots
 
     path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]),

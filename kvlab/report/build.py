@@ -14,7 +14,6 @@ import importlib.metadata
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import base64

@@ -209,8 +209,8 @@ def index_body(sections: list[Section], ledger, info: dict, params: dict, traces
     open_rows = ledger[ledger["status"].isin(["fail", "missing"])]
     if len(open_rows):
         parts.append("<h3>Figures not reproduced, and why</h3>" + ledger_table(open_rows))
-    parts.append(f"<p>Every figure: <a href=\"ledger.html\">the full ledger</a> "
-                 f"(<a href=\"ledger.csv\">ledger.csv</a>).</p>" + TOLERANCES)
+    parts.append("<p>Every figure: <a href=\"ledger.html\">the full ledger</a> "
+                 "(<a href=\"ledger.csv\">ledger.csv</a>).</p>" + TOLERANCES)
     parts.append("<h2>Sections</h2>")
     if traces_note:
         parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
