@@ -161,9 +161,15 @@ ARTICLE_SETTINGS: dict[str, dict] = {
 }
 
 
+# Whose settings ARTICLE_SETTINGS holds for a notebook, where not the article's.
+SETTINGS_SOURCE = {"06_memory_budget": "the vLLM paper's"}
+
+
 def departures(stem: str, p: dict) -> str:
-    """The article's settings that the parameters p of notebook stem change, as one phrase ('' when none)."""
-    changed = [f"{name}={p[name]!r} (the article's {value!r})" for name, value in ARTICLE_SETTINGS.get(stem, {}).items()
+    """The published settings (the article's, or the vLLM paper's for section 6) that the parameters p of notebook
+    stem change, as one phrase ('' when none)."""
+    whose = SETTINGS_SOURCE.get(stem, "the article's")
+    changed = [f"{name}={p[name]!r} ({whose} {value!r})" for name, value in ARTICLE_SETTINGS.get(stem, {}).items()
                if name in p and p[name] != value]
     return ", ".join(changed)
 
