@@ -18,6 +18,7 @@ from kvlab.sections import present
 
 TITLE = "kvlab: KV-cache memory in LLM serving"
 ROWS_PER_PRINTED_TABLE = 24   # a longer table is printed as parts of at most this many rows, each kept whole
+CHARS_PER_PRINTED_LINE = 70   # a cell of long text wraps at about this many characters in print (counted as more rows)
 
 CSS = """
 :root { --ink: #1d2327; --muted: #5b6670; --line: #d6dbe0; --pass: #176b2c; --fail: #b00020; --accent: #1f5fa8; }
@@ -261,23 +262,35 @@ def footer(info: dict, params: dict) -> str:
             + "</footer>")
 
 
+def _printed_lines(row) -> int:
+    """About how many printed lines a table row takes: its longest cell wrapped at CHARS_PER_PRINTED_LINE."""
+    return max([1] + [-(-len(cell.get_text()) // CHARS_PER_PRINTED_LINE) for cell in row.find_all(["td", "th"])])
+
+
 def _printable_tables(soup: BeautifulSoup) -> None:
-    """Split every table longer than ROWS_PER_PRINTED_TABLE into balanced parts, each repeating the header and
-    kept whole on a page: no page is left with a table's last one or two rows."""
+    """Split every table longer than ROWS_PER_PRINTED_TABLE lines (a row of long text counts as the lines it wraps
+    to) into parts of about equal length, each repeating the header and kept whole on a page: no page is left with a
+    table's last one or two rows, and no table too tall for a page pushes its heading's page out empty."""
     for table in soup.find_all("table"):
         rows = table.find("tbody").find_all("tr", recursive=False) if table.find("tbody") else []
-        if len(rows) <= ROWS_PER_PRINTED_TABLE:
+        lines = [_printed_lines(row) for row in rows]
+        if sum(lines) <= ROWS_PER_PRINTED_TABLE:
             continue
-        parts = -(-len(rows) // ROWS_PER_PRINTED_TABLE)
-        size = -(-len(rows) // parts)
+        parts = -(-sum(lines) // ROWS_PER_PRINTED_TABLE)
+        cuts, done, part = [], 0, 1
+        for i, n in enumerate(lines[:-1]):
+            done += n
+            if done * parts >= part * sum(lines):      # this part has its share of the lines: the next row starts one
+                cuts.append(i + 1)
+                part += 1
         head = table.find("thead")
         anchor = table
-        for start in range(size, len(rows), size):
+        for start, end in zip(cuts, cuts[1:] + [len(rows)]):
             piece = soup.new_tag("table", attrs={"class": table.get("class", [])})
             if head is not None:
                 piece.append(BeautifulSoup(str(head), "html.parser"))
             body = soup.new_tag("tbody")
-            for row in rows[start:start + size]:
+            for row in rows[start:end]:
                 body.append(row.extract())
             piece.append(body)
             anchor.insert_after(piece)
