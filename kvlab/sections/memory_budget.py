@@ -839,16 +839,33 @@ def ledger_rows(fig13: pd.DataFrame, fig2: pd.DataFrame, sustained: pd.DataFrame
 
 
 # ================================================================ figures the prose states
+def grid_figures(rates: dict, num_requests: int, num_seeds: int) -> dict:
+    """The rate grids in words: per dataset (keys by its name in lower case) the lowest and highest rate and the
+    largest step between neighbours (x); the requests per run and the seeds."""
+    out = {"num_requests": num_requests, "num_seeds": num_seeds}
+    for name, grid in rates.items():
+        grid = np.asarray(grid, dtype=float)
+        key = name.lower()
+        out |= {f"{key}_low": grid.min(), f"{key}_high": grid.max(), f"{key}_points": len(grid),
+                f"{key}_step": float(np.max(grid[1:] / grid[:-1])) if len(grid) > 1 else float("nan")}
+    return out
+
+
 def setting_figures(setting: PaperSetting) -> dict:
     """The setting in numbers: KV per token (KiB), blocks, token slots against the paper's 15.7K, max-length
-    requests that fit, vLLM 0.33's own KV cache on the GPU (GiB, token slots), and the model's weights (GiB)."""
+    requests that fit, vLLM 0.33's own KV cache on the GPU (GiB, token slots), the model's weights and what vLLM keeps
+    for activations and other memory (GiB)."""
     table = setting_table(setting)
     paper = table.iloc[0]
     out = {"kv_kib": setting.kv_bytes_per_token / 1024, "blocks": setting.num_gpu_blocks(),
            "slots": setting.pool_tokens(), "paper_slots": PAPER_TOKEN_SLOTS, "kv_gib": setting.kv_cache_gib,
            "max_requests": int(paper["max_length_requests"]), "model": setting.model, "gpu": setting.gpu,
            "block_size": setting.block_size, "max_model_len": setting.max_model_len,
-           "weights_gib": setting.model_spec.num_params_b * 1e9 * 2 / GIB, "gpu_gib": setting.gpu_spec.memory_gib}
+           "weights_gib": setting.model_spec.num_params_b * 1e9 * 2 / GIB, "gpu_gib": setting.gpu_spec.memory_gib,
+           "other_gib": capacity.ACTIVATION_PEAK_GIB + capacity.NON_TORCH_GIB,
+           "layers": setting.model_spec.num_layers, "kv_heads": setting.model_spec.num_kv_heads,
+           "head_dim": setting.model_spec.head_dim, "bandwidth": setting.gpu_spec.memory_bandwidth_gb_s,
+           "tflops": setting.gpu_spec.bf16_dense_tflops}
     if len(table) > 1:
         vllm = table.iloc[1]
         out |= {"vllm_gib": float(vllm["kv_cache_gib"]), "vllm_slots": int(vllm["token_slots_tokens"]),
@@ -905,7 +922,15 @@ def sustained_figures(sustained: pd.DataFrame, bound_s: float, dataset: str = "S
     row = part.loc[bound_s]
     others = [d for d in dict.fromkeys(sustained.index.get_level_values("dataset")) if d != dataset]
     other = sustained.loc[(others[0], bound_s)] if others else None
-    return {"other": others[0] if others else "", "other_note": (other["note"] or "every mode crosses the bound inside "
+    ranges = ledger.paper_figures(SECTION).query("table == 's6.2'").set_index("row")
+
+    def against(value: float, row: str) -> str:
+        low, high = ranges.loc[row, "value"], ranges.loc[row, "tolerance"]
+        return "within" if low <= value <= high else "below" if value < low else "above" if value > high else "not in"
+
+    return {"max_words": against(row["vllm_over_max_x"], "vLLM over Orca (Max)"),
+            "oracle_words": against(row["vllm_over_oracle_x"], "vLLM over Orca (Oracle)"),
+            "other": others[0] if others else "", "other_note": (other["note"] or "every mode crosses the bound inside "
                                                                  "the grid") if other is not None else "",
             "other_vllm": other["vLLM"] if other is not None else float("nan"),
             "other_max": other["Orca (Max)"] if other is not None else float("nan"),
@@ -914,6 +939,26 @@ def sustained_figures(sustained: pd.DataFrame, bound_s: float, dataset: str = "S
             "over_oracle_low": part["vllm_over_oracle_x"].min(), "over_oracle_high": part["vllm_over_oracle_x"].max(),
             "over_max_low": part["vllm_over_max_x"].min(), "over_max_high": part["vllm_over_max_x"].max(),
             "note": row["note"] or "every mode crosses the bound inside the grid"}
+
+
+def saturation_figures(runs: pd.DataFrame, fig13: pd.DataFrame) -> dict:
+    """Requests batched at the top rate of each dataset's grid (mean over seeds), per mode (keys like sharegpt_vllm),
+    vLLM's over Orca (Oracle)'s and Orca (Max)'s there, and the paper's ratios at its Fig. 13 rate."""
+    out = {}
+    for name in dict.fromkeys(runs["dataset"]):
+        part = runs[runs["dataset"] == name]
+        top = part[part["rate"] == part["rate"].max()]
+        mean = top.groupby("mode")["mean_batched_requests"].mean()
+        key = name.lower()
+        out |= {f"{key}_top_rate": float(part["rate"].max()),
+                **{f"{key}_{m}": float(mean[m]) for m in MODES},
+                f"{key}_over_oracle": float(mean["paged"] / mean["oracle"]),
+                f"{key}_over_max": float(mean["paged"] / mean["max"])}
+        if f"{name}: paper" in fig13:
+            paper = fig13[f"{name}: paper"]
+            out |= {f"{key}_paper_vllm": paper["vLLM"], f"{key}_paper_over_oracle": paper["vLLM"] / paper["Orca (Oracle)"],
+                    f"{key}_paper_over_max": paper["vLLM"] / paper["Orca (Max)"]}
+    return out
 
 
 def block_figures(sharegpt: pd.DataFrame, alpaca: pd.DataFrame, busy: pd.DataFrame | None = None) -> dict:
@@ -987,7 +1032,12 @@ def article_workload_figures(table: pd.DataFrame) -> dict:
     slot model's, and how many requests each mode batches with 256 allowed."""
     seqs = sorted(set(table.index.get_level_values("max_num_seqs")))
     small, large = seqs[0], seqs[-1]
-    return {"slots": small, "many": large,
+    def alike(seqs: int, column: str) -> str:
+        values = table.xs(seqs, level="max_num_seqs")[column]
+        return "the same for every allocation mode" if values.nunique() == 1 else "different across allocation modes"
+
+    return {"slots": small, "many": large, "alike_small": alike(small, "mean_latency_s"),
+            "alike_many": alike(large, "mean_batched_requests"),
             "engine_latency": table.loc[(small, "vLLM"), "mean_latency_s"],
             "slot_latency": table.loc[(small, "vLLM"), "slot_model_mean_latency_s"],
             "max_latency": table.loc[(small, "Orca (Max)"), "mean_latency_s"],
@@ -995,6 +1045,15 @@ def article_workload_figures(table: pd.DataFrame) -> dict:
             "vllm_latency_many": table.loc[(large, "vLLM"), "mean_latency_s"],
             "max_latency_many": table.loc[(large, "Orca (Max)"), "mean_latency_s"],
             "max_fit": int(ARTICLE_KV_GIB * 1024 / ARTICLE_MIB_PER_TOKEN) // ARTICLE_MAX_LEN}
+
+
+def prefix_setting_figures(model: str, gpu: str, rate_scales) -> dict:
+    """The prefix-caching set-up in words: model, GPU, the model's maximum length (tokens), the pool (tokens) and the
+    rate scales run."""
+    off, _, blocks, _ = prefix_setting(model, gpu)
+    scales = [f"{s:g}x" for s in rate_scales]
+    return {"model": model, "gpu": gpu, "max_len": off.scheduler.max_model_len,
+            "pool_tokens": (blocks - 1) * off.cache.block_size, "scales": _and(scales)}
 
 
 def prefix_figures(trace: TraceWorkload, table: pd.DataFrame, model: str, gpu: str) -> dict:
