@@ -20,6 +20,8 @@ queue in vLLM's order.
 """
 from __future__ import annotations
 
+from itertools import islice
+
 from kvlab.core import validate
 
 NULL_BLOCK_ID = 0
@@ -94,9 +96,10 @@ class BlockPool:
         else:
             taken = head[::-1]
             head.clear()
+            # The tail's first blocks, read in one pass: next(iter(tail)) per block would rescan the slots that
+            # earlier deletions from the dict's front left empty (quadratic on a long run of evictions).
             tail = self._tail
-            for _ in range(num_blocks - len(taken)):
-                block = next(iter(tail))
+            for block in list(islice(tail, num_blocks - len(taken))):
                 del tail[block]
                 self._evict(block)
                 taken.append(block)

@@ -184,7 +184,7 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
             (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             sections.append(sec)
         set_aside = {int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))}
-        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv"))), set_aside)
+        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")), sources=tuple(ledger_mod.SOURCES)), set_aside)
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
         info = provenance() | {"sweeps": [str(run) for run in sweep.read_log(sweep_log)]}
@@ -213,11 +213,15 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
             os.environ.pop(sweep.LOG_ENV, None)
         else:
             os.environ[sweep.LOG_ENV] = previous_log
-    s = ledger_mod.summary(ledger)
+    counts = []
+    for source, name in ledger_mod.SOURCE_NAMES.items():
+        s = ledger_mod.summary(ledger, source)
+        if s["total"]:
+            counts.append(f"{name}: {s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within "
+                          f"tolerance, {s['missing']} missing"
+                          + (f", {s['not_compared']} not compared: other parameters than its" if s["not_compared"] else ""))
     log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, report.pdf, ledger.csv "
-        f"({s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within tolerance, {s['missing']} missing"
-        + (f", {s['not_compared']} not compared: other parameters than the article's" if s["not_compared"] else "")
-        + ")")
+        f"({'; '.join(counts)})")
     return out
 
 

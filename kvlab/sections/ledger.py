@@ -1,11 +1,18 @@
-"""The reproduction ledger: every figure the article publishes, set against kvlab's value.
+"""The reproduction ledger: every figure the article publishes, and the vLLM paper's figures section 6
+reproduces, set against kvlab's value.
 
-data/article_figures.csv is the one place that holds the article's figures and their tolerances:
+Two sources, one file each, the one place that holds their figures and tolerances (same columns):
+data/article_figures.csv (source "article", sections 1-3) and data/paper_figures.csv (source "vllm-paper":
+Kwon et al., SOSP 2023, arXiv 2309.06180; section 6). The ledger's "article" column holds the published value
+of whichever source. Tolerance kinds:
 - ``abs``: pass when |printed - article| <= tolerance, where printed is kvlab's value rounded
   the way the article rounds (half up, to the article's number of decimals): with tolerance 0
   kvlab prints exactly what the article prints;
 - ``rel``: pass when |reproduced - article| <= tolerance x |article|;
-- ``band``: pass when the article's value lies inside kvlab's [band_low, band_high] (seed bands).
+- ``band``: pass when the article's value lies inside kvlab's [band_low, band_high] (seed bands);
+- ``range``: a published range: pass when value <= reproduced <= tolerance (the row's value is the range's
+  low end, its tolerance the high end);
+- ``above``: pass when reproduced > value.
 """
 from __future__ import annotations
 
@@ -17,11 +24,17 @@ import pandas as pd
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 ARTICLE_FIGURES_CSV = DATA_DIR / "article_figures.csv"
+PAPER_FIGURES_CSV = DATA_DIR / "paper_figures.csv"
+# Each source of published figures, its file, and how the report names it.
+SOURCES = {"article": ARTICLE_FIGURES_CSV, "vllm-paper": PAPER_FIGURES_CSV}
+SOURCE_NAMES = {"article": "the article", "vllm-paper": "the vLLM paper"}
 KEY = ["section", "table", "row", "column"]
-LEDGER_COLUMNS = ["section", "table", "row", "column", "article", "reproduced", "band_low", "band_high", "tolerance",
-                  "status", "why"]
+LEDGER_COLUMNS = ["source", "section", "table", "row", "column", "article", "reproduced", "band_low", "band_high",
+                  "tolerance", "status", "why"]
 STATUSES = ("pass", "fail", "missing", "not compared")
 SECTIONS = (1, 2, 3)
+PAPER_SECTIONS = (6,)
+TOLERANCE_KINDS = ("abs", "rel", "band", "range", "above")
 
 
 def article_figures(section: int | None = None) -> pd.DataFrame:
@@ -32,6 +45,43 @@ def article_figures(section: int | None = None) -> pd.DataFrame:
             raise ValueError(f"section={section!r} is not allowed: must be one of 1, 2, 3")
         figures = figures[figures["section"] == section]
     return figures.reset_index(drop=True)
+
+
+def paper_figures(section: int | None = None) -> pd.DataFrame:
+    """The vLLM paper's figures that kvlab reproduces (data/paper_figures.csv), optionally of one section."""
+    figures = pd.read_csv(PAPER_FIGURES_CSV, dtype={"row": str, "table": str, "column": str})
+    if section is not None:
+        if section not in PAPER_SECTIONS:
+            raise ValueError(f"section={section!r} is not allowed: the vLLM paper's figures are in section "
+                             + ", ".join(map(str, PAPER_SECTIONS)))
+        figures = figures[figures["section"] == section]
+    return figures.reset_index(drop=True)
+
+
+def figures(section: int | None = None, sources=None) -> pd.DataFrame:
+    """The published figures of sources (default: every source), with a first column "source", optionally of one
+    section."""
+    sources = tuple(SOURCES) if sources is None else tuple(sources)
+    for source in sources:
+        if source not in SOURCES:
+            raise ValueError(f"source={source!r} is not allowed: must be one of {', '.join(SOURCES)}")
+    if section is not None and section not in SECTIONS + PAPER_SECTIONS:
+        raise ValueError(f"section={section!r} is not allowed: must be one of "
+                         + ", ".join(map(str, SECTIONS + PAPER_SECTIONS)))
+    read = {"article": article_figures, "vllm-paper": paper_figures}
+    parts = []
+    for source in sources:
+        part = read[source]()
+        if section is not None:
+            part = part[part["section"] == section]
+        parts.append(part.assign(source=source))
+    found = pd.concat(parts, ignore_index=True)
+    return found[["source"] + [c for c in found.columns if c != "source"]]
+
+
+def source_of(section: int) -> str:
+    """The source whose figures a section reproduces: the vLLM paper's for section 6, else the article's."""
+    return "vllm-paper" if section in PAPER_SECTIONS else "article"
 
 
 def round_half_up(value: float, decimals: int) -> float:
@@ -81,6 +131,10 @@ def _status(row) -> tuple[float, str]:
         if pd.isna(low) or pd.isna(high):
             return difference, "missing"
         return difference, "pass" if low <= article <= high else "fail"
+    if kind == "range":
+        return difference, "pass" if article <= reproduced <= float(row["tolerance"]) else "fail"
+    if kind == "above":
+        return difference, "pass" if reproduced > article else "fail"
     tolerance = float(row["tolerance"])
     if kind == "abs":
         printed = round_half_up(reproduced, int(row["decimals"]))
@@ -89,43 +143,52 @@ def _status(row) -> tuple[float, str]:
     elif kind == "rel":
         ok = abs(difference) <= tolerance * abs(article)
     else:
-        raise ValueError(f"tolerance_kind={kind!r} is not allowed: must be abs, rel or band")
+        raise ValueError(f"tolerance_kind={kind!r} is not allowed: must be one of {', '.join(TOLERANCE_KINDS)}")
     return difference, "pass" if ok else "fail"
 
 
-def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None = None) -> pd.DataFrame:
-    """Join reproduced values with the article's figures: article, reproduced, difference, tolerance, status.
+def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None = None,
+            sources=("article",)) -> pd.DataFrame:
+    """Join reproduced values with the published figures: source, article (the published value), reproduced,
+    difference, tolerance, status.
 
-    Every article figure of the section(s) appears; one kvlab did not reproduce is 'missing'.
+    Every figure of the section (of its source), or without a section of the sources, appears; one kvlab did not
+    reproduce is 'missing'.
     """
     if isinstance(reproduced, list):
         reproduced = pd.concat(reproduced, ignore_index=True) if reproduced else None
     if reproduced is None or reproduced.empty:
         reproduced = pd.DataFrame(columns=KEY + ["reproduced"])
     reproduced = reproduced.astype({"section": int, "table": str, "row": str, "column": str})
-    figures = article_figures(section)
-    unknown = reproduced.merge(figures[KEY], on=KEY, how="left", indicator=True)
+    published = figures(section, [source_of(section)] if section is not None else sources)
+    unknown = reproduced.merge(published[KEY], on=KEY, how="left", indicator=True)
     unknown = unknown[unknown["_merge"] == "left_only"]
     if not unknown.empty:
         first = unknown.iloc[0]
         raise ValueError(
-            f"reproduced figure {tuple(first[KEY])} is not allowed: it is not in {ARTICLE_FIGURES_CSV.name}"
+            f"reproduced figure {tuple(first[KEY])} is not allowed: it is not in "
+            f"{SOURCES[source_of(int(first['section']))].name}"
         )
-    merged = figures.merge(reproduced, on=KEY, how="left")
+    merged = published.merge(reproduced, on=KEY, how="left")
     results = merged.apply(_status, axis=1, result_type="expand")
     merged["difference"], merged["status"] = results[0], results[1]
     merged = merged.rename(columns={"value": "article"})
     merged["tolerance"] = merged.apply(_tolerance_text, axis=1)
     merged["why"] = merged["why"].astype(object).fillna("") if "why" in merged else ""
-    columns = KEY + ["article", "reproduced", "difference", "tolerance", "status", "why"]
+    columns = ["source"] + KEY + ["article", "reproduced", "difference", "tolerance", "status", "why"]
     for extra in ("band_low", "band_high"):
         if extra in merged:
             columns.insert(columns.index("difference"), extra)
     return merged[columns]
 
 
-def summary(ledger: pd.DataFrame) -> dict:
-    """Counts of pass / fail / missing / not compared rows; total and compared (the rows not set aside)."""
+def summary(ledger: pd.DataFrame, source: str | None = None) -> dict:
+    """Counts of pass / fail / missing / not compared rows; total and compared (the rows not set aside); of one
+    source's rows when source is given."""
+    if source is not None:
+        if source not in SOURCES:
+            raise ValueError(f"source={source!r} is not allowed: must be one of {', '.join(SOURCES)}")
+        ledger = ledger[ledger["source"] == source] if "source" in ledger else ledger.iloc[:0]
     counts = ledger["status"].value_counts()
     found = {s.replace(" ", "_"): int(counts.get(s, 0)) for s in STATUSES}
     return {"total": int(len(ledger)), "compared": int(len(ledger)) - found["not_compared"], **found}
@@ -151,11 +214,13 @@ def save(ledger: pd.DataFrame, path: str | Path | None) -> None:
     ledger.to_csv(path, index=False, float_format="%.10g")
 
 
-def collect(paths: list[str | Path]) -> pd.DataFrame:
-    """The full ledger (every article figure) from the sections' saved rows, in the report's columns."""
+def collect(paths: list[str | Path], sources=("article",)) -> pd.DataFrame:
+    """The full ledger (every figure of sources; the report asks for all of SOURCES) from the sections' saved rows,
+    in the report's columns."""
     parts = [pd.read_csv(p, dtype={"row": str, "table": str, "column": str}) for p in paths if Path(p).exists()]
     reproduced = [p[[c for c in p.columns if c in KEY + ["reproduced", "band_low", "band_high", "why"]]] for p in parts]
-    ledger = compare(reproduced)
+    reproduced = [p for p in reproduced if p["section"].map(source_of).isin(sources).all()] if reproduced else []
+    ledger = compare(reproduced, sources=sources)
     for column in ("band_low", "band_high"):
         if column not in ledger:
             ledger[column] = np.nan
@@ -163,7 +228,11 @@ def collect(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def _tolerance_text(row) -> str:
-    """The tolerance as a person reads it: 'abs 0', 'rel 0.02', 'band 140.1..160.2'."""
+    """The tolerance as a person reads it: 'abs 0', 'rel 0.02', 'band 140.1..160.2', 'range 1.7..2.7', 'above 1'."""
+    if row["tolerance_kind"] == "range":
+        return f"range {float(row['article']):g}..{float(row['tolerance']):g}"
+    if row["tolerance_kind"] == "above":
+        return f"above {float(row['article']):g}"
     if row["tolerance_kind"] == "band":
         low, high = row.get("band_low", np.nan), row.get("band_high", np.nan)
         return "5-95% band" if pd.isna(low) else f"band {low:.6g}..{high:.6g}"

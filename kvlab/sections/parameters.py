@@ -15,6 +15,8 @@ from kvlab.core import article, batching, models, resources, validate
 from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_REQUEST
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
+from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
+from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
 from kvlab.workloads.traces import TRACE_FORMATS
 
@@ -24,6 +26,10 @@ Rule = Callable[[str, object], object]
 SECONDS_PER_REQUEST_DRAWN = 1e-7      # section 1: draw a length and count its blocks
 SECONDS_PER_REQUEST_SERVED = 1.5e-6   # section 2: draw and serve one request under one policy
 SECONDS_PER_NOTEBOOK = 5.0            # a kernel's start, imports, figures
+SECONDS_PER_REQUEST_ENGINE = 6e-5     # section 6: one request through the engine (roofline cost, no prefix caching)
+SECONDS_PER_REQUEST_PREFIX = 4e-3     # section 6: one Mooncake request through the engine with prefix caching
+SECONDS_PER_ENGINE_RUN = 0.02         # section 6: a run's set-up and its pickling to a process
+AZURE_REQUESTS = 19_366               # rows of the Azure conversation trace (the most section 6 serves from it)
 
 
 def _each(rule: Rule) -> Rule:
@@ -65,6 +71,20 @@ def _percent(name, value):
     x = validate.non_negative_number(name, value)
     if x > 100:
         validate.fail(name, value, "must be a percentile from 0 to 100")
+
+
+def _scale(name, value):
+    x = validate.positive_number(name, value)
+    if not 0.001 <= x <= 1000:
+        validate.fail(name, value, "must be a rate scale from 0.001 to 1,000 (1: the trace's own timestamps)")
+    return x
+
+
+def _scheduler(name, value):
+    if value != "":
+        from kvlab.sections.sweep import scheduler_of
+
+        scheduler_of(value)
 
 
 def _fraction(name, value):
@@ -132,6 +152,20 @@ RULES: dict[str, dict[str, Rule]] = {
         "BATCH_SIZES": _increasing(_count), "CONTEXTS": _increasing(_tokens), "FREE_GIB": _range("memory_gib"),
         "CONTEXT_TOKENS": _tokens, "MAX_NUM_SEQS": _range("max_num_seqs"), "SEED": _seed,
     },
+    "06_memory_budget": {
+        "MODEL": _model_name, "GPU": _gpu_name, "KV_CACHE_GIB": _range("memory_gib"), "BLOCK_SIZE": _range("block_size"),
+        "MAX_MODEL_LEN": _tokens, "MAX_NUM_SEQS": _range("max_num_seqs"), "MAX_NUM_BATCHED_TOKENS": _tokens,
+        "SHAREGPT_INPUTS": _choice(SHAREGPT_INPUTS), "ALPACA_LENGTHS": _choice(ALPACA_FAMILIES),
+        "NUM_REQUESTS": _range("num_requests"), "SEED": _seed, "NUM_SEEDS": _range("num_seeds"),
+        "SHAREGPT_RATE": _range("arrival_rate"), "ALPACA_RATE": _range("arrival_rate"),
+        "SHAREGPT_RATES": _increasing(_range("arrival_rate")), "ALPACA_RATES": _increasing(_range("arrival_rate")),
+        "LATENCY_BOUND_S": _range("seconds"), "LATENCY_BOUNDS_S": _increasing(_range("seconds")),
+        "BLOCK_SIZES": _increasing(_range("block_size")), "KV_CACHE_GIBS": _increasing(_range("memory_gib")),
+        "AZURE_RATE_SCALES": _increasing(_scale), "PREFIX_MODEL": _model_name, "PREFIX_GPU": _gpu_name,
+        "MOONCAKE_NUM_REQUESTS": _range("num_requests"), "MOONCAKE_RATE_SCALES": _increasing(_scale),
+        "ARTICLE_MS_PER_TOKEN": _range("ms_per_token"), "ARTICLE_MAX_NUM_SEQS": _increasing(_range("max_num_seqs")),
+        "TRACE_DIR": _folder, "SWEEP_SCHEDULER": _scheduler,
+    },
 }
 
 
@@ -143,6 +177,31 @@ def _check_batching(p: dict) -> None:
 def _check_capacity(p: dict) -> None:
     if p["WEIGHTS_GIB"] >= p["GPU_MEMORY_GIB"]:
         validate.fail("WEIGHTS_GIB", p["WEIGHTS_GIB"], f"must be below GPU_MEMORY_GIB={p['GPU_MEMORY_GIB']}")
+
+
+# The engine's setting of notebook 06, by the notebook's names.
+_SETTING_PARAMETERS = {"model": "MODEL", "gpu": "GPU", "kv_cache_gib": "KV_CACHE_GIB", "block_size": "BLOCK_SIZE",
+                       "max_model_len": "MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
+                       "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS"}
+
+
+def _check_memory_budget(p: dict) -> None:
+    """The setting must be one the engine can run: MAX_MODEL_LEN within the model's, one request of it in the KV
+    cache and in each KV_CACHE_GIBS size, and the prefix-caching model on its GPU."""
+    from kvlab.sections.memory_budget import PaperSetting, prefix_setting
+
+    try:
+        setting = PaperSetting(**{field: p[name] for field, name in _SETTING_PARAMETERS.items()})
+    except ValueError as error:
+        message = str(error)
+        field = message.split("=", 1)[0]
+        if field in _SETTING_PARAMETERS:
+            message = _SETTING_PARAMETERS[field] + message[len(field):]
+        raise ValueError(message) from None
+    setting.check_fits("KV_CACHE_GIB")
+    for i, gib in enumerate(p["KV_CACHE_GIBS"]):
+        setting.check_fits(f"KV_CACHE_GIBS[{i}]", gib)
+    prefix_setting(p["PREFIX_MODEL"], p["PREFIX_GPU"])
 
 
 # The article's own settings per notebook: a run with other values cannot be held to the article's figures, so
@@ -158,19 +217,28 @@ ARTICLE_SETTINGS: dict[str, dict] = {
                     "HEAD_DIM": article.HEAD_DIM, "DTYPE_BYTES": article.DTYPE_BYTES,
                     "GPU_MEMORY_GIB": article.GPU_MEMORY_GIB, "WEIGHTS_GIB": article.WEIGHTS_GIB,
                     "CONTEXTS": list(article.CONTEXTS), "CONCURRENCY": list(article.CONCURRENCY)},
+    # The vLLM paper's setting (Kwon et al., SOSP 2023, §6.1, Table 1 and Fig. 13's rates).
+    "06_memory_budget": {"MODEL": "facebook/opt-13b", "GPU": "A100-40GB", "KV_CACHE_GIB": 12.0, "BLOCK_SIZE": 16,
+                         "MAX_MODEL_LEN": 2048, "SHAREGPT_RATE": 2.0, "ALPACA_RATE": 30.0},
 }
 
 
+# Whose settings ARTICLE_SETTINGS holds for a notebook, where not the article's.
+SETTINGS_SOURCE = {"06_memory_budget": "the vLLM paper's"}
+
+
 def departures(stem: str, p: dict) -> str:
-    """The article's settings that the parameters p of notebook stem change, as one phrase ('' when none)."""
-    changed = [f"{name}={p[name]!r} (the article's {value!r})" for name, value in ARTICLE_SETTINGS.get(stem, {}).items()
+    """The published settings (the article's, or the vLLM paper's for section 6) that the parameters p of notebook
+    stem change, as one phrase ('' when none)."""
+    whose = SETTINGS_SOURCE.get(stem, "the article's")
+    changed = [f"{name}={p[name]!r} ({whose} {value!r})" for name, value in ARTICLE_SETTINGS.get(stem, {}).items()
                if name in p and p[name] != value]
     return ", ".join(changed)
 
 
 # Checks that need several parameters together (run after the per-parameter rules).
 CROSS_CHECKS: dict[str, Callable[[dict], None]] = {
-    "02_batching": _check_batching, "03_capacity": _check_capacity,
+    "02_batching": _check_batching, "03_capacity": _check_capacity, "06_memory_budget": _check_memory_budget,
 }
 
 
@@ -199,11 +267,23 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
         runs = (4 * p["NUM_SEEDS"] + 2 * p["SWEEP_SEEDS"] * (len(p["SWEEP_RATES"]) + len(p["SWEEP_CVS"]) + 1) + 6)
         return resources.Estimate(n * batching.PEAK_BYTES_PER_REQUEST,
                                   SECONDS_PER_NOTEBOOK + runs * n * SECONDS_PER_REQUEST_SERVED)
+    if stem == "06_memory_budget":
+        n, seeds = p["NUM_REQUESTS"], p["NUM_SEEDS"]
+        runs = seeds * 4 * (4 + len(p["SHAREGPT_RATES"]) + len(p["ALPACA_RATES"]) + len(p["KV_CACHE_GIBS"]))
+        runs += seeds * 2 * len(p["BLOCK_SIZES"])
+        served = runs * n + 4 * len(p["AZURE_RATE_SCALES"]) * AZURE_REQUESTS
+        served += 4 * len(p["ARTICLE_MAX_NUM_SEQS"]) * 600
+        cached = 2 * len(p["MOONCAKE_RATE_SCALES"]) * p["MOONCAKE_NUM_REQUESTS"]
+        largest = max(n, AZURE_REQUESTS, p["MOONCAKE_NUM_REQUESTS"])
+        return resources.Estimate(2 * largest * ENGINE_BYTES_PER_REQUEST,   # a run in each of two processes
+                                  SECONDS_PER_NOTEBOOK + served * SECONDS_PER_REQUEST_ENGINE
+                                  + cached * SECONDS_PER_REQUEST_PREFIX
+                                  + (runs + 4 * len(p["AZURE_RATE_SCALES"])) * SECONDS_PER_ENGINE_RUN)
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 
 # The parameter whose size drives each notebook's memory, to name in a refusal.
-SIZE_PARAMETER = {"01_allocation": "NUM_REQUESTS", "02_batching": "NUM_REQUESTS"}
+SIZE_PARAMETER = {"01_allocation": "NUM_REQUESTS", "02_batching": "NUM_REQUESTS", "06_memory_budget": "NUM_REQUESTS"}
 
 
 def refuse_if_too_big(stem: str, p: dict) -> None:

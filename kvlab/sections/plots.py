@@ -11,6 +11,7 @@ import io
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.ticker
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -358,4 +359,120 @@ def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.fig
     fig.legend(handles, labels, loc="outside right center", fontsize=8)
     if gpu:
         fig.suptitle(f"vLLM's maximum concurrency on {gpu} (a missing line: the weights leave no KV block)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------- section 6: serving under one memory budget
+MODE_COLORS = {"Orca (Max)": "tab:red", "Orca (Pow2)": "tab:orange", "Orca (Oracle)": "tab:green", "vLLM": "tab:blue"}
+
+
+def _plain_log2(axis) -> None:
+    """A log axis of base 2 labelled with plain numbers (0.25, 1, 4, ...), no minor labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=2))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+@captioned
+def latency_vs_rate(curves: pd.DataFrame, bound_s: float, sustained: pd.DataFrame | None = None
+                    ) -> matplotlib.figure.Figure:
+    """Normalized latency (s per output token, log scale) against the request rate (requests/s, log scale), one panel
+    per dataset and a line per allocation mode, the latency bound dashed and each mode's sustained rate marked."""
+    names = list(dict.fromkeys(curves.index.get_level_values("dataset")))
+    fig, axes = _figure(figsize=(9.0, 3.8), ncols=len(names), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        part = curves.xs(name, level="dataset")
+        for mode in part.columns:
+            color = MODE_COLORS.get(mode)
+            ax.plot(part.index, part[mode], "o-", ms=3, color=color, label=mode)
+            if sustained is not None and (name, bound_s) in sustained.index:
+                rate = sustained.loc[(name, bound_s), mode]
+                if rate == rate:
+                    ax.plot([rate], [part.loc[rate, mode]], "s", ms=8, mfc="none", color=color)
+        ax.axhline(bound_s, color="black", ls="--", lw=1, label=f"bound {bound_s:g} s/token")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        _plain_log2(ax.xaxis)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("request rate (requests/s, Poisson)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].set_ylabel("normalized latency (s/token)")
+    axes[0, 0].legend(fontsize=8)
+    return fig
+
+
+@captioned
+def batched_vs_rate(runs: pd.DataFrame, fig13: pd.DataFrame, rates: dict) -> matplotlib.figure.Figure:
+    """Requests batched (mean over steps) against the request rate (requests/s, log scale), one panel per dataset and a
+    line per allocation mode; stars: the paper's Fig. 13 at its rate."""
+    names = list(dict.fromkeys(runs["dataset"]))
+    fig, axes = _figure(figsize=(9.0, 3.8), ncols=len(names), squeeze=False)
+    mean = runs.groupby(["dataset", "mode", "rate"])["mean_batched_requests"].mean()
+    labels = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "vLLM"}
+    for ax, name in zip(axes[0], names):
+        for mode, label in labels.items():
+            part = mean.loc[(name, mode)]
+            color = MODE_COLORS[label]
+            ax.plot(part.index, part.to_numpy(), "o-", ms=3, color=color, label=label)
+            column = f"{name}: paper"
+            if column in fig13:
+                ax.plot([rates[name]], [fig13.loc[label, column]], "*", ms=12, color=color)
+        ax.set_xscale("log", base=2)
+        _plain_log2(ax.xaxis)
+        ax.set_title(f"{name} (stars: the paper at {rates[name]:g} requests/s)", fontsize=10)
+        ax.set_xlabel("request rate (requests/s, Poisson)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0, 0].set_ylabel("requests batched (mean over steps)")
+    axes[0, 0].legend(fontsize=8)
+    return fig
+
+
+@captioned
+def block_size_tradeoff(tables: dict[str, pd.DataFrame]) -> matplotlib.figure.Figure:
+    """Block size (tokens, log scale) under the engine, one line per dataset and rate: normalized latency relative to
+    block 16 (left); the share of the memory requests hold that holds token states, solid, and block-table entries
+    per request, dotted (right)."""
+    fig, (left, right) = _figure(figsize=(9.0, 3.8), ncols=2)
+    entries = right.twinx()
+    for i, (name, table) in enumerate(tables.items()):
+        color = f"C{i}"
+        x = table.index.to_numpy(dtype=float)
+        base = table.loc[16, "normalized_latency_s"] if 16 in table.index else table["normalized_latency_s"].min()
+        left.plot(x, table["normalized_latency_s"] / base, "o-", color=color, label=name)
+        right.plot(x, table["token_states_of_held_pct"], "o-", color=color, label=name)
+        entries.plot(x, table["block_table_entries"], "s:", color=color, ms=3)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        _plain_log2(ax.xaxis)
+        ax.set_xlabel("block size (tokens)")
+        ax.grid(True, which="both", alpha=0.3)
+    entries.set_yscale("log", base=2)
+    entries.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    left.set_ylabel("normalized latency / at block 16")
+    left.legend(fontsize=8)
+    right.set_ylabel("token states / memory held (%), solid")
+    entries.set_ylabel("block-table entries per request, dotted")
+    right.legend(fontsize=7, loc="lower left")
+    return fig
+
+
+@captioned
+def preemption_vs_memory(table: pd.DataFrame) -> matplotlib.figure.Figure:
+    """KV-cache size (GiB): normalized latency per allocation mode (left, log scale) and vLLM's recompute preemptions
+    per request (right)."""
+    fig, (left, right) = _figure(figsize=(9.0, 3.8), ncols=2)
+    x = table.index.to_numpy(dtype=float)
+    for mode, color in MODE_COLORS.items():
+        left.semilogy(x, table[f"{mode}: latency (s/token)"], "o-", color=color, label=mode)
+    left.set_xlabel("KV cache (GiB)")
+    left.set_ylabel("normalized latency (s/token)")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend(fontsize=8)
+    right.plot(x, table["vLLM: preemptions per request"], "o-", color=MODE_COLORS["vLLM"])
+    right.set_xlabel("KV cache (GiB)")
+    right.set_ylabel("vLLM: preemptions per request")
+    right.set_ylim(0, None)
+    right.grid(True, alpha=0.3)
     return fig

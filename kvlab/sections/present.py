@@ -185,28 +185,49 @@ def band(bands: pd.DataFrame, caption: str = "") -> Table:
                   "num_seeds": "seeds"}, caption=caption)
 
 
-def ledger(rows: pd.DataFrame, caption: str = "") -> Table:
-    """A section's ledger rows (kvlab.sections.ledger.compare) as a Table: each figure at the article's printed
-    precision, the seed band where there is one, the tolerance and a pass/fail mark."""
-    from kvlab.sections.ledger import article_figures
+def published(row, decimals: int) -> str:
+    """A published figure as shown: its value at the source's precision, a range 'low to high' (tolerance kind
+    range: the value is the low end, the tolerance the high end), or '> value' (kind above)."""
+    kind = row.get("tolerance_kind", "")
+    if kind == "range":
+        return f"{cell(float(row['value']), decimals)} to {cell(float(row['tolerance']), decimals)}"
+    if kind == "above":
+        return f"> {cell(float(row['value']), decimals)}"
+    return cell(row["value"], decimals)
 
-    decimals = article_figures().set_index(["section", "table", "row", "column"])["decimals"]
+
+def ledger(rows: pd.DataFrame, caption: str = "", *, why: bool = False) -> Table:
+    """A section's ledger rows (kvlab.sections.ledger.compare) as a Table: each figure at the source's printed
+    precision (a published range as 'low to high'), the seed band where there is one, the tolerance, a pass/fail
+    mark and, with why, the reason a figure lies where it does. The published value's column is headed by its
+    source: "article", or "paper" for the vLLM paper's figures."""
+    from kvlab.sections.ledger import KEY, figures
+
+    published_figures = figures().set_index(KEY)
     shown = []
     for _, r in rows.iterrows():
-        d = int(decimals.get((r["section"], r["table"], r["row"], r["column"]), 2))
+        key = (r["section"], r["table"], r["row"], r["column"])
+        figure = published_figures.loc[key] if key in published_figures.index else None
+        d = int(figure["decimals"]) if figure is not None else 2
+        source = figure["source"] if figure is not None else "article"
         band = (f"{cell(r['band_low'], d)} to {cell(r['band_high'], d)}"
                 if "band_low" in r and not pd.isna(r.get("band_low")) else "")
-        shown.append({"table": r["table"], "row": r["row"], "figure": label(r["column"]),
-                      "article": cell(r["article"], d), "kvlab": cell(r["reproduced"], d), "kvlab's 5-95% band": band,
-                      # the tolerance the status is judged by: a band only where it is (section 2), not wherever
-                      # a band is shown beside the default seed's value (section 1)
-                      "tolerance": "band" if str(r["tolerance"]).startswith(("band", "5-95% band")) else r["tolerance"],
-                      "status": MARKS.get(r["status"], r["status"])})
+        row = {"table": r["table"], "row": r["row"], "figure": label(r["column"]),
+               "paper" if source == "vllm-paper" else "article":
+                   published(figure, d) if figure is not None else cell(r["article"], d),
+               "kvlab": cell(r["reproduced"], d), "kvlab's 5-95% band": band,
+               # the tolerance the status is judged by: a band only where it is (section 2), not wherever
+               # a band is shown beside the default seed's value (section 1)
+               "tolerance": "band" if str(r["tolerance"]).startswith(("band", "5-95% band")) else r["tolerance"],
+               "status": MARKS.get(r["status"], r["status"])}
+        if why:
+            row["why"] = "" if pd.isna(r.get("why", "")) else str(r.get("why", ""))
+        shown.append(row)
     frame = pd.DataFrame(shown)
     if not frame["kvlab's 5-95% band"].any():
         frame = frame.drop(columns="kvlab's 5-95% band")
     return Table(tuple(frame.columns), tuple(tuple(map(str, row)) for row in frame.itertuples(index=False)),
-                 tuple(c in ("article", "kvlab") for c in frame.columns), 0, caption)
+                 tuple(c in ("article", "paper", "kvlab") for c in frame.columns), 0, caption)
 
 
 @dataclass(frozen=True)
