@@ -117,7 +117,7 @@ def test_table_headers_are_never_broken_inside_a_word(report):
 def test_long_tables_print_in_parts_of_at_least_three_rows():
     rows = "".join(f"<tr><td>{i}</td></tr>" for i in range(50))
     document = render.pdf_document(f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>',
-                                   [], "", "today")
+                                   [], "today")
     soup = BeautifulSoup(document, "html.parser")
     sizes = [len(t.find("tbody").find_all("tr")) for t in soup.find_all("table")]
     assert sum(sizes) == 50 and all(3 <= s <= render.ROWS_PER_PRINTED_TABLE for s in sizes)

@@ -196,7 +196,7 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
         if pdf:
             log("report: rendering report.pdf ...", end=" ", flush=True)
             pdf_start = time.perf_counter()
-            document = render.pdf_document(index, sections, ledger_html, provenance()["built"])
+            document = render.pdf_document(index, sections, provenance()["built"])
             pages = render.write_pdf(document, tmp / "report.pdf", tmp)
             (tmp / "report-pages.json").write_text(json.dumps(pages, indent=1) + "\n")
             log(f"ok ({pages['num_pages']} pages, {time.perf_counter() - pdf_start:.1f} s)", flush=True)

@@ -56,17 +56,21 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
         @bottom-center { content: counter(page); font-size: 8pt; color: #777; } }
 @page title { @bottom-center { content: none; } }
 @media print {
-  body { max-width: none; margin: 0; padding: 0; font-size: 8.6pt; line-height: 1.3; }
+  body { max-width: none; margin: 0; padding: 0; font-size: 8pt; line-height: 1.22; }
   p { margin: 0.35rem 0; }
   nav, .cards img { display: none; }
   h1 { font-size: 16pt; } h2 { font-size: 12.5pt; } h3 { font-size: 11pt; }
   h1, h2, h3 { break-after: avoid; }
-  table { font-size: 6.8pt; break-inside: avoid; margin: 0.4rem 0; }
+  table { font-size: 6.5pt; break-inside: avoid; margin: 0.35rem 0; }
   pre { font-size: 7.5pt; padding: 0.4rem; }
   th, td { padding: 0.12rem 0.35rem; }
   figure, pre { break-inside: avoid; }
-  figure { margin: 0.5rem 0; }
-  figure img, .jp-OutputArea-output img { max-height: 6.6cm; width: auto; }
+  /* Figures float right at a little over half the width, the prose beside them: a page is not left half
+     empty when a figure does not fit below a paragraph. Tables and headings start below any figure. */
+  figure { float: right; width: 56%; margin: 0.1rem 0 0.4rem 0.5cm; }
+  figure img { width: 100%; height: auto; max-height: none; }
+  figcaption { font-size: 7pt; }
+  table, pre, h1, h2, h3, .table-wrap { clear: both; }
   .title-page { page: title; padding-top: 3cm; }
   .title-page h1 { font-size: 24pt; }
   .contents { page: title; break-after: page; margin-top: 2cm; }
@@ -76,7 +80,8 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   .contents a::after { content: leader('.') target-counter(attr(href), page); }
   .contents li { list-style: none; margin: 0.25rem 0; }
   section.chapter { break-before: page; }
-  .cards { display: block; } .card { border: none; padding: 0; margin-bottom: 0.6rem; }
+  /* The contents page lists the sections, and each section ends with its headline: no cards in print. */
+  .cards, .sections-heading { display: none; }
 }
 """
 
@@ -233,9 +238,9 @@ def index_body(sections: list[Section], ledger, info: dict, params: dict, traces
         parts.append("<h3>Figures not reproduced, and why</h3>" + ledger_table(open_rows))
     parts.append("<p>Every figure: <a href=\"ledger.html\">the full ledger</a> "
                  "(<a href=\"ledger.csv\">ledger.csv</a>).</p>" + TOLERANCES)
-    parts.append("<h2>Sections</h2>")
     if traces_note:
         parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
+    parts.append("<h2 class=\"sections-heading\">Sections</h2>")
     cards = []
     for sec in sections:
         figure = (f"<a href=\"{sec.stem}.html\"><img src=\"{sec.key_figure}\" alt=\"{html.escape(sec.key_caption)}\" "
@@ -299,12 +304,12 @@ def _printable_tables(soup: BeautifulSoup) -> None:
             anchor = piece
 
 
-def pdf_document(index: str, sections: list[Section], ledger_html: str, built: str) -> str:
-    """The whole report as one printable HTML document: a title page, contents, the front page's summary, each
-    section on its own pages, the ledger last."""
+def pdf_document(index: str, sections: list[Section], built: str) -> str:
+    """The whole report as one printable HTML document: a title page with the contents, the front page's summary,
+    each section on its own pages (the full ledger stays in ledger.html and ledger.csv: in print each section
+    ends with its own rows)."""
     chapters = [("overview", "Overview: the ledger and the sections", index)]
     chapters += [(f"sec-{s.stem}", s.title, s.body if not s.skipped else skipped_body(s)) for s in sections]
-    chapters += [("ledger", "The reproduction ledger", ledger_html)]
     contents = "".join(f"<li><a href=\"#{anchor}\">{html.escape(title)}</a></li>" for anchor, title, _ in chapters)
     body = (f"<div class=\"title-page\"><h1>{TITLE}</h1><p>A reproducible report on KV-cache memory in LLM "
             f"serving: the article's figures reproduced, and what real models, traces and vLLM's own accounting "
@@ -316,7 +321,7 @@ def pdf_document(index: str, sections: list[Section], ledger_html: str, built: s
     for link in soup.find_all("a", href=re.compile(r"^[0-9][0-9]_\w+\.html$")):
         link["href"] = f"#sec-{link['href'][:-5]}"  # links between pages become links inside the PDF
     for link in soup.find_all("a", href="ledger.html"):
-        link["href"] = "#ledger"
+        link.replace_with(link.get_text() + " (ledger.html beside this PDF)")
     return page(TITLE, str(soup))
 
 

@@ -21,6 +21,10 @@ from kvlab.core.units import cdiv
 
 FIGSIZE = (7.0, 4.2)
 DPI = 100
+# One style for every figure, with text large enough to read when the PDF prints a figure at half the page width.
+STYLE = {"font.size": 11.5, "axes.labelsize": 11.5, "axes.titlesize": 11.5, "xtick.labelsize": 10.5,
+         "ytick.labelsize": 10.5, "legend.fontsize": 10, "lines.linewidth": 1.8, "axes.spines.top": False,
+         "axes.spines.right": False}
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +54,8 @@ def captioned(function):
 
     @functools.wraps(function)
     def plot(*args, **kwargs) -> Figure:
-        made = function(*args, **kwargs)
+        with plt.rc_context(STYLE):
+            made = function(*args, **kwargs)
         return Figure(*made) if isinstance(made, tuple) else Figure(made, caption)  # (figure, its own caption)
 
     return plot
@@ -137,16 +142,18 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
     block, in the vLLM paper's terms."""
     fig, ax = _figure()
     share = breakdown[list(POLICY_PARTS)].div(breakdown["reserved_tokens"], axis=0) * 100
+    names = [name.replace(" (", "\n(") for name in share.index]  # "paged (block 16)" on two lines
     bottom = np.zeros(len(share))
     for column, (label, color) in POLICY_PARTS.items():
-        ax.bar(share.index, share[column], bottom=bottom, color=color, label=label)
+        ax.bar(names, share[column], bottom=bottom, color=color, label=label, width=0.6)
         bottom += share[column].to_numpy()
     for i, held in enumerate(share["held_tokens"]):
-        ax.annotate(f"{held:.1f}% held", (i, 101), ha="center", va="bottom")
-    ax.set_ylim(0, 110)
+        ax.annotate(f"{held:.1f}%\nheld", (i, 101), ha="center", va="bottom", fontsize=9.5)
+    ax.set_ylim(0, 122)
+    ax.set_yticks(range(0, 101, 20))
     ax.set_ylabel("share of reserved KV slots (%)")
     ax.set_xlabel("reservation policy")
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=1, frameon=False)
     return fig
 
 
