@@ -78,6 +78,18 @@ def test_a_failing_notebook_leaves_the_previous_report(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks", "params.yaml", "report"]
 
 
+def test_a_kernel_that_dies_is_one_line_naming_the_notebook_and_the_likely_cause(tmp_path):
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _notebook(notebooks / "01_dies.ipynb", "import os\nos._exit(9)  # as the kernel the out-of-memory killer ends")
+    out = tmp_path / "report"
+    with pytest.raises(report_params.ReportError) as error:
+        report_build.build(_params(tmp_path, ""), [], out, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
+    assert re.fullmatch(r"notebook 01_dies\.ipynb: its kernel died, most likely out of memory \([\d.]+ GiB available "
+                        r"now\); lower its NUM_REQUESTS or NUM_SEEDS", str(error.value)), str(error.value)
+    assert not out.exists()
+
+
 def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
