@@ -54,3 +54,15 @@ def test_every_sweep_is_logged_for_the_report(tmp_path, monkeypatch):
     runs = sweep.read_log(log)
     assert [(r.name, r.num_points, r.where) for r in runs] == [("first", 2, "this process"), ("second", 3, "this process")]
     assert "points on this process in" in str(runs[0])
+
+
+def test_the_report_refuses_an_unreachable_dask_address_before_any_notebook_runs():
+    from conftest import ROOT
+    import kvlab.report.params as report_params
+
+    start = time.monotonic()
+    notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    with pytest.raises(report_params.ReportError, match=r"SWEEP_SCHEDULER='tcp://127.0.0.1:9' is not allowed: no Dask "
+                                                        r"scheduler answered there within 10 s"):
+        report_params.load_params(ROOT / "params.yaml", ["SWEEP_SCHEDULER=tcp://127.0.0.1:9"], notebooks)
+    assert time.monotonic() - start < 15

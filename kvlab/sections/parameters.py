@@ -82,9 +82,9 @@ def _scale(name, value):
 
 def _scheduler(name, value):
     if value != "":
-        from kvlab.sections.sweep import scheduler_of
+        from kvlab.sections.sweep import check_reachable, scheduler_of
 
-        scheduler_of(value)
+        check_reachable(scheduler_of(value))  # before any notebook runs, not after minutes of work
 
 
 def _fraction(name, value):

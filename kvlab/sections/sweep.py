@@ -46,6 +46,23 @@ def scheduler_of(scheduler: str | None) -> str:
     return chosen
 
 
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """A one-line ValueError, within timeout_s, when nothing listens at a Dask scheduler's tcp address."""
+    import socket
+    import urllib.parse
+
+    parsed = urllib.parse.urlsplit(address)
+    if parsed.scheme != "tcp" or not parsed.hostname:
+        return  # tls:// and inproc:// are checked when the sweep connects
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 8786), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise ValueError(f"SWEEP_SCHEDULER={address!r} is not allowed: no Dask scheduler answered there within "
+                         f"{timeout_s:g} s ({type(error).__name__}); start one (dask scheduler) or unset it to "
+                         "use local processes") from None
+
+
 def _dask_executor(address: str):
     """A concurrent.futures executor on the Dask cluster at address; one line within 10 s when none answers."""
     try:
