@@ -184,7 +184,12 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
             (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             sections.append(sec)
         set_aside = {int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))}
-        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")), sources=tuple(ledger_mod.SOURCES)), set_aside)
+        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")),
+                                                         sources=tuple(ledger_mod.SOURCES)), set_aside)
+        for sec in sections:  # a section that was not built says why its figures are missing
+            if sec.skipped:
+                ledger.loc[(ledger["section"] == sec.number) & (ledger["status"] == "missing"), "why"] = \
+                    f"section {sec.number} was {sec.skipped}"
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
         info = provenance() | {"sweeps": [str(run) for run in sweep.read_log(sweep_log)]}
@@ -220,8 +225,8 @@ def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, no
             counts.append(f"{name}: {s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within "
                           f"tolerance, {s['missing']} missing"
                           + (f", {s['not_compared']} not compared: other parameters than its" if s["not_compared"] else ""))
-    log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, report.pdf, ledger.csv "
-        f"({'; '.join(counts)})")
+    log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, "
+        f"{'report.pdf, ' if pdf else ''}ledger.csv ({'; '.join(counts)})")
     return out
 
 
