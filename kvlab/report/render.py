@@ -59,7 +59,8 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   body { max-width: none; margin: 0; padding: 0; font-size: 8pt; line-height: 1.22; }
   p { margin: 0.35rem 0; }
   nav, .cards img { display: none; }
-  h1 { font-size: 16pt; } h2 { font-size: 12.5pt; } h3 { font-size: 11pt; }
+  h1 { font-size: 15pt; margin: 0 0 0.4rem; } h2 { font-size: 12pt; margin: 0.8rem 0 0.3rem; }
+  h3 { font-size: 10.5pt; margin: 0.6rem 0 0.25rem; }
   h1, h2, h3 { break-after: avoid; }
   table { font-size: 6.5pt; break-inside: avoid; margin: 0.35rem 0; }
   pre { font-size: 7.5pt; padding: 0.4rem; }
@@ -67,7 +68,7 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   figure, pre { break-inside: avoid; }
   /* Figures float right at a little over half the width, the prose beside them: a page is not left half
      empty when a figure does not fit below a paragraph. Tables and headings start below any figure. */
-  figure { float: right; width: 56%; margin: 0.1rem 0 0.4rem 0.5cm; }
+  figure { float: right; width: 52%; margin: 0.1rem 0 0.3rem 0.45cm; }
   figure img { width: 100%; height: auto; max-height: none; }
   figcaption { font-size: 7pt; }
   table, pre, h1, h2, h3, .table-wrap { clear: both; }
