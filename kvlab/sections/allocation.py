@@ -172,20 +172,25 @@ def article_table() -> pd.DataFrame:
 
 
 def claims_table(table: pd.DataFrame) -> pd.DataFrame:
-    """The article's headline claim from an allocation table: requests that fit with 16 over 4,096 tokens."""
-    return pd.DataFrame({"fit_ratio": [fit_ratio(table)]}, index=pd.Index(["16 vs 4096"], name="claim"))
+    """The article's headline claim from an allocation table: requests that fit with 16 over 4,096 tokens; no row
+    when BLOCK_SIZES leaves either out (the ledger then lists the claim as missing)."""
+    present = {article.FINE_BLOCK_SIZE, article.COARSE_BLOCK_SIZE} <= set(table.index)
+    ratios = [fit_ratio(table)] if present else []
+    return pd.DataFrame({"fit_ratio": ratios}, index=pd.Index(["16 vs 4096"][:len(ratios)], name="claim"))
 
 
 def band_check(band: pd.DataFrame, article_figures: pd.DataFrame) -> pd.DataFrame:
-    """Per block size and figure: the article's value, the seed band (low, high), and whether it lies inside."""
+    """Per block size and figure: the article's value, the seed band (low, high), and whether it lies inside; only
+    the article's block sizes that the band has (BLOCK_SIZES may leave some out)."""
     rows = []
-    for block_size in article_figures.index:
+    for block_size in (b for b in article_figures.index if b in band.index):
         for column in article_figures.columns:
             low, high = band.loc[block_size, column]
             value = article_figures.loc[block_size, column]
             rows.append({"block_size": block_size, "figure": column, "article": value,  # column: its name, e.g. waste_pct
                          "band_low": low, "band_high": high, "inside": bool(low <= value <= high)})
-    return pd.DataFrame(rows).set_index(["block_size", "figure"])
+    columns = ["block_size", "figure", "article", "band_low", "band_high", "inside"]
+    return pd.DataFrame(rows, columns=columns).set_index(["block_size", "figure"])
 
 
 def ledger_rows(workload: pd.DataFrame, table: pd.DataFrame, band: pd.DataFrame) -> pd.DataFrame:

@@ -61,6 +61,14 @@ def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> 
     return pd.DataFrame(values, index=pd.Index([gpu.name for gpu in gpus], name="gpu"), columns=columns)
 
 
+def bound_headline(bound: pd.DataFrame, batch_size: int, context_tokens: int) -> str:
+    """One line: the decode-step bound (ms) on each GPU at batch_size and context_tokens, or at the table's first
+    column when the table has no such column (other BATCH_SIZES or CONTEXTS)."""
+    column = (batch_size, context_tokens) if (batch_size, context_tokens) in bound.columns else bound.columns[0]
+    shown = [f"{bound.loc[gpu, column]:.2f} ms on {gpu}" for gpu in bound.index if pd.notna(bound.loc[gpu, column])]
+    return f"{', '.join(shown) or 'no GPU holds it'} at batch {column[0]}, {column[1]:,} tokens"
+
+
 def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
     """Measured decode step times (ms): one row per file, batch size and context (empty with no file)."""
     frames = [pd.DataFrame(c.kind("decode_step_ms")).assign(device=c.name) for c in calibrations]

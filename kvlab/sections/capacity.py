@@ -82,6 +82,32 @@ def concurrency_table(names: Iterable[str], gpu_memory_gib: float, contexts: Ite
     return pd.DataFrame(rows)
 
 
+def log_headline(log_table: pd.DataFrame) -> str:
+    """One line on a vllm_log_table: the models with the most and the fewest requests at once (x, at how many
+    GPUs, and their own max_model_len where it is below the table's), the one that needs the most GPUs and
+    those that fit on none of the tensor parallel sizes."""
+    fits = log_table[log_table["max_concurrency"].notna()]
+    longest = int(log_table["max_model_len"].max()) if len(log_table) else 0
+
+    def said(name, row):
+        clamp = f", its {int(row['max_model_len']):,}-token limit" if row["max_model_len"] < longest else ""
+        return f"{name.split('/')[-1]} {row['max_concurrency']:.2f}x (TP {int(row['tensor_parallel_size'])}{clamp})"
+
+    parts = []
+    if len(fits):
+        most, fewest = fits["max_concurrency"].idxmax(), fits["max_concurrency"].idxmin()
+        parts.append(f"most requests at once {said(most, fits.loc[most])}")
+        if fewest != most:
+            parts.append(f"fewest {said(fewest, fits.loc[fewest])}")
+        widest = fits["tensor_parallel_size"].idxmax()
+        if fits.loc[widest, "tensor_parallel_size"] > 1 and widest not in (most, fewest):
+            parts.append(f"most GPUs {said(widest, fits.loc[widest])}")
+    unfit = [name.split("/")[-1] for name in log_table.index if name not in fits.index]
+    if unfit:
+        parts.append(f"fit on no tensor parallel size: {', '.join(unfit)}")
+    return "; ".join(parts) or "no model"
+
+
 def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: int,
                    tensor_parallel_sizes: Iterable[int] = (1, 2, 4, 8),
                    config: EngineConfig = EngineConfig()) -> pd.DataFrame:

@@ -162,7 +162,8 @@ def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wa
                     label: str = "wasted tokens") -> matplotlib.figure.Figure:
     """How far the article's figure (x) lies from kvlab's seed median per block size, against the spread over seeds."""
     fig, ax = _figure()
-    sizes = list(article.index)
+    sizes = [b for b in article.index if b in set(runs.index)]  # the article's units that this run counted too
+    article = article.loc[sizes]
     medians = [np.median(runs.loc[runs.index == b, column]) for b in sizes]
     data = [100 * (runs.loc[runs.index == b, column].to_numpy() / m - 1) for b, m in zip(sizes, medians)]
     ax.boxplot(data, whis=(5, 95), showfliers=False)
