@@ -90,6 +90,19 @@ class Browser:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{url} did not load")
             self.events.append(json.loads(self.ws.recv()))
+        self._settle()
+
+    def _settle(self, quiet_s: float = 0.5) -> None:
+        """Keep reading events until none came for quiet_s, so that what a page logs late (a 404 after its load
+        event) is counted for that page and not for the next one."""
+        self.ws.settimeout(quiet_s)
+        try:
+            while True:
+                self.events.append(json.loads(self.ws.recv()))
+        except websocket.WebSocketTimeoutException:
+            pass
+        finally:
+            self.ws.settimeout(30)
 
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page."""

@@ -110,7 +110,9 @@ class Section:
 def page(title: str, body: str) -> str:
     """A whole HTML page with the report's style."""
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{html.escape(title)}</title>"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<link rel=\"icon\" href=\"data:,\">"  # no icon: the browser asks for no /favicon.ico that 404s
+            f"<title>{html.escape(title)}</title>"
             f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
 
 
