@@ -26,7 +26,7 @@ NEEDS_TRACES = {"04_traces", "06_memory_budget"}  # the whole notebook is about 
 @pytest.mark.parametrize("stem", sorted(RUNS))
 def test_a_notebook_runs_with_other_parameters(stem, tmp_path):
     if stem in NEEDS_TRACES and traces.missing_traces():
-        pytest.skip(f"{stem} needs the real traces, not in {traces.trace_dir()} (set TRACE_DIR)")
+        pytest.skip(f"{stem} needs the real traces, not in {traces.trace_dir()} (set TRACE_DIR or run make traces)")
     out = tmp_path / f"{stem}.ipynb"
     papermill.execute_notebook(str(ROOT / "notebooks" / f"{stem}.ipynb"), str(out), parameters=RUNS[stem],
                                kernel_name="python3", cwd=str(ROOT / "notebooks"), progress_bar=False)
