@@ -39,6 +39,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
+	@bash scripts/install_chromium.sh
 	@touch $@
 
 # The cache folders must exist before Jupyter or IPython look at them.

@@ -1,6 +1,6 @@
 """A small headless-Chromium driver for the report tests: the Chrome DevTools Protocol over a websocket.
 
-Debian's `chromium` (installed by .ci/run when missing) runs headless on a loopback port; pages are served
+Debian's `chromium` (make setup installs it where it can) runs headless on a loopback port; pages are served
 by a local http.server; nothing leaves this machine.
 """
 from __future__ import annotations
@@ -19,7 +19,9 @@ from pathlib import Path
 
 import websocket  # websocket-client, pinned in requirements.lock
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+from conftest import tool_path
+
+CHROMIUM = tool_path("chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
 

@@ -45,3 +45,12 @@ def test_parameters_are_upper_case_with_a_unit_comment(path):
         assert name.isupper(), f"{path.name}: {name} is not UPPER_CASE"
         span = lines[node.lineno - 1:node.end_lineno]
         assert any("#" in line for line in span), f"{path.name}: {name} has no comment giving its unit"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_prose_says_what_a_parameter_means_not_its_name(path):
+    names = set(parameters_cell(path))
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            shown = [name for name in names if f"`{name}`" in cell.source]
+            assert not shown, f"{path.name}: the prose shows {shown} as code; say in words what it means"

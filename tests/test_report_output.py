@@ -3,15 +3,13 @@ error, no horizontal scrolling at 1,280 pixels) and as a PDF (title, contents, s
 mostly empty, headers never broken inside a word). One report is built for the whole module."""
 import json
 import re
-import shutil
-import subprocess
 import urllib.parse
 import urllib.request
 
 import pytest
 from bs4 import BeautifulSoup
 
-from conftest import ROOT
+from conftest import ROOT, needs_tool
 from kvlab.report import render
 from kvlab.report.build import build
 
@@ -30,7 +28,7 @@ def pages(report):
 
 
 # ---------------------------------------------------------------- in a browser
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed (.ci/run installs it)")
+@needs_tool("chromium")
 def test_the_report_in_headless_chromium(report):
     from browser import Browser, Served
 
@@ -61,17 +59,31 @@ def test_the_report_in_headless_chromium(report):
     assert (ARTIFACTS / "front-page.png").stat().st_size > 10_000
 
 
-# ---------------------------------------------------------------- as a PDF
-def page_images(pdf, folder, dpi=30):
-    subprocess.run(["pdftoppm", "-r", str(dpi), "-gray", str(pdf), str(folder / "p")], check=True)
-    return sorted(folder.glob("p-*.pgm"), key=lambda p: int(p.stem.split("-")[1]))
+# ---------------------------------------------------------------- as a PDF (pypdfium2: PDFium, pinned; no system tool)
+def page_images(pdf, dpi=30):
+    """Every page of the PDF as a grey image."""
+    import pypdfium2
+
+    document = pypdfium2.PdfDocument(str(pdf))
+    try:
+        return [page.render(scale=dpi / 72, grayscale=True).to_pil() for page in document]
+    finally:
+        document.close()
 
 
-def fullness(path) -> float:
+def page_texts(pdf) -> list[str]:
+    """The text of every page of the PDF, line by line as laid out."""
+    import pypdfium2
+
+    document = pypdfium2.PdfDocument(str(pdf))
+    try:
+        return [page.get_textpage().get_text_bounded() for page in document]
+    finally:
+        document.close()
+
+
+def fullness(image) -> float:
     """How far down the text area a page's content reaches (0 to 1), its page number left out."""
-    from PIL import Image
-
-    image = Image.open(path)
     width, height = image.size
     top, bottom = int(height * 1.3 / 29.7), int(height * (29.7 - 1.5) / 29.7)  # the @page margins, cm of A4
     pixels = image.load()
@@ -79,12 +91,11 @@ def fullness(path) -> float:
     return (last - top) / (bottom - top)
 
 
-@pytest.mark.skipif(shutil.which("pdftoppm") is None, reason="poppler-utils (pdftoppm) is not installed")
-def test_the_pdf_has_no_page_mostly_empty_but_a_chapters_last(report, tmp_path):
+def test_the_pdf_has_no_page_mostly_empty_but_a_chapters_last(report):
     layout = json.loads((report / "report-pages.json").read_text())
     starts = sorted(layout["chapters"].values())
     last_of_chapter = {s - 1 for s in starts} | {layout["num_pages"]} | {1}  # the title and contents page too
-    images = page_images(report / "report.pdf", tmp_path)
+    images = page_images(report / "report.pdf")
     assert len(images) == layout["num_pages"]
     thin = [n for n, image in enumerate(images, 1) if n not in last_of_chapter and fullness(image) < 1 / 3]
     assert thin == [], f"pages less than a third full: {thin}"
@@ -92,9 +103,7 @@ def test_the_pdf_has_no_page_mostly_empty_but_a_chapters_last(report, tmp_path):
 
 
 def test_the_pdf_has_a_title_page_contents_with_page_numbers_and_each_section(report):
-    text = subprocess.run(["pdftotext", "-layout", str(report / "report.pdf"), "-"], capture_output=True,
-                          text=True, check=True).stdout
-    title_page = contents = text.split("\f")[0]
+    title_page = contents = page_texts(report / "report.pdf")[0]
     assert render.TITLE in " ".join(title_page.split())
     layout = json.loads((report / "report-pages.json").read_text())
     for stem in (p.stem for p in report.glob("[0-9][0-9]_*.html")):
@@ -104,8 +113,7 @@ def test_the_pdf_has_a_title_page_contents_with_page_numbers_and_each_section(re
 
 
 def test_table_headers_are_never_broken_inside_a_word(report):
-    text = subprocess.run(["pdftotext", str(report / "report.pdf"), "-"], capture_output=True, text=True,
-                          check=True).stdout
+    text = "\n".join(page_texts(report / "report.pdf"))
     words_in_text = set(re.findall(r"[A-Za-z]{6,}", text))
     for name in pages(report):
         soup = BeautifulSoup((report / name).read_text(), "html.parser")
