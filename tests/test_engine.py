@@ -19,7 +19,7 @@ REQUEST_KEYS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_to
 
 
 def config(**settings) -> EngineConfig:
-    return EngineConfig().replace(async_scheduling=False, **settings)
+    return EngineConfig().replace(**{"async_scheduling": False, **settings})
 
 
 # ---------------------------------------------------------------- vLLM's own outputs (no vLLM needed)
@@ -77,7 +77,7 @@ def engine_runs(draw):
         stems = [list(range(100 * s, 100 * s + 40)) for s in range(3)]
         ids = [np.array(stems[draw(st.integers(0, 2))][:p - 1] + [draw(st.integers(0, 2))]) for p in prompts]
     workload = Workload(np.cumsum(gaps) - gaps[0], np.array(prompts), np.array(outputs))
-    settings_ = config(block_size=bs, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
+    settings_ = config(async_scheduling=draw(st.booleans()), block_size=bs, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=budget, max_model_len=max_model_len, enable_chunked_prefill=chunked,
                        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 16])) if max_model_len >= 16 else 0)
     return dict(workload=workload, config=settings_, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
@@ -130,19 +130,28 @@ def test_invariants_hold(args):
         assert pool.num_free_blocks == args["num_gpu_blocks"] - 1
         if not settings_.cache.enable_prefix_caching:
             assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
-            assert (steps["num_reserved_tokens"] - steps["num_kv_tokens"] < bs * np.maximum(steps["num_running"], 1)).all()
+            running = steps["num_running"]
+            if settings_.scheduler.async_scheduling:   # read after the update, when the next batch has admitted
+                running = np.maximum(running, np.append(running[1:], 0))
+            assert (steps["num_reserved_tokens"] - steps["num_kv_tokens"] < bs * np.maximum(running, 1)).all()
     else:
         assert result.num_preemptions.sum() == 0
         assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
         assert engine.kv_cache_manager.num_free_tokens == engine.kv_cache_manager.num_tokens_total
     # tokens conserved: since its last admission each request computed exactly its tokens but the last sampled one
+    # (async: or it finished in the waiting queue by the token of a batch in flight when it was preempted, so
+    # before that preemption)
     computed = np.zeros(w.num_requests, dtype=np.int64)
+    before_preemption = np.zeros(w.num_requests, dtype=np.int64)
     for batch, preempted in result.scheduled:
         for rid in preempted:
-            computed[rid] = 0
+            computed[rid], before_preemption[rid] = 0, computed[rid]
         for rid, n in batch:
             computed[rid] += n
     assert sum(n for batch, _ in result.scheduled for _, n in batch) == steps["num_scheduled_tokens"].sum()
+    if settings_.scheduler.async_scheduling:
+        finished_waiting = computed == 0
+        computed[finished_waiting] = before_preemption[finished_waiting]
     if not settings_.cache.enable_prefix_caching:
         assert np.array_equal(computed, final - 1)
     else:   # prefix hits are not computed
@@ -235,10 +244,8 @@ def test_bad_input_is_refused_in_one_line_before_any_work(settings_, blocks, mes
         simulate(w, settings_, num_gpu_blocks=blocks)
 
 
-def test_async_scheduling_and_a_missing_max_model_len_are_refused():
+def test_a_missing_max_model_len_and_an_empty_prompt_are_refused():
     w = Workload(np.zeros(1), np.array([10]), np.array([4]))
-    with pytest.raises(ValueError, match="async_scheduling=True is not allowed: kvlab's engine is vLLM's synchronous"):
-        simulate(w, EngineConfig().replace(max_model_len=64), num_gpu_blocks=10)
     with pytest.raises(ValueError, match="max_model_len=None is not allowed"):
         simulate(w, config(), num_gpu_blocks=10)
     with pytest.raises(ValueError, match="prompt_tokens.0.=0 is not allowed: must be >= 1"):
@@ -280,3 +287,26 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(seed):
         assert np.array_equal(slow.steps[name], fast.steps[name]), name
     assert slow.freed_tables == fast.freed_tables
     assert fast.steps["num_hit_tokens"].sum() > 0 or not caching
+
+
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=8),
+       st.sampled_from([1, 4, 16]))
+@settings(max_examples=60, deadline=None)
+def test_async_scheduling_on_an_idle_engine_gives_the_synchronous_times(requests, bs):
+    """One request at a time (each arrives after the last finished): async scheduling changes no time."""
+    prompts, outputs = (np.array(x) for x in zip(*requests))
+    arrival = np.arange(len(requests)) * 1.0           # 1 s apart: every request is long done by the next
+    w = Workload(arrival, prompts, outputs)
+    results = [simulate(w, config(async_scheduling=mode, block_size=bs, max_model_len=128), num_gpu_blocks=200)
+               for mode in (False, True)]
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens"):
+        assert np.array_equal(getattr(results[0], name), getattr(results[1], name)), name
+
+
+def test_async_scheduling_under_load_emits_first_tokens_a_step_later():
+    """Busy engine: a request arriving mid-batch is scheduled after the batch queued behind the running one."""
+    w = Workload(np.array([0.0, 0.005]), np.array([8, 6]), np.array([4, 2]))
+    sync, async_ = (simulate(w, config(async_scheduling=mode, block_size=4, max_model_len=64), num_gpu_blocks=64,
+                             cost=ConstantStepCost(10.0)) for mode in (False, True))
+    assert sync.first_token_s[1] == pytest.approx(0.020) and async_.first_token_s[1] == pytest.approx(0.030)
+    assert async_.first_scheduled_s[1] == pytest.approx(0.010)     # the schedule() call, at the clock

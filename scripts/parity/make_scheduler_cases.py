@@ -162,6 +162,36 @@ CASES = [
      "(original admission order). req0 gets block 3 (req1's, freed last, so at the head) "
      "then 4. Both resume at 0.05 after req0 finishes, recomputing 2 prompt + 3 output "
      "tokens each."),
+    # Asynchronous scheduling (vLLM's AsyncScheduler behind step_with_batch_queue, batch queue of 2).
+    ("async_idle_engine_as_sync", cfg(async_scheduling=True), CONST10,
+     [req(0.0, 8, 3)],
+     "One request, async. S0 (scheduled at 0, runs 0-10 ms): the 8-token prompt, 2 blocks, samples "
+     "(a placeholder). S1 is scheduled at once, still at 0: num_tokens 8 + 1 placeholder - 8 computed = 1 "
+     "token, position 8 needs a 3rd block, taken now (a step before the synchronous engine takes it); S1 "
+     "runs 10-20. The queue is full: wait for S0 (clock 10), first token at 10. S2 at 10 runs 20-30. Wait "
+     "for S1 (clock 20). S3 at 20: computed 10 + 2 - 1 placeholder >= 8 + 3, the early stop: nothing to "
+     "schedule, an empty batch. Wait for S2 (clock 30): the third token finishes it at 30. An idle engine "
+     "gives the synchronous times (10, 30 ms), with one block held a step earlier."),
+    ("async_arrival_a_step_later", cfg(async_scheduling=True), CONST10,
+     [req(0.0, 8, 4), req(0.005, 6, 2)],
+     "req1 arrives at 5 ms while S0 (0-10) and S1 (10-20, scheduled at 0) are queued. The engine waits "
+     "for S0 (clock 10); req1 joins; S2 is scheduled at 10 with req0's decode and req1's prompt, and runs "
+     "20-30: req1's first-scheduled time is 10 (the schedule() call), its first token 30, a step later "
+     "than synchronous scheduling (20)."),
+    ("async_preempt_with_a_token_in_flight",
+     cfg(num_gpu_blocks=5, max_model_len=64, async_scheduling=True), CONST10,
+     [req(0.0, 4, 8), req(0.0, 4, 8)],
+     "4 usable blocks of 4. Both prompts (1 block each) in S0; S1 (scheduled at 0) takes a second block "
+     "each for position 4. When req0 needs a block for position 8 none is free: req1, the last admitted, "
+     "is preempted while its decode batch is still in flight. That batch's token still arrives and is "
+     "appended to req1 (vLLM's stale output), so req1 resumes later recomputing its prompt and every token "
+     "sampled, that one included."),
+    ("async_prefix_caching", cfg(num_gpu_blocks=12, enable_prefix_caching=True, async_scheduling=True),
+     CONST10,
+     [req(0.0, 12, 6, SHARED), req(0.03, 13, 2, SHARED + [7])],
+     "Prefix caching with async scheduling: req0's full blocks are cached as their tokens settle "
+     "(update_from_output caches num_computed - in-flight tokens); req1, arriving later, hits req0's "
+     "prompt blocks (its last block is always computed)."),
 ]
 
 

@@ -45,11 +45,22 @@ Simulated time (kvlab's engine follows the same rules):
   tokens are always request-unique, so generated tokens never match across requests
   (but a preempted request can hit its own cached blocks when it resumes).
 
-With ``async_scheduling: true`` vLLM's AsyncScheduler runs behind a simplified model of
-the engine's two-deep batch queue: step k+1 is scheduled at the start of step k, so it sees
-outputs only up to step k-1; empty batches take no time (see ``_run_async``).  The
-decisions are vLLM's, the engine timing is an approximation; parity runs use ``false``.
-(vLLM 0.33's own GPU engine enables async scheduling by default.)
+With ``async_scheduling: true`` vLLM's AsyncScheduler is driven the way
+``EngineCore.step_with_batch_queue`` drives it (batch queue of two; scheduling and output
+processing take no simulated time; the GPU runs batches back to back).  The clock is the
+engine's CPU's: it moves only when the engine waits for a batch's output (to that batch's
+end) or idles (to the next arrival).  Each engine step: every request with ``arrival_s <=
+clock`` is added; if ``scheduler.has_requests()``, a batch is scheduled and queued (an empty
+one too), and the step returns without waiting while fewer than two batches are queued and
+(the batch has tokens or ``has_requests()``); otherwise the oldest batch's output is awaited
+and processed (``update_from_output``).  A batch scheduled at clock t runs from max(t, the end
+of the batch queued before it) for its cost, none without tokens; its tokens and finishes are
+stamped at its end.  ``first_scheduled_s`` is the clock of the ``schedule()`` call that admitted
+the request.  With requests unfinished and no batch of tokens queued, two ``schedule()`` calls in a
+row that scheduled nothing mean nothing can change before the next arrival: the clock jumps to it.  The model's
+output is fabricated by the same rule as below, decided when the batch is scheduled (vLLM's
+``is_prefill_chunk`` then counts the placeholders in flight).  Only batches with tokens, or
+that preempted a request (they take no time), are steps in OUT.json.
 
 OUT.json:
 
@@ -562,13 +573,18 @@ class Replay:
         step.num_blocks_in_use = (
             self.num_usable_blocks - self.block_pool.get_num_free_blocks())
 
-    def _start_step(self, step: StepRecord, start_s: float) -> None:
-        step.start_s = start_s
-        step.end_s = start_s + self.cost.duration_s(step.num_scheduled_tokens)
+    def _admitted_at(self, step: StepRecord, clock: float) -> None:
+        """First-scheduled times of the requests a schedule() call at clock scheduled."""
         for rid, _ in step.scheduled:
             record = self.records[rid]
             if record.first_scheduled_s is None:
-                record.first_scheduled_s = start_s
+                record.first_scheduled_s = clock
+
+    def _start_step(self, step: StepRecord, start_s: float) -> None:
+        step.start_s = start_s
+        step.end_s = start_s + self.cost.duration_s(step.num_scheduled_tokens) \
+            if step.num_scheduled_tokens else start_s  # a batch of no tokens takes no time
+        self._admitted_at(step, start_s)
         self.steps.append(step)
         if len(self.steps) > self.max_steps:
             raise NoProgressError(f"more than {self.max_steps} steps: livelock?")
@@ -618,46 +634,39 @@ class Replay:
             clock = step.end_s
 
     def _run_async(self) -> None:
-        """EngineCore.step_with_batch_queue() with async scheduling (batch queue of 2).
-
-        The engine schedules a new batch whenever the queue has room, then blocks on the
-        oldest batch and processes its output.  In simulated time, with zero CPU time:
-        schedule S0 at t0; schedule S1 at t0 (queue not full), which runs after S0;
-        at the end of S0 process S0's output, then schedule S2 (runs after S1), and so on.
-        So the batch that runs as step k+1 is scheduled at the start of step k, seeing
-        the outputs of steps up to k-1 (AsyncScheduler tracks the in-flight token with
-        ``num_output_placeholders``).  A batch with no tokens takes no time.
-        """
+        """EngineCore.step_with_batch_queue() with async scheduling (batch queue of 2), in
+        simulated time by the rules of the module docstring."""
         clock = self.pending[0].arrival_s
-        in_flight: deque[tuple[Any, StepRecord, Any]] = deque()
-        gpu_free_at = clock  # when the device finishes everything queued so far
+        queue: deque[tuple[Any, StepRecord, Any]] = deque()
+        gpu_free_at = clock  # when the device has run every batch queued so far
+        num_empty = 0        # schedule() calls in a row that scheduled nothing
         while True:
             self._add_arrivals(clock)
-            if self._unfinished() == 0 and not in_flight:
-                if not self.pending:
-                    break
-                clock = self.pending[0].arrival_s
-                gpu_free_at = max(gpu_free_at, clock)
-                continue
-            scheduled_something = False
             if self.scheduler.has_requests():
                 out, step, model_output = self._schedule(clock)
-                if out.total_num_scheduled_tokens > 0:
+                tokens = out.total_num_scheduled_tokens
+                self._admitted_at(step, clock)
+                if tokens > 0 or step.preempted:  # a step of OUT.json
                     self._start_step(step, max(clock, gpu_free_at))
                     gpu_free_at = step.end_s
-                    in_flight.append((out, step, model_output))
-                    scheduled_something = True
                 else:
-                    # An empty batch still goes through update_from_output but takes
-                    # no device time (and, here, no batch-queue slot).
-                    t0 = time.perf_counter()
-                    self.scheduler.update_from_output(out, model_output)
-                    self.wall_s += time.perf_counter() - t0
-            if scheduled_something and len(in_flight) < 2:
-                continue  # the queue has room: schedule again right away
-            if not in_flight:
-                raise self._no_progress(clock)
-            out, step, model_output = in_flight.popleft()
+                    step.start_s = step.end_s = max(clock, gpu_free_at)
+                queue.append((out, step, model_output))
+                num_empty = 0 if tokens > 0 else num_empty + 1
+                if num_empty >= 2 and self._unfinished() and not any(
+                        o.total_num_scheduled_tokens for o, _, _ in queue):
+                    if not self.pending:
+                        raise self._no_progress(clock)
+                    clock = self.pending[0].arrival_s  # nothing changes before it arrives
+                    num_empty = 0
+                if len(queue) < 2 and (tokens > 0 or self.scheduler.has_requests()):
+                    continue  # the queue has room: schedule again right away
+            elif not queue:
+                if not self.pending:
+                    break
+                clock = self.pending[0].arrival_s  # idle: jump to the next arrival
+                continue
+            out, step, model_output = queue.popleft()
             clock = max(clock, step.end_s)  # block until the oldest batch finishes
             self._update(out, step, model_output)
 

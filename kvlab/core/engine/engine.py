@@ -1,10 +1,23 @@
 """The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step or a decode run at once.
 
-Time (the rules of scripts/parity/vllm_scheduler.py, vLLM's side of make parity): the clock starts at the
-first arrival; before each step every request that has arrived by the clock joins the waiting queue
-(arrival order, ties in input order); when nothing runs or waits the clock jumps to the next arrival; a
-step lasts its cost (end = start + duration, in float64); a token sampled in a step is emitted at the
-step's end (first-token and finish times).
+Time, synchronous (the rules of scripts/parity/vllm_scheduler.py, vLLM's side of make parity): the clock
+starts at the first arrival; before each step every request that has arrived by the clock joins the
+waiting queue (arrival order, ties in input order); when nothing runs or waits the clock jumps to the next
+arrival; a step lasts its cost (end = start + duration, in float64); a token sampled in a step is emitted
+at the step's end (first-token and finish times).
+
+Time, asynchronous (vLLM's EngineCore.step_with_batch_queue with a batch queue of two; scheduling and output
+processing take no simulated time and the GPU runs batches back to back): the clock is the engine's CPU's,
+and moves only when the engine waits for a batch's output (to that batch's end) or idles (to the next
+arrival). Each engine step: the requests that have arrived by the clock join the waiting queue; if the
+scheduler has requests it schedules a batch and queues it, and returns at once while fewer than two batches
+are queued and (the batch has tokens or requests remain); otherwise the oldest batch's output is awaited
+and processed. A batch scheduled at clock t runs from max(t, the end of the batch before it) for its cost
+(no time with no tokens); its tokens and finishes are stamped at its end; a request's first-scheduled time
+is the clock of the schedule() that admitted it; a batch is a step of the records if it has tokens or
+preempted a request (it takes no time then). With requests unfinished and no batch of tokens queued, two
+schedule() calls in a row that scheduled nothing mean nothing can change before the next arrival: the clock
+jumps to it.
 
 Speed: where every running request is decoding and nothing can change for a while -- no admission (the
 waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
@@ -16,6 +29,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 
 import numpy as np
 
@@ -127,7 +141,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, kv)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
-        self.fast = fast and not record_block_ids
+        self.fast = fast and not record_block_ids and not config.scheduler.async_scheduling
         self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
         n = workload.num_requests
         # Per request, written once when it finishes (compact arrays; NaN until then).
@@ -180,6 +194,8 @@ class Engine:
     # ---------------------------------------------------------------- the loop
     def run(self) -> EngineResult:
         """Serve the whole workload; the result of every request and step."""
+        if self.scheduler.async_scheduling:
+            return self.run_async()
         scheduler = self.scheduler
         n = len(self.arrival_s)
         while True:
@@ -227,6 +243,60 @@ class Engine:
                           num_kv_tokens, len(out.preempted), out.num_hit_tokens)
         self.all_decoding = num_sampled - len(finished) == len(scheduler.running)
         self.clock = end
+
+    def run_async(self) -> EngineResult:
+        """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
+        scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
+        n = len(self.arrival_list)
+        queue = deque()                 # batches scheduled, not yet processed: (out, start, end, running, waiting)
+        gpu_free_s = self.clock         # when the GPU has run every batch queued so far
+        num_empty = 0                   # schedule() calls in a row that scheduled nothing
+        while True:
+            self.add_arrivals()
+            if scheduler.has_requests():
+                out = scheduler.schedule()
+                tokens = out.num_scheduled_tokens
+                for request in out.admitted:
+                    if request.first_scheduled_s is None:
+                        request.first_scheduled_s = self.clock
+                start = self.clock if self.clock > gpu_free_s else gpu_free_s
+                end = start + cost.step_s(tokens, out.context_tokens, out.num_decodes, out.decode_context_tokens) \
+                    if tokens else start
+                gpu_free_s = end
+                queue.append((out, start, end, len(scheduler.running), len(scheduler.waiting)))
+                step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
+                if self.record_scheduled and step:
+                    self.scheduled_log.append(([(r.request_id, k) for r, k in out.scheduled],
+                                               sorted(r.request_id for r in out.preempted)))
+                if self.record_block_ids and step:
+                    self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+                num_empty = 0 if tokens else num_empty + 1
+                if num_empty >= 2 and scheduler.has_unfinished_requests() and not any(
+                        batch[0].num_scheduled_tokens for batch in queue):
+                    if self.next_arrival == n:
+                        raise NoProgressError(self.no_progress_message())
+                    self.clock = self.arrival_list[self.next_arrival]   # nothing changes before it arrives
+                    num_empty = 0
+                if len(queue) < 2 and (tokens or scheduler.has_requests()):
+                    continue
+            elif not queue:
+                if self.next_arrival == n:
+                    break
+                self.clock = self.arrival_list[self.next_arrival]       # idle: jump to the next arrival
+                continue
+            out, start, end, num_running, num_waiting = queue.popleft()
+            if end > self.clock:
+                self.clock = end                                         # wait for the oldest batch's output
+            num_sampled, first_tokens, finished = scheduler.update_from_output(out)
+            for request in first_tokens:
+                request.first_token_s = end
+            for request in finished:
+                self.finished(request, end)
+            if out.num_scheduled_tokens or out.preempted:
+                self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.held(),
+                                  sum(r.num_computed_tokens for r in scheduler.running), len(out.preempted),
+                                  out.num_hit_tokens)
+        return self.result()
 
     def finished(self, request: Request, end_s: float) -> None:
         """Write a finished request's record."""

@@ -23,7 +23,8 @@ class Request:
     __slots__ = ("request_id", "arrival_s", "num_prompt_tokens", "max_tokens", "max_num_tokens", "num_tokens",
                  "num_computed_tokens", "status", "num_preemptions", "block_ids", "num_cached_blocks",
                  "reserved_tokens", "first_scheduled_s", "first_token_s", "prompt_token_ids", "prompt_block_ids",
-                 "prompt_block_tokens", "_block_hashes")
+                 "prompt_block_tokens", "_block_hashes", "num_output_placeholders", "num_in_flight_tokens",
+                 "num_stale_tokens")
 
     def __init__(self, request_id: int, arrival_s: float, num_prompt_tokens: int, max_tokens: int,
                  max_model_len: int, prompt_token_ids: np.ndarray | None = None,
@@ -47,6 +48,10 @@ class Request:
         self.prompt_block_ids = prompt_block_ids           # or: ids of prompt blocks (e.g. Mooncake's hash ids)
         self.prompt_block_tokens = prompt_block_tokens     # tokens per prompt_block_ids entry
         self._block_hashes: list[bytes] = []
+        # Asynchronous scheduling only (vLLM's AsyncScheduler); always 0 in the synchronous engine.
+        self.num_output_placeholders = 0                   # tokens being sampled in a batch still in flight
+        self.num_in_flight_tokens = 0                      # tokens scheduled in batches still in flight
+        self.num_stale_tokens = 0                          # of those, scheduled before its last preemption
 
     @property
     def num_output_tokens(self) -> int:
