@@ -10,7 +10,7 @@ Layers, imports pointing down only:
 from kvlab.core.lazy import submodules
 
 _LAYERS = ("core", "workloads", "sections", "report", "cli")
-_layer = submodules(__name__, _LAYERS)
+_layer, __dir__ = submodules(__name__, _LAYERS)
 
 
 def __getattr__(name: str):

@@ -8,4 +8,4 @@ from kvlab.core.lazy import submodules
 
 __all__ = ["allocator", "article", "batching", "block_pool", "calibration", "capacity", "config", "cost", "engine",
            "models", "prefix_cache", "units", "validate", "workload"]
-__getattr__ = submodules(__name__, __all__)  # each module loads on first use: `kvlab --help` needs few of them
+__getattr__, __dir__ = submodules(__name__, __all__)  # each module loads on first use: `kvlab --help` needs few of them

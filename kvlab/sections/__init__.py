@@ -10,4 +10,4 @@ from kvlab.core.lazy import submodules
 __all__ = ["allocation", "batching", "calibration", "capacity", "ledger", "memory_budget", "paper_setting",
            "parameters", "plots", "present", "sweep", "traces"]
 
-__getattr__ = submodules(__name__, __all__)  # each loads on first use: the report's checks need no pandas or matplotlib
+__getattr__, __dir__ = submodules(__name__, __all__)  # each loads on first use: the report's checks need no pandas or matplotlib
