@@ -7,23 +7,23 @@ Layers, imports pointing down only:
     kvlab.report     papermill -> nbconvert -> index + PDF
     kvlab.cli        the `kvlab` command line over all of it
 """
-from importlib.metadata import PackageNotFoundError, version
+from kvlab.core.lazy import submodules
 
-try:
-    __version__ = version("kvlab")
-except PackageNotFoundError:  # running from a source tree that was not installed
-    __version__ = "0.0.0"
-
-from kvlab import core, workloads  # noqa: E402
+_LAYERS = ("core", "workloads", "sections", "report", "cli")
+_layer, __dir__ = submodules(__name__, _LAYERS)
 
 
 def __getattr__(name: str):
-    # The upper layers (pandas, matplotlib, papermill) load on first use, so `kvlab capacity` starts fast.
-    if name in ("sections", "report", "cli"):
-        import importlib
+    # Every layer loads on first use (kvlab.core: numpy; kvlab.sections: pandas, matplotlib; kvlab.report: papermill),
+    # and so does __version__ (importlib.metadata), so each `kvlab` command imports only what it uses.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
 
-        return importlib.import_module(f"kvlab.{name}")
-    raise AttributeError(f"module 'kvlab' has no attribute {name!r}")
+        try:
+            return version("kvlab")
+        except PackageNotFoundError:  # running from a source tree that was not installed
+            return "0.0.0"
+    return _layer(name)
 
 
-__all__ = ["core", "workloads", "sections", "report", "cli", "__version__"]
+__all__ = [*_LAYERS, "__version__"]

@@ -21,15 +21,13 @@ from pathlib import Path
 
 from kvlab.core import resources
 from kvlab.report import render
-from kvlab.report.params import ReportError, load_params, notebook_parameters
+from kvlab.report.params import MAX_MINUTES, CheckedParams, ReportError, check_params, notebook_parameters
+from kvlab.report.paths import NOTEBOOK_DIR, REPORT_DIR, ROOT
 from kvlab.report.render import Section
 from kvlab.sections import ledger as ledger_mod
 from kvlab.sections import parameters, sweep
 from kvlab.workloads import traces
 
-ROOT = Path(__file__).resolve().parents[2]
-NOTEBOOK_DIR = ROOT / "notebooks"
-REPORT_DIR = ROOT / "report"
 PACKAGES = ["kvlab", "numpy", "pandas", "scipy", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel",
             "weasyprint"]
 KEY_FIGURE_TAG = "key-figure"   # the cell whose figure stands for its section on the front page
@@ -126,39 +124,30 @@ def _traces_note(merged: dict[str, dict]) -> str:
     return " ".join(f"For {', '.join(stems)}: {availability_note(folder)}" for folder, stems in folders.items())
 
 
-MAX_MINUTES = 120  # a default report takes about one minute; refuse what would take hours unless asked
-
-
-def plan(notebooks: list[Path], params: dict[str, dict], max_minutes: float, log) -> tuple[dict[str, str], dict]:
-    """Before anything runs: the estimated time (refused past max_minutes), which notebooks to skip and why, and
-    every notebook's parameters with its defaults merged in."""
-    merged = {nb.stem: {**notebook_parameters(nb), **params[nb.stem]} for nb in notebooks}
-    seconds = sum(parameters.estimate(stem, values).seconds for stem, values in merged.items())
-    if seconds > 60 * max_minutes:
-        heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
-        raise ReportError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
-                          f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS")
-    if seconds > 120:
-        log(f"report: about {seconds / 60:,.0f} min on this machine")
+def skipped_sections(checked: CheckedParams) -> dict[str, str]:
+    """The notebooks that cannot run here (the real traces they need are missing), each with why."""
     skipped = {}
-    for nb in notebooks:
+    for nb in checked.notebooks:
         if "traces" in needs(nb):
-            missing = traces.missing_traces(merged[nb.stem].get("TRACE_DIR") or None)
+            missing = traces.missing_traces(checked.merged[nb.stem].get("TRACE_DIR") or None)
             if missing:
                 skipped[nb.stem] = (f"not built: it needs the real request traces, and {', '.join(missing)} "
                                     f"{'is' if len(missing) == 1 else 'are'} not in the trace folder "
                                     "(run make traces or set TRACE_DIR)")
-    return skipped, merged
+    return skipped
 
 
 def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, notebook_dir: Path = NOTEBOOK_DIR,
           pdf: bool = True, max_minutes: float = MAX_MINUTES, log=print) -> Path:
     """Build the whole report into out atomically; raise ReportError on bad parameters or a failed notebook."""
-    notebooks = sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))
-    if not notebooks:
-        raise ReportError(f"no notebooks found in {notebook_dir}")
-    params = load_params(params_path, overrides, notebooks)
-    skipped, merged = plan(notebooks, params, max_minutes, log)
+    return build_checked(check_params(params_path, overrides, notebook_dir, max_minutes, log), out, pdf=pdf, log=log)
+
+
+def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool = True, log=print) -> Path:
+    """Build the report of parameters check_params passed into out atomically; raise ReportError on a failed
+    notebook."""
+    notebooks, params, merged = checked.notebooks, checked.given, checked.merged
+    skipped = skipped_sections(checked)
     quiet_kernels()
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)

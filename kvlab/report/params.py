@@ -1,11 +1,17 @@
-"""The report's parameters: params.yaml and --set overrides, checked against each notebook before any runs."""
+"""The report's parameters: params.yaml and --set overrides, checked against each notebook before any runs.
+
+Every check runs here, before the report's build imports papermill, nbconvert or WeasyPrint: a bad parameter is
+refused in well under a second (yaml, numpy and kvlab's own rules only; the notebooks are read as JSON)."""
 from __future__ import annotations
 
 import ast
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from kvlab.report.paths import NOTEBOOK_DIR
 from kvlab.sections import parameters
 
 
@@ -13,12 +19,23 @@ class ReportError(Exception):
     """A build problem reported as one line (bad parameters, a failed notebook)."""
 
 
-def notebook_parameters(path: Path) -> dict:
-    """The parameters cell of a notebook: name -> default value."""
-    import papermill
+MAX_MINUTES = 120  # a default report takes about one minute; refuse what would take hours unless asked
 
-    found = papermill.inspect_notebook(str(path))
-    return {name: ast.literal_eval(info["default"]) for name, info in found.items()}
+
+def notebook_parameters(path: Path) -> dict:
+    """The parameters cell of a notebook (the cell tagged parameters, NAME = literal lines): name -> default value."""
+    cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
+    cell = next((c for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), None)
+    if cell is None:
+        return {}
+    source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+    found = {}
+    for node in ast.parse(source).body:  # what papermill.inspect_notebook reads, without importing papermill
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            found[node.targets[0].id] = ast.literal_eval(node.value)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            found[node.target.id] = ast.literal_eval(node.value)
+    return found
 
 
 def _parse_value(text: str):
@@ -56,12 +73,26 @@ def _same_kind(default, value) -> bool:
     return isinstance(value, type(default))
 
 
+def _read_yaml(text: str):
+    """text as YAML, read by libyaml where PyYAML has it (8x faster); its errors are the pure-Python reader's."""
+    try:
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        return yaml.safe_load(text)  # raises again, with the message and position PyYAML's own reader gives
+
+
 def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) -> dict[str, dict]:
     """Parameters per notebook stem from the YAML file and --set overrides, checked against each notebook."""
+    return _load_params(params_path, overrides, notebooks)[0]
+
+
+def _load_params(params_path: Path, overrides: list[str],
+                 notebooks: list[Path]) -> tuple[dict[str, dict], dict[str, dict]]:
+    """load_params, and the parameters each notebook declares with its defaults (notebook_parameters)."""
     if not params_path.exists():
         raise ReportError(f"--params={str(params_path)!r} is not allowed: the file does not exist")
     try:
-        raw = yaml.safe_load(params_path.read_text()) or {}
+        raw = _read_yaml(params_path.read_text()) or {}
     except yaml.YAMLError as error:
         raise ReportError(f"{params_path.name}: not valid YAML: {error}") from None
     if not isinstance(raw, dict):
@@ -101,4 +132,39 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
         except ValueError as error:
             source = "--set" if stem in from_command_line else params_path.name
             raise ReportError(f"{stem}.{error} (from {source})") from None
-    return params
+    return params, declared
+
+
+def report_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
+    """The report's notebooks, NN_*.ipynb in notebook_dir, in order; none is a ReportError."""
+    notebooks = sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))
+    if not notebooks:
+        raise ReportError(f"no notebooks found in {notebook_dir}")
+    return notebooks
+
+
+@dataclass(frozen=True)
+class CheckedParams:
+    """A report's parameters once every check passed: per notebook stem those given (params.yaml, --set) and those
+    it runs with (its defaults merged in)."""
+
+    notebooks: list[Path]
+    given: dict[str, dict]
+    merged: dict[str, dict]
+
+
+def check_params(params_path: Path, overrides: list[str], notebook_dir: Path = NOTEBOOK_DIR,
+                 max_minutes: float = MAX_MINUTES, log=print) -> CheckedParams:
+    """Every check before any notebook runs: each parameter (load_params: name, kind, range, catalogs, memory) and
+    the whole report's estimated time, refused past max_minutes (minutes)."""
+    notebooks = report_notebooks(notebook_dir)
+    given, declared = _load_params(params_path, overrides, notebooks)
+    merged = {stem: {**declared[stem], **values} for stem, values in given.items()}
+    seconds = sum(parameters.estimate(stem, values).seconds for stem, values in merged.items())
+    if seconds > 60 * max_minutes:
+        heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
+        raise ReportError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
+                          f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS")
+    if seconds > 120:
+        log(f"report: about {seconds / 60:,.0f} min on this machine")
+    return CheckedParams(notebooks, given, merged)

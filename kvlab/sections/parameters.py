@@ -16,6 +16,7 @@ from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
+from kvlab.sections.paper_setting import PaperSetting, prefix_setting
 from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
 from kvlab.workloads.traces import TRACE_FORMATS
@@ -188,8 +189,6 @@ _SETTING_PARAMETERS = {"model": "MODEL", "gpu": "GPU", "kv_cache_gib": "KV_CACHE
 def _check_memory_budget(p: dict) -> None:
     """The setting must be one the engine can run: MAX_MODEL_LEN within the model's, one request of it in the KV
     cache and in each KV_CACHE_GIBS size, and the prefix-caching model on its GPU."""
-    from kvlab.sections.memory_budget import PaperSetting, prefix_setting
-
     try:
         setting = PaperSetting(**{field: p[name] for field, name in _SETTING_PARAMETERS.items()})
     except ValueError as error:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import ndtr
 
 from kvlab.core import article, validate
 from kvlab.core.workload import Workload
@@ -44,6 +43,8 @@ def article_s1_pmf(log_mean: float, log_sigma: float, uniform_share: float,
     log_sigma = validate.positive_number("log_sigma", log_sigma)
     uniform_share = validate.fraction("uniform_share", uniform_share, low_open=False)
     max_len_tokens = validate.positive_int("max_len_tokens", max_len_tokens)
+    from scipy.special import ndtr  # here, not at the top: scipy.special takes ~0.5 s to import
+
     edges = np.log(np.arange(1, max_len_tokens + 1, dtype=np.float64))
     cdf = ndtr((edges - float(log_mean)) / log_sigma)
     lognormal = np.diff(cdf, prepend=0.0)

@@ -1,0 +1,412 @@
+"""`kvlab simulate`: serve a workload with section 2's static or continuous batching, or vLLM's scheduler.
+
+The parser needs the policies, the engine's allocations and the step costs, so kvlab.core.batching, cost and engine
+(numpy, no more) are imported here at the top, beside the small numpy-free modules the run uses (models, capacity,
+resources)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kvlab.cli.common import exclusive, print_json, requires
+from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
+from kvlab.core import article, batching, models, resources, validate
+from kvlab.core import capacity as cap
+from kvlab.core import engine as vllm_engine
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import (STEP_COSTS, CalibratedStepCost, ConstantStepCost, LinearStepCost, RooflineStepCost,
+                             TokenCost)
+from kvlab.core.models import ModelSpec
+from kvlab.core.units import GIB
+from kvlab.core.workload import Workload
+from kvlab.workloads import synthetic, traces
+
+SIMULATE_FLAGS = {
+    "policy": "--policy", "max_num_seqs": "--slots", "ms_per_token": "--ms-per-token",
+    "num_requests": "--num-requests", "arrival_rate": "--arrival-rate", "lengths": "--lengths",
+    "constant_tokens": "--constant-tokens", "tokens": "--constant-tokens", "seed": "--seed",
+    "trace_format": "--trace-format", "trace": "--trace", "arrival_rate_per_s": "--arrival-rate",
+}
+
+
+def add(commands) -> None:
+    """Register `kvlab simulate` (static vs continuous batching on a synthetic or trace workload)."""
+    p = commands.add_parser(
+        "simulate",
+        help="serve a workload with static or continuous batching, or vLLM's scheduler, and print latency and throughput",
+        description="Section 2's serving model: --slots requests run at once, each holding its slot for output "
+        "tokens x --ms-per-token (prompts cost nothing), first come, first served. static: a batch starts "
+        "together and holds its slots until its longest request is done; continuous: a freed slot is refilled "
+        "at once. vllm: vLLM 0.33's v1 scheduler over one KV budget (kvlab's engine, proven step for step "
+        "against vLLM by make parity): every step shares --max-num-batched-tokens between decodes and prefill "
+        "chunks, takes blocks of --block-size tokens from a pool of --num-gpu-blocks as requests grow and "
+        "preempts (recompute) when the pool is empty; a step lasts --step-ms (or a --cost model). The workload: "
+        "--num-requests Poisson arrivals at --arrival-rate with the article's output lengths (--lengths article: "
+        "85% uniform 40-200, 15% uniform 400-1,000 tokens) or all equal (--lengths constant). Latency = finish - "
+        "arrival; TTFT = first token - arrival; TPOT = (finish - first token) / (output tokens - 1).",
+        epilog="examples: kvlab simulate --policy static --slots 8 --ms-per-token 8 --num-requests 600 "
+        "--arrival-rate 11 --lengths article --seed 0 --json | kvlab simulate --policy vllm --trace "
+        "AzureLLMInferenceTrace_conv.csv --num-requests 2000 --num-gpu-blocks 1100 --max-model-len 16384 "
+        "--step-ms 8 --step-ms-per-token 0.01 --json | kvlab simulate --policy vllm --model facebook/opt-13b "
+        "--gpu A100-40GB --cost roofline --prompt-tokens 500 --max-model-len 2048",
+    )
+    p.add_argument("--policy", default="continuous", choices=list(batching.POLICIES) + ["vllm"],
+                   help="static or continuous (section 2's slots) or vllm (vLLM's scheduler; default continuous)")
+    engine = p.add_argument_group("slot model (--policy static or continuous)")
+    engine.add_argument("--slots", type=int, default=article.MAX_NUM_SEQS,
+                        help=f"requests served at once, vLLM's max_num_seqs (default {article.MAX_NUM_SEQS})")
+    engine.add_argument("--ms-per-token", type=float, default=article.MS_PER_TOKEN,
+                        help=f"time per output token, ms (default {article.MS_PER_TOKEN:g})")
+    work = p.add_argument_group("synthetic workload")
+    work.add_argument("--num-requests", type=int, default=article.NUM_REQUESTS_S2,
+                      help=f"requests (default {article.NUM_REQUESTS_S2})")
+    work.add_argument("--arrival-rate", type=float, default=None,
+                      help=f"Poisson arrival rate, requests/s (default {synthetic.S2_ARRIVAL_RATE_PER_S:g}, kvlab's "
+                      "choice: the article does not give one)")
+    work.add_argument("--lengths", default="article", choices=list(synthetic.S2_LENGTHS),
+                      help="output lengths: article (the article's mix, default) or constant")
+    work.add_argument("--constant-tokens", type=int, default=article.CONSTANT_TOKENS,
+                      help=f"output tokens of every request with --lengths constant (default {article.CONSTANT_TOKENS})")
+    work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    work.add_argument("--prompt-tokens", type=int, default=None,
+                      help="prompt tokens of every request, --policy vllm only (default 1: the article's workload "
+                      "has no prompts and vLLM needs one token)")
+    add_trace_flags(p, "arrivals are its timestamps relative to the first row and each request's output length "
+                     "(GeneratedTokens, output_length, num_decode_tokens) sets its service time (with --policy vllm "
+                     "its prompt tokens count too); a ShareGPT file has no timestamps, so it gets Poisson arrivals at "
+                     "--arrival-rate drawn with --seed (pass --arrival-rate only for sharegpt); a plain CSV with the "
+                     "header arrival_s,prompt_tokens,output_tokens is read too; --num-requests keeps its first "
+                     "requests; --lengths and --constant-tokens are not used")
+    add_vllm_engine_flags(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(run=run, flags=SIMULATE_FLAGS)
+
+
+# The article's KV memory (60 GiB at 0.5 MiB per token) in blocks of 16 tokens, plus vLLM's null block.
+ARTICLE_KV_TOKENS = int(article.MEMORY_GIB * 1024 / article.MIB_PER_TOKEN)
+ENGINE_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 8192,
+                   "step_ms": article.MS_PER_TOKEN, "step_ms_per_token": 0.0, "gpu_memory_utilization": 0.9}
+
+
+def add_vllm_engine_flags(p) -> None:
+    """The flags of `kvlab simulate --policy vllm`, in vLLM's names (each applies only with it)."""
+    g = p.add_argument_group("vLLM's scheduler (--policy vllm; flags named as vLLM's)")
+    g.add_argument("--num-gpu-blocks", type=int, default=None, metavar="N",
+                   help="KV blocks of the pool, vLLM's null block included, as vLLM logs num_gpu_blocks (default: "
+                   f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token = "
+                   f"{ARTICLE_KV_TOKENS:,} tokens in blocks of --block-size, + 1), or computed from --model and --gpu")
+    g.add_argument("--model", help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
+                   "(weights from its parameter count) and names the model of --cost roofline")
+    g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
+    g.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="share of GPU memory vLLM may use, with --model and --gpu (default 0.9)")
+    g.add_argument("--kv-cache-dtype", default=None, choices=["fp16", "bf16", "fp8", "int8", "int4"],
+                   help="KV cache dtype, with --model and --gpu (default bf16)")
+    g.add_argument("--tensor-parallel-size", type=int, default=None,
+                   help="GPUs per model replica, with --model and --gpu (default 1)")
+    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
+    g.add_argument("--max-num-seqs", type=int, default=None, help="requests running at once, at most (default 256)")
+    g.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step, decodes and prefill chunks together (default 8192)")
+    g.add_argument("--max-model-len", type=int, default=None,
+                   help="longest request, tokens: a prompt must be shorter, output stops there (default: --model's "
+                   "context, else 8192)")
+    g.add_argument("--no-chunked-prefill", action="store_true",
+                   help="admit a prompt only if it fits the step's budget left (vLLM: --no-enable-chunked-prefill)")
+    g.add_argument("--enable-prefix-caching", action="store_true",
+                   help="share full blocks of equal prompt prefixes in the pool (a Mooncake trace's hash ids say which)")
+    g.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="tokens one request may compute per step when more than one request runs or waits (default "
+                   "0: no cap)")
+    g.add_argument("--allocation", default="paged", choices=list(vllm_engine.ALLOCATIONS),
+                   help="paged (vLLM, default), or a reservation at admission from a token pool of the same memory "
+                   "that never preempts: max (max_model_len), pow2 (next power of two of the final length), oracle "
+                   "(the final length)")
+    g.add_argument("--cost", default=None, choices=STEP_COSTS,
+                   help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "
+                   "tokens; the default when --step-ms-per-token is given), roofline (weights + KV read at --gpu's "
+                   "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower) or "
+                   "calibrated (--calibration FILE)")
+    g.add_argument("--step-ms", type=float, default=None, help=f"ms per step (default {article.MS_PER_TOKEN:g})")
+    g.add_argument("--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)")
+    g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
+    g.add_argument("--requests-csv", metavar="FILE",
+                   help="write one row per request: request_id (0-based input order), arrival_s, prompt_tokens, "
+                   "output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions")
+
+
+def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> tuple[Workload, traces.TraceLoad | None]:
+    """The workload `kvlab simulate` serves: a synthetic one from the flags, or the --trace file's requests
+    (its first --num-requests when given; with the trace's load)."""
+    seed = validate.in_range("seed", args.seed, "seed")
+    num_requests = validate.in_range("num_requests", args.num_requests, "num_requests")
+    if args.arrival_rate is not None:
+        validate.in_range("arrival_rate", args.arrival_rate, "arrival_rate")
+    if args.trace is None:
+        requires(given, "--constant-tokens", "--lengths", "it sets every output with --lengths constant")
+        if "--constant-tokens" in given and args.lengths != "constant":
+            raise ValueError(f"--constant-tokens applies only with --lengths constant, not --lengths {args.lengths}")
+        resources.refuse_if_too_big("num_requests", num_requests, peak_bytes_per_request)
+        rate = synthetic.S2_ARRIVAL_RATE_PER_S if args.arrival_rate is None else args.arrival_rate
+        workload = synthetic.article_s2_workload(num_requests, rate, args.lengths, np.random.default_rng(seed),
+                                                 constant_tokens=args.constant_tokens)
+        return workload, None
+    load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed),
+                          max_requests=num_requests if "--num-requests" in given else None)
+    if "--seed" in given and not load.poisson_arrivals:
+        raise ValueError(f"--seed and --trace cannot be used together: the {load.trace_format} trace has its own "
+                         "arrival times (--seed draws Poisson arrivals for a ShareGPT file only)")
+    return load.workload, load
+
+
+def run(args, given: set[str]) -> dict:
+    """Print the serving summary: latency (s), queueing (s), makespan (s), requests/s, busy slot-s, idle share."""
+    check_trace_flags(given, ["--lengths", "--constant-tokens"], "a trace's requests have their own output lengths")
+    if args.policy == "vllm":
+        return run_vllm_simulate(args, given)
+    for flag in VLLM_ENGINE_FLAGS + ["--prompt-tokens"]:
+        requires_vllm(given, flag)
+    cost = TokenCost(validate.in_range("ms_per_token", args.ms_per_token, "ms_per_token"))
+    slots = validate.in_range("max_num_seqs", args.slots, "max_num_seqs")
+    workload, load = simulate_workload(args, given, batching.PEAK_BYTES_PER_REQUEST)
+    result = batching.simulate(workload, args.policy, max_num_seqs=slots, cost=cost)
+    summary = result.summary()
+    if load is not None:
+        summary |= trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
+    if args.json:
+        print_json(summary)
+        return summary
+    if load is not None:
+        arrivals = (f"Poisson arrivals at {args.arrival_rate:g} requests/s, seed {args.seed}"
+                    if load.poisson_arrivals else "arrivals from its timestamps")
+        print(f"trace                {summary['trace_format']} {summary['trace']}: {summary['num_rows']:,} rows read, "
+              f"{summary['num_skipped_rows']:,} bad rows skipped; {arrivals}")
+    print(f"policy               {args.policy}, {args.slots} slots, {args.ms_per_token:g} ms per output token")
+    print(f"requests             {summary['num_requests']:,}")
+    print(f"latency              mean {summary['mean_latency_s']:,.2f} s, p95 {summary['p95_latency_s']:,.2f} s, "
+          f"max {summary['max_latency_s']:,.2f} s")
+    print(f"queueing delay       mean {summary['mean_queue_s']:,.2f} s")
+    print(f"makespan             {summary['makespan_s']:,.1f} s ({summary['throughput_rps']:,.2f} requests/s)")
+    print(f"slot time            {summary['busy_slot_s']:,.1f} s busy, {100 * summary['idle_share']:.1f}% idle")
+    return summary
+
+
+# ---------------------------------------------------------------- kvlab simulate --policy vllm
+VLLM_SIMULATE_FLAGS = {
+    **{k: v for k, v in SIMULATE_FLAGS.items() if k != "max_num_seqs"},
+    "num_gpu_blocks": "--num-gpu-blocks", "model": "--model", "gpu": "--gpu",
+    "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
+    "tensor_parallel_size": "--tensor-parallel-size", "block_size": "--block-size", "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
+    "enable_chunked_prefill": "--no-chunked-prefill", "enable_prefix_caching": "--enable-prefix-caching",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold", "allocation": "--allocation", "cost": "--cost",
+    "step_ms": "--step-ms", "step_ms_per_token": "--step-ms-per-token", "calibration": "--calibration",
+    "requests_csv": "--requests-csv",
+}
+VLLM_ENGINE_FLAGS = ["--num-gpu-blocks", "--model", "--gpu", "--gpu-memory-utilization", "--kv-cache-dtype",
+                     "--tensor-parallel-size", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
+                     "--max-model-len", "--no-chunked-prefill", "--enable-prefix-caching",
+                     "--long-prefill-token-threshold", "--allocation", "--cost", "--step-ms", "--step-ms-per-token",
+                     "--calibration", "--requests-csv"]
+# Flags that only size the KV pool from a model and a GPU.
+SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
+REQUESTS_CSV_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
+                        "first_token_s", "finish_s", "num_preemptions")
+VLLM_SUMMARY_KEYS = ("mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
+                     "mean_running", "output_tokens_per_s")
+
+
+def requires_vllm(given: set[str], flag: str) -> None:
+    """A one-line error for an engine flag typed without --policy vllm."""
+    requires(given, flag, "--policy vllm", "it sets vLLM's scheduler, not section 2's slots")
+
+
+def check_vllm_flags(args, given: set[str], cost: str) -> None:
+    """Flags that contradict each other or would be ignored with --policy vllm: one line naming both."""
+    for flag in ("--slots", "--ms-per-token"):
+        if flag in given:
+            raise ValueError(f"{flag} and --policy vllm cannot be used together: {flag} is section 2's slot model; "
+                             "vLLM's scheduler takes --max-num-seqs and --step-ms")
+    exclusive(given, "--num-gpu-blocks", SIZING_FLAGS, "--num-gpu-blocks is the KV pool itself; the sizing flags "
+              "compute it from --model and --gpu")
+    if "--num-gpu-blocks" in given and cost != "roofline":
+        exclusive(given, "--num-gpu-blocks", ["--model", "--gpu", "--tensor-parallel-size"], "--num-gpu-blocks is "
+                  "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)")
+    sizing = given & {"--model", "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
+    if sizing and not {"--model", "--gpu"} <= given:
+        missing = "--gpu" if "--model" in given else "--model"
+        raise ValueError(f"{sorted(sizing)[0]} needs {missing} too: the KV pool (and --cost roofline) is computed from "
+                         "a model on a GPU")
+    for flag, costs in (("--step-ms", ("constant", "linear")), ("--step-ms-per-token", ("linear",)),
+                        ("--calibration", ("calibrated",))):
+        if flag in given and cost not in costs:
+            raise ValueError(f"{flag} and --cost {cost} cannot be used together: {flag} applies to --cost "
+                             f"{' or '.join(costs)}")
+    if cost == "calibrated" and not args.calibration:
+        raise ValueError("--cost calibrated needs --calibration FILE (a CSV of kvlab calibrate)")
+    if args.enable_prefix_caching and args.allocation != "paged":
+        raise ValueError(f"--enable-prefix-caching and --allocation {args.allocation} cannot be used together: "
+                         "prefix caching shares the paged pool's blocks")
+    if args.prompt_tokens is not None:
+        exclusive(given, "--prompt-tokens", ["--trace"], "a trace's requests have their own prompts")
+
+
+def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
+    """The engine's settings: the flags given, vLLM's defaults for the rest (synchronous scheduling)."""
+    values = {"block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens,
+              "long_prefill_token_threshold": args.long_prefill_token_threshold,
+              "kv_cache_dtype": args.kv_cache_dtype, "tensor_parallel_size": args.tensor_parallel_size,
+              "gpu_memory_utilization": args.gpu_memory_utilization}
+    ranges = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "tokens",
+              "tensor_parallel_size": "count"}
+    for name, quantity in ranges.items():
+        if values[name] is not None:
+            validate.in_range(name, values[name], quantity)
+    if values["long_prefill_token_threshold"] is not None:
+        validate.non_negative_int("long_prefill_token_threshold", values["long_prefill_token_threshold"])
+    if args.max_model_len is not None:
+        max_model_len = validate.in_range("max_model_len", args.max_model_len, "tokens")
+    elif model is not None and model.max_position_embeddings:
+        max_model_len = model.max_position_embeddings
+    else:
+        max_model_len = ENGINE_DEFAULTS["max_model_len"]
+    settings = {name: value for name, value in values.items() if value is not None}
+    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        settings.setdefault(name, ENGINE_DEFAULTS[name])
+    return EngineConfig().replace(**settings, max_model_len=max_model_len, async_scheduling=False,
+                                  enable_chunked_prefill=not args.no_chunked_prefill,
+                                  enable_prefix_caching=args.enable_prefix_caching)
+
+
+def vllm_pool(args, given: set[str], model: ModelSpec | None, config: EngineConfig) -> tuple[int, str]:
+    """num_gpu_blocks (vLLM's null block included) and where it comes from."""
+    bs = config.cache.block_size
+    if args.num_gpu_blocks is not None:
+        return validate.in_range("num_gpu_blocks", args.num_gpu_blocks, "count"), "--num-gpu-blocks"
+    if model is None:
+        blocks = ARTICLE_KV_TOKENS // bs + 1
+        return blocks, (f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token "
+                        f"({ARTICLE_KV_TOKENS:,} tokens)")
+    if model.sliding_window:
+        validate.fail("model", model.name, "has sliding-window layers: the engine models one full-attention KV "
+                      "cache group (give --num-gpu-blocks for a plain decoder)")
+    gpu = models.get_gpu(args.gpu)
+    planned = cap.plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
+    if planned is None:
+        validate.fail("gpu", args.gpu, f"leaves no KV memory for {model.name} at gpu_memory_utilization="
+                      f"{config.cache.gpu_memory_utilization:g} (see kvlab capacity --model {model.name} --gpu {args.gpu})")
+    return planned["num_gpu_blocks"], f"{model.name} on {gpu.name} as vLLM sizes it"
+
+
+def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config: EngineConfig):
+    """The step cost the flags ask for."""
+    step_ms = ENGINE_DEFAULTS["step_ms"] if args.step_ms is None else args.step_ms
+    if cost == "constant":
+        return ConstantStepCost(validate.in_range("step_ms", step_ms, "ms_per_token"))
+    if cost == "linear":
+        per_token = ENGINE_DEFAULTS["step_ms_per_token"] if args.step_ms_per_token is None else args.step_ms_per_token
+        return LinearStepCost(validate.in_range("step_ms", step_ms, "step_ms"),
+                              validate.in_range("step_ms_per_token", per_token, "step_ms"))
+    if cost == "roofline":
+        if model is None:
+            raise ValueError("--cost roofline needs --model and --gpu (weights, KV bytes, bandwidth and FLOPS)")
+        return RooflineStepCost.from_specs(model, models.get_gpu(args.gpu), config)
+    try:
+        return CalibratedStepCost.from_csv(args.calibration)
+    except OSError as err:
+        validate.fail("calibration", args.calibration, f"cannot be read ({err.strerror or err})")
+
+
+def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | None]:
+    """The workload of --policy vllm: the synthetic one (prompts of --prompt-tokens) or the --trace file's."""
+    if args.trace is None:
+        prompt = 1 if args.prompt_tokens is None else validate.in_range("prompt_tokens", args.prompt_tokens, "tokens")
+        workload, load = simulate_workload(args, given, vllm_engine.PEAK_BYTES_PER_REQUEST)
+        return Workload(workload.arrival_s, np.full(workload.num_requests, prompt), workload.output_tokens,
+                        name=workload.name), None
+    workload, load = simulate_workload(args, given, vllm_engine.PEAK_BYTES_PER_REQUEST)
+    resources.refuse_if_too_big("num_requests", workload.num_requests, vllm_engine.PEAK_BYTES_PER_REQUEST)
+    return workload, load
+
+
+def write_requests_csv(path: str, result) -> None:
+    """One row per request, REQUESTS_CSV_COLUMNS, times in full float precision."""
+    table = result.requests_table()
+    columns = [table[name] for name in REQUESTS_CSV_COLUMNS]
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(",".join(REQUESTS_CSV_COLUMNS) + "\n")
+            for row in zip(*(c.tolist() for c in columns)):
+                f.write(",".join(repr(v) for v in row) + "\n")
+    except OSError as err:
+        validate.fail("requests_csv", path, f"cannot be written ({err.strerror or err})")
+
+
+def run_vllm_simulate(args, given: set[str]) -> dict:
+    """Serve the workload with vLLM's scheduler; print TTFT, TPOT, preemptions, steps, KV blocks and throughput."""
+    args.flags = VLLM_SIMULATE_FLAGS
+    cost_name = args.cost or ("linear" if "--step-ms-per-token" in given else "constant")
+    check_vllm_flags(args, given, cost_name)
+    model = models.get_model(args.model) if args.model else None
+    config = vllm_config(args, model)
+    vllm_engine.check_scheduler_config(config.scheduler)
+    num_gpu_blocks, pool_source = vllm_pool(args, given, model, config)
+    cost = vllm_cost(args, given, cost_name, model, config)
+    workload, load = vllm_workload(args, given)
+    vllm_engine.check_workload(workload, config, num_gpu_blocks, args.allocation)
+    try:
+        result = vllm_engine.simulate(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost,
+                                      allocation=args.allocation)
+    except vllm_engine.NoProgressError as err:   # a run that cannot go on stops with why, in one line
+        raise ValueError(str(err)) from None
+    if args.requests_csv:
+        write_requests_csv(args.requests_csv, result)
+    summary = result.summary()
+    scheduler = config.scheduler
+    capped = int((result.num_output_tokens < workload.output_tokens).sum())
+    out = {"policy": "vllm", "allocation": args.allocation, "num_gpu_blocks": num_gpu_blocks,
+           "block_size": config.cache.block_size, "max_num_seqs": scheduler.max_num_seqs,
+           "max_num_batched_tokens": scheduler.max_num_batched_tokens, "max_model_len": scheduler.max_model_len,
+           "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+           "enable_prefix_caching": config.cache.enable_prefix_caching, "cost": cost.name,
+           "num_requests": summary["num_requests"], **{k: summary[k] for k in VLLM_SUMMARY_KEYS},
+           "num_output_tokens": summary["num_output_tokens"], "num_capped_by_max_model_len": capped,
+           "makespan_s": summary["makespan_s"], "mean_kv_token_share": summary["mean_kv_token_share"]}
+    if load is not None:
+        out |= trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
+    if args.json:
+        print_json(out)
+        return out
+    usable = num_gpu_blocks - 1
+    if load is not None:
+        print(f"trace                {out['trace_format']} {out['trace']}: {out['num_rows']:,} rows read, "
+              f"{out['num_skipped_rows']:,} bad rows skipped")
+    print(f"engine               vLLM 0.33's scheduler (synchronous), {args.allocation} allocation, "
+          f"{num_gpu_blocks:,} GPU blocks of {config.cache.block_size} tokens ({usable:,} usable + vLLM's null block; "
+          f"{pool_source})")
+    print(f"limits               max_num_seqs {scheduler.max_num_seqs:,}, max_num_batched_tokens "
+          f"{scheduler.max_num_batched_tokens:,}, max_model_len {scheduler.max_model_len:,}, chunked prefill "
+          f"{'on' if scheduler.enable_chunked_prefill else 'off'}, prefix caching "
+          f"{'on' if config.cache.enable_prefix_caching else 'off'}")
+    print(f"step cost            {describe_cost(cost)}")
+    print(f"requests             {out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
+          + (f" ({capped:,} stopped at max_model_len)" if capped else ""))
+    print(f"TTFT                 mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s")
+    print(f"TPOT                 mean {1e3 * out['mean_tpot_s']:,.2f} ms")
+    print(f"preemptions          {out['num_preemptions']:,}")
+    print(f"steps                {out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {usable:,}; "
+          f"mean running {out['mean_running']:,.1f} requests")
+    print(f"throughput           {out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")
+    return out
+
+
+def describe_cost(cost) -> str:
+    """The step cost in words, with units."""
+    if isinstance(cost, ConstantStepCost):
+        return f"constant, {cost.step_ms:g} ms a step"
+    if isinstance(cost, LinearStepCost):
+        return f"linear, {cost.step_ms:g} ms + {cost.step_ms_per_token:g} ms per scheduled token"
+    if isinstance(cost, RooflineStepCost):
+        return (f"roofline, {cost.weights_bytes / GIB:.1f} GiB of weights and {cost.kv_bytes_per_token:,.0f} B of KV per "
+                f"token at {cost.memory_bandwidth_gb_s:g} GB/s, {cost.bf16_dense_tflops:g} TFLOPS")
+    return f"calibrated, {cost.calibration.source}"

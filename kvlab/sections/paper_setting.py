@@ -1,0 +1,108 @@
+"""Section 6's setting: the vLLM paper's model, GPU and KV cache (or another), checked as the engine needs it.
+
+Apart from kvlab.sections.memory_budget, so that the report's checks (kvlab.sections.parameters) need no pandas."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from kvlab.core import capacity, models, validate
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import RooflineStepCost
+from kvlab.core.units import GIB, cdiv
+
+# The paper's setting (§6.1, Table 1): what a run must keep for its section 6 figures to be compared.
+PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    """A model on one GPU with a KV cache of kv_cache_gib GiB, served by vLLM's scheduler: the paper's by default."""
+
+    model: str = PAPER_MODEL
+    gpu: str = PAPER_GPU
+    kv_cache_gib: float = PAPER_KV_CACHE_GIB
+    block_size: int = PAPER_BLOCK_SIZE
+    max_model_len: int = 2048
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self):
+        spec = models.get_model(self.model)
+        models.get_gpu(self.gpu)
+        validate.in_range("kv_cache_gib", self.kv_cache_gib, "memory_gib")
+        validate.in_range("block_size", self.block_size, "block_size")
+        validate.in_range("max_model_len", self.max_model_len, "tokens")
+        if spec.max_position_embeddings and self.max_model_len > spec.max_position_embeddings:
+            validate.fail("max_model_len", self.max_model_len, f"must be at most {spec.name}'s max_position_embeddings "
+                          f"({spec.max_position_embeddings:,})")
+        self.config()     # the scheduler's own checks
+
+    def replace(self, **changes) -> "PaperSetting":
+        """A copy with some settings changed."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def model_spec(self) -> models.ModelSpec:
+        """The model's KV shape and size."""
+        return models.get_model(self.model)
+
+    @property
+    def gpu_spec(self) -> models.GpuSpec:
+        """The GPU's memory, bandwidth and FLOP/s."""
+        return models.get_gpu(self.gpu)
+
+    def config(self, block_size: int | None = None, enable_prefix_caching: bool = False) -> EngineConfig:
+        """The engine's settings (synchronous scheduling, as the engine models it)."""
+        return EngineConfig().replace(async_scheduling=False, block_size=block_size or self.block_size,
+                                      max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                                      max_num_batched_tokens=self.max_num_batched_tokens,
+                                      enable_prefix_caching=enable_prefix_caching)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token of the model (bf16 cache)."""
+        return int(capacity.kv_bytes_per_token(self.model_spec, self.config()))
+
+    def num_gpu_blocks(self, block_size: int | None = None, kv_cache_gib: float | None = None) -> int:
+        """Blocks of block_size tokens the KV cache holds, plus vLLM's null block."""
+        bs = block_size or self.block_size
+        gib = self.kv_cache_gib if kv_cache_gib is None else kv_cache_gib
+        return int(gib * GIB // (self.kv_bytes_per_token * bs)) + 1
+
+    def pool_tokens(self, block_size: int | None = None, kv_cache_gib: float | None = None) -> int:
+        """Token slots of the usable blocks: (num_gpu_blocks - 1) x block_size."""
+        bs = block_size or self.block_size
+        return (self.num_gpu_blocks(bs, kv_cache_gib) - 1) * bs
+
+    def cost(self) -> RooflineStepCost:
+        """The roofline step cost of the model on the GPU (kvlab's model of the step time, not a measurement)."""
+        return RooflineStepCost.from_specs(self.model_spec, self.gpu_spec, self.config())
+
+    def check_fits(self, name: str = "kv_cache_gib", kv_cache_gib: float | None = None) -> None:
+        """One request of max_model_len must fit the pool (else Orca (Max) could start nothing)."""
+        gib = self.kv_cache_gib if kv_cache_gib is None else kv_cache_gib
+        if self.pool_tokens(kv_cache_gib=gib) < self.max_model_len:
+            need = (cdiv(self.max_model_len, self.block_size) + 1) * self.block_size * self.kv_bytes_per_token / GIB
+            validate.fail(name, gib, f"holds {self.pool_tokens(kv_cache_gib=gib):,} token slots, fewer than one "
+                          f"request of max_model_len={self.max_model_len:,} tokens needs (at least {need:.2f} GiB)")
+
+    @property
+    def is_papers(self) -> bool:
+        """True when the model, GPU, KV cache and block size are the paper's (its figures can be compared)."""
+        return (self.model, self.gpu, self.kv_cache_gib, self.block_size) == (
+            PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE)
+
+
+def prefix_setting(model: str, gpu: str) -> tuple[EngineConfig, EngineConfig, int, RooflineStepCost]:
+    """The engine for the prefix-caching runs: the model's own max_model_len, the pool vLLM 0.33 sizes on the GPU
+    (kvlab.core.capacity.plan_capacity), caching off and on, and the roofline cost."""
+    spec, device = models.get_model(model), models.get_gpu(gpu)
+    max_len = spec.max_position_embeddings
+    off = EngineConfig().replace(async_scheduling=False, max_model_len=max_len)
+    planned = capacity.plan_capacity(spec, device.memory_gib, max_len, off)
+    if planned is None or not planned["starts"]:
+        validate.fail("PREFIX_GPU", gpu, f"cannot hold one request of {max_len:,} tokens of {spec.name} "
+                      "(kvlab.core.capacity.plan_capacity)")
+    return off, off.replace(enable_prefix_caching=True), planned["num_gpu_blocks"], \
+        RooflineStepCost.from_specs(spec, device, off)
