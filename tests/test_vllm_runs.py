@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
+from kvlab.sections import calibration
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
 RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
@@ -41,3 +42,16 @@ def test_an_unknown_run_is_refused_naming_the_runs():
     with pytest.raises(ValueError, match=r"run='RTX4090/x' is not allowed: is not a run of .*; runs: "
                                          r"llmservingsim/RTXPRO6000/Llama-3.1-8B, "):
         load_vllm_run("RTX4090/x")
+
+
+def test_the_check_table_compares_kvlab_with_vllm():
+    table = calibration.check_run_table([RUNS[0]])
+    assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured")]
+    run = load_vllm_run(RUNS[0])
+    row = table.loc[(RUNS[0], "measured")]
+    assert row["vllm_mean_e2e_s"] == pytest.approx(run.e2e_s.mean())
+    assert row["mean_e2e_error"] == pytest.approx(row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1)
+    assert row["cost_source"] == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+    # the roofline is a lower bound on every step: kvlab's tokens come sooner with it
+    assert table.loc[(RUNS[0], "roofline"), "kvlab_mean_tpot_ms"] < row["kvlab_mean_tpot_ms"]
+    assert set(calibration.CHECK_TARGETS) <= set(table.columns)
