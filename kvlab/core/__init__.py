@@ -1,11 +1,12 @@
-"""kvlab's mechanism: config objects, allocation and the block pool, capacity, cost models, the schedulers (the
-article's slot model in batching, vLLM's in engine). numpy only, no pandas.
+"""kvlab's mechanism: config objects, allocation and the block pool, capacity, cost models and the operator
+profiles they read, the schedulers (the article's slot model in batching, vLLM's in engine). numpy only, no
+pandas.
 
 Modules import only each other (and numpy, scipy); nothing here knows of workload files, sections,
 tables, the ledger or the report.
 """
 from kvlab.core import (allocator, article, batching, block_pool, calibration, capacity, config, cost, engine, models,
-                        prefix_cache, units, validate, workload)
+                        prefix_cache, profiles, units, validate, workload)
 
 __all__ = ["allocator", "article", "batching", "block_pool", "calibration", "capacity", "config", "cost", "engine",
-           "models", "prefix_cache", "units", "validate", "workload"]
+           "models", "prefix_cache", "profiles", "units", "validate", "workload"]
