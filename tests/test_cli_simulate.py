@@ -136,6 +136,18 @@ def test_capacity_flags_give_the_pool_vllm_logs(capsys):
     assert out["cost"] == "roofline"
 
 
+def test_the_measured_clock_from_the_command_line(capsys):
+    flags = ["--policy", "vllm", "--num-requests", "20", "--model", "meta-llama/Llama-3.1-8B", "--gpu",
+             "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096", "--prompt-tokens", "100"]
+    out = run_json(capsys, *flags, "--cost", "measured")
+    roofline = run_json(capsys, *flags, "--cost", "roofline")
+    assert out["cost"] == "measured" and out["num_gpu_blocks"] == roofline["num_gpu_blocks"]
+    assert out["mean_tpot_s"] > roofline["mean_tpot_s"]          # the roofline is a lower bound
+    assert cli.main(["simulate", *flags, "--cost", "measured"]) == 0
+    assert "step cost            measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1" in \
+        capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num-gpu-blocks", "1"], "--num-gpu-blocks=1 is not allowed: must be >= 2: it counts vLLM's null block"),
     (["--num-gpu-blocks", "0"], "--num-gpu-blocks=0 is not allowed"),
@@ -159,6 +171,11 @@ def test_capacity_flags_give_the_pool_vllm_logs(capsys):
     (["--step-ms", "0"], "--step-ms=0.0 is not allowed"),
     (["--cost", "roofline"], "--cost roofline needs --model and --gpu"),
     (["--cost", "calibrated"], "--cost calibrated needs --calibration FILE"),
+    (["--cost", "measured"], "--cost measured needs --model and --gpu"),
+    (["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "H200-141GB"],
+     "--gpu='H200-141GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
+     "measurements: A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
+     "clock: --cost roofline)"),
     (["--enable-prefix-caching", "--allocation", "oracle"], "--enable-prefix-caching and --allocation oracle cannot"),
     (["--num-requests", "10000000000"], "--num-requests=10000000000 is not allowed: needs about"),
 ])

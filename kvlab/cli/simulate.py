@@ -13,8 +13,8 @@ from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import capacity as cap
 from kvlab.core import engine as vllm_engine
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import (STEP_COSTS, CalibratedStepCost, ConstantStepCost, LinearStepCost, RooflineStepCost,
-                             TokenCost)
+from kvlab.core.cost import (STEP_COSTS, CalibratedStepCost, ConstantStepCost, LinearStepCost, MeasuredStepCost,
+                             RooflineStepCost, TokenCost)
 from kvlab.core.models import ModelSpec
 from kvlab.core.units import GIB
 from kvlab.core.workload import Workload
@@ -124,8 +124,9 @@ def add_vllm_engine_flags(p) -> None:
     g.add_argument("--cost", default=None, choices=STEP_COSTS,
                    help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "
                    "tokens; the default when --step-ms-per-token is given), roofline (weights + KV read at --gpu's "
-                   "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower) or "
-                   "calibrated (--calibration FILE)")
+                   "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower), "
+                   "calibrated (--calibration FILE) or measured (public operator-level GPU profiles of --model on "
+                   "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one)")
     g.add_argument("--step-ms", type=float, default=None, help=f"ms per step (default {article.MS_PER_TOKEN:g})")
     g.add_argument("--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)")
     g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
@@ -228,7 +229,7 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
                              "vLLM's scheduler takes --max-num-seqs and --step-ms")
     exclusive(given, "--num-gpu-blocks", SIZING_FLAGS, "--num-gpu-blocks is the KV pool itself; the sizing flags "
               "compute it from --model and --gpu")
-    if "--num-gpu-blocks" in given and cost != "roofline":
+    if "--num-gpu-blocks" in given and cost not in ("roofline", "measured"):
         exclusive(given, "--num-gpu-blocks", ["--model", "--gpu", "--tensor-parallel-size"], "--num-gpu-blocks is "
                   "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)")
     sizing = given & {"--model", "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
@@ -311,6 +312,10 @@ def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config:
         if model is None:
             raise ValueError("--cost roofline needs --model and --gpu (weights, KV bytes, bandwidth and FLOPS)")
         return RooflineStepCost.from_specs(model, models.get_gpu(args.gpu), config)
+    if cost == "measured":
+        if model is None:
+            raise ValueError("--cost measured needs --model and --gpu (the operator profile of the model on the GPU)")
+        return MeasuredStepCost.for_model(model, models.get_gpu(args.gpu), config)
     try:
         return CalibratedStepCost.from_csv(args.calibration)
     except OSError as err:
@@ -409,4 +414,6 @@ def describe_cost(cost) -> str:
     if isinstance(cost, RooflineStepCost):
         return (f"roofline, {cost.weights_bytes / GIB:.1f} GiB of weights and {cost.kv_bytes_per_token:,.0f} B of KV per "
                 f"token at {cost.memory_bandwidth_gb_s:g} GB/s, {cost.bf16_dense_tflops:g} TFLOPS")
+    if isinstance(cost, MeasuredStepCost):
+        return f"measured, {cost.cost_source}"
     return f"calibrated, {cost.calibration.source}"

@@ -1,20 +1,26 @@
 """Section 5 (notebook 05_calibration): the article's 8 ms and 0.5 MB per token against arithmetic, bounds
-and measurements. Measuring and reading calibration files is kvlab.core.calibration.
+and measurements, and kvlab's clocks against real vLLM runs (check_run_table). Measuring and reading
+calibration files is kvlab.core.calibration.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvlab.core import article, validate
 from kvlab.core.calibration import (CALIBRATION_DIR, DTYPE_BYTES, ROOT, Calibration, DecoderShape,
                                     decode_bound_ms, decode_bytes_per_step)
-from kvlab.core.cost import CalibratedCost
-from kvlab.core.models import get_gpu
+from kvlab.core.capacity import plan_capacity
+from kvlab.core.cost import CalibratedCost, MeasuredStepCost, RooflineStepCost
+from kvlab.core.engine import simulate
+from kvlab.core.models import get_gpu, get_model
 from kvlab.core.units import GIB, KIB, MIB
+from kvlab.core.workload import Workload
 from kvlab.sections.batching import Experiment, compare_policies
+from kvlab.workloads.vllm_runs import VllmRun, check_runs, load_vllm_run
 
 
 def status_line(calibrations: list[Calibration], directory=None) -> str:
@@ -122,3 +128,87 @@ def bound_figures(shape: DecoderShape, gpu_names, batch_size: int, context_token
             "above": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token >= b]),
             "below": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token < b]),
             "one_low": min(one), "one_high": max(one)}
+
+
+# ---------------------------------------------------------------- real vLLM runs as checks of the clock
+# What the measured clock is checked against (issue 21): kvlab's figure within this share of vLLM's.
+CHECK_TARGETS = {"mean_e2e_error": 0.05, "mean_tpot_error": 0.05, "median_request_e2e_error": 0.08,
+                 "mean_ttft_error": 0.15}
+CHECK_CLOCKS = ("roofline", "measured")
+
+
+def check_clock(clock: str, model, gpu, config):
+    """The step cost a check runs kvlab with: the roofline or the measured clock of model on gpu."""
+    validate.one_of("clock", clock, CHECK_CLOCKS)
+    if clock == "roofline":
+        return RooflineStepCost.from_specs(model, gpu, config)
+    return MeasuredStepCost.for_model(model, gpu, config)
+
+
+def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
+    """kvlab's synchronous engine over a real run's workload and settings, its KV pool as kvlab's capacity sizes it
+    on the run's GPU (plan_capacity, as kvlab simulate --model --gpu does): per request first-token and finish
+    times (s), with the cost's source and the pool. A run with data parallelism is served by that many engines,
+    requests dealt to them in turn (vLLM balances its ranks by load; expert parallelism is not modelled)."""
+    model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
+    config = run.engine_config(async_scheduling=False)
+    planned = plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
+    if planned is None:
+        validate.fail("run", run.name, f"leaves no KV memory for {model.name} on {gpu.name}")
+    cost = check_clock(clock, model, gpu, config)
+    w, ranks = run.workload, run.settings["data_parallel_size"]
+    first_token, finish = np.full(w.num_requests, np.nan), np.full(w.num_requests, np.nan)
+    for rank in range(ranks):
+        mine = np.arange(rank, w.num_requests, ranks)
+        part = Workload(w.arrival_s[mine], w.prompt_tokens[mine], w.output_tokens[mine], name=w.name)
+        result = simulate(part, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost)
+        first_token[mine], finish[mine] = result.first_token_s, result.finish_s
+    return {"first_token_s": first_token, "finish_s": finish, "num_gpu_blocks": planned["num_gpu_blocks"],
+            "cost_source": cost.cost_source if isinstance(cost, MeasuredStepCost) else describe_roofline(cost), "data_parallel_engines": ranks}
+
+
+def describe_roofline(cost) -> str:
+    """The roofline's figures in words."""
+    return f"roofline at {cost.memory_bandwidth_gb_s:g} GB/s and {cost.bf16_dense_tflops:g} TFLOPS (datasheet)"
+
+
+def check_notes(run: VllmRun) -> str:
+    """What kvlab's replay of a run leaves out, in words."""
+    s = run.settings
+    notes = ["kvlab schedules synchronously" + (" (vLLM's default, async, assumed)" if "async_scheduling" in run.assumed
+                                                 else "")]
+    if s["data_parallel_size"] > 1:
+        notes.append(f"data parallel {s['data_parallel_size']}"
+                     + (" with expert parallelism" if s["enable_expert_parallel"] else "")
+                     + f": {s['data_parallel_size']} kvlab engines, requests dealt in turn, each GPU reading every expert")
+    if s["tensor_parallel_size"] > 1:
+        notes.append("the all-reduce is a bandwidth bound, its latency left out")
+    return "; ".join(notes)
+
+
+def check_run_table(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
+    """kvlab against each real vLLM run (data/checks/; all by default) with each clock: mean E2E latency, mean
+    TPOT, the median per-request E2E error and mean TTFT, kvlab's and vLLM's, with kvlab's relative error and
+    whether all four lie within CHECK_TARGETS. One row per (run, clock). Checks only: nothing is fitted."""
+    rows = []
+    for name in (check_runs() if names is None else validate.non_empty("names", names)):
+        run = load_vllm_run(name)
+        arrival, outputs = run.workload.arrival_s, run.workload.output_tokens
+        vllm_e2e, vllm_tpot = run.e2e_s, run.tpot_s
+        for clock in clocks:
+            kv = replay_vllm_run(run, clock)
+            e2e, ttft = kv["finish_s"] - arrival, kv["first_token_s"] - arrival
+            with np.errstate(invalid="ignore", divide="ignore"):
+                tpot = np.where(outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan)
+            row = {"run": name, "clock": clock, "cost_source": kv["cost_source"], "num_gpu_blocks": kv["num_gpu_blocks"],
+                   "vllm_mean_e2e_s": vllm_e2e.mean(), "kvlab_mean_e2e_s": e2e.mean(),
+                   "vllm_mean_tpot_ms": 1e3 * np.nanmean(vllm_tpot), "kvlab_mean_tpot_ms": 1e3 * np.nanmean(tpot),
+                   "median_request_e2e_error": float(np.median(np.abs(e2e / vllm_e2e - 1))),
+                   "vllm_mean_ttft_s": run.ttft_s.mean(), "kvlab_mean_ttft_s": ttft.mean()}
+            row["mean_e2e_error"] = row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1
+            row["mean_tpot_error"] = row["kvlab_mean_tpot_ms"] / row["vllm_mean_tpot_ms"] - 1
+            row["mean_ttft_error"] = row["kvlab_mean_ttft_s"] / row["vllm_mean_ttft_s"] - 1
+            row["within_targets"] = all(abs(row[k]) <= limit for k, limit in CHECK_TARGETS.items())
+            row["notes"] = check_notes(run)
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["run", "clock"])

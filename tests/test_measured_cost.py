@@ -1,0 +1,201 @@
+"""The measured clock (kvlab.core.cost.MeasuredStepCost): steps rebuilt from the committed operator profiles,
+piecewise-linear between measured points, decode runs equal to their steps, CUDA-graph padding, coverage."""
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.core import models, profiles
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import STEP_COSTS, MeasuredStepCost, RooflineStepCost, cudagraph_capture_sizes
+from kvlab.core.engine import Engine
+from kvlab.core.workload import Workload
+
+RTX_PRO = "RTX-PRO-6000-Server-96GB"
+LLAMA = "meta-llama/Llama-3.1-8B"
+CONFIG = EngineConfig().replace(max_num_seqs=128, max_num_batched_tokens=2048, async_scheduling=False,
+                                max_model_len=8192)
+FOLDER = profiles.PROFILES_DIR / "llmservingsim" / "RTXPRO6000" / LLAMA / "bf16" / "tp1"
+
+
+def measured(model=LLAMA, gpu=RTX_PRO, **changes) -> MeasuredStepCost:
+    return MeasuredStepCost.for_model(models.get_model(model), models.get_gpu(gpu), CONFIG.replace(**changes))
+
+
+LLAMA_COST = measured()
+
+
+def read(name: str, *keys: str) -> dict:
+    """A committed profile CSV as {(layer or key columns...): time_us}, read with the csv module only."""
+    with open(FOLDER / f"{name}.csv", newline="") as f:
+        return {tuple(row[k] if k == "layer" else int(row[k]) for k in keys): float(row["time_us"])
+                for row in csv.DictReader(f)}
+
+
+DENSE, PER_SEQUENCE = read("dense", "layer", "tokens"), read("per_sequence", "layer", "sequences")
+ATTENTION = read("attention", "prefill_chunk", "kv_prefill", "n_decode", "kv_decode")
+
+
+def expected_step_us(tokens: int, sequences: int, attention_point: tuple) -> float:
+    """One step at a measured point, by hand: 32 layers of (2 RMSNorms, qkv, rotary, o, gate_up, act, down) and
+    of attention, the embedding and final norm once, lm_head and the sampler once."""
+    layer = sum(calls * DENSE[(op, tokens)] for op, calls in
+                [("layernorm", 2), ("qkv_proj", 1), ("rotary_emb", 1), ("o_proj", 1), ("gate_up_proj", 1),
+                 ("act_fn", 1), ("down_proj", 1)])
+    once = DENSE[("embedding", tokens)] + DENSE[("final_layernorm", tokens)]
+    per_sequence = PER_SEQUENCE[("lm_head", sequences)] + PER_SEQUENCE[("sampler", sequences)]
+    return 32 * layer + once + per_sequence + 32 * ATTENTION[attention_point]
+
+
+def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
+    # a 512-token prefill chunk after 1,024 computed tokens (past the CUDA-graph sizes: not padded)
+    pairs = 512 * 1024 + 512 * 513 // 2
+    assert LLAMA_COST.step_s(512, 1536, 0, 0, 1, pairs) * 1e6 == pytest.approx(
+        expected_step_us(512, 1, (512, 1024, 0, 0)), rel=1e-12)
+    # 64 decodes of 2,048 computed tokens each (64 is a capture size)
+    assert LLAMA_COST.step_s(64, 64 * 2049, 64, 64 * 2049) * 1e6 == pytest.approx(
+        expected_step_us(64, 64, (0, 0, 64, 2048)), rel=1e-12)
+    # a 16-token chunk after 1,024 beside 8 decodes of 4,096: 24 tokens, 9 sequences
+    step = LLAMA_COST.step_s(24, 1040 + 8 * 4097, 8, 8 * 4097, 1, 16 * 1024 + 16 * 17 // 2)
+    assert step * 1e6 == pytest.approx(expected_step_us(24, 9, (16, 1024, 8, 4096)), rel=1e-12)
+    # a caller without the prefill aggregates: the chunk's history from the contexts
+    assert LLAMA_COST.step_s(24, 1040 + 8 * 4097, 8, 8 * 4097) == step
+
+
+def test_the_cost_names_its_source_and_the_interface():
+    assert LLAMA_COST.name == "measured" and "measured" in STEP_COSTS
+    assert LLAMA_COST.cost_source == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+    tp2 = measured("Qwen/Qwen3-32B", tensor_parallel_size=2)
+    assert tp2.cost_source.startswith("LLMServingSim profile RTXPRO6000/Qwen/Qwen3-32B/bf16/tp2; all-reduce")
+    assert tp2.all_reduce_bytes_per_token == 5120 * 2
+    moe = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
+    assert (moe.num_experts, moe.num_experts_per_tok) == (128, 8)
+    assert moe.active_experts(1) == 8 and moe.active_experts(2048) == 128
+
+
+def neighbours(axis: np.ndarray, x: float) -> tuple[float, float]:
+    j = int(np.searchsorted(axis, x, side="right")) - 1
+    return float(axis[j]), float(axis[j + 1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(257, 2047), st.integers(1, 256))
+def test_the_dense_term_is_linear_between_its_measured_neighbours(tokens, sequences):
+    low, high = neighbours(LLAMA_COST.dense_tokens, tokens)
+    w = (tokens - low) / (high - low)
+    at = LLAMA_COST.fixed_us
+    assert at(tokens, sequences) == pytest.approx((1 - w) * at(int(low), sequences) + w * at(int(high), sequences),
+                                                  rel=1e-12)
+    assert min(at(int(low), sequences), at(int(high), sequences)) <= at(tokens, sequences) * (1 + 1e-12)
+    assert at(tokens, sequences) <= max(at(int(low), sequences), at(int(high), sequences)) * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 8), st.integers(0, 10), st.integers(0, 8), st.integers(0, 10),
+       st.floats(0.0, 1.0), st.integers(0, 3))
+def test_attention_is_multilinear_between_grid_points(pc, kp, nd, kv, w, axis):
+    """Along any axis of the grid, a point between two measured ones is their blend."""
+    axes = LLAMA_COST.attention_axes
+    point = [axes[0][max(pc, 1)], axes[1][kp], axes[2][nd], axes[3][max(kv, 1)]]
+    low, high = list(point), list(point)
+    i = [max(pc, 1), kp, nd, max(kv, 1)][axis]
+    if i + 1 >= len(axes[axis]):
+        i -= 1
+    low[axis], high[axis] = axes[axis][i], axes[axis][i + 1]
+    between = list(low)
+    between[axis] = (1 - w) * low[axis] + w * high[axis]
+    at = LLAMA_COST.mixed_attention_us
+    expected = (1 - w) * at(*low) + w * at(*high)
+    assert at(*between) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def test_attention_reads_the_measured_grid_and_extrapolates_past_it():
+    at = LLAMA_COST.mixed_attention_us
+    assert at(256, 4096, 32, 1024) == ATTENTION[(256, 4096, 32, 1024)]
+    assert LLAMA_COST.decode_attention_us(128, 16384) == ATTENTION[(0, 0, 128, 16384)]
+    # past the last decode history: linear from the last two points
+    last, before = ATTENTION[(0, 0, 128, 16384)], ATTENTION[(0, 0, 128, 8192)]
+    assert LLAMA_COST.decode_attention_us(128, 24576) == pytest.approx(last + (last - before), rel=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.sampled_from(["llama", "qwen3-32b-tp2", "moe", "scaled"]), st.integers(1, 300), st.integers(0, 30_000),
+       st.integers(1, 60))
+def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history, num_steps):
+    cost = {"llama": LLAMA_COST, "qwen3-32b-tp2": QWEN_TP2, "moe": MOE, "scaled": SCALED}[which]
+    context = num_decodes * (history + 1)
+    durations = np.atleast_1d(cost.run_s(num_decodes, context, num_steps))
+    steps = [cost.step_s(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j)
+             for j in range(num_steps)]
+    assert durations.tolist() == steps
+
+
+QWEN_TP2 = measured("Qwen/Qwen3-32B", tensor_parallel_size=2)
+MOE = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
+SCALED = measured("Qwen/Qwen3-14B")
+
+
+def test_the_engine_with_the_measured_clock_takes_the_same_steps_fast_or_slow():
+    rng = np.random.default_rng(1)
+    w = Workload(np.cumsum(rng.exponential(0.05, 300)), rng.integers(10, 3000, 300), rng.integers(1, 600, 300))
+    slow, fast = (Engine(w, CONFIG, num_gpu_blocks=3000, cost=LLAMA_COST, fast=f).run() for f in (False, True))
+    assert np.array_equal(slow.finish_s, fast.finish_s) and np.array_equal(slow.steps["end_s"], fast.steps["end_s"])
+
+
+def test_decode_batches_are_padded_to_vllms_cudagraph_capture_sizes():
+    sizes = cudagraph_capture_sizes(128, 2048)
+    assert sizes == (1, 2, 4, *range(8, 256, 8), 256)
+    assert cudagraph_capture_sizes(256, 8192)[-3:] == (480, 496, 512)
+    assert cudagraph_capture_sizes(256, 300)[-3:] == (272, 288, 300)   # max_num_batched_tokens is captured
+    assert cudagraph_capture_sizes(100, 8192)[-2:] == (192, 200)
+    assert LLAMA_COST.padded_tokens(3) == 4 and LLAMA_COST.padded_tokens(257) == 257
+    # a decode batch of 3 costs what one of 4 costs in the linear (dense) term
+    assert LLAMA_COST.fixed_us(3, 1) == LLAMA_COST.fixed_us(4, 1)
+    eager = dataclasses.replace(LLAMA_COST, cudagraph_capture_sizes=())      # no CUDA graphs: 3 tokens as measured
+    assert eager.fixed_us(3, 1) != LLAMA_COST.fixed_us(3, 1) and eager.fixed_us(4, 1) == LLAMA_COST.fixed_us(4, 1)
+    three, four = (LLAMA_COST.step_s(n, n * 101, n, n * 101) for n in (3, 4))
+    per_sequence = LLAMA_COST.fixed_us(4, 4) - LLAMA_COST.fixed_us(4, 3)
+    attention = 32 * (LLAMA_COST.decode_attention_us(4, 100) - LLAMA_COST.decode_attention_us(3, 100))
+    assert (four - three) * 1e6 == pytest.approx(per_sequence + attention, rel=1e-9)
+
+
+def test_a_gpu_with_no_measurement_is_refused_in_one_line():
+    with pytest.raises(ValueError) as error:
+        measured(gpu="H200-141GB")
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("gpu='H200-141GB' is not allowed")
+    assert "A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB" in message
+    assert "--cost roofline" in message
+
+
+def test_a_model_without_a_profile_gets_the_roofline_at_the_gpus_sustained_rates():
+    fractions = profiles.sustained_fractions("H100-SXM-80GB")
+    assert 0.5 < fractions.memory_bandwidth_fraction < 1 and 0.5 < fractions.flop_fraction < 1
+    cost = measured("Qwen/Qwen3-14B", gpu="H100-SXM-80GB")
+    assert cost.cost_source.startswith("roofline scaled by sustained fractions measured on H100-SXM-80GB")
+    roofline = RooflineStepCost.from_specs(models.get_model("Qwen/Qwen3-14B"), models.get_gpu("H100-SXM-80GB"), CONFIG)
+    assert cost.roofline.memory_bandwidth_gb_s == roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction
+    assert cost.step_s(8, 8000, 8, 8000) > roofline.step_s(8, 8000, 8, 8000)
+    assert measured(LLAMA, pipeline_parallel_size=2).cost_source.startswith("roofline scaled")
+
+
+def test_every_profile_names_a_catalog_gpu_and_model_and_is_small():
+    for entry in profiles.load_index():
+        models.get_gpu(entry.gpu), models.get_model(entry.model)
+        assert entry.folder.is_dir(), entry.path
+    size = sum(p.stat().st_size for p in profiles.PROFILES_DIR.rglob("*") if p.is_file())
+    assert size < 4e6
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"num_layers": 0}, "num_layers=0 is not allowed: must be an integer >= 1"),
+    ({"step_overhead_ms": -1.0}, "step_overhead_ms=-1.0 is not allowed"),
+    ({"dense_us": np.zeros(3)}, "dense_us=(3,) is not allowed: must have the shape"),
+    ({"cudagraph_capture_sizes": (4, 2)}, "cudagraph_capture_sizes=(4, 2) is not allowed"),
+])
+def test_bad_tables_are_refused_naming_the_field(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        dataclasses.replace(LLAMA_COST, **changes)

@@ -1,0 +1,57 @@
+"""The real vLLM runs kept as checks (data/checks/, kvlab.workloads.vllm_runs) and kvlab's replay of them
+(kvlab.sections.calibration.check_run_table). The runs are checks: these tests hold the loading and the
+arithmetic, not kvlab's agreement with vLLM."""
+import numpy as np
+import pytest
+
+from kvlab.core.config import EngineConfig
+from kvlab.sections import calibration
+from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
+
+RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
+        "llmservingsim/RTXPRO6000/Qwen3-32B"]
+
+
+def test_the_three_runs_are_committed():
+    assert check_runs() == RUNS
+
+
+@pytest.mark.parametrize("name,model,tp,dp,max_model_len", [
+    (RUNS[0], "meta-llama/Llama-3.1-8B", 1, 1, 131072),
+    (RUNS[1], "Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 2, 262144),
+    (RUNS[2], "Qwen/Qwen3-32B", 2, 1, 40960),
+])
+def test_a_run_loads_as_a_workload_with_its_settings_and_latencies(name, model, tp, dp, max_model_len):
+    run = load_vllm_run(name)
+    w = run.workload
+    assert w.num_requests == 300 and w.arrival_s[0] == 0 and np.all(np.diff(w.arrival_s) >= 0)
+    s = run.settings
+    assert (s["model"], s["gpu"], s["vllm_version"]) == (model, "RTX-PRO-6000-Server-96GB", "0.19.0")
+    assert (s["tensor_parallel_size"], s["data_parallel_size"], s["max_num_seqs"], s["max_num_batched_tokens"]) == \
+        (tp, dp, 128, 2048)
+    assert s["max_model_len"] == max_model_len and "max_model_len" in run.assumed
+    assert set(run.assumed) >= {"block_size", "gpu_memory_utilization", "enable_prefix_caching", "async_scheduling"}
+    assert np.all(run.first_scheduled_s >= w.arrival_s) and np.all(run.first_token_s >= run.first_scheduled_s)
+    assert np.all(run.e2e_s > run.ttft_s) and np.all(run.ttft_s > 0) and np.all(np.isfinite(run.tpot_s))
+    config = run.engine_config(async_scheduling=False)
+    assert isinstance(config, EngineConfig) and config.parallel.tensor_parallel_size == tp
+    assert config.scheduler.max_num_seqs == 128 and config.cache.block_size == 16
+
+
+def test_an_unknown_run_is_refused_naming_the_runs():
+    with pytest.raises(ValueError, match=r"run='RTX4090/x' is not allowed: is not a run of .*; runs: "
+                                         r"llmservingsim/RTXPRO6000/Llama-3.1-8B, "):
+        load_vllm_run("RTX4090/x")
+
+
+def test_the_check_table_compares_kvlab_with_vllm():
+    table = calibration.check_run_table([RUNS[0]])
+    assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured")]
+    run = load_vllm_run(RUNS[0])
+    row = table.loc[(RUNS[0], "measured")]
+    assert row["vllm_mean_e2e_s"] == pytest.approx(run.e2e_s.mean())
+    assert row["mean_e2e_error"] == pytest.approx(row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1)
+    assert row["cost_source"] == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+    # the roofline is a lower bound on every step: kvlab's tokens come sooner with it
+    assert table.loc[(RUNS[0], "roofline"), "kvlab_mean_tpot_ms"] < row["kvlab_mean_tpot_ms"]
+    assert set(calibration.CHECK_TARGETS) <= set(table.columns)
