@@ -158,7 +158,8 @@ class ConstantStepCost:
     def __post_init__(self):
         validate.in_range("step_ms", self.step_ms, "ms_per_token")
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
         """Seconds of one step: step_ms / 1000."""
         return self.step_ms / 1000.0
 
@@ -181,7 +182,8 @@ class LinearStepCost:
         if self.step_ms == 0 and self.step_ms_per_token == 0:
             validate.fail("step_ms", 0.0, "and step_ms_per_token cannot both be 0: a step must take time")
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
         """Seconds of one step: (step_ms + step_ms_per_token x num_tokens) / 1000."""
         return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
 
@@ -233,7 +235,8 @@ class RooflineStepCost:
         compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
         return np.maximum(memory_s, compute_s)
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
         """Seconds of one step (see the class)."""
         return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
 
@@ -272,7 +275,8 @@ class CalibratedStepCost:
             ms = ms + self.calibration.prefill_time_ms(num_tokens - num_decodes)
         return ms
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0) -> float:
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
         """Seconds of one step (see the class)."""
         return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
 

@@ -50,6 +50,12 @@ PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
 
 
+def step_s(cost, out) -> float:
+    """Seconds the step cost gives the batch of a SchedulerOutput."""
+    return cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes, out.decode_context_tokens,
+                       out.num_prefills, out.prefill_attention_pairs)
+
+
 class NoProgressError(RuntimeError):
     """The workload cannot finish: vLLM would wait forever (its message says why)."""
 
@@ -217,8 +223,7 @@ class Engine:
         if out.num_scheduled_tokens == 0:
             raise NoProgressError(self.no_progress_message())
         start = self.clock
-        end = start + self.cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes,
-                                       out.decode_context_tokens)
+        end = start + step_s(self.cost, out)
         for request in out.admitted:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = start
@@ -260,8 +265,7 @@ class Engine:
                     if request.first_scheduled_s is None:
                         request.first_scheduled_s = self.clock
                 start = self.clock if self.clock > gpu_free_s else gpu_free_s
-                end = start + cost.step_s(tokens, out.context_tokens, out.num_decodes, out.decode_context_tokens) \
-                    if tokens else start
+                end = start + step_s(cost, out) if tokens else start
                 gpu_free_s = end
                 queue.append((out, start, end, len(scheduler.running), len(scheduler.waiting)))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
