@@ -95,20 +95,24 @@ def test_vllm_json_has_the_issue_keys_and_the_engines_numbers(capsys):
     from kvlab.core.config import EngineConfig
     from kvlab.core.cost import LinearStepCost
 
-    out = run_json(capsys, "--policy", "vllm", "--num-requests", "300", "--prompt-tokens", "200", "--num-gpu-blocks",
-                   "300", "--max-num-seqs", "64", "--step-ms", "5", "--step-ms-per-token", "0.02", "--seed", "1")
-    assert set(VLLM_KEYS) <= set(out) and out["num_gpu_blocks"] == 300 and out["cost"] == "linear"
+    flags = ["--policy", "vllm", "--num-requests", "300", "--prompt-tokens", "200", "--num-gpu-blocks", "300",
+             "--max-num-seqs", "64", "--step-ms", "5", "--step-ms-per-token", "0.02", "--seed", "1"]
     w = synthetic.article_s2_workload(300, 11.0, "article", np.random.default_rng(1))
     w = type(w)(w.arrival_s, np.full(300, 200), w.output_tokens)
-    config = EngineConfig().replace(max_num_seqs=64, max_model_len=8192, async_scheduling=False)
-    summary = engine.simulate(w, config, num_gpu_blocks=300, cost=LinearStepCost(5.0, 0.02)).summary()
-    assert {k: out[k] for k in VLLM_KEYS} == pytest.approx({k: summary[k] for k in VLLM_KEYS})
-    assert out["num_preemptions"] > 0     # 299 usable blocks do not hold the load
+    for extra, mode in (([], True), (["--no-async-scheduling"], False)):   # vLLM's default on a GPU: async
+        out = run_json(capsys, *flags, *extra)
+        assert set(VLLM_KEYS) <= set(out) and out["num_gpu_blocks"] == 300 and out["cost"] == "linear"
+        assert out["async_scheduling"] is mode
+        config = EngineConfig().replace(max_num_seqs=64, max_model_len=8192, async_scheduling=mode)
+        summary = engine.simulate(w, config, num_gpu_blocks=300, cost=LinearStepCost(5.0, 0.02)).summary()
+        assert {k: out[k] for k in VLLM_KEYS} == pytest.approx({k: summary[k] for k in VLLM_KEYS})
+        assert out["num_preemptions"] > 0     # 299 usable blocks do not hold the load
 
 
 def test_vllm_text_output_names_units(capsys):
     assert cli.main(["simulate", "--policy", "vllm", "--num-requests", "50"]) == 0
     out = capsys.readouterr().out
+    assert "vLLM 0.33's scheduler (asynchronous: the next batch is scheduled before this one's output" in out
     assert "7,681 GPU blocks of 16 tokens (7,680 usable + vLLM's null block; the article's 60 GiB" in out
     assert "constant, 8 ms a step" in out and "output tokens/s" in out and "TTFT                 mean" in out
 
@@ -118,8 +122,9 @@ def test_requests_csv_round_trips_through_trace(tmp_path, capsys):
     run_json(capsys, "--policy", "vllm", "--num-requests", "40", "--prompt-tokens", "30", "--requests-csv", str(path))
     lines = path.read_text().splitlines()
     assert lines[0] == ("request_id,arrival_s,prompt_tokens,output_tokens,first_scheduled_s,first_token_s,finish_s,"
-                        "num_preemptions")
+                        "num_preemptions,scheduling")
     rows = [line.split(",") for line in lines[1:]]
+    assert {r[-1] for r in rows} == {"async"}
     assert [int(r[0]) for r in rows] == list(range(40))
     assert all(float(r[4]) >= float(r[1]) and float(r[6]) >= float(r[5]) for r in rows)
     again = run_json(capsys, "--policy", "vllm", "--trace", str(path), "--requests-csv", str(tmp_path / "again.csv"))

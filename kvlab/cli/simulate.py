@@ -5,6 +5,8 @@ The parser needs the policies, the engine's allocations and the step costs, so k
 resources)."""
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from kvlab.cli.common import exclusive, print_json, requires
@@ -110,6 +112,9 @@ def add_vllm_engine_flags(p) -> None:
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest request, tokens: a prompt must be shorter, output stops there (default: --model's "
                    "context, else 8192)")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="schedule the next batch before this one's output is known, a batch queue of two (default on: "
+                   "vLLM 0.33's default on a GPU); --no-async-scheduling, vLLM's own flag, for the synchronous engine")
     g.add_argument("--no-chunked-prefill", action="store_true",
                    help="admit a prompt only if it fits the step's budget left (vLLM: --no-enable-chunked-prefill)")
     g.add_argument("--enable-prefix-caching", action="store_true",
@@ -200,6 +205,7 @@ VLLM_SIMULATE_FLAGS = {
     "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
     "enable_chunked_prefill": "--no-chunked-prefill", "enable_prefix_caching": "--enable-prefix-caching",
     "long_prefill_token_threshold": "--long-prefill-token-threshold", "allocation": "--allocation", "cost": "--cost",
+    "async_scheduling": "--async-scheduling",
     "step_ms": "--step-ms", "step_ms_per_token": "--step-ms-per-token", "calibration": "--calibration",
     "requests_csv": "--requests-csv",
 }
@@ -207,11 +213,11 @@ VLLM_ENGINE_FLAGS = ["--num-gpu-blocks", "--model", "--gpu", "--gpu-memory-utili
                      "--tensor-parallel-size", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
                      "--max-model-len", "--no-chunked-prefill", "--enable-prefix-caching",
                      "--long-prefill-token-threshold", "--allocation", "--cost", "--step-ms", "--step-ms-per-token",
-                     "--calibration", "--requests-csv"]
+                     "--calibration", "--requests-csv", "--async-scheduling", "--no-async-scheduling"]
 # Flags that only size the KV pool from a model and a GPU.
 SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
 REQUESTS_CSV_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
-                        "first_token_s", "finish_s", "num_preemptions")
+                        "first_token_s", "finish_s", "num_preemptions", "scheduling")
 VLLM_SUMMARY_KEYS = ("mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
                      "mean_running", "output_tokens_per_s")
 
@@ -252,7 +258,7 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
 
 
 def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
-    """The engine's settings: the flags given, vLLM's defaults for the rest (synchronous scheduling)."""
+    """The engine's settings: the flags given, vLLM's defaults for the rest (asynchronous scheduling on)."""
     values = {"block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens,
               "long_prefill_token_threshold": args.long_prefill_token_threshold,
@@ -274,7 +280,8 @@ def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
     settings = {name: value for name, value in values.items() if value is not None}
     for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
         settings.setdefault(name, ENGINE_DEFAULTS[name])
-    return EngineConfig().replace(**settings, max_model_len=max_model_len, async_scheduling=False,
+    async_scheduling = True if args.async_scheduling is None else args.async_scheduling
+    return EngineConfig().replace(**settings, max_model_len=max_model_len, async_scheduling=async_scheduling,
                                   enable_chunked_prefill=not args.no_chunked_prefill,
                                   enable_prefix_caching=args.enable_prefix_caching)
 
@@ -334,15 +341,15 @@ def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | N
     return workload, load
 
 
-def write_requests_csv(path: str, result) -> None:
-    """One row per request, REQUESTS_CSV_COLUMNS, times in full float precision."""
+def write_requests_csv(path: str, result, scheduling: str) -> None:
+    """One row per request, REQUESTS_CSV_COLUMNS, times in full float precision; scheduling: async or sync."""
     table = result.requests_table()
-    columns = [table[name] for name in REQUESTS_CSV_COLUMNS]
+    columns = [table[name] for name in REQUESTS_CSV_COLUMNS[:-1]] + [[scheduling] * result.num_requests]
     try:
         with open(path, "w", encoding="utf-8") as f:
             f.write(",".join(REQUESTS_CSV_COLUMNS) + "\n")
-            for row in zip(*(c.tolist() for c in columns)):
-                f.write(",".join(repr(v) for v in row) + "\n")
+            for row in zip(*(c if isinstance(c, list) else c.tolist() for c in columns)):
+                f.write(",".join(map(repr, row[:-1])) + f",{row[-1]}\n")
     except OSError as err:
         validate.fail("requests_csv", path, f"cannot be written ({err.strerror or err})")
 
@@ -364,12 +371,14 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
                                       allocation=args.allocation)
     except vllm_engine.NoProgressError as err:   # a run that cannot go on stops with why, in one line
         raise ValueError(str(err)) from None
+    scheduling = "async" if config.scheduler.async_scheduling else "sync"
     if args.requests_csv:
-        write_requests_csv(args.requests_csv, result)
+        write_requests_csv(args.requests_csv, result, scheduling)
     summary = result.summary()
     scheduler = config.scheduler
     capped = int((result.num_output_tokens < workload.output_tokens).sum())
-    out = {"policy": "vllm", "allocation": args.allocation, "num_gpu_blocks": num_gpu_blocks,
+    out = {"policy": "vllm", "async_scheduling": scheduler.async_scheduling, "allocation": args.allocation,
+           "num_gpu_blocks": num_gpu_blocks,
            "block_size": config.cache.block_size, "max_num_seqs": scheduler.max_num_seqs,
            "max_num_batched_tokens": scheduler.max_num_batched_tokens, "max_model_len": scheduler.max_model_len,
            "enable_chunked_prefill": scheduler.enable_chunked_prefill,
@@ -386,7 +395,9 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     if load is not None:
         print(f"trace                {out['trace_format']} {out['trace']}: {out['num_rows']:,} rows read, "
               f"{out['num_skipped_rows']:,} bad rows skipped")
-    print(f"engine               vLLM 0.33's scheduler (synchronous), {args.allocation} allocation, "
+    mode = ("asynchronous: the next batch is scheduled before this one's output, vLLM's default"
+            if scheduler.async_scheduling else "synchronous: --no-async-scheduling")
+    print(f"engine               vLLM 0.33's scheduler ({mode}), {args.allocation} allocation, "
           f"{num_gpu_blocks:,} GPU blocks of {config.cache.block_size} tokens ({usable:,} usable + vLLM's null block; "
           f"{pool_source})")
     print(f"limits               max_num_seqs {scheduler.max_num_seqs:,}, max_num_batched_tokens "
