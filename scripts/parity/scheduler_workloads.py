@@ -7,7 +7,8 @@ fixed seed, or read from the Azure conversation trace (TRACE_DIR), so every run 
 Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; about 1.5 minutes of vLLM's
 scheduler per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off, with a long-prefill threshold, with
 prefix caching over shared system prompts (tight memory, so cached blocks are evicted and requests
-preempted); and a long-prompt, short-output workload.
+preempted); and a long-prompt, short-output workload. Each in both of vLLM's scheduling modes: synchronous
+(NAME) and asynchronous, vLLM's default on a GPU (NAME-async).
 """
 from __future__ import annotations
 
@@ -102,5 +103,20 @@ RUNS = {
     "prefix-caching": ("synthetic, prefix caching over 8 shared system prompts, 700 blocks", prefix_caching),
     "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
 }
+SYNC_RUNS = dict(RUNS)
+
+
+def asynchronous(build):
+    """The same document with vLLM's asynchronous scheduling (its default on a GPU)."""
+    def build_async() -> dict:
+        doc = build()
+        doc["config"]["async_scheduling"] = True
+        return doc
+    return build_async
+
+
+# Every run in both scheduling modes: NAME (synchronous) and NAME-async.
+RUNS |= {f"{name}-async": (f"{what}; asynchronous scheduling", asynchronous(build))
+         for name, (what, build) in SYNC_RUNS.items()}
 # The two runs make bench measures the speed ratio on (the issue's targets).
-SPEED_RUNS = ("azure-preempt", "long-prompt")
+SPEED_RUNS = ("azure-preempt", "long-prompt", "azure-preempt-async", "long-prompt-async")

@@ -149,3 +149,117 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))
     engine.clock = end
+
+
+# ---------------------------------------------------------------- asynchronous scheduling
+def run_async(engine, queue, gpu_free_s: float) -> float | None:
+    """The asynchronous engine's decode run: k loop iterations (schedule batch j, then process batch j - 1's
+    output) at once; the new gpu_free_s, or None (nothing changed) if there is none of at least 2.
+
+    It starts with one batch in flight that decoded every running request (the loop's pure flag): each then
+    has one output placeholder and computed = known tokens t. Iteration j schedules one token for every running
+    request unless one of its own rules applies: vLLM's early stop skips a request whose placeholder brings it
+    to max_num_tokens, so all are scheduled while k <= min(max_num_tokens - t - 1) and nothing finishes in the
+    run (a finish comes with the output of the run's last batch or later); blocks are taken at the same phases
+    as the synchronous run (computed tokens run one ahead); admissions and arrivals as there, each schedule()
+    at the clock of the output it waited for last. Batch j runs from the end of batch j - 1 (the GPU is never
+    idle: the next batch is always queued)."""
+    from kvlab.core.engine.scheduler import SchedulerOutput
+
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    in_flight, start0, end0, running0, waiting0, pure = queue[0]
+    if not pure or len(in_flight.scheduled) != num_running:
+        return None
+    k = None
+    num_kv_tokens = 0
+    for r in running:
+        if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens or r.num_tokens == r.num_prompt_tokens:
+            return None                 # not decoding in steady state (e.g. its first token is in flight)
+        left = r.max_num_tokens - r.num_tokens - 1
+        k = left if k is None or left < k else k
+        num_kv_tokens += r.num_computed_tokens
+    if k < 2:
+        return None
+    paged = engine.allocation == "paged"
+    bs = engine.block_size
+    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
+    budget_left = scheduler.max_num_batched_tokens - num_running
+    may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
+    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left,
+                                                      phases.count(0) if paged else 0):
+        return None
+    if paged:
+        full_periods, left = divmod(kv.num_free_blocks, num_running)
+        k = min(k, full_periods * bs + sorted(phases)[left])
+        if k < 2:
+            return None
+    # times[i]: the end of batch i (times[0]: the batch in flight); iteration j schedules at the clock times[j - 2].
+    times = step_times(gpu_free_s, engine.cost.run_s(num_running, num_kv_tokens + num_running, k), k)
+    arrival, first = engine.arrival_list, engine.next_arrival
+    if may_admit and not scheduler.waiting and first < len(arrival):
+        joins = bisect_left(times, arrival[first], 0, k - 1) + 2     # the first iteration it is there for
+        if joins <= k:
+            periods, rest = divmod(joins, bs)
+            taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
+            if admissible(engine, engine.peek_arrival(), budget_left, taken):
+                if joins - 1 < 2:
+                    return None
+                k = joins - 1
+                del times[k + 1:]
+    apply_async(engine, queue, k, times, phases, num_kv_tokens, SchedulerOutput())
+    return times[k]
+
+
+def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens: int, out) -> None:
+    """Advance the asynchronous engine k iterations of a decode run; record batches 0..k-1; queue batch k."""
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    in_flight, start0, end0, running0, waiting0, _ = queue.popleft()
+    held_before = kv.held()
+    if phases is not None:
+        bs = engine.block_size
+        per_phase = [0] * bs
+        for p in phases:
+            per_phase[p] += 1
+        held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
+        num_taken = held[-1] - held_before
+        if num_taken:
+            blocks = kv.pool.get_new_blocks(num_taken)
+            order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
+            for rank, i in enumerate(order):
+                running[i].block_ids.extend(blocks[rank::num_running])
+    else:
+        held = [held_before] * k
+    for request in running:
+        request.num_computed_tokens += k
+        request.num_tokens += k
+    if kv.enable_caching:
+        for request in running:
+            kv.cache_blocks(request, request.num_computed_tokens - 1)    # all but the token in flight settled
+    kv_tokens = list(range(num_kv_tokens + num_running, num_kv_tokens + (k + 1) * num_running, num_running))
+    # Arrivals join at iteration j's add_arrivals (clock times[j - 2], j >= 2) behind a refused head.
+    arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
+    waiting = len(scheduler.waiting)
+    num_waiting = [waiting0]
+    for j in range(1, k + 1):
+        clock = engine.clock if j == 1 else times[j - 2]
+        while i < num_arrivals and arrival[i] <= clock:
+            i += 1
+            waiting += 1
+        num_waiting.append(waiting)
+    engine.clock = times[k - 2] if k >= 2 else engine.clock
+    engine.add_arrivals()                                               # those that joined, in arrival order
+    engine.clock = times[k - 1]                                         # it waited for batch k - 1
+    engine.steps.extend([start0, *times[:k]], num_running, num_waiting[:k], held, kv_tokens)
+    if engine.record_scheduled:
+        batch = [(r.request_id, 1) for r in running]
+        engine.scheduled_log.extend((list(batch), []) for _ in range(k))
+    scheduler.has_finished = False
+    out.scheduled = [(r, 1) for r in running]
+    out.samples = [True] * num_running
+    out.num_scheduled_tokens = out.num_decodes = num_running
+    out.context_tokens = out.decode_context_tokens = kv_tokens[-1]
+    queue.append((out, times[k - 1], times[k], num_running, num_waiting[k], True))

@@ -147,7 +147,7 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, kv)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
-        self.fast = fast and not record_block_ids and not config.scheduler.async_scheduling
+        self.fast = fast and not record_block_ids
         self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
         n = workload.num_requests
         # Per request, written once when it finishes (compact arrays; NaN until then).
@@ -173,6 +173,7 @@ class Engine:
         self._arrived: Request | None = None
         self.num_kv_tokens = 0          # computed tokens of the running requests
         self.all_decoding = False       # every running request was scheduled in the last step and sampled
+        self.num_decode_runs = 0        # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
 
     # ---------------------------------------------------------------- requests
@@ -212,6 +213,7 @@ class Engine:
                 self.clock = float(self.arrival_s[self.next_arrival])   # idle: jump to the next arrival
                 continue
             if self.fast and self.all_decoding and scheduler.running and decode_run.run(self):
+                self.num_decode_runs += 1
                 continue
             self.step()
         return self.result()
@@ -253,11 +255,19 @@ class Engine:
         """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
         scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
         n = len(self.arrival_list)
-        queue = deque()                 # batches scheduled, not yet processed: (out, start, end, running, waiting)
+        queue = deque()                 # batches scheduled, not yet processed: (out, start, end, running, waiting,
+                                        # whether it decoded every running request)
         gpu_free_s = self.clock         # when the GPU has run every batch queued so far
         num_empty = 0                   # schedule() calls in a row that scheduled nothing
+        fast = self.fast
         while True:
             self.add_arrivals()
+            if fast and len(queue) == 1 and queue[0][5]:
+                end_s = decode_run.run_async(self, queue, gpu_free_s)
+                if end_s is not None:
+                    gpu_free_s = end_s
+                    self.num_decode_runs += 1
+                    continue
             if scheduler.has_requests():
                 out = scheduler.schedule()
                 tokens = out.num_scheduled_tokens
@@ -267,7 +277,10 @@ class Engine:
                 start = self.clock if self.clock > gpu_free_s else gpu_free_s
                 end = start + step_s(cost, out) if tokens else start
                 gpu_free_s = end
-                queue.append((out, start, end, len(scheduler.running), len(scheduler.waiting)))
+                num_running = len(scheduler.running)
+                pure = tokens and out.num_decodes == len(out.scheduled) == num_running and not out.admitted \
+                    and not out.preempted and not out.num_hit_tokens
+                queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
                 if self.record_scheduled and step:
                     self.scheduled_log.append(([(r.request_id, k) for r, k in out.scheduled],
@@ -288,7 +301,7 @@ class Engine:
                     break
                 self.clock = self.arrival_list[self.next_arrival]       # idle: jump to the next arrival
                 continue
-            out, start, end, num_running, num_waiting = queue.popleft()
+            out, start, end, num_running, num_waiting, _ = queue.popleft()
             if end > self.clock:
                 self.clock = end                                         # wait for the oldest batch's output
             num_sampled, first_tokens, finished = scheduler.update_from_output(out)
