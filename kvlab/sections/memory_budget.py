@@ -115,6 +115,7 @@ def metrics(result, pool_tokens: int) -> dict:
         "mean_ttft_s": float(result.ttft_s.mean()),
         "p50_ttft_s": float(np.median(result.ttft_s)),
         "p95_ttft_s": float(np.percentile(result.ttft_s, 95)),
+        "mean_tpot_s": result.summary()["mean_tpot_s"],
         "mean_batched_requests": float(steps["num_running"].mean(dtype=np.float64)) if num_steps else 0.0,
         "mean_waiting_requests": float(steps["num_waiting"].mean(dtype=np.float64)) if num_steps else 0.0,
         "token_states_pct": 100.0 * kv / pool_tokens,
@@ -652,6 +653,42 @@ def prefix_table(runs: pd.DataFrame, trace: TraceWorkload, model: str, gpu: str)
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "rate_scale"
     return table
+
+
+# ================================================================ synchronous and asynchronous scheduling
+SCHEDULING_LABELS = {False: "synchronous (the paper's vLLM)", True: "asynchronous (vLLM 0.33's default)"}
+SCHEDULING_DECIMALS = {"mean_ttft_s": 3, "p95_ttft_s": 3, "mean_tpot_ms": 2, "normalized_latency_s": 4, "held_pct": 2,
+                       "token_states_pct": 2, "num_preemptions": 0, "output_tokens_per_s": 1}
+
+
+def scheduling_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) -> list[dict]:
+    """vLLM (paged) on the trace at each rate scale, scheduled synchronously and asynchronously (a batch queue of two)."""
+    blocks, cost = setting.num_gpu_blocks(), setting.cost()
+    return [_point(trace.at(scale), setting.config().replace(async_scheduling=mode), blocks, cost, "paged",
+                   rate_scale=float(scale), async_scheduling=mode)
+            for scale in rate_scales for mode in (False, True)]
+
+
+def scheduling_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per rate scale and scheduling mode: mean and p95 TTFT, mean TPOT, normalized latency, the KV cache held and
+    holding token states (% of its slots, mean over steps), preemptions and output throughput."""
+    table = runs.assign(scheduling=[SCHEDULING_LABELS[bool(m)] for m in runs["async_scheduling"]],
+                        mean_tpot_ms=1e3 * runs["mean_tpot_s"]).set_index(["rate_scale", "scheduling"])
+    return table[list(SCHEDULING_DECIMALS)]
+
+
+def scheduling_figures(table: pd.DataFrame) -> dict:
+    """What asynchronous scheduling changes at the lightest rate scale of the table, async against sync: the first
+    token's delay (ms, and in steps of the synchronous mean TPOT), TPOT, the KV cache held, throughput, preemptions."""
+    scale = min(table.index.get_level_values("rate_scale"))
+    sync, async_ = (table.loc[(scale, SCHEDULING_LABELS[mode])] for mode in (False, True))
+    delay_ms = 1e3 * (async_["mean_ttft_s"] - sync["mean_ttft_s"])
+    return {"scale": scale, "ttft_delay_ms": delay_ms, "ttft_delay_steps": delay_ms / sync["mean_tpot_ms"],
+            "sync_ttft_ms": 1e3 * sync["mean_ttft_s"], "async_ttft_ms": 1e3 * async_["mean_ttft_s"],
+            "sync_tpot": sync["mean_tpot_ms"], "async_tpot": async_["mean_tpot_ms"],
+            "sync_held": sync["held_pct"], "async_held": async_["held_pct"],
+            "sync_throughput": sync["output_tokens_per_s"], "async_throughput": async_["output_tokens_per_s"],
+            "sync_preemptions": int(sync["num_preemptions"]), "async_preemptions": int(async_["num_preemptions"])}
 
 
 # ================================================================ make parity

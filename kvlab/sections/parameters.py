@@ -162,7 +162,8 @@ RULES: dict[str, dict[str, Rule]] = {
         "SHAREGPT_RATES": _increasing(_range("arrival_rate")), "ALPACA_RATES": _increasing(_range("arrival_rate")),
         "LATENCY_BOUND_S": _range("seconds"), "LATENCY_BOUNDS_S": _increasing(_range("seconds")),
         "BLOCK_SIZES": _increasing(_range("block_size")), "KV_CACHE_GIBS": _increasing(_range("memory_gib")),
-        "AZURE_RATE_SCALES": _increasing(_scale), "PREFIX_MODEL": _model_name, "PREFIX_GPU": _gpu_name,
+        "AZURE_RATE_SCALES": _increasing(_scale), "SCHEDULING_RATE_SCALES": _increasing(_scale),
+        "PREFIX_MODEL": _model_name, "PREFIX_GPU": _gpu_name,
         "MOONCAKE_NUM_REQUESTS": _range("num_requests"), "MOONCAKE_RATE_SCALES": _increasing(_scale),
         "ARTICLE_MS_PER_TOKEN": _range("ms_per_token"), "ARTICLE_MAX_NUM_SEQS": _increasing(_range("max_num_seqs")),
         "TRACE_DIR": _folder, "SWEEP_SCHEDULER": _scheduler,
@@ -270,14 +271,15 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
         n, seeds = p["NUM_REQUESTS"], p["NUM_SEEDS"]
         runs = seeds * 4 * (4 + len(p["SHAREGPT_RATES"]) + len(p["ALPACA_RATES"]) + len(p["KV_CACHE_GIBS"]))
         runs += seeds * 2 * len(p["BLOCK_SIZES"])
-        served = runs * n + 4 * len(p["AZURE_RATE_SCALES"]) * AZURE_REQUESTS
+        azure_runs = 4 * len(p["AZURE_RATE_SCALES"]) + 2 * len(p["SCHEDULING_RATE_SCALES"])
+        served = runs * n + azure_runs * AZURE_REQUESTS
         served += 4 * len(p["ARTICLE_MAX_NUM_SEQS"]) * 600
         cached = 2 * len(p["MOONCAKE_RATE_SCALES"]) * p["MOONCAKE_NUM_REQUESTS"]
         largest = max(n, AZURE_REQUESTS, p["MOONCAKE_NUM_REQUESTS"])
         return resources.Estimate(2 * largest * ENGINE_BYTES_PER_REQUEST,   # a run in each of two processes
                                   SECONDS_PER_NOTEBOOK + served * SECONDS_PER_REQUEST_ENGINE
                                   + cached * SECONDS_PER_REQUEST_PREFIX
-                                  + (runs + 4 * len(p["AZURE_RATE_SCALES"])) * SECONDS_PER_ENGINE_RUN)
+                                  + (runs + azure_runs) * SECONDS_PER_ENGINE_RUN)
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 

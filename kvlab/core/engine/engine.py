@@ -360,7 +360,9 @@ def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_
     """Serve workload with vLLM 0.33's scheduler over num_gpu_blocks KV blocks (vLLM's null block included).
 
     config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
-    chunked prefill and long_prefill_token_threshold (async_scheduling must be False); default DEFAULT_CONFIG.
+    chunked prefill, long_prefill_token_threshold and async_scheduling (vLLM's default on a GPU, True, schedules
+    the next batch before the last one's output is known); default DEFAULT_CONFIG (synchronous, the reference the
+    tests and section 6 use).
     cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
     or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
     caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). fast=False: the
