@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
-from kvlab.sections import calibration
+from kvlab.sections import calibration, plots
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
 RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
@@ -101,3 +101,6 @@ def test_the_check_view_puts_the_clocks_beside_each_other():
     assert words["targets"] == ("mean E2E latency and mean TPOT within 5% of vLLM's, the median per-request E2E "
                                 "error under 8% and mean TTFT within 15%")
     assert words["scheduling"] == "asynchronously, as vLLM does by default"
+    figure = plots.check_scatter(requests)   # one panel per run, axes with units
+    assert [ax.get_xlabel() for ax in figure.axes] == ["vLLM's E2E latency (s)"]
+    assert figure.axes[0].get_ylabel() == "kvlab's E2E latency (s)" and figure.png().startswith(b"\x89PNG")
