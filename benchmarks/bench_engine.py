@@ -3,7 +3,8 @@ requests under a binding memory budget (time and peak memory), and the fast path
 
 Targets (issue 14): >= 30x vLLM's scheduler's requests/s on the Azure conversation trace with memory that forces
 preemption and on a long-prompt, short-output workload (make parity's runs azure-preempt and long-prompt);
-100,000 requests under a binding memory budget in < 10 s; 1,000,000 in < 90 s and < 2 GB.
+100,000 requests under a binding memory budget in < 10 s; 1,000,000 in < 90 s and < 2 GB. Issue 21: the engine with
+the measured clock at most 2x slower (requests/s) than with the roofline on the same workload.
 """
 import json
 import resource
@@ -20,8 +21,9 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import scheduler_workloads  # noqa: E402  the parity runs (scripts/parity/scheduler_workloads.py)
 
 from kvlab.core.config import EngineConfig  # noqa: E402
-from kvlab.core.cost import LinearStepCost  # noqa: E402
+from kvlab.core.cost import LinearStepCost, MeasuredStepCost, RooflineStepCost  # noqa: E402
 from kvlab.core.engine import Engine, replay  # noqa: E402
+from kvlab.core.models import get_gpu, get_model  # noqa: E402
 from kvlab.core.workload import Workload  # noqa: E402
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -43,6 +45,34 @@ def serve(workload: Workload, fast: bool = True):
     result = Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01),
                     fast=fast).run()
     return result, time.perf_counter() - start
+
+
+# The clocks' comparison: a model and GPU with an operator profile (data/profiles), the binding workload.
+CLOCKS = {"model": "meta-llama/Llama-3.1-8B", "gpu": "RTX-PRO-6000-Server-96GB", "num_requests": 20_000,
+          "repeats": 5, "max_slowdown_x": 2.0}
+
+
+def clocks_against_each_other() -> None:
+    """Engine requests/s with the measured clock against the roofline on the same workload and pool (the median of
+    CLOCKS["repeats"] runs each; synchronous, so both run with decode runs)."""
+    model, gpu = get_model(CLOCKS["model"]), get_gpu(CLOCKS["gpu"])
+    config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
+    workload = binding_workload(CLOCKS["num_requests"])
+    costs = {"roofline": RooflineStepCost.from_specs(model, gpu, config),
+             "measured": MeasuredStepCost.for_model(model, gpu, config)}
+    times = {name: [] for name in costs}
+    for _ in range(CLOCKS["repeats"]):      # in turn, so that a machine busy with other work slows both alike
+        for name, cost in costs.items():
+            start = time.perf_counter()
+            Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=cost).run()
+            times[name].append(time.perf_counter() - start)
+    rates = {name: workload.num_requests / float(np.median(t)) for name, t in times.items()}
+    slowdown = rates["roofline"] / rates["measured"]
+    verdict = "PASS" if slowdown <= CLOCKS["max_slowdown_x"] else "FAIL"
+    print(f"   clocks, {model.name} on {gpu.name} ({workload.num_requests:,} requests, binding memory, decode runs): "
+          f"roofline {rates['roofline']:,.0f} requests/s, measured ({costs['measured'].cost_source}) "
+          f"{rates['measured']:,.0f} requests/s: {slowdown:.2f}x the roofline's time (target: at most "
+          f"{CLOCKS['max_slowdown_x']:g}x slower): {verdict}")
 
 
 def peak_rss_mib() -> float:
@@ -116,6 +146,7 @@ def main() -> None:
     _, fast = serve(small)
     _, slow = serve(small, fast=False)
     print(f"   10,000 requests: {fast:.2f} s with decode runs vs {slow:.2f} s step by step: {slow / fast:.1f}x")
+    clocks_against_each_other()
 
 
 if __name__ == "__main__":

@@ -196,3 +196,24 @@ def test_engine_flags_need_policy_vllm(capsys, flag):
     value = {"--allocation": "paged"}.get(flag, "10")
     assert cli.main(["simulate", flag, value]) == 2
     assert f"{flag} applies only with --policy vllm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, source", [
+    ([], "constant, 8 ms a step"),
+    (["--step-ms", "5", "--step-ms-per-token", "0.02"], "linear, 5 ms + 0.02 ms per scheduled token"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
+      "--cost", "roofline"], "roofline, 15.0 GiB of weights and 131,072 B of KV per token at 1597 GB/s, 503.8 TFLOPS "
+                             "(the GPU's peak figures, data/gpus.csv)"),
+    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
+      "--cost", "measured"], "measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"),
+    (["--model", "Qwen/Qwen3-14B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
+      "--cost", "measured"], "measured, roofline scaled by sustained fractions measured on RTX-PRO-6000-Server-96GB "
+                             "(no profile of Qwen/Qwen3-14B at TP 1): "),
+])
+def test_the_output_says_where_the_clocks_numbers_come_from(capsys, flags, source):
+    flags = ["--policy", "vllm", "--num-requests", "10", "--prompt-tokens", "50", *flags]
+    out = run_json(capsys, *flags)
+    assert out["cost_source"].startswith(source) and list(out).index("cost_source") == list(out).index("cost") + 1
+    assert cli.main(["simulate", *flags]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step cost ")]
+    assert lines == [f"step cost            {out['cost_source']}"]

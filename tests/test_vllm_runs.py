@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
-from kvlab.sections import calibration
+from kvlab.sections import calibration, plots
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
 RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
@@ -55,3 +55,52 @@ def test_the_check_table_compares_kvlab_with_vllm():
     # the roofline is a lower bound on every step: kvlab's tokens come sooner with it
     assert table.loc[(RUNS[0], "roofline"), "kvlab_mean_tpot_ms"] < row["kvlab_mean_tpot_ms"]
     assert set(calibration.CHECK_TARGETS) <= set(table.columns)
+
+
+def test_a_replay_schedules_as_the_run_ran():
+    run = load_vllm_run(RUNS[0])
+    assert run.settings["async_scheduling"] is True and "async_scheduling" in run.assumed
+    replay = calibration.replay_vllm_run(run, "measured")
+    assert replay["async_scheduling"] is True
+    assert np.all(replay["first_token_s"] > run.workload.arrival_s) and np.all(replay["finish_s"] >= replay["first_token_s"])
+    assert calibration.check_notes(run).startswith("kvlab schedules asynchronously as vLLM ran (vLLM's default; the "
+                                                   "run records no setting, so assumed)")
+
+
+@pytest.mark.parametrize("name,clock,words", [
+    (RUNS[0], "roofline", "The roofline is a lower bound"),
+    (RUNS[1], "roofline", "all 128 experts for every token, where a token runs 8; data and expert parallelism are not"),
+    (RUNS[1], "measured", "Data and expert parallelism are not modelled"),
+    (RUNS[2], "roofline", "it has no all-reduce."),
+    (RUNS[2], "measured", "The all-reduce over PCIe 5.0 x16 is a bandwidth bound without latency."),
+    (RUNS[0], "measured", "No cause identified"),
+])
+def test_a_miss_keeps_its_reason_from_the_runs_settings(name, clock, words):
+    reason = calibration.check_reason(load_vllm_run(name), clock)
+    assert words in reason and reason.endswith(".") and reason.count(". ") == 0   # one sentence
+
+
+def test_the_check_view_puts_the_clocks_beside_each_other():
+    requests = calibration.check_requests([RUNS[0]])
+    assert requests.index.names == ["run", "clock", "request"] and len(requests) == 2 * 300
+    table = calibration.check_run_table(requests=requests)
+    view = calibration.check_view(table)
+    assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4
+    assert list(view.columns) == ["vllm", "kvlab_roofline", "roofline_error_pct", "roofline_within_target",
+                                  "kvlab_measured", "measured_error_pct", "measured_within_target"]
+    e2e = view.iloc[0]
+    assert e2e.name[1] == "mean E2E latency (s), target ±5%"
+    assert e2e["measured_error_pct"] == pytest.approx(100 * table.loc[(RUNS[0], "measured"), "mean_e2e_error"])
+    assert e2e["vllm"] == f"{table.loc[(RUNS[0], 'measured'), 'vllm_mean_e2e_s']:.2f}"
+    median = view.iloc[2]
+    assert median["vllm"] == "" and median["kvlab_measured"] == ""
+    for clock in calibration.CHECK_CLOCKS:   # a row within all four targets has no reason; a miss has one
+        row = table.loc[(RUNS[0], clock)]
+        assert (row["why"] == "") == bool(row["within_targets"]) == bool(view[f"{clock}_within_target"].all())
+    words = calibration.check_figures(table)
+    assert words["targets"] == ("mean E2E latency and mean TPOT within 5% of vLLM's, the median per-request E2E "
+                                "error under 8% and mean TTFT within 15%")
+    assert words["scheduling"] == "asynchronously, as vLLM does by default"
+    figure = plots.check_scatter(requests)   # one panel per run, axes with units
+    assert [ax.get_xlabel() for ax in figure.axes] == ["vLLM's E2E latency (s)"]
+    assert figure.axes[0].get_ylabel() == "kvlab's E2E latency (s)" and figure.png().startswith(b"\x89PNG")

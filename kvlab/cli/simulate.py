@@ -383,6 +383,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
            "max_num_batched_tokens": scheduler.max_num_batched_tokens, "max_model_len": scheduler.max_model_len,
            "enable_chunked_prefill": scheduler.enable_chunked_prefill,
            "enable_prefix_caching": config.cache.enable_prefix_caching, "cost": cost.name,
+           "cost_source": describe_cost(cost),
            "num_requests": summary["num_requests"], **{k: summary[k] for k in VLLM_SUMMARY_KEYS},
            "num_output_tokens": summary["num_output_tokens"], "num_capped_by_max_model_len": capped,
            "makespan_s": summary["makespan_s"], "mean_kv_token_share": summary["mean_kv_token_share"]}
@@ -417,14 +418,15 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
 
 
 def describe_cost(cost) -> str:
-    """The step cost in words, with units."""
+    """The step cost in words, with units and where its numbers come from (the JSON's cost_source)."""
     if isinstance(cost, ConstantStepCost):
         return f"constant, {cost.step_ms:g} ms a step"
     if isinstance(cost, LinearStepCost):
         return f"linear, {cost.step_ms:g} ms + {cost.step_ms_per_token:g} ms per scheduled token"
     if isinstance(cost, RooflineStepCost):
         return (f"roofline, {cost.weights_bytes / GIB:.1f} GiB of weights and {cost.kv_bytes_per_token:,.0f} B of KV per "
-                f"token at {cost.memory_bandwidth_gb_s:g} GB/s, {cost.bf16_dense_tflops:g} TFLOPS")
+                f"token at {cost.memory_bandwidth_gb_s:g} GB/s, {cost.bf16_dense_tflops:g} TFLOPS (the GPU's peak "
+                "figures, data/gpus.csv)")
     if isinstance(cost, MeasuredStepCost):
         return f"measured, {cost.cost_source}"
     return f"calibrated, {cost.calibration.source}"

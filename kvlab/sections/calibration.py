@@ -135,6 +135,12 @@ def bound_figures(shape: DecoderShape, gpu_names, batch_size: int, context_token
 CHECK_TARGETS = {"mean_e2e_error": 0.05, "mean_tpot_error": 0.05, "median_request_e2e_error": 0.08,
                  "mean_ttft_error": 0.15}
 CHECK_CLOCKS = ("roofline", "measured")
+# The four figures of a check, in check_view's order: words (unit), vLLM's and kvlab's columns of check_run_table
+# (none for the median per-request error, itself an error) and the decimals they are shown with.
+CHECK_FIGURES = {"mean_e2e_error": ("mean E2E latency (s)", "mean_e2e_s", 2),
+                 "mean_tpot_error": ("mean TPOT (ms)", "mean_tpot_ms", 1),
+                 "median_request_e2e_error": ("median per-request E2E error", None, 1),
+                 "mean_ttft_error": ("mean TTFT (s)", "mean_ttft_s", 2)}
 
 
 def check_clock(clock: str, model, gpu, config):
@@ -146,12 +152,13 @@ def check_clock(clock: str, model, gpu, config):
 
 
 def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
-    """kvlab's synchronous engine over a real run's workload and settings, its KV pool as kvlab's capacity sizes it
-    on the run's GPU (plan_capacity, as kvlab simulate --model --gpu does): per request first-token and finish
-    times (s), with the cost's source and the pool. A run with data parallelism is served by that many engines,
-    requests dealt to them in turn (vLLM balances its ranks by load; expert parallelism is not modelled)."""
+    """kvlab's engine over a real run's workload and settings, scheduling as the run did (asynchronously: vLLM's
+    default, which the runs ran with), its KV pool as kvlab's capacity sizes it on the run's GPU (plan_capacity, as
+    kvlab simulate --model --gpu does): per request first-token and finish times (s), with the cost's source and
+    the pool. A run with data parallelism is served by that many engines, requests dealt to them in turn (vLLM
+    balances its ranks by load; expert parallelism is not modelled)."""
     model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
-    config = run.engine_config(async_scheduling=False)
+    config = run.engine_config()
     planned = plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
     if planned is None:
         validate.fail("run", run.name, f"leaves no KV memory for {model.name} on {gpu.name}")
@@ -164,7 +171,8 @@ def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
         result = simulate(part, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost)
         first_token[mine], finish[mine] = result.first_token_s, result.finish_s
     return {"first_token_s": first_token, "finish_s": finish, "num_gpu_blocks": planned["num_gpu_blocks"],
-            "cost_source": cost.cost_source if isinstance(cost, MeasuredStepCost) else describe_roofline(cost), "data_parallel_engines": ranks}
+            "cost_source": cost.cost_source if isinstance(cost, MeasuredStepCost) else describe_roofline(cost),
+            "data_parallel_engines": ranks, "async_scheduling": config.scheduler.async_scheduling}
 
 
 def describe_roofline(cost) -> str:
@@ -172,11 +180,24 @@ def describe_roofline(cost) -> str:
     return f"roofline at {cost.memory_bandwidth_gb_s:g} GB/s and {cost.bf16_dense_tflops:g} TFLOPS (datasheet)"
 
 
-def check_notes(run: VllmRun) -> str:
-    """What kvlab's replay of a run leaves out, in words."""
+def check_label(run: VllmRun) -> str:
+    """A run in a few words: its model and its parallelism, e.g. "Qwen3-32B, TP 2"."""
     s = run.settings
-    notes = ["kvlab schedules synchronously" + (" (vLLM's default, async, assumed)" if "async_scheduling" in run.assumed
-                                                 else "")]
+    parts = [s["model"].split("/")[-1]]
+    if s["tensor_parallel_size"] > 1:
+        parts.append(f"TP {s['tensor_parallel_size']}")
+    if s["data_parallel_size"] > 1:
+        parts.append(f"DP {s['data_parallel_size']}" + (" + EP" if s["enable_expert_parallel"] else ""))
+    return ", ".join(parts)
+
+
+def check_notes(run: VllmRun) -> str:
+    """What kvlab's replay of a run leaves out or assumes, in words."""
+    s = run.settings
+    mode = "asynchronously" if s["async_scheduling"] else "synchronously"
+    notes = [f"kvlab schedules {mode} as vLLM ran"
+             + (" (vLLM's default; the run records no setting, so assumed)" if "async_scheduling" in run.assumed else "")
+             + f", making vLLM 0.33's decisions where the run is vLLM {s['vllm_version']}'s"]
     if s["data_parallel_size"] > 1:
         notes.append(f"data parallel {s['data_parallel_size']}"
                      + (" with expert parallelism" if s["enable_expert_parallel"] else "")
@@ -186,29 +207,142 @@ def check_notes(run: VllmRun) -> str:
     return "; ".join(notes)
 
 
-def check_run_table(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
-    """kvlab against each real vLLM run (data/checks/; all by default) with each clock: mean E2E latency, mean
-    TPOT, the median per-request E2E error and mean TTFT, kvlab's and vLLM's, with kvlab's relative error and
-    whether all four lie within CHECK_TARGETS. One row per (run, clock). Checks only: nothing is fitted."""
-    rows = []
+def _experts(model_name: str) -> tuple[int, int]:
+    """(experts per layer, experts per token) of a model as data/profiles/index.csv gives them; (0, 0) if dense."""
+    from kvlab.core import profiles
+
+    entry = next((e for e in profiles.load_index() if e.model == model_name), None)
+    return (entry.num_experts, entry.num_experts_per_tok) if entry is not None else (0, 0)
+
+
+def check_reason(run: VllmRun, clock: str) -> str:
+    """Why kvlab's replay of run with clock can miss the targets, in one sentence: what the clock or the engine
+    leaves out for this run's settings (from the settings alone, never from the figures)."""
+    from kvlab.core import profiles
+
+    validate.one_of("clock", clock, CHECK_CLOCKS)
+    s = run.settings
+    tp, dp = s["tensor_parallel_size"], s["data_parallel_size"]
+    reasons = []
+    if clock == "roofline":
+        experts, per_token = _experts(s["model"])
+        reasons.append(f"the roofline counts 2 FLOPs per parameter of all {experts} experts for every token, where a "
+                       f"token runs {per_token}" if experts else
+                       "the roofline is a lower bound (every kernel at the datasheet's bandwidth or FLOPS, no time "
+                       "outside them)")
+        if tp > 1:
+            reasons.append("it has no all-reduce")
+    if dp > 1 and s["enable_expert_parallel"]:
+        reasons.append("data and expert parallelism are not modelled (each kvlab engine serves its share of the "
+                       "requests alone, reading every expert)")
+    elif dp > 1:
+        reasons.append("data parallelism is not modelled (each kvlab engine serves its share of the requests alone)")
+    if clock == "measured" and tp > 1:
+        link = profiles.interconnect_gb_s(s["gpu"])
+        over = link[1] if link else "the GPUs' link"
+        reasons.append(f"the all-reduce over {over} is a bandwidth bound without latency")
+    if not reasons:
+        reasons.append("no cause identified: the replay leaves out only what its notes list")
+    text = "; ".join(reasons)
+    return text[0].upper() + text[1:] + "."
+
+
+def check_requests(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
+    """Each real vLLM run (data/checks/; all by default) replayed with each clock, one row per (run, clock,
+    request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for one output token), with the
+    replay's cost source, KV pool, label, notes and the reason a miss would have (check_reason)."""
+    frames = []
     for name in (check_runs() if names is None else validate.non_empty("names", names)):
         run = load_vllm_run(name)
         arrival, outputs = run.workload.arrival_s, run.workload.output_tokens
-        vllm_e2e, vllm_tpot = run.e2e_s, run.tpot_s
         for clock in clocks:
             kv = replay_vllm_run(run, clock)
-            e2e, ttft = kv["finish_s"] - arrival, kv["first_token_s"] - arrival
             with np.errstate(invalid="ignore", divide="ignore"):
                 tpot = np.where(outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan)
-            row = {"run": name, "clock": clock, "cost_source": kv["cost_source"], "num_gpu_blocks": kv["num_gpu_blocks"],
-                   "vllm_mean_e2e_s": vllm_e2e.mean(), "kvlab_mean_e2e_s": e2e.mean(),
-                   "vllm_mean_tpot_ms": 1e3 * np.nanmean(vllm_tpot), "kvlab_mean_tpot_ms": 1e3 * np.nanmean(tpot),
-                   "median_request_e2e_error": float(np.median(np.abs(e2e / vllm_e2e - 1))),
-                   "vllm_mean_ttft_s": run.ttft_s.mean(), "kvlab_mean_ttft_s": ttft.mean()}
-            row["mean_e2e_error"] = row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1
-            row["mean_tpot_error"] = row["kvlab_mean_tpot_ms"] / row["vllm_mean_tpot_ms"] - 1
-            row["mean_ttft_error"] = row["kvlab_mean_ttft_s"] / row["vllm_mean_ttft_s"] - 1
-            row["within_targets"] = all(abs(row[k]) <= limit for k, limit in CHECK_TARGETS.items())
-            row["notes"] = check_notes(run)
-            rows.append(row)
+            frames.append(pd.DataFrame({
+                "run": name, "clock": clock, "request": np.arange(run.workload.num_requests),
+                "output_tokens": outputs, "vllm_ttft_s": run.ttft_s, "kvlab_ttft_s": kv["first_token_s"] - arrival,
+                "vllm_e2e_s": run.e2e_s, "kvlab_e2e_s": kv["finish_s"] - arrival,
+                "vllm_tpot_ms": 1e3 * run.tpot_s, "kvlab_tpot_ms": 1e3 * tpot,
+                "cost_source": kv["cost_source"], "num_gpu_blocks": kv["num_gpu_blocks"], "label": check_label(run),
+                "notes": check_notes(run), "reason": check_reason(run, clock)}))
+    return pd.concat(frames, ignore_index=True).set_index(["run", "clock", "request"])
+
+
+def check_run_table(names=None, clocks=CHECK_CLOCKS, *, requests: pd.DataFrame | None = None) -> pd.DataFrame:
+    """kvlab against each real vLLM run (data/checks/; all by default) with each clock: mean E2E latency, mean
+    TPOT, the median per-request E2E error and mean TTFT, kvlab's and vLLM's, with kvlab's relative error and
+    whether all four lie within CHECK_TARGETS, and for a miss its reason (why). One row per (run, clock); requests:
+    check_requests' replays (made here when not given). Checks only: nothing is fitted."""
+    requests = check_requests(names, clocks) if requests is None else requests
+    rows = []
+    for (name, clock), r in requests.groupby(level=["run", "clock"], sort=False):
+        first = r.iloc[0]
+        row = {"run": name, "clock": clock, "label": first["label"], "cost_source": first["cost_source"],
+               "num_gpu_blocks": int(first["num_gpu_blocks"]),
+               "vllm_mean_e2e_s": r["vllm_e2e_s"].mean(), "kvlab_mean_e2e_s": r["kvlab_e2e_s"].mean(),
+               "vllm_mean_tpot_ms": np.nanmean(r["vllm_tpot_ms"]), "kvlab_mean_tpot_ms": np.nanmean(r["kvlab_tpot_ms"]),
+               "median_request_e2e_error": float(np.median(np.abs(r["kvlab_e2e_s"] / r["vllm_e2e_s"] - 1))),
+               "vllm_mean_ttft_s": r["vllm_ttft_s"].mean(), "kvlab_mean_ttft_s": r["kvlab_ttft_s"].mean()}
+        row["mean_e2e_error"] = row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1
+        row["mean_tpot_error"] = row["kvlab_mean_tpot_ms"] / row["vllm_mean_tpot_ms"] - 1
+        row["mean_ttft_error"] = row["kvlab_mean_ttft_s"] / row["vllm_mean_ttft_s"] - 1
+        row["within_targets"] = all(abs(row[k]) <= limit for k, limit in CHECK_TARGETS.items())
+        row["why"] = "" if row["within_targets"] else first["reason"]
+        row["notes"] = first["notes"]
+        rows.append(row)
     return pd.DataFrame(rows).set_index(["run", "clock"])
+
+
+def check_view(table: pd.DataFrame) -> pd.DataFrame:
+    """check_run_table as the report shows it: one row per run (its label) and figure (its target in the name),
+    vLLM's value, then per clock kvlab's value, its error (%) and whether it lies within the target. Values are
+    text at their figure's decimals (the rows mix units); the median per-request error has no value, only its error."""
+    from kvlab.sections.present import cell
+
+    clocks = list(dict.fromkeys(table.index.get_level_values("clock")))
+    rows = []
+    for name in dict.fromkeys(table.index.get_level_values("run")):
+        for key, (words, column, decimals) in CHECK_FIGURES.items():
+            limit = 100 * CHECK_TARGETS[key]
+            target = f"under {limit:g}%" if key == "median_request_e2e_error" else f"±{limit:g}%"
+            first = table.loc[(name, clocks[0])]
+            row = {"run": first["label"], "figure": f"{words}, target {target}",
+                   "vllm": cell(first[f"vllm_{column}"], decimals) if column else ""}
+            for clock in clocks:
+                r = table.loc[(name, clock)]
+                row[f"kvlab_{clock}"] = cell(r[f"kvlab_{column}"], decimals) if column else ""
+                row[f"{clock}_error_pct"] = 100 * r[key]
+                row[f"{clock}_within_target"] = bool(abs(r[key]) <= CHECK_TARGETS[key])
+            rows.append(row)
+    return pd.DataFrame(rows).set_index(["run", "figure"])
+
+
+def check_figures(table: pd.DataFrame) -> dict:
+    """check_run_table's figures in words for the notebook's prose: the runs (vLLM version, GPU, requests, how they
+    were scheduled), the clocks and their sources, the targets, the (run, clock) pairs within all four, each miss
+    with its reason and each run's notes (Markdown lists)."""
+    runs = [load_vllm_run(name) for name in dict.fromkeys(table.index.get_level_values("run"))]
+    modes = {r.settings["async_scheduling"] for r in runs}
+    versions = sorted({r.settings["vllm_version"] for r in runs})
+    gpus = sorted({r.settings["gpu"] for r in runs})
+    counts = sorted({r.workload.num_requests for r in runs})
+    t = {k: f"{100 * v:g}%" for k, v in CHECK_TARGETS.items()}
+    within = [f"{r['label']} with the {clock} clock" for (_, clock), r in table.iterrows() if r["within_targets"]]
+    misses = [f"- {r['label']}, {clock} clock: {r['why']}" for (_, clock), r in table.iterrows()
+              if not r["within_targets"]]
+    return {"num_runs": len(runs), "vllm_versions": " and ".join(versions), "gpus": " and ".join(gpus),
+            "num_requests": " to ".join(f"{n:,}" for n in counts), "num_replays": len(table),
+            "clocks": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
+            "targets": (f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"
+                        if t["mean_e2e_error"] == t["mean_tpot_error"] else
+                        f"mean E2E latency within {t['mean_e2e_error']} of vLLM's, mean TPOT within {t['mean_tpot_error']}")
+                       + f", the median per-request E2E error under {t['median_request_e2e_error']} and mean TTFT "
+                         f"within {t['mean_ttft_error']}",
+            "sources": "\n".join(f"- {clock}: {source}" for clock, r in table.groupby(level="clock", sort=False)
+                                  for source in dict.fromkeys(r["cost_source"])),
+            "num_within": len(within), "within": " and ".join(within) or "none",
+            "misses": "\n".join(misses) or "- none",
+            "notes": "\n".join(f"- {check_label(r)}: {check_notes(r)}." for r in runs),
+            "scheduling": {frozenset({True}): "asynchronously, as vLLM does by default",
+                           frozenset({False}): "synchronously"}.get(frozenset(modes), "each in the mode it ran")}

@@ -484,3 +484,31 @@ def preemption_vs_memory(table: pd.DataFrame) -> matplotlib.figure.Figure:
     right.set_ylim(0, None)
     right.grid(True, alpha=0.3)
     return fig
+
+
+CLOCK_COLORS = {"roofline": "tab:grey", "measured": "tab:blue"}
+
+
+@captioned
+def check_scatter(requests: pd.DataFrame) -> matplotlib.figure.Figure:
+    """Each request's E2E latency (s) in kvlab against vLLM's, one panel per real vLLM run, one colour per clock;
+    dashed: kvlab equals vLLM."""
+    runs = list(dict.fromkeys(requests.index.get_level_values("run")))
+    fig, axes = _figure(figsize=(9.0, 3.4), ncols=len(runs), squeeze=False)
+    for ax, run in zip(axes[0], runs):
+        mine = requests.xs(run, level="run")
+        for clock in dict.fromkeys(mine.index.get_level_values("clock")):
+            r = mine.xs(clock, level="clock")
+            ax.scatter(r["vllm_e2e_s"], r["kvlab_e2e_s"], s=6, alpha=0.5, color=CLOCK_COLORS.get(clock), label=clock,
+                       linewidths=0)
+        top = float(np.nanmax(mine[["vllm_e2e_s", "kvlab_e2e_s"]].to_numpy())) * 1.05
+        ax.plot([0, top], [0, top], "--", color="black", lw=1)
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_aspect("equal")
+        ax.set_title(mine["label"].iloc[0], fontsize=9.5)
+        ax.set_xlabel("vLLM's E2E latency (s)")
+        ax.grid(True, alpha=0.3)
+    axes[0, 0].set_ylabel("kvlab's E2E latency (s)")
+    axes[0, 0].legend(fontsize=8, markerscale=2)
+    return fig
