@@ -86,29 +86,36 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     return kv.blocks_to_admit(request, hits) <= kv.num_free_blocks - blocks_taken
 
 
+def take_blocks(engine, k: int, phases: list[int] | None) -> list[int]:
+    """Give the running requests the blocks their k decode steps cross; what they hold after each step."""
+    kv, running = engine.kv_cache_manager, engine.scheduler.running
+    num_running = len(running)
+    held_before = kv.held()
+    if phases is None:
+        return [held_before] * k
+    # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
+    # repeats the same order (by phase, then position), so the request of rank t gets every
+    # num_running-th block taken, from the t-th on.
+    bs = engine.block_size
+    per_phase = [0] * bs
+    for p in phases:
+        per_phase[p] += 1
+    held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
+    num_taken = held[-1] - held_before
+    if num_taken:
+        blocks = kv.pool.get_new_blocks(num_taken)
+        order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
+        for rank, i in enumerate(order):
+            running[i].block_ids.extend(blocks[rank::num_running])
+    return held
+
+
 def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     """Advance every running request k decode steps; record the k steps; finish the requests done at the end."""
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     running = scheduler.running
     num_running = len(running)
-    held_before = kv.held()
-    if phases is not None:
-        # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
-        # repeats the same order (by phase, then position), so the request of rank t gets every
-        # num_running-th block taken, from the t-th on.
-        bs = engine.block_size
-        per_phase = [0] * bs
-        for p in phases:
-            per_phase[p] += 1
-        held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
-        num_taken = held[-1] - held_before
-        if num_taken:
-            blocks = kv.pool.get_new_blocks(num_taken)
-            order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
-            for rank, i in enumerate(order):
-                running[i].block_ids.extend(blocks[rank::num_running])
-    else:
-        held = [held_before] * k
+    held = take_blocks(engine, k, phases)
     finished = []
     for request in running:
         request.num_computed_tokens += k
@@ -218,21 +225,7 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     running = scheduler.running
     num_running = len(running)
     in_flight, start0, end0, running0, waiting0, _ = queue.popleft()
-    held_before = kv.held()
-    if phases is not None:
-        bs = engine.block_size
-        per_phase = [0] * bs
-        for p in phases:
-            per_phase[p] += 1
-        held = list(accumulate((per_phase * (k // bs + 1))[:k], initial=held_before))[1:]
-        num_taken = held[-1] - held_before
-        if num_taken:
-            blocks = kv.pool.get_new_blocks(num_taken)
-            order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
-            for rank, i in enumerate(order):
-                running[i].block_ids.extend(blocks[rank::num_running])
-    else:
-        held = [held_before] * k
+    held = take_blocks(engine, k, phases)
     for request in running:
         request.num_computed_tokens += k
         request.num_tokens += k
