@@ -35,6 +35,8 @@ help:
 setup: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "make setup: kvlab needs \
+	Python 3.11 or later as $(PYTHON) (found: $$($(PYTHON) --version 2>&1)); give one with make PYTHON=python3.11"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
