@@ -25,26 +25,17 @@ from kvlab.core.engine.request import FINISHED
 
 def run(engine) -> bool:
     """Do the next decode run of at least 2 steps; False (nothing changed) if there is none."""
-    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    scheduler = engine.scheduler
     running = scheduler.running
     num_running = len(running)
+    if head_admitted(engine):
+        return False
     k = min([r.max_num_tokens - r.num_tokens for r in running])   # the run's last step: a first finish
-    if k < 2:
+    limits = run_limits(engine, k)
+    if limits is None:
         return False
-    paged = engine.allocation == "paged"
-    bs = engine.block_size
-    # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
-    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
-    budget_left = scheduler.max_num_batched_tokens - num_running
-    may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
-    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left,
-                                                      phases.count(0) if paged else 0):
-        return False
-    if paged:
-        full_periods, left = divmod(kv.num_free_blocks, num_running)
-        k = min(k, full_periods * bs + sorted(phases)[left])        # the last step every crossing finds a block
-        if k < 2:
-            return False
+    k, phases, budget_left, may_admit = limits
+    paged, bs = phases is not None, engine.block_size
     times = step_times(engine.clock, engine.cost.run_s(num_running, engine.num_kv_tokens + num_running, k), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
@@ -59,6 +50,45 @@ def run(engine) -> bool:
                 del times[k + 1:]
     apply(engine, k, times, phases)
     return True
+
+
+def head_admitted(engine) -> bool:
+    """Whether the waiting queue's head is admitted in the next step even if every running request takes a block
+    first: then there is no decode run, and the O(running) work of finding one is not done."""
+    scheduler = engine.scheduler
+    num_running = len(scheduler.running)
+    budget_left = scheduler.max_num_batched_tokens - num_running
+    if not scheduler.waiting or budget_left <= 0 or num_running >= scheduler.max_num_seqs:
+        return False
+    return admissible(engine, scheduler.waiting[0], budget_left, num_running if engine.allocation == "paged" else 0)
+
+
+def run_limits(engine, k: int):
+    """How long a decode run of at most k steps may last: (k, each request's block phase or None for
+    reservations, the budget left by the decodes, whether a request may be admitted), or None (under 2 steps).
+
+    The waiting queue's head must be refused in the first step (it then stays refused), and the pool must have
+    a block for every block boundary the running requests cross."""
+    if k < 2:
+        return None
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    paged = engine.allocation == "paged"
+    budget_left = scheduler.max_num_batched_tokens - num_running
+    may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
+    head = scheduler.waiting[0] if may_admit and scheduler.waiting else None
+    bs = engine.block_size
+    # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
+    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
+    if head is not None and admissible(engine, head, budget_left, phases.count(0) if paged else 0):
+        return None
+    if paged:
+        full_periods, left = divmod(kv.num_free_blocks, num_running)
+        k = min(k, full_periods * bs + sorted(phases)[left])        # the last step every crossing finds a block
+        if k < 2:
+            return None
+    return k, phases, budget_left, may_admit
 
 
 def step_times(clock: float, durations, k: int) -> list[float]:
@@ -173,11 +203,11 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
     idle: the next batch is always queued)."""
     from kvlab.core.engine.scheduler import SchedulerOutput
 
-    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    scheduler = engine.scheduler
     running = scheduler.running
     num_running = len(running)
     in_flight, start0, end0, running0, waiting0, pure = queue[0]
-    if not pure or len(in_flight.scheduled) != num_running:
+    if not pure or len(in_flight.scheduled) != num_running or head_admitted(engine):
         return None
     k = None
     num_kv_tokens = 0
@@ -187,21 +217,11 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
         left = r.max_num_tokens - r.num_tokens - 1
         k = left if k is None or left < k else k
         num_kv_tokens += r.num_computed_tokens
-    if k < 2:
+    limits = run_limits(engine, k)
+    if limits is None:
         return None
-    paged = engine.allocation == "paged"
-    bs = engine.block_size
-    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
-    budget_left = scheduler.max_num_batched_tokens - num_running
-    may_admit = budget_left > 0 and num_running < scheduler.max_num_seqs
-    if may_admit and scheduler.waiting and admissible(engine, scheduler.waiting[0], budget_left,
-                                                      phases.count(0) if paged else 0):
-        return None
-    if paged:
-        full_periods, left = divmod(kv.num_free_blocks, num_running)
-        k = min(k, full_periods * bs + sorted(phases)[left])
-        if k < 2:
-            return None
+    k, phases, budget_left, may_admit = limits
+    paged, bs = phases is not None, engine.block_size
     # times[i]: the end of batch i (times[0]: the batch in flight); iteration j schedules at the clock times[j - 2].
     times = step_times(gpu_free_s, engine.cost.run_s(num_running, num_kv_tokens + num_running, k), k)
     arrival, first = engine.arrival_list, engine.next_arrival
