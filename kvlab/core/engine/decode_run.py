@@ -193,7 +193,8 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
     """The asynchronous engine's decode run: k loop iterations (schedule batch j, then process batch j - 1's
     output) at once; the new gpu_free_s, or None (nothing changed) if there is none of at least 2.
 
-    It starts with one batch in flight that decoded every running request (the loop's pure flag): each then
+    It starts with one batch in flight of decodes only (the loop's pure flag) that holds every running request
+    (those it skipped by the early stop have finished since): each then
     has one output placeholder and computed = known tokens t. Iteration j schedules one token for every running
     request unless one of its own rules applies: vLLM's early stop skips a request whose placeholder brings it
     to max_num_tokens, so all are scheduled while k <= min(max_num_tokens - t - 1) and nothing finishes in the
@@ -266,7 +267,11 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     engine.clock = times[k - 2] if k >= 2 else engine.clock
     engine.add_arrivals()                                               # those that joined, in arrival order
     engine.clock = times[k - 1]                                         # it waited for batch k - 1
-    engine.steps.extend([start0, *times[:k]], num_running, num_waiting[:k], held, kv_tokens)
+    if running0 == num_running:
+        engine.steps.extend([start0, *times[:k]], num_running, num_waiting[:k], held, kv_tokens)
+    else:   # batch 0 was scheduled beside requests it skipped, which finished with the batch before it
+        engine.steps.append(start0, times[0], num_running, running0, waiting0, held[0], kv_tokens[0])
+        engine.steps.extend(times[:k], num_running, num_waiting[1:k], held[1:], kv_tokens[1:])
     if engine.record_scheduled:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))

@@ -256,7 +256,7 @@ class Engine:
         scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
         n = len(self.arrival_list)
         queue = deque()                 # batches scheduled, not yet processed: (out, start, end, running, waiting,
-                                        # whether it decoded every running request)
+                                        # whether it scheduled decodes only)
         gpu_free_s = self.clock         # when the GPU has run every batch queued so far
         num_empty = 0                   # schedule() calls in a row that scheduled nothing
         fast = self.fast
@@ -278,7 +278,9 @@ class Engine:
                 end = start + step_s(cost, out) if tokens else start
                 gpu_free_s = end
                 num_running = len(scheduler.running)
-                pure = tokens and out.num_decodes == len(out.scheduled) == num_running and not out.admitted \
+                # Decodes only (running requests skipped by the early stop finish with the batch in flight):
+                # the decode run checks that the batch holds every running request when it starts from it.
+                pure = tokens and out.num_decodes == len(out.scheduled) and not out.admitted \
                     and not out.preempted and not out.num_hit_tokens
                 queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
