@@ -8,8 +8,9 @@ import pandas as pd
 from kvlab.core import capacity
 from kvlab.core.units import GIB
 from kvlab.sections import ledger
+from kvlab.sections.ledger import round_half_up
 from kvlab.sections.budget_runs import ARTICLE_KV_GIB, ARTICLE_MAX_LEN, ARTICLE_MIB_PER_TOKEN, DATASETS, MODE_LABELS, MODES
-from kvlab.sections.budget_tables import SCHEDULING_LABELS, SECTION, best_block_size, setting_table
+from kvlab.sections.budget_tables import MEMORY_DECIMALS, SCHEDULING_LABELS, SECTION, best_block_size, setting_table
 from kvlab.sections.paper_setting import PaperSetting, prefix_setting
 from kvlab.sections.paper_workloads import TraceWorkload
 from kvlab.sections.present import joined, label
@@ -197,7 +198,9 @@ def memory_figures(table: pd.DataFrame) -> dict:
     small, large = table.index.min(), table.index.max()
     return {"small_gib": small, "large_gib": large,
             "preempt_small": table.loc[small, "vLLM: preemptions per request"],
-            "preempted_pct_small": table.loc[small, "vLLM: requests preempted (%)"],
+            # rounded as the table rounds it (half up), so the prose and the table print the same digits
+            "preempted_pct_small": round_half_up(table.loc[small, "vLLM: requests preempted (%)"],
+                                                 MEMORY_DECIMALS["vLLM: requests preempted (%)"]),
             "preempt_large": table.loc[large, "vLLM: preemptions per request"],
             "vllm_small": table.loc[small, "vLLM: latency (s/token)"],
             "oracle_small": table.loc[small, "Orca (Oracle): latency (s/token)"],
@@ -220,9 +223,10 @@ def trace_figures(trace: TraceWorkload, table: pd.DataFrame) -> dict:
             "vllm_token_pct": own.loc["vLLM", "token_states_pct"], "max_token_pct": own.loc["Orca (Max)", "token_states_pct"]}
 
 
-def article_workload_figures(table: pd.DataFrame) -> dict:
+def article_workload_figures(table: pd.DataFrame, arrival_rate: float) -> dict:
     """The article's workload in the engine in numbers: at the article's 8 slots, vLLM's mean latency against the
-    slot model's, and how many requests each mode batches with 256 allowed."""
+    slot model's, and how many requests each mode batches with 256 allowed; there, the requests in the system by
+    Little's law (arrival_rate in requests/s x mean latency in s), which is what sets the batch."""
     seqs = sorted(set(table.index.get_level_values("max_num_seqs")))
     small, large = seqs[0], seqs[-1]
     def alike(seqs: int, column: str) -> str:
@@ -236,17 +240,20 @@ def article_workload_figures(table: pd.DataFrame) -> dict:
             "max_latency": table.loc[(small, "Orca (Max)"), "mean_latency_s"],
             **{f"{m}_batched_many": table.loc[(large, MODE_LABELS[m]), "mean_batched_requests"] for m in MODES},
             "vllm_latency_many": table.loc[(large, "vLLM"), "mean_latency_s"],
+            "in_system_many": arrival_rate * table.loc[(large, "vLLM"), "mean_latency_s"],
             "max_latency_many": table.loc[(large, "Orca (Max)"), "mean_latency_s"],
             "max_fit": int(ARTICLE_KV_GIB * 1024 / ARTICLE_MIB_PER_TOKEN) // ARTICLE_MAX_LEN}
 
 
 def prefix_setting_figures(model: str, gpu: str, rate_scales) -> dict:
-    """The prefix-caching set-up in words: model, GPU, the model's maximum length (tokens), the pool (tokens) and the
-    rate scales run."""
+    """The prefix-caching set-up in words: model, GPU, the model's maximum length (tokens), num_gpu_blocks, the pool
+    the engine fills ((num_gpu_blocks - 1) x block_size tokens: vLLM's null block holds none), the tokens vLLM logs
+    (num_gpu_blocks x block_size, section 3's figure) and the rate scales run."""
     off, _, blocks, _ = prefix_setting(model, gpu)
     scales = [f"{s:g}x" for s in rate_scales]
-    return {"model": model, "gpu": gpu, "max_len": off.scheduler.max_model_len,
-            "pool_tokens": (blocks - 1) * off.cache.block_size, "scales": joined(scales)}
+    return {"model": model, "gpu": gpu, "max_len": off.scheduler.max_model_len, "num_gpu_blocks": blocks,
+            "block_size": off.cache.block_size, "pool_tokens": (blocks - 1) * off.cache.block_size,
+            "logged_tokens": blocks * off.cache.block_size, "scales": joined(scales)}
 
 
 def prefix_figures(trace: TraceWorkload, table: pd.DataFrame, model: str, gpu: str) -> dict:
