@@ -88,3 +88,11 @@ def test_every_number_in_the_article_tables_is_in_the_ledger():
             assert round(v, 6) in values, f"section {number}: {v} is in FIGURES.md but not in the ledger"
             checked += 1
     assert checked >= 55
+
+
+@pytest.mark.parametrize("percentile, named", [(28.5, "29th"), (7.5, "8th"), (3.0, "3rd"), (11.5, "12th"), (0.5, "1st")])
+def test_a_seed_percentile_is_named_rounded_half_up(percentile, named):
+    from kvlab.sections import batching
+
+    note = batching.band_note(pd.Series({"article_percentile": percentile, "num_seeds": 200}))
+    assert note == f"The article's value lies at the {named} percentile of kvlab's 200 seeds."

@@ -11,7 +11,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.workload import Workload
 from kvlab.report import params as report_params
-from kvlab.sections import memory_budget, parameters
+from kvlab.sections import budget_runs, budget_tables, paper_setting, paper_workloads, parameters
 from kvlab.workloads import paper_datasets, traces
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -36,7 +36,7 @@ ROWS = [(10, 5), (20, 7), (40, 3),      # conversation 0: inputs 10, 20 - 15 = 5
 
 
 def test_turn_inputs_find_conversations_by_the_history_growing(tmp_path):
-    prefill, decode = memory_budget.sharegpt_counts(_sharegpt_file(tmp_path, ROWS))
+    prefill, decode = paper_workloads.sharegpt_counts(_sharegpt_file(tmp_path, ROWS))
     turns = paper_datasets.turn_inputs(prefill, decode)
     assert turns.input_tokens.tolist() == [10, 5, 13, 12, 14, 5, 43, 6]
     assert turns.output_tokens.tolist() == [5, 7, 3, 4, 6, 2, 1, 9]
@@ -46,7 +46,7 @@ def test_turn_inputs_find_conversations_by_the_history_growing(tmp_path):
 
 
 def test_the_pool_drops_requests_longer_than_max_model_len_and_says_how_many(tmp_path):
-    prefill, decode = memory_budget.sharegpt_counts(_sharegpt_file(tmp_path, ROWS))
+    prefill, decode = paper_workloads.sharegpt_counts(_sharegpt_file(tmp_path, ROWS))
     turn = paper_datasets.sharegpt_pool(prefill, decode, "turn", max_len_tokens=16)
     assert turn.prompt_tokens.tolist() == [10, 5, 13, 12, 5, 6] and turn.num_dropped == 2   # 14 + 6, 43 + 1 too long
     processed = paper_datasets.sharegpt_pool(prefill, decode, "processed", max_len_tokens=40)
@@ -59,7 +59,7 @@ def test_the_pool_drops_requests_longer_than_max_model_len_and_says_how_many(tmp
 
 @pytest.mark.skipif(bool(traces.missing_traces()), reason="needs the real ShareGPT file (set TRACE_DIR)")
 def test_the_real_file_has_the_conversations_its_readme_says():
-    found = memory_budget.conversation_figures()
+    found = paper_workloads.conversation_figures()
     assert found["rows"] == 30_731 and found["conversations"] == 5_678     # "about 5.7k conversations"
     assert 2_300 < found["prefill_mean"] < 2_400 and found["input_mean"] < 200
 
@@ -89,7 +89,7 @@ def test_a_seed_gives_the_same_requests_at_every_rate():
 
 # ---------------------------------------------------------------- the setting and one run
 def test_the_papers_setting_gives_15_7k_slots_and_seven_max_length_requests():
-    setting = memory_budget.PaperSetting()
+    setting = paper_setting.PaperSetting()
     assert setting.kv_bytes_per_token == 800 * 1024
     assert setting.num_gpu_blocks() == 984 and setting.pool_tokens() == 15_728      # 983 blocks + the null block
     assert setting.pool_tokens() // setting.max_model_len == 7
@@ -102,8 +102,8 @@ def test_normalized_latency_is_the_mean_of_latency_over_output_tokens():
     # first), so latency / n is 8 ms for every request.
     workload = Workload(np.array([0.0, 10.0]), np.array([1, 1]), np.array([10, 40]))
     config = EngineConfig().replace(async_scheduling=False, max_model_len=2048)
-    point = memory_budget._point(workload, config, 100, ConstantStepCost(8.0), "paged", name="x")
-    row = memory_budget.serve(point)
+    point = budget_runs._point(workload, config, 100, ConstantStepCost(8.0), "paged", name="x")
+    row = budget_runs.serve(point)
     assert row["name"] == "x" and row["num_requests"] == 2
     assert row["normalized_latency_s"] == pytest.approx(0.008)
     assert row["mean_latency_s"] == pytest.approx((0.08 + 0.32) / 2)
@@ -113,7 +113,7 @@ def test_normalized_latency_is_the_mean_of_latency_over_output_tokens():
 def test_an_allocation_mode_that_does_not_exist_is_one_line():
     workload = Workload(np.array([0.0]), np.array([1]), np.array([2]))
     with pytest.raises(ValueError, match=r"^allocation='buddy' is not allowed: must be one of paged, max, pow2, oracle"):
-        memory_budget._point(workload, EngineConfig(), 10, ConstantStepCost(), "buddy")
+        budget_runs._point(workload, EngineConfig(), 10, ConstantStepCost(), "buddy")
 
 
 # ---------------------------------------------------------------- sustained rates
@@ -125,16 +125,16 @@ def test_an_allocation_mode_that_does_not_exist_is_one_line():
     ([0.1, 0.5, 0.9, 1.0, 2.0], 2.0, ""),            # at the bound is under it
 ])
 def test_sustained_rate_is_the_last_rate_before_the_first_one_over_the_bound(latencies, expected, note):
-    rate, found = memory_budget.sustained_rate([1.0, 2.0, 3.0, 4.0, 5.0], latencies, 0.5)
+    rate, found = budget_tables.sustained_rate([1.0, 2.0, 3.0, 4.0, 5.0], latencies, 0.5)
     assert found == note
     assert (math.isnan(rate) and math.isnan(expected)) or rate == expected
 
 
 def test_a_rate_grid_that_is_empty_or_not_increasing_is_refused():
     with pytest.raises(ValueError, match="rates=.* is not allowed: must be one or more increasing rates"):
-        memory_budget.sustained_rate([], [], 0.5)
+        budget_tables.sustained_rate([], [], 0.5)
     with pytest.raises(ValueError, match="rates=.* is not allowed"):
-        memory_budget.sustained_rate([2.0, 1.0], [0.1, 0.2], 0.5)
+        budget_tables.sustained_rate([2.0, 1.0], [0.1, 0.2], 0.5)
 
 
 def test_the_sustained_table_says_when_no_point_meets_the_bound():
@@ -142,7 +142,7 @@ def test_the_sustained_table_says_when_no_point_meets_the_bound():
     curves = pd.DataFrame({"Orca (Max)": [0.6, 0.7, 0.9], "Orca (Pow2)": [0.1, 0.6, 0.9],
                            "Orca (Oracle)": [0.1, 0.2, 0.6], "vLLM": [0.1, 0.2, 0.3]},
                           index=pd.MultiIndex.from_product([["ShareGPT"], rates], names=["dataset", "rate"]))
-    table = memory_budget.sustained_table(curves, [1.0], 0.5)
+    table = budget_tables.sustained_table(curves, [1.0], 0.5)
     assert list(table.index) == [("ShareGPT", 0.5), ("ShareGPT", 1.0)]
     row = table.loc[("ShareGPT", 0.5)]
     assert math.isnan(row["Orca (Max)"]) and row["Orca (Pow2)"] == 1.0 and row["vLLM"] == 4.0
@@ -154,21 +154,21 @@ def test_the_sustained_table_says_when_no_point_meets_the_bound():
 def test_the_best_block_size_is_the_smallest_within_one_percent_of_the_lowest_latency():
     table = pd.DataFrame({"normalized_latency_s": [0.1015, 0.1009, 0.1000, 0.1005, 0.1200]},
                          index=pd.Index([8, 16, 32, 64, 128], name="block_size"))
-    assert memory_budget.best_block_size(table) == (16, [16, 32, 64])
+    assert budget_tables.best_block_size(table) == (16, [16, 32, 64])
 
 
 # ---------------------------------------------------------------- sweeps: the same numbers wherever they run
 def _small_grid():
-    setting = memory_budget.PaperSetting()
+    setting = paper_setting.PaperSetting()
     sets = {"Alpaca": paper_datasets.alpaca_lengths()}
-    return memory_budget.paper_points(setting, sets, {"Alpaca": [20.0, 80.0]}, [0, 1], 150)
+    return budget_runs.paper_points(setting, sets, {"Alpaca": [20.0, 80.0]}, [0, 1], 150)
 
 
 def test_a_section_6_grid_gives_identical_results_serially_and_on_processes():
     points = _small_grid()
-    serial = memory_budget.run_grid("s6 test", points, "serial")
-    parallel = memory_budget.run_grid("s6 test", points, "processes")
-    assert len(serial) == 16 and list(serial["mode"][:4]) == list(memory_budget.MODES)
+    serial = budget_runs.run_grid("s6 test", points, "serial")
+    parallel = budget_runs.run_grid("s6 test", points, "processes")
+    assert len(serial) == 16 and list(serial["mode"][:4]) == list(budget_runs.MODES)
     pd.testing.assert_frame_equal(serial, parallel, check_exact=True)
 
 
@@ -176,9 +176,9 @@ def test_a_section_6_grid_gives_identical_results_on_a_dask_cluster():
     from distributed import LocalCluster
 
     points = _small_grid()[:8]
-    serial = memory_budget.run_grid("s6 test", points, "serial")
+    serial = budget_runs.run_grid("s6 test", points, "serial")
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        on_dask = memory_budget.run_grid("s6 test", points, cluster.scheduler_address)
+        on_dask = budget_runs.run_grid("s6 test", points, cluster.scheduler_address)
     pd.testing.assert_frame_equal(serial, on_dask, check_exact=True)
 
 

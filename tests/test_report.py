@@ -116,10 +116,50 @@ def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduc
     page = render.ledger_body(rows)
     for _, r in rows.iterrows():
         assert f"<td class=\"\">{r['table']}: {r['row']}, {present.label(r['column'])}</td>" in page
+    assert page.count("– missing") == 2 * len(rows)  # each one not reproduced: in the first table and its section's
     index = render.index_body([], rows, report_build.provenance(), {}, "", {})
     assert f"<strong>0 of {len(rows)}</strong> figures the article publishes reproduced (0 not within tolerance, " \
            f"{len(rows)} missing)" in index
-    assert index.count("– missing") == len(rows)  # every figure not reproduced is on the front page
+    assert "– missing" not in index and 'href="ledger.html"' in index  # the table of misses is on the ledger page
+    assert "What the report found" not in index  # nothing was built, so nothing is claimed
+
+
+def _built(values):
+    """The whole ledger, with each key of values reproduced as that value (or (median, band low, band high)) and every
+    other figure missing."""
+    reproduced = pd.DataFrame([dict(zip(ledger.KEY, key), reproduced=v[0], band_low=v[1], band_high=v[2])
+                               if isinstance(v, tuple) else dict(zip(ledger.KEY, key), reproduced=v)
+                               for key, v in values.items()])
+    return ledger.compare(reproduced, sources=tuple(ledger.SOURCES))
+
+
+def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_per_section():
+    from kvlab.report import findings, render
+    from kvlab.report.render import Section
+
+    values = {(1, "allocation", "16", "waste_pct"): 1.312, (1, "allocation", "4096", "waste_pct"): 86.194,
+              (1, "claims", "16 vs 4096", "fit_ratio"): 7.133, (2, "claims", "static vs continuous", "mean_latency_ratio"): (4.408, 4.05, 4.89),
+              (3, "fit", "1000", "max_num_requests"): 131, (3, "fit", "128000", "max_num_requests"): 1,
+              (6, "s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x"): 4.0,
+              (6, "s6.2", "vLLM over Orca (Oracle)", "sustained_rate_ratio_x"): 1.41}
+    rows = _built(values)
+    sections = [Section("04_traces", "4. Traces", finding="Real prompts are long."),
+                Section("06_memory_budget", "6. Budget", "headline", finding="vLLM sustains 4.00x.")]
+    lines = findings.findings(rows, sections)
+    assert lines[0] == ("The article's three claims hold: blocks of 16 tokens waste 1.3% of reserved KV memory against "
+                        "86.2% for reservations of 4,096, so 7.1x as many requests fit (the article: 1.3%, 86.2%, 7.1x), "
+                        "continuous batching cuts mean latency 4.4x against static batching (the article: 4.4x) and a "
+                        "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
+                        "128,000 (the article: 131 and 1).")
+    assert lines[1] == "What real traces change: Real prompts are long."
+    assert lines[2].startswith("The vLLM paper's experiment on kvlab's engine: vLLM sustains 4.0x Orca (Max)'s request "
+                               "rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 to 2.7x); 1 of")
+    index = render.index_body(sections, rows, report_build.provenance(), {}, "", {})
+    assert index.index("What the report found") < index.index("Sections") < index.index("Reproduction ledger")
+    assert "<p>vLLM sustains 4.00x.</p>" in index and "<pre>headline</pre>" not in index
+    # a claim that misses its tolerance is not said to hold
+    missed = findings.article_finding(_built(values | {(2, "claims", "static vs continuous", "mean_latency_ratio"): (2.0, 1.5, 2.5)}))
+    assert missed.startswith("Of the article's claims, 2 of 3 hold within their tolerances: ")
 
 
 def test_a_section_run_with_other_settings_than_the_articles_is_not_compared():

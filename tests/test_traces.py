@@ -281,7 +281,7 @@ def test_summary_tables_and_arrival_rate(tmp_path):
     gaps = np.array([0, 30, 60.0])
     assert table.loc["m", "interarrival_cv"] == round(gaps.std() / gaps.mean(), 2)
     cmp = section.article_comparison({"m": w})
-    assert cmp.index.tolist() == ["article (assumed)", "m"]
+    assert cmp.index.tolist() == [section.ARTICLE_ROW, "m"]
     assert cmp.loc["m", "over_4096_tokens_pct"] == 25.0 and cmp.loc["m", "output_40_to_200_tokens_pct"] == 25.0
     assert cmp.loc["m", "output_400_to_1000_tokens_pct"] == 25.0 and cmp.loc["m", "mean_tokens_per_request"] == 2062.5
     rate = section.arrival_rate(w, window_s=30.0)  # the trace ends at 90 s: three whole windows

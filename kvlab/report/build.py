@@ -31,6 +31,7 @@ from kvlab.workloads import traces
 PACKAGES = ["kvlab", "numpy", "pandas", "scipy", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel",
             "weasyprint"]
 KEY_FIGURE_TAG = "key-figure"   # the cell whose figure stands for its section on the front page
+FINDING_TAG = "finding"         # the cell whose one sentence stands for its section on the front page
 
 
 # ---------------------------------------------------------------- execution
@@ -81,7 +82,19 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
     nb = nbformat.read(executed, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     headline = "".join(o.get("text", "") for o in code[-1].get("outputs", []) if o.get("name") == "stdout")
-    return Section(notebook.stem, title_of(notebook), headline.rstrip(), seconds, params)
+    return Section(notebook.stem, title_of(notebook), headline.rstrip(), seconds, params, finding=finding_of(nb))
+
+
+def finding_of(nb) -> str:
+    """The text of the cell tagged finding (its Markdown or printed output), '' when the notebook has none."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and FINDING_TAG in cell.metadata.get("tags", []):
+            for output in cell.get("outputs", []):
+                data = output.get("data", {})
+                text = data.get("text/markdown") or data.get("text/plain") or output.get("text", "")
+                if text:
+                    return " ".join(text.split())
+    return ""
 
 
 def skip(notebook: Path, params: dict, why: str) -> Section:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from bs4 import BeautifulSoup
 
+from kvlab.report.findings import findings
 from kvlab.sections import ledger as ledger_mod
 from kvlab.sections import present
 
@@ -99,6 +100,7 @@ class Section:
     skipped: str = ""           # why the notebook was not run (empty when it ran)
     key_figure: str = ""        # path of the section's key figure, relative to the report (empty: none)
     key_caption: str = ""
+    finding: str = ""           # the section's one sentence for the front page (its cell tagged finding)
     body: str = ""              # the rendered notebook, for the PDF
 
     @property
@@ -175,12 +177,15 @@ def ledger_table(rows, *, with_section: bool = True) -> str:
 
 
 def ledger_body(ledger) -> str:
-    """Every published figure, by section."""
+    """Every published figure: first those not reproduced, each with why, then every figure by section."""
     parts = ["<h1>The reproduction ledger</h1>",
              "<p>Every figure the article publishes (sections 1-3) and the vLLM paper's figures that section 6 "
              "reproduces (Kwon et al., SOSP 2023, arXiv 2309.06180), against kvlab's value. Machine-readable: "
              "<a href=\"ledger.csv\">ledger.csv</a> (its column <em>source</em> says whose figure a row is; "
              "<em>article</em> holds the published value).</p>", TOLERANCES]
+    open_rows = ledger[ledger["status"].isin(["fail", "missing"])]
+    if len(open_rows):
+        parts.append("<h2>Figures not reproduced, and why</h2>" + ledger_table(open_rows))
     for number, rows in ledger.groupby("section", sort=True):
         source = ledger_mod.SOURCE_NAMES[ledger_mod.source_of(int(number))]
         parts.append(f"<h2>Section {number}: {source}'s figures</h2>" + ledger_table(rows, with_section=False))
@@ -223,8 +228,9 @@ def _headline(ledger, set_aside: dict[int, str]) -> str:
 
 def index_body(sections: list[Section], ledger, info: dict, params: dict, traces_note: str,
                set_aside: dict[int, str]) -> str:
-    """The front page: what the report is, the ledger summary with every figure not reproduced and why, one card
-    per section (its key figure and headline numbers), the reproducibility footer."""
+    """The front page: what the report is, what it found (from the ledger and the sections' findings), one sentence
+    and one figure per section, the ledger's summary (its page lists every figure not reproduced and why), the
+    reproducibility footer."""
     parts = [
         f"<h1>{TITLE}</h1>",
         "<p>This report reproduces a short article on how vLLM manages KV-cache memory: reserving it in small "
@@ -232,27 +238,27 @@ def index_body(sections: list[Section], ledger, info: dict, params: dict, traces
         "many requests fit in GPU memory (section 3). It then goes further: real request traces (section 4), "
         "what a GPU measures (section 5), and serving under one memory budget (section 6): the vLLM paper's "
         "experiment (Kwon et al., SOSP 2023) run on kvlab's vLLM-faithful engine, the paper's figures held to "
-        "tolerances chosen in advance. Every figure the article publishes, and each of the vLLM paper's that "
-        "section 6 reproduces, is in the reproduction ledger, next to kvlab's value.</p>",
-        "<h2>Reproduction ledger</h2>", _headline(ledger, set_aside),
+        "tolerances chosen in advance.</p>",
     ]
-    open_rows = ledger[ledger["status"].isin(["fail", "missing"])]
-    if len(open_rows):
-        parts.append("<h3>Figures not reproduced, and why</h3>" + ledger_table(open_rows))
-    parts.append("<p>Every figure: <a href=\"ledger.html\">the full ledger</a> "
-                 "(<a href=\"ledger.csv\">ledger.csv</a>).</p>" + TOLERANCES)
-    if traces_note:
-        parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
+    found = findings(ledger, sections)
+    if found:
+        parts.append("<h2>What the report found</h2><ul class=\"findings\">"
+                     + "".join(f"<li>{html.escape(line)}</li>" for line in found) + "</ul>")
     parts.append("<h2 class=\"sections-heading\">Sections</h2>")
     cards = []
     for sec in sections:
         figure = (f"<a href=\"{sec.stem}.html\"><img src=\"{sec.key_figure}\" alt=\"{html.escape(sec.key_caption)}\" "
                   f"width=\"700\" height=\"420\"></a>" if sec.key_figure else "")
         body = (f"<p class=\"skipped\">{html.escape(sec.skipped[0].upper() + sec.skipped[1:])}.</p>" if sec.skipped
-                else f"<pre>{html.escape(sec.headline)}</pre>")
+                else f"<p>{html.escape(sec.finding)}</p>" if sec.finding else f"<pre>{html.escape(sec.headline)}</pre>")
         cards.append(f"<div class=\"card\"><h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
-                     f"{figure}{body}</div>")
+                     f"{body}{figure}</div>")
     parts.append("<div class=\"cards\">" + "".join(cards) + "</div>")
+    parts += ["<h2>Reproduction ledger</h2>", _headline(ledger, set_aside),
+              "<p>Every figure, and each one not reproduced with why: <a href=\"ledger.html\">the ledger</a> "
+              "(<a href=\"ledger.csv\">ledger.csv</a>).</p>"]
+    if traces_note:
+        parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
     parts.append(footer(info, params))
     return "\n".join(parts)
 

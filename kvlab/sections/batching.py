@@ -17,6 +17,7 @@ from kvlab.core.batching import simulate
 from kvlab.core.cost import TokenCost
 from kvlab.core.workload import Workload
 from kvlab.sections import ledger
+from kvlab.sections.ledger import round_half_up
 from kvlab.sections.traces import TRACE_NAMES, NotebookTrace
 from kvlab.workloads import synthetic
 
@@ -114,8 +115,7 @@ def band_table(runs: pd.DataFrame, table: str, *, low_pct: float = 5.0, high_pct
 # Why a figure lies where it does, where the seed percentile alone does not say (table, row, column) -> reason.
 NOTES = {
     ("equal150", "static", "makespan_s"):
-        "kvlab's static batcher starts each batch with the requests that have arrived, which costs one extra batch "
-        "at the start: 91.2 s in every seed (a batcher that waits to fill its batch gives about 90.6 s)",
+        "kvlab's static batcher starts its first batch with the requests that have arrived: one extra batch.",
 }
 
 
@@ -124,9 +124,10 @@ def _ordinal(n: int) -> str:
 
 
 def band_note(row: pd.Series) -> str:
-    """One line on where the article's figure lies among kvlab's seeds."""
-    return (f"the article's value lies at the {_ordinal(round(row['article_percentile']))} percentile of kvlab's "
-            f"{int(row['num_seeds'])} seeds")
+    """One line on where the article's figure lies among kvlab's seeds (its percentile rounded half up, as kvlab
+    rounds every figure it prints: 28.5 is the 29th)."""
+    return (f"The article's value lies at the {_ordinal(int(round_half_up(row['article_percentile'], 0)))} percentile of "
+            f"kvlab's {int(row['num_seeds'])} seeds.")
 
 
 def ledger_rows(bands: pd.DataFrame, table: str) -> pd.DataFrame:
@@ -331,7 +332,6 @@ def trace_figures(trace: NotebookTrace, trace_mixed: pd.DataFrame, experiment: E
     and their ratio (x), beside the article's ratio, mix and share and kvlab's chosen rate; {} without a trace."""
     if trace.load is None or trace_mixed.empty:
         return {}
-    from kvlab.sections.ledger import round_half_up
     from kvlab.sections.plots import INTERARRIVAL_MAX_RATIO
     from kvlab.sections.traces import article_comparison
 

@@ -1,6 +1,6 @@
 """Section 6's setting: the vLLM paper's model, GPU and KV cache (or another), checked as the engine needs it.
 
-Apart from kvlab.sections.memory_budget, so that the report's checks (kvlab.sections.parameters) need no pandas."""
+NumPy only (no pandas), so that the report's checks (kvlab.sections.parameters) can import it."""
 from __future__ import annotations
 
 import dataclasses

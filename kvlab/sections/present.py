@@ -258,3 +258,8 @@ def rounded(frame: pd.DataFrame, decimals: int | dict = 2) -> pd.DataFrame:
     floats = out.select_dtypes("float").columns
     out[floats] = out[floats] + 0.0  # IEEE: -0.0 + 0.0 is +0.0, every other value is unchanged
     return out
+
+
+def joined(words: list[str]) -> str:
+    """Words as prose lists them: 'a', 'a and b', 'a, b and c'."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
