@@ -625,3 +625,119 @@ class MeasuredStepCost:
         history = (context - num_decodes) / num_decodes
         us = self.fixed_us(num_decodes, num_decodes)
         return (us + self._layers * self.decode_attention_us(num_decodes, history)) / 1e6
+
+
+# ---------------------------------------------------------------- the clock of vLLM 2023
+def paged_attention_us(launch_us, us_per_sequence, us_per_token, us_per_block, block_size: int, num_decodes,
+                       decode_context_tokens):
+    """One layer's PagedAttention kernel (us): launch + per sequence x decodes + per token x context tokens + per block
+    x blocks, blocks = context tokens / block_size + decodes x (1 - 1/block_size) / 2; 0 without decodes. Floats or
+    arrays alike."""
+    blocks = decode_context_tokens / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
+    us = launch_us + us_per_sequence * num_decodes + us_per_token * decode_context_tokens + us_per_block * blocks
+    if np.ndim(num_decodes) == 0:
+        return us if num_decodes else 0.0 * decode_context_tokens
+    return np.where(np.asarray(num_decodes) > 0, us, 0.0)
+
+
+@dataclass(frozen=True)
+class Clock2023StepCost:
+    """vLLM of mid-2023 (v0.1: eager PyTorch, no CUDA graphs, its first PagedAttention kernel) serving one model on
+    one GPU: MeasuredStepCost's terms, each in closed form with a few coefficients (kvlab.sections.clock_2023
+    fits them to Anyscale's June 2023 benchmark and to the vLLM paper's Fig. 18a). A step is the sum of
+
+    - step_overhead_ms once (the CPU's scheduling, input preparation and the server's loop);
+    - dense: max(weights_bytes / memory_bandwidth_gb_s, 2 x num_params x num_tokens / dense_tflops), the sustained
+      (not datasheet) figures: the linear layers read their weights once and do 2 FLOPs a parameter a token;
+    - decode attention, num_layers x (attention_launch_us + attention_us_per_sequence x decodes
+      + attention_us_per_token x their context tokens + attention_us_per_block x the blocks they touch), the
+      PagedAttention kernel; blocks = context tokens / block_size + decodes x (1 - 1/block_size) / 2 (a
+      sequence's last block is half full on average: the engine gives only the decodes' summed context);
+    - prefill attention, num_layers x 4 x hidden_size FLOPs a query-key pair at dense_tflops (QK^T and PV).
+    """
+
+    num_layers: int
+    hidden_size: int
+    weights_bytes: float
+    num_params: float
+    memory_bandwidth_gb_s: float      # sustained
+    dense_tflops: float               # sustained
+    attention_launch_us: float
+    attention_us_per_sequence: float
+    attention_us_per_token: float
+    attention_us_per_block: float
+    block_size: int = 16
+    step_overhead_ms: float = 0.0
+    source: str = ""
+    name = "clock-2023"
+
+    def __post_init__(self):
+        validate.positive_int("num_layers", self.num_layers)
+        validate.positive_int("hidden_size", self.hidden_size)
+        for name in ("weights_bytes", "num_params", "memory_bandwidth_gb_s", "dense_tflops"):
+            validate.positive_number(name, getattr(self, name))
+        for name in ("attention_launch_us", "attention_us_per_sequence", "attention_us_per_token",
+                     "attention_us_per_block"):
+            validate.non_negative_number(name, getattr(self, name))
+        validate.in_range("block_size", self.block_size, "block_size")
+        validate.in_range("step_overhead_ms", self.step_overhead_ms, "step_ms")
+
+    @classmethod
+    def from_coefficients(cls, model, gpu, coefficients: dict, block_size: int = 16) -> "Clock2023StepCost":
+        """The clock of a ModelSpec (num_params_b > 0) on a GpuSpec from named coefficients: memory_bandwidth_fraction
+        and flop_fraction (of the GPU's datasheet bandwidth and dense bf16 FLOP/s), attention_launch_us,
+        attention_us_per_sequence, attention_us_per_token, attention_us_per_block, step_overhead_ms."""
+        from kvlab.core.models import weights_bytes_per_gpu
+
+        need = ("memory_bandwidth_fraction", "flop_fraction", "attention_launch_us", "attention_us_per_sequence",
+                "attention_us_per_token", "attention_us_per_block", "step_overhead_ms")
+        missing = [name for name in need if name not in coefficients]
+        if missing:
+            validate.fail("coefficients", ", ".join(missing), f"are missing; a clock needs {', '.join(need)}")
+        if model.num_params_b <= 0:
+            validate.fail("model", model.name, "has no parameter count (num_params_b) for the dense term")
+        c = {name: float(coefficients[name]) for name in need}
+        validate.fraction("memory_bandwidth_fraction", c["memory_bandwidth_fraction"])
+        validate.fraction("flop_fraction", c["flop_fraction"])
+        return cls(model.num_layers, model.num_attention_heads * model.head_dim, weights_bytes_per_gpu(model, 2.0, 1, 1),
+                   model.num_params_b * 1e9, gpu.memory_bandwidth_gb_s * c["memory_bandwidth_fraction"],
+                   gpu.bf16_dense_tflops * c["flop_fraction"], c["attention_launch_us"],
+                   c["attention_us_per_sequence"], c["attention_us_per_token"], c["attention_us_per_block"],
+                   block_size, c["step_overhead_ms"], f"vLLM 2023 clock of {model.name} on {gpu.name}")
+
+    # ---------------------------------------------------------------- terms (us)
+    def dense_us(self, num_tokens):
+        """The linear layers of a step of num_tokens tokens (us): memory- or compute-bound, whichever is slower."""
+        memory_us = self.weights_bytes / (self.memory_bandwidth_gb_s * 1e3)
+        compute_us = 2.0 * self.num_params * num_tokens / (self.dense_tflops * 1e6)
+        return np.maximum(memory_us, compute_us)
+
+    def decode_attention_us(self, num_decodes: int, decode_context_tokens):
+        """One layer's PagedAttention kernel for num_decodes decodes attending decode_context_tokens tokens in all
+        (us; 0 without decodes; a float, or an array for an array of contexts)."""
+        return paged_attention_us(self.attention_launch_us, self.attention_us_per_sequence, self.attention_us_per_token,
+                                  self.attention_us_per_block, self.block_size, num_decodes, decode_context_tokens)
+
+    def prefill_attention_us(self, prefill_attention_pairs: float) -> float:
+        """One layer's prefill attention over that many query-key pairs (us): 4 x hidden_size FLOPs a pair."""
+        return 4.0 * self.hidden_size * prefill_attention_pairs / (self.dense_tflops * 1e6)
+
+    # ---------------------------------------------------------------- the engine's interface
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+        """Seconds of one step (see the class)."""
+        prefill_tokens = num_tokens - num_decodes
+        if prefill_tokens and not num_prefills:    # a caller without the prefill aggregates: one chunk
+            history = max(0, context_tokens - decode_context_tokens - prefill_tokens)
+            prefill_attention_pairs = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
+        us = (self.step_overhead_ms * 1000.0 + float(self.dense_us(np.float64(num_tokens)))
+              + self.num_layers * (self.decode_attention_us(num_decodes, np.float64(decode_context_tokens))
+                                   + self.prefill_attention_us(float(prefill_attention_pairs))))
+        return float(us) / 1e6
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
+        """Seconds of each step of a decode run: the context grows by num_decodes tokens a step."""
+        context = (context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
+        us = (self.step_overhead_ms * 1000.0 + self.dense_us(np.float64(num_decodes))
+              + self.num_layers * (self.decode_attention_us(num_decodes, context) + self.prefill_attention_us(0.0)))
+        return us / 1e6
