@@ -109,6 +109,13 @@ class BlockPool:
                 ref[block] = 1
         return taken
 
+    def free_table(self, block_ids: list[int]) -> None:
+        """Free a request's block table as vLLM does, last block first (free_blocks of it reversed)."""
+        if self._ref_cnt is None:
+            self._head.extend(block_ids)            # reversed, then prepended: the table's own order at the head
+        else:
+            self.free_blocks(reversed(block_ids))
+
     def free_blocks(self, ordered_block_ids) -> None:
         """Drop one reference to each block, given in eviction order (vLLM frees a request's table reversed):
         blocks no request holds any more go to the head (no hash) or the tail (cached) of the free queue."""

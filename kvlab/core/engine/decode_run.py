@@ -21,6 +21,7 @@ from bisect import bisect_left
 from itertools import accumulate, repeat
 
 from kvlab.core.engine.request import FINISHED
+from kvlab.core.engine.scheduler import SchedulerOutput
 
 
 def run(engine) -> bool:
@@ -63,13 +64,13 @@ def head_admitted(engine) -> bool:
     return admissible(engine, scheduler.waiting[0], budget_left, num_running if engine.allocation == "paged" else 0)
 
 
-def run_limits(engine, k: int):
+def run_limits(engine, k: int, min_steps: int = 2):
     """How long a decode run of at most k steps may last: (k, each request's block phase or None for
     reservations, the budget left by the decodes, whether a request may be admitted), or None (under 2 steps).
 
     The waiting queue's head must be refused in the first step (it then stays refused), and the pool must have
     a block for every block boundary the running requests cross."""
-    if k < 2:
+    if k < min_steps:
         return None
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     running = scheduler.running
@@ -86,7 +87,7 @@ def run_limits(engine, k: int):
     if paged:
         full_periods, left = divmod(kv.num_free_blocks, num_running)
         k = min(k, full_periods * bs + sorted(phases)[left])        # the last step every crossing finds a block
-        if k < 2:
+        if k < min_steps:
             return None
     return k, phases, budget_left, may_admit
 
@@ -191,19 +192,19 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
 # ---------------------------------------------------------------- asynchronous scheduling
 def run_async(engine, queue, gpu_free_s: float) -> float | None:
     """The asynchronous engine's decode run: k loop iterations (schedule batch j, then process batch j - 1's
-    output) at once; the new gpu_free_s, or None (nothing changed) if there is none of at least 2.
+    output) at once, and the one after them when it finishes requests; the new gpu_free_s, or None (nothing
+    changed) if there is no such run.
 
-    It starts with one batch in flight of decodes only (the loop's pure flag) that holds every running request
-    (those it skipped by the early stop have finished since): each then
-    has one output placeholder and computed = known tokens t. Iteration j schedules one token for every running
-    request unless one of its own rules applies: vLLM's early stop skips a request whose placeholder brings it
-    to max_num_tokens, so all are scheduled while k <= min(max_num_tokens - t - 1) and nothing finishes in the
-    run (a finish comes with the output of the run's last batch or later); blocks are taken at the same phases
-    as the synchronous run (computed tokens run one ahead); admissions and arrivals as there, each schedule()
-    at the clock of the output it waited for last. Batch j runs from the end of batch j - 1 (the GPU is never
-    idle: the next batch is always queued)."""
-    from kvlab.core.engine.scheduler import SchedulerOutput
-
+    It starts with one batch in flight (the loop's pure flag: tokens, no preemption, no prefix hit) that holds
+    every running request (those it skipped by the early stop have finished since) and in which each sampled
+    (decodes, and prefills it ended: their first token is in flight): each then has one output placeholder and
+    computed = known tokens t. Iteration j schedules one token for every running request unless one of its own
+    rules applies: vLLM's early stop skips a request whose placeholder brings it to max_num_tokens, so all are
+    scheduled while k <= min(max_num_tokens - t - 1); blocks are taken at the same phases as the synchronous run
+    (computed tokens run one ahead); admissions and arrivals as there, each schedule() at the clock of the
+    output it waited for last. Batch j runs from the end of batch j - 1 (the GPU is never idle: the next batch
+    is always queued). A run that reaches the first finish does its next iteration too (last_iteration): the
+    requests whose last token is in flight are skipped and finish."""
     scheduler = engine.scheduler
     running = scheduler.running
     num_running = len(running)
@@ -213,12 +214,18 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
     k = None
     num_kv_tokens = 0
     for r in running:
-        if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens or r.num_tokens == r.num_prompt_tokens:
-            return None                 # not decoding in steady state (e.g. its first token is in flight)
+        if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens:
+            return None                 # it did not sample in the batch in flight (a prefill chunk)
         left = r.max_num_tokens - r.num_tokens - 1
         k = left if k is None or left < k else k
         num_kv_tokens += r.num_computed_tokens
-    limits = run_limits(engine, k)
+    first_finish = k
+    if k == 0:                          # a request's last token is in flight: only the last iteration
+        bs = engine.block_size
+        phases = [-r.num_computed_tokens % bs for r in running] if engine.allocation == "paged" else None
+        finishing = last_iteration(engine, 0, engine.clock, phases)
+        return None if finishing is None else finish_async(engine, queue, finishing)
+    limits = run_limits(engine, k, 1 if k == 1 else 2)     # one iteration only if the last one follows
     if limits is None:
         return None
     k, phases, budget_left, may_admit = limits
@@ -236,8 +243,101 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
                     return None
                 k = joins - 1
                 del times[k + 1:]
+    finishing = last_iteration(engine, k, times[k - 1], phases) if k == first_finish else None
+    if finishing is None and k < 2:
+        return None
     apply_async(engine, queue, k, times, phases, num_kv_tokens, SchedulerOutput())
-    return times[k]
+    if finishing is None:
+        return times[k]
+    return finish_async(engine, queue, finishing)
+
+
+def last_iteration(engine, k: int, clock: float, phases) -> list[bool] | None:
+    """Whether a run of k iterations that ends with the last token of some requests in flight (batch k) may do
+    iteration k + 1 as well: schedule batch k + 1 for the others (the early stop skips those), then process batch k,
+    which finishes them. Which running requests finish (in running order), or None: every running request
+    finishes, a block boundary crossed at k + 1 finds no block, or the waiting queue's head (or a request joining
+    it at the clock of iteration k + 1) is admitted by the larger budget of the smaller batch. Checked before the
+    run."""
+    scheduler = engine.scheduler
+    running = scheduler.running
+    num_running = len(running)
+    finishing = [r.max_num_tokens - r.num_tokens - 1 == k for r in running]
+    num_left = num_running - sum(finishing)
+    if num_left == 0:
+        return None
+    taken = 0
+    if phases is not None:
+        bs = engine.block_size
+        periods, rest = divmod(k, bs)
+        taken = num_running * periods + sum(1 for p in phases if p < rest)
+        phase = rest
+        taken += sum(1 for p, done in zip(phases, finishing) if p == phase and not done)
+        if taken > engine.kv_cache_manager.num_free_blocks:
+            return None
+    budget_left = scheduler.max_num_batched_tokens - num_left
+    if budget_left > 0 and num_running < scheduler.max_num_seqs:
+        head = None
+        if scheduler.waiting:
+            head = scheduler.waiting[0]
+        elif engine.next_arrival < len(engine.arrival_list) and engine.arrival_list[engine.next_arrival] <= clock:
+            head = engine.peek_arrival()
+        if head is not None and admissible(engine, head, budget_left, taken):
+            return None
+    return finishing
+
+
+def finish_async(engine, queue, finishing: list[bool]) -> float:
+    """Iteration k + 1 of a decode run (last_iteration said it may be done; batch k is the one queued): at the
+    clock of batch k - 1's output arrivals join, batch k + 1 schedules one token for each request not finishing
+    (taking blocks in running order), then batch k's output finishes the others (freed in running order) at its
+    end; batch k + 1 is queued. Its end."""
+    scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    running = scheduler.running
+    num_running = len(running)
+    batch_k, start_k, end_k, running_k, waiting_k, _ = queue.popleft()
+    engine.add_arrivals()                           # the clock: batch k - 1's output (k = 0: the loop's)
+    out = SchedulerOutput()
+    left = [r for r, done in zip(running, finishing) if not done]
+    bs, paged = engine.block_size, engine.allocation == "paged"
+    context = 0
+    for request in left:
+        computed = request.num_computed_tokens
+        if paged and computed % bs == 0:
+            request.block_ids.extend(kv.pool.get_new_blocks(1))
+        if request.num_tokens == request.num_prompt_tokens:
+            request.first_token_s = end_k           # k = 0: batch 0 ended its prefill
+        request.num_computed_tokens = computed + 1
+        request.num_tokens += 1                     # batch k's token
+        request.num_in_flight_tokens = 1            # batch k + 1's
+        context += computed + 1
+    num_left = len(left)
+    out.scheduled = [(r, 1) for r in left]
+    out.samples = [True] * num_left
+    out.num_scheduled_tokens = out.num_decodes = num_left
+    out.context_tokens = out.decode_context_tokens = context
+    if engine.record_scheduled:
+        engine.scheduled_log.append(([(r.request_id, 1) for r in left], []))
+    num_waiting = len(scheduler.waiting)
+    end = end_k + engine.cost.step_s(num_left, context, num_left, context, 0, 0)
+    caching = kv.enable_caching
+    for request, done in zip(running, finishing):
+        if caching:
+            kv.cache_blocks(request, request.num_computed_tokens - (not done))
+        if done:
+            if request.num_tokens == request.num_prompt_tokens:
+                request.first_token_s = end_k
+            request.num_tokens += 1                 # its last token
+            request.num_in_flight_tokens = request.num_output_placeholders = 0
+            request.status = FINISHED
+            kv.free(request)
+            engine.finished(request, end_k)
+    scheduler.running = left
+    scheduler.has_finished = True
+    engine.clock = end_k                            # it waited for batch k's output
+    engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.held(), context)
+    queue.append((out, end_k, end, num_running, num_waiting, True))
+    return end
 
 
 def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens: int, out) -> None:
@@ -248,8 +348,11 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     in_flight, start0, end0, running0, waiting0, _ = queue.popleft()
     held = take_blocks(engine, k, phases)
     for request in running:
+        if request.num_tokens == request.num_prompt_tokens:
+            request.first_token_s = end0            # its prefill's last chunk was in batch 0
         request.num_computed_tokens += k
         request.num_tokens += k
+        request.num_in_flight_tokens = 1            # batch k's token
     if kv.enable_caching:
         for request in running:
             kv.cache_blocks(request, request.num_computed_tokens - 1)    # all but the token in flight settled
@@ -257,21 +360,33 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     # Arrivals join at iteration j's add_arrivals (clock times[j - 2], j >= 2) behind a refused head.
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
     waiting = len(scheduler.waiting)
-    num_waiting = [waiting0]
-    for j in range(1, k + 1):
-        clock = engine.clock if j == 1 else times[j - 2]
-        while i < num_arrivals and arrival[i] <= clock:
-            i += 1
-            waiting += 1
-        num_waiting.append(waiting)
-    engine.clock = times[k - 2] if k >= 2 else engine.clock
+    last_clock = times[k - 2] if k >= 2 else engine.clock
+    if i == num_arrivals or arrival[i] > last_clock:               # nobody joins: batches 1..k count the same
+        later = waiting
+    else:
+        later = [waiting0]                                          # batch j's count, j = 0..k
+        for j in range(1, k + 1):
+            clock = engine.clock if j == 1 else times[j - 2]
+            while i < num_arrivals and arrival[i] <= clock:
+                i += 1
+                waiting += 1
+            later.append(waiting)
+    engine.clock = last_clock
     engine.add_arrivals()                                               # those that joined, in arrival order
     engine.clock = times[k - 1]                                         # it waited for batch k - 1
-    if running0 == num_running:
-        engine.steps.extend([start0, *times[:k]], num_running, num_waiting[:k], held, kv_tokens)
-    else:   # batch 0 was scheduled beside requests it skipped, which finished with the batch before it
-        engine.steps.append(start0, times[0], num_running, running0, waiting0, held[0], kv_tokens[0])
-        engine.steps.extend(times[:k], num_running, num_waiting[1:k], held[1:], kv_tokens[1:])
+    if running0 == num_running and in_flight.num_scheduled_tokens == num_running:
+        if isinstance(later, int):
+            engine.steps.extend([start0, *times[:k]], num_running, later if later == waiting0 else
+                                [waiting0] + [later] * (k - 1), held, kv_tokens)
+        else:
+            engine.steps.extend([start0, *times[:k]], num_running, later[:k], held, kv_tokens)
+    else:   # batch 0 admitted or ended prefills, or skipped requests that finished with the batch before it
+        engine.steps.append(start0, times[0], in_flight.num_scheduled_tokens, running0, waiting0, held[0],
+                            kv_tokens[0])
+        if k > 1:
+            engine.steps.extend(times[:k], num_running, later if isinstance(later, int) else later[1:k],
+                                held[1:], kv_tokens[1:])
+    num_waiting_k = later if isinstance(later, int) else later[k]
     if engine.record_scheduled:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))
@@ -280,4 +395,4 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     out.samples = [True] * num_running
     out.num_scheduled_tokens = out.num_decodes = num_running
     out.context_tokens = out.decode_context_tokens = kv_tokens[-1]
-    queue.append((out, times[k - 1], times[k], num_running, num_waiting[k], True))
+    queue.append((out, times[k - 1], times[k], num_running, num_waiting_k, True))

@@ -278,10 +278,9 @@ class Engine:
                 end = start + step_s(cost, out) if tokens else start
                 gpu_free_s = end
                 num_running = len(scheduler.running)
-                # Decodes only (running requests skipped by the early stop finish with the batch in flight):
-                # the decode run checks that the batch holds every running request when it starts from it.
-                pure = tokens and out.num_decodes == len(out.scheduled) and not out.admitted \
-                    and not out.preempted and not out.num_hit_tokens
+                # A decode run may start from this batch once it is the only one in flight (it checks then that
+                # the batch holds every running request and that each sampled in it, admissions included).
+                pure = tokens and not out.preempted and not out.num_hit_tokens
                 queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
                 if self.record_scheduled and step:

@@ -125,7 +125,7 @@ class KVCacheManager:
     def free(self, request: Request) -> int:
         """Give back the request's blocks, last block first (vLLM's order); the number of blocks it held."""
         table = request.block_ids
-        self.pool.free_blocks(reversed(table))
+        self.pool.free_table(table)
         request.block_ids = []
         request.num_cached_blocks = 0
         return len(table)
