@@ -26,3 +26,15 @@ def tool_path(name: str) -> str | None:
 def needs_tool(name: str):
     """A skip mark for a test that runs a program of TOOLS: skipped, with the fix, where it is missing."""
     return pytest.mark.skipif(tool_path(name) is None, reason=f"{name} is not installed (fix: {TOOLS[name]})")
+
+
+def draw_requests(draw, st) -> tuple:
+    """A small workload's shape for the engine's property tests: (n, block_size, max_model_len, gaps in s, prompt
+    and output tokens), from hypothesis's draw and strategies module."""
+    n = draw(st.integers(1, 24))
+    bs = draw(st.sampled_from([1, 2, 4, 16]))
+    max_model_len = draw(st.sampled_from([48, 128]))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.004, 0.008, 0.01, 0.023, 0.05, 0.3]), min_size=n, max_size=n))
+    prompts = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    return n, bs, max_model_len, gaps, prompts, outputs

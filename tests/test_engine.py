@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import ROOT
+from conftest import ROOT, draw_requests
 from kvlab.core import batching
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, TokenCost
@@ -50,12 +50,7 @@ def test_a_request_that_never_fits_stops_with_vllms_message_or_is_refused_up_fro
 @st.composite
 def engine_runs(draw):
     """A small workload and engine settings, some tight enough to preempt, some with shared prompts."""
-    n = draw(st.integers(1, 24))
-    bs = draw(st.sampled_from([1, 2, 4, 16]))
-    max_model_len = draw(st.sampled_from([48, 128]))
-    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.004, 0.008, 0.01, 0.023, 0.05, 0.3]), min_size=n, max_size=n))
-    prompts = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
+    n, bs, max_model_len, gaps, prompts, outputs = draw_requests(draw, st)
     allocation = draw(st.sampled_from(["paged", "paged", "paged", "max", "pow2", "oracle"]))
     caching = allocation == "paged" and draw(st.booleans())
     chunked = draw(st.booleans())

@@ -15,6 +15,11 @@ KV_CACHE_DTYPES = ("fp16", "bf16", "fp8", "int8", "int4")
 # The kernel block sizes vLLM's attention backends declare on a Hopper GPU (get_supported_kernel_block_sizes):
 # an int n is "any multiple of n tokens" (MultipleOf(n)), a tuple the sizes offered. Only sliding-window
 # layers read them (kvlab.core.capacity.sliding_window_block_size).
+# The scheduler policies the engine runs (SchedulerConfig.scheduler_cls).
+SCHEDULER_CLASSES = {
+    "v1": "vLLM 0.33's v1 scheduler: prefill chunks and decodes share one token budget per step",
+    "v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the vLLM paper's): prompt-only steps, a watermark, recompute",
+}
 ATTENTION_BACKENDS = {"FLASH_ATTN": 16, "TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "FLASHINFER": (16, 32, 64),
                       "CPU_ATTN": 32}
 
@@ -62,7 +67,8 @@ class ParallelConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """vLLM's scheduler settings: requests running at once, tokens per step, the longest request, chunked
-    prefill and its per-request cap, and whether the next step is scheduled before this one's tokens are known."""
+    prefill and its per-request cap, whether the next step is scheduled before this one's tokens are known, and
+    which scheduler decides (scheduler_cls, SCHEDULER_CLASSES)."""
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
@@ -70,6 +76,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0       # 0: no cap on one request's prefill chunk
     async_scheduling: bool = True               # vLLM 0.33's default on a GPU
+    scheduler_cls: str = "v1"                   # "v1" (vLLM 0.33) or "v0-2023" (vLLM 0.1.4, the paper's)
 
     def __post_init__(self):
         validate.in_range("max_num_seqs", self.max_num_seqs, "max_num_seqs")
@@ -79,6 +86,15 @@ class SchedulerConfig:
         validate.one_of("enable_chunked_prefill", self.enable_chunked_prefill, [True, False])
         validate.non_negative_int("long_prefill_token_threshold", self.long_prefill_token_threshold)
         validate.one_of("async_scheduling", self.async_scheduling, [True, False])
+        validate.one_of("scheduler_cls", self.scheduler_cls, SCHEDULER_CLASSES)
+        if self.scheduler_cls == "v0-2023":
+            for name, value, fix in (("async_scheduling", self.async_scheduling, "async_scheduling=False"),
+                                     ("enable_chunked_prefill", self.enable_chunked_prefill,
+                                      "enable_chunked_prefill=False"),
+                                     ("long_prefill_token_threshold", self.long_prefill_token_threshold,
+                                      "long_prefill_token_threshold=0")):
+                if value:
+                    validate.fail(name, value, f"scheduler_cls='v0-2023' (vLLM 0.1.4) had no such mode: set {fix}")
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,9 @@ class EngineConfig:
         for name, kind in (("cache", CacheConfig), ("parallel", ParallelConfig), ("scheduler", SchedulerConfig)):
             if not isinstance(getattr(self, name), kind):
                 validate.fail(name, getattr(self, name), f"must be a kvlab.core.config.{kind.__name__}")
+        if self.scheduler.scheduler_cls == "v0-2023" and self.cache.enable_prefix_caching:
+            validate.fail("enable_prefix_caching", True, "scheduler_cls='v0-2023' (vLLM 0.1.4) had no prefix cache: "
+                          "set enable_prefix_caching=False")
 
     @property
     def max_concurrent_batches(self) -> int:

@@ -23,7 +23,8 @@ Speed: where every running request is decoding and nothing can change for a whil
 waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
 arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
 finish before the run's last step -- decode_run does k steps at once in closed form. fast=False is the plain
-per-step loop: the reference the tests hold the fast path to.
+per-step loop: the reference the tests hold the fast path to. The scheduler is SchedulerConfig.scheduler_cls's
+(SCHEDULERS); vLLM 0.1.4's (scheduler_v0) always runs the per-step loop.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, Rese
 from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
+from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.units import cdiv
 from kvlab.core.workload import Workload
 
@@ -48,6 +50,7 @@ from kvlab.core.workload import Workload
 # about 1,000 B on Azure-like requests at about 21 steps each (a run with fewer requests at once has more steps).
 PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
+SCHEDULERS = {"v1": Scheduler, "v0-2023": SchedulerV0}     # SchedulerConfig.scheduler_cls -> the class
 
 
 def step_s(cost, out) -> float:
@@ -72,6 +75,7 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
     """Refuse, in one line and before any work, a request vLLM would refuse or that can never fit the pool."""
     max_model_len = check_scheduler_config(config.scheduler)
     check_pool(num_gpu_blocks)
+    v0 = config.scheduler.scheduler_cls == "v0-2023"
     bs = config.cache.block_size
     prompt, output = workload.prompt_tokens, workload.output_tokens
     if prompt.min() < 1:
@@ -81,16 +85,21 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
         i = int(np.argmax(prompt))
         validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), f"must be shorter than max_model_len={max_model_len:,} "
                       "tokens (vLLM rejects a prompt of max_model_len tokens or more)")
-    final = np.minimum(prompt + output, max_model_len)
+    final = np.minimum(prompt + output, max_model_len + v0)     # vLLM 0.1.4 stops one token later
     if allocation == "paged":
         usable = num_gpu_blocks - 1
-        need = cdiv(final - 1, bs)       # a request computes every token but its last sampled one
+        if v0:
+            need = blocks_to_finish(prompt, final, bs, watermark_blocks(num_gpu_blocks))
+            why = f" with scheduler_cls='v0-2023' (one block free to decode, {watermark_blocks(num_gpu_blocks)} " \
+                  "watermark blocks to be admitted again)"
+        else:
+            need, why = cdiv(final - 1, bs), ""     # a request computes every token but its last sampled one
         if need.max() > usable:
             i = int(np.argmax(need))
             validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
-                          f"needs {int(need[i]):,} blocks of {bs} tokens at its longest ({int(final[i]) - 1:,} tokens) "
-                          f"but the pool has {usable:,} usable blocks (num_gpu_blocks={num_gpu_blocks:,} counts vLLM's "
-                          "null block): it could never finish")
+                          f"needs {int(need[i]):,} blocks of {bs} tokens at its longest ({int(final[i]) - 1:,} tokens)"
+                          f"{why} but the pool has {usable:,} usable blocks (num_gpu_blocks={num_gpu_blocks:,} counts "
+                          "vLLM's null block): it could never finish")
     else:
         manager = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
         if allocation == "max" and max_model_len > manager.num_tokens_total:
@@ -98,7 +107,7 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
                           f"pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): no request "
                           "could start")
         i = int(np.argmax(final))
-        probe = Request(i, 0.0, int(prompt[i]), int(output[i]), max_model_len)
+        probe = Request(i, 0.0, int(prompt[i]), int(output[i]), max_model_len + v0)
         need = manager.reservation_tokens(probe)
         if need > manager.num_tokens_total:
             validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
@@ -144,10 +153,10 @@ class Engine:
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.kv_cache_manager = kv
-        self.scheduler = Scheduler(config.scheduler, kv)
+        self.scheduler = SCHEDULERS[config.scheduler.scheduler_cls](config.scheduler, kv)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
-        self.fast = fast and not record_block_ids
+        self.fast = fast and not record_block_ids and self.scheduler.supports_decode_run
         self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
         n = workload.num_requests
         # Per request, written once when it finishes (compact arrays; NaN until then).
@@ -187,7 +196,7 @@ class Engine:
             elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
                 blocks = w.prefix_hashes[i]
             self._arrived = Request(i, float(w.arrival_s[i]), int(w.prompt_tokens[i]), int(w.output_tokens[i]),
-                                    self.max_model_len, ids, blocks, w.prefix_block_tokens or 0)
+                                    self.scheduler.max_request_tokens, ids, blocks, w.prefix_block_tokens or 0)
         return self._arrived
 
     def add_arrivals(self) -> None:
@@ -363,7 +372,8 @@ def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_
     config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
     chunked prefill, long_prefill_token_threshold and async_scheduling (vLLM's default on a GPU, True, schedules
     the next batch before the last one's output is known); default DEFAULT_CONFIG (synchronous, the reference the
-    tests and section 6 use).
+    tests and section 6 use). scheduler_cls="v0-2023" serves it with vLLM 0.1.4's scheduler instead (the vLLM
+    paper's: prompt-only steps, a watermark, recompute; see kvlab.core.engine.scheduler_v0), per step.
     cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
     or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
     caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). fast=False: the

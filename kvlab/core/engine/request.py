@@ -27,14 +27,15 @@ class Request:
                  "num_stale_tokens")
 
     def __init__(self, request_id: int, arrival_s: float, num_prompt_tokens: int, max_tokens: int,
-                 max_model_len: int, prompt_token_ids: np.ndarray | None = None,
+                 max_request_tokens: int, prompt_token_ids: np.ndarray | None = None,
                  prompt_block_ids: np.ndarray | None = None, prompt_block_tokens: int = 0):
         self.request_id = request_id
         self.arrival_s = arrival_s
         self.num_prompt_tokens = num_prompt_tokens
         self.max_tokens = max_tokens                       # output tokens it asks for
-        # vLLM's check_stop: finished once num_output_tokens >= max_tokens or num_tokens >= max_model_len.
-        self.max_num_tokens = min(num_prompt_tokens + max_tokens, max_model_len)
+        # vLLM's check_stop: finished once num_output_tokens >= max_tokens or num_tokens >= max_model_len (the
+        # scheduler's max_request_tokens: max_model_len + 1 for vLLM 0.1.4, which stops once past it).
+        self.max_num_tokens = min(num_prompt_tokens + max_tokens, max_request_tokens)
         self.num_tokens = num_prompt_tokens                # prompt + tokens sampled so far
         self.num_computed_tokens = 0                       # tokens whose KV is computed or scheduled
         self.status = WAITING

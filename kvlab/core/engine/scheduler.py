@@ -84,8 +84,11 @@ class SchedulerOutput:
 class Scheduler:
     """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output()."""
 
+    supports_decode_run = True          # the engine's fast path (decode_run) makes this scheduler's decisions
+
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
         self.max_model_len = check_scheduler_config(scheduler)
+        self.max_request_tokens = self.max_model_len   # a request finishes when it reaches these many tokens
         self.max_num_seqs = scheduler.max_num_seqs
         self.max_num_batched_tokens = scheduler.max_num_batched_tokens
         self.enable_chunked_prefill = scheduler.enable_chunked_prefill
@@ -186,11 +189,15 @@ class Scheduler:
                 out.admitted.append(request)
                 scheduled.append((request, n))
                 budget -= n
+        self.account(out)
+        return out
 
+    def account(self, out: SchedulerOutput) -> None:
+        """Move each scheduled request's computed tokens on, mark which sample, and fill in the step's cost inputs."""
         tokens = context = decodes = decode_context = prefills = pairs = 0
         samples = out.samples
         placeholder = self.async_scheduling
-        for request, n in scheduled:
+        for request, n in out.scheduled:
             before = request.num_computed_tokens
             computed = before + n
             request.num_computed_tokens = computed
@@ -213,7 +220,6 @@ class Scheduler:
         out.num_decodes, out.decode_context_tokens = decodes, decode_context
         out.num_prefills, out.prefill_attention_pairs = prefills, pairs
         self.has_finished = False
-        return out
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks, reset its progress and put it at the front of the waiting queue; a batch

@@ -1,0 +1,125 @@
+"""vLLM 0.1.4's scheduler (August 2023, the mid-2023 vLLM the paper measured), FCFS, synchronous, one sequence a request.
+
+Source: vllm-0.1.4 (PyPI sdist = tag v0.1.4), vllm/core/scheduler.py (Scheduler._schedule, _preempt,
+_preempt_by_recompute), vllm/core/block_manager.py (BlockSpaceManager), vllm/core/policy.py (FCFS),
+vllm/engine/llm_engine.py (LLMEngine.step, _stop_sequences), vllm/engine/arg_utils.py (defaults). Each step
+(schedule) is one of two kinds:
+1. a prompt step (scheduler.py:_schedule, lines 114-175), tried first, since nothing is ever swapped (line 115):
+   waiting requests are admitted first come first served (line 122, the head only; the queue is never sorted)
+   while (a) blocks for all of the request's tokens leave at least watermark_blocks free (block_manager.py:
+   can_allocate, lines 81-89: num_free - ceil(len / block_size) >= watermark_blocks, watermark_blocks =
+   int(0.01 x num_gpu_blocks), line 73), (b) the prompts admitted so far plus this one have at most
+   max_num_batched_tokens tokens (lines 143-146; default 2,560, arg_utils.py:28), and (c) fewer than
+   max_num_seqs requests run (lines 148-157; default 256); the first that fails stops the scan. A request
+   admitted gets blocks for all its tokens (block_manager.py:allocate, lines 91-106) and computes them all in
+   this step, which schedules the admitted requests only (lines 165-175): the running ones wait a step.
+2. otherwise a decode step (lines 177-245): the running requests, sorted by arrival (policy.py:FCFS, the
+   earliest first; Python's stable sort), each get one token. Before each, can_append_slot
+   (block_manager.py:108-113) needs at least one free block, whether or not the token opens a new block;
+   while there is none the last request of the sorted list is preempted (lines 188-199: the latest
+   arrival), or the request itself when it is the last. append_slot (lines 115-125) takes a block only when
+   the token opens one. A request preempted is recomputed (scheduler.py:_preempt, lines 351-358: RECOMPUTE
+   for a group of one sequence): its blocks are freed and it goes to the front of the waiting queue
+   (_preempt_by_recompute, lines 364-375), to be admitted again with all its tokens (prompt + output so far).
+update_from_output (llm_engine.py:step and _stop_sequences, lines 438-447): every scheduled request samples one
+token; it finishes when its output has max_tokens tokens or its length passes max_model_len (get_len() >
+max_model_len: one token more than vLLM 0.33 allows, max_request_tokens) and frees its blocks.
+
+The pool: the same usable blocks as the v1 engine's (num_gpu_blocks - 1: vLLM 0.1.4 has no null block, and the
+same KV memory gives it num_gpu_blocks - 1 blocks), so watermark_blocks = int(0.01 x (num_gpu_blocks - 1)).
+The reservation baselines (Orca) reserve on admission with no watermark (a reservation never grows, so
+nothing can be evicted) and never preempt; their decode steps need no free block.
+
+Left out, and why it is inert here (greedy, one sequence per request, no stop strings, no EOS: lengths given):
+swapping (scheduler.py:_preempt_by_swap and the swapped queue, lines 206-230: only groups of several sequences,
+beam search or parallel sampling, are swapped, so the queue stays empty and prompt steps are always tried),
+copy-on-write and fork (beam search only), a prompt longer than min(max_model_len, max_num_batched_tokens)
+ignored (lines 125-137: kvlab refuses such prompts and a max_num_batched_tokens below max_model_len up front,
+so no waiting request, preempted ones included, is ever that long), CPU blocks, the free-block stack's order
+(block ids differ from vLLM 0.1.4's LIFO stack; with no sharing, only their number matters), stop strings
+and EOS. kvlab's engine gives no decode run (fast path) for this scheduler: its steps are the per-step loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kvlab.core.config import SchedulerConfig
+from kvlab.core.engine.request import PREEMPTED, RUNNING
+from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
+from kvlab.core.units import cdiv
+
+WATERMARK = 0.01        # vllm/core/block_manager.py: BlockSpaceManager(watermark=0.01)
+
+
+def watermark_blocks(num_gpu_blocks: int) -> int:
+    """Free blocks an admission must leave: int(0.01 x the usable blocks), as vLLM 0.1.4 counts them."""
+    return int(WATERMARK * (num_gpu_blocks - 1))
+
+
+def blocks_to_finish(prompt_tokens: np.ndarray, final_tokens: np.ndarray, block_size: int,
+                     num_watermark_blocks: int) -> np.ndarray:
+    """Usable blocks each request alone in the pool needs to finish: its longest readmission (all but its last
+    token, plus the watermark) and, if it decodes, its last decode (its blocks and one free)."""
+    admit = cdiv(final_tokens - 1, block_size) + num_watermark_blocks
+    last_decode = np.where(final_tokens - prompt_tokens >= 2, cdiv(final_tokens - 2, block_size) + 1, 0)
+    return np.maximum(admit, last_decode)
+
+
+class SchedulerV0(Scheduler):
+    """vLLM 0.1.4's decisions over the same queues, requests and KV-cache managers as the v1 scheduler."""
+
+    supports_decode_run = False
+
+    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
+        super().__init__(scheduler, kv_cache_manager)
+        self.max_request_tokens = self.max_model_len + 1    # finished once get_len() > max_model_len
+        self.paged = kv_cache_manager.allocation == "paged"
+        self.watermark_blocks = watermark_blocks(kv_cache_manager.pool.num_gpu_blocks) if self.paged else 0
+
+    def schedule(self) -> SchedulerOutput:
+        """A prompt step if any waiting request is admitted, else a decode step of every running request."""
+        out = SchedulerOutput()
+        kv, running, waiting = self.kv_cache_manager, self.running, self.waiting
+        num_batched_tokens = 0
+        while waiting:
+            request = waiting[0]
+            n = request.num_tokens
+            if self.paged and kv.num_free_blocks - cdiv(n, kv.block_size) < self.watermark_blocks:
+                break
+            if num_batched_tokens + n > self.max_num_batched_tokens or len(running) >= self.max_num_seqs:
+                break
+            if not kv.allocate_slots(request, n, full_sequence_must_fit=True):
+                break                           # a reservation that does not fit
+            waiting.popleft()
+            running.append(request)
+            request.status = RUNNING
+            out.admitted.append(request)
+            out.scheduled.append((request, n))
+            num_batched_tokens += n
+        if not out.scheduled:
+            self._decode(out)
+        self.account(out)
+        return out
+
+    def _decode(self, out: SchedulerOutput) -> None:
+        """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
+        kv, running = self.kv_cache_manager, self.running
+        running.sort(key=_arrival_s)
+        i = 0
+        while i < len(running):
+            request = running[i]
+            while self.paged and kv.num_free_blocks < 1:
+                victim = running.pop()          # the latest arrival, or the request itself when it is the last
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is request:
+                    break
+            if request.status == PREEMPTED:
+                break
+            kv.allocate_slots(request, 1)       # a block is free: it cannot fail
+            out.scheduled.append((request, 1))
+            i += 1
+
+
+def _arrival_s(request) -> float:
+    return request.arrival_s
