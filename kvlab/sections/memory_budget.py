@@ -37,10 +37,11 @@ DATASETS = ("ShareGPT", "Alpaca")
 # kvlab's rule for the best block size (chosen before its values were seen): every block size whose normalized
 # latency is within 1% of the lowest counts as best, and kvlab's value is the smallest of them.
 BEST_BLOCK_TOLERANCE = 0.01
-# Why kvlab's Orca (Pow2) and (Oracle) reserve less than the paper's (its §6.5: "due to the buddy allocation
-# algorithm, the Orca baselines reserve the space for 1024 tokens for the request outputs").
-BUDDY_NOTE = ("the paper's Orca places reservations with a buddy allocator (power-of-two sizes, §6.5), kvlab's "
-              "reserve their size exactly and the gaps between them are not modelled")
+# What is left between kvlab's Orca (Pow2) and (Oracle) and the paper's: both place reservations with the buddy
+# allocation algorithm (§6.1; kvlab.core.buddy), but the paper's §6.5 says "due to the buddy allocation algorithm, the
+# Orca baselines reserve the space for 1024 tokens for the request outputs".
+BUDDY_NOTE = ("kvlab's Orca places reservations in power-of-two chunks of a buddy allocator as the paper's does "
+              "(§6.1), but the paper's §6.5 says its Orca reserves 1,024 slots for a request's outputs")
 PAPER_TOKEN_SLOTS = 15_700            # Table 1: "15.7K" token slots for OPT-13B's 12 GB of KV cache
 # The article's section 2 and its memory (section 1: 60 GiB at 0.5 MiB a token; requests up to 4,096 tokens).
 ARTICLE_KV_GIB, ARTICLE_MIB_PER_TOKEN, ARTICLE_MAX_LEN = 60.0, 0.5, 4096
@@ -98,16 +99,19 @@ def serve(point: dict) -> dict:
 def metrics(result, pool_tokens: int) -> dict:
     """What one run gives section 6: normalized latency (mean over requests of (finish - arrival) / output tokens,
     the paper's measure), latency and TTFT, requests batched and waiting (means over steps), the share of
-    the pool's token slots holding token states and held by requests (mean over steps, %), preemptions, throughput,
-    prefix-cache hits."""
+    the pool's token slots holding token states and held by requests (mean over steps, %), the vLLM paper's Fig. 2
+    split of the rest (reservation, internal fragmentation with the buddy's rounding in it, external fragmentation;
+    kvlab.core.engine.records), preemptions, throughput, prefix-cache hits."""
     steps = result.steps
     n = result.num_requests
     outputs = result.num_output_tokens
     latency = result.finish_s - result.arrival_s
     makespan = float(result.finish_s.max() - result.arrival_s.min())
     num_steps = result.num_steps
-    kv = steps["num_kv_tokens"].mean(dtype=np.float64) if num_steps else 0.0
-    held = steps["num_reserved_tokens"].mean(dtype=np.float64) if num_steps else 0.0
+    def mean(name: str) -> float:
+        return float(steps[name].mean(dtype=np.float64)) if num_steps else 0.0
+
+    kv, held = mean("num_kv_tokens"), mean("num_reserved_tokens")
     return {
         "num_requests": n,
         "normalized_latency_s": float(np.mean(latency / np.maximum(outputs, 1))),
@@ -116,10 +120,14 @@ def metrics(result, pool_tokens: int) -> dict:
         "p50_ttft_s": float(np.median(result.ttft_s)),
         "p95_ttft_s": float(np.percentile(result.ttft_s, 95)),
         "mean_tpot_s": result.summary()["mean_tpot_s"],
-        "mean_batched_requests": float(steps["num_running"].mean(dtype=np.float64)) if num_steps else 0.0,
-        "mean_waiting_requests": float(steps["num_waiting"].mean(dtype=np.float64)) if num_steps else 0.0,
+        "mean_batched_requests": mean("num_running"),
+        "mean_waiting_requests": mean("num_waiting"),
         "token_states_pct": 100.0 * kv / pool_tokens,
         "held_pct": 100.0 * held / pool_tokens,
+        "reservation_pct": 100.0 * mean("num_reservation_tokens") / pool_tokens,
+        "internal_frag_pct": 100.0 * mean("num_internal_frag_tokens") / pool_tokens,
+        "rounding_pct": 100.0 * mean("num_rounding_tokens") / pool_tokens,
+        "external_frag_pct": 100.0 * mean("num_external_frag_tokens") / pool_tokens,
         "num_preemptions": int(result.num_preemptions.sum()),
         "preempted_requests_pct": 100.0 * float(np.mean(result.num_preemptions > 0)),
         "output_tokens_per_s": float(outputs.sum()) / makespan if makespan > 0 else float("nan"),
@@ -345,14 +353,20 @@ def fig13_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     """Fig. 2: the share of the KV cache holding token states (mean over steps, %), kvlab beside the paper; also the
-    share requests hold (blocks or reservations), the share of that holding token states, and the requests waiting
-    (mean over steps: a queue means memory is the limit)."""
+    share requests hold (blocks or reservations), the share of that holding token states, the paper's split of the
+    rest (reservation: slots for the requests' future tokens; internal fragmentation: held beyond their final
+    lengths, the buddy's rounding, shown apart too, included; external fragmentation: free slots in chunks too small
+    for the waiting queue's head; others: the free rest), and the requests waiting (mean over steps: a queue means
+    memory is the limit)."""
     mean = _mean_over_seeds(runs[runs["dataset"] == dataset], ["mode"])
     table = pd.DataFrame(index=pd.Index([MODE_LABELS[m] for m in MODES], name="allocation"))
     table["token_states_pct"] = [mean.loc[m, "token_states_pct"] for m in MODES]
     table["paper_token_states_pct"] = paper_values("fig2", "token_states_pct").reindex(table.index).to_numpy()
     table["held_pct"] = [mean.loc[m, "held_pct"] for m in MODES]
     table["token_states_of_held_pct"] = 100.0 * table["token_states_pct"] / table["held_pct"]
+    for column in ("reservation_pct", "internal_frag_pct", "rounding_pct", "external_frag_pct"):
+        table[column] = [mean.loc[m, column] for m in MODES]
+    table["others_pct"] = 100.0 - table["held_pct"] - table["external_frag_pct"]
     table["mean_waiting_requests"] = [mean.loc[m, "mean_waiting_requests"] for m in MODES]
     return table
 
