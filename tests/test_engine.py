@@ -62,8 +62,9 @@ def engine_runs(draw):
     if allocation == "paged":
         least = max(-(-(f - 1) // bs) for f in final) + 1
     else:
-        least = -(-max(max_model_len if allocation == "max" else 1 << (f - 1).bit_length() if allocation == "pow2"
-                       else f for f in final) // bs) + 1
+        asked = [max_model_len if allocation == "max" else min(p + (1 << (f - p - 1).bit_length()), max_model_len)
+                 if allocation == "pow2" else f for p, f in zip(prompts, final)]
+        least = -(-(1 << (max(asked) - 1).bit_length()) // bs) + 1     # the largest buddy arena holds its chunk
     num_gpu_blocks = least + draw(st.sampled_from([0, 0, 1, 3, 10, 400]))
     cost = draw(st.sampled_from([ConstantStepCost(8.0), ConstantStepCost(10.0), LinearStepCost(5.0, 0.1),
                                  LinearStepCost(2.0, 0.013)]))
@@ -133,6 +134,18 @@ def test_invariants_hold(args):
         assert result.num_preemptions.sum() == 0
         assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
         assert engine.kv_cache_manager.num_free_tokens == engine.kv_cache_manager.num_tokens_total
+        engine.kv_cache_manager.buddy.check_invariants()
+        # Fig. 2's split: token states + reservation + internal fragmentation == held; rounding within internal
+        reservation, internal = steps["num_reservation_tokens"], steps["num_internal_frag_tokens"]
+        assert (steps["num_kv_tokens"] + reservation + internal == steps["num_reserved_tokens"]).all()
+        assert (reservation >= 0).all() and (steps["num_rounding_tokens"] <= internal).all()
+        if args["allocation"] == "oracle":     # it asks exactly its final length: all it wastes is rounding
+            assert np.array_equal(steps["num_rounding_tokens"], internal)
+        external = steps["num_external_frag_tokens"]
+        pool = engine.kv_cache_manager.num_tokens_total
+        assert (external <= pool - steps["num_reserved_tokens"]).all() and (external >= 0).all()
+        if not settings_.scheduler.async_scheduling:
+            assert (external[steps["num_waiting"] == 0] == 0).all()
     # tokens conserved: since its last admission each request computed exactly its tokens but the last sampled one
     # (async: or it finished in the waiting queue by the token of a batch in flight when it was preempted, so
     # before that preemption)
@@ -169,12 +182,49 @@ def test_reservations_admit_by_their_size_and_never_preempt():
                           num_gpu_blocks=17, allocation=allocation)    # 64 token slots
         assert result.num_preemptions.sum() == 0
         blocks[allocation] = result.steps["num_running"][0]
-    # oracle reserves 16 slots each (all 4 fit), pow2 16 (all 4), max 64 (only 1 at a time)
-    assert blocks == {"oracle": 4, "pow2": 4, "max": 1}
-    w = Workload(np.zeros(4), np.full(4, 10), np.array([7, 7, 7, 7]))   # 17 tokens: pow2 reserves 32
+    # oracle asks 16 slots each (all 4 fit), pow2 10 + 8 = 18 (a chunk of 32: 2 fit), max 64 (only 1 at a time)
+    assert blocks == {"oracle": 4, "pow2": 2, "max": 1}
+    w = Workload(np.zeros(4), np.full(4, 10), np.array([7, 7, 7, 7]))   # 17 tokens: pow2 asks 18, a chunk of 32
     result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
                       num_gpu_blocks=17, allocation="pow2")
     assert result.steps["num_running"][0] == 2 and result.steps["num_reserved_tokens"][0] == 64
+
+
+def test_orca_max_holds_seven_requests_of_2048_in_the_opt_13b_pool():
+    """Section 6's pool (983 blocks of 16 = 15,728 slots: arenas of 8,192, 4,096, 2,048 and smaller) holds 4 + 2 + 1
+    chunks of max_model_len 2,048, and the 1,360 slots left are too small for an eighth (external fragmentation)."""
+    w = Workload(np.zeros(9), np.full(9, 100), np.full(9, 50))
+    result = simulate(w, config(block_size=16, max_model_len=2048), num_gpu_blocks=984, allocation="max")
+    steps = result.steps
+    assert steps["num_running"].max() == 7 and steps["num_running"][0] == 7
+    assert steps["num_reserved_tokens"][0] == 7 * 2048 and steps["num_external_frag_tokens"][0] == 15_728 - 7 * 2048
+    assert steps["num_internal_frag_tokens"][0] == 7 * (2048 - 150) and steps["num_rounding_tokens"][0] == 0
+
+
+def test_pow2_reserves_the_prompt_plus_a_power_of_two_of_the_output():
+    """§6.1 of the vLLM paper: an output of 25 tokens reserves 32 positions, beside the prompt: 100 + 32 = 132 slots
+    asked, a buddy chunk of 256; internal fragmentation is the 7 output slots and the 124 of the rounding."""
+    w = Workload(np.zeros(1), np.array([100]), np.array([25]))
+    result = simulate(w, config(block_size=16, max_model_len=2048), num_gpu_blocks=65, allocation="pow2")
+    steps = result.steps
+    assert steps["num_reserved_tokens"][0] == 256
+    assert steps["num_rounding_tokens"][0] == 256 - 132 and steps["num_internal_frag_tokens"][0] == 256 - 125
+    assert steps["num_reservation_tokens"][0] == 125 - 100    # its prefill computed 100 tokens
+
+
+def test_admission_waits_for_a_chunk_though_enough_slots_are_free():
+    """64 slots (one arena): A, B and C take chunks of 16 at 0, 16 and 32; B finishes first and frees 16 at 16, so 32
+    slots are free (16 at 16, 16 at 48) but not as one chunk: D (32 slots) waits until A and C finish."""
+    w = Workload(np.zeros(4), np.full(4, 8), np.array([8, 2, 8, 24]))
+    result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+                      num_gpu_blocks=17, allocation="oracle", fast=False)
+    steps = result.steps
+    b_done = result.finish_s[1]
+    refused = (steps["end_s"] >= b_done) & (steps["end_s"] < result.finish_s[0]) & (steps["num_waiting"] == 1)
+    assert refused.any()
+    assert (64 - steps["num_reserved_tokens"][refused] == 32).all() and (steps["num_external_frag_tokens"][refused] == 32).all()
+    assert result.first_scheduled_s[3] >= max(result.finish_s[0], result.finish_s[2])
+    assert steps["num_external_frag_tokens"][0] == 16          # before B finishes: 16 free at 48, D needs 32
 
 
 def test_paged_allocation_preempts_where_oracle_reservation_waits():
@@ -183,7 +233,9 @@ def test_paged_allocation_preempts_where_oracle_reservation_waits():
     paged = simulate(w, settings_, num_gpu_blocks=13)
     oracle = simulate(w, settings_, num_gpu_blocks=13, allocation="oracle")
     assert paged.num_preemptions.sum() > 0 and oracle.num_preemptions.sum() == 0
-    assert oracle.steps["num_running"][0] == 2     # 2 x 24 slots of 48
+    # 48 slots are buddy arenas of 32 and 16: one request's 24 slots take a chunk of 32, and the 16 free slots are
+    # too small for the next one (external fragmentation)
+    assert oracle.steps["num_running"][0] == 1 and oracle.steps["num_external_frag_tokens"][0] == 16
 
 
 # ---------------------------------------------------------------- the article's model inside the engine

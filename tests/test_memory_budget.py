@@ -217,3 +217,16 @@ def test_the_estimate_of_the_default_run_fits_the_reports_budget():
     assert 20 < estimate.seconds < 120 and estimate.peak_bytes < 2**30
     bigger = parameters.estimate("06_memory_budget", defaults | {"NUM_SEEDS": 5})
     assert bigger.seconds > 2 * estimate.seconds          # the grids grow with the seeds, the traces do not
+
+
+def test_a_kv_cache_must_hold_a_buddy_chunk_of_max_model_len():
+    """1,500 tokens take a buddy chunk of 2,048: 1.5 GiB of OPT-13B (1,952 slots) holds 1,500 slots but no such chunk."""
+    from kvlab.sections.paper_setting import PaperSetting
+
+    setting = PaperSetting(max_model_len=1500)
+    assert setting.pool_tokens(kv_cache_gib=1.5) == 1_952
+    with pytest.raises(ValueError, match=r"^KV_CACHE_GIB=1.5 is not allowed: holds 1,952 token slots, fewer than one "
+                                         r"request of max_model_len=1,500 tokens needs \(a buddy chunk of 2,048; at "
+                                         r"least 1\.57 GiB\)$"):
+        setting.check_fits("KV_CACHE_GIB", 1.5)
+    setting.check_fits("KV_CACHE_GIB", 1.6)

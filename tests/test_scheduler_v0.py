@@ -135,9 +135,11 @@ def v0_runs(draw):
         num_gpu_blocks = least + extra + 1
     else:
         extra = 100 if extra == "watermark" else extra
-        need = [max_model_len if allocation == "max" else min(1 << (int(f) - 1).bit_length(), max_model_len + 1)
-                if allocation == "pow2" else int(f) for f in final]
-        num_gpu_blocks = -(-max(need) // bs) + 1 + extra
+        need = [max_model_len if allocation == "max" else min(int(p) + (1 << (int(f - p) - 1).bit_length()),
+                                                              max_model_len)
+                if allocation == "pow2" else int(f) for p, f in zip(prompts, final)]
+        chunk = 1 << (max(need) - 1).bit_length()      # the buddy allocator's chunk for the largest
+        num_gpu_blocks = -(-chunk // bs) + 1 + extra
     cost = draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(5.0, 0.1), LinearStepCost(2.0, 0.013)]))
     w = Workload(np.cumsum(gaps) - gaps[0], prompts, outputs)
     config = v0(block_size=bs, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len)

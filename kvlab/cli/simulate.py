@@ -124,7 +124,7 @@ def add_vllm_engine_flags(p) -> None:
                    "0: no cap)")
     g.add_argument("--allocation", default="paged", choices=list(vllm_engine.ALLOCATIONS),
                    help="paged (vLLM, default), or a reservation at admission from a token pool of the same memory "
-                   "that never preempts: max (max_model_len), pow2 (next power of two of the final length), oracle "
+                   "that never preempts: max (max_model_len), pow2 (prompt + next power of two of the output), oracle "
                    "(the final length)")
     g.add_argument("--cost", default=None, choices=STEP_COSTS,
                    help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "

@@ -8,9 +8,10 @@ from kvlab.sections.budget_runs import MODE_LABELS, MODES
 from kvlab.sections.budget_tables import BEST_BLOCK_TOLERANCE, SECTION, mean_over_seeds, best_block_size
 from kvlab.sections.paper_setting import PaperSetting
 
-# Why kvlab's Orca (Pow2) and (Oracle) reserve less than the paper's (its §6.5: "due to the buddy allocation
-# algorithm, the Orca baselines reserve the space for 1024 tokens for the request outputs").
-BUDDY_NOTE = "the paper's Orca reserved with a buddy allocator (§6.5), kvlab's reserves exact sizes"
+# Orca's reservations: both kvlab's and the paper's place them with the buddy allocation algorithm (§6.1;
+# kvlab.core.buddy), but the paper's §6.5 says "due to the buddy allocation algorithm, the Orca baselines reserve the
+# space for 1024 tokens for the request outputs".
+BUDDY_NOTE = "kvlab's Orca reserves through a buddy allocator as the paper's did (§6.1)"
 # Why a figure that needs a full cache misses at the paper's rate.
 FASTER_NOTE = "kvlab's roofline step is faster than the paper's measured kernels, so the cache never fills"
 

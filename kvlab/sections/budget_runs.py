@@ -37,16 +37,20 @@ def serve(point: dict) -> dict:
 def metrics(result, pool_tokens: int) -> dict:
     """What one run gives section 6: normalized latency (mean over requests of (finish - arrival) / output tokens,
     the paper's measure), latency and TTFT, requests batched and waiting (means over steps), the share of
-    the pool's token slots holding token states and held by requests (mean over steps, %), preemptions, throughput,
-    prefix-cache hits."""
+    the pool's token slots holding token states and held by requests (mean over steps, %), the vLLM paper's Fig. 2
+    split of the rest (reservation, internal fragmentation with the buddy's rounding in it, external fragmentation;
+    kvlab.core.engine.records), preemptions, throughput, prefix-cache hits."""
     steps = result.steps
     n = result.num_requests
     outputs = result.num_output_tokens
     latency = result.finish_s - result.arrival_s
     makespan = float(result.finish_s.max() - result.arrival_s.min())
     num_steps = result.num_steps
-    kv = steps["num_kv_tokens"].mean(dtype=np.float64) if num_steps else 0.0
-    held = steps["num_reserved_tokens"].mean(dtype=np.float64) if num_steps else 0.0
+
+    def mean(name: str) -> float:
+        return float(steps[name].mean(dtype=np.float64)) if num_steps else 0.0
+
+    kv, held = mean("num_kv_tokens"), mean("num_reserved_tokens")
     return {
         "num_requests": n,
         "normalized_latency_s": float(np.mean(latency / np.maximum(outputs, 1))),
@@ -55,10 +59,14 @@ def metrics(result, pool_tokens: int) -> dict:
         "p50_ttft_s": float(np.median(result.ttft_s)),
         "p95_ttft_s": float(np.percentile(result.ttft_s, 95)),
         "mean_tpot_s": result.summary()["mean_tpot_s"],
-        "mean_batched_requests": float(steps["num_running"].mean(dtype=np.float64)) if num_steps else 0.0,
-        "mean_waiting_requests": float(steps["num_waiting"].mean(dtype=np.float64)) if num_steps else 0.0,
+        "mean_batched_requests": mean("num_running"),
+        "mean_waiting_requests": mean("num_waiting"),
         "token_states_pct": 100.0 * kv / pool_tokens,
         "held_pct": 100.0 * held / pool_tokens,
+        "reservation_pct": 100.0 * mean("num_reservation_tokens") / pool_tokens,
+        "internal_frag_pct": 100.0 * mean("num_internal_frag_tokens") / pool_tokens,
+        "rounding_pct": 100.0 * mean("num_rounding_tokens") / pool_tokens,
+        "external_frag_pct": 100.0 * mean("num_external_frag_tokens") / pool_tokens,
         "num_preemptions": int(result.num_preemptions.sum()),
         "preempted_requests_pct": 100.0 * float(np.mean(result.num_preemptions > 0)),
         "output_tokens_per_s": float(outputs.sum()) / makespan if makespan > 0 else float("nan"),

@@ -160,14 +160,20 @@ def fig13_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     """Fig. 2: the share of the KV cache holding token states (mean over steps, %), kvlab beside the paper; also the
-    share requests hold (blocks or reservations), the share of that holding token states, and the requests waiting
-    (mean over steps: a queue means memory is the limit)."""
+    share requests hold (blocks or reservations), the share of that holding token states, the paper's split of the
+    rest (reservation: slots for the requests' future tokens; internal fragmentation: held beyond their final
+    lengths, the buddy's rounding, shown apart too, included; external fragmentation: free slots in chunks too small
+    for the waiting queue's head; others: the free rest), and the requests waiting (mean over steps: a queue means
+    memory is the limit)."""
     mean = mean_over_seeds(runs[runs["dataset"] == dataset], ["mode"])
     table = pd.DataFrame(index=pd.Index([MODE_LABELS[m] for m in MODES], name="allocation"))
     table["token_states_pct"] = [mean.loc[m, "token_states_pct"] for m in MODES]
     table["paper_token_states_pct"] = paper_values("fig2", "token_states_pct").reindex(table.index).to_numpy()
     table["held_pct"] = [mean.loc[m, "held_pct"] for m in MODES]
     table["token_states_of_held_pct"] = 100.0 * table["token_states_pct"] / table["held_pct"]
+    for column in ("reservation_pct", "internal_frag_pct", "rounding_pct", "external_frag_pct"):
+        table[column] = [mean.loc[m, column] for m in MODES]
+    table["others_pct"] = 100.0 - table["held_pct"] - table["external_frag_pct"]
     table["mean_waiting_requests"] = [mean.loc[m, "mean_waiting_requests"] for m in MODES]
     return table
 

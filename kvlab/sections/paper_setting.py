@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from kvlab.core import capacity, models, validate
+from kvlab.core.buddy import chunk_order
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import RooflineStepCost
 from kvlab.core.units import GIB, cdiv
@@ -80,12 +81,15 @@ class PaperSetting:
         return RooflineStepCost.from_specs(self.model_spec, self.gpu_spec, self.config())
 
     def check_fits(self, name: str = "kv_cache_gib", kv_cache_gib: float | None = None) -> None:
-        """One request of max_model_len must fit the pool (else Orca (Max) could start nothing)."""
+        """One request of max_model_len must fit the pool's largest buddy arena (else Orca (Max) could start
+        nothing): the pool holds at least the next power of two of max_model_len token slots."""
         gib = self.kv_cache_gib if kv_cache_gib is None else kv_cache_gib
-        if self.pool_tokens(kv_cache_gib=gib) < self.max_model_len:
-            need = (cdiv(self.max_model_len, self.block_size) + 1) * self.block_size * self.kv_bytes_per_token / GIB
+        chunk = 1 << chunk_order(self.max_model_len)
+        if self.pool_tokens(kv_cache_gib=gib) < chunk:
+            need = (cdiv(chunk, self.block_size) + 1) * self.block_size * self.kv_bytes_per_token / GIB
             validate.fail(name, gib, f"holds {self.pool_tokens(kv_cache_gib=gib):,} token slots, fewer than one "
-                          f"request of max_model_len={self.max_model_len:,} tokens needs (at least {need:.2f} GiB)")
+                          f"request of max_model_len={self.max_model_len:,} tokens needs (a buddy chunk of {chunk:,}; "
+                          f"at least {need:.2f} GiB)")
 
     @property
     def is_papers(self) -> bool:

@@ -113,7 +113,7 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     if not scheduler.enable_chunked_prefill and n > budget_left:
         return False
     if engine.allocation != "paged":
-        return kv.reservation_tokens(request) <= kv.num_free_tokens
+        return kv.can_reserve(request)
     return kv.blocks_to_admit(request, hits) <= kv.num_free_blocks - blocks_taken
 
 
@@ -147,6 +147,7 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     running = scheduler.running
     num_running = len(running)
     held = take_blocks(engine, k, phases)
+    split = split_before(engine) if engine.reserving else None
     finished = []
     for request in running:
         request.num_computed_tokens += k
@@ -183,10 +184,33 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
                 waiting += 1
             num_waiting.append(waiting)
     engine.steps.extend(times, num_running, num_waiting, held, kv_tokens)
+    if split is not None:
+        waiting = [num_waiting] * k if isinstance(num_waiting, int) else num_waiting
+        add_split(engine, split, waiting[:k - 1])
+        engine.record_split(split[0] if waiting[-1] else None)     # the last step's, after the finishes
     if engine.record_scheduled:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))
     engine.clock = end
+
+
+def split_before(engine) -> tuple:
+    """A reservation pool's Fig. 2 counts before a decode run: (the waiting queue's head, else the next request to
+    arrive, or None; final tokens; rounding; external fragmentation against that head)."""
+    kv, waiting = engine.kv_cache_manager, engine.scheduler.waiting
+    head = waiting[0] if waiting else engine.peek_arrival() if engine.next_arrival < len(engine.arrival_list) else None
+    return head, kv.num_final_tokens, kv.buddy.num_rounding_slots, kv.external_fragmentation(head)
+
+
+def add_split(engine, split: tuple, waiting: list[int]) -> None:
+    """Record split's counts for steps whose waiting counts (never falling in a run) are waiting: no external
+    fragmentation while nothing waits."""
+    _, final, rounding, external = split
+    idle = bisect_left(waiting, 1)
+    if idle:
+        engine.steps.add_split(final, rounding, 0, idle)
+    if len(waiting) > idle:
+        engine.steps.add_split(final, rounding, external, len(waiting) - idle)
 
 
 # ---------------------------------------------------------------- asynchronous scheduling
@@ -336,6 +360,8 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     scheduler.has_finished = True
     engine.clock = end_k                            # it waited for batch k's output
     engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.held(), context)
+    if engine.reserving:
+        engine.record_split(scheduler.waiting[0] if scheduler.waiting else None)
     queue.append((out, end_k, end, num_running, num_waiting, True))
     return end
 
@@ -347,6 +373,7 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     num_running = len(running)
     in_flight, start0, end0, running0, waiting0, _ = queue.popleft()
     held = take_blocks(engine, k, phases)
+    split = split_before(engine) if engine.reserving else None
     for request in running:
         if request.num_tokens == request.num_prompt_tokens:
             request.first_token_s = end0            # its prefill's last chunk was in batch 0
@@ -387,6 +414,8 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
             engine.steps.extend(times[:k], num_running, later if isinstance(later, int) else later[1:k],
                                 held[1:], kv_tokens[1:])
     num_waiting_k = later if isinstance(later, int) else later[k]
+    if split is not None:   # batch j's record is read at its output, when the waiting count is batch j + 1's
+        add_split(engine, split, [later] * k if isinstance(later, int) else later[1:k + 1])
     if engine.record_scheduled:
         batch = [(r.request_id, 1) for r in running]
         engine.scheduled_log.extend((list(batch), []) for _ in range(k))

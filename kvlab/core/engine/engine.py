@@ -102,17 +102,18 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
                           "vLLM's null block): it could never finish")
     else:
         manager = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
-        if allocation == "max" and max_model_len > manager.num_tokens_total:
-            validate.fail("allocation", "max", f"reserves max_model_len={max_model_len:,} token slots a request but the "
-                          f"pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): no request "
-                          "could start")
-        i = int(np.argmax(final))
-        probe = Request(i, 0.0, int(prompt[i]), int(output[i]), max_model_len + v0)
-        need = manager.reservation_tokens(probe)
-        if need > manager.num_tokens_total:
+        largest = manager.buddy.largest_free_chunk
+        where = (f"the pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size) in buddy arenas of "
+                 f"at most {largest:,}")
+        if allocation == "max" and max_model_len > largest:
+            validate.fail("allocation", "max", f"reserves max_model_len={max_model_len:,} token slots a request but "
+                          f"{where}: no request could start")
+        reservations = manager.reservation_tokens_of(prompt, final)
+        i = int(np.argmax(reservations))
+        if reservations[i] > largest:
             validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
-                          f"reserves {need:,} token slots with allocation={allocation} but the pool holds "
-                          f"{manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size): it could never start")
+                          f"reserves {int(reservations[i]):,} token slots with allocation={allocation} but {where}: "
+                          "it could never start")
 
 
 def check_pool(num_gpu_blocks: int) -> int:
@@ -166,6 +167,7 @@ class Engine:
         self.num_preemptions = array("q", [0]) * n
         self.num_output_tokens = array("q", [0]) * n
         self.steps = StepLog(bs, allocation == "paged")
+        self.reserving = allocation != "paged"
         self.scheduled_log = [] if record_scheduled else None
         self.block_ids_log = [] if record_block_ids else None
         self.freed_tables = [] if record_frees else None
@@ -257,6 +259,8 @@ class Engine:
         self.num_kv_tokens = num_kv_tokens
         self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.held(),
                           num_kv_tokens, len(out.preempted), out.num_hit_tokens)
+        if self.reserving:
+            self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         self.all_decoding = num_sampled - len(finished) == len(scheduler.running)
         self.clock = end
 
@@ -323,7 +327,15 @@ class Engine:
                 self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.held(),
                                   sum(r.num_computed_tokens for r in scheduler.running), len(out.preempted),
                                   out.num_hit_tokens)
+                if self.reserving:
+                    self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         return self.result()
+
+    def record_split(self, head: Request | None) -> None:
+        """Add the reservation pool's Fig. 2 counts for the last step (external fragmentation against head: the
+        waiting queue's head, or None when nothing waits)."""
+        kv = self.kv_cache_manager
+        self.steps.add_split(kv.num_final_tokens, kv.buddy.num_rounding_slots, kv.external_fragmentation(head))
 
     def finished(self, request: Request, end_s: float) -> None:
         """Write a finished request's record."""
@@ -346,7 +358,8 @@ class Engine:
                           f"{self.num_gpu_blocks - 1:,} usable blocks are free")
             else:
                 detail = (f"; the head of the waiting queue, request {head.request_id}, reserves "
-                          f"{kv.reservation_tokens(head):,} token slots and {kv.num_free_tokens:,} are free")
+                          f"{kv.reservation_tokens(head):,} token slots and {kv.num_free_tokens:,} are free, in chunks "
+                          f"of at most {kv.buddy.largest_free_chunk:,}")
         return (f"no progress possible at t={self.clock:.6f} s: a step scheduled nothing with {len(scheduler.running)} "
                 f"running, {len(scheduler.waiting)} waiting and {len(self.arrival_s) - self.next_arrival} not yet "
                 f"arrived requests{detail}; vLLM would wait forever (first come, first served)")

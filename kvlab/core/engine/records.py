@@ -19,6 +19,12 @@ STEP_FIELDS = (
                               # included: a shared block counts once per request holding it) after the step
     "num_preemptions",        # requests preempted in the step
     "num_hit_tokens",         # prompt tokens the step's admissions found in the prefix cache
+    # The vLLM paper's Fig. 2 split of num_reserved_tokens - num_kv_tokens (reservations: from the buddy allocator;
+    # paged: every slot held beyond the token states is internal fragmentation, the empty end of a last block):
+    "num_reservation_tokens",     # slots held for the requests' future tokens within their final lengths
+    "num_internal_frag_tokens",   # slots held beyond the requests' final lengths, the buddy's rounding included
+    "num_rounding_tokens",        # of those, the buddy's: chunk slots beyond the size asked
+    "num_external_frag_tokens",   # free slots in buddy chunks too small for the waiting queue's head (0: none waits)
 )
 
 
@@ -51,7 +57,8 @@ class StepLog:
     Stored: each step's end time (its start is the previous step's end except after an idle gap, kept
     aside), what the running requests hold (blocks of the paged pool, or reserved token slots) and their
     computed tokens; scheduled tokens, running and waiting requests as runs of equal values; preemptions
-    and prefix hits, rare, as (step, count) events."""
+    and prefix hits, rare, as (step, count) events; for a reservation pool also the final lengths of the
+    chunks' holders, the buddy's rounding and the external fragmentation, as runs of equal values."""
 
     def __init__(self, block_size: int, paged: bool):
         self.block_size, self.paged = block_size, paged
@@ -61,6 +68,9 @@ class StepLog:
         self.num_scheduled_tokens, self.num_running, self.num_waiting = Runs(), Runs(), Runs()
         self.preemptions: list[tuple[int, int]] = []
         self.hits: list[tuple[int, int]] = []
+        # Reservations only (empty when paged): final lengths of the chunks' holders, the buddy's rounding and the
+        # external fragmentation, as runs (they change only when a chunk is taken or freed or the head changes).
+        self.num_final_tokens, self.num_rounding_tokens, self.num_external_frag_tokens = Runs(), Runs(), Runs()
 
     def __len__(self) -> int:
         return len(self.end_s)
@@ -81,6 +91,13 @@ class StepLog:
         self.num_scheduled_tokens.add(num_tokens)
         self.num_running.add(num_running)
         self.num_waiting.add(num_waiting)
+
+    def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int,
+                  count: int = 1) -> None:
+        """Add a reservation pool's Fig. 2 counts for the last count steps added."""
+        self.num_final_tokens.add(num_final_tokens, count)
+        self.num_rounding_tokens.add(num_rounding_tokens, count)
+        self.num_external_frag_tokens.add(num_external_frag_tokens, count)
 
     def extend(self, times: list[float], num_running: int, num_waiting: list[int] | int, held: list[int],
                num_kv_tokens: list[int]) -> None:
@@ -144,6 +161,9 @@ class StepRecords(Mapping):
         if name == "num_kv_tokens":
             return view(log.num_kv_tokens, "i8")
         held = view(log.held, "i8")
+        if name in ("num_reservation_tokens", "num_internal_frag_tokens", "num_rounding_tokens",
+                    "num_external_frag_tokens"):
+            return self._split(name, held)
         if name == "num_blocks_in_use":
             return held if log.paged else -(-held // log.block_size)
         if name == "num_reserved_tokens":
@@ -152,6 +172,19 @@ class StepRecords(Mapping):
         for step, count in log.preemptions if name == "num_preemptions" else log.hits:
             counts[step] = count
         return counts
+
+
+    def _split(self, name: str, held: np.ndarray) -> np.ndarray:
+        log = self._log
+        if log.paged:
+            if name == "num_internal_frag_tokens":   # a prefix hit shared by requests counts once per holder in
+                # num_kv_tokens, so token states may exceed the slots held: then no slot is wasted
+                return np.maximum(self["num_reserved_tokens"] - self["num_kv_tokens"], 0)
+            return np.zeros(len(held), dtype=np.int64)
+        if name in ("num_rounding_tokens", "num_external_frag_tokens"):
+            return getattr(log, name).expand()
+        final = log.num_final_tokens.expand()
+        return final - self["num_kv_tokens"] if name == "num_reservation_tokens" else held - final
 
 
 @dataclass(frozen=True, eq=False)
