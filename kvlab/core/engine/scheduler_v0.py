@@ -81,16 +81,11 @@ class SchedulerV0(Scheduler):
         out = SchedulerOutput()
         kv, running, waiting = self.kv_cache_manager, self.running, self.waiting
         num_batched_tokens = 0
-        while waiting:
-            request = waiting[0]
+        while waiting and self.can_admit(waiting[0], num_batched_tokens):
+            request = waiting.popleft()
             n = request.num_tokens
-            if self.paged and kv.num_free_blocks - cdiv(n, kv.block_size) < self.watermark_blocks:
-                break
-            if num_batched_tokens + n > self.max_num_batched_tokens or len(running) >= self.max_num_seqs:
-                break
-            if not kv.allocate_slots(request, n, full_sequence_must_fit=True):
-                break                           # a reservation that does not fit
-            waiting.popleft()
+            allocated = kv.allocate_slots(request, n, full_sequence_must_fit=True)
+            assert allocated                    # can_admit checked its blocks or its reservation
             running.append(request)
             request.status = RUNNING
             out.admitted.append(request)
@@ -100,6 +95,20 @@ class SchedulerV0(Scheduler):
             self._decode(out)
         self.account(out)
         return out
+
+    def can_admit(self, request, num_batched_tokens: int = 0, num_blocks_taken: int = 0) -> bool:
+        """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken
+        blocks fewer free than now (side-effect free): the token budget, max_num_seqs, then the watermark (blocks
+        for all its tokens leave watermark_blocks free) or its reservation."""
+        n = request.num_tokens
+        if num_batched_tokens + n > self.max_num_batched_tokens or len(self.running) >= self.max_num_seqs:
+            return False
+        kv = self.kv_cache_manager
+        if not self.paged:
+            return kv.reservation_tokens(request) <= kv.num_free_tokens
+        num_free = kv.num_free_blocks - num_blocks_taken
+        return num_free - cdiv(n, kv.block_size) >= self.watermark_blocks and \
+            kv.blocks_to_admit(request, []) <= num_free
 
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
