@@ -37,7 +37,8 @@ copy-on-write and fork (beam search only), a prompt longer than min(max_model_le
 ignored (lines 125-137: kvlab refuses such prompts and a max_num_batched_tokens below max_model_len up front,
 so no waiting request, preempted ones included, is ever that long), CPU blocks, the free-block stack's order
 (block ids differ from vLLM 0.1.4's LIFO stack; with no sharing, only their number matters), stop strings
-and EOS. kvlab's engine gives no decode run (fast path) for this scheduler: its steps are the per-step loop.
+and EOS. kvlab's engine jumps over its decode runs as over vLLM 0.33's (decode_run, under its two rules: admission
+before a step's decodes, a free block before every decode); tests/test_scheduler_v0.py holds it to the per-step loop.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def blocks_to_finish(prompt_tokens: np.ndarray, final_tokens: np.ndarray, block_
 class SchedulerV0(Scheduler):
     """vLLM 0.1.4's decisions over the same queues, requests and KV-cache managers as the v1 scheduler."""
 
-    supports_decode_run = False
+    admits_before_decodes = True
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
         super().__init__(scheduler, kv_cache_manager)
@@ -113,7 +114,7 @@ class SchedulerV0(Scheduler):
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
         kv, running = self.kv_cache_manager, self.running
-        running.sort(key=_arrival_s)
+        running.sort(key=_arrival_s)            # a no-op: FCFS keeps them in arrival order (tests check it)
         i = 0
         while i < len(running):
             request = running[i]
