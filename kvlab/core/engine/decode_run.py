@@ -14,6 +14,14 @@ and the step cost stays the same or changes in closed form: every step cost give
 Step times are the same float additions as the per-step loop, in the same order; blocks are taken from the
 free queue in the per-step loop's order (step by step, in running order); and the per-step records are
 filled in, so a run is indistinguishable from its steps (tests/test_engine.py checks it).
+
+vLLM 0.1.4's scheduler (scheduler_v0, synchronous only) has the same runs under two rules of its own: a step
+admits before it decodes (a step of prompts only), so a request is admitted at step j after the blocks of
+steps 0..j-1 are gone; and every decode needs a free block before its own (can_append_slot), so the run's
+blocks leave one free, or the last one goes to the last decode of the run's last step, the last running
+request's. Its decode steps sort the running requests by arrival, which changes nothing: admission first come
+first served and preemption from the back of the running list to the front of the waiting queue keep them in
+arrival order. tests/test_scheduler_v0.py holds it to the per-step loop.
 """
 from __future__ import annotations
 
@@ -27,12 +35,13 @@ from kvlab.core.engine.scheduler import SchedulerOutput
 def run(engine) -> bool:
     """Do the next decode run of at least 2 steps; False (nothing changed) if there is none."""
     scheduler = engine.scheduler
+    v0 = scheduler.admits_before_decodes
     running = scheduler.running
     num_running = len(running)
     if head_admitted(engine):
         return False
     k = min([r.max_num_tokens - r.num_tokens for r in running])   # the run's last step: a first finish
-    limits = run_limits(engine, k)
+    limits = run_limits(engine, k, v0=v0)
     if limits is None:
         return False
     k, phases, budget_left, may_admit = limits
@@ -42,7 +51,7 @@ def run(engine) -> bool:
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
         if joins < k:
-            periods, rest = divmod(joins + 1, bs)
+            periods, rest = divmod(joins + (not v0), bs)            # the steps whose blocks are gone by then
             taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
             if admissible(engine, engine.peek_arrival(), budget_left, taken):
                 if joins < 2:
@@ -64,12 +73,13 @@ def head_admitted(engine) -> bool:
     return admissible(engine, scheduler.waiting[0], budget_left, num_running if engine.allocation == "paged" else 0)
 
 
-def run_limits(engine, k: int, min_steps: int = 2):
+def run_limits(engine, k: int, min_steps: int = 2, v0: bool = False):
     """How long a decode run of at most k steps may last: (k, each request's block phase or None for
     reservations, the budget left by the decodes, whether a request may be admitted), or None (under 2 steps).
 
     The waiting queue's head must be refused in the first step (it then stays refused), and the pool must have
-    a block for every block boundary the running requests cross."""
+    a block for every block boundary the running requests cross; v0: vLLM 0.1.4's rules (the module's docstring).
+    A run shorter than min_steps is None."""
     if k < min_steps:
         return None
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
@@ -82,14 +92,27 @@ def run_limits(engine, k: int, min_steps: int = 2):
     bs = engine.block_size
     # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
     phases = [-r.num_computed_tokens % bs for r in running] if paged else None
-    if head is not None and admissible(engine, head, budget_left, phases.count(0) if paged else 0):
+    if head is not None and admissible(engine, head, budget_left, phases.count(0) if paged and not v0 else 0):
         return None
     if paged:
-        full_periods, left = divmod(kv.num_free_blocks, num_running)
-        k = min(k, full_periods * bs + sorted(phases)[left])        # the last step every crossing finds a block
+        k = min(k, steps_with_blocks(phases, kv.num_free_blocks, bs, v0))
         if k < min_steps:
             return None
     return k, phases, budget_left, may_admit
+
+
+def steps_with_blocks(phases: list[int], num_free_blocks: int, block_size: int, v0: bool = False) -> int:
+    """The most decode steps num_free_blocks cover: a block for every block boundary crossed, the running
+    requests (in order) crossing one at the steps j with j % block_size == their phase; v0: and a free block
+    before every decode (vLLM 0.1.4's can_append_slot)."""
+    if v0 and num_free_blocks < 1:
+        return 0                                        # the first decode finds no free block
+    order = sorted(phases)
+    full_periods, left = divmod(num_free_blocks - v0, len(phases))
+    steps = full_periods * block_size + order[left]    # the blocks crossed in steps 0..steps-1 are at most free
+    if v0 and phases[-1] == order[left] and order[left + 1:left + 2] != [order[left]]:
+        steps += 1      # one more: its last block is the last free one, taken by the last decode of the step
+    return steps
 
 
 def step_times(clock: float, durations, k: int) -> list[float]:
@@ -103,8 +126,10 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     """Whether the waiting loop could admit request in a step of the run (after blocks_taken blocks are gone).
 
     Side-effect free and never wrong in the unsafe direction: its prefix hits are looked up now, and blocks
-    taken later can only evict some of them."""
+    taken later can only evict some of them. vLLM 0.1.4's scheduler answers for itself (its whole budget)."""
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
+    if scheduler.admits_before_decodes:
+        return scheduler.can_admit(request, 0, blocks_taken)
     hits = kv.get_computed_blocks(request)
     n = request.num_tokens - len(hits) * engine.block_size
     cap = scheduler.long_prefill_token_threshold        # active: a request runs and this one waits

@@ -24,7 +24,7 @@ waiting queue's head is refused and stays refused, since free blocks only fall w
 arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
 finish before the run's last step -- decode_run does k steps at once in closed form. fast=False is the plain
 per-step loop: the reference the tests hold the fast path to. The scheduler is SchedulerConfig.scheduler_cls's
-(SCHEDULERS); vLLM 0.1.4's (scheduler_v0) always runs the per-step loop.
+(SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ class Engine:
         self.scheduler = SCHEDULERS[config.scheduler.scheduler_cls](config.scheduler, kv)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
-        self.fast = fast and not record_block_ids and self.scheduler.supports_decode_run
+        self.fast = fast and not record_block_ids
         self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
         n = workload.num_requests
         # Per request, written once when it finishes (compact arrays; NaN until then).
@@ -261,7 +261,8 @@ class Engine:
                           num_kv_tokens, len(out.preempted), out.num_hit_tokens)
         if self.reserving:
             self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
-        self.all_decoding = num_sampled - len(finished) == len(scheduler.running)
+        # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
+        self.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
         self.clock = end
 
     def run_async(self) -> EngineResult:
@@ -386,7 +387,7 @@ def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_
     chunked prefill, long_prefill_token_threshold and async_scheduling (vLLM's default on a GPU, True, schedules
     the next batch before the last one's output is known); default DEFAULT_CONFIG (synchronous, the reference the
     tests and section 6 use). scheduler_cls="v0-2023" serves it with vLLM 0.1.4's scheduler instead (the vLLM
-    paper's: prompt-only steps, a watermark, recompute; see kvlab.core.engine.scheduler_v0), per step.
+    paper's: prompt-only steps, a watermark, recompute; see kvlab.core.engine.scheduler_v0).
     cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
     or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
     caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). fast=False: the

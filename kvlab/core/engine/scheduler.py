@@ -84,7 +84,7 @@ class SchedulerOutput:
 class Scheduler:
     """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output()."""
 
-    supports_decode_run = True          # the engine's fast path (decode_run) makes this scheduler's decisions
+    admits_before_decodes = False       # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
         self.max_model_len = check_scheduler_config(scheduler)

@@ -37,7 +37,8 @@ copy-on-write and fork (beam search only), a prompt longer than min(max_model_le
 ignored (lines 125-137: kvlab refuses such prompts and a max_num_batched_tokens below max_model_len up front,
 so no waiting request, preempted ones included, is ever that long), CPU blocks, the free-block stack's order
 (block ids differ from vLLM 0.1.4's LIFO stack; with no sharing, only their number matters), stop strings
-and EOS. kvlab's engine gives no decode run (fast path) for this scheduler: its steps are the per-step loop.
+and EOS. kvlab's engine jumps over its decode runs as over vLLM 0.33's (decode_run, under its two rules: admission
+before a step's decodes, a free block before every decode); tests/test_scheduler_v0.py holds it to the per-step loop.
 """
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def blocks_to_finish(prompt_tokens: np.ndarray, final_tokens: np.ndarray, block_
 class SchedulerV0(Scheduler):
     """vLLM 0.1.4's decisions over the same queues, requests and KV-cache managers as the v1 scheduler."""
 
-    supports_decode_run = False
+    admits_before_decodes = True
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
         super().__init__(scheduler, kv_cache_manager)
@@ -81,16 +82,11 @@ class SchedulerV0(Scheduler):
         out = SchedulerOutput()
         kv, running, waiting = self.kv_cache_manager, self.running, self.waiting
         num_batched_tokens = 0
-        while waiting:
-            request = waiting[0]
+        while waiting and self.can_admit(waiting[0], num_batched_tokens):
+            request = waiting.popleft()
             n = request.num_tokens
-            if self.paged and kv.num_free_blocks - cdiv(n, kv.block_size) < self.watermark_blocks:
-                break
-            if num_batched_tokens + n > self.max_num_batched_tokens or len(running) >= self.max_num_seqs:
-                break
-            if not kv.allocate_slots(request, n, full_sequence_must_fit=True):
-                break                           # a reservation that does not fit
-            waiting.popleft()
+            allocated = kv.allocate_slots(request, n, full_sequence_must_fit=True)
+            assert allocated                    # can_admit checked its blocks or its reservation
             running.append(request)
             request.status = RUNNING
             out.admitted.append(request)
@@ -101,10 +97,24 @@ class SchedulerV0(Scheduler):
         self.account(out)
         return out
 
+    def can_admit(self, request, num_batched_tokens: int = 0, num_blocks_taken: int = 0) -> bool:
+        """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken
+        blocks fewer free than now (side-effect free): the token budget, max_num_seqs, then the watermark (blocks
+        for all its tokens leave watermark_blocks free) or its reservation."""
+        n = request.num_tokens
+        if num_batched_tokens + n > self.max_num_batched_tokens or len(self.running) >= self.max_num_seqs:
+            return False
+        kv = self.kv_cache_manager
+        if not self.paged:
+            return kv.can_reserve(request)         # a buddy chunk is free
+        num_free = kv.num_free_blocks - num_blocks_taken
+        return num_free - cdiv(n, kv.block_size) >= self.watermark_blocks and \
+            kv.blocks_to_admit(request, []) <= num_free
+
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
         kv, running = self.kv_cache_manager, self.running
-        running.sort(key=_arrival_s)
+        running.sort(key=_arrival_s)            # a no-op: FCFS keeps them in arrival order (tests check it)
         i = 0
         while i < len(running):
             request = running[i]
