@@ -461,16 +461,20 @@ class MeasuredStepCost:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def for_model(cls, model, gpu, config=None, step_overhead_ms: float = 0.0) -> "MeasuredStepCost":
+    def for_model(cls, model, gpu, config=None, step_overhead_ms: float = 0.0,
+                  fractions_gpu: str | None = None) -> "MeasuredStepCost":
         """The measured clock of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
         data/profiles has one (same model, GPU and tensor_parallel_size, no pipeline parallelism), else the
         roofline at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions); a GPU
-        no profile measures is refused."""
+        no profile measures is refused, unless fractions_gpu names a measured GPU of the same chip whose sustained
+        fractions it takes (e.g. the A100-40GB from the A100-SXM-80GB)."""
         from kvlab.core import profiles
         from kvlab.core.config import EngineConfig
 
         config = EngineConfig() if config is None else config
-        if gpu.name not in profiles.measured_gpus():
+        if fractions_gpu is not None:
+            validate.one_of("fractions_gpu", fractions_gpu, profiles.measured_gpus())
+        elif gpu.name not in profiles.measured_gpus():
             validate.fail("gpu", gpu.name, f"has no operator-level measurement for the measured clock; GPUs with "
                           f"measurements: {', '.join(profiles.measured_gpus())} (or use the roofline clock: "
                           "--cost roofline)")
@@ -478,14 +482,14 @@ class MeasuredStepCost:
         profile = profiles.find_profile(gpu.name, model.name, tp) if pp == 1 else None
         if profile is not None:
             return cls.from_profile(profile, model, config, step_overhead_ms)
-        fractions = profiles.sustained_fractions(gpu.name)
+        fractions = profiles.sustained_fractions(fractions_gpu or gpu.name)
         roofline = RooflineStepCost.from_specs(model, gpu, config)
         scaled = RooflineStepCost(roofline.weights_bytes, roofline.kv_bytes_per_token, roofline.num_params,
                                   roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
                                   roofline.bf16_dense_tflops * fractions.flop_fraction)
         why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
         return cls(roofline=scaled, tensor_parallel_size=tp, step_overhead_ms=step_overhead_ms,
-                   cost_source=f"roofline scaled by sustained fractions measured on {gpu.name} ({why}): "
+                   cost_source=f"roofline scaled by sustained fractions measured on {fractions_gpu or gpu.name} ({why}): "
                                f"{fractions.describe()}")
 
     @classmethod

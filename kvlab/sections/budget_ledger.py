@@ -11,9 +11,12 @@ from kvlab.sections.paper_setting import PaperSetting
 # Orca's reservations: both kvlab's and the paper's place them with the buddy allocation algorithm (§6.1;
 # kvlab.core.buddy), but the paper's §6.5 says "due to the buddy allocation algorithm, the Orca baselines reserve the
 # space for 1024 tokens for the request outputs".
-BUDDY_NOTE = "kvlab's Orca reserves through a buddy allocator as the paper's did (§6.1)"
-# Why a figure that needs a full cache misses at the paper's rate.
-FASTER_NOTE = "kvlab's roofline step is faster than the paper's measured kernels, so the cache never fills"
+BUDDY_NOTE = "reservations sit in a buddy allocator's power-of-two chunks, as the paper's did (§6.1)"
+# Where the clock decides: the step cost section 6 runs on (PaperSetting.clock).
+CLOCK_NOTE = {"vllm-2023": "on the vLLM 2023 clock", "roofline": "on kvlab's roofline step, faster than the paper's"}
+# The block-size cost's source (kvlab.workloads.clock_2023.block_size_ratio).
+BLOCK_NOTE = ("the one public per-block measurement (an AMD kernel, block 1 14% slower than 16) makes small blocks "
+              "only a little slower")
 
 
 def ledger_rows(fig13: pd.DataFrame, fig2: pd.DataFrame, sustained: pd.DataFrame, bound_s: float,
@@ -34,20 +37,22 @@ def ledger_rows(fig13: pd.DataFrame, fig2: pd.DataFrame, sustained: pd.DataFrame
         for m in MODES:
             label = MODE_LABELS[m]
             run = means.loc[(name, m)]
+            limit = "memory is the limit" if run["mean_waiting_requests"] >= 1 else "memory is not the limit"
             if m == "max":
                 why = f"{slots:,} token slots hold {slots // setting.max_model_len} reservations of {setting.max_model_len:,} tokens."
-            elif run["mean_waiting_requests"] >= 1:
-                why = (f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait, "
-                       f"so memory is the limit: {BUDDY_NOTE}.")
+            elif m == "paged":
+                why = (f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait "
+                       f"{CLOCK_NOTE[setting.clock]}: {limit}.")
             else:
                 why = (f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait: "
-                       f"{FASTER_NOTE}.")
+                       f"{limit}; {BUDDY_NOTE}.")
             add(table, label, "mean_batched_requests", fig13.loc[label, f"{name}: kvlab"], why)
     for m in MODES:
         label = MODE_LABELS[m]
         held = fig2.loc[label, "held_pct"]
         if m in ("pow2", "oracle"):
-            why = f"Requests hold {held:.1f}% of the cache: {BUDDY_NOTE}."
+            why = (f"Of the {held:.1f}% of the cache requests hold, {fig2.loc[label, 'rounding_pct']:.1f} points are the "
+                   f"buddy's rounding; {fig2.loc[label, 'external_frag_pct']:.1f}% is external fragmentation.")
         elif m == "paged" and held < 90:
             why = f"Requests hold only {held:.1f}% of the cache at this rate; the paper's vLLM ran with it full."
         else:
@@ -56,13 +61,13 @@ def ledger_rows(fig13: pd.DataFrame, fig2: pd.DataFrame, sustained: pd.DataFrame
     part = sustained.xs("ShareGPT", level="dataset").loc[bound_s]
     for other, column, label in (("Orca (Oracle)", "vllm_over_oracle_x", "vLLM over Orca (Oracle)"),
                                  ("Orca (Max)", "vllm_over_max_x", "vLLM over Orca (Max)")):
-        why = (f"vLLM sustains {part['vLLM']:g} and {other} {part[other]:g} requests/s under {bound_s:g} s/token on "
-               "kvlab's roofline step" + (f" ({part['note']})." if part["note"] else "."))
+        why = (f"vLLM sustains {part['vLLM']:g} and {other} {part[other]:g} requests/s under {bound_s:g} s/token "
+               f"{CLOCK_NOTE[setting.clock]}, on a grid of rates" + (f" ({part['note']})." if part["note"] else "."))
         add("s6.2", label, "sustained_rate_ratio_x", part[column], why)
     if len(sharegpt_blocks):
         best, ties = best_block_size(sharegpt_blocks)
         why = (f"Latency is within {100 * BEST_BLOCK_TOLERANCE:g}% of the lowest at block sizes {', '.join(map(str, ties))}"
-               + (": kvlab's step cost has no per-block term, so small blocks are never slower." if best < 16 else "."))
+               + (f": {BLOCK_NOTE}." if best < 16 else "."))
         add("fig18b", "ShareGPT", "best_block_size_tokens", best, why)
     if {16, 256} <= set(alpaca_blocks.index):       # else the row stays missing (BLOCK_SIZES lacks one of them)
         ratio = alpaca_blocks.loc[256, "normalized_latency_s"] / alpaca_blocks.loc[16, "normalized_latency_s"]

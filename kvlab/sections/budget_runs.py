@@ -9,12 +9,13 @@ import pandas as pd
 
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost
+from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost
+from kvlab.core.profiles import measured_gpus
 from kvlab.core.engine import ALLOCATIONS, simulate
 from kvlab.core.units import GIB, MIB
 from kvlab.core.workload import Workload
 from kvlab.sections import sweep
-from kvlab.sections.paper_setting import PAPER_BLOCK_SIZE, PaperSetting, prefix_setting
+from kvlab.sections.paper_setting import PAPER_BLOCK_SIZE, TODAY, TODAY_FRACTIONS_GPU, PaperSetting, prefix_setting
 from kvlab.sections.paper_workloads import TraceWorkload, variants
 from kvlab.workloads import paper_datasets, synthetic
 
@@ -129,6 +130,29 @@ def fig13_points(setting: PaperSetting, trace_dir, rates: dict, seeds: list[int]
     return points
 
 
+def today_cost(setting: PaperSetting) -> MeasuredStepCost:
+    """Today's clock of the setting's model on its GPU: vLLM 0.33's measured clock (kvlab.core.cost.MeasuredStepCost;
+    without an operator profile of the model, the roofline at the sustained fractions measured on the GPU, or on
+    the measured GPU of the same chip, TODAY_FRACTIONS_GPU; a GPU with neither: the datasheet roofline)."""
+    config = setting.replace(**TODAY).config()
+    fractions_gpu = TODAY_FRACTIONS_GPU.get(setting.gpu)
+    if fractions_gpu is None and setting.gpu not in measured_gpus():
+        return MeasuredStepCost(roofline=RooflineStepCost.from_specs(setting.model_spec, setting.gpu_spec, config),
+                                cost_source=f"roofline at the datasheet of {setting.gpu} (no measurement of it)")
+    return MeasuredStepCost.for_model(setting.model_spec, setting.gpu_spec, config, fractions_gpu=fractions_gpu)
+
+
+def today_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int) -> list[dict]:
+    """Fig. 13's workloads served by today's vLLM: vLLM 0.33's scheduler, asynchronous (its default), its default
+    step budget, on the measured clock of the model on the GPU (kvlab.core.cost.MeasuredStepCost: OPT-13B has no
+    operator profile, so the roofline at the sustained fractions measured on an A100, as its cost_source says)."""
+    config = setting.replace(**TODAY).config().replace(async_scheduling=True)
+    cost = today_cost(setting)
+    return [_point(paper_datasets.workload(dataset, num_requests, rates[name], seed), config, setting.num_gpu_blocks(),
+                   cost, "paged", dataset=name, mode="paged", rate=float(rates[name]), seed=seed)
+            for name, dataset in sets.items() for seed in seeds]
+
+
 def busy_rate(sustained: pd.DataFrame, bound_s: float, dataset: str = "ShareGPT") -> float:
     """The rate vLLM sustains on dataset under bound_s (requests/s; NaN when none): a rate at which its cache is busy,
     where the block size matters."""
@@ -148,13 +172,12 @@ def block_grid(sets: dict, rates: dict, busy: float, dataset: str = "ShareGPT") 
 def block_points(setting: PaperSetting, sets: dict, rates: dict, block_sizes, seeds: list[int],
                  num_requests: int) -> list[dict]:
     """vLLM (paged) at each block size with the same KV memory (blocks of block_size tokens plus the null block)."""
-    cost = setting.cost()
     points = []
     for name, dataset in sets.items():
         for seed in seeds:
             workload = paper_datasets.workload(dataset, num_requests, rates[name], seed)
             for bs in block_sizes:
-                points.append(_point(workload, setting.config(bs), setting.num_gpu_blocks(bs), cost, "paged",
+                points.append(_point(workload, setting.config(bs), setting.num_gpu_blocks(bs), setting.cost(bs), "paged",
                                      dataset=name, block_size=int(bs), rate=float(rates[name]), seed=seed))
     return points
 
@@ -222,8 +245,10 @@ def prefix_points(trace: TraceWorkload, model: str, gpu: str, rate_scales) -> li
 
 
 def scheduling_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) -> list[dict]:
-    """vLLM (paged) on the trace at each rate scale, scheduled synchronously and asynchronously (a batch queue of two)."""
-    blocks, cost = setting.num_gpu_blocks(), setting.cost()
-    return [_point(trace.at(scale), setting.config().replace(async_scheduling=mode), blocks, cost, "paged",
+    """vLLM (paged) on the trace at each rate scale with vLLM 0.33's scheduler (TODAY), scheduled synchronously and
+    asynchronously (a batch queue of two), on today's clock (today_cost)."""
+    blocks, cost = setting.num_gpu_blocks(), today_cost(setting)
+    config = setting.replace(**TODAY).config()
+    return [_point(trace.at(scale), config.replace(async_scheduling=mode), blocks, cost, "paged",
                    rate_scale=float(scale), async_scheduling=mode)
             for scale in rate_scales for mode in (False, True)]

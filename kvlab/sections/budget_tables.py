@@ -43,7 +43,7 @@ PREFIX_LABELS = {"rate_scale": "rate scale (x)", "hit_pct": "prompt tokens hit (
                  "preemptions_off": "preemptions, off", "preemptions_on": "preemptions, on",
                  "lru_same_size_saved_pct": "section 4 LRU, pool-sized: prefill saved (%)",
                  "lru_unbounded_saved_pct": "section 4 LRU, never evicts: prefill saved (%)"}
-SCHEDULING_LABELS = {False: "synchronous (the paper's vLLM)", True: "asynchronous (vLLM 0.33's default)"}
+SCHEDULING_LABELS = {False: "synchronous", True: "asynchronous (vLLM 0.33's default)"}
 SCHEDULING_DECIMALS = {"mean_ttft_s": 3, "p95_ttft_s": 3, "mean_tpot_ms": 2, "normalized_latency_s": 4, "held_pct": 2,
                        "token_states_pct": 2, "num_preemptions": 0, "output_tokens_per_s": 1}
 
@@ -127,6 +127,21 @@ def paper_values(table: str, column: str) -> pd.Series:
 def chosen(runs: pd.DataFrame, sets: dict) -> pd.DataFrame:
     """The runs of the dataset variants the notebook chose (sets: name -> dataset)."""
     return runs[runs["variant"].isin([d.name for d in sets.values()])]
+
+
+TODAY_COLUMNS = {"mean_batched_requests": "requests batched", "token_states_pct": "token states (%)",
+                 "normalized_latency_s": "normalized latency (s/token)", "mean_ttft_s": "mean TTFT (s)"}
+
+
+def today_table(paper_runs: pd.DataFrame, today_runs: pd.DataFrame) -> pd.DataFrame:
+    """vLLM on Fig. 13's workloads two ways: the paper's system (the 2023 scheduler and clock, paper_runs' paged runs)
+    and today's (vLLM 0.33, asynchronous, its measured clock: today_runs), means over seeds, one row per dataset."""
+    rows = []
+    for system, runs in (("the vLLM of 2023", paper_runs[paper_runs["mode"] == "paged"]), ("vLLM 0.33", today_runs)):
+        for dataset, mean in mean_over_seeds(runs, ["dataset"]).iterrows():
+            rows.append({"dataset": dataset, "system": system, "rate (requests/s)": mean["rate"],
+                         **{name: mean[column] for column, name in TODAY_COLUMNS.items()}})
+    return pd.DataFrame(rows).sort_values(["dataset", "system"], kind="stable").set_index(["dataset", "system"])
 
 
 def tolerance_table() -> pd.DataFrame:

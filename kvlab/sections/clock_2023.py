@@ -32,7 +32,8 @@ from kvlab.core.engine import simulate
 from kvlab.sections.paper_setting import PaperSetting
 from kvlab.workloads import clock_2023 as data
 
-COEFFICIENTS_CSV = data.CLOCK_DIR / "coefficients.csv"
+COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
+load_coefficients, committed_clock = data.load_coefficients, data.committed_clock
 RESIDUALS_CSV = data.CLOCK_DIR / "fit_residuals.csv"
 FIT_BLOCK_SIZE = 16                 # Fig. 18a's and the benchmark's (vLLM's default)
 # The stand-in for the mid-2023 scheduler until EngineConfig has scheduler_cls="v0-2023": vLLM 0.33's v1
@@ -185,20 +186,9 @@ def write_fit(result: ClockFit, directory: str | Path = data.CLOCK_DIR) -> None:
             writer.writerow(["fig18a_vllm", f"batch {b} context {ctx}", f"{m:g}", f"{v:.3f}", "us", f"{r:.3f}"])
 
 
-def load_coefficients(path: str | Path = COEFFICIENTS_CSV) -> dict:
-    """The committed coefficients (name -> value)."""
-    with open(path, newline="", encoding="utf-8") as f:
-        return {r["name"]: float(r["value"]) for r in csv.DictReader(f)}
-
-
 def load_residuals(path: str | Path = RESIDUALS_CSV) -> pd.DataFrame:
     """The committed fit's residuals, one row per measured point."""
     return pd.read_csv(path)
-
-
-def committed_clock(block_size: int = FIT_BLOCK_SIZE) -> Clock2023StepCost:
-    """The clock of the committed coefficients, its PagedAttention at block_size."""
-    return clock(load_coefficients(), block_size)
 
 
 # ---------------------------------------------------------------- tables
@@ -226,7 +216,7 @@ def kernel_table() -> pd.DataFrame:
 def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.DataFrame:
     """Decode step time (ms) of OPT-13B on the A100-40GB at each batch size, every request at context_tokens:
     the committed clock against section 6's roofline."""
-    vllm, roofline = committed_clock(), PaperSetting().cost()
+    vllm, roofline = committed_clock(), PaperSetting(clock="roofline").cost()
     rows = []
     for b in batch_sizes:
         b = validate.positive_int("batch_size", b)

@@ -9,11 +9,22 @@ from dataclasses import dataclass
 from kvlab.core import capacity, models, validate
 from kvlab.core.buddy import chunk_order
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import RooflineStepCost
+from kvlab.core.cost import Clock2023StepCost, RooflineStepCost
 from kvlab.core.units import GIB, cdiv
+from kvlab.workloads import clock_2023
 
 # The paper's setting (§6.1, Table 1): what a run must keep for its section 6 figures to be compared.
 PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
+# The step costs a setting may use: the vLLM of 2023 fitted to measurements of it (kvlab.sections.clock_2023), or
+# kvlab's roofline of the model on the GPU (a lower bound).
+CLOCKS = {"vllm-2023": "vLLM 2023's step, fitted to Anyscale's June 2023 benchmark and the paper's Fig. 18a",
+          "roofline": "kvlab's roofline of the model on the GPU (a lower bound on the step)"}
+# vLLM 0.33's scheduler and its default step budget (the engine's own, beside the paper's of 2023).
+TODAY = {"scheduler_cls": "v1", "max_num_batched_tokens": 8192}
+# The measured GPU whose sustained fractions today's clock of the paper's A100-40GB borrows (the same GA100 chip).
+TODAY_FRACTIONS_GPU = {"A100-40GB": "A100-SXM-80GB"}
+SCHEDULERS = {"v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the paper's): prefill steps apart from decode steps",
+              "v1": "vLLM 0.33's scheduler, synchronous: prefill chunks and decodes share a step's token budget"}
 
 
 @dataclass(frozen=True)
@@ -26,11 +37,15 @@ class PaperSetting:
     block_size: int = PAPER_BLOCK_SIZE
     max_model_len: int = 2048
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int = 2560          # vLLM 0.1.4's default (0.33's: 8192)
+    scheduler_cls: str = "v0-2023"
+    clock: str = "vllm-2023"
 
     def __post_init__(self):
         spec = models.get_model(self.model)
         models.get_gpu(self.gpu)
+        validate.one_of("scheduler_cls", self.scheduler_cls, SCHEDULERS)
+        validate.one_of("clock", self.clock, CLOCKS)
         validate.in_range("kv_cache_gib", self.kv_cache_gib, "memory_gib")
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("max_model_len", self.max_model_len, "tokens")
@@ -54,11 +69,14 @@ class PaperSetting:
         return models.get_gpu(self.gpu)
 
     def config(self, block_size: int | None = None, enable_prefix_caching: bool = False) -> EngineConfig:
-        """The engine's settings (synchronous scheduling, as the engine models it)."""
+        """The engine's settings: synchronous scheduling by scheduler_cls (v0-2023: without chunked prefill, which
+        the vLLM of 2023 did not have)."""
+        v0 = self.scheduler_cls == "v0-2023"
         return EngineConfig().replace(async_scheduling=False, block_size=block_size or self.block_size,
                                       max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                                       max_num_batched_tokens=self.max_num_batched_tokens,
-                                      enable_prefix_caching=enable_prefix_caching)
+                                      enable_prefix_caching=enable_prefix_caching, scheduler_cls=self.scheduler_cls,
+                                      enable_chunked_prefill=not v0)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -76,9 +94,12 @@ class PaperSetting:
         bs = block_size or self.block_size
         return (self.num_gpu_blocks(bs, kv_cache_gib) - 1) * bs
 
-    def cost(self) -> RooflineStepCost:
-        """The roofline step cost of the model on the GPU (kvlab's model of the step time, not a measurement)."""
-        return RooflineStepCost.from_specs(self.model_spec, self.gpu_spec, self.config())
+    def cost(self, block_size: int | None = None) -> Clock2023StepCost | RooflineStepCost:
+        """The step cost: the vLLM 2023 clock with its PagedAttention at block_size (the fit's coefficients on this
+        model and GPU), or the roofline."""
+        if self.clock == "vllm-2023":
+            return clock_2023.committed_clock(block_size or self.block_size, self.model, self.gpu)
+        return RooflineStepCost.from_specs(self.model_spec, self.gpu_spec, self.config(block_size))
 
     def check_fits(self, name: str = "kv_cache_gib", kv_cache_gib: float | None = None) -> None:
         """One request of max_model_len must fit the pool's largest buddy arena (else Orca (Max) could start

@@ -16,7 +16,7 @@ from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
-from kvlab.sections.paper_setting import PaperSetting, prefix_setting
+from kvlab.sections.paper_setting import CLOCKS, SCHEDULERS, PaperSetting, prefix_setting
 from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
 from kvlab.workloads.traces import TRACE_FORMATS
@@ -156,6 +156,7 @@ RULES: dict[str, dict[str, Rule]] = {
     "06_memory_budget": {
         "MODEL": _model_name, "GPU": _gpu_name, "KV_CACHE_GIB": _range("memory_gib"), "BLOCK_SIZE": _range("block_size"),
         "MAX_MODEL_LEN": _tokens, "MAX_NUM_SEQS": _range("max_num_seqs"), "MAX_NUM_BATCHED_TOKENS": _tokens,
+        "SCHEDULER_CLS": _choice(SCHEDULERS), "CLOCK": _choice(CLOCKS),
         "SHAREGPT_INPUTS": _choice(SHAREGPT_INPUTS), "ALPACA_LENGTHS": _choice(ALPACA_FAMILIES),
         "NUM_REQUESTS": _range("num_requests"), "SEED": _seed, "NUM_SEEDS": _range("num_seeds"),
         "SHAREGPT_RATE": _range("arrival_rate"), "ALPACA_RATE": _range("arrival_rate"),
@@ -184,7 +185,8 @@ def _check_capacity(p: dict) -> None:
 # The engine's setting of notebook 06, by the notebook's names.
 _SETTING_PARAMETERS = {"model": "MODEL", "gpu": "GPU", "kv_cache_gib": "KV_CACHE_GIB", "block_size": "BLOCK_SIZE",
                        "max_model_len": "MAX_MODEL_LEN", "max_num_seqs": "MAX_NUM_SEQS",
-                       "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS"}
+                       "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "scheduler_cls": "SCHEDULER_CLS",
+                       "clock": "CLOCK"}
 
 
 def _check_memory_budget(p: dict) -> None:
@@ -270,7 +272,7 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
     if stem == "06_memory_budget":
         n, seeds = p["NUM_REQUESTS"], p["NUM_SEEDS"]
         runs = seeds * 4 * (4 + len(p["SHAREGPT_RATES"]) + len(p["ALPACA_RATES"]) + len(p["KV_CACHE_GIBS"]))
-        runs += seeds * 2 * len(p["BLOCK_SIZES"])
+        runs += seeds * 2 * (len(p["BLOCK_SIZES"]) + 1)     # the block grid, and today's vLLM
         azure_runs = 4 * len(p["AZURE_RATE_SCALES"]) + 2 * len(p["SCHEDULING_RATE_SCALES"])
         served = runs * n + azure_runs * AZURE_REQUESTS
         served += 4 * len(p["ARTICLE_MAX_NUM_SEQS"]) * 600

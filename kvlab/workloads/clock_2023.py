@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.core import validate
+from kvlab.core import models, validate
+from kvlab.core.cost import Clock2023StepCost
 from kvlab.core.models import DATA_DIR
 from kvlab.core.workload import Workload
 
 CLOCK_DIR = DATA_DIR / "clock_2023"
+COEFFICIENTS_CSV = CLOCK_DIR / "coefficients.csv"
 CAPS = (32, 128, 512, 1536)
 MODEL, GPU = "facebook/opt-13b", "A100-40GB"   # the benchmark's and Fig. 18a's setting
 
@@ -109,3 +111,16 @@ def block_size_ratio(directory: str | Path = CLOCK_DIR) -> float:
 
 __all__ = ["CAPS", "CLOCK_DIR", "GPU", "MODEL", "AnyscaleRun", "KernelLatency", "anyscale_run", "anyscale_runs",
            "anyscale_workload", "block_size_ratio", "fig18a"]
+
+
+def load_coefficients(path: str | Path = COEFFICIENTS_CSV) -> dict:
+    """The committed coefficients of the fit (name -> value; kvlab.sections.clock_2023 writes them)."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return {r["name"]: float(r["value"]) for r in csv.DictReader(f)}
+
+
+def committed_clock(block_size: int = 16, model: str = MODEL, gpu: str = GPU) -> Clock2023StepCost:
+    """The vLLM 2023 clock of the committed coefficients, its PagedAttention at block_size (fitted for OPT-13B on
+    the A100-40GB; another model or GPU gets the same coefficients on its own sizes and datasheet)."""
+    return Clock2023StepCost.from_coefficients(models.get_model(model), models.get_gpu(gpu), load_coefficients(),
+                                               block_size)
