@@ -152,8 +152,10 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
                         "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
                         "128,000 (the article: 131 and 1).")
     assert lines[1] == "What real traces change: Real prompts are long."
-    assert lines[2].startswith("The vLLM paper's experiment on kvlab's engine: vLLM sustains 4.0x Orca (Max)'s request "
-                               "rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 to 2.7x); 1 of")
+    assert lines[2].startswith("The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) "
+                               "and a clock of its system fitted to independent measurements: vLLM sustains 4.0x Orca "
+                               "(Max)'s request rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 "
+                               "to 2.7x); 1 of")
     index = render.index_body(sections, rows, report_build.provenance(), {}, "", {})
     assert index.index("What the report found") < index.index("Sections") < index.index("Reproduction ledger")
     assert "<p>vLLM sustains 4.00x.</p>" in index and "<pre>headline</pre>" not in index
