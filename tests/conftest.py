@@ -2,6 +2,7 @@
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,3 +39,13 @@ def draw_requests(draw, st) -> tuple:
     prompts = draw(st.lists(st.integers(1, 40), min_size=n, max_size=n))
     outputs = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
     return n, bs, max_model_len, gaps, prompts, outputs
+
+
+def assert_same(slow, fast) -> None:
+    """Same times for every request, same records and batch for every step, same block tables freed in order."""
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
+    for name in slow.steps:
+        assert np.array_equal(slow.steps[name], fast.steps[name]), name
+    assert slow.scheduled == fast.scheduled
+    assert slow.freed_tables == fast.freed_tables

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import ROOT, draw_requests
+from conftest import ROOT, assert_same, draw_requests
 from kvlab.core import batching
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, TokenCost
@@ -90,12 +90,7 @@ def run_both(args):
 def test_fast_path_equals_the_per_step_loop(args):
     """Same times for every request, same records and batch for every step, same blocks freed in the same order."""
     slow, fast = run_both(args)
-    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
-        assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
-    for name in slow.steps:
-        assert np.array_equal(slow.steps[name], fast.steps[name]), name
-    assert slow.scheduled == fast.scheduled
-    assert slow.freed_tables == fast.freed_tables
+    assert_same(slow, fast)
 
 
 @given(engine_runs())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from conftest import draw_requests
+from conftest import assert_same, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine import Engine, decode_run, simulate
@@ -228,16 +228,6 @@ def test_invariants_hold(args):
 
 
 # ---------------------------------------------------------------- decode runs (the fast path) against the per-step loop
-def assert_same(slow, fast) -> None:
-    """Same times for every request, same records and batch for every step, same block tables freed in order."""
-    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
-        assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
-    for name in slow.steps:
-        assert np.array_equal(slow.steps[name], fast.steps[name]), name
-    assert slow.scheduled == fast.scheduled
-    assert slow.freed_tables == fast.freed_tables
-
-
 def both(args) -> tuple:
     """The per-step loop's result, and the fast path's with its engine."""
     slow = Engine(**args, fast=False, record_scheduled=True, record_frees=True).run()
