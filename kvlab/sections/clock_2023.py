@@ -36,8 +36,8 @@ COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
 load_coefficients, committed_clock = data.load_coefficients, data.committed_clock
 RESIDUALS_CSV = data.CLOCK_DIR / "fit_residuals.csv"
 FIT_BLOCK_SIZE = 16                 # Fig. 18a's and the benchmark's (vLLM's default)
-# The stand-in for the mid-2023 scheduler until EngineConfig has scheduler_cls="v0-2023": vLLM 0.33's v1
-# scheduler, synchronous, without chunked prefill.
+# The benchmark's scheduler: the vLLM of June 2023 put prompts into decode steps under one token budget (0.1.0-0.1.2;
+# prompt-only steps came with 0.1.3), which vLLM 0.33's v1 scheduler, synchronous, without chunked prefill, follows.
 STAND_IN_CONFIG = EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False,
                                          max_num_batched_tokens=2560, max_num_seqs=256, max_model_len=2048,
                                          block_size=FIT_BLOCK_SIZE)
@@ -139,7 +139,7 @@ class ClockFit:
 
 def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True) -> ClockFit:
     """Fit the clock: the kernel to Fig. 18a, then step_overhead_ms and flop_fraction to Anyscale's throughputs
-    served by kvlab's engine under config (re-run it with the mid-2023 scheduler once EngineConfig has it)."""
+    served by kvlab's engine under config."""
     fixed = {"memory_bandwidth_fraction": profiles.sustained_fractions("A100-SXM-80GB").memory_bandwidth_fraction,
              **fit_kernel()}
     runs = data.anyscale_runs()

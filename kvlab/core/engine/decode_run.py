@@ -51,8 +51,7 @@ def run(engine) -> bool:
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
         if joins < k:
-            periods, rest = divmod(joins + (not v0), bs)            # the steps whose blocks are gone by then
-            taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
+            taken = blocks_taken(phases, joins + (not v0), bs) if paged else 0  # gone by then
             if admissible(engine, engine.peek_arrival(), budget_left, taken):
                 if joins < 2:
                     return False
@@ -113,6 +112,13 @@ def steps_with_blocks(phases: list[int], num_free_blocks: int, block_size: int, 
     if v0 and phases[-1] == order[left] and order[left + 1:left + 2] != [order[left]]:
         steps += 1      # one more: its last block is the last free one, taken by the last decode of the step
     return steps
+
+
+def blocks_taken(phases: list[int], num_steps: int, block_size: int) -> int:
+    """Blocks the running requests take in a run's first num_steps steps (request i at the steps j with
+    j % block_size == phases[i])."""
+    periods, rest = divmod(num_steps, block_size)
+    return len(phases) * periods + sum(1 for p in phases if p < rest)
 
 
 def step_times(clock: float, durations, k: int) -> list[float]:
@@ -285,8 +291,7 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 0, k - 1) + 2     # the first iteration it is there for
         if joins <= k:
-            periods, rest = divmod(joins, bs)
-            taken = num_running * periods + sum(1 for p in phases if p < rest) if paged else 0
+            taken = blocks_taken(phases, joins, bs) if paged else 0
             if admissible(engine, engine.peek_arrival(), budget_left, taken):
                 if joins - 1 < 2:
                     return None
@@ -317,10 +322,8 @@ def last_iteration(engine, k: int, clock: float, phases) -> list[bool] | None:
         return None
     taken = 0
     if phases is not None:
-        bs = engine.block_size
-        periods, rest = divmod(k, bs)
-        taken = num_running * periods + sum(1 for p in phases if p < rest)
-        phase = rest
+        phase = k % engine.block_size
+        taken = blocks_taken(phases, k, engine.block_size)
         taken += sum(1 for p, done in zip(phases, finishing) if p == phase and not done)
         if taken > engine.kv_cache_manager.num_free_blocks:
             return None
