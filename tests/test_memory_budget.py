@@ -230,3 +230,29 @@ def test_a_kv_cache_must_hold_a_buddy_chunk_of_max_model_len():
                                          r"least 1\.57 GiB\)$"):
         setting.check_fits("KV_CACHE_GIB", 1.5)
     setting.check_fits("KV_CACHE_GIB", 1.6)
+
+
+def test_the_knee_refines_each_sustained_rate_to_its_finer_grid():
+    """knee_points spans each mode's sustained rate to the coarse grid's next one in geometric steps, every seed at
+    every rate; knee_sustained takes the highest knee rate whose mean latency over seeds is under the bound."""
+    coarse = pd.DataFrame([{"dataset": "ShareGPT", "bound_s": 0.5, "Orca (Max)": 1.0, "Orca (Pow2)": 2.0,
+                            "Orca (Oracle)": 2.0, "vLLM": 4.0, "vllm_over_oracle_x": 2.0, "vllm_over_max_x": 4.0,
+                            "note": ""}]).set_index(["dataset", "bound_s"])
+    setting = paper_setting.PaperSetting()
+    dataset = paper_datasets.alpaca_lengths()
+    points = budget_runs.knee_points(setting, "ShareGPT", dataset, [1.0, 2.0, 4.0], coarse, 0.5, 2, [0, 1], 50)
+    rates = {m: sorted({p["labels"]["rate"] for p in points if p["labels"]["mode"] == m}) for m in budget_runs.MODES}
+    assert rates["max"] == pytest.approx([1.0, 2 ** 0.5, 2.0])
+    assert rates["oracle"] == pytest.approx([2.0, 8 ** 0.5, 4.0])
+    assert rates["paged"] == []                         # 4/s is the grid's top: no knee inside it
+    assert len(points) == 3 * 3 * 2
+    rows = [{"mode": m, "rate": r, "seed": s, "normalized_latency_s": lat}
+            for m, curve in (("max", [(1.0, 0.1, 0.2), (1.5, 0.4, 0.5), (2.0, 0.6, 0.9)]),
+                             ("oracle", [(2.0, 0.6, 0.7), (2.8, 0.9, 0.9), (4.0, 1.0, 1.0)]))
+            for r, a, b in curve for s, lat in ((0, a), (1, b))]
+    knee = budget_tables.knee_sustained(coarse, pd.DataFrame(rows), 0.5)
+    row = knee.loc[("ShareGPT", 0.5)]
+    assert row["Orca (Max)"] == 1.5                    # mean 0.45 at 1.5, 0.75 at 2.0
+    assert row["Orca (Oracle)"] == 2.0                 # over the bound at every knee rate: the coarse rate kept
+    assert row["vLLM"] == 4.0 and row["vllm_over_max_x"] == pytest.approx(4.0 / 1.5)
+    assert row["step_x"] == pytest.approx(1.5) and row["seeds"] == 2

@@ -61,8 +61,10 @@ def ledger_rows(fig13: pd.DataFrame, fig2: pd.DataFrame, sustained: pd.DataFrame
     part = sustained.xs("ShareGPT", level="dataset").loc[bound_s]
     for other, column, label in (("Orca (Oracle)", "vllm_over_oracle_x", "vLLM over Orca (Oracle)"),
                                  ("Orca (Max)", "vllm_over_max_x", "vLLM over Orca (Max)")):
-        why = (f"vLLM sustains {part['vLLM']:g} and {other} {part[other]:g} requests/s under {bound_s:g} s/token "
-               f"{CLOCK_NOTE[setting.clock]}, on a grid of rates" + (f" ({part['note']})." if part["note"] else "."))
+        precision = (f", each rate to within {part['step_x']:.3g}x ({part['seeds']:.0f} seeds at the knee)"
+                     if part.get("step_x", float("nan")) == part.get("step_x", float("nan")) else ", on a grid of rates")
+        why = (f"vLLM sustains {part['vLLM']:.3g} and {other} {part[other]:.3g} requests/s under {bound_s:g} s/token "
+               f"{CLOCK_NOTE[setting.clock]}{precision}" + (f" ({part['note']})." if part["note"] else "."))
         add("s6.2", label, "sustained_rate_ratio_x", part[column], why)
     if len(sharegpt_blocks):
         best, ties = best_block_size(sharegpt_blocks)

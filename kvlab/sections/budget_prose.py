@@ -304,9 +304,11 @@ def ledger_figures(section_ledger: pd.DataFrame) -> dict:
             "outside": listed(section_ledger[section_ledger["status"] == "fail"])}
 
 
-def headline(fig13: pd.DataFrame, sustained: pd.DataFrame, bound_s: float, section_ledger: pd.DataFrame) -> list[str]:
-    """The section's headline lines, fixed precision."""
-    f = sustained_figures(sustained, bound_s)
+def headline(fig13: pd.DataFrame, knee: pd.DataFrame, bound_s: float, section_ledger: pd.DataFrame) -> list[str]:
+    """The section's headline lines, fixed precision (the sustained rates refined at the knee: knee_sustained)."""
+    row = knee.loc[("ShareGPT", float(bound_s))]
+    f = {"vllm": row["vLLM"], "oracle": row["Orca (Oracle)"], "max": row["Orca (Max)"],
+         "over_oracle": row["vllm_over_oracle_x"], "over_max": row["vllm_over_max_x"]}
     counts = section_ledger["status"].value_counts()
     lines = []
     for name in DATASETS:

@@ -153,6 +153,30 @@ def today_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int
             for name, dataset in sets.items() for seed in seeds]
 
 
+def knee_points(setting: PaperSetting, dataset_name: str, dataset, grid_rates, sustained: pd.DataFrame,
+                bound_s: float, num_steps: int, seeds: list[int], num_requests: int) -> list[dict]:
+    """A finer grid at each mode's knee on one dataset: from the rate it sustains under bound_s on the coarse grid
+    (grid_rates; sustained: kvlab.sections.budget_tables.sustained_table) to the grid's next rate, num_steps
+    geometric steps (both ends included), each rate for every seed. A mode sustaining no rate or every rate of the
+    grid has no knee inside it and no points."""
+    config, blocks, cost = setting.config(), setting.num_gpu_blocks(), setting.cost()
+    grid = np.asarray(grid_rates, dtype=float)
+    validate.positive_int("num_steps", num_steps)
+    row = sustained.loc[(dataset_name, float(bound_s))]
+    points = []
+    for mode in MODES:
+        low = float(row[MODE_LABELS[mode]])
+        above = grid[grid > low] if low == low else grid[:0]
+        if not len(above):
+            continue
+        for rate in np.geomspace(low, above[0], num_steps + 1).tolist():
+            for seed in seeds:
+                workload = paper_datasets.workload(dataset, num_requests, rate, seed)
+                points.append(_point(workload, config, blocks, cost, mode, dataset=dataset_name, mode=mode,
+                                     rate=float(rate), seed=seed))
+    return points
+
+
 def busy_rate(sustained: pd.DataFrame, bound_s: float, dataset: str = "ShareGPT") -> float:
     """The rate vLLM sustains on dataset under bound_s (requests/s; NaN when none): a rate at which its cache is busy,
     where the block size matters."""

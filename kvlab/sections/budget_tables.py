@@ -263,6 +263,27 @@ def sustained_table(curves: pd.DataFrame, bounds_s, bound_s: float | None = None
     return pd.DataFrame(rows).set_index(["dataset", "bound_s"])
 
 
+def knee_sustained(coarse: pd.DataFrame, knee_runs: pd.DataFrame, bound_s: float, dataset: str = "ShareGPT") -> pd.DataFrame:
+    """sustained_table's row for dataset and bound_s, each mode's rate refined on its knee grid (knee_runs, normalized
+    latency the mean over its seeds; a mode without knee runs, or over the bound at its knee's every rate, keeps the
+    coarse rate), with the knee grid's step (step_x: each refined rate is known to within that factor) and its seeds."""
+    row = coarse.loc[[(dataset, float(bound_s))]].copy()
+    mean = mean_over_seeds(knee_runs, ["mode", "rate"])["normalized_latency_s"]
+    steps = []
+    for m in MODES:
+        if m not in mean.index.get_level_values("mode"):
+            continue
+        curve = mean.xs(m, level="mode").sort_index()
+        rate, note = sustained_rate(curve.index, curve.to_numpy(), bound_s)
+        row[MODE_LABELS[m]] = rate if note != "none" else row[MODE_LABELS[m]].iloc[0]
+        steps.append(float(curve.index[1] / curve.index[0]) if len(curve) > 1 else float("nan"))
+    row["vllm_over_oracle_x"] = row["vLLM"] / row["Orca (Oracle)"]
+    row["vllm_over_max_x"] = row["vLLM"] / row["Orca (Max)"]
+    row["step_x"] = max(steps) if steps else float("nan")
+    row["seeds"] = int(knee_runs["seed"].nunique()) if len(knee_runs) else 0
+    return row
+
+
 def block_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
     """Block size under the engine (vLLM, same KV memory), one dataset: normalized latency, output throughput,
     requests batched, preemptions, the share of the KV cache holding token states and of what requests hold (%,

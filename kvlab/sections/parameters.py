@@ -162,6 +162,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "SHAREGPT_RATE": _range("arrival_rate"), "ALPACA_RATE": _range("arrival_rate"),
         "SHAREGPT_RATES": _increasing(_range("arrival_rate")), "ALPACA_RATES": _increasing(_range("arrival_rate")),
         "LATENCY_BOUND_S": _range("seconds"), "LATENCY_BOUNDS_S": _increasing(_range("seconds")),
+        "KNEE_STEPS": _count, "KNEE_SEEDS": _range("num_seeds"),
         "BLOCK_SIZES": _increasing(_range("block_size")), "KV_CACHE_GIBS": _increasing(_range("memory_gib")),
         "AZURE_RATE_SCALES": _increasing(_scale), "SCHEDULING_RATE_SCALES": _increasing(_scale),
         "PREFIX_MODEL": _model_name, "PREFIX_GPU": _gpu_name,
@@ -273,6 +274,7 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
         n, seeds = p["NUM_REQUESTS"], p["NUM_SEEDS"]
         runs = seeds * 4 * (4 + len(p["SHAREGPT_RATES"]) + len(p["ALPACA_RATES"]) + len(p["KV_CACHE_GIBS"]))
         runs += seeds * 2 * (len(p["BLOCK_SIZES"]) + 1)     # the block grid, and today's vLLM
+        runs += 4 * (p["KNEE_STEPS"] + 1) * p["KNEE_SEEDS"]    # the knee
         azure_runs = 4 * len(p["AZURE_RATE_SCALES"]) + 2 * len(p["SCHEDULING_RATE_SCALES"])
         served = runs * n + azure_runs * AZURE_REQUESTS
         served += 4 * len(p["ARTICLE_MAX_NUM_SEQS"]) * 600
