@@ -10,8 +10,8 @@ at a multiple of its size, so a chunk's buddy is offset XOR size inside it; chun
 chunk is at most the largest arena (8,192 slots of 15,728: a request bigger than that can never be placed).
 
 Each order keeps a set of its free offsets (membership, O(1)) and a heap of them for the lowest address (entries
-no longer in the set are dropped lazily, and the heap is rebuilt when
-mostly stale); allocate and free are O(log num_slots) amortized.
+no longer in the set are dropped lazily, and the heap is rebuilt when mostly stale); allocate and free are
+O(log num_slots) amortized.
 """
 from __future__ import annotations
 

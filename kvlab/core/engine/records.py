@@ -173,8 +173,9 @@ class StepRecords(Mapping):
             counts[step] = count
         return counts
 
-
     def _split(self, name: str, held: np.ndarray) -> np.ndarray:
+        """A column of Fig. 2's split: from the buddy's records for a reservation pool; paged, every slot held
+        beyond the token states is internal fragmentation."""
         log = self._log
         if log.paged:
             if name == "num_internal_frag_tokens":   # a prefix hit shared by requests counts once per holder in
