@@ -273,9 +273,11 @@ class Engine:
                                         # whether it scheduled decodes only)
         gpu_free_s = self.clock         # when the GPU has run every batch queued so far
         num_empty = 0                   # schedule() calls in a row that scheduled nothing
-        fast = self.fast
+        fast, arrival = self.fast, self.arrival_list
+        recording = self.record_scheduled or self.record_block_ids
         while True:
-            self.add_arrivals()
+            if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
+                self.add_arrivals()
             if fast and len(queue) == 1 and queue[0][5]:
                 end_s = decode_run.run_async(self, queue, gpu_free_s)
                 if end_s is not None:
@@ -297,11 +299,12 @@ class Engine:
                 pure = tokens and not out.preempted and not out.num_hit_tokens
                 queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
-                if self.record_scheduled and step:
-                    self.scheduled_log.append(([(r.request_id, k) for r, k in out.scheduled],
-                                               sorted(r.request_id for r in out.preempted)))
-                if self.record_block_ids and step:
-                    self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+                if recording and step:
+                    if self.record_scheduled:
+                        self.scheduled_log.append(([(r.request_id, k) for r, k in out.scheduled],
+                                                   sorted(r.request_id for r in out.preempted)))
+                    if self.record_block_ids:
+                        self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
                 num_empty = 0 if tokens else num_empty + 1
                 if num_empty >= 2 and scheduler.has_unfinished_requests() and not any(
                         batch[0].num_scheduled_tokens for batch in queue):

@@ -88,9 +88,14 @@ class StepLog:
         ends.append(end_s)
         self.held.append(held)
         self.num_kv_tokens.append(num_kv_tokens)
-        self.num_scheduled_tokens.add(num_tokens)
-        self.num_running.add(num_running)
-        self.num_waiting.add(num_waiting)
+        for runs, value in ((self.num_scheduled_tokens, num_tokens), (self.num_running, num_running),
+                            (self.num_waiting, num_waiting)):
+            values = runs.values                # Runs.add, inline: one step a call, the hottest record
+            if values and values[-1] == value:
+                runs.counts[-1] += 1
+            else:
+                values.append(value)
+                runs.counts.append(1)
 
     def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int,
                   count: int = 1) -> None:
