@@ -1,10 +1,11 @@
 """The serving engine's speed: against vLLM's own scheduler (when .venv-vllm exists), and 100,000 and 1,000,000
 requests under a binding memory budget (time and peak memory), and the fast path against the per-step loop.
 
-Targets (issue 14): >= 30x vLLM's scheduler's requests/s on the Azure conversation trace with memory that forces
-preemption and on a long-prompt, short-output workload (make parity's runs azure-preempt and long-prompt);
-100,000 requests under a binding memory budget in < 10 s; 1,000,000 in < 90 s and < 2 GB. Issue 21: the engine with
-the measured clock at most 2x slower (requests/s) than with the roofline on the same workload.
+Targets: >= 30x vLLM's scheduler's requests/s on make parity's speed runs (SPEED_RUNS: the Azure conversation trace
+with memory that forces preemption and a long-prompt, short-output workload, each synchronous and asynchronous;
+issues 14 and 20), >= 50x on every parity run (issue 23); 100,000 requests under a binding memory budget in < 10 s;
+1,000,000 in < 10 s and < 1 GiB (issue 23). Issue 21: the engine with the measured clock at most 2x slower
+(requests/s) than with the roofline on the same workload.
 """
 import json
 import resource
@@ -100,44 +101,69 @@ def in_child(num_requests: int) -> dict:
     return json.loads(done.stdout)
 
 
+# Replays of vLLM's scheduler a run (median): its time on this machine varies by up to 1.5x from one replay to the
+# next, so a run under 10,000 requests (seconds of vLLM each) takes the median of 3; the Azure runs (minutes) one.
+VLLM_REPLAYS = {"small": 3, "large": 1, "large_from_requests": 10_000}
+KVLAB_REPEATS = 5
+TARGET_X = {"speed_runs": 30, "every_run": 50}   # issues 14 and 20 on SPEED_RUNS; issue 23 on every run
+
+
+def vllm_seconds(doc: dict, replays: int) -> float:
+    """Median seconds of vLLM's scheduler (schedule() and update_from_output() only) over replays of doc."""
+    times = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path_in, path_out = Path(tmp) / "in.json", Path(tmp) / "out.json"
+        path_in.write_text(json.dumps(doc))
+        for _ in range(replays):
+            subprocess.run([str(VLLM_PYTHON), str(ROOT / "scripts" / "parity" / "vllm_scheduler.py"), str(path_in),
+                            str(path_out)], check=True, capture_output=True)
+            times.append(json.loads(path_out.read_text())["wall_s_scheduler"])
+    return float(np.median(times))
+
+
 def against_vllm() -> None:
-    """Both speed runs of make parity: vLLM's scheduler (one replay) and kvlab's engine (median of 3)."""
+    """Every run of make parity, both scheduling modes: vLLM's scheduler (median of VLLM_REPLAYS replays) against
+    kvlab's engine (median of KVLAB_REPEATS runs, the engine's run only, as vLLM's side counts only its scheduler)."""
     if not VLLM_PYTHON.exists():
         print("   vs vLLM: skipped (.venv-vllm not installed; make parity installs it)")
         return
-    for name in scheduler_workloads.SPEED_RUNS:
-        description, build = scheduler_workloads.RUNS[name]
+    misses = []
+    for name, (description, build) in scheduler_workloads.RUNS.items():
         try:
             doc = build()
         except (OSError, ValueError) as err:
             print(f"   vs vLLM, {name}: skipped ({err})")
             continue
-        with tempfile.TemporaryDirectory() as tmp:
-            path_in, path_out = Path(tmp) / "in.json", Path(tmp) / "out.json"
-            path_in.write_text(json.dumps(doc))
-            subprocess.run([str(VLLM_PYTHON), str(ROOT / "scripts" / "parity" / "vllm_scheduler.py"), str(path_in),
-                            str(path_out)], check=True, capture_output=True)
-            vllm_s = json.loads(path_out.read_text())["wall_s_scheduler"]
+        n = len(doc["requests"])
+        replays = VLLM_REPLAYS["small"] if n < VLLM_REPLAYS["large_from_requests"] else VLLM_REPLAYS["large"]
+        vllm_s = vllm_seconds(doc, replays)
         args = replay.from_document(doc)
         times = []
-        for _ in range(3):
+        for _ in range(KVLAB_REPEATS):
             start = time.perf_counter()
             Engine(**args).run()
             times.append(time.perf_counter() - start)
-        kvlab_s = sorted(times)[1]
-        n = len(doc["requests"])
+        kvlab_s = float(np.median(times))
+        ratio = vllm_s / kvlab_s
+        target = TARGET_X["speed_runs"] if name in scheduler_workloads.SPEED_RUNS else None
+        verdict = f"target >= {target}x: {'PASS' if ratio >= target else 'FAIL'}; " if target else ""
+        if ratio < TARGET_X["every_run"]:
+            misses.append(name)
         print(f"   vs vLLM, {name} ({description}): kvlab {n / kvlab_s:,.0f} requests/s, vLLM's scheduler "
-              f"{n / vllm_s:,.0f} requests/s: {vllm_s / kvlab_s:.0f}x (target >= 30x)")
+              f"{n / vllm_s:,.0f} requests/s (median of {replays}): {ratio:.0f}x ({verdict}>= "
+              f"{TARGET_X['every_run']}x: {'yes' if ratio >= TARGET_X['every_run'] else 'no'})", flush=True)
+    print(f"   vs vLLM: {len(scheduler_workloads.RUNS) - len(misses)} of {len(scheduler_workloads.RUNS)} runs at >= "
+          f"{TARGET_X['every_run']}x" + (f" (short: {', '.join(misses)})" if misses else ""))
 
 
 def main() -> None:
     against_vllm()
-    for n, target_s in ((100_000, 10), (1_000_000, 90)):
+    for n, target_s in ((100_000, 10), (1_000_000, 10)):
         run = in_child(n)
         print(f"   {n:>9,} requests, binding memory ({BINDING['num_gpu_blocks']:,} blocks, {run['num_preemptions']:,} "
               f"preemptions, {run['num_steps']:,} steps): {run['seconds']:.1f} s (target < {target_s} s), "
               f"peak RSS {run['peak_rss_mib']:,.0f} MiB (interpreter {run['baseline_rss_mib']:,.0f} MiB"
-              + ("; target < 2,048 MiB)" if n == 1_000_000 else ")"))
+              + ("; target < 1,024 MiB)" if n == 1_000_000 else ")"))
         if n == 1_000_000:
             per_request = (run["peak_rss_mib"] - run["baseline_rss_mib"]) * 2**20 / n
             print(f"   memory per request served: {per_request:,.0f} B (kvlab.core.engine.PEAK_BYTES_PER_REQUEST "
