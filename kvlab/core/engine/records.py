@@ -88,14 +88,25 @@ class StepLog:
         ends.append(end_s)
         self.held.append(held)
         self.num_kv_tokens.append(num_kv_tokens)
-        for runs, value in ((self.num_scheduled_tokens, num_tokens), (self.num_running, num_running),
-                            (self.num_waiting, num_waiting)):
-            values = runs.values                # Runs.add, inline: one step a call, the hottest record
-            if values and values[-1] == value:
-                runs.counts[-1] += 1
-            else:
-                values.append(value)
-                runs.counts.append(1)
+        # Runs.add three times, inline: this is called once a step outside decode runs.
+        runs = self.num_scheduled_tokens
+        if runs.values and runs.values[-1] == num_tokens:
+            runs.counts[-1] += 1
+        else:
+            runs.values.append(num_tokens)
+            runs.counts.append(1)
+        runs = self.num_running
+        if runs.values and runs.values[-1] == num_running:
+            runs.counts[-1] += 1
+        else:
+            runs.values.append(num_running)
+            runs.counts.append(1)
+        runs = self.num_waiting
+        if runs.values and runs.values[-1] == num_waiting:
+            runs.counts[-1] += 1
+        else:
+            runs.values.append(num_waiting)
+            runs.counts.append(1)
 
     def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int,
                   count: int = 1) -> None:
