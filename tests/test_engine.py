@@ -244,12 +244,16 @@ def article_engine(workload, max_num_seqs=8, ms=8.0):
        st.integers(1, 8))
 @settings(max_examples=60, deadline=None)
 def test_engine_equals_the_continuous_slot_model_on_step_aligned_arrivals(steps_apart, outputs, slots):
-    arrival = np.cumsum(steps_apart) * 0.008
+    # A step of 2^-7 s (7.8125 ms): step boundaries and arrivals are then exact binary fractions, so an arrival on a
+    # boundary is on it in float64 too (with 8 ms, 0.008 is inexact: the engine's summed clock may pass an arrival
+    # a step early or late, where the slot model's multiples do not).
+    step_ms = 7.8125
+    arrival = np.cumsum(steps_apart) * (step_ms / 1000)
     n = len(arrival)
     w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
-    engine = article_engine(w, slots)
+    engine = article_engine(w, slots, ms=step_ms)
     slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
-                                   max_num_seqs=slots, cost=TokenCost(8.0))
+                                   max_num_seqs=slots, cost=TokenCost(step_ms))
     assert np.allclose(engine.finish_s, slot_model.finish_s, rtol=0, atol=1e-9)
     assert np.allclose(engine.first_scheduled_s, slot_model.start_s, rtol=0, atol=1e-9)
 
