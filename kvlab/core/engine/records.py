@@ -134,6 +134,9 @@ class StepLog:
                 self.num_waiting.add(waiting)
 
 
+SLICE_STEPS = 1 << 20     # steps a slice when a summary reads a long column piece by piece
+
+
 class StepRecords(Mapping):
     """The per-step columns of STEP_FIELDS as numpy arrays, built from a StepLog when first asked for."""
 
@@ -155,6 +158,29 @@ class StepRecords(Mapping):
         if name not in self._columns:
             self._columns[name] = self._column(name)
         return self._columns[name]
+
+    def slices(self, name: str, size: int = SLICE_STEPS):
+        """The column in slices of size steps, without keeping it (a held column is sliced as it is)."""
+        n = len(self._log)
+        if name in self._columns or name not in ("num_reserved_tokens", "num_blocks_in_use"):
+            column = self[name]
+            return (column[low:low + size] for low in range(0, n, size))
+        held = np.frombuffer(self._log.held, dtype="i8") if n else np.zeros(0, dtype=np.int64)
+        return (self._from_held(name, held[low:low + size]) for low in range(0, n, size))
+
+    def column_sum(self, name: str) -> int:
+        """The sum of a column of STEP_FIELDS kept as runs of equal values (exact; the column is not expanded)."""
+        runs = getattr(self._log, name)
+        if not runs.values:
+            return 0
+        return int(np.dot(np.frombuffer(runs.values, dtype="i8"), np.frombuffer(runs.counts, dtype="i8")))
+
+    def _from_held(self, name: str, held: np.ndarray) -> np.ndarray:
+        """num_blocks_in_use or num_reserved_tokens from what the requests hold (blocks, or reserved slots)."""
+        log = self._log
+        if name == "num_blocks_in_use":
+            return held if log.paged else -(-held // log.block_size)
+        return held * log.block_size if log.paged else held
 
     def _column(self, name: str) -> np.ndarray:
         log, n = self._log, len(self._log)
@@ -180,10 +206,8 @@ class StepRecords(Mapping):
         if name in ("num_reservation_tokens", "num_internal_frag_tokens", "num_rounding_tokens",
                     "num_external_frag_tokens"):
             return self._split(name, held)
-        if name == "num_blocks_in_use":
-            return held if log.paged else -(-held // log.block_size)
-        if name == "num_reserved_tokens":
-            return held * log.block_size if log.paged else held
+        if name in ("num_blocks_in_use", "num_reserved_tokens"):
+            return self._from_held(name, held)
         counts = np.zeros(n, dtype=np.int64)
         for step, count in log.preemptions if name == "num_preemptions" else log.hits:
             counts[step] = count
@@ -262,9 +286,8 @@ class EngineResult:
         output = int(self.num_output_tokens.sum())
         n = self.num_steps
         share_sum = share_steps = 0.0
-        for low in range(0, n, 1 << 20):      # in slices: a million-request run has tens of millions of steps
-            kv = steps["num_kv_tokens"][low:low + (1 << 20)]
-            reserved = steps["num_reserved_tokens"][low:low + (1 << 20)]
+        kv_tokens, reserved_tokens = steps.slices("num_kv_tokens"), steps.slices("num_reserved_tokens")
+        for kv, reserved in zip(kv_tokens, reserved_tokens):     # a million-request run has 20 million steps
             held = reserved > 0
             share_sum += float((kv[held] / reserved[held]).sum())
             share_steps += int(held.sum())
@@ -276,7 +299,7 @@ class EngineResult:
             "num_preemptions": int(self.num_preemptions.sum()),
             "num_steps": n,
             "peak_kv_blocks": int(steps["num_blocks_in_use"].max()) if n else 0,
-            "mean_running": float(steps["num_running"].mean(dtype=np.float64)) if n else 0.0,
+            "mean_running": steps.column_sum("num_running") / n if n else 0.0,
             "output_tokens_per_s": output / makespan if makespan > 0 else float("nan"),
             "num_output_tokens": output,
             "makespan_s": makespan,
