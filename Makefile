@@ -14,6 +14,7 @@ export IPYTHONDIR          := $(CURDIR)/.cache/ipython
 export JUPYTER_CONFIG_DIR  := $(CURDIR)/.cache/jupyter/config
 export JUPYTER_DATA_DIR    := $(CURDIR)/.cache/jupyter/data
 export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
+export NUMBA_CACHE_DIR     := $(CURDIR)/.cache/numba
 export PYTHONHASHSEED      := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Real request traces (not committed): a folder holding the files that data/traces.toml lists.

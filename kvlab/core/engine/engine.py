@@ -37,6 +37,7 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
+from kvlab.core.engine import compiled as compiled_loop
 from kvlab.core.engine import decode_run
 from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
 from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
@@ -131,7 +132,7 @@ class Engine:
     def __init__(self, workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int,
                  cost=None, allocation: str = "paged", prompt_token_ids=None, fast: bool = True,
                  record_scheduled: bool = False, record_block_ids: bool = False, record_frees: bool = False,
-                 check: bool = True):
+                 check: bool = True, compiled: bool | None = None):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
@@ -186,6 +187,22 @@ class Engine:
         self.all_decoding = False       # every running request was scheduled in the last step and sampled
         self.num_decode_runs = 0        # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
+        self.compiled = self._use_compiled(compiled)
+
+    def _use_compiled(self, compiled: bool | None) -> bool:
+        """Whether run() takes the compiled loop (kvlab.core.engine.compiled): None decides by itself (eligible,
+        numba installed, at least COMPILED_FROM_REQUESTS requests); True insists; False never."""
+        loop = compiled_loop
+        if compiled is None:
+            return (self.fast and self.workload.num_requests >= loop.COMPILED_FROM_REQUESTS and loop.eligible(self)
+                    and loop.available())
+        if compiled:
+            if not (self.fast and loop.eligible(self)):
+                validate.fail("compiled", True, "applies only to the v1 scheduler over paged blocks without prefix "
+                              "caching, a constant or linear step cost, fast=True and no block or batch records")
+            if not loop.available():
+                validate.fail("compiled", True, "needs numba, which is not installed (make setup installs it)")
+        return bool(compiled)
 
     # ---------------------------------------------------------------- requests
     def peek_arrival(self) -> Request:
@@ -212,6 +229,10 @@ class Engine:
     # ---------------------------------------------------------------- the loop
     def run(self) -> EngineResult:
         """Serve the whole workload; the result of every request and step."""
+        if self.compiled:
+            result = compiled_loop.run(self)
+            if result is not None:
+                return result           # else a step scheduled nothing: the Python loop below says why
         if self.scheduler.async_scheduling:
             return self.run_async()
         scheduler = self.scheduler

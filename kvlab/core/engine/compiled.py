@@ -1,0 +1,136 @@
+"""The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
+
+It is Engine.run's plain per-step loop (fast=False: schedule, step cost, update_from_output, the step's record),
+synchronous or asynchronous (a batch queue of two), for the cases where every decision depends on counts
+only, written over arrays so that numba compiles it (kvlab.core.engine._kernels): vLLM 0.33's v1 scheduler over
+paged blocks without prefix caching (which block a request gets then changes nothing: the pool is a count of
+free blocks) and a constant or linear step cost. Everything else (prefix caching, the reservation baselines,
+vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
+holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
+
+numba is a pinned wheel (requirements.lock). Without it, or below COMPILED_FROM_REQUESTS requests (where its
+import and the loading of its cache, about 0.7 s, cost more than they save; its first compilation takes about
+10 s once), the engine runs in Python. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
+StepLog's form before the next, so memory per step stays the StepLog's.
+"""
+from __future__ import annotations
+
+import math
+from array import array
+
+import numpy as np
+
+from kvlab.core.cost import ConstantStepCost, LinearStepCost
+from kvlab.core.engine.records import Runs, StepLog
+
+COMPILED_FROM_REQUESTS = 10_000
+CHUNK_STEPS = 1 << 18
+DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine._kernels returns them
+S_STEPS = 6                                # the integer state's count of steps recorded (see _kernels)
+
+
+def available() -> bool:
+    """Whether numba can be imported (the compiled path exists)."""
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def eligible(engine) -> bool:
+    """Whether the engine's run is one the compiled loop does (see the module's docstring)."""
+    config = engine.config
+    return (type(engine.cost) in (ConstantStepCost, LinearStepCost) and engine.allocation == "paged"
+            and not config.cache.enable_prefix_caching and config.scheduler.scheduler_cls == "v1" and engine.prompt_token_ids is None
+            and not (engine.record_scheduled or engine.record_block_ids or engine.freed_tables is not None))
+
+
+def kernels():
+    """The compiled loops (kvlab.core.engine._kernels; numba compiles them on first use and its cache keeps them)."""
+    from kvlab.core.engine import _kernels
+    return _kernels
+
+
+def _add_runs(runs: Runs, column: np.ndarray) -> None:
+    """Append a chunk's column to runs of equal values (Runs.add for each value, at once)."""
+    if not len(column):
+        return
+    edges = np.flatnonzero(column[1:] != column[:-1]) + 1
+    starts = np.concatenate(([0], edges))
+    values = column[starts]
+    counts = np.diff(np.append(starts, len(column)))
+    if runs.values and runs.values[-1] == values[0]:
+        runs.counts[-1] += int(counts[0])
+        values, counts = values[1:], counts[1:]
+    runs.values.frombytes(values.astype(np.int64).tobytes())
+    runs.counts.frombytes(counts.astype(np.int64).tobytes())
+
+
+def run(engine):
+    """Serve the engine's whole workload with the compiled loop; its EngineResult (the engine's records filled in),
+    or None if the run cannot progress (the caller runs the Python loop, which says why)."""
+    w, sched = engine.workload, engine.config.scheduler
+    n = w.num_requests
+    prompt = np.ascontiguousarray(w.prompt_tokens, dtype=np.int64)
+    max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
+    max_num_tokens = np.minimum(max_tokens_total, engine.max_model_len)
+    constant = type(engine.cost) is ConstantStepCost
+    cfg = np.array([engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
+                    int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
+                    int(constant)], dtype=np.int64)
+    cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
+    state = np.zeros(11, np.int64)
+    state[1] = engine.num_gpu_blocks - 1                        # every usable block is free
+    fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
+    num_tokens = prompt.copy()
+    computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale = (np.zeros(n, np.int64)
+                                                                                    for _ in range(7))
+    first_scheduled_s, first_token_s, finish_s = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    running, waiting = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    chunk = min(CHUNK_STEPS, 64 + 64 * n)
+    end_s, start_s = np.empty(chunk), np.empty(chunk)
+    held, kv_tokens, tokens, num_running, num_waiting, start_step, preempt_step, preempt_count = (
+        np.empty(chunk, np.int64) for _ in range(8))
+    counts = np.zeros(3, np.int64)
+    arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
+    per_request = (arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens,
+                   computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
+                   first_token_s, finish_s, running, waiting)
+    records = (end_s, held, kv_tokens, tokens, num_running, num_waiting, start_step, start_s, preempt_step,
+               preempt_count, counts)
+    loops = kernels()
+    size = min(n, sched.max_num_seqs)       # a batch schedules at most max_num_seqs requests
+    if sched.async_scheduling:              # the batch queue: two batches, their counts and times
+        queue = (np.zeros((2, size), np.int64), np.zeros((2, size), np.int64), np.zeros((2, size), np.bool_),
+                 np.zeros((2, 5), np.int64), np.zeros((2, 2)))
+        step = lambda: loops.loop_async(*per_request, *queue, *records)     # noqa: E731
+    else:
+        batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
+        step = lambda: loops.loop_sync(*per_request, *batch, *records)      # noqa: E731
+    log = StepLog(engine.block_size, True)
+    while True:
+        first_step = int(state[S_STEPS])
+        code = step()
+        if code == NO_PROGRESS:
+            return None
+        s, num_starts, num_pre = (int(c) for c in counts)
+        log.end_s.frombytes(end_s[:s].tobytes())
+        log.held.frombytes(held[:s].tobytes())
+        log.num_kv_tokens.frombytes(kv_tokens[:s].tobytes())
+        _add_runs(log.num_scheduled_tokens, tokens[:s])
+        _add_runs(log.num_running, num_running[:s])
+        _add_runs(log.num_waiting, num_waiting[:s])
+        log.starts.extend(zip((start_step[:num_starts] + first_step).tolist(), start_s[:num_starts].tolist()))
+        log.preemptions.extend(zip((preempt_step[:num_pre] + first_step).tolist(), preempt_count[:num_pre].tolist()))
+        if code == DONE:
+            break
+    engine.steps = log
+    engine.clock = float(fstate[0])
+    engine.next_arrival = n
+    engine.first_scheduled_s = array("d", first_scheduled_s.tobytes())
+    engine.first_token_s = array("d", first_token_s.tobytes())
+    engine.finish_s = array("d", finish_s.tobytes())
+    engine.num_preemptions = array("q", num_preemptions.tobytes())
+    engine.num_output_tokens = array("q", (num_tokens - prompt).tobytes())
+    return engine.result()

@@ -1,0 +1,98 @@
+"""The compiled per-step loop (kvlab.core.engine.compiled) against the Python engine: the same results, bit for bit."""
+import numpy as np
+import pytest
+from conftest import draw_requests
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from kvlab.core import models
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
+from kvlab.core.engine import Engine, NoProgressError, compiled
+from kvlab.core.workload import Workload
+
+pytest.importorskip("numba", reason="numba is not installed (fix: make setup installs it from requirements.lock)")
+
+
+def assert_identical(python, loop) -> None:
+    """Every request's times, tokens and preemptions and every step's record are the same bits."""
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name
+    for name in python.steps:
+        assert np.array_equal(python.steps[name], loop.steps[name]), name
+    np.testing.assert_equal(python.summary(), loop.summary())     # NaN where both have none
+
+
+@st.composite
+def compiled_runs(draw):
+    """Small workloads, synchronous or asynchronous, with chunked prefill on or off, a threshold, memory that may
+    preempt."""
+    n, bs, max_model_len, gaps, prompts, outputs = draw_requests(draw, st)
+    chunked = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(max(max_num_seqs, 8), 96)) if chunked else max_model_len + draw(st.integers(0, 40))
+    threshold = draw(st.sampled_from([0, 0, 5, 24])) if chunked else 0
+    prompt = np.minimum(np.array(prompts), max_model_len - 1)
+    output = np.array(outputs)
+    need = int((-(-(np.minimum(prompt + output, max_model_len) - 1) // bs)).max())
+    config = EngineConfig().replace(async_scheduling=draw(st.booleans()), block_size=bs, max_model_len=max_model_len,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                    enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold)
+    cost = draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(8.0, 0.01), LinearStepCost(3, 0.37)]))
+    workload = Workload(np.cumsum(gaps), prompt, output)
+    return {"workload": workload, "config": config, "cost": cost,
+            "num_gpu_blocks": 1 + need + draw(st.integers(0, 3 * need))}
+
+
+@given(compiled_runs())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_loop_equals_the_python_engine(args):
+    """The per-step loop and the decode runs in Python, and the compiled loop, agree on every request and step."""
+    step_by_step = Engine(**args, fast=False).run()
+    assert_identical(step_by_step, Engine(**args, compiled=False).run())
+    assert_identical(step_by_step, Engine(**args, compiled=True).run())
+
+
+def test_chunks_join_into_one_record(monkeypatch):
+    """A run longer than a chunk of steps records the same as one chunk (runs of equal values joined across)."""
+    rng = np.random.default_rng(7)
+    n = 300
+    workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
+    args = {"workload": workload, "config": EngineConfig().replace(async_scheduling=False, max_model_len=1024),
+            "num_gpu_blocks": 200, "cost": LinearStepCost(8.0, 0.01)}
+    whole = Engine(**args, compiled=True).run()
+    monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
+    assert_identical(whole, Engine(**args, compiled=True).run())
+    python = Engine(**args, compiled=False).run()
+    assert_identical(python, whole)
+    assert python.num_preemptions.sum() > 0          # memory that preempts: the victims' path is exercised
+
+
+def test_no_progress_is_the_python_engines_error():
+    """A step that schedules nothing: the compiled loop hands back, and the Python loop raises its one-line error."""
+    config = EngineConfig().replace(async_scheduling=False, max_model_len=64, max_num_batched_tokens=64,
+                                    enable_chunked_prefill=False, max_num_seqs=2)
+    workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
+    with pytest.raises(NoProgressError, match="no progress possible") as python:
+        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, compiled=False).run()
+    with pytest.raises(NoProgressError, match="no progress possible") as loop:
+        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, compiled=True).run()
+    assert str(python.value) == str(loop.value)
+
+
+def test_which_runs_take_the_compiled_loop():
+    """None decides by size and kind; True on a run it cannot do is refused in one line naming what it needs."""
+    n = compiled.COMPILED_FROM_REQUESTS
+    big = Workload(np.arange(n) * 0.01, np.full(n, 10), np.full(n, 5))
+    small = Workload(np.zeros(3), np.full(3, 10), np.full(3, 5))
+    sync = EngineConfig().replace(async_scheduling=False, max_model_len=64)
+    assert Engine(big, sync, num_gpu_blocks=100).compiled
+    assert not Engine(small, sync, num_gpu_blocks=100).compiled
+    assert not Engine(big, sync, num_gpu_blocks=100, fast=False).compiled
+    assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
+    assert not Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
+    assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
+    roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
+    assert not Engine(big, sync, num_gpu_blocks=100, cost=roofline).compiled
+    with pytest.raises(ValueError, match=r"^compiled=True is not allowed: applies only to the v1 scheduler") as err:
+        Engine(small, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100, compiled=True)
+    assert "\n" not in str(err.value)
