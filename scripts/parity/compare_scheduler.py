@@ -7,8 +7,10 @@ simulated time; every request's first-scheduled, first-token and finish times, o
 preemptions, and every step's start and end, scheduled tokens, blocks in use, running and waiting
 requests, batch (request and tokens, in vLLM's order) and preempted requests are compared for exact
 equality (kvlab adds step times in the same order, so the floats are the same bits). The speed ratio is
-kvlab's requests per second (its whole engine run, median of 3, without the comparison's records) over
-vLLM's (the seconds spent inside schedule() and update_from_output() only, vLLM's import excluded).
+kvlab's requests per second (its whole engine run in Python, median of 3, without the comparison's records)
+over vLLM's (the seconds spent inside schedule() and update_from_output() only, vLLM's import excluded).
+Where the compiled loop applies (kvlab.core.engine.compiled: no prefix caching), it is compared too, on the
+same fields but the batch lists it does not keep, and timed the same way (numba's import excluded, as vLLM's).
 
 Writes data/parity/scheduler.csv (one row per run) and exits 1 unless every run is 100% identical.
 
@@ -30,7 +32,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import scheduler_workloads  # noqa: E402  (beside this script)
-from kvlab.core.engine import Engine, replay  # noqa: E402
+from kvlab.core.engine import Engine, compiled, replay  # noqa: E402
 
 VLLM_SCRIPT = HERE / "vllm_scheduler.py"
 SUMMARY_CSV = ROOT / "data" / "parity" / "scheduler.csv"
@@ -38,7 +40,10 @@ REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_
 STEP_FIELDS = ("start_s", "end_s", "num_scheduled_tokens", "num_blocks_in_use", "num_running", "num_waiting",
                "scheduled", "preempted")
 COLUMNS = ("run", "requests", "steps", "preemptions", "identical_requests_pct", "identical_steps_pct",
-           "kvlab_req_per_s", "vllm_req_per_s", "speed_ratio", "first_difference", "description")
+           "kvlab_req_per_s", "vllm_req_per_s", "speed_ratio", "first_difference", "compiled_identical_pct",
+           "compiled_req_per_s", "compiled_speed_ratio", "description")
+# The compiled loop keeps no batch lists (kvlab.core.engine.compiled): its steps are compared on the other fields.
+COMPILED_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("scheduled", "preempted"))
 
 
 def run_vllm(python: str, doc: dict, folder: Path, name: str) -> dict:
@@ -51,15 +56,31 @@ def run_vllm(python: str, doc: dict, folder: Path, name: str) -> dict:
     return json.loads(path_out.read_text())
 
 
-def time_kvlab(doc: dict, repeats: int = 3) -> float:
+def time_kvlab(doc: dict, repeats: int = 3, **engine_options) -> float:
     """Seconds of kvlab's engine on doc, as a user runs it (no comparison records): the median of repeats."""
     args = replay.from_document(doc)
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        Engine(**args).run()
+        Engine(**args, **engine_options).run()
         seconds.append(time.perf_counter() - start)
     return sorted(seconds)[len(seconds) // 2]
+
+
+def compiled_row(doc: dict, theirs: dict) -> dict:
+    """The compiled loop against vLLM on doc, where it applies (kvlab.core.engine.compiled): its identical share
+    (requests and steps, batch lists aside) and speed; blanks where it does not apply."""
+    args = replay.from_document(doc)
+    if not (compiled.available() and compiled.eligible(Engine(**args))):
+        return {"compiled_identical_pct": "", "compiled_req_per_s": "", "compiled_speed_ratio": ""}
+    mine = replay.to_document(Engine(**args, compiled=True).run())
+    same_requests, first = _same(mine["requests"], theirs["requests"], REQUEST_FIELDS, "request")
+    same_steps, first_step = _same(mine["steps"], theirs["steps"], COMPILED_STEP_FIELDS, "step")
+    n, steps = len(theirs["requests"]), len(theirs["steps"])
+    identical = not (first or first_step) and same_requests == n and same_steps == steps
+    seconds = time_kvlab(doc, compiled=True)
+    return {"compiled_identical_pct": 100.0 if identical else round(100 * min(same_requests / n, same_steps / steps), 3),
+            "compiled_req_per_s": round(n / seconds), "compiled_speed_ratio": round(theirs["wall_s_scheduler"] / seconds, 1)}
 
 
 def _same(mine: list, theirs: list, fields: tuple, label: str) -> tuple[int, str]:
@@ -107,17 +128,22 @@ def main(argv: list[str] | None = None) -> int:
             n, steps = len(theirs["requests"]), len(theirs["steps"])
             identical = not first and same_requests == n and same_steps == steps
             all_identical &= identical
-            kvlab_s = time_kvlab(doc)
+            kvlab_s = time_kvlab(doc, compiled=False)
+            fast = compiled_row(doc, theirs)
+            all_identical &= fast["compiled_identical_pct"] in ("", 100.0)
             row = {"run": name, "requests": n, "steps": steps,
                    "preemptions": sum(r["num_preemptions"] for r in theirs["requests"]),
                    "identical_requests_pct": round(100 * same_requests / n, 3),
                    "identical_steps_pct": round(100 * same_steps / max(steps, 1), 3),
                    "kvlab_req_per_s": round(n / kvlab_s), "vllm_req_per_s": round(n / theirs["wall_s_scheduler"]),
                    "speed_ratio": round(theirs["wall_s_scheduler"] / kvlab_s, 1), "first_difference": first,
-                   "description": description}
+                   **fast, "description": description}
             rows.append(row)
             print(f"{name:<24}{n:>9,}{steps:>9,}{row['identical_requests_pct']:>9.3f}%{row['identical_steps_pct']:>9.3f}%"
-                  f"{row['kvlab_req_per_s']:>13,}{row['vllm_req_per_s']:>12,}{row['speed_ratio']:>7.1f}x", flush=True)
+                  f"{row['kvlab_req_per_s']:>13,}{row['vllm_req_per_s']:>12,}{row['speed_ratio']:>7.1f}x"
+                  + (f"  compiled: {fast['compiled_identical_pct']:.3f}% identical, {fast['compiled_req_per_s']:,} "
+                     f"req/s, {fast['compiled_speed_ratio']:.1f}x" if fast["compiled_req_per_s"] != "" else ""),
+                  flush=True)
             if first:
                 print(f"  first difference: {first}", flush=True)
     out = Path(args.out)
