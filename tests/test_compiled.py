@@ -52,6 +52,39 @@ def test_compiled_loop_equals_the_python_engine(args):
     assert_identical(step_by_step, Engine(**args, compiled=True).run())
 
 
+@st.composite
+def caching_runs(draw):
+    """Prefix caching over prompts that share leading blocks (a few system prompts of tokens 0-2 and questions of
+    tokens 0-1), tight memory that evicts cached blocks and preempts, either scheduling mode."""
+    n = draw(st.integers(1, 30))
+    bs = draw(st.sampled_from([1, 2, 4, 16]))
+    max_model_len = draw(st.sampled_from([64, 160]))
+    systems = draw(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=48), min_size=1, max_size=3))
+    ids = [np.array((systems[draw(st.integers(0, len(systems) - 1))] + draw(st.lists(st.integers(0, 1), max_size=12))
+                     )[:max_model_len - 1], dtype=np.int64) for _ in range(n)]
+    prompt = np.array([len(x) for x in ids])
+    output = np.array(draw(st.lists(st.integers(1, 50), min_size=n, max_size=n)))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.008, 0.02, 0.3]), min_size=n, max_size=n))
+    chunked = draw(st.booleans())
+    max_num_seqs = draw(st.integers(1, 8))
+    budget = draw(st.integers(max(max_num_seqs, 8), 96)) if chunked else max_model_len
+    config = EngineConfig().replace(async_scheduling=draw(st.booleans()), block_size=bs, max_model_len=max_model_len,
+                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                    enable_chunked_prefill=chunked, enable_prefix_caching=True,
+                                    long_prefill_token_threshold=draw(st.sampled_from([0, 5])) if chunked else 0)
+    need = int((-(-(np.minimum(prompt + output, max_model_len) - 1) // bs)).max())
+    return {"workload": Workload(np.cumsum(gaps), prompt, output), "config": config, "cost": LinearStepCost(8.0, 0.01),
+            "num_gpu_blocks": 1 + need + draw(st.integers(0, 2 * need)),
+            "prompt_token_ids": ids if draw(st.booleans()) else None}
+
+
+@given(caching_runs())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_prefix_caching_equals_the_python_engine(args):
+    """With prefix caching (hits, evictions from the free queue's tail, preemptions), the same bits too."""
+    assert_identical(Engine(**args, fast=False).run(), Engine(**args, compiled=True).run())
+
+
 def test_chunks_join_into_one_record(monkeypatch):
     """A run longer than a chunk of steps records the same as one chunk (runs of equal values joined across)."""
     rng = np.random.default_rng(7)
@@ -89,10 +122,13 @@ def test_which_runs_take_the_compiled_loop():
     assert not Engine(small, sync, num_gpu_blocks=100).compiled
     assert not Engine(big, sync, num_gpu_blocks=100, fast=False).compiled
     assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
-    assert not Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
+    assert Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
+    hashed = Workload(big.arrival_s, big.prompt_tokens, big.output_tokens, prefix_hashes=[np.arange(1)] * n,
+                      prefix_block_tokens=16)
+    assert not Engine(hashed, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
     roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
     assert not Engine(big, sync, num_gpu_blocks=100, cost=roofline).compiled
     with pytest.raises(ValueError, match=r"^compiled=True is not allowed: applies only to the v1 scheduler") as err:
-        Engine(small, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100, compiled=True)
+        Engine(small, sync, num_gpu_blocks=100, compiled=True, record_scheduled=True)
     assert "\n" not in str(err.value)

@@ -9,7 +9,7 @@ requests, batch (request and tokens, in vLLM's order) and preempted requests are
 equality (kvlab adds step times in the same order, so the floats are the same bits). The speed ratio is
 kvlab's requests per second (its whole engine run in Python, median of 3, without the comparison's records)
 over vLLM's (the seconds spent inside schedule() and update_from_output() only, vLLM's import excluded).
-Where the compiled loop applies (kvlab.core.engine.compiled: no prefix caching), it is compared too, on the
+Where the compiled loop applies (kvlab.core.engine.compiled: every run here), it is compared too, on the
 same fields but the batch lists it does not keep, and timed the same way (numba's import excluded, as vLLM's).
 
 Writes data/parity/scheduler.csv (one row per run) and exits 1 unless every run is 100% identical.

@@ -22,17 +22,164 @@ def _jit(function):
         return numba.njit(nogil=True)(function)
 
 
+# ---------------------------------------------------------------- the block pool with prefix caching
+# BlockPool (kvlab/core/block_pool.py) with block identities, as the prefix cache needs them. pool is a tuple:
+# ref, hash_of (a block's hash id or -1), stack (the free queue's unhashed head part; its top is the queue's head),
+# tail_next, tail_prev (the hashed tail part, a linked list in insertion order), hash_first, hash_last, hash_next,
+# hash_prev (per hash id, the blocks cached under it, first inserted first), pstate (stack size, tail head, tail
+# end, tail size), tables (a block table per running slot), slot_of (a request's slot), free_slots (pstate[4] of
+# them), hash_offset, hash_shared, num_shared, hash_base (a request's hash ids, see hash_id) and two scratch rows.
+P_STACK, P_TAIL_HEAD, P_TAIL_END, P_TAIL_SIZE, P_SLOTS = 0, 1, 2, 3, 4
+
+
 @_jit
-def schedule(cfg, num_tokens, computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale,
-             max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r, out_n,
-             out_sample, asynchronous):
-    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py) without prefix caching: the batch in
-    out_r, out_n, out_sample; returns (its requests, preemptions, tokens, nrun, head, nwait, free)."""
+def hash_id(pool, r, j):
+    """The hash id of request r's block j: shared by equal full prompt blocks (same parents), else its own."""
+    if j < pool[15][r]:
+        return pool[14][pool[13][r] + j]
+    return pool[16][r] + j - pool[15][r]
+
+
+@_jit
+def num_free(pool):
+    """BlockPool.num_free_blocks: both parts of the free queue."""
+    return pool[9][P_STACK] + pool[9][P_TAIL_SIZE]
+
+
+@_jit
+def tail_remove(pool, b):
+    tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
+    before, after = tail_prev[b], tail_next[b]
+    if before >= 0:
+        tail_next[before] = after
+    else:
+        pstate[P_TAIL_HEAD] = after
+    if after >= 0:
+        tail_prev[after] = before
+    else:
+        pstate[P_TAIL_END] = before
+    pstate[P_TAIL_SIZE] -= 1
+
+
+@_jit
+def tail_append(pool, b):
+    tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
+    end = pstate[P_TAIL_END]
+    tail_prev[b], tail_next[b] = end, -1
+    if end >= 0:
+        tail_next[end] = b
+    else:
+        pstate[P_TAIL_HEAD] = b
+    pstate[P_TAIL_END] = b
+    pstate[P_TAIL_SIZE] += 1
+
+
+@_jit
+def evict(pool, b):
+    """BlockPool._evict: the block leaves the cache list of its hash."""
+    hash_of, hash_first, hash_last, hash_next, hash_prev = pool[1], pool[5], pool[6], pool[7], pool[8]
+    h = hash_of[b]
+    if h < 0:
+        return
+    before, after = hash_prev[b], hash_next[b]
+    if before >= 0:
+        hash_next[before] = after
+    else:
+        hash_first[h] = after
+    if after >= 0:
+        hash_prev[after] = before
+    else:
+        hash_last[h] = before
+    hash_of[b] = -1
+
+
+@_jit
+def get_new_blocks(pool, row, at, k):
+    """BlockPool.get_new_blocks: k blocks from the head of the free queue (the stack's top, then the tail's
+    front, evicting) into row[at:at + k]."""
+    ref, stack, pstate = pool[0], pool[2], pool[9]
+    for i in range(k):
+        if pstate[P_STACK] > 0:
+            pstate[P_STACK] -= 1
+            b = stack[pstate[P_STACK]]
+        else:
+            b = pstate[P_TAIL_HEAD]
+            tail_remove(pool, b)
+            evict(pool, b)
+        ref[b] = 1
+        row[at + i] = b
+
+
+@_jit
+def free_table(pool, r, n):
+    """KVCacheManager.free with caching (BlockPool.free_blocks of the table reversed): unhashed blocks no request
+    holds go to the head, the first freed ending at the top; hashed ones to the tail, in the order freed."""
+    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (pool[0], pool[1], pool[2], pool[9],
+                                                                         pool[10], pool[11], pool[12], pool[18])
+    slot = slot_of[r]
+    row = tables[slot]
+    k = 0
+    for j in range(n - 1, -1, -1):
+        b = row[j]
+        ref[b] -= 1
+        if ref[b] == 0:
+            if hash_of[b] >= 0:
+                tail_append(pool, b)
+            else:
+                unhashed[k] = b
+                k += 1
+    for j in range(k - 1, -1, -1):
+        stack[pstate[P_STACK]] = unhashed[j]
+        pstate[P_STACK] += 1
+    free_slots[pstate[P_SLOTS]] = slot
+    pstate[P_SLOTS] += 1
+    slot_of[r] = -1
+
+
+@_jit
+def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
+    """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
+    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (pool[1], pool[5], pool[6], pool[7],
+                                                                           pool[8], pool[10], pool[11])
+    num_full = num_known_tokens // block_size
+    row = tables[slot_of[r]]
+    for j in range(num_cached[r], num_full):
+        b = row[j]
+        h = hash_id(pool, r, j)
+        hash_of[b] = h
+        end = hash_last[h]
+        hash_prev[b], hash_next[b] = end, -1
+        if end >= 0:
+            hash_next[end] = b
+        else:
+            hash_first[h] = b
+        hash_last[h] = b
+    if num_full > num_cached[r]:
+        num_cached[r] = num_full
+
+
+@_jit
+def take_slot(pool, r):
+    """A block-table row for a request being admitted."""
+    pstate, slot_of, free_slots = pool[9], pool[11], pool[12]
+    pstate[P_SLOTS] -= 1
+    slot_of[r] = free_slots[pstate[P_SLOTS]]
+
+
+@_jit
+def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
+             stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r,
+             out_n, out_sample, asynchronous, pool):
+    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
+    returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
+    Without prefix caching (cfg[8] == 0) the pool is the count free; with it, pool's blocks."""
     block_size, max_num_seqs, budget, max_model_len, chunked, threshold = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5]
+    caching = cfg[8]
     cap = waiting.shape[0]
     cap_tokens = threshold if nrun + nwait > 1 else 0
     ns = 0
     npre = 0
+    hit_tokens = 0
     i = 0
     while i < nrun and budget > 0:
         r = running[i]
@@ -51,18 +198,33 @@ def schedule(cfg, num_tokens, computed, num_blocks, status, num_preemptions, pla
             if m <= 0:                                  # async: its next position would pass max_model_len
                 i += 1
                 continue
+        if m == 1 and c % block_size and not (caching and min(c + 1, num_tokens[r]) % block_size == 0):
+            out_r[ns] = r                               # a decode inside its last block: allocate_slots not called
+            out_n[ns] = 1
+            ns += 1
+            budget -= 1
+            i += 1
+            continue
         preempted_self = False
         while True:                                     # allocate_slots, preempting from the back
             new = (min(c + m, max_model_len) + block_size - 1) // block_size - num_blocks[r]
-            if new <= 0:
-                break
             if new <= free:
-                free -= new
-                num_blocks[r] += new
+                if new > 0:
+                    if caching:
+                        get_new_blocks(pool, pool[10][pool[11][r]], num_blocks[r], new)
+                    free -= new
+                    num_blocks[r] += new
+                if caching:
+                    cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
                 break
             nrun -= 1
             v = running[nrun]                           # the most recently admitted running request (_preempt)
-            free += num_blocks[v]
+            if caching:
+                free_table(pool, v, num_blocks[v])
+                free = num_free(pool)
+                num_cached[v] = 0
+            else:
+                free += num_blocks[v]
             num_blocks[v] = 0
             status[v] = PREEMPTED
             computed[v] = 0
@@ -88,19 +250,48 @@ def schedule(cfg, num_tokens, computed, num_blocks, status, num_preemptions, pla
             if nrun >= max_num_seqs:
                 break
             r = waiting[head]
-            m = num_tokens[r]
+            num_hits = 0
+            evictable = 0
+            if caching:                                 # get_computed_blocks: the longest cached run of blocks
+                hits, ref, hash_first = pool[17], pool[0], pool[5]
+                for j in range((num_tokens[r] - 1) // block_size):
+                    b = hash_first[hash_id(pool, r, j)]
+                    if b < 0:
+                        break
+                    hits[j] = b
+                    num_hits += 1
+                    if ref[b] == 0:
+                        evictable += 1
+            m = num_tokens[r] - num_hits * block_size
             if 0 < cap_tokens < m:
                 m = cap_tokens
             if chunked == 0 and m > budget:
                 break
             if m > budget:
                 m = budget
-            if (min(num_tokens[r], max_model_len) + block_size - 1) // block_size > free:
+            if (min(num_tokens[r], max_model_len) + block_size - 1) // block_size - num_hits + evictable > free:
                 break                                   # blocks for its whole current length must be free
-            new = (min(computed[r] + m, max_model_len) + block_size - 1) // block_size - num_blocks[r]
-            if new > free:
+            start = computed[r] + num_hits * block_size
+            new = (min(start + m, max_model_len) + block_size - 1) // block_size - num_blocks[r] - num_hits
+            if max(new, 0) + evictable > free:
                 break
-            if new > 0:
+            if caching:
+                take_slot(pool, r)
+                row = pool[10][pool[11][r]]
+                for j in range(num_hits):               # touch: a hit no request held leaves the free queue
+                    b = pool[17][j]
+                    if pool[0][b] == 0:
+                        tail_remove(pool, b)
+                    pool[0][b] += 1
+                    row[j] = b
+                num_blocks[r] = num_hits
+                num_cached[r] = num_hits
+                if new > 0:
+                    get_new_blocks(pool, row, num_hits, new)
+                    num_blocks[r] += new
+                cache_blocks(pool, r, num_cached, min(start + m, num_tokens[r]), block_size)
+                free = num_free(pool)
+            elif new > 0:
                 free -= new
                 num_blocks[r] += new
             head = (head + 1) % cap
@@ -108,7 +299,8 @@ def schedule(cfg, num_tokens, computed, num_blocks, status, num_preemptions, pla
             running[nrun] = r
             nrun += 1
             status[r] = RUNNING
-            computed[r] = 0
+            computed[r] = num_hits * block_size
+            hit_tokens += num_hits * block_size
             if math.isnan(first_scheduled_s[r]):
                 first_scheduled_s[r] = clock
             out_r[ns] = r
@@ -128,7 +320,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, status, num_preemptions, pla
             in_flight[r] += m
             if sample:
                 placeholders[r] += 1
-    return ns, npre, num_scheduled, nrun, head, nwait, free
+    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
 
 
 @_jit
@@ -173,40 +365,61 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 
 
 @_jit
-def record(s, first, clock_start, end, last_end, npre, num_scheduled, nrun, nwait, held_blocks, kv, end_s, held,
-           kv_tokens, tokens, num_running_log, num_waiting_log, start_step, start_s, preempt_step, preempt_count,
-           num_starts, num_pre):
-    """StepLog.append for step s of the chunk (first: the chunk's first step overall); the new (num_starts, num_pre)."""
+def release(pool, caching, r, num_blocks, num_cached, free):
+    """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
+    if caching:
+        if pool[11][r] >= 0:                            # a request finished in the waiting queue holds none
+            free_table(pool, r, num_blocks[r])
+        num_cached[r] = 0
+        free = num_free(pool)
+    else:
+        free += num_blocks[r]
+    num_blocks[r] = 0
+    return free
+
+
+@_jit
+def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_scheduled, nrun, nwait, held_blocks, kv,
+           logs, events, counts):
+    """StepLog.append for the chunk's next step (first: steps before the chunk). logs: end_s, start_s, then held,
+    kv_tokens, tokens, num_running, num_waiting; events: start_step, preempt_step, preempt_count, hit_step,
+    hit_count; counts: steps, starts, preemption events and hit events in the chunk so far."""
+    end_s, start_s, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    start_step, preempt_step, preempt_count, hit_step, hit_count = events
+    s = counts[0]
     if s + first == 0 or last_end != clock_start:
-        start_step[num_starts] = s
-        start_s[num_starts] = clock_start
-        num_starts += 1
+        start_step[counts[1]] = s
+        start_s[counts[1]] = clock_start
+        counts[1] += 1
     if npre:
-        preempt_step[num_pre] = s
-        preempt_count[num_pre] = npre
-        num_pre += 1
+        preempt_step[counts[2]] = s
+        preempt_count[counts[2]] = npre
+        counts[2] += 1
+    if num_hit_tokens:
+        hit_step[counts[3]] = s
+        hit_count[counts[3]] = num_hit_tokens
+        counts[3] += 1
     end_s[s] = end
     held[s] = held_blocks
     kv_tokens[s] = kv
     tokens[s] = num_scheduled
     num_running_log[s] = nrun
     num_waiting_log[s] = nwait
-    return num_starts, num_pre
+    counts[0] = s + 1
 
 
 @_jit
 def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
-              num_blocks, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s, first_token_s,
-              finish_s, running, waiting, out_r, out_n, out_sample, end_s, held, kv_tokens, tokens, num_running_log,
-              num_waiting_log, start_step, start_s, preempt_step, preempt_count, counts):
+              num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
+              first_token_s, finish_s, running, waiting, pool, out_r, out_n, out_sample, logs, events, counts):
     """Engine.run's per-step loop and Engine.step (synchronous): steps until every request finished (DONE), the
     chunk's steps are filled (FULL) or a step schedules nothing (NO_PROGRESS)."""
     n = arrival.shape[0]
-    usable, constant = cfg[6], cfg[7]
+    usable, constant, caching = cfg[6], cfg[7], cfg[8]
     nxt, free, nrun, head, nwait, kv, first = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
     clock, last_end = fstate[0], fstate[1]
-    s = 0
-    num_starts = num_pre = 0
+    capacity = logs[0].shape[0]
+    counts[:] = 0
     code = DONE
     while True:
         nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
@@ -216,13 +429,13 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
                 break
             clock = arrival[nxt]                            # idle: jump to the next arrival
             continue
-        if s == end_s.shape[0]:
+        if counts[0] == capacity:
             code = FULL
             break
-        ns, npre, num_scheduled, nrun, head, nwait, free = schedule(
-            cfg, num_tokens, computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale,
-            max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r, out_n,
-            out_sample, False)
+        ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+            cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
+            stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r, out_n,
+            out_sample, False, pool)
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
@@ -232,7 +445,7 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
             for j in range(nrun):
                 kv += computed[running[j]]
         else:
-            kv += num_scheduled
+            kv += num_scheduled + num_hit_tokens
         finished = False                                # update_from_output (synchronous)
         for j in range(ns):
             if out_sample[j]:
@@ -242,60 +455,56 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
                     first_token_s[r] = end
                 if num_tokens[r] >= max_num_tokens[r]:
                     status[r] = FINISHED
-                    free += num_blocks[r]
-                    num_blocks[r] = 0
+                    free = release(pool, caching, r, num_blocks, num_cached, free)
                     kv -= computed[r]
                     finish_s[r] = end
                     finished = True
         num_running_step = nrun
         if finished:
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
-        num_starts, num_pre = record(s, first, clock, end, last_end, npre, num_scheduled, num_running_step, nwait,
-                                     usable - free, kv, end_s, held, kv_tokens, tokens, num_running_log,
-                                     num_waiting_log, start_step, start_s, preempt_step, preempt_count, num_starts,
-                                     num_pre)
-        s += 1
+        record(first, clock, end, last_end, npre, num_hit_tokens, num_scheduled, num_running_step, nwait, usable - free,
+               kv, logs, events, counts)
         last_end = end
         clock = end
-    state[0], state[1], state[2], state[3], state[4], state[5], state[6] = nxt, free, nrun, head, nwait, kv, first + s
+    state[0], state[1], state[2], state[3], state[4], state[5] = nxt, free, nrun, head, nwait, kv
+    state[6] = first + counts[0]
     fstate[0], fstate[1] = clock, last_end
-    counts[0], counts[1], counts[2] = s, num_starts, num_pre
     return code
 
 
 @_jit
 def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
-               num_blocks, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s, first_token_s,
-               finish_s, running, waiting, queue_r, queue_n, queue_sample, queue_i, queue_f, end_s, held, kv_tokens,
-               tokens, num_running_log, num_waiting_log, start_step, start_s, preempt_step, preempt_count, counts):
+               num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
+               first_token_s, finish_s, running, waiting, pool, queue_r, queue_n, queue_sample, queue_i, queue_f, logs,
+               events, counts):
     """Engine.run_async's loop without decode runs (asynchronous scheduling, a batch queue of two) and
-    Scheduler._update_async. queue_i[slot]: requests, tokens, running, waiting, preemptions; queue_f[slot]: start,
-    end. Stops as loop_sync does."""
+    Scheduler._update_async. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
+    queue_f[slot]: start, end. Stops as loop_sync does."""
     n = arrival.shape[0]
-    usable, constant = cfg[6], cfg[7]
+    usable, constant, caching, block_size = cfg[6], cfg[7], cfg[8], cfg[0]
     nxt, free, nrun, head, nwait, kv, first = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
     queue_head, queue_len, num_empty, has_finished = state[7], state[8], state[9], state[10]
     clock, last_end, gpu_free_s = fstate[0], fstate[1], fstate[2]
-    s = 0
-    num_starts = num_pre = 0
+    capacity = logs[0].shape[0]
+    counts[:] = 0
     code = DONE
     while True:
         nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
-        if s == end_s.shape[0]:
+        if counts[0] == capacity:
             code = FULL
             break
         if nrun or nwait or has_finished:                  # has_requests(): schedule a batch and queue it
             slot = (queue_head + queue_len) % 2
-            ns, npre, num_scheduled, nrun, head, nwait, free = schedule(
-                cfg, num_tokens, computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale,
-                max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, queue_r[slot],
-                queue_n[slot], queue_sample[slot], True)
+            ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+                cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
+                stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free,
+                queue_r[slot], queue_n[slot], queue_sample[slot], True, pool)
             has_finished = 0
             start = clock if clock > gpu_free_s else gpu_free_s
             end = step_end_s(cost_ms, constant, start, num_scheduled) if num_scheduled else start
             gpu_free_s = end
             queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
-            queue_i[slot, 3], queue_i[slot, 4] = nwait, npre
+            queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens
             queue_f[slot, 0], queue_f[slot, 1] = start, end
             queue_len += 1
             num_empty = 0 if num_scheduled else num_empty + 1
@@ -340,10 +549,11 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
                 first_token_s[r] = end
             if not was_stale and placeholders[r]:
                 placeholders[r] -= 1
+                if was_running and caching:
+                    cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
             if num_tokens[r] >= max_num_tokens[r]:
                 status[r] = FINISHED
-                free += num_blocks[r]
-                num_blocks[r] = 0
+                free = release(pool, caching, r, num_blocks, num_cached, free)
                 finish_s[r] = end
                 finished = True
                 if not was_running:
@@ -356,14 +566,11 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             kv = 0
             for j in range(nrun):
                 kv += computed[running[j]]
-            num_starts, num_pre = record(s, first, queue_f[slot, 0], end, last_end, npre, num_scheduled,
-                                         queue_i[slot, 2], queue_i[slot, 3], usable - free, kv, end_s, held,
-                                         kv_tokens, tokens, num_running_log, num_waiting_log, start_step, start_s,
-                                         preempt_step, preempt_count, num_starts, num_pre)
-            s += 1
+            record(first, queue_f[slot, 0], end, last_end, npre, queue_i[slot, 5], num_scheduled, queue_i[slot, 2],
+                   queue_i[slot, 3], usable - free, kv, logs, events, counts)
             last_end = end
-    state[0], state[1], state[2], state[3], state[4], state[5], state[6] = nxt, free, nrun, head, nwait, kv, first + s
+    state[0], state[1], state[2], state[3], state[4], state[5] = nxt, free, nrun, head, nwait, kv
+    state[6] = first + counts[0]
     state[7], state[8], state[9], state[10] = queue_head, queue_len, num_empty, has_finished
     fstate[0], fstate[1], fstate[2] = clock, last_end, gpu_free_s
-    counts[0], counts[1], counts[2] = s, num_starts, num_pre
     return code

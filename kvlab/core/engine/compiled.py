@@ -1,16 +1,18 @@
 """The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
 
 It is Engine.run's plain per-step loop (fast=False: schedule, step cost, update_from_output, the step's record),
-synchronous or asynchronous (a batch queue of two), for the cases where every decision depends on counts
-only, written over arrays so that numba compiles it (kvlab.core.engine._kernels): vLLM 0.33's v1 scheduler over
-paged blocks without prefix caching (which block a request gets then changes nothing: the pool is a count of
-free blocks) and a constant or linear step cost. Everything else (prefix caching, the reservation baselines,
+synchronous or asynchronous (a batch queue of two), written over arrays so that numba compiles it
+(kvlab.core.engine._kernels): vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost.
+Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
+it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
+full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
+Request.block_hashes tells blocks apart). Everything else (Workload.prefix_hashes, the reservation baselines,
 vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
 numba is a pinned wheel (requirements.lock). Without it, or below COMPILED_FROM_REQUESTS requests (where its
 import and the loading of its cache, about 0.7 s, cost more than they save; its first compilation takes about
-10 s once), the engine runs in Python. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
+30 s once), the engine runs in Python. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
 StepLog's form before the next, so memory per step stays the StepLog's.
 """
 from __future__ import annotations
@@ -41,9 +43,57 @@ def available() -> bool:
 def eligible(engine) -> bool:
     """Whether the engine's run is one the compiled loop does (see the module's docstring)."""
     config = engine.config
+    caching = config.cache.enable_prefix_caching
     return (type(engine.cost) in (ConstantStepCost, LinearStepCost) and engine.allocation == "paged"
-            and not config.cache.enable_prefix_caching and config.scheduler.scheduler_cls == "v1" and engine.prompt_token_ids is None
+            and config.scheduler.scheduler_cls == "v1"
+            and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
             and not (engine.record_scheduled or engine.record_block_ids or engine.freed_tables is not None))
+
+
+def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
+    """Request r's block j's hash id (kernels.hash_id): full prompt blocks of equal token ids under equal parents
+    share one (Request.block_hashes tells blocks apart by the same contents); every other block, holding generated
+    tokens or a prompt no other request shares, has its own. (offset, shared ids, number shared, base, ids in all)."""
+    n, bs = engine.workload.num_requests, engine.block_size
+    offset, num_shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    shared: list[int] = []
+    if engine.prompt_token_ids is not None:
+        table: dict = {}
+        for r, ids in enumerate(engine.prompt_token_ids):
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            full = len(ids) // bs
+            offset[r], num_shared[r] = len(shared), full
+            rows = ids[:full * bs].view(np.dtype((np.void, 8 * bs))).tolist()
+            parent = -1
+            for row in rows:
+                parent = table.setdefault((parent, row), len(table))
+                shared.append(parent)
+        total = len(table)
+    else:
+        total = 0
+    widths = max_num_tokens // bs + 1 - num_shared                  # blocks j < max_num_tokens // bs + 1 are looked up
+    base = total + np.concatenate(([0], np.cumsum(widths)[:-1]))
+    return offset, np.array(shared, dtype=np.int64), num_shared, base, int(total + widths.sum())
+
+
+def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
+    """The pool tuple of kernels (see its comment): every usable block free, the null block 0 never handed out."""
+    caching = engine.config.cache.enable_prefix_caching
+    if not caching:                         # the loops read the pool only with prefix caching: placeholders
+        one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
+        return (one,) * 10 + (table,) + (one,) * 8
+    blocks, bs, sched = engine.num_gpu_blocks, engine.block_size, engine.config.scheduler
+    offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
+    width = -(-engine.max_model_len // bs) + 1
+    minus = lambda size: np.full(size, -1, np.int64)                   # noqa: E731
+    stack = np.zeros(blocks, np.int64)
+    stack[:blocks - 1] = np.arange(blocks - 1, 0, -1)                # the free queue's head part, block 1 on top
+    slots = min(sched.max_num_seqs, engine.workload.num_requests)
+    pstate = np.array([blocks - 1, -1, -1, 0, slots], np.int64)   # stack size, tail head, tail end, tail size, slots
+    return (np.zeros(blocks, np.int64), minus(blocks), stack, minus(blocks), minus(blocks), minus(num_ids),
+            minus(num_ids), minus(blocks), minus(blocks), pstate, np.zeros((slots, width), np.int64),
+            minus(engine.workload.num_requests), np.arange(slots, dtype=np.int64)[::-1].copy(), offset, shared,
+            num_shared, base, np.zeros(width, np.int64), np.zeros(width, np.int64))
 
 
 def kernels():
@@ -78,43 +128,42 @@ def run(engine):
     constant = type(engine.cost) is ConstantStepCost
     cfg = np.array([engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
                     int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
-                    int(constant)], dtype=np.int64)
+                    int(constant), int(engine.config.cache.enable_prefix_caching)], dtype=np.int64)
     cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
     state = np.zeros(11, np.int64)
     state[1] = engine.num_gpu_blocks - 1                        # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     num_tokens = prompt.copy()
-    computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale = (np.zeros(n, np.int64)
-                                                                                    for _ in range(7))
+    computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale = (
+        np.zeros(n, np.int64) for _ in range(8))
     first_scheduled_s, first_token_s, finish_s = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     running, waiting = np.zeros(n, np.int64), np.zeros(n, np.int64)
     chunk = min(CHUNK_STEPS, 64 + 64 * n)
-    end_s, start_s = np.empty(chunk), np.empty(chunk)
-    held, kv_tokens, tokens, num_running, num_waiting, start_step, preempt_step, preempt_count = (
-        np.empty(chunk, np.int64) for _ in range(8))
-    counts = np.zeros(3, np.int64)
+    logs = (np.empty(chunk), np.empty(chunk)) + tuple(np.empty(chunk, np.int64) for _ in range(5))
+    events = tuple(np.empty(chunk, np.int64) for _ in range(5))
+    end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
+    start_step, preempt_step, preempt_count, hit_step, hit_count = events
+    counts = np.zeros(4, np.int64)
     arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
     per_request = (arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens,
-                   computed, num_blocks, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
-                   first_token_s, finish_s, running, waiting)
-    records = (end_s, held, kv_tokens, tokens, num_running, num_waiting, start_step, start_s, preempt_step,
-               preempt_count, counts)
+                   computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale,
+                   first_scheduled_s, first_token_s, finish_s, running, waiting, block_pool(engine, max_num_tokens))
     loops = kernels()
     size = min(n, sched.max_num_seqs)       # a batch schedules at most max_num_seqs requests
     if sched.async_scheduling:              # the batch queue: two batches, their counts and times
         queue = (np.zeros((2, size), np.int64), np.zeros((2, size), np.int64), np.zeros((2, size), np.bool_),
-                 np.zeros((2, 5), np.int64), np.zeros((2, 2)))
-        step = lambda: loops.loop_async(*per_request, *queue, *records)     # noqa: E731
+                 np.zeros((2, 6), np.int64), np.zeros((2, 2)))
+        step = lambda: loops.loop_async(*per_request, *queue, logs, events, counts)     # noqa: E731
     else:
         batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-        step = lambda: loops.loop_sync(*per_request, *batch, *records)      # noqa: E731
+        step = lambda: loops.loop_sync(*per_request, *batch, logs, events, counts)      # noqa: E731
     log = StepLog(engine.block_size, True)
     while True:
         first_step = int(state[S_STEPS])
         code = step()
         if code == NO_PROGRESS:
             return None
-        s, num_starts, num_pre = (int(c) for c in counts)
+        s, num_starts, num_pre, num_hits = (int(c) for c in counts)
         log.end_s.frombytes(end_s[:s].tobytes())
         log.held.frombytes(held[:s].tobytes())
         log.num_kv_tokens.frombytes(kv_tokens[:s].tobytes())
@@ -123,6 +172,7 @@ def run(engine):
         _add_runs(log.num_waiting, num_waiting[:s])
         log.starts.extend(zip((start_step[:num_starts] + first_step).tolist(), start_s[:num_starts].tolist()))
         log.preemptions.extend(zip((preempt_step[:num_pre] + first_step).tolist(), preempt_count[:num_pre].tolist()))
+        log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
         if code == DONE:
             break
     engine.steps = log

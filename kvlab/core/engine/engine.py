@@ -198,8 +198,9 @@ class Engine:
                     and loop.available())
         if compiled:
             if not (self.fast and loop.eligible(self)):
-                validate.fail("compiled", True, "applies only to the v1 scheduler over paged blocks without prefix "
-                              "caching, a constant or linear step cost, fast=True and no block or batch records")
+                validate.fail("compiled", True, "applies only to the v1 scheduler over paged blocks (prefix caching "
+                              "by token ids, not Workload.prefix_hashes), a constant or linear step cost, fast=True "
+                              "and no block or batch records")
             if not loop.available():
                 validate.fail("compiled", True, "needs numba, which is not installed (make setup installs it)")
         return bool(compiled)
