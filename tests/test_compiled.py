@@ -112,14 +112,18 @@ def test_no_progress_is_the_python_engines_error():
     assert str(python.value) == str(loop.value)
 
 
-def test_which_runs_take_the_compiled_loop():
+def test_which_runs_take_the_compiled_loop(monkeypatch):
     """None decides by size and kind; True on a run it cannot do is refused in one line naming what it needs."""
+    monkeypatch.setattr(compiled, "loaded", lambda: False)     # a process that has not run the compiled loop yet
     n = compiled.COMPILED_FROM_REQUESTS
     big = Workload(np.arange(n) * 0.01, np.full(n, 10), np.full(n, 5))
     small = Workload(np.zeros(3), np.full(3, 10), np.full(3, 5))
     sync = EngineConfig().replace(async_scheduling=False, max_model_len=64)
     assert Engine(big, sync, num_gpu_blocks=100).compiled
     assert not Engine(small, sync, num_gpu_blocks=100).compiled
+    monkeypatch.setattr(compiled, "loaded", lambda: True)      # once loaded, a small run takes it too
+    assert Engine(small, sync, num_gpu_blocks=100).compiled
+    monkeypatch.setattr(compiled, "loaded", lambda: False)
     assert not Engine(big, sync, num_gpu_blocks=100, fast=False).compiled
     assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
     assert Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled

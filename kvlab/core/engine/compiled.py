@@ -10,14 +10,15 @@ Request.block_hashes tells blocks apart). Everything else (Workload.prefix_hashe
 vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
-numba is a pinned wheel (requirements.lock). Without it, or below COMPILED_FROM_REQUESTS requests (where its
-import and the loading of its cache, about 0.7 s, cost more than they save; its first compilation takes about
-30 s once), the engine runs in Python. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
+numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
+already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
+of its cache (about 1.4 s; its first compilation takes about 30 s, once) cost more than they save. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
 StepLog's form before the next, so memory per step stays the StepLog's.
 """
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 
 import numpy as np
@@ -25,7 +26,7 @@ import numpy as np
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.records import Runs, StepLog
 
-COMPILED_FROM_REQUESTS = 10_000
+COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
 DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine._kernels returns them
 S_STEPS = 6                                # the integer state's count of steps recorded (see _kernels)
@@ -38,6 +39,17 @@ def available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def worth_it(num_requests: int) -> bool:
+    """Whether the compiled loop pays for itself: a run of COMPILED_FROM_REQUESTS requests or more, or any run once
+    the loops are loaded in this process (a sweep of many small runs)."""
+    return num_requests >= COMPILED_FROM_REQUESTS or loaded()
+
+
+def loaded() -> bool:
+    """Whether kvlab.core.engine._kernels (and so numba) is imported in this process."""
+    return "kvlab.core.engine._kernels" in sys.modules
 
 
 def eligible(engine) -> bool:

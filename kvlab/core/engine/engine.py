@@ -191,10 +191,11 @@ class Engine:
 
     def _use_compiled(self, compiled: bool | None) -> bool:
         """Whether run() takes the compiled loop (kvlab.core.engine.compiled): None decides by itself (eligible,
-        numba installed, at least COMPILED_FROM_REQUESTS requests); True insists; False never."""
+        numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded); True insists;
+        False never."""
         loop = compiled_loop
         if compiled is None:
-            return (self.fast and self.workload.num_requests >= loop.COMPILED_FROM_REQUESTS and loop.eligible(self)
+            return (self.fast and loop.worth_it(self.workload.num_requests) and loop.eligible(self)
                     and loop.available())
         if compiled:
             if not (self.fast and loop.eligible(self)):
