@@ -7,8 +7,19 @@ status, num_preemptions and, asynchronous only, placeholders (num_output_placeho
 the running list an array and its length; the pool a count of free blocks.
 """
 import math
+import sys
 
-import numba
+# numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
+# process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
+# stays importable afterwards).
+_WITHOUT_COVERAGE = "coverage" not in sys.modules and "numba" not in sys.modules
+if _WITHOUT_COVERAGE:
+    sys.modules["coverage"] = None
+try:
+    import numba
+finally:
+    if _WITHOUT_COVERAGE:
+        del sys.modules["coverage"]
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 DONE, FULL, NO_PROGRESS = 0, 1, 2

@@ -17,6 +17,7 @@ StepLog's form before the next, so memory per step stays the StepLog's.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 from array import array
@@ -33,12 +34,8 @@ S_STEPS = 6                                # the integer state's count of steps 
 
 
 def available() -> bool:
-    """Whether numba can be imported (the compiled path exists)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether numba is installed (the compiled path exists); found without importing it."""
+    return importlib.util.find_spec("numba") is not None
 
 
 def worth_it(num_requests: int) -> bool:
