@@ -12,8 +12,9 @@ holds the two to the same results, bit for bit, on hand cases and on hypothesis 
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
 already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
-of its cache (about 1.4 s; its first compilation takes about 30 s, once) cost more than they save. The loop runs in chunks of CHUNK_STEPS steps, each compacted into the
-StepLog's form before the next, so memory per step stays the StepLog's.
+of its cache (about 1.4 s; its first compilation takes about 30 s, once) cost more than they save. The loop runs
+in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
+the StepLog's.
 """
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ def eligible(engine) -> bool:
     return (type(engine.cost) in (ConstantStepCost, LinearStepCost) and engine.allocation == "paged"
             and config.scheduler.scheduler_cls == "v1"
             and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
+            and (not caching or engine.prompt_token_ids is None  # token ids that are the prompt, no more, no less
+                 or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens)))
             and not (engine.record_scheduled or engine.record_block_ids or engine.freed_tables is not None))
 
 
