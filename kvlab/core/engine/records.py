@@ -88,25 +88,9 @@ class StepLog:
         ends.append(end_s)
         self.held.append(held)
         self.num_kv_tokens.append(num_kv_tokens)
-        # Runs.add three times, inline: this is called once a step outside decode runs.
-        runs = self.num_scheduled_tokens
-        if runs.values and runs.values[-1] == num_tokens:
-            runs.counts[-1] += 1
-        else:
-            runs.values.append(num_tokens)
-            runs.counts.append(1)
-        runs = self.num_running
-        if runs.values and runs.values[-1] == num_running:
-            runs.counts[-1] += 1
-        else:
-            runs.values.append(num_running)
-            runs.counts.append(1)
-        runs = self.num_waiting
-        if runs.values and runs.values[-1] == num_waiting:
-            runs.counts[-1] += 1
-        else:
-            runs.values.append(num_waiting)
-            runs.counts.append(1)
+        self.num_scheduled_tokens.add(num_tokens)
+        self.num_running.add(num_running)
+        self.num_waiting.add(num_waiting)
 
     def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int,
                   count: int = 1) -> None:
