@@ -25,12 +25,17 @@ WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 DONE, FULL, NO_PROGRESS = 0, 1, 2
 
 
-def _jit(function):
+def _jit(function, inline="never"):
     """numba.njit with its on-disk cache, or without where numba finds no writable place for it."""
     try:
-        return numba.njit(cache=True, nogil=True)(function)
+        return numba.njit(cache=True, nogil=True, inline=inline)(function)
     except RuntimeError:
-        return numba.njit(nogil=True)(function)
+        return numba.njit(nogil=True, inline=inline)(function)
+
+
+def _inline(function):
+    """_jit, the function inlined into its callers at numba's IR level."""
+    return _jit(function, "always")
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
@@ -43,7 +48,7 @@ def _jit(function):
 P_STACK, P_TAIL_HEAD, P_TAIL_END, P_TAIL_SIZE, P_SLOTS = 0, 1, 2, 3, 4
 
 
-@_jit
+@_inline
 def hash_id(pool, r, j):
     """The hash id of request r's block j: shared by equal full prompt blocks (same parents), else its own."""
     if j < pool[15][r]:
@@ -51,13 +56,13 @@ def hash_id(pool, r, j):
     return pool[16][r] + j - pool[15][r]
 
 
-@_jit
+@_inline
 def num_free(pool):
     """BlockPool.num_free_blocks: both parts of the free queue."""
     return pool[9][P_STACK] + pool[9][P_TAIL_SIZE]
 
 
-@_jit
+@_inline
 def tail_remove(pool, b):
     tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
     before, after = tail_prev[b], tail_next[b]
@@ -72,7 +77,7 @@ def tail_remove(pool, b):
     pstate[P_TAIL_SIZE] -= 1
 
 
-@_jit
+@_inline
 def tail_append(pool, b):
     tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
     end = pstate[P_TAIL_END]
@@ -85,7 +90,7 @@ def tail_append(pool, b):
     pstate[P_TAIL_SIZE] += 1
 
 
-@_jit
+@_inline
 def evict(pool, b):
     """BlockPool._evict: the block leaves the cache list of its hash."""
     hash_of, hash_first, hash_last, hash_next, hash_prev = pool[1], pool[5], pool[6], pool[7], pool[8]
@@ -104,7 +109,7 @@ def evict(pool, b):
     hash_of[b] = -1
 
 
-@_jit
+@_inline
 def get_new_blocks(pool, row, at, k):
     """BlockPool.get_new_blocks: k blocks from the head of the free queue (the stack's top, then the tail's
     front, evicting) into row[at:at + k]."""
@@ -121,7 +126,7 @@ def get_new_blocks(pool, row, at, k):
         row[at + i] = b
 
 
-@_jit
+@_inline
 def free_table(pool, r, n):
     """KVCacheManager.free with caching (BlockPool.free_blocks of the table reversed): unhashed blocks no request
     holds go to the head, the first freed ending at the top; hashed ones to the tail, in the order freed."""
@@ -147,7 +152,7 @@ def free_table(pool, r, n):
     slot_of[r] = -1
 
 
-@_jit
+@_inline
 def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
     """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
     hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (pool[1], pool[5], pool[6], pool[7],
@@ -169,7 +174,7 @@ def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
         num_cached[r] = num_full
 
 
-@_jit
+@_inline
 def take_slot(pool, r):
     """A block-table row for a request being admitted."""
     pstate, slot_of, free_slots = pool[9], pool[11], pool[12]
@@ -177,7 +182,7 @@ def take_slot(pool, r):
     slot_of[r] = free_slots[pstate[P_SLOTS]]
 
 
-@_jit
+@_inline
 def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
              stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r,
              out_n, out_sample, asynchronous, pool):
@@ -334,7 +339,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
     return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
 
 
-@_jit
+@_inline
 def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
     """Engine.add_arrivals: every request that has arrived by the clock joins the back of the waiting queue, in
     arrival order; returns the next request to arrive and the queue's length."""
@@ -346,7 +351,7 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
     return nxt, nwait
 
 
-@_jit
+@_inline
 def step_end_s(cost_ms, constant, start, num_scheduled):
     """ConstantStepCost.step_s / LinearStepCost.step_s added to start, as the Python engine adds them."""
     if constant:
@@ -354,7 +359,7 @@ def step_end_s(cost_ms, constant, start, num_scheduled):
     return start + (cost_ms[0] + cost_ms[1] * num_scheduled) / 1000.0
 
 
-@_jit
+@_inline
 def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
     """The running list (and, if some finished there, the waiting queue) without finished requests, in order."""
     k = 0
@@ -375,7 +380,7 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
     return k, nwait
 
 
-@_jit
+@_inline
 def release(pool, caching, r, num_blocks, num_cached, free):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
@@ -389,7 +394,7 @@ def release(pool, caching, r, num_blocks, num_cached, free):
     return free
 
 
-@_jit
+@_inline
 def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_scheduled, nrun, nwait, held_blocks, kv,
            logs, events, counts):
     """StepLog.append for the chunk's next step (first: steps before the chunk). logs: end_s, start_s, then held,
