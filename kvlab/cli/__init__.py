@@ -1,6 +1,6 @@
 """The `kvlab` command line: the library's computations for scripting and checking.
 
-One module per command (capacity, allocate, simulate, calibrate, report, traces), each with add(commands), which
+One module per command (capacity, allocate, simulate, plan, calibrate, report, traces), each with add(commands), which
 registers its parser, and the run function that add names. A command module imports at its top what its parser and
 flag checks need, numpy at most (with the small numpy-free modules of its run); what only a run needs and costs
 more (kvlab.core.allocator, calibration and PyTorch, the report's build, the downloader) is imported inside the run,
@@ -11,10 +11,10 @@ import argparse
 import os
 import sys
 
-from kvlab.cli import allocate, calibrate, capacity, report, simulate, traces
+from kvlab.cli import allocate, calibrate, capacity, plan, report, simulate, traces
 from kvlab.cli.common import OneLineParser, VersionAction, flag_error, typed_flags
 
-COMMANDS = [capacity.add, allocate.add, simulate.add, calibrate.add, report.add, traces.add]
+COMMANDS = [capacity.add, allocate.add, simulate.add, plan.add, calibrate.add, report.add, traces.add]
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:

@@ -245,6 +245,11 @@ class RooflineStepCost:
         context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
         return self._seconds(np.float64(num_decodes), context.astype(np.float64))
 
+    def min_step_s(self, num_tokens: int) -> float:
+        """A lower bound on any step of num_tokens scheduled tokens (s): the weights read once or their FLOPs, no
+        KV read."""
+        return self.step_s(num_tokens, 0)
+
 
 @dataclass(frozen=True, eq=False)
 class CalibratedStepCost:
@@ -629,6 +634,14 @@ class MeasuredStepCost:
         history = (context - num_decodes) / num_decodes
         us = self.fixed_us(num_decodes, num_decodes)
         return (us + self._layers * self.decode_attention_us(num_decodes, history)) / 1e6
+
+    def min_step_s(self, num_tokens: int) -> float:
+        """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but
+        attention (at least 0) at those tokens, the per-sequence term at its least measured value."""
+        if self.roofline is not None:
+            return self.roofline.min_step_s(num_tokens)
+        one = _interp(self._sequences, self._per_sequence, 1)
+        return (self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)) / 1e6
 
 
 # ---------------------------------------------------------------- the clock of vLLM 2023

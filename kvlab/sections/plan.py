@@ -1,0 +1,464 @@
+"""The vLLM configurations that serve a workload within its service-level objectives (`kvlab plan`).
+
+A candidate is one setting of vLLM's knobs (tensor parallel size, max_num_seqs, max_num_batched_tokens,
+block_size, gpu_memory_utilization, kv_cache_dtype, chunked prefill, prefix caching, async scheduling) and a
+number of replicas; the workload's requests are dealt to the replicas in turn (a round-robin router: vLLM itself
+has none). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
+GPU profiles, section 5) with the KV pool vLLM would size (plan_capacity, vLLM 0.33's sizing code).
+
+The search is not a grid:
+1. Pruning, before anything is served, of candidates that cannot work, each proven so:
+   - capacity: vLLM would not start (its pool cannot hold one request of max_model_len) or refuses the
+     scheduler's settings, or a request of the workload can never fit the pool;
+   - clock: no operator profile measures the model at that tensor parallel size on the GPU (unless the roofline
+     is allowed);
+   - rate: a step of T tokens takes at least min_step_s(T), so a replica serves at most
+     max over T <= max_num_batched_tokens of T / min_step_s(T) tokens a second. For p95 E2E latency <= X, the
+     k = floor(0.95 (N - 1)) + 1 requests within it finish by the last arrival + X, so the replicas must have
+     scheduled at least the k smallest requests' tokens (prompt + output - 1 each; output alone with prefix
+     caching) since the first arrival: X >= W_k / (replicas x that rate) - the arrivals' span. The same bound
+     holds for p95 TTFT with prompts alone, and p95 TPOT is at least the shortest step. A candidate whose
+     lower bound passes an objective is pruned, with the bound.
+2. Successive halving on prefixes of the workload: every candidate left is served on its first 1/64, the best
+   quarter (RUNG_KEEP) on its first 1/16, and so on to all of it (RUNG_FRACTIONS). "Best" is within each number of
+   GPUs (tensor parallel size x replicas): the smallest worst share, an objective's value over its limit. Ranking
+   across GPU counts on a prefix would favour too few GPUs, since a prefix's queues are shorter than the whole
+   workload's; so every GPU count keeps its best to the end, where the whole workload decides. Each rung runs
+   through kvlab.sections.sweep (local processes or a Dask cluster), in chunks of candidates.
+
+The ranking: the configurations served in full that meet every objective, by requests/s per GPU (the
+workload's rate over the GPUs it uses: goodput, since every request is served), then by that worst share.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.capacity import plan_capacity
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import MeasuredStepCost, RooflineStepCost
+from kvlab.core.engine import NoProgressError, check_workload, simulate
+from kvlab.core.workload import Workload
+from kvlab.sections import sweep
+from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
+                                       SearchSpace)
+
+PERCENTILE = 95
+RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)   # the workload's prefixes the rungs serve
+RUNG_KEEP = 0.25                          # the share of a rung's candidates the next rung serves
+MIN_RUNG_REQUESTS = 200                   # a rung serves at least this many requests (or the whole workload)
+MIN_KEEP = 2                              # a rung keeps at least this many candidates of each GPU count
+CHUNKS_PER_WORKER = 4                     # a rung's candidates in about this many chunks per worker
+
+
+# ---------------------------------------------------------------- one candidate's clock, pool and serving
+@functools.lru_cache(maxsize=64)
+def step_cost(deployment: Deployment, config: EngineConfig):
+    """The clock a candidate is served on and whether it is measured: the operator-profile clock of the model at
+    the config's TP on the GPU, else (allow_roofline only) the roofline; (cost, measured?, source in words)."""
+    try:
+        cost = MeasuredStepCost.for_model(deployment.model, deployment.gpu, config)
+    except ValueError:          # a GPU no profile measures
+        cost = None
+    if cost is not None and cost.roofline is None:
+        return cost, True, cost.cost_source
+    if cost is None:
+        cost = RooflineStepCost.from_specs(deployment.model, deployment.gpu, config)
+        return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator profile of this GPU)"
+    return cost, False, cost.cost_source
+
+
+def max_tokens_per_s(cost, max_num_batched_tokens: int) -> float:
+    """The most tokens a second one replica can schedule: max over T <= max_num_batched_tokens of
+    T / cost.min_step_s(T) (every T, so no shape of the cost is assumed)."""
+    return max(t / cost.min_step_s(t) for t in range(1, max_num_batched_tokens + 1))
+
+
+def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, max_model_len: int) -> bool:
+    """Whether the pool can never refuse a block: max_num_seqs requests at their longest fit it with the longest
+    left free. Only running requests hold blocks (a preempted or waiting one holds none without prefix caching),
+    so every allocation and every admission's whole-length check then passes, and the run's decisions are those
+    of any larger pool, of any block size."""
+    if candidate.enable_prefix_caching:
+        return False                # hits depend on the blocks
+    final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
+    longest_blocks = -(-int(final.max()) // candidate.block_size)
+    running = min(candidate.max_num_seqs, -(-workload.num_requests // candidate.num_replicas))
+    return running * longest_blocks <= num_gpu_blocks - 1
+
+
+def lower_bounds(workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float) -> dict:
+    """Lower bounds on the candidate's p95 TTFT (s), TPOT (ms) and E2E latency (s) over the workload that hold
+    for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each."""
+    n = workload.num_requests
+    k = math.floor(PERCENTILE / 100 * (n - 1)) + 1
+    prompt = workload.prompt_tokens.astype(np.int64)
+    output = workload.output_tokens.astype(np.int64)
+    caching = candidate.enable_prefix_caching
+    first = np.ones(n, np.int64) if caching else prompt            # scheduled before the first token
+    whole = first + output - 1                                      # every token but the last sampled one
+    span = float(workload.arrival_s[-1] - workload.arrival_s[0])
+    fleet = candidate.num_replicas * tokens_per_s
+    smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())   # noqa: E731
+    return {"ttft_p95_s": max(0.0, smallest(first) / fleet - span),
+            "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
+            "tpot_p95_ms": 1e3 * min_step_s if (output > 1).sum() > n - k else 0.0}
+
+
+def percentile_metrics(workload: Workload, first_token_s: np.ndarray, finish_s: np.ndarray) -> dict:
+    """p95 TTFT (s), TPOT (ms; requests of one output token have none) and E2E latency (s), and their means."""
+    ttft = first_token_s - workload.arrival_s
+    e2e = finish_s - workload.arrival_s
+    out = workload.output_tokens
+    many = out > 1
+    tpot_ms = 1e3 * (finish_s[many] - first_token_s[many]) / (out[many] - 1)
+    tpot_p95 = float(np.percentile(tpot_ms, PERCENTILE)) if len(tpot_ms) else 0.0
+    return {"ttft_p95_s": float(np.percentile(ttft, PERCENTILE)), "tpot_p95_ms": tpot_p95,
+            "e2e_p95_s": float(np.percentile(e2e, PERCENTILE)), "mean_ttft_s": float(ttft.mean()),
+            "mean_tpot_ms": float(tpot_ms.mean()) if len(tpot_ms) else 0.0, "mean_e2e_s": float(e2e.mean())}
+
+
+def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int) -> dict:
+    """The candidate serving the workload: requests dealt to its replicas in turn, each replica kvlab's engine on
+    the candidate's clock and pool; percentile_metrics, preemptions and the steps served."""
+    config = candidate.config(deployment.max_model_len)
+    cost = step_cost(deployment, config)[0]
+    n, replicas = workload.num_requests, candidate.num_replicas
+    first_token, finish = np.empty(n), np.empty(n)
+    preemptions = steps = 0
+    for rank in range(replicas):
+        mine = np.arange(rank, n, replicas)
+        part = Workload(workload.arrival_s[mine], workload.prompt_tokens[mine], workload.output_tokens[mine],
+                        None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
+                        workload.prefix_block_tokens)
+        result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost)
+        first_token[mine], finish[mine] = result.first_token_s, result.finish_s
+        preemptions += int(np.sum(result.num_preemptions))
+        steps += result.num_steps
+    return percentile_metrics(workload, first_token, finish) | {"num_preemptions": preemptions, "num_steps": steps}
+
+
+def serve_chunk(point: tuple) -> list:
+    """A sweep point: (workload arrays, deployment, [(candidate, num_gpu_blocks)]) served, one result each (the
+    metrics, or the reason the engine stopped)."""
+    (arrival, prompt, output, hashes, hash_tokens), deployment, items = point
+    workload = Workload(arrival, prompt, output, hashes, hash_tokens)
+    out = []
+    for candidate, num_gpu_blocks in items:
+        try:
+            out.append(serve(workload, deployment, candidate, num_gpu_blocks))
+        except NoProgressError as error:
+            out.append({"error": str(error)})
+    return out
+
+
+# ---------------------------------------------------------------- the search
+@dataclass
+class CandidateResult:
+    """What became of one candidate: pruned (why), dropped at a rung, or served in full (meets or misses)."""
+
+    candidate: Candidate
+    status: str = "pending"           # pruned, dropped, meets, misses
+    reason: str = ""
+    num_gpu_blocks: int = 0
+    measured_clock: bool = True
+    served_requests: int = 0          # the prefix it was last served on
+    metrics: dict = field(default_factory=dict)
+    shares: dict = field(default_factory=dict)
+    twin_of: Candidate | None = None  # served as this candidate (twins: the same decisions at the same times)
+
+    @property
+    def worst_share(self) -> float:
+        return max(self.shares.values()) if self.shares else math.inf
+
+    def row(self, rate_per_s: float) -> dict:
+        """One flat row (the candidate's knobs, its outcome, its figures)."""
+        c = self.candidate
+        return {**asdict(c), "num_gpus": c.num_gpus, "status": self.status, "reason": self.reason,
+                "num_gpu_blocks": self.num_gpu_blocks, "measured_clock": self.measured_clock,
+                "served_requests": self.served_requests,
+                "requests_per_s_per_gpu": rate_per_s / c.num_gpus if self.status == "meets" else 0.0,
+                **self.metrics, "worst_share": self.worst_share if self.shares else None}
+
+
+@dataclass
+class Plan:
+    """A search's outcome: every candidate's result, the ranking and how the search went."""
+
+    deployment: Deployment
+    objectives: Objectives
+    workload_name: str
+    num_requests: int
+    rate_per_s: float
+    results: list
+    rungs: list                       # (requests served, candidates served, seconds) per rung
+    clock_source: str
+    seconds: float
+
+    def ranked(self) -> list:
+        """The configurations served in full that meet every objective, best first."""
+        meets = [r for r in self.results if r.status == "meets"]
+        return sorted(meets, key=lambda r: (r.candidate.num_gpus, r.worst_share))
+
+    def counts(self) -> dict:
+        """How many candidates ended in each status."""
+        out = {s: 0 for s in ("meets", "misses", "dropped", "pruned")}
+        for r in self.results:
+            out[r.status] += 1
+        return out
+
+    def rows(self) -> list[dict]:
+        return [r.row(self.rate_per_s) for r in self.results]
+
+
+def _arrays(workload: Workload, n: int) -> tuple:
+    hashes = None if workload.prefix_hashes is None else workload.prefix_hashes[:n]
+    return (workload.arrival_s[:n], workload.prompt_tokens[:n], workload.output_tokens[:n], hashes,
+            workload.prefix_block_tokens)
+
+
+def prefix(workload: Workload, n: int) -> Workload:
+    """The workload's first n requests."""
+    return Workload(*_arrays(workload, n))
+
+
+def prune(workload: Workload, deployment: Deployment, objectives: Objectives, results: list) -> None:
+    """Mark the candidates that cannot work (the module's docstring), each with its proof in words."""
+    rates: dict = {}
+    for r in results:
+        c = r.candidate
+        config = c.config(deployment.max_model_len)
+        planned = plan_capacity(deployment.model, deployment.gpu.memory_gib, deployment.max_model_len, config)
+        if planned is None or not planned["starts"]:
+            r.status, r.reason = "pruned", ("capacity: vLLM would not start: " + (
+                planned["refusal"] if planned else "no KV-cache memory is left after the weights"))
+            continue
+        r.num_gpu_blocks = planned["num_gpu_blocks"]
+        try:
+            check_workload(workload, config, r.num_gpu_blocks)
+        except ValueError as error:
+            r.status, r.reason = "pruned", f"capacity: {error}"
+            continue
+        cost, measured, source = step_cost(deployment, config)
+        r.measured_clock = measured
+        if not measured and not deployment.allow_roofline:
+            r.status, r.reason = "pruned", f"clock: no operator profile measures it ({source}); allow the roofline to plan it"
+            continue
+        key = (c.tensor_parallel_size, c.max_num_batched_tokens, cost.__class__, source,
+               getattr(cost, "cudagraph_capture_sizes", ()))
+        if key not in rates:
+            rates[key] = (max_tokens_per_s(cost, c.max_num_batched_tokens),
+                          min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)))
+        tokens_per_s, shortest_s = rates[key]
+        bounds = lower_bounds(workload, c, tokens_per_s, shortest_s)
+        over = [f"{OBJECTIVE_WORDS[name]} is at least {bounds[name]:,.3g} {OBJECTIVE_UNITS[name]} > {limit:g}"
+                for name, limit in objectives.given().items() if bounds[name] > limit]
+        if over:
+            r.status = "pruned"
+            r.reason = (f"rate: {c.num_replicas} replica{'s' * (c.num_replicas > 1)} schedule at most "
+                        f"{c.num_replicas * tokens_per_s:,.0f} tokens/s, so " + "; ".join(over))
+
+
+def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]:
+    """The candidates left in groups that make the same decisions at the same times: those whose pool never binds
+    (never_binds) and that differ only in block_size, kv_cache_dtype and gpu_memory_utilization, which then change
+    neither the scheduler's decisions nor the measured clock (a roofline's KV reads depend on the dtype, so it
+    stays apart there); every other candidate alone. The first of a group is served for all."""
+    groups: dict = {}
+    for r in alive:
+        c = r.candidate
+        if never_binds(workload, c, r.num_gpu_blocks, deployment.max_model_len):
+            key = (c.tensor_parallel_size, c.max_num_seqs, c.max_num_batched_tokens, c.enable_chunked_prefill,
+                   c.async_scheduling, c.num_replicas, r.measured_clock or c.kv_cache_dtype)
+        else:
+            key = c
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def search(workload: Workload, deployment: Deployment, objectives: Objectives, space: SearchSpace = SearchSpace(),
+           *, scheduler: str | None = None, max_workers: int | None = None, progress: bool | None = None,
+           rung_fractions: tuple = RUNG_FRACTIONS) -> Plan:
+    """Prune, then serve the candidates left on growing prefixes of the workload, keeping the best RUNG_KEEP of
+    each rung (the module's docstring; twins served once); every candidate's outcome and the ranking."""
+    import os
+    import time
+
+    start = time.perf_counter()
+    if workload.num_requests < 2:
+        validate.fail("num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)")
+    results = [CandidateResult(c) for c in space.candidates()]
+    prune(workload, deployment, objectives, results)
+    groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
+    alive = [g[0] for g in groups]
+    n = workload.num_requests
+    sizes = sorted({min(n, max(MIN_RUNG_REQUESTS, math.ceil(f * n))) for f in rung_fractions})
+    workers = max_workers or os.cpu_count() or 1
+    rungs = []
+    for size in sizes:
+        if not alive:
+            break
+        rung_start = time.perf_counter()
+        arrays = _arrays(workload, size)
+        num_chunks = min(len(alive), CHUNKS_PER_WORKER * workers)
+        chunks = [alive[i::num_chunks] for i in range(num_chunks)]
+        points = [(arrays, deployment, [(r.candidate, r.num_gpu_blocks) for r in chunk]) for chunk in chunks]
+        served, _ = sweep.run(serve_chunk, points, scheduler=scheduler, max_workers=max_workers, progress=progress,
+                              name=f"plan: {len(alive)} candidates on {size:,} requests")
+        for chunk, outcomes in zip(chunks, served):
+            for r, metrics in zip(chunk, outcomes):
+                r.served_requests = size
+                if "error" in metrics:
+                    r.status, r.reason, r.metrics, r.shares = "misses", f"the engine stopped: {metrics['error']}", {}, {}
+                    continue
+                r.metrics, r.shares = metrics, objectives.shares(metrics)
+        rungs.append((size, len(alive), time.perf_counter() - rung_start))
+        served_ok = [r for r in alive if r.status == "pending"]
+        if size == n:
+            for r in served_ok:
+                missed = objectives.misses(r.metrics)
+                r.status, r.reason = ("misses", "; ".join(missed)) if missed else ("meets", "")
+            break
+        strata: dict = {}
+        for r in served_ok:
+            strata.setdefault(r.candidate.num_gpus, []).append(r)
+        alive = []
+        for gpus in sorted(strata):
+            ranked = sorted(strata[gpus], key=lambda r: r.worst_share)
+            keep = max(MIN_KEEP, math.ceil(RUNG_KEEP * len(ranked)))
+            alive += ranked[:keep]
+            for r in ranked[keep:]:
+                missed = objectives.misses(r.metrics)
+                r.status = "dropped"
+                r.reason = (f"on the first {size:,} requests: " + ("; ".join(missed) if missed else
+                            f"met every objective, but {keep} of the {len(ranked)} candidates of {gpus} GPUs came "
+                            f"closer (its worst objective at {100 * r.worst_share:.0f}% of its limit)"))
+    for group in groups:
+        first = group[0]
+        for r in group[1:]:
+            r.status, r.served_requests, r.metrics, r.shares = first.status, first.served_requests, first.metrics, first.shares
+            r.reason = first.reason
+            r.twin_of = first.candidate
+    span = float(workload.arrival_s[-1] - workload.arrival_s[0])
+    sources = sorted({step_cost(deployment, r.candidate.config(deployment.max_model_len))[2]
+                      for r in results if r.status in ("meets", "misses")})
+    return Plan(deployment, objectives, workload.name, n, (n - 1) / span if span > 0 else math.inf, results, rungs,
+                "; ".join(sources), time.perf_counter() - start)
+
+
+
+# ---------------------------------------------------------------- what the plan says
+def clock_fidelity(deployment: Deployment) -> list[dict]:
+    """Section 5's checks of the measured clock on this model and GPU: each real vLLM run of them (data/checks/)
+    replayed, kvlab's errors on mean E2E latency, mean TPOT, the median per-request E2E error and mean TTFT (shares),
+    and whether all four lie within section 5's targets. None such: an empty list."""
+    from kvlab.sections import calibration
+    from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
+
+    names = [name for name in check_runs() if (lambda s: s["model"] == deployment.model.name
+                                               and s["gpu"] == deployment.gpu.name)(load_vllm_run(name).settings)]
+    if not names:
+        return []
+    table = calibration.check_run_table(names, clocks=("measured",))
+    return [{"run": run, "label": r["label"], **{k: round(float(r[k]), 4) for k in calibration.CHECK_TARGETS},
+             "within_targets": bool(r["within_targets"])} for (run, _), r in table.iterrows()]
+
+
+def summary(plan: Plan, top: int = 10) -> dict:
+    """The plan as one JSON-ready object: the deployment, objectives, workload, clock (with its fidelity), the
+    search, the ranked configurations (top of them), the best one's `vllm serve` command, and why the rest failed."""
+    d = plan.deployment
+    ranked = plan.ranked()
+    rows = {id(r): r.row(plan.rate_per_s) for r in plan.results}
+    measured = all(r.measured_clock for r in plan.results if r.status in ("meets", "misses"))
+    fidelity = clock_fidelity(d) if measured else []
+    failed = [r for r in plan.results if r.status != "meets"]
+    by_kind: dict = {}
+    for r in failed:
+        kind = r.status if r.status != "pruned" else "pruned: " + r.reason.split(":")[0]
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    closest = sorted((r for r in failed if r.shares), key=lambda r: r.worst_share)[:top]
+    best = ranked[0] if ranked else None
+    out = {
+        "model": d.model.name, "gpu": d.gpu.name, "max_model_len": d.max_model_len,
+        "objectives": plan.objectives.given(),
+        "workload": {"name": plan.workload_name, "num_requests": plan.num_requests,
+                     "rate_per_s": round(plan.rate_per_s, 4)},
+        "clock": {"measured": measured, "source": plan.clock_source, "fidelity": fidelity,
+                  "warning": "" if measured else "planned on the roofline (--allow-roofline): no operator profile "
+                  "measures some candidates; the roofline is a lower bound on step times"},
+        "search": {"num_candidates": len(plan.results), "counts": plan.counts(),
+                   "rungs": [{"num_requests": n, "num_candidates": c, "seconds": round(s, 2)} for n, c, s in plan.rungs],
+                   "seconds": round(plan.seconds, 2)},
+        "ranked": [rows[id(r)] for r in ranked[:top]],
+        "num_meeting": len(ranked),
+        "best": None if best is None else {**rows[id(best)], "vllm_serve": best.candidate.serve_command(
+            d.model.name, d.max_model_len), "num_replicas": best.candidate.num_replicas},
+        "failed": {"by_kind": by_kind, "closest": [rows[id(r)] for r in closest],
+                   "pruned_examples": {k: next(r.reason for r in failed if r.status == "pruned"
+                                               and r.reason.startswith(k.split(": ")[1]))
+                                       for k in by_kind if k.startswith("pruned: ")}},
+    }
+    for row in out["ranked"] + out["failed"]["closest"] + ([out["best"]] if best else []):
+        for key, value in row.items():
+            if isinstance(value, float):
+                row[key] = round(value, 4)
+    return out
+
+
+def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
+    """The plan in words, for the terminal."""
+    w, s, clock = out["workload"], out["search"], out["clock"]
+    objectives = ", ".join(f"{OBJECTIVE_WORDS[k]} <= {v:g} {OBJECTIVE_UNITS[k]}" for k, v in out["objectives"].items())
+    c = s["counts"]
+    lines = [f"deployment           {out['model']} on {out['gpu']}, max_model_len {out['max_model_len']:,}",
+             f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
+             "requests/s",
+             f"objectives           {objectives}",
+             f"clock                {clock['source']}"]
+    if clock["warning"]:
+        lines.append(f"warning              {clock['warning']}")
+    for f in clock["fidelity"]:
+        lines.append(f"clock checked        against a real vLLM run ({f['label']}, section 5): mean E2E "
+                     f"{100 * f['mean_e2e_error']:+.1f}%, mean TPOT {100 * f['mean_tpot_error']:+.1f}%, median request "
+                     f"E2E error {100 * f['median_request_e2e_error']:.1f}%, mean TTFT {100 * f['mean_ttft_error']:+.1f}%"
+                     f" ({'within' if f['within_targets'] else 'outside'} section 5's targets)")
+    if not clock["fidelity"] and clock["measured"]:
+        lines.append("clock checked        no real vLLM run of this model on this GPU checks it (data/checks/)")
+    rungs = "; ".join(f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)"
+                      for r in s["rungs"])
+    lines.append(f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {rungs}; "
+                 f"{s['seconds']:.0f} s")
+    lines.append(f"outcome              {c['meets']:,} meet every objective, {c['misses']:,} served in full miss, "
+                 f"{c['dropped']:,} dropped on a prefix, {c['pruned']:,} pruned")
+    if out["ranked"]:
+        lines.append("")
+        lines.append(f"{'rank':>4}  {'GPUs':>4}  {'req/s/GPU':>9}  {'TTFT p95 s':>10}  {'TPOT p95 ms':>11}  "
+                     f"{'E2E p95 s':>9}  configuration")
+        for i, row in enumerate(out["ranked"], 1):
+            cand = Candidate(**{f: row[f] for f in Candidate.__dataclass_fields__})
+            lines.append(f"{i:>4}  {row['num_gpus']:>4}  {row['requests_per_s_per_gpu']:>9.3f}  "
+                         f"{row['ttft_p95_s']:>10.3f}  {row['tpot_p95_ms']:>11.1f}  {row['e2e_p95_s']:>9.2f}  "
+                         f"{cand.label()}")
+        if out["num_meeting"] > len(out["ranked"]):
+            lines.append(f"      ... and {out['num_meeting'] - len(out['ranked']):,} more that meet (--top, --json)")
+        best = out["best"]
+        lines.append("")
+        lines.append(f"best                 {best['num_replicas']} x: {best['vllm_serve']}")
+    else:
+        lines.append("")
+        lines.append("best                 none: no configuration meets every objective (see why below; more replicas, "
+                     "a larger --tensor-parallel-size or looser objectives)")
+    lines.append("")
+    lines.append("why the others failed")
+    for kind, count in out["failed"]["by_kind"].items():
+        example = out["failed"]["pruned_examples"].get(kind)
+        lines.append(f"  {kind}: {count:,}" + (f" (e.g. {example})" if example else ""))
+    for row in out["failed"]["closest"][:5]:
+        cand = Candidate(**{f: row[f] for f in Candidate.__dataclass_fields__})
+        lines.append(f"  closest: {cand.label()}: {row['status']}, {row['reason']}")
+    return lines

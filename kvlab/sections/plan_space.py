@@ -1,0 +1,149 @@
+"""What `kvlab plan` searches and against what: the objectives, a candidate configuration, the search space and
+the deployment it does not search (kvlab.sections.plan searches). No numpy: the command's parser reads its
+defaults here."""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import asdict, dataclass, fields
+
+from kvlab.core import validate
+from kvlab.core.config import EngineConfig
+
+
+# ---------------------------------------------------------------- objectives
+@dataclass(frozen=True)
+class Objectives:
+    """Service-level objectives at the 95th percentile over requests: TTFT (s), TPOT (ms) and E2E latency (s);
+    None: not an objective. At least one is given."""
+
+    ttft_p95_s: float | None = None
+    tpot_p95_ms: float | None = None
+    e2e_p95_s: float | None = None
+
+    def __post_init__(self):
+        given = self.given()
+        if not given:
+            validate.fail("objectives", "none", "must give at least one of ttft_p95_s, tpot_p95_ms and e2e_p95_s")
+        for name, limit in given.items():
+            if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not math.isfinite(limit) or limit <= 0:
+                validate.fail(name, limit, "must be a finite number > 0")
+
+    def given(self) -> dict:
+        """The objectives set, by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def shares(self, metrics: dict) -> dict:
+        """Each objective's value over its limit (<= 1: met)."""
+        return {name: metrics[name] / limit for name, limit in self.given().items()}
+
+    def misses(self, metrics: dict) -> list[str]:
+        """The objectives missed, in words with by how much."""
+        out = []
+        for name, limit in self.given().items():
+            value = metrics[name]
+            if value > limit:
+                out.append(f"{OBJECTIVE_WORDS[name]} {value:,.3g} {OBJECTIVE_UNITS[name]} > {limit:g} "
+                           f"({value / limit:.2f}x the objective)")
+        return out
+
+
+OBJECTIVE_WORDS = {"ttft_p95_s": "p95 TTFT", "tpot_p95_ms": "p95 TPOT", "e2e_p95_s": "p95 E2E latency"}
+OBJECTIVE_UNITS = {"ttft_p95_s": "s", "tpot_p95_ms": "ms", "e2e_p95_s": "s"}
+
+
+# ---------------------------------------------------------------- candidates
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration of vLLM and the number of replicas serving the workload."""
+
+    tensor_parallel_size: int = 1
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_dtype: str = "bf16"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    async_scheduling: bool = True
+    num_replicas: int = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tensor_parallel_size * self.num_replicas
+
+    def config(self, max_model_len: int) -> EngineConfig:
+        """The engine settings of one replica."""
+        settings = {k: v for k, v in asdict(self).items() if k != "num_replicas"}
+        return EngineConfig().replace(**settings, max_model_len=max_model_len)
+
+    def serve_command(self, model_name: str, max_model_len: int) -> str:
+        """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server)."""
+        flags = [f"vllm serve {model_name}", f"--tensor-parallel-size {self.tensor_parallel_size}",
+                 f"--max-model-len {max_model_len}", f"--max-num-seqs {self.max_num_seqs}",
+                 f"--max-num-batched-tokens {self.max_num_batched_tokens}", f"--block-size {self.block_size}",
+                 f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
+                 f"--kv-cache-dtype {'auto' if self.kv_cache_dtype in ('bf16', 'fp16') else self.kv_cache_dtype}",
+                 "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
+                 "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+                 "--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
+        return " ".join(flags)
+
+    def label(self) -> str:
+        """The candidate in a few words."""
+        return (f"TP {self.tensor_parallel_size} x {self.num_replicas} replica{'s' * (self.num_replicas > 1)}, "
+                f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens {self.max_num_batched_tokens}, "
+                f"block_size {self.block_size}, gpu_memory_utilization {self.gpu_memory_utilization:g}, "
+                f"kv_cache_dtype {self.kv_cache_dtype}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}"
+                f", prefix caching {'on' if self.enable_prefix_caching else 'off'}, "
+                f"{'async' if self.async_scheduling else 'sync'} scheduling")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The values each knob may take; the candidates are every combination."""
+
+    tensor_parallel_size: tuple = (1, 2)
+    max_num_seqs: tuple = (64, 128, 256, 512)
+    max_num_batched_tokens: tuple = (2048, 4096, 8192)
+    block_size: tuple = (16, 32)
+    gpu_memory_utilization: tuple = (0.9,)
+    kv_cache_dtype: tuple = ("bf16", "fp8")
+    enable_chunked_prefill: tuple = (True,)
+    enable_prefix_caching: tuple = (False,)
+    async_scheduling: tuple = (True, False)
+    num_replicas: tuple = (1, 2, 3, 4)
+
+    def __post_init__(self):
+        for f in fields(self):
+            values = getattr(self, f.name)
+            if not isinstance(values, tuple) or not values:
+                validate.fail(f.name, values, "must be a non-empty tuple of values")
+            if len(set(values)) != len(values):
+                validate.fail(f.name, values, "must not repeat a value")
+        for name in ("tensor_parallel_size", "num_replicas"):
+            for v in getattr(self, name):
+                validate.positive_int(name, v)
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(getattr(self, f.name)) for f in fields(self))
+
+    def candidates(self) -> list[Candidate]:
+        """Every combination, in a fixed order (each Candidate validated as its EngineConfig is built)."""
+        names = [f.name for f in fields(self)]
+        return [Candidate(**dict(zip(names, values))) for values in itertools.product(*(getattr(self, n) for n in names))]
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the plan does not search: the model, the GPU, max_model_len, and whether a (model, GPU, TP) without an
+    operator profile may be planned on the roofline."""
+
+    model: object            # kvlab.core.models.ModelSpec
+    gpu: object              # kvlab.core.models.GpuSpec
+    max_model_len: int
+    allow_roofline: bool = False
+
+    def __post_init__(self):
+        validate.in_range("max_model_len", self.max_model_len, "tokens")
