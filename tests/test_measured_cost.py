@@ -121,6 +121,20 @@ def test_attention_reads_the_measured_grid_and_extrapolates_past_it():
     assert LLAMA_COST.decode_attention_us(128, 24576) == pytest.approx(last + (last - before), rel=1e-12)
 
 
+def test_past_the_dense_axis_a_step_grows_along_its_last_doubling():
+    """Past 2,048 tokens the dense term follows the secant from 1,024 to 2,048 tokens, by hand; never the last two
+    points, 16 tokens apart, whose slope is noise (Qwen3-32B's falls, and a step of 8,192 tokens came out negative)."""
+    at_1024, at_2048 = (32 * sum(c * DENSE[(op, n)] for op, c in [("layernorm", 2), ("qkv_proj", 1), ("rotary_emb", 1),
+                        ("o_proj", 1), ("gate_up_proj", 1), ("act_fn", 1), ("down_proj", 1)])
+                        + DENSE[("embedding", n)] + DENSE[("final_layernorm", n)] for n in (1024, 2048))
+    per_seq = PER_SEQUENCE[("lm_head", 1)] + PER_SEQUENCE[("sampler", 1)]
+    assert LLAMA_COST.fixed_us(8192, 1) == pytest.approx(at_2048 + (at_2048 - at_1024) * 6 + per_seq, rel=1e-12)
+    for model, tp in ((LLAMA, 1), ("Qwen/Qwen3-32B", 1), ("Qwen/Qwen3-32B", 2)):
+        cost = measured(model, tensor_parallel_size=tp, max_num_batched_tokens=16384)
+        steps = [cost.fixed_us(n, 1) for n in (2048, 4096, 8192, 16384)]
+        assert all(b > 1.5 * a for a, b in zip(steps, steps[1:])), (model, tp, steps)
+
+
 @settings(max_examples=80, deadline=None)
 @given(st.sampled_from(["llama", "qwen3-32b-tp2", "moe", "scaled"]), st.integers(1, 300), st.integers(0, 30_000),
        st.integers(1, 60))
