@@ -1,0 +1,234 @@
+"""`kvlab plan` (kvlab.sections.plan): its prunes are proofs, its twins twins, its recommendations hold when served
+again on their own, and bad objectives are refused in one line."""
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab import cli
+from kvlab.core.capacity import plan_capacity
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import MeasuredStepCost, RooflineStepCost
+from kvlab.core.models import get_gpu, get_model
+from kvlab.core.workload import Workload
+from kvlab.sections import plan
+from kvlab.workloads import synthetic
+
+MODEL, GPU = "Qwen/Qwen3-32B", "RTX-PRO-6000-Server-96GB"
+OBJECTIVES = plan.Objectives(ttft_p95_s=2.0, tpot_p95_ms=60.0, e2e_p95_s=25.0)
+
+
+def workload(n=400, rate=12.0, prompt=1500, output=300, seed=1) -> Workload:
+    rng = np.random.default_rng(seed)
+    arrival = synthetic.poisson_arrivals(n, rate, rng)
+    prompts = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=prompt, cv=1.0))
+    outputs = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=output, cv=1.0))
+    return Workload(arrival, prompts, outputs)
+
+
+DEPLOYMENT = plan.Deployment(get_model(MODEL), get_gpu(GPU), 16384)
+SPACE = plan.SearchSpace(tensor_parallel_size=(1, 2, 4), max_num_seqs=(16, 128), max_num_batched_tokens=(512, 4096),
+                         block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True,), num_replicas=(1, 2))
+
+
+@pytest.fixture(scope="module")
+def heavy_plan():
+    return plan.search(workload(), DEPLOYMENT, OBJECTIVES, SPACE, scheduler="serial")
+
+
+def test_a_heavy_rate_is_pruned_served_and_dropped_and_the_counts_add_up(heavy_plan):
+    counts = heavy_plan.counts()
+    assert sum(counts.values()) == SPACE.size == 24
+    kinds = {r.reason.split(":")[0] for r in heavy_plan.results if r.status == "pruned"}
+    assert kinds == {"rate", "clock"}           # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
+    assert counts["misses"] > 0 and counts["dropped"] > 0 and counts["meets"] == 0
+    assert all(r.served_requests == 400 for r in heavy_plan.results if r.status in ("meets", "misses"))
+
+
+def test_every_lower_bound_is_below_what_the_engine_serves():
+    """The rate prune's bounds (p95 TTFT, TPOT, E2E) hold for every candidate served in full, pruned or not."""
+    w = workload(n=300)
+    for candidate in SPACE.candidates():
+        if candidate.tensor_parallel_size == 4:
+            continue
+        config = candidate.config(DEPLOYMENT.max_model_len)
+        cost = plan.step_cost(DEPLOYMENT, config)[0]
+        blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len,
+                               config)["num_gpu_blocks"]
+        budget = candidate.max_num_batched_tokens
+        bounds = plan.lower_bounds(w, candidate, plan.max_tokens_per_s(cost, budget),
+                                   min(cost.min_step_s(t) for t in range(1, budget + 1)))
+        served = plan.serve(w, DEPLOYMENT, candidate, blocks)
+        for name, bound in bounds.items():
+            assert bound <= served[name] * (1 + 1e-12), (candidate, name, bound, served[name])
+
+
+def test_a_pruned_candidate_truly_fails_when_served(heavy_plan):
+    pruned = [r for r in heavy_plan.results if r.status == "pruned" and r.reason.startswith("rate")]
+    assert pruned
+    w = workload()
+    for r in pruned:
+        served = plan.serve(w, DEPLOYMENT, r.candidate, r.num_gpu_blocks)
+        assert OBJECTIVES.misses(served), r.candidate
+
+
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.integers(1, 8192), decodes=st.integers(0, 256), history=st.integers(0, 20000),
+       prefills=st.integers(0, 4), tp=st.sampled_from([1, 2]))
+def test_min_step_s_is_below_every_step_of_that_many_tokens(tokens, decodes, history, prefills, tp):
+    config = EngineConfig().replace(tensor_parallel_size=tp)
+    cost = MeasuredStepCost.for_model(DEPLOYMENT.model, DEPLOYMENT.gpu, config)
+    decodes = min(decodes, tokens)
+    prefill = tokens - decodes
+    prefills = min(prefills, prefill) if prefill else 0
+    if prefill and not prefills:
+        prefills = 1
+    pairs = prefill * history + prefill * (prefill + 1) // 2
+    step = cost.step_s(tokens, decodes * (history + 1) + prefill + history, decodes, decodes * (history + 1),
+                       prefills, pairs)
+    assert cost.min_step_s(tokens) <= step
+    roofline = RooflineStepCost.from_specs(DEPLOYMENT.model, DEPLOYMENT.gpu, config)
+    assert roofline.min_step_s(tokens) <= roofline.step_s(tokens, history)
+
+
+def test_twins_make_the_same_decisions_when_served_apart():
+    """Candidates whose pool can never bind, apart in block size, KV dtype and memory share, serve alike."""
+    model = get_model("meta-llama/Llama-3.1-8B")
+    deployment = plan.Deployment(model, get_gpu(GPU), 4096)
+    w = workload(n=300, rate=4.0, prompt=600, output=150)
+    w = Workload(w.arrival_s, np.minimum(w.prompt_tokens, 3000), np.minimum(w.output_tokens, 1000))
+    space = plan.SearchSpace(tensor_parallel_size=(1,), max_num_seqs=(32,), max_num_batched_tokens=(4096,),
+                             block_size=(16, 32), gpu_memory_utilization=(0.85, 0.9), kv_cache_dtype=("bf16", "fp8"),
+                             async_scheduling=(False,), num_replicas=(1,))
+    results = [plan.CandidateResult(c) for c in space.candidates()]
+    plan.prune(w, deployment, plan.Objectives(e2e_p95_s=1000.0), results)
+    groups = plan.twins(w, deployment, results)
+    assert len(groups) == 1 and len(groups[0]) == 8
+    served = [plan.serve(w, deployment, r.candidate, r.num_gpu_blocks) for r in results]
+    assert len({r.num_gpu_blocks for r in results}) > 1
+    assert all(s == served[0] for s in served)
+
+
+def test_never_binds_at_its_threshold_and_a_binding_pool_is_no_twin():
+    w = Workload(np.arange(10.0), np.full(10, 100), np.full(10, 60))        # 160 tokens: 10 blocks of 16
+    four = plan.Candidate(max_num_seqs=4, block_size=16)
+    assert plan.never_binds(w, four, 41, 16384)                # 4 running x 10 blocks, vLLM's null block apart
+    assert not plan.never_binds(w, four, 40, 16384)
+    assert not plan.never_binds(w, plan.Candidate(max_num_seqs=4, block_size=16, num_replicas=2), 20, 16384)
+    assert plan.never_binds(w, plan.Candidate(max_num_seqs=4, block_size=32), 21, 16384)    # 5 blocks of 32
+    assert not plan.never_binds(w, plan.Candidate(max_num_seqs=4, enable_prefix_caching=True), 10_000, 16384)
+
+
+def test_lower_bounds_by_hand():
+    """Three requests over 10 s, works 1 + 3 - 1 = 3, 5 + 1 - 1 = 5 and 9 + 2 - 1 = 10 tokens; k = floor(0.95 x 2) + 1
+    = 2, so p95 E2E >= (3 + 5) / (2 replicas x 0.5 tokens/s) - 10 s = -2 (0) and TTFT >= (1 + 5) / 1 - 10 (0); at a
+    tenth of the rate 70 s and 50 s."""
+    w = Workload(np.array([0.0, 4.0, 10.0]), np.array([1, 5, 9]), np.array([3, 1, 2]))
+    two = plan.Candidate(num_replicas=2)
+    assert plan.lower_bounds(w, two, 0.5, 0.02) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
+    assert plan.lower_bounds(w, two, 0.05, 0.02) == pytest.approx({"ttft_p95_s": 50.0, "e2e_p95_s": 70.0,
+                                                                   "tpot_p95_ms": 20.0})
+    caching = plan.Candidate(num_replicas=2, enable_prefix_caching=True)   # prompts may hit: one token each
+    assert plan.lower_bounds(w, caching, 0.05, 0.02)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
+
+
+def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
+    """Not vacuous: long prompts arriving at once keep every step full, so the bound is near what is served."""
+    w = Workload(np.zeros(40), np.full(40, 8000), np.ones(40, np.int64))
+    c = plan.Candidate(tensor_parallel_size=1, max_num_seqs=64, max_num_batched_tokens=8192, async_scheduling=False)
+    config = c.config(DEPLOYMENT.max_model_len)
+    cost = plan.step_cost(DEPLOYMENT, config)[0]
+    bound = plan.lower_bounds(w, c, plan.max_tokens_per_s(cost, 8192), cost.min_step_s(1))["ttft_p95_s"]
+    blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)["num_gpu_blocks"]
+    served = plan.serve(w, DEPLOYMENT, c, blocks)["ttft_p95_s"]
+    assert served / 2 < bound <= served
+
+
+def test_what_the_plan_recommends_meets_every_objective_served_again_on_its_own():
+    model = get_model("meta-llama/Llama-3.1-8B")
+    deployment = plan.Deployment(model, get_gpu(GPU), 16384)
+    w = workload(n=600, rate=6.0, prompt=1000, output=200, seed=2)
+    objectives = plan.Objectives(ttft_p95_s=0.5, tpot_p95_ms=25.0)
+    space = plan.SearchSpace(tensor_parallel_size=(1, 2), max_num_seqs=(32, 256), max_num_batched_tokens=(1024, 8192),
+                             block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True, False),
+                             num_replicas=(1, 2))
+    result = plan.search(w, deployment, objectives, space, scheduler="serial")
+    ranked = result.ranked()
+    assert ranked and result.counts()["misses"] + result.counts()["dropped"] > 0
+    assert [r.candidate.num_gpus for r in ranked] == sorted(r.candidate.num_gpus for r in ranked)
+    for r in ranked:
+        config = r.candidate.config(deployment.max_model_len)
+        blocks = plan_capacity(model, deployment.gpu.memory_gib, deployment.max_model_len, config)["num_gpu_blocks"]
+        again = plan.serve(w, deployment, r.candidate, blocks)
+        assert again == r.metrics and not objectives.misses(again)
+    out = plan.summary(result, top=3)
+    assert out["best"]["vllm_serve"].startswith("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size")
+    assert len(out["ranked"]) == min(3, len(ranked))
+    json.dumps(out)
+
+
+def test_a_pool_that_cannot_hold_max_model_len_is_pruned_as_vllm_refuses_to_start():
+    deployment = plan.Deployment(get_model(MODEL), get_gpu("RTX-4090-24GB"), 32768)
+    results = [plan.CandidateResult(plan.Candidate())]
+    plan.prune(workload(n=20), deployment, OBJECTIVES, results)
+    assert results[0].status == "pruned" and results[0].reason.startswith("capacity: vLLM would not start")
+
+
+def test_processes_and_dask_give_the_serial_plan():
+    from distributed import LocalCluster
+
+    w = workload(n=250)
+    space = plan.SearchSpace(tensor_parallel_size=(2,), max_num_seqs=(16, 128), max_num_batched_tokens=(4096,),
+                             block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True, False),
+                             num_replicas=(1, 2))
+    rows = lambda p: [(r["status"], r["reason"], r.get("e2e_p95_s")) for r in p.rows()]   # noqa: E731
+    serial = rows(plan.search(w, DEPLOYMENT, OBJECTIVES, space, scheduler="serial"))
+    assert rows(plan.search(w, DEPLOYMENT, OBJECTIVES, space, scheduler="processes", max_workers=2)) == serial
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        assert rows(plan.search(w, DEPLOYMENT, OBJECTIVES, space, scheduler=cluster.scheduler_address)) == serial
+
+
+# ---------------------------------------------------------------- the command line
+BASE = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--gpu", GPU, "--arrival-rate", "4", "--num-requests", "300",
+        "--max-model-len", "16384", "--tensor-parallel-size", "1", "--max-num-seqs", "64,256",
+        "--max-num-batched-tokens", "8192", "--block-size", "16", "--kv-cache-dtype", "bf16", "--replicas", "1",
+        "--scheduler", "serial"]
+
+
+def test_the_command_prints_the_plan_and_its_json(capsys):
+    assert cli.main([*BASE, "--slo-ttft-p95-s", "1", "--slo-tpot-p95-ms", "40", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["search"]["num_candidates"] == 4 and out["objectives"] == {"ttft_p95_s": 1.0, "tpot_p95_ms": 40.0}
+    assert out["clock"]["measured"] and "LLMServingSim" in out["clock"]["source"]
+    assert out["clock"]["fidelity"][0]["label"] == "Llama-3.1-8B"
+    assert cli.main([*BASE, "--slo-ttft-p95-s", "1", "--slo-tpot-p95-ms", "40"]) == 0
+    text = capsys.readouterr().out
+    assert "best                 1 x: vllm serve meta-llama/Llama-3.1-8B" in text
+    assert "why the others failed" in text and "clock checked        against a real vLLM run" in text
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "kvlab plan needs at least one objective: --slo-ttft-p95-s, --slo-tpot-p95-ms or --slo-e2e-p95-s"),
+    (["--slo-ttft-p95-s", "0"], "--slo-ttft-p95-s 0 is not allowed: an objective must be a finite number > 0"),
+    (["--slo-tpot-p95-ms", "-5"], "--slo-tpot-p95-ms -5 is not allowed: an objective must be a finite number > 0"),
+    (["--slo-e2e-p95-s", "nan"], "--slo-e2e-p95-s nan is not allowed: an objective must be a finite number > 0"),
+    (["--slo-e2e-p95-s", "5", "--max-num-seqs", "64,x"], "--max-num-seqs '64,x' is not allowed: 'x' is not one of "
+                                                         "whole numbers"),
+    (["--slo-e2e-p95-s", "5", "--async-scheduling", "yes"], "--async-scheduling 'yes' is not allowed: 'yes' is not "
+                                                            "one of on or off"),
+    (["--slo-e2e-p95-s", "5", "--replicas", "1,1"], "--replicas '1,1' is not allowed: a value is repeated"),
+    (["--slo-e2e-p95-s", "5", "--replicas", "0"], "--replicas=0 is not allowed: must be an integer >= 1"),
+    (["--slo-e2e-p95-s", "5", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype='fp9' is not allowed: must be one of"),
+])
+def test_bad_objectives_and_lists_are_one_line(capsys, flags, message):
+    assert cli.main([*BASE, *flags]) == 2     # a flag given again overrides BASE's
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_prompt_longer_than_max_model_len_is_refused_with_the_fix(capsys):
+    argv = [a if a != "16384" else "500" for a in BASE]
+    assert cli.main([*argv, "--slo-e2e-p95-s", "5"]) == 2
+    assert "--max-model-len 500 is not allowed: the workload has a prompt of" in capsys.readouterr().err
