@@ -232,3 +232,18 @@ def test_a_prompt_longer_than_max_model_len_is_refused_with_the_fix(capsys):
     argv = [a if a != "16384" else "500" for a in BASE]
     assert cli.main([*argv, "--slo-e2e-p95-s", "5"]) == 2
     assert "--max-model-len 500 is not allowed: the workload has a prompt of" in capsys.readouterr().err
+
+
+def test_a_model_no_profile_measures_is_refused_unless_the_roofline_is_allowed(capsys):
+    argv = ["plan", "--model", MODEL, "--gpu", GPU, "--arrival-rate", "2", "--num-requests", "50", "--slo-e2e-p95-s",
+            "30", "--tensor-parallel-size", "4", "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
+            "--block-size", "16", "--kv-cache-dtype", "bf16", "--replicas", "1", "--async-scheduling", "on",
+            "--max-model-len", "16384", "--scheduler", "serial"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab plan: error: --model='Qwen/Qwen3-32B' is not allowed: has no operator profile on "
+                          "RTX-PRO-6000-Server-96GB at tensor parallel size 4") and "--allow-roofline" in err
+    assert cli.main([*argv, "--allow-roofline", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert not out["clock"]["measured"] and out["clock"]["warning"].startswith("planned on the roofline")
+    assert out["clock"]["fidelity"] == [] and "roofline" in out["clock"]["source"]

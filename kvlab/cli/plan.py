@@ -176,7 +176,9 @@ def workload_of(args, given: set[str]):
     arrival = synthetic.poisson_arrivals(n, rate, rng)
     prompt = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=args.prompt_tokens, cv=1.0))
     output = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=args.output_tokens, cv=1.0))
-    return Workload(arrival, prompt, output, name=f"synthetic: {rate:g} requests/s"), None
+    name = (f"synthetic (Poisson arrivals at {rate:g} requests/s, seed {args.seed}; gamma lengths of CV 1, means "
+            f"{args.prompt_tokens:,} prompt and {args.output_tokens:,} output tokens)")
+    return Workload(arrival, prompt, output, name=name), None
 
 
 def deployment_of(args, given: set[str], workload):

@@ -293,6 +293,11 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
         validate.fail("num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)")
     results = [CandidateResult(c) for c in space.candidates()]
     prune(workload, deployment, objectives, results)
+    if all(r.reason.startswith("clock") for r in results):
+        validate.fail("model", deployment.model.name, f"has no operator profile on {deployment.gpu.name} at tensor "
+                      f"parallel size {', '.join(map(str, space.tensor_parallel_size))} for the measured clock (see "
+                      "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
+                      "warning")
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
     alive = [g[0] for g in groups]
     n = workload.num_requests

@@ -1,0 +1,46 @@
+"""`kvlab plan`'s search (issue 24): at least 500 candidate configurations of a 10,000-request trace in under 5 minutes
+on this machine (local processes, one per core), and the same result on a Dask cluster (a local one here)."""
+import time
+
+from kvlab.core.models import get_gpu, get_model
+from kvlab.sections import plan
+from kvlab.workloads import traces
+
+TARGET = {"num_candidates": 500, "num_requests": 10_000, "seconds": 300}
+DEPLOYMENT = {"model": "Qwen/Qwen3-32B", "gpu": "RTX-PRO-6000-Server-96GB", "max_model_len": 16384}
+OBJECTIVES = plan.Objectives(ttft_p95_s=2.0, tpot_p95_ms=60.0)
+
+
+def outcome(result: plan.Plan) -> list:
+    """What a plan decided, candidate by candidate (to compare two runs of it)."""
+    return [(r["status"], r["reason"], r.get("ttft_p95_s"), r.get("tpot_p95_ms")) for r in result.rows()]
+
+
+def main() -> None:
+    if "azure" in traces.missing_traces():
+        print(f"   skipped: the Azure conversation trace is not in {traces.trace_dir()} (set TRACE_DIR or make traces)")
+        return
+    workload = traces.load_trace(traces.trace_path("azure"), max_requests=TARGET["num_requests"]).workload
+    deployment = plan.Deployment(get_model(DEPLOYMENT["model"]), get_gpu(DEPLOYMENT["gpu"]), DEPLOYMENT["max_model_len"])
+    space = plan.SearchSpace()
+    start = time.perf_counter()
+    local = plan.search(workload, deployment, OBJECTIVES, space, scheduler="processes")
+    seconds = time.perf_counter() - start
+    counts = local.counts()
+    verdict = "PASS" if space.size >= TARGET["num_candidates"] and seconds < TARGET["seconds"] else "FAIL"
+    rungs = "; ".join(f"{c} on {n:,} requests in {s:.0f} s" for n, c, s in local.rungs)
+    print(f"   plan, {DEPLOYMENT['model']} on {DEPLOYMENT['gpu']}, {workload.num_requests:,} Azure conversation requests, "
+          f"{space.size} candidates on local processes: {seconds:.0f} s (target < {TARGET['seconds']} s): {verdict}")
+    print(f"     {counts['pruned']} pruned, then {rungs}; {counts['meets']} meet, {counts['misses']} miss in full, "
+          f"{counts['dropped']} dropped on a prefix")
+    best = local.ranked()[0] if local.ranked() else None
+    print(f"     best: {best.candidate.label() if best else 'none'}")
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        start = time.perf_counter()
+        on_dask = plan.search(workload, deployment, OBJECTIVES, space, scheduler=cluster.scheduler_address)
+        dask_s = time.perf_counter() - start
+    same = outcome(on_dask) == outcome(local)
+    print(f"   the same search on a local Dask cluster (2 workers): {dask_s:.0f} s, "
+          f"{'the same outcome for every candidate' if same else 'A DIFFERENT OUTCOME'}: {'PASS' if same else 'FAIL'}")
