@@ -40,6 +40,8 @@ def test_importing_kvlab_imports_nothing_heavy_not_even_numpy():
     ["allocate", "--block-size", "64"],
     ["report", "--set", "03_capacity.GPU_MEMORY_GIB=141"],
     ["traces", "download", "--trace", "azure"],
+    ["plan", "--model", "Qwen3-32B", "--gpu", "H100-SXM-80GB", "--arrival-rate", "3", "--slo-ttft-p95-s", "1",
+     "--max-num-seqs", "64,128"],
 ])
 def test_the_parser_is_built_and_flags_checked_without_heavy_imports(argv):
     code = f"""
@@ -62,6 +64,8 @@ for argv in (["--help"], ["simulate", "--help"]):
     except SystemExit as stop:
         assert stop.code == 0
 assert main(["simulate", "--num-requests", "-3"]) == 2
+assert main(["plan", "--model", "Qwen3-32B", "--gpu", "H100-SXM-80GB", "--arrival-rate", "3"]) == 2   # no objective
+assert main(["plan", "--slo-e2e-p95-s", "9", "--max-num-seqs", "64,x"]) == 2
 """
     assert loaded_after(code)["heavy"] == []
 
