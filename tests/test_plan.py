@@ -59,7 +59,7 @@ def test_every_lower_bound_is_below_what_the_engine_serves():
                                config)["num_gpu_blocks"]
         budget = candidate.max_num_batched_tokens
         bounds = plan.lower_bounds(w, candidate, plan.max_tokens_per_s(cost, budget),
-                                   min(cost.min_step_s(t) for t in range(1, budget + 1)))
+                                   min(cost.min_step_s(t) for t in range(1, budget + 1)), DEPLOYMENT.max_model_len)
         served = plan.serve(w, DEPLOYMENT, candidate, blocks)
         for name, bound in bounds.items():
             assert bound <= served[name] * (1 + 1e-12), (candidate, name, bound, served[name])
@@ -127,11 +127,15 @@ def test_lower_bounds_by_hand():
     tenth of the rate 70 s and 50 s."""
     w = Workload(np.array([0.0, 4.0, 10.0]), np.array([1, 5, 9]), np.array([3, 1, 2]))
     two = plan.Candidate(num_replicas=2)
-    assert plan.lower_bounds(w, two, 0.5, 0.02) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
-    assert plan.lower_bounds(w, two, 0.05, 0.02) == pytest.approx({"ttft_p95_s": 50.0, "e2e_p95_s": 70.0,
+    assert plan.lower_bounds(w, two, 0.5, 0.02, 100) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
+    assert plan.lower_bounds(w, two, 0.05, 0.02, 100) == pytest.approx({"ttft_p95_s": 50.0, "e2e_p95_s": 70.0,
                                                                    "tpot_p95_ms": 20.0})
     caching = plan.Candidate(num_replicas=2, enable_prefix_caching=True)   # prompts may hit: one token each
-    assert plan.lower_bounds(w, caching, 0.05, 0.02)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
+    assert plan.lower_bounds(w, caching, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
+    long = Workload(np.array([0.0, 4.0, 10.0]), np.array([2, 2, 2]), np.array([10, 10, 1]))
+    assert plan.lower_bounds(long, two, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((2 + 11) / 0.1 - 10)
+    # max_model_len 6 ends the first two at 6 tokens: 2 + 4 - 1 = 5 scheduled each
+    assert plan.lower_bounds(long, two, 0.05, 0.02, 6)["e2e_p95_s"] == pytest.approx((2 + 5) / 0.1 - 10)
 
 
 def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
@@ -140,7 +144,7 @@ def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
     c = plan.Candidate(tensor_parallel_size=1, max_num_seqs=64, max_num_batched_tokens=8192, async_scheduling=False)
     config = c.config(DEPLOYMENT.max_model_len)
     cost = plan.step_cost(DEPLOYMENT, config)[0]
-    bound = plan.lower_bounds(w, c, plan.max_tokens_per_s(cost, 8192), cost.min_step_s(1))["ttft_p95_s"]
+    bound = plan.lower_bounds(w, c, plan.max_tokens_per_s(cost, 8192), cost.min_step_s(1), 16384)["ttft_p95_s"]
     blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)["num_gpu_blocks"]
     served = plan.serve(w, DEPLOYMENT, c, blocks)["ttft_p95_s"]
     assert served / 2 < bound <= served

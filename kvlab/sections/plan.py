@@ -45,7 +45,7 @@ from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
 from kvlab.sections import sweep
 from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
-                                       SearchSpace)
+                                       SearchSpace, figure)
 
 PERCENTILE = 95
 RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)   # the workload's prefixes the rungs serve
@@ -91,31 +91,31 @@ def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, m
     return running * longest_blocks <= num_gpu_blocks - 1
 
 
-def lower_bounds(workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float) -> dict:
+def lower_bounds(workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float,
+                 max_model_len: int) -> dict:
     """Lower bounds on the candidate's p95 TTFT (s), TPOT (ms) and E2E latency (s) over the workload that hold
-    for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each."""
+    for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each, a step lasts at
+    least min_step_s, and a request ends at max_model_len tokens."""
     n = workload.num_requests
     k = math.floor(PERCENTILE / 100 * (n - 1)) + 1
     prompt = workload.prompt_tokens.astype(np.int64)
-    output = workload.output_tokens.astype(np.int64)
-    caching = candidate.enable_prefix_caching
-    first = np.ones(n, np.int64) if caching else prompt            # scheduled before the first token
-    whole = first + output - 1                                      # every token but the last sampled one
+    final = np.minimum(prompt + workload.output_tokens, max_model_len)
+    first = np.ones(n, np.int64) if candidate.enable_prefix_caching else prompt   # scheduled before the first token
+    whole = first + (final - prompt) - 1                                # every token but the last sampled one
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     fleet = candidate.num_replicas * tokens_per_s
     smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())   # noqa: E731
     return {"ttft_p95_s": max(0.0, smallest(first) / fleet - span),
             "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
-            "tpot_p95_ms": 1e3 * min_step_s if (output > 1).sum() > n - k else 0.0}
+            "tpot_p95_ms": 1e3 * min_step_s if (final - prompt > 1).any() else 0.0}  # a step between two tokens
 
 
-def percentile_metrics(workload: Workload, first_token_s: np.ndarray, finish_s: np.ndarray) -> dict:
-    """p95 TTFT (s), TPOT (ms; requests of one output token have none) and E2E latency (s), and their means."""
-    ttft = first_token_s - workload.arrival_s
-    e2e = finish_s - workload.arrival_s
-    out = workload.output_tokens
-    many = out > 1
-    tpot_ms = 1e3 * (finish_s[many] - first_token_s[many]) / (out[many] - 1)
+def percentile_metrics(arrival_s: np.ndarray, num_output_tokens: np.ndarray, first_token_s: np.ndarray,
+                       finish_s: np.ndarray) -> dict:
+    """p95 TTFT (s), TPOT (ms; over requests of more than one output token) and E2E latency (s), and their means."""
+    ttft, e2e = first_token_s - arrival_s, finish_s - arrival_s
+    many = num_output_tokens > 1
+    tpot_ms = 1e3 * (finish_s[many] - first_token_s[many]) / (num_output_tokens[many] - 1)
     tpot_p95 = float(np.percentile(tpot_ms, PERCENTILE)) if len(tpot_ms) else 0.0
     return {"ttft_p95_s": float(np.percentile(ttft, PERCENTILE)), "tpot_p95_ms": tpot_p95,
             "e2e_p95_s": float(np.percentile(e2e, PERCENTILE)), "mean_ttft_s": float(ttft.mean()),
@@ -128,7 +128,7 @@ def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_
     config = candidate.config(deployment.max_model_len)
     cost = step_cost(deployment, config)[0]
     n, replicas = workload.num_requests, candidate.num_replicas
-    first_token, finish = np.empty(n), np.empty(n)
+    first_token, finish, outputs = np.empty(n), np.empty(n), np.empty(n, np.int64)
     preemptions = steps = 0
     for rank in range(replicas):
         mine = np.arange(rank, n, replicas)
@@ -136,10 +136,10 @@ def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_
                         None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
                         workload.prefix_block_tokens)
         result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost)
-        first_token[mine], finish[mine] = result.first_token_s, result.finish_s
+        first_token[mine], finish[mine], outputs[mine] = result.first_token_s, result.finish_s, result.num_output_tokens
         preemptions += int(np.sum(result.num_preemptions))
         steps += result.num_steps
-    return percentile_metrics(workload, first_token, finish) | {"num_preemptions": preemptions, "num_steps": steps}
+    return percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {"num_preemptions": preemptions, "num_steps": steps}
 
 
 def serve_chunk(point: tuple) -> list:
@@ -254,8 +254,8 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
             rates[key] = (max_tokens_per_s(cost, c.max_num_batched_tokens),
                           min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)))
         tokens_per_s, shortest_s = rates[key]
-        bounds = lower_bounds(workload, c, tokens_per_s, shortest_s)
-        over = [f"{OBJECTIVE_WORDS[name]} is at least {bounds[name]:,.3g} {OBJECTIVE_UNITS[name]} > {limit:g}"
+        bounds = lower_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
+        over = [f"{OBJECTIVE_WORDS[name]} is at least {figure(bounds[name])} {OBJECTIVE_UNITS[name]} > {limit:g}"
                 for name, limit in objectives.given().items() if bounds[name] > limit]
         if over:
             r.status = "pruned"

@@ -43,9 +43,14 @@ class Objectives:
         for name, limit in self.given().items():
             value = metrics[name]
             if value > limit:
-                out.append(f"{OBJECTIVE_WORDS[name]} {value:,.3g} {OBJECTIVE_UNITS[name]} > {limit:g} "
+                out.append(f"{OBJECTIVE_WORDS[name]} {figure(value)} {OBJECTIVE_UNITS[name]} > {limit:g} "
                            f"({value / limit:.2f}x the objective)")
         return out
+
+
+def figure(value: float) -> str:
+    """A latency in words: three significant figures, whole numbers from 100 up (1,234 not 1.23e+03)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 OBJECTIVE_WORDS = {"ttft_p95_s": "p95 TTFT", "tpot_p95_ms": "p95 TPOT", "e2e_p95_s": "p95 E2E latency"}
