@@ -85,6 +85,7 @@ $(VENV_VLLM)/.installed:
 parity: $(STAMP) $(VENV_VLLM)/.installed
 	$(BIN)/python scripts/parity/compare_capacity.py --vllm-python $(VENV_VLLM)/bin/python
 	$(BIN)/python scripts/parity/compare_scheduler.py --vllm-python $(VENV_VLLM)/bin/python
+	$(BIN)/python scripts/parity/compare_serve_flags.py --vllm-python $(VENV_VLLM)/bin/python
 
 traces: $(STAMP)
 	$(BIN)/kvlab traces download --dest data/traces

@@ -169,6 +169,7 @@ def test_what_the_plan_recommends_meets_every_objective_served_again_on_its_own(
         assert again == r.metrics and not objectives.misses(again)
     out = plan.summary(result, top=3)
     assert out["best"]["vllm_serve"].startswith("vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size")
+    assert "--kv-cache-dtype bfloat16 " in out["best"]["vllm_serve"]
     assert len(out["ranked"]) == min(3, len(ranked))
     json.dumps(out)
 

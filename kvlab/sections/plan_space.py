@@ -48,6 +48,11 @@ class Objectives:
         return out
 
 
+# kvlab's KV cache dtypes in vLLM 0.33's --kv-cache-dtype names (vllm/config/cache.py CacheDType).
+VLLM_KV_CACHE_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head",
+                        "int4": "nvfp4"}
+
+
 def figure(value: float) -> str:
     """A latency in words: three significant figures, whole numbers from 100 up (1,234 not 1.23e+03)."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
@@ -88,7 +93,7 @@ class Candidate:
                  f"--max-model-len {max_model_len}", f"--max-num-seqs {self.max_num_seqs}",
                  f"--max-num-batched-tokens {self.max_num_batched_tokens}", f"--block-size {self.block_size}",
                  f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
-                 f"--kv-cache-dtype {'auto' if self.kv_cache_dtype in ('bf16', 'fp16') else self.kv_cache_dtype}",
+                 f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPES[self.kv_cache_dtype]}",
                  "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
                  "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
                  "--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
