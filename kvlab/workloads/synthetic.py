@@ -169,3 +169,14 @@ def article_s2_workload(num_requests: int, arrival_rate: float, lengths: str, rn
     else:
         output = sample_lengths("constant", num_requests, rng, tokens=constant_tokens)
     return Workload(arrival, np.zeros(num_requests, dtype=np.int64), output, name=f"poisson-{lengths}")
+
+
+# ---------------------------------------------------------------- a plain serving workload
+def gamma_workload(num_requests: int, rate_per_s: float, prompt_tokens: float, output_tokens: float,
+                   rng: np.random.Generator, *, cv: float = 1.0) -> Workload:
+    """Poisson arrivals at rate_per_s (requests/s), then gamma prompt and output lengths of those means (tokens) and
+    coefficient of variation cv, each at least 1 token: kvlab's stand-in for a real trace."""
+    arrival = poisson_arrivals(num_requests, rate_per_s, rng)
+    prompt = sample_lengths("gamma", num_requests, rng, mean_tokens=prompt_tokens, cv=cv)
+    output = sample_lengths("gamma", num_requests, rng, mean_tokens=output_tokens, cv=cv)
+    return Workload(arrival, prompt, output, name=f"synthetic: {rate_per_s:g} requests/s")
