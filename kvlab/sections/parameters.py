@@ -8,6 +8,7 @@ notebook's own parameter (GPU_MEMORY_GIB), never a library argument (gpu_memory)
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +31,7 @@ SECONDS_PER_NOTEBOOK = 5.0            # a kernel's start, imports, figures
 SECONDS_PER_REQUEST_ENGINE = 6e-5     # section 6: one request through the engine (roofline cost, no prefix caching)
 SECONDS_PER_REQUEST_PREFIX = 4e-3     # section 6: one Mooncake request through the engine with prefix caching
 SECONDS_PER_ENGINE_RUN = 0.02         # section 6: a run's set-up and its pickling to a process
+SECONDS_PER_REQUEST_PLAN = 5e-4      # section 7: one request through a candidate's replicas (measured clock)
 AZURE_REQUESTS = 19_366               # rows of the Azure conversation trace (the most section 6 serves from it)
 
 
@@ -50,6 +52,25 @@ def _increasing(rule: Rule) -> Rule:
         if any(b <= a for a, b in zip(values, values[1:])):
             validate.fail(name, values, "must be increasing, each value above the one before")
     return check
+
+
+def _distinct(rule: Rule) -> Rule:
+    """A rule for a list whose values must not repeat (a set of choices)."""
+    def check(name, values):
+        _each(rule)(name, values)
+        if len(set(values)) != len(values):
+            validate.fail(name, values, "must not repeat a value")
+    return check
+
+
+def _optional(rule: Rule) -> Rule:
+    """A rule for a parameter that may be None (not given)."""
+    return lambda name, value: None if value is None else rule(name, value)
+
+
+def _bool(name, value):
+    if not isinstance(value, bool):
+        validate.fail(name, value, "must be True or False")
 
 
 def _range(quantity: str) -> Rule:
@@ -170,6 +191,18 @@ RULES: dict[str, dict[str, Rule]] = {
         "ARTICLE_MS_PER_TOKEN": _range("ms_per_token"), "ARTICLE_MAX_NUM_SEQS": _increasing(_range("max_num_seqs")),
         "TRACE_DIR": _folder, "SWEEP_SCHEDULER": _scheduler,
     },
+    "07_plan": {
+        "MODEL": _model_name, "GPU": _gpu_name, "MAX_MODEL_LEN": _tokens,
+        "SLO_TTFT_P95_S": _optional(_range("seconds")), "SLO_TPOT_P95_MS": _optional(_range("ms_per_token")),
+        "SLO_E2E_P95_S": _optional(_range("seconds")), "TRACE": _choice(TRACE_FORMATS, empty_ok=True),
+        "TRACE_DIR": _folder, "NUM_REQUESTS": _range("num_requests"), "SYNTHETIC_RATE_PER_S": _range("arrival_rate"),
+        "SYNTHETIC_PROMPT_TOKENS": _tokens, "SYNTHETIC_OUTPUT_TOKENS": _tokens, "SEED": _seed,
+        "TENSOR_PARALLEL_SIZES": _increasing(_count), "MAX_NUM_SEQS": _increasing(_range("max_num_seqs")),
+        "MAX_NUM_BATCHED_TOKENS": _increasing(_tokens), "BLOCK_SIZES": _increasing(_range("block_size")),
+        "GPU_MEMORY_UTILIZATIONS": _increasing(_fraction), "KV_CACHE_DTYPES": _distinct(_choice(KV_CACHE_DTYPES)),
+        "ASYNC_SCHEDULING": _distinct(_bool), "NUM_REPLICAS": _increasing(_count),
+        "HALVING_CHECKS": validate.non_negative_int, "SWEEP_SCHEDULER": _scheduler,
+    },
 }
 
 
@@ -190,21 +223,59 @@ _SETTING_PARAMETERS = {"model": "MODEL", "gpu": "GPU", "kv_cache_gib": "KV_CACHE
                        "clock": "CLOCK"}
 
 
+def _renamed(error: ValueError, names: dict) -> ValueError:
+    """error's one line with the library field it starts with ('block_size=0 ...') named as the notebook names it."""
+    message = str(error)
+    field = message.split("=", 1)[0]
+    return ValueError(names[field] + message[len(field):] if field in names else message)
+
+
 def _check_memory_budget(p: dict) -> None:
     """The setting must be one the engine can run: MAX_MODEL_LEN within the model's, one request of it in the KV
     cache and in each KV_CACHE_GIBS size, and the prefix-caching model on its GPU."""
     try:
         setting = PaperSetting(**{field: p[name] for field, name in _SETTING_PARAMETERS.items()})
     except ValueError as error:
-        message = str(error)
-        field = message.split("=", 1)[0]
-        if field in _SETTING_PARAMETERS:
-            message = _SETTING_PARAMETERS[field] + message[len(field):]
-        raise ValueError(message) from None
+        raise _renamed(error, _SETTING_PARAMETERS) from None
     setting.check_fits("KV_CACHE_GIB")
     for i, gib in enumerate(p["KV_CACHE_GIBS"]):
         setting.check_fits(f"KV_CACHE_GIBS[{i}]", gib)
     prefix_setting(p["PREFIX_MODEL"], p["PREFIX_GPU"])
+
+
+# The search space of notebook 07, by the notebook's parameter names (kvlab.sections.plan_tables.search_space).
+SPACE_PARAMETERS = {"tensor_parallel_size": "TENSOR_PARALLEL_SIZES", "max_num_seqs": "MAX_NUM_SEQS",
+                     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "block_size": "BLOCK_SIZES",
+                     "gpu_memory_utilization": "GPU_MEMORY_UTILIZATIONS", "kv_cache_dtype": "KV_CACHE_DTYPES",
+                     "async_scheduling": "ASYNC_SCHEDULING", "num_replicas": "NUM_REPLICAS"}
+
+
+def search_space(p: dict):
+    """Notebook 07's SearchSpace (chunked prefill on, prefix caching off: vLLM 0.33's defaults), each candidate
+    checked as vLLM checks its settings; a refusal names the notebook's parameter."""
+    from kvlab.sections.plan_space import SearchSpace
+
+    try:
+        space = SearchSpace(**{field: tuple(p[name]) for field, name in SPACE_PARAMETERS.items()},
+                            enable_chunked_prefill=(True,), enable_prefix_caching=(False,))
+        for candidate in space.candidates():
+            candidate.config(p["MAX_MODEL_LEN"])
+    except ValueError as error:
+        raise _renamed(error, SPACE_PARAMETERS) from None
+    return space
+
+
+def _check_plan(p: dict) -> None:
+    """At least one objective, at least two requests (a rate), and a search space vLLM accepts."""
+    if all(p[name] is None for name in ("SLO_TTFT_P95_S", "SLO_TPOT_P95_MS", "SLO_E2E_P95_S")):
+        validate.fail("SLO_TTFT_P95_S", None, "an objective is needed: give SLO_TTFT_P95_S, SLO_TPOT_P95_MS or "
+                      "SLO_E2E_P95_S (None: not an objective)")
+    if p["NUM_REQUESTS"] < 2:
+        validate.fail("NUM_REQUESTS", p["NUM_REQUESTS"], "must be at least 2 (a rate needs two arrivals)")
+    context = models.get_model(p["MODEL"]).max_position_embeddings
+    if context and p["MAX_MODEL_LEN"] > context:
+        validate.fail("MAX_MODEL_LEN", p["MAX_MODEL_LEN"], f"must be at most {p['MODEL']}'s context, {context:,} tokens")
+    search_space(p)
 
 
 # The article's own settings per notebook: a run with other values cannot be held to the article's figures, so
@@ -242,6 +313,7 @@ def departures(stem: str, p: dict) -> str:
 # Checks that need several parameters together (run after the per-parameter rules).
 CROSS_CHECKS: dict[str, Callable[[dict], None]] = {
     "02_batching": _check_batching, "03_capacity": _check_capacity, "06_memory_budget": _check_memory_budget,
+    "07_plan": _check_plan,
 }
 
 
@@ -284,11 +356,22 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
                                   SECONDS_PER_NOTEBOOK + served * SECONDS_PER_REQUEST_ENGINE
                                   + cached * SECONDS_PER_REQUEST_PREFIX
                                   + (runs + azure_runs) * SECONDS_PER_ENGINE_RUN)
+    if stem == "07_plan":
+        from kvlab.sections.plan import MIN_RUNG_REQUESTS, RUNG_FRACTIONS, RUNG_KEEP
+
+        n = p["NUM_REQUESTS"]
+        size = math.prod(len(p[name]) for name in SPACE_PARAMETERS.values())
+        # at most: every candidate served on the first rung, RUNG_KEEP of those on the next, and so on
+        served = sum(math.ceil(size * RUNG_KEEP**k) * min(n, max(MIN_RUNG_REQUESTS, math.ceil(f * n)))
+                     for k, f in enumerate(RUNG_FRACTIONS)) + p["HALVING_CHECKS"] * n
+        return resources.Estimate(2 * n * ENGINE_BYTES_PER_REQUEST,     # a candidate in each of two processes
+                                  SECONDS_PER_NOTEBOOK + served * SECONDS_PER_REQUEST_PLAN)
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 
 # The parameter whose size drives each notebook's memory, to name in a refusal.
-SIZE_PARAMETER = {"01_allocation": "NUM_REQUESTS", "02_batching": "NUM_REQUESTS", "06_memory_budget": "NUM_REQUESTS"}
+SIZE_PARAMETER = {"01_allocation": "NUM_REQUESTS", "02_batching": "NUM_REQUESTS", "06_memory_budget": "NUM_REQUESTS",
+                  "07_plan": "NUM_REQUESTS"}
 
 
 def refuse_if_too_big(stem: str, p: dict) -> None:

@@ -512,3 +512,37 @@ def check_scatter(requests: pd.DataFrame) -> matplotlib.figure.Figure:
     axes[0, 0].set_ylabel("kvlab's E2E latency (s)")
     axes[0, 0].legend(fontsize=8, markerscale=2)
     return fig
+
+
+@captioned
+def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict) -> matplotlib.figure.Figure:
+    """Requests/s per GPU against each objective's p95 latency (log scale), one point per configuration served on
+    the whole workload: filled where it meets every objective, hollow where it misses; the objective dashed and the
+    best configuration labelled.
+
+    served: kvlab.sections.plan_tables.served_table; objectives: metric name -> limit; words, units: their names.
+    """
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    names = list(objectives)
+    fig, axes = _figure(figsize=(9.0, 3.8), ncols=len(names), squeeze=False, sharey=True)
+    meets = served[served["meets"]]
+    misses = served[~served["meets"]]
+    for ax, name in zip(axes[0], names):
+        ax.plot(misses[name], misses["requests_per_s_per_gpu"], "o", ms=7, mfc="none", color="tab:red",
+                label="misses an objective")
+        ax.plot(meets[name], meets["requests_per_s_per_gpu"], "o", ms=7, color="tab:green", label="meets every objective")
+        ax.axvline(objectives[name], color="black", ls="--", lw=1, label=f"objective: {objectives[name]:g} {units[name]}")
+        for _, row in served[served["best"]].iterrows():
+            ax.annotate(f"best: TP {row['tensor_parallel_size']} x {row['num_replicas']}",
+                        (row[name], row["requests_per_s_per_gpu"]), xytext=(8, -12), textcoords="offset points",
+                        fontsize=9)
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{words[name]} ({units[name]}, log scale)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left")
+    axes[0, 0].set_ylabel("requests/s per GPU")
+    axes[0, 0].set_ylim(0, 1.3 * float(served["requests_per_s_per_gpu"].max()) if len(served) else 1)
+    return fig

@@ -1,0 +1,155 @@
+"""Section 7's tables: the workload planned for, what became of each candidate, the ranking, the halving's check and
+the clock's correction, on hand-made plans whose answers are known."""
+import math
+
+import numpy as np
+import pytest
+
+from kvlab.core import models
+from kvlab.sections import parameters, plan_tables
+from kvlab.sections.plan import CandidateResult, Plan
+from kvlab.sections.plan_space import Candidate, Deployment, Objectives
+from kvlab.workloads import synthetic
+
+DEPLOYMENT = Deployment(models.get_model("Qwen/Qwen3-32B"), models.get_gpu("RTX-PRO-6000-Server-96GB"), 16384)
+OBJECTIVES = Objectives(ttft_p95_s=1.0, tpot_p95_ms=40.0)
+
+
+def served(candidate, status, ttft, tpot, reason="", **kw):
+    metrics = {"ttft_p95_s": ttft, "tpot_p95_ms": tpot, "e2e_p95_s": 10.0, "num_preemptions": 0}
+    return CandidateResult(candidate, status, reason, num_gpu_blocks=1000, served_requests=kw.pop("served", 1000),
+                           metrics=metrics, shares=OBJECTIVES.shares(metrics), **kw)
+
+
+def hand_plan() -> Plan:
+    one, two, six = Candidate(num_replicas=1), Candidate(tensor_parallel_size=2), Candidate(tensor_parallel_size=2,
+                                                                                          num_replicas=3)
+    results = [
+        CandidateResult(Candidate(gpu_memory_utilization=0.7), "pruned", "capacity: vLLM would not start: too small"),
+        CandidateResult(Candidate(tensor_parallel_size=4), "pruned", "clock: no operator profile measures it"),
+        CandidateResult(Candidate(max_num_batched_tokens=2048), "pruned", "rate: 1 replica schedule at most 6 tokens/s"),
+        served(Candidate(max_num_seqs=64), "dropped", 5.0, 90.0, "on the first 200 requests: slow", served=200),
+        served(one, "misses", 3.0, 80.0, "p95 TTFT 3 s > 1"),
+        served(six, "meets", 0.5, 39.0),
+        served(two, "meets", 0.9, 30.0),
+        served(Candidate(tensor_parallel_size=2, kv_cache_dtype="fp8"), "meets", 0.9, 30.0, twin_of=two),
+    ]
+    return Plan(DEPLOYMENT, OBJECTIVES, "hand", 1000, 6.0, results, [(200, 4, 1.0), (1000, 3, 2.0)], "measured", 3.0)
+
+
+def test_the_served_table_ranks_fewer_gpus_first_then_the_misses_and_divides_the_rate_by_the_gpus():
+    table = plan_tables.served_table(hand_plan())
+    assert list(table["num_gpus"]) == [2, 2, 6, 1]           # meets by GPUs (twins alike), then the miss
+    assert list(table["meets"]) == [True, True, True, False]
+    assert list(table["best"]) == [True, False, False, False]
+    assert list(table["requests_per_s_per_gpu"]) == [3.0, 3.0, 1.0, 6.0]   # 6 requests/s over 2, 2, 6 and 1 GPUs
+    assert table.loc[1, "worst_share_pct"] == pytest.approx(90.0)          # TTFT 0.9 of 1 s, TPOT 30 of 40 ms
+    assert len(plan_tables.ranked_table(table)) == 3
+
+
+def test_the_outcome_table_counts_each_kind_once_in_order_with_its_reason():
+    outcome = plan_tables.outcome_table(hand_plan())
+    assert list(outcome.index) == ["pruned: capacity", "pruned: clock", "pruned: rate",
+                                   "dropped after the first 200 requests", "served in full: misses p95 TTFT and p95 TPOT",
+                                   "served in full: meets every objective"]
+    assert list(outcome["num_candidates"]) == [1, 1, 1, 1, 1, 3]
+    assert outcome.loc["served in full: meets every objective", "served_as_twin"] == 1
+    assert outcome.loc["pruned: capacity", "example"].endswith(": vLLM would not start: too small")
+    assert outcome["num_candidates"].sum() == len(hand_plan().results)
+
+
+def test_the_figures_and_headline_name_the_best_and_the_counts():
+    plan = hand_plan()
+    table = plan_tables.served_table(plan)
+    f = plan_tables.plan_figures(plan, {"best": {"vllm_serve": "vllm serve x", "num_replicas": 1}}, table,
+                                 plan_tables.outcome_table(plan))
+    assert (f["meets"], f["misses"], f["dropped"], f["pruned"], f["num_twins"]) == (3, 1, 1, 3, 1)
+    assert f["pruned_by"] == {"capacity": 1, "clock": 1, "rate": 1}
+    assert (f["best_gpus"], f["best_per_gpu"], f["fewest_gpus"]) == (2, 3.0, 2)
+    assert f["objectives"] == "p95 TTFT <= 1 s and p95 TPOT <= 40 ms"
+
+
+def test_the_clock_correction_divides_by_one_plus_the_mean_error_of_the_run_at_the_best_tp():
+    table = plan_tables.served_table(hand_plan())
+    fidelity = [{"label": "X, TP 1", "mean_ttft_error": 0.5, "mean_tpot_error": 0.5, "mean_e2e_error": 0.5},
+                {"label": "X, TP 2", "mean_ttft_error": -0.1, "mean_tpot_error": -0.25, "mean_e2e_error": -0.2}]
+    fixed = plan_tables.clock_corrected(table, fidelity, OBJECTIVES)
+    assert fixed["run"] == "X, TP 2"
+    assert fixed["ttft_p95_s"] == pytest.approx(0.9 / 0.9) and fixed["tpot_p95_ms"] == pytest.approx(30 / 0.75)
+    assert fixed["meets"] and fixed["missed"] == ""            # 1.0 s and 40 ms: on the limits, still met
+    fidelity[1]["mean_tpot_error"] = -0.3
+    assert plan_tables.clock_corrected(table, fidelity, OBJECTIVES)["missed"] == "p95 TPOT"
+    assert plan_tables.clock_corrected(table, [], OBJECTIVES) == {}
+    assert plan_tables.clock_error_words(fidelity, "mean_e2e_error") == "50% longer and 20% shorter"
+
+
+def test_the_synthetic_workload_draws_arrivals_then_prompts_then_outputs_from_one_generator():
+    w = synthetic.gamma_workload(500, 4.0, 1000, 200, np.random.default_rng(3))
+    rng = np.random.default_rng(3)
+    arrival = synthetic.poisson_arrivals(500, 4.0, rng)
+    prompt = synthetic.sample_lengths("gamma", 500, rng, mean_tokens=1000, cv=1.0)
+    output = synthetic.sample_lengths("gamma", 500, rng, mean_tokens=200, cv=1.0)
+    assert np.array_equal(w.arrival_s, arrival) and np.array_equal(w.prompt_tokens, prompt)
+    assert np.array_equal(w.output_tokens, output) and w.prompt_tokens.min() >= 1
+    flat = synthetic.gamma_workload(3, 1.0, 7, 5, np.random.default_rng(0), cv=0.0)
+    assert list(flat.prompt_tokens) == [7, 7, 7] and list(flat.output_tokens) == [5, 5, 5]
+
+
+def test_without_a_trace_the_plan_serves_a_synthetic_workload_and_says_so(tmp_path):
+    workload, note = plan_tables.plan_workload("azure", str(tmp_path), 300, 16384, 4.7, 1155, 211, 0)
+    assert workload.num_requests == 300 and workload.name == "synthetic: 4.7 requests/s"
+    assert note.startswith("The azure trace is not available") and "a synthetic workload instead, 300 requests" in note
+    with pytest.raises(ValueError, match=r"^MAX_MODEL_LEN=100 is not allowed: must exceed the workload's longest "
+                                         r"prompt, [\d,]+ tokens"):
+        plan_tables.plan_workload("", "", 300, 100, 4.7, 1155, 211, 0)
+
+
+def test_the_rungs_give_each_prefix_its_share_and_span():
+    w = synthetic.gamma_workload(1000, 2.0, 100, 10, np.random.default_rng(0))
+    rungs = plan_tables.rung_table(hand_plan(), w)
+    assert list(rungs["num_requests"]) == [200, 1000] and list(rungs["workload_pct"]) == [20.0, 100.0]
+    assert rungs["span_s"].iloc[0] == pytest.approx(w.arrival_s[199]) and list(rungs["num_candidates"]) == [4, 3]
+
+
+DEFAULTS = {"MODEL": "Qwen/Qwen3-32B", "GPU": "RTX-PRO-6000-Server-96GB", "MAX_MODEL_LEN": 16384,
+            "SLO_TTFT_P95_S": 1.0, "SLO_TPOT_P95_MS": 40.0, "SLO_E2E_P95_S": None, "TRACE": "azure", "TRACE_DIR": "",
+            "NUM_REQUESTS": 2000, "SYNTHETIC_RATE_PER_S": 4.7, "SYNTHETIC_PROMPT_TOKENS": 1155,
+            "SYNTHETIC_OUTPUT_TOKENS": 211, "SEED": 0, "TENSOR_PARALLEL_SIZES": [1, 2, 4], "MAX_NUM_SEQS": [64, 256],
+            "MAX_NUM_BATCHED_TOKENS": [2048, 8192], "BLOCK_SIZES": [16], "GPU_MEMORY_UTILIZATIONS": [0.7, 0.9],
+            "KV_CACHE_DTYPES": ["bf16", "fp8"], "ASYNC_SCHEDULING": [True], "NUM_REPLICAS": [1, 2, 3],
+            "HALVING_CHECKS": 2, "SWEEP_SCHEDULER": ""}
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"SLO_TTFT_P95_S": None, "SLO_TPOT_P95_MS": None}, "SLO_TTFT_P95_S=None is not allowed: an objective is needed"),
+    ({"SLO_TPOT_P95_MS": -1.0}, "SLO_TPOT_P95_MS=-1.0 is not allowed: must be a number from 0.001"),
+    ({"KV_CACHE_DTYPES": ["fp8", "fp8"]}, "KV_CACHE_DTYPES=['fp8', 'fp8'] is not allowed: must not repeat a value"),
+    ({"KV_CACHE_DTYPES": ["fp4"]}, "KV_CACHE_DTYPES[0]='fp4' is not allowed: must be one of"),
+    ({"ASYNC_SCHEDULING": [1]}, "ASYNC_SCHEDULING[0]=1 is not allowed: must be True or False"),
+    ({"NUM_REPLICAS": [2, 1]}, "NUM_REPLICAS=[2, 1] is not allowed: must be increasing"),
+    ({"MAX_MODEL_LEN": 65536}, "MAX_MODEL_LEN=65536 is not allowed: must be at most Qwen/Qwen3-32B's context, 40,960"),
+    ({"NUM_REQUESTS": 1}, "NUM_REQUESTS=1 is not allowed: must be at least 2"),
+])
+def test_bad_parameters_are_one_line_naming_the_parameter(change, message):
+    with pytest.raises(ValueError) as error:
+        parameters.check("07_plan", DEFAULTS | change)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_the_search_space_is_the_parameters_and_the_estimate_grows_with_it():
+    space = plan_tables.search_space(DEFAULTS)
+    assert space.size == 3 * 2 * 2 * 1 * 2 * 2 * 1 * 3 and space.enable_prefix_caching == (False,)
+    small = parameters.estimate("07_plan", DEFAULTS).seconds
+    large = parameters.estimate("07_plan", DEFAULTS | {"BLOCK_SIZES": [16, 32]}).seconds
+    assert parameters.SECONDS_PER_NOTEBOOK < small < large < 2 * small
+    assert math.isfinite(large)
+
+
+def test_the_halving_figures_count_the_dropped_that_meet_on_fewer_gpus_than_the_best():
+    import pandas as pd
+
+    check = pd.DataFrame({"num_gpus": [2, 6, 6], "meets_in_full": [True, True, False]})
+    assert plan_tables.halving_figures(check, 6) == {"checked": 3, "meet": 2, "better": 1}
+    assert plan_tables.halving_figures(check, None) == {"checked": 3, "meet": 2, "better": 2}
+    empty = pd.DataFrame(columns=["num_gpus", "meets_in_full"])
+    assert plan_tables.halving_figures(empty, 6) == {"checked": 0, "meet": 0, "better": 0}
