@@ -19,6 +19,10 @@ RUNS = {
                          "LATENCY_BOUNDS_S": [0.5], "BLOCK_SIZES": [8, 32], "KV_CACHE_GIBS": [4.0, 8.0],
                          "AZURE_RATE_SCALES": [1.0], "MOONCAKE_NUM_REQUESTS": 200, "MOONCAKE_RATE_SCALES": [1.0],
                          "ARTICLE_MAX_NUM_SEQS": [8]},
+    "07_plan": {"MODEL": "meta-llama/Llama-3.1-8B", "TRACE": "", "NUM_REQUESTS": 300, "SLO_TTFT_P95_S": None,
+                "SLO_E2E_P95_S": 30.0, "TENSOR_PARALLEL_SIZES": [1, 2], "MAX_NUM_SEQS": [64],
+                "MAX_NUM_BATCHED_TOKENS": [8192], "GPU_MEMORY_UTILIZATIONS": [0.9], "KV_CACHE_DTYPES": ["fp8"],
+                "NUM_REPLICAS": [1, 2], "HALVING_CHECKS": 1, "SWEEP_SCHEDULER": "serial"},
 }
 NEEDS_TRACES = {"04_traces", "06_memory_budget"}  # the whole notebook is about the real traces
 
