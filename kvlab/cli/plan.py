@@ -173,12 +173,10 @@ def workload_of(args, given: set[str]):
     for name in ("prompt_tokens", "output_tokens"):
         validate.in_range(name, getattr(args, name), "tokens")
     rng = np.random.default_rng(validate.in_range("seed", args.seed, "seed"))
-    arrival = synthetic.poisson_arrivals(n, rate, rng)
-    prompt = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=args.prompt_tokens, cv=1.0))
-    output = np.maximum(1, synthetic.sample_lengths("gamma", n, rng, mean_tokens=args.output_tokens, cv=1.0))
+    w = synthetic.gamma_workload(n, rate, args.prompt_tokens, args.output_tokens, rng)
     name = (f"synthetic (Poisson arrivals at {rate:g} requests/s, seed {args.seed}; gamma lengths of CV 1, means "
             f"{args.prompt_tokens:,} prompt and {args.output_tokens:,} output tokens)")
-    return Workload(arrival, prompt, output, name=name), None
+    return Workload(w.arrival_s, w.prompt_tokens, w.output_tokens, name=name), None
 
 
 def deployment_of(args, given: set[str], workload):

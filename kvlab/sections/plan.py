@@ -336,12 +336,15 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
             ranked = sorted(strata[gpus], key=lambda r: r.worst_share)
             keep = max(MIN_KEEP, math.ceil(RUNG_KEEP * len(ranked)))
             alive += ranked[:keep]
+            last_kept = ranked[min(keep, len(ranked)) - 1].worst_share
             for r in ranked[keep:]:
                 missed = objectives.misses(r.metrics)
                 r.status = "dropped"
                 r.reason = (f"on the first {size:,} requests: " + ("; ".join(missed) if missed else
-                            f"met every objective, but {keep} of the {len(ranked)} candidates of {gpus} GPUs came "
-                            f"closer (its worst objective at {100 * r.worst_share:.0f}% of its limit)"))
+                            f"met every objective, but ranked below the {keep} kept of the {len(ranked)} candidates "
+                            f"of {gpus} GPUs (its worst objective at {100 * r.worst_share:.0f}% of its limit, the "
+                            f"last kept's at {100 * last_kept:.0f}%" + ("; a tie, broken in the candidates' order)"
+                                                                        if r.worst_share == last_kept else ")")))
     for group in groups:
         first = group[0]
         for r in group[1:]:
