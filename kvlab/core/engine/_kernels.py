@@ -4,10 +4,13 @@ Each function mirrors the Python code named in its docstring, rule for rule, ove
 A request's state: num_tokens, computed (num_computed_tokens), num_blocks (the length of its block table),
 status, num_preemptions and, asynchronous only, placeholders (num_output_placeholders), in_flight
 (num_in_flight_tokens) and stale (num_stale_tokens). The waiting queue is a ring (waiting, its head, its length);
-the running list an array and its length; the pool a count of free blocks.
+the running list an array and its length; the pool a count of free blocks. loop_sync does decode runs (decode_run)
+where prefix caching is off; loop_async and prefix caching step one step at a time.
 """
 import math
 import sys
+
+import numpy as np
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -23,6 +26,7 @@ finally:
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 DONE, FULL, NO_PROGRESS = 0, 1, 2
+S_RUNS = 11                                             # the integer state's count of decode runs done
 
 
 def _jit(function, inline="never"):
@@ -183,14 +187,34 @@ def take_slot(pool, r):
 
 
 @_inline
+def admitted_tokens(cfg, num_tokens, computed, num_blocks, r, num_hits, evictable, budget, free, cap_tokens):
+    """Whether schedule()'s waiting loop admits request r (num_hits blocks hit in the prefix cache, evictable of them
+    in the free queue; budget tokens and free blocks left): (its tokens, its new blocks), or (0, 0) if refused."""
+    block_size, max_model_len, chunked = cfg[0], cfg[3], cfg[4]
+    m = num_tokens[r] - num_hits * block_size
+    if 0 < cap_tokens < m:
+        m = cap_tokens
+    if chunked == 0 and m > budget:
+        return 0, 0
+    if m > budget:
+        m = budget
+    if (min(num_tokens[r], max_model_len) + block_size - 1) // block_size - num_hits + evictable > free:
+        return 0, 0                                     # blocks for its whole current length must be free
+    start = computed[r] + num_hits * block_size
+    new = (min(start + m, max_model_len) + block_size - 1) // block_size - num_blocks[r] - num_hits
+    if max(new, 0) + evictable > free:
+        return 0, 0
+    return m, new
+
+
+@_inline
 def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
              stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r,
              out_n, out_sample, asynchronous, pool):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
     returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
     Without prefix caching (cfg[8] == 0) the pool is the count free; with it, pool's blocks."""
-    block_size, max_num_seqs, budget, max_model_len, chunked, threshold = cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5]
-    caching = cfg[8]
+    block_size, max_num_seqs, budget, max_model_len, threshold, caching = cfg[0], cfg[1], cfg[2], cfg[3], cfg[5], cfg[8]
     cap = waiting.shape[0]
     cap_tokens = threshold if nrun + nwait > 1 else 0
     ns = 0
@@ -278,19 +302,11 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
                     num_hits += 1
                     if ref[b] == 0:
                         evictable += 1
-            m = num_tokens[r] - num_hits * block_size
-            if 0 < cap_tokens < m:
-                m = cap_tokens
-            if chunked == 0 and m > budget:
+            m, new = admitted_tokens(cfg, num_tokens, computed, num_blocks, r, num_hits, evictable, budget, free,
+                                     cap_tokens)
+            if m == 0:
                 break
-            if m > budget:
-                m = budget
-            if (min(num_tokens[r], max_model_len) + block_size - 1) // block_size - num_hits + evictable > free:
-                break                                   # blocks for its whole current length must be free
             start = computed[r] + num_hits * block_size
-            new = (min(start + m, max_model_len) + block_size - 1) // block_size - num_blocks[r] - num_hits
-            if max(new, 0) + evictable > free:
-                break
             if caching:
                 take_slot(pool, r)
                 row = pool[10][pool[11][r]]
@@ -352,11 +368,11 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
 
 
 @_inline
-def step_end_s(cost_ms, constant, start, num_scheduled):
-    """ConstantStepCost.step_s / LinearStepCost.step_s added to start, as the Python engine adds them."""
+def step_s(cost_ms, constant, num_scheduled):
+    """ConstantStepCost.step_s / LinearStepCost.step_s (s), computed as the Python engine computes them."""
     if constant:
-        return start + cost_ms[0] / 1000.0
-    return start + (cost_ms[0] + cost_ms[1] * num_scheduled) / 1000.0
+        return cost_ms[0] / 1000.0
+    return (cost_ms[0] + cost_ms[1] * num_scheduled) / 1000.0
 
 
 @_inline
@@ -424,17 +440,103 @@ def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_schedule
     counts[0] = s + 1
 
 
+@_inline
+def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
+               running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts):
+    """decode_run.run (kvlab/core/engine/decode_run.py) without prefix caching: while every running request decodes
+    (it sampled in the last step), their steps at once, O(1) a step, recorded as loop_sync records them. A run
+    stops before a step that would cross more block boundaries than there are free blocks (it preempts) or admit the
+    first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
+    waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
+    free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+    block_size, max_num_seqs, budget, usable, constant, threshold = cfg[0], cfg[1], cfg[2], cfg[6], cfg[7], cfg[5]
+    if nrun == 0 or budget < nrun:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    per_phase[:] = 0                                    # per_phase[p]: requests of phase p
+    k = max_num_tokens[running[0]]
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end   # a prefill chunk or its first token next
+        if max_num_tokens[r] - num_tokens[r] < k:
+            k = max_num_tokens[r] - num_tokens[r]
+        phases[i] = -c % block_size                     # it crosses into a new block at steps j % bs == phases[i]
+        per_phase[phases[i]] += 1
+    limit = min(k, logs[0].shape[0] - counts[0])         # the run's last step samples the first finish
+    if limit < 2:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    budget_left = budget - nrun
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    refused = nwait > 0                                 # the head, refused now, stays refused: free only falls
+    if refused and may_admit and admitted_tokens(cfg, num_tokens, computed, num_blocks, waiting[head], 0, 0,
+                                                 budget_left, free - per_phase[0], threshold)[0]:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    s = counts[0]                   # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    duration = step_s(cost_ms, constant, nrun)
+    n = arrival.shape[0]
+    j = 0
+    phase = 0                                           # j % block_size
+    while j < limit:
+        if j and nxt < n and arrival[nxt] <= clock:
+            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+            if not refused:                             # the first to arrive: admitted at this step ends the run
+                if may_admit and admitted_tokens(cfg, num_tokens, computed, num_blocks, waiting[head], 0, 0,
+                                                 budget_left, free - per_phase[phase], threshold)[0]:
+                    break
+                refused = True
+        if per_phase[phase] > free:
+            break                                       # a block boundary the pool cannot cover: it preempts
+        free -= per_phase[phase]
+        clock += duration
+        kv += nrun
+        end_s[s + j] = clock
+        held[s + j] = usable - free
+        kv_tokens[s + j] = kv
+        num_waiting_log[s + j] = nwait
+        j += 1
+        phase = 0 if phase == block_size - 1 else phase + 1
+    tokens[s:s + j] = nrun
+    num_running_log[s:s + j] = nrun
+    counts[0] = s + j
+    if j:
+        last_end = clock
+    finished = False
+    periods, rest = j // block_size, j % block_size
+    for i in range(nrun):
+        r = running[i]
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)    # its crossings in steps 0..j-1
+        computed[r] += j
+        num_tokens[r] += j
+        if num_tokens[r] >= max_num_tokens[r]:          # j == k: the step sampling the first finish
+            status[r] = FINISHED
+            free += num_blocks[r]                       # release without prefix caching
+            num_blocks[r] = 0
+            kv -= computed[r]
+            finish_s[r] = clock
+            finished = True
+    if finished:                                        # that step's record: after its finishes
+        held[s + j - 1] = usable - free
+        kv_tokens[s + j - 1] = kv
+        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    return j, nxt, nwait, free, nrun, kv, clock, last_end
+
+
 @_jit
 def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
               num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
               first_token_s, finish_s, running, waiting, pool, out_r, out_n, out_sample, logs, events, counts):
-    """Engine.run's per-step loop and Engine.step (synchronous): steps until every request finished (DONE), the
-    chunk's steps are filled (FULL) or a step schedules nothing (NO_PROGRESS)."""
+    """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg[9]: runs
+    on): steps until every request finished (DONE), the chunk's steps are filled (FULL) or a step schedules nothing
+    (NO_PROGRESS)."""
     n = arrival.shape[0]
     usable, constant, caching = cfg[6], cfg[7], cfg[8]
     nxt, free, nrun, head, nwait, kv, first = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
     clock, last_end = fstate[0], fstate[1]
     capacity = logs[0].shape[0]
+    runs = cfg[9] and not caching
+    phases, per_phase = np.zeros(min(n, cfg[1]), np.int64), np.zeros(cfg[0], np.int64)
     counts[:] = 0
     code = DONE
     while True:
@@ -448,6 +550,13 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
         if counts[0] == capacity:
             code = FULL
             break
+        if runs:
+            steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(
+                cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
+                running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts)
+            if steps:
+                state[S_RUNS] += 1
+                continue
         ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
             cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
             stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r, out_n,
@@ -455,7 +564,7 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
-        end = step_end_s(cost_ms, constant, clock, num_scheduled)
+        end = clock + step_s(cost_ms, constant, num_scheduled)
         if npre:
             kv = 0
             for j in range(nrun):
@@ -517,7 +626,7 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
                 queue_r[slot], queue_n[slot], queue_sample[slot], True, pool)
             has_finished = 0
             start = clock if clock > gpu_free_s else gpu_free_s
-            end = step_end_s(cost_ms, constant, start, num_scheduled) if num_scheduled else start
+            end = start + step_s(cost_ms, constant, num_scheduled) if num_scheduled else start
             gpu_free_s = end
             queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
             queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens

@@ -1,8 +1,9 @@
 """The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
 
-It is Engine.run's plain per-step loop (fast=False: schedule, step cost, update_from_output, the step's record),
-synchronous or asynchronous (a batch queue of two), written over arrays so that numba compiles it
-(kvlab.core.engine._kernels): vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost.
+It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
+asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine._kernels):
+vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost. The synchronous loop without prefix
+caching also does decode runs at once, as decode_run.run does (DECODE_RUNS; engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
@@ -31,7 +32,8 @@ from kvlab.core.engine.records import Runs, StepLog
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
 DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine._kernels returns them
-S_STEPS = 6                                # the integer state's count of steps recorded (see _kernels)
+S_STEPS, S_RUNS = 6, 11                    # the integer state's counts of steps recorded and decode runs (_kernels)
+DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
 
 
 def available() -> bool:
@@ -140,9 +142,9 @@ def run(engine):
     constant = type(engine.cost) is ConstantStepCost
     cfg = np.array([engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
                     int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
-                    int(constant), int(engine.config.cache.enable_prefix_caching)], dtype=np.int64)
+                    int(constant), int(engine.config.cache.enable_prefix_caching), int(DECODE_RUNS)], dtype=np.int64)
     cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
-    state = np.zeros(11, np.int64)
+    state = np.zeros(12, np.int64)
     state[1] = engine.num_gpu_blocks - 1                        # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     num_tokens = prompt.copy()
@@ -188,6 +190,7 @@ def run(engine):
         if code == DONE:
             break
     engine.steps = log
+    engine.num_decode_runs = int(state[S_RUNS])
     engine.clock = float(fstate[0])
     engine.next_arrival = n
     engine.first_scheduled_s = array("d", first_scheduled_s.tobytes())
