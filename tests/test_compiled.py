@@ -100,6 +100,29 @@ def test_chunks_join_into_one_record(monkeypatch):
     assert python.num_preemptions.sum() > 0          # memory that preempts: the victims' path is exercised
 
 
+@pytest.mark.parametrize("block_size, num_gpu_blocks, threshold", [(16, 200, 0), (4, 700, 0), (1, 3000, 24)])
+def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_blocks, threshold):
+    """The synchronous loop's decode runs (ended by a finish, a block boundary the pool cannot cover, an arrival it
+    admits, the chunk's end) are taken, and change nothing: the Python engine's bits, and the loop's without runs."""
+    rng = np.random.default_rng(3)
+    n = 400
+    workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
+    config = EngineConfig().replace(async_scheduling=False, max_model_len=1024, block_size=block_size,
+                                    long_prefill_token_threshold=threshold)
+    args = {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": LinearStepCost(8.0, 0.01)}
+    python = Engine(**args, fast=False).run()
+    assert python.num_preemptions.sum() > 0
+    engine = Engine(**args, compiled=True)
+    assert_identical(python, engine.run())
+    assert engine.num_decode_runs > 0
+    monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
+    assert_identical(python, Engine(**args, compiled=True).run())
+    monkeypatch.setattr(compiled, "DECODE_RUNS", False)
+    stepping = Engine(**args, compiled=True)
+    assert_identical(python, stepping.run())
+    assert stepping.num_decode_runs == 0
+
+
 def test_no_progress_is_the_python_engines_error():
     """A step that schedules nothing: the compiled loop hands back, and the Python loop raises its one-line error."""
     config = EngineConfig().replace(async_scheduling=False, max_model_len=64, max_num_batched_tokens=64,
