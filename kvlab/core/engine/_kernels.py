@@ -450,7 +450,7 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
     waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
     free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
     block_size, max_num_seqs, budget, usable, constant, threshold = cfg[0], cfg[1], cfg[2], cfg[6], cfg[7], cfg[5]
-    if nrun == 0 or budget < nrun:
+    if nrun == 0:                   # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     per_phase[:] = 0                                    # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
