@@ -1,4 +1,5 @@
-"""The compiled per-step loop (kvlab.core.engine.compiled) against the Python engine: the same results, bit for bit."""
+"""The compiled loop (kvlab.core.engine.compiled, its decode runs too) against the Python engine: the same results,
+bit for bit."""
 import numpy as np
 import pytest
 from conftest import draw_requests
