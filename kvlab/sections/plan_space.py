@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from kvlab.core import validate
-from kvlab.core.config import EngineConfig
+from kvlab.core.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 
 
 # ---------------------------------------------------------------- objectives
@@ -67,15 +67,15 @@ OBJECTIVE_UNITS = {"ttft_p95_s": "s", "tpot_p95_ms": "ms", "e2e_p95_s": "s"}
 class Candidate:
     """One configuration of vLLM and the number of replicas serving the workload."""
 
-    tensor_parallel_size: int = 1
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.9
-    kv_cache_dtype: str = "bf16"
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
-    async_scheduling: bool = True
+    tensor_parallel_size: int = ParallelConfig.tensor_parallel_size          # vLLM's defaults (kvlab.core.config)
+    max_num_seqs: int = SchedulerConfig.max_num_seqs
+    max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
+    block_size: int = CacheConfig.block_size
+    gpu_memory_utilization: float = CacheConfig.gpu_memory_utilization
+    kv_cache_dtype: str = CacheConfig.kv_cache_dtype
+    enable_chunked_prefill: bool = SchedulerConfig.enable_chunked_prefill
+    enable_prefix_caching: bool = CacheConfig.enable_prefix_caching
+    async_scheduling: bool = SchedulerConfig.async_scheduling
     num_replicas: int = 1
 
     @property
