@@ -10,7 +10,7 @@ import math
 
 from kvlab.cli.common import exclusive, print_json, requires
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
-from kvlab.sections.plan_space import Objectives, SearchSpace
+from kvlab.sections.plan_space import Objectives, SearchSpace, knob_value
 
 PLAN_FLAGS = {
     "ttft_p95_s": "--slo-ttft-p95-s", "tpot_p95_ms": "--slo-tpot-p95-ms", "e2e_p95_s": "--slo-e2e-p95-s",
@@ -87,7 +87,7 @@ def add(commands) -> None:
     space = p.add_argument_group("the search space (comma-separated values; every combination is a candidate)")
     defaults = {f.name: f.default for f in dataclasses.fields(SearchSpace)}
     for flag, name, kind, words in SPACE_FLAGS:
-        default = ",".join(_show(v) for v in defaults[name])
+        default = ",".join(knob_value(v) for v in defaults[name])
         space.add_argument(flag, default=None, metavar="LIST", help=f"{words} (default {default})")
     run_group = p.add_argument_group("running the search")
     run_group.add_argument("--scheduler", default=None,
@@ -97,9 +97,6 @@ def add(commands) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
 
-
-def _show(value) -> str:
-    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def parse_list(flag: str, text: str, kind) -> tuple:

@@ -45,7 +45,7 @@ from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
 from kvlab.sections import sweep
 from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
-                                       SearchSpace, figure)
+                                       SearchSpace, arrival_rate_per_s, figure)
 
 PERCENTILE = 95
 RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)   # the workload's prefixes the rungs serve
@@ -351,10 +351,9 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
             r.status, r.served_requests, r.metrics, r.shares = first.status, first.served_requests, first.metrics, first.shares
             r.reason = first.reason
             r.twin_of = first.candidate
-    span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     sources = sorted({step_cost(deployment, r.candidate.config(deployment.max_model_len))[2]
                       for r in results if r.status in ("meets", "misses")})
-    return Plan(deployment, objectives, workload.name, n, (n - 1) / span if span > 0 else math.inf, results, rungs,
+    return Plan(deployment, objectives, workload.name, n, arrival_rate_per_s(workload.arrival_s), results, rungs,
                 "; ".join(sources), time.perf_counter() - start)
 
 

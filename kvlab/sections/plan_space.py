@@ -53,6 +53,17 @@ VLLM_KV_CACHE_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "fp8", "in
                         "int4": "nvfp4"}
 
 
+def knob_value(value) -> str:
+    """A knob's value as the command line writes it: on/off, 0.9, 8192, bf16."""
+    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def arrival_rate_per_s(arrival_s) -> float:
+    """A workload's arrival rate (requests/s): its requests after the first over its arrivals' span."""
+    span = float(arrival_s[-1] - arrival_s[0])
+    return (len(arrival_s) - 1) / span if span > 0 else math.inf
+
+
 def figure(value: float) -> str:
     """A latency in words: three significant figures, whole numbers from 100 up (1,234 not 1.23e+03)."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"

@@ -11,7 +11,8 @@ from kvlab.core import validate
 from kvlab.core.workload import Workload
 from kvlab.sections import plan as planning
 from kvlab.sections.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
-from kvlab.sections.plan_space import OBJECTIVE_UNITS, OBJECTIVE_WORDS, Objectives, SearchSpace
+from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Objectives, SearchSpace, arrival_rate_per_s,
+                                       knob_value)
 from kvlab.sections.traces import open_trace
 from kvlab.workloads.synthetic import gamma_workload
 
@@ -54,7 +55,7 @@ def workload_table(workload: Workload) -> pd.DataFrame:
     """The workload in numbers: requests, span of arrivals (s), rate (requests/s), mean and p95 prompt and output."""
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     row = {"num_requests": workload.num_requests, "span_s": span,
-           "rate_per_s": (workload.num_requests - 1) / span if span > 0 else math.inf}
+           "rate_per_s": arrival_rate_per_s(workload.arrival_s)}
     for name in ("prompt", "output"):
         tokens = getattr(workload, f"{name}_tokens")
         row[f"{name}_mean_tokens"] = float(tokens.mean())
@@ -65,8 +66,7 @@ def workload_table(workload: Workload) -> pd.DataFrame:
 
 def space_table(space: SearchSpace) -> pd.DataFrame:
     """The knobs searched and their values, one row each (a knob of one value is fixed, not searched)."""
-    shown = lambda v: ("on" if v else "off") if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)  # noqa: E731
-    rows = [{"knob": name, "values": ", ".join(shown(v) for v in getattr(space, name)),
+    rows = [{"knob": name, "values": ", ".join(knob_value(v) for v in getattr(space, name)),
              "num_values": len(getattr(space, name))} for name in space.__dataclass_fields__]
     return pd.DataFrame(rows).set_index("knob")
 
