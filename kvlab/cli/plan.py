@@ -179,7 +179,7 @@ def workload_of(args, given: set[str]):
 def deployment_of(args, given: set[str], workload):
     """The Deployment of --model (or --config) and --gpu, max_model_len checked against the workload."""
     from kvlab.core import models, validate
-    from kvlab.sections.plan_space import Deployment
+    from kvlab.sections.plan_space import Deployment, check_max_model_len
 
     exclusive(given, "--model", ["--config"], "--config reads the model from a config.json instead")
     requires(given, "--num-params-b", "--config", "a catalog model has its own parameter count")
@@ -200,11 +200,7 @@ def deployment_of(args, given: set[str], workload):
         max_model_len = model.max_position_embeddings
     else:
         raise ValueError(f"--max-model-len is needed: {model.name} gives no context length")
-    longest = int(workload.prompt_tokens.max())
-    if longest >= max_model_len:
-        raise ValueError(f"--max-model-len {max_model_len:,} is not allowed: the workload has a prompt of {longest:,} "
-                         f"tokens and vLLM refuses prompts of max_model_len or more; give --max-model-len "
-                         f"{longest + 1:,} or more")
+    check_max_model_len("--max-model-len", max_model_len, workload.prompt_tokens.max())
     return Deployment(model, gpu, max_model_len, allow_roofline=args.allow_roofline)
 
 

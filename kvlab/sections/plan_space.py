@@ -64,6 +64,15 @@ def arrival_rate_per_s(arrival_s) -> float:
     return (len(arrival_s) - 1) / span if span > 0 else math.inf
 
 
+def check_max_model_len(name: str, max_model_len: int, longest_prompt_tokens: int) -> None:
+    """Refuse, in one line naming `name` (the flag or parameter the user gave), a max_model_len that a prompt of
+    the workload reaches: vLLM refuses a prompt of max_model_len tokens or more."""
+    longest = int(longest_prompt_tokens)
+    if longest >= max_model_len:
+        validate.fail(name, max_model_len, f"must exceed the workload's longest prompt, {longest:,} tokens (vLLM "
+                      f"refuses a prompt of {max_model_len:,} tokens or more); give {name} {longest + 1:,} or more")
+
+
 def figure(value: float) -> str:
     """A latency in words: three significant figures, whole numbers from 100 up (1,234 not 1.23e+03)."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"

@@ -7,12 +7,11 @@ import math
 import numpy as np
 import pandas as pd
 
-from kvlab.core import validate
 from kvlab.core.workload import Workload
 from kvlab.sections import plan as planning
 from kvlab.sections.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
 from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Objectives, SearchSpace, arrival_rate_per_s,
-                                       knob_value)
+                                       check_max_model_len, knob_value)
 from kvlab.sections.traces import open_trace
 from kvlab.workloads.synthetic import gamma_workload
 
@@ -44,10 +43,7 @@ def plan_workload(trace: str, trace_dir: str, num_requests: int, max_model_len: 
         note = (f"{why}: the plan serves a synthetic workload instead, {num_requests:,} requests with Poisson "
                 f"arrivals at {rate_per_s:g} requests/s and gamma lengths (CV 1) of {prompt_tokens:,.0f} prompt and "
                 f"{output_tokens:,.0f} output tokens on average (seed {seed}).")
-    longest = int(workload.prompt_tokens.max())
-    if longest >= max_model_len:
-        validate.fail("MAX_MODEL_LEN", max_model_len, f"must exceed the workload's longest prompt, {longest:,} tokens "
-                      "(vLLM refuses a prompt of max_model_len tokens or more)")
+    check_max_model_len("MAX_MODEL_LEN", max_model_len, workload.prompt_tokens.max())
     return workload, note
 
 
