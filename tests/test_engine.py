@@ -290,6 +290,37 @@ def test_bad_input_is_refused_in_one_line_before_any_work(settings_, blocks, mes
         simulate(w, settings_, num_gpu_blocks=blocks)
 
 
+class BackwardsStepCost:
+    """A step cost gone wrong, as an extrapolated profile or fitted coefficients can: a prompt step of
+    bad_from_tokens tokens or more lasts -1 ms, a decode run's last step NaN."""
+
+    name = "backwards"
+
+    def __init__(self, bad_from_tokens: int):
+        self.bad_from_tokens = bad_from_tokens
+
+    def step_s(self, num_tokens, *rest) -> float:
+        return -0.001 if num_tokens >= self.bad_from_tokens else 0.01
+
+    def run_s(self, num_decodes, context_tokens, num_steps):
+        return np.r_[np.full(num_steps - 1, 0.01), np.nan]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_step_cost_that_runs_the_clock_backwards_is_refused_in_one_line(fast):
+    w = Workload(np.zeros(2), np.array([10, 40]), np.array([40, 30]))
+    with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 50 tokens -0\.001 s: a step lasts "
+                                         r"0 s or more, so its profile or coefficients are wrong there \(fix them, "
+                                         r"or choose another step cost\)$"):
+        simulate(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(50), fast=fast)
+    engine = Engine(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(10_000), fast=fast)
+    if fast:                                # a decode run's last step is NaN
+        with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 2 tokens nan s: a step lasts"):
+            engine.run()
+    else:                                   # the per-step loop asks step_s only, and every step is right
+        assert np.isfinite(engine.run().finish_s).all()
+
+
 def test_a_missing_max_model_len_and_an_empty_prompt_are_refused():
     w = Workload(np.zeros(1), np.array([10]), np.array([4]))
     with pytest.raises(ValueError, match="max_model_len=None is not allowed"):

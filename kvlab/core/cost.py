@@ -148,6 +148,18 @@ class CalibratedCost:
 STEP_COSTS = ("constant", "linear", "roofline", "calibrated", "measured")
 
 
+def checked_s(cost, seconds, num_tokens: int):
+    """seconds (step_s's float, or run_s's float or array) when every step lasts 0 s or more; else the one-line
+    ValueError naming the step cost: a profile or fitted coefficients extrapolated below 0 s, or a NaN, would
+    otherwise run the clock backwards unseen."""
+    least = seconds if isinstance(seconds, float) else float(np.min(seconds))
+    if not least >= 0.0:
+        raise ValueError(f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {least:.6g} s: a step "
+                         "lasts 0 s or more, so its profile or coefficients are wrong there (fix them, or choose "
+                         "another step cost)")
+    return seconds
+
+
 @dataclass(frozen=True)
 class ConstantStepCost:
     """Every step takes step_ms, whatever it schedules (the article's 8 ms per output token)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate, repeat
 
+from kvlab.core.cost import checked_s
 from kvlab.core.engine.request import FINISHED
 from kvlab.core.engine.scheduler import SchedulerOutput
 
@@ -46,7 +47,9 @@ def run(engine) -> bool:
         return False
     k, phases, budget_left, may_admit = limits
     paged, bs = phases is not None, engine.block_size
-    times = step_times(engine.clock, engine.cost.run_s(num_running, engine.num_kv_tokens + num_running, k), k)
+    cost = engine.cost
+    times = step_times(engine.clock, checked_s(cost, cost.run_s(num_running, engine.num_kv_tokens + num_running, k),
+                                               num_running), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
@@ -286,7 +289,9 @@ def run_async(engine, queue, gpu_free_s: float) -> float | None:
     k, phases, budget_left, may_admit = limits
     paged, bs = phases is not None, engine.block_size
     # times[i]: the end of batch i (times[0]: the batch in flight); iteration j schedules at the clock times[j - 2].
-    times = step_times(gpu_free_s, engine.cost.run_s(num_running, num_kv_tokens + num_running, k), k)
+    cost = engine.cost
+    times = step_times(gpu_free_s, checked_s(cost, cost.run_s(num_running, num_kv_tokens + num_running, k),
+                                             num_running), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 0, k - 1) + 2     # the first iteration it is there for
@@ -371,7 +376,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     if engine.record_scheduled:
         engine.scheduled_log.append(([(r.request_id, 1) for r in left], []))
     num_waiting = len(scheduler.waiting)
-    end = end_k + engine.cost.step_s(num_left, context, num_left, context, 0, 0)
+    end = end_k + checked_s(engine.cost, engine.cost.step_s(num_left, context, num_left, context, 0, 0), num_left)
     caching = kv.enable_caching
     for request, done in zip(running, finishing):
         if caching:

@@ -36,7 +36,7 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost
+from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine import compiled as compiled_loop
 from kvlab.core.engine import decode_run
 from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
@@ -55,9 +55,10 @@ SCHEDULERS = {"v1": Scheduler, "v0-2023": SchedulerV0}     # SchedulerConfig.sch
 
 
 def step_s(cost, out) -> float:
-    """Seconds the step cost gives the batch of a SchedulerOutput."""
-    return cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes, out.decode_context_tokens,
-                       out.num_prefills, out.prefill_attention_pairs)
+    """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
+    return checked_s(cost, cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes,
+                                       out.decode_context_tokens, out.num_prefills, out.prefill_attention_pairs),
+                     out.num_scheduled_tokens)
 
 
 class NoProgressError(RuntimeError):
