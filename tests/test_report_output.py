@@ -1,6 +1,7 @@
 """The built report, as a reader meets it: in a real browser (every image loads, every link resolves, no console
 error, no horizontal scrolling at 1,280 pixels) and as a PDF (title, contents, sections on new pages, no page
-mostly empty, headers never broken inside a word). One report is built for the whole module."""
+mostly empty, headers never broken inside a word). One report is built for the whole module, beside the other tests
+(conftest.py, ReportBuild)."""
 import json
 import re
 import urllib.parse
@@ -11,16 +12,14 @@ from bs4 import BeautifulSoup
 
 from conftest import ROOT, needs_tool
 from kvlab.report import render
-from kvlab.report.build import build
 
 ARTIFACTS = ROOT / "test-artifacts"
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("built") / "report"
-    build(ROOT / "params.yaml", [], out, log=lambda *a, **k: None)
-    return out
+def report(built_report):
+    """The report at its defaults, built while the other tests ran (conftest.py, ReportBuild)."""
+    return built_report
 
 
 def pages(report):
