@@ -98,7 +98,6 @@ def add(commands) -> None:
     p.set_defaults(run=run, flags=PLAN_FLAGS)
 
 
-
 def parse_list(flag: str, text: str, kind) -> tuple:
     """A comma-separated flag value as a tuple of kind; a one-line error naming the flag and the bad item."""
     items = [t.strip() for t in text.split(",")]
