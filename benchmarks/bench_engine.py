@@ -24,7 +24,8 @@ import scheduler_workloads  # noqa: E402  the parity runs (scripts/parity/schedu
 from kvlab.core.config import EngineConfig  # noqa: E402
 from kvlab.core.cost import LinearStepCost, MeasuredStepCost, RooflineStepCost  # noqa: E402
 from kvlab.core import resources  # noqa: E402
-from kvlab.core.engine import PEAK_BYTES_PER_REQUEST, Engine, compiled, replay  # noqa: E402
+from kvlab.core.engine import PEAK_BYTES_PER_REQUEST, Engine, replay  # noqa: E402
+from kvlab.core.engine.fast import compiled  # noqa: E402
 from kvlab.core.models import get_gpu, get_model  # noqa: E402
 from kvlab.core.workload import Workload  # noqa: E402
 
@@ -152,7 +153,7 @@ def kvlab_seconds(args: dict, **engine_options) -> float:
 
 def against_vllm() -> None:
     """Every run of make parity, both scheduling modes: vLLM's scheduler (median of VLLM_REPLAYS replays) against
-    kvlab's engine in Python and, where it applies, its compiled loop (kvlab.core.engine.compiled), each the
+    kvlab's engine in Python and, where it applies, its compiled loop (kvlab.core.engine.fast.compiled), each the
     median of KVLAB_REPEATS runs of the engine alone, as vLLM's side counts only its scheduler; and kvlab's whole
     process (start-up, imports and the document read included; median of 3)."""
     if not VLLM_PYTHON.exists():

@@ -1,4 +1,4 @@
-"""The compiled loop (kvlab.core.engine.compiled, its decode runs too) against the Python engine: the same results,
+"""The compiled loop (kvlab.core.engine.fast.compiled, its decode runs too) against the Python engine: the same results,
 bit for bit."""
 import numpy as np
 import pytest
@@ -8,7 +8,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kvlab.core import models
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
-from kvlab.core.engine import Engine, NoProgressError, compiled
+from kvlab.core.engine import Engine, NoProgressError
+from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
 pytest.importorskip("numba", reason="numba is not installed (fix: make setup installs it from requirements.lock)")

@@ -12,7 +12,7 @@ LAYERS = {"core": 0, "workloads": 1, "sections": 2, "report": 3, "cli": 4, "__ma
 # What the mechanism may import from outside the standard library.
 CORE_THIRD_PARTY = {"numpy", "scipy"}
 # And numba, in the one module of compiled loops (imported only when a compiled loop runs).
-COMPILED_LOOPS = {"kvlab.core.engine._kernels": {"numba"}}
+COMPILED_LOOPS = {"kvlab.core.engine.fast._kernels": {"numba"}}
 
 
 def modules() -> dict[str, Path]:

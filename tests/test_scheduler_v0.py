@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import assert_same, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine import Engine, decode_run, simulate
+from kvlab.core.engine import Engine, simulate
+from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.workload import Workload
 

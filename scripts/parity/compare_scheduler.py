@@ -9,7 +9,7 @@ requests, batch (request and tokens, in vLLM's order) and preempted requests are
 equality (kvlab adds step times in the same order, so the floats are the same bits). The speed ratio is
 kvlab's requests per second (its whole engine run in Python, median of 3, without the comparison's records)
 over vLLM's (the seconds spent inside schedule() and update_from_output() only, vLLM's import excluded).
-Where the compiled loop applies (kvlab.core.engine.compiled: every run here), it is compared too, on the
+Where the compiled loop applies (kvlab.core.engine.fast.compiled: every run here), it is compared too, on the
 same fields but the batch lists it does not keep, and timed the same way (numba's import excluded, as vLLM's).
 
 Writes data/parity/scheduler.csv (one row per run) and exits 1 unless every run is 100% identical.
@@ -32,7 +32,8 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import scheduler_workloads  # noqa: E402  (beside this script)
-from kvlab.core.engine import Engine, compiled, replay  # noqa: E402
+from kvlab.core.engine import Engine, replay  # noqa: E402
+from kvlab.core.engine.fast import compiled  # noqa: E402
 
 VLLM_SCRIPT = HERE / "vllm_scheduler.py"
 SUMMARY_CSV = ROOT / "data" / "parity" / "scheduler.csv"
@@ -42,7 +43,7 @@ STEP_FIELDS = ("start_s", "end_s", "num_scheduled_tokens", "num_blocks_in_use", 
 COLUMNS = ("run", "requests", "steps", "preemptions", "identical_requests_pct", "identical_steps_pct",
            "kvlab_req_per_s", "vllm_req_per_s", "speed_ratio", "first_difference", "compiled_identical_pct",
            "compiled_req_per_s", "compiled_speed_ratio", "description")
-# The compiled loop keeps no batch lists (kvlab.core.engine.compiled): its steps are compared on the other fields.
+# The compiled loop keeps no batch lists (kvlab.core.engine.fast.compiled): its steps are compared on the other fields.
 COMPILED_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("scheduled", "preempted"))
 
 
@@ -68,7 +69,7 @@ def time_kvlab(doc: dict, repeats: int = 3, **engine_options) -> float:
 
 
 def compiled_row(doc: dict, theirs: dict) -> dict:
-    """The compiled loop against vLLM on doc, where it applies (kvlab.core.engine.compiled): its identical share
+    """The compiled loop against vLLM on doc, where it applies (kvlab.core.engine.fast.compiled): its identical share
     (requests and steps, batch lists aside) and speed; blanks where it does not apply."""
     args = replay.from_document(doc)
     if not (compiled.available() and compiled.eligible(Engine(**args))):

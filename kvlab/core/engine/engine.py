@@ -37,8 +37,8 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
-from kvlab.core.engine import compiled as compiled_loop
-from kvlab.core.engine import decode_run
+from kvlab.core.engine.fast import compiled as compiled_loop
+from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
 from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
 from kvlab.core.engine.request import Request
@@ -191,7 +191,7 @@ class Engine:
         self.compiled = self._use_compiled(compiled)
 
     def _use_compiled(self, compiled: bool | None) -> bool:
-        """Whether run() takes the compiled loop (kvlab.core.engine.compiled): None decides by itself (eligible,
+        """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): None decides by itself (eligible,
         numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded); True insists;
         False never."""
         loop = compiled_loop

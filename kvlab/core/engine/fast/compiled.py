@@ -1,7 +1,7 @@
 """The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
 
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
-asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine._kernels):
+asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
 vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost. The synchronous loop without prefix
 caching also does decode runs at once, as decode_run.run does (DECODE_RUNS; engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
@@ -31,7 +31,7 @@ from kvlab.core.engine.records import Runs, StepLog
 
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
-DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine._kernels returns them
+DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine.fast._kernels returns them
 S_STEPS, S_RUNS = 6, 11                    # the integer state's counts of steps recorded and decode runs (_kernels)
 DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
 
@@ -48,8 +48,8 @@ def worth_it(num_requests: int) -> bool:
 
 
 def loaded() -> bool:
-    """Whether kvlab.core.engine._kernels (and so numba) is imported in this process."""
-    return "kvlab.core.engine._kernels" in sys.modules
+    """Whether kvlab.core.engine.fast._kernels (and so numba) is imported in this process."""
+    return "kvlab.core.engine.fast._kernels" in sys.modules
 
 
 def eligible(engine) -> bool:
@@ -111,8 +111,8 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
 
 
 def kernels():
-    """The compiled loops (kvlab.core.engine._kernels; numba compiles them on first use and its cache keeps them)."""
-    from kvlab.core.engine import _kernels
+    """The compiled loops (kvlab.core.engine.fast._kernels; numba compiles them on first use and its cache keeps them)."""
+    from kvlab.core.engine.fast import _kernels
     return _kernels
 
 

@@ -1,4 +1,4 @@
-"""The compiled loops of kvlab.core.engine.compiled (imported only when one runs: it imports numba).
+"""The compiled loops of kvlab.core.engine.fast.compiled (imported only when one runs: it imports numba).
 
 Each function mirrors the Python code named in its docstring, rule for rule, over arrays indexed by request id.
 A request's state: num_tokens, computed (num_computed_tokens), num_blocks (the length of its block table),
@@ -443,7 +443,7 @@ def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_schedule
 @_inline
 def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
                running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts):
-    """decode_run.run (kvlab/core/engine/decode_run.py) without prefix caching: while every running request decodes
+    """decode_run.run (kvlab/core/engine/fast/decode_run.py) without prefix caching: while every running request decodes
     (it sampled in the last step), their steps at once, O(1) a step, recorded as loop_sync records them. A run
     stops before a step that would cross more block boundaries than there are free blocks (it preempts) or admit the
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
