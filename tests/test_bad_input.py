@@ -57,6 +57,34 @@ def test_the_report_refuses_hours_of_work_before_any_notebook_runs(tmp_path):
     assert not (tmp_path / "report").exists()
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--set", "BAD"], "--set 'BAD' is not allowed: must look like NOTEBOOK.NAME=VALUE or NAME=VALUE"),
+    (["--set", "01_allocation.NUM_REQUESTS=0"], "01_allocation.NUM_REQUESTS=0 is not allowed: must be an integer "
+     "from 1 to 10,000,000,000 requests (from --set)"),
+    (["--set", "SEED=[1"], "--set 'SEED=[1' is not allowed: its value '[1' is not valid YAML (expected ',' or ']', "
+     "but got '<stream end>'); give a number"),
+    (["--max-minutes", "0"], "--max-minutes=0.0 is not allowed: must be a number from 0.001"),
+])
+def test_kvlab_report_refuses_a_bad_parameter_in_one_line_with_status_2(capsys, tmp_path, argv, message):
+    err = one_line_error(capsys, "report", "--out", str(tmp_path / "report"), *argv)
+    assert err.startswith("kvlab report: error: " + message), err
+    assert not (tmp_path / "report").exists()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("01_allocation:\n  NUM_REQUESTS: [1\n", "params.yaml:3:1: expected ',' or ']', but got '<stream end>' (while "
+     "parsing a flow sequence from 2:17): not valid YAML; the file maps each notebook's name to its NAME: VALUE lines"),
+    ("01_allocation:\n\tNUM_REQUESTS: 5\n", "params.yaml:2:1: found character '\\t' that cannot start any token "
+     "(while scanning for the next token): not valid YAML"),
+    ("01_allocation: 5\n", "params.yaml: 01_allocation=5 is not allowed: must map its parameter names to values"),
+])
+def test_a_malformed_params_file_is_one_line_naming_its_line_and_column(capsys, tmp_path, text, message):
+    (tmp_path / "params.yaml").write_text(text)
+    err = one_line_error(capsys, "report", "--params", str(tmp_path / "params.yaml"), "--out", str(tmp_path / "out"))
+    assert err.startswith("kvlab report: error: " + message), err
+    assert not (tmp_path / "out").exists()
+
+
 # ---------------------------------------------------------------- names: close matches
 @pytest.mark.parametrize("argv, message", [
     (["capacity", "--gpu", "H100"], "--gpu='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),

@@ -31,17 +31,18 @@ def add(commands) -> None:
 
 
 def run(args, given: set[str]) -> dict:
-    """Build the report; a bad parameter or a failed notebook is one `report: error:` line and status 1.
+    """Build the report. A bad parameter is refused as every command's bad input is (one line, status 2); a failed
+    notebook is a `report: error:` line, what became of --out, and status 1.
 
     Every parameter is checked (kvlab.report.params) before the build's papermill, nbconvert and WeasyPrint are
     imported, so a bad one is refused at once."""
     from kvlab.report.params import ReportError, check_params
 
     max_minutes = validate.in_range("max_minutes", args.max_minutes, "seconds")
-    try:
-        checked = check_params(args.params, args.overrides, max_minutes=max_minutes)
-        from kvlab.report.build import build_checked
+    checked = check_params(args.params, args.overrides, max_minutes=max_minutes)  # ParamsError: a ValueError
+    from kvlab.report.build import build_checked
 
+    try:
         build_checked(checked, args.out, pdf=not args.no_pdf)
     except ReportError as error:
         print(f"\nreport: error: {error}", file=sys.stderr)

@@ -19,6 +19,10 @@ class ReportError(Exception):
     """A build problem reported as one line (bad parameters, a failed notebook)."""
 
 
+class ParamsError(ReportError, ValueError):
+    """A parameter refused before any notebook runs: one line naming what was given, its value, what is allowed."""
+
+
 MAX_MINUTES = 120  # a default report takes about one minute; refuse what would take hours unless asked
 
 
@@ -38,7 +42,8 @@ def notebook_parameters(path: Path) -> dict:
     return found
 
 
-def _parse_value(text: str):
+def _parse_value(item: str, text: str):
+    """The value of --set item (NAME=text) as YAML reads it; text that reads as a number is one."""
     if not text.strip():
         return ""  # NAME= sets an empty string (e.g. TRACE= for no trace)
     try:
@@ -50,7 +55,8 @@ def _parse_value(text: str):
                 pass
         return value
     except yaml.YAMLError as error:
-        raise ReportError(f"--set value {text!r} is not valid YAML: {error.problem}") from None
+        raise ParamsError(f"--set {item!r} is not allowed: its value {text!r} is not valid YAML ({error.problem}); "
+                          "give a number, true or false, text, or a list like [1, 2]") from None
 
 
 def _kind(default) -> str:
@@ -81,6 +87,18 @@ def _read_yaml(text: str):
         return yaml.safe_load(text)  # raises again, with the message and position PyYAML's own reader gives
 
 
+def _yaml_problem(name: str, error: yaml.YAMLError) -> str:
+    """A YAML error in one line, FILE:LINE:COLUMN: the problem (and what was being read, from where)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
+    problem = getattr(error, "problem", None) or str(error).replace("\n", " ")
+    context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context:
+        problem += f" ({context}" + (f" from {start.line + 1}:{start.column + 1}" if start else "") + ")"
+    return (f"{where}: {problem}: not valid YAML; the file maps each notebook's name to its NAME: VALUE lines, "
+            "indented below it with spaces")
+
+
 def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) -> dict[str, dict]:
     """Parameters per notebook stem from the YAML file and --set overrides, checked against each notebook."""
     return _load_params(params_path, overrides, notebooks)[0]
@@ -90,32 +108,38 @@ def _load_params(params_path: Path, overrides: list[str],
                  notebooks: list[Path]) -> tuple[dict[str, dict], dict[str, dict]]:
     """load_params, and the parameters each notebook declares with its defaults (notebook_parameters)."""
     if not params_path.exists():
-        raise ReportError(f"--params={str(params_path)!r} is not allowed: the file does not exist")
+        raise ParamsError(f"--params={str(params_path)!r} is not allowed: the file does not exist")
     try:
         raw = _read_yaml(params_path.read_text()) or {}
+    except OSError as error:
+        raise ParamsError(f"--params={str(params_path)!r} is not allowed: cannot be read ({error.strerror or error})"
+                          ) from None
     except yaml.YAMLError as error:
-        raise ReportError(f"{params_path.name}: not valid YAML: {error}") from None
+        raise ParamsError(_yaml_problem(params_path.name, error)) from None
     if not isinstance(raw, dict):
-        raise ReportError(f"{params_path.name}: must map notebook names to their parameters")
+        raise ParamsError(f"{params_path.name}: must map notebook names to their parameters")
     stems = {nb.stem: nb for nb in notebooks}
     declared = {stem: notebook_parameters(path) for stem, path in stems.items()}
     params: dict[str, dict] = {stem: {} for stem in stems}
     from_command_line: set[str] = set()
     for stem, values in raw.items():
         if stem not in stems:
-            raise ReportError(f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}")
+            raise ParamsError(f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}")
+        if not isinstance(values or {}, dict):
+            raise ParamsError(f"{params_path.name}: {stem}={values!r} is not allowed: must map its parameter names "
+                              "to values, as NAME: VALUE lines indented below it")
         params[stem].update(values or {})
     for item in overrides:
         name, sep, text = item.partition("=")
         if not sep:
-            raise ReportError(f"--set {item!r} is not allowed: must look like NOTEBOOK.NAME=VALUE or NAME=VALUE")
-        value = _parse_value(text)
+            raise ParamsError(f"--set {item!r} is not allowed: must look like NOTEBOOK.NAME=VALUE or NAME=VALUE")
+        value = _parse_value(item, text)
         stem, dot, pname = name.rpartition(".")
         targets = [stem] if dot else [s for s in stems if pname in declared[s]]
         if dot and stem not in stems:
-            raise ReportError(f"--set {item!r} is not allowed: notebook {stem!r} must be one of {', '.join(stems)}")
+            raise ParamsError(f"--set {item!r} is not allowed: notebook {stem!r} must be one of {', '.join(stems)}")
         if not targets:
-            raise ReportError(f"--set {item!r} is not allowed: no notebook has a parameter {pname!r}")
+            raise ParamsError(f"--set {item!r} is not allowed: no notebook has a parameter {pname!r}")
         for target in targets:
             params[target][pname] = value
             from_command_line.add(target)
@@ -123,23 +147,23 @@ def _load_params(params_path: Path, overrides: list[str],
         for pname, value in values.items():
             where = f"{stem}.{pname}={value!r}"
             if pname not in declared[stem]:
-                raise ReportError(f"{where} is not allowed: {stem} has parameters {', '.join(declared[stem])}")
+                raise ParamsError(f"{where} is not allowed: {stem} has parameters {', '.join(declared[stem])}")
             default = declared[stem][pname]
             if not _same_kind(default, value):
-                raise ReportError(f"{where} is not allowed: must be {_kind(default)}")
+                raise ParamsError(f"{where} is not allowed: must be {_kind(default)}")
         try:
             parameters.check(stem, {**declared[stem], **values})
         except ValueError as error:
             source = "--set" if stem in from_command_line else params_path.name
-            raise ReportError(f"{stem}.{error} (from {source})") from None
+            raise ParamsError(f"{stem}.{error} (from {source})") from None
     return params, declared
 
 
 def report_notebooks(notebook_dir: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The report's notebooks, NN_*.ipynb in notebook_dir, in order; none is a ReportError."""
+    """The report's notebooks, NN_*.ipynb in notebook_dir, in order; none is a ParamsError."""
     notebooks = sorted(Path(notebook_dir).glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
-        raise ReportError(f"no notebooks found in {notebook_dir}")
+        raise ParamsError(f"no notebooks found in {notebook_dir}")
     return notebooks
 
 
@@ -163,7 +187,7 @@ def check_params(params_path: Path, overrides: list[str], notebook_dir: Path = N
     seconds = sum(parameters.estimate(stem, values).seconds for stem, values in merged.items())
     if seconds > 60 * max_minutes:
         heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
-        raise ReportError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
+        raise ParamsError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
                           f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS")
     if seconds > 120:
         log(f"report: about {seconds / 60:,.0f} min on this machine")
