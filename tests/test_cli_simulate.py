@@ -157,6 +157,10 @@ def test_the_measured_clock_from_the_command_line(capsys):
     (["--num-gpu-blocks", "1"], "--num-gpu-blocks=1 is not allowed: must be >= 2: it counts vLLM's null block"),
     (["--num-gpu-blocks", "0"], "--num-gpu-blocks=0 is not allowed"),
     (["--max-num-seqs", "0"], "--max-num-seqs=0 is not allowed"),
+    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
+    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold=-1 is not allowed: must be an integer >= 0"),
+    (["--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--tensor-parallel-size", "0"],
+     "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
     (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed"),
     (["--max-num-batched-tokens", "100"], "--max-num-batched-tokens=100 is not allowed: must be >= --max-num-seqs (256)"),
     (["--no-chunked-prefill", "--max-model-len", "9000"],
@@ -217,3 +221,42 @@ def test_the_output_says_where_the_clocks_numbers_come_from(capsys, flags, sourc
     assert cli.main(["simulate", *flags]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step cost ")]
     assert lines == [f"step cost            {out['cost_source']}"]
+
+
+def test_the_engine_flags_defaults_are_the_config_objects():
+    from kvlab.core.config import CacheConfig, ParallelConfig, SchedulerConfig
+
+    cache, parallel, scheduler = CacheConfig(), ParallelConfig(), SchedulerConfig()
+    expected = {"block_size": cache.block_size, "kv_cache_dtype": cache.kv_cache_dtype,
+                "gpu_memory_utilization": cache.gpu_memory_utilization,
+                "tensor_parallel_size": parallel.tensor_parallel_size, "max_num_seqs": scheduler.max_num_seqs,
+                "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+                "long_prefill_token_threshold": scheduler.long_prefill_token_threshold,
+                "async_scheduling": scheduler.async_scheduling}
+    parser = cli.build_parser()[1]["simulate"]
+    assert {name: parser.get_default(name) for name in expected} == expected
+
+
+def test_the_command_leaves_every_check_of_config_and_workload_to_the_engine(capsys, monkeypatch):
+    from kvlab.core import engine
+
+    calls = []
+    for name in ("check_scheduler_config", "check_workload"):
+        monkeypatch.setattr(engine, name, lambda *args, name=name: calls.append(name), raising=False)
+    run_json(capsys, "--policy", "vllm", "--num-requests", "20")
+    assert calls == []     # the engine checks them itself, once, before any step
+    assert cli.main(["simulate", "--policy", "vllm", "--max-num-batched-tokens", "100"]) == 2
+    assert capsys.readouterr().err == ("kvlab simulate: error: --max-num-batched-tokens=100 is not allowed: must be >= "
+                                       "--max-num-seqs (256), as vLLM requires\n")
+
+
+def test_the_kv_pool_and_the_requests_csv_have_their_homes_below_the_command_line(capsys):
+    from kvlab.cli import simulate
+    from kvlab.core import pool, requests_csv
+    from kvlab.core.config import EngineConfig
+
+    assert pool.size_kv_pool(EngineConfig()) == (7_681, "the article's 60 GiB at 0.5 MiB per token (122,880 tokens)")
+    assert simulate.REQUESTS_CSV_COLUMNS is requests_csv.REQUESTS_CSV_COLUMNS
+    with pytest.raises(SystemExit):
+        cli.main(["simulate", "--help"])
+    assert ", ".join(requests_csv.REQUESTS_CSV_COLUMNS) in " ".join(capsys.readouterr().out.split())

@@ -1,5 +1,8 @@
 """`kvlab simulate`: serve a workload with section 2's static or continuous batching, or vLLM's scheduler.
 
+Parsing and printing only: the flags' defaults are the config objects' (kvlab.core.config), what a config checks it
+checks itself (its ValueError names the field, which becomes the flag), the KV pool is sized by kvlab.core.pool and
+the per-request CSV written by kvlab.core.requests_csv; the engine refuses a workload it could never serve.
 The parser needs the policies, the engine's allocations and the step costs, so kvlab.core.batching, cost and engine
 (numpy, no more) are imported here at the top, beside the small numpy-free modules the run uses (models, capacity,
 resources)."""
@@ -12,12 +15,13 @@ import numpy as np
 from kvlab.cli.common import exclusive, print_json, requires
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
 from kvlab.core import article, batching, models, resources, validate
-from kvlab.core import capacity as cap
 from kvlab.core import engine as vllm_engine
-from kvlab.core.config import EngineConfig
+from kvlab.core.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from kvlab.core.cost import (STEP_COSTS, CalibratedStepCost, ConstantStepCost, LinearStepCost, MeasuredStepCost,
                              RooflineStepCost, TokenCost)
 from kvlab.core.models import ModelSpec
+from kvlab.core.pool import ARTICLE_KV_TOKENS, size_kv_pool
+from kvlab.core.requests_csv import REQUESTS_CSV_COLUMNS, write_requests_csv
 from kvlab.core.units import GIB
 from kvlab.core.workload import Workload
 from kvlab.workloads import synthetic, traces
@@ -83,10 +87,10 @@ def add(commands) -> None:
     p.set_defaults(run=run, flags=SIMULATE_FLAGS)
 
 
-# The article's KV memory (60 GiB at 0.5 MiB per token) in blocks of 16 tokens, plus vLLM's null block.
-ARTICLE_KV_TOKENS = int(article.MEMORY_GIB * 1024 / article.MIB_PER_TOKEN)
-ENGINE_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 8192,
-                   "step_ms": article.MS_PER_TOKEN, "step_ms_per_token": 0.0, "gpu_memory_utilization": 0.9}
+# What vllm_cost gives a step cost where --step-ms or --step-ms-per-token is not typed (the step costs' defaults).
+ENGINE_DEFAULTS = {"step_ms": article.MS_PER_TOKEN, "step_ms_per_token": 0.0}
+# The longest request without --max-model-len or a model's own context: the engine's default, tokens.
+DEFAULT_MAX_MODEL_LEN = vllm_engine.DEFAULT_CONFIG.scheduler.max_model_len
 
 
 def add_vllm_engine_flags(p) -> None:
@@ -99,29 +103,33 @@ def add_vllm_engine_flags(p) -> None:
     g.add_argument("--model", help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
                    "(weights from its parameter count) and names the model of --cost roofline")
     g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
-    g.add_argument("--gpu-memory-utilization", type=float, default=None,
-                   help="share of GPU memory vLLM may use, with --model and --gpu (default 0.9)")
-    g.add_argument("--kv-cache-dtype", default=None, choices=["fp16", "bf16", "fp8", "int8", "int4"],
-                   help="KV cache dtype, with --model and --gpu (default bf16)")
-    g.add_argument("--tensor-parallel-size", type=int, default=None,
-                   help="GPUs per model replica, with --model and --gpu (default 1)")
-    g.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default 16)")
-    g.add_argument("--max-num-seqs", type=int, default=None, help="requests running at once, at most (default 256)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=None,
-                   help="tokens per step, decodes and prefill chunks together (default 8192)")
+    cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig   # their fields' defaults: vLLM's
+    g.add_argument("--gpu-memory-utilization", type=float, default=cache.gpu_memory_utilization,
+                   help=f"share of GPU memory vLLM may use, with --model and --gpu (default {cache.gpu_memory_utilization:g})")
+    g.add_argument("--kv-cache-dtype", default=cache.kv_cache_dtype, choices=KV_CACHE_DTYPES,
+                   help=f"KV cache dtype, with --model and --gpu (default {cache.kv_cache_dtype})")
+    g.add_argument("--tensor-parallel-size", type=int, default=parallel.tensor_parallel_size,
+                   help=f"GPUs per model replica, with --model and --gpu (default {parallel.tensor_parallel_size})")
+    g.add_argument("--block-size", type=int, default=cache.block_size,
+                   help=f"tokens per KV block (default {cache.block_size})")
+    g.add_argument("--max-num-seqs", type=int, default=scheduler.max_num_seqs,
+                   help=f"requests running at once, at most (default {scheduler.max_num_seqs})")
+    g.add_argument("--max-num-batched-tokens", type=int, default=scheduler.max_num_batched_tokens,
+                   help=f"tokens per step, decodes and prefill chunks together (default {scheduler.max_num_batched_tokens})")
     g.add_argument("--max-model-len", type=int, default=None,
                    help="longest request, tokens: a prompt must be shorter, output stops there (default: --model's "
-                   "context, else 8192)")
-    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="schedule the next batch before this one's output is known, a batch queue of two (default on: "
-                   "vLLM 0.33's default on a GPU); --no-async-scheduling, vLLM's own flag, for the synchronous engine")
+                   f"context, else {DEFAULT_MAX_MODEL_LEN})")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=scheduler.async_scheduling,
+                   help="schedule the next batch before this one's output is known, a batch queue of two (default "
+                   f"{'on' if scheduler.async_scheduling else 'off'}: vLLM 0.33's default on a GPU); "
+                   "--no-async-scheduling, vLLM's own flag, for the synchronous engine")
     g.add_argument("--no-chunked-prefill", action="store_true",
                    help="admit a prompt only if it fits the step's budget left (vLLM: --no-enable-chunked-prefill)")
     g.add_argument("--enable-prefix-caching", action="store_true",
                    help="share full blocks of equal prompt prefixes in the pool (a Mooncake trace's hash ids say which)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=None,
+    g.add_argument("--long-prefill-token-threshold", type=int, default=scheduler.long_prefill_token_threshold,
                    help="tokens one request may compute per step when more than one request runs or waits (default "
-                   "0: no cap)")
+                   f"{scheduler.long_prefill_token_threshold}: no cap)")
     g.add_argument("--allocation", default="paged", choices=list(vllm_engine.ALLOCATIONS),
                    help="paged (vLLM, default), or a reservation at admission from a token pool of the same memory "
                    "that never preempts: max (max_model_len), pow2 (prompt + next power of two of the output), oracle "
@@ -136,8 +144,8 @@ def add_vllm_engine_flags(p) -> None:
     g.add_argument("--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)")
     g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
     g.add_argument("--requests-csv", metavar="FILE",
-                   help="write one row per request: request_id (0-based input order), arrival_s, prompt_tokens, "
-                   "output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions")
+                   help=f"write one row per request: {', '.join(REQUESTS_CSV_COLUMNS)} (request_id: 0-based input "
+                   "order; scheduling: async or sync)")
 
 
 def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> tuple[Workload, traces.TraceLoad | None]:
@@ -171,7 +179,7 @@ def run(args, given: set[str]) -> dict:
         return run_vllm_simulate(args, given)
     for flag in VLLM_ENGINE_FLAGS + ["--prompt-tokens"]:
         requires_vllm(given, flag)
-    cost = TokenCost(validate.in_range("ms_per_token", args.ms_per_token, "ms_per_token"))
+    cost = TokenCost(args.ms_per_token)
     slots = validate.in_range("max_num_seqs", args.slots, "max_num_seqs")
     workload, load = simulate_workload(args, given, batching.PEAK_BYTES_PER_REQUEST)
     result = batching.simulate(workload, args.policy, max_num_seqs=slots, cost=cost)
@@ -216,8 +224,6 @@ VLLM_ENGINE_FLAGS = ["--num-gpu-blocks", "--model", "--gpu", "--gpu-memory-utili
                      "--calibration", "--requests-csv", "--async-scheduling", "--no-async-scheduling"]
 # Flags that only size the KV pool from a model and a GPU.
 SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
-REQUESTS_CSV_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
-                        "first_token_s", "finish_s", "num_preemptions", "scheduling")
 VLLM_SUMMARY_KEYS = ("mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
                      "mean_running", "output_tokens_per_s")
 
@@ -258,52 +264,28 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
 
 
 def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
-    """The engine's settings: the flags given, vLLM's defaults for the rest (asynchronous scheduling on)."""
-    values = {"block_size": args.block_size, "max_num_seqs": args.max_num_seqs,
-              "max_num_batched_tokens": args.max_num_batched_tokens,
-              "long_prefill_token_threshold": args.long_prefill_token_threshold,
-              "kv_cache_dtype": args.kv_cache_dtype, "tensor_parallel_size": args.tensor_parallel_size,
-              "gpu_memory_utilization": args.gpu_memory_utilization}
-    ranges = {"block_size": "block_size", "max_num_seqs": "max_num_seqs", "max_num_batched_tokens": "tokens",
-              "tensor_parallel_size": "count"}
-    for name, quantity in ranges.items():
-        if values[name] is not None:
-            validate.in_range(name, values[name], quantity)
-    if values["long_prefill_token_threshold"] is not None:
-        validate.non_negative_int("long_prefill_token_threshold", values["long_prefill_token_threshold"])
-    if args.max_model_len is not None:
-        max_model_len = validate.in_range("max_model_len", args.max_model_len, "tokens")
-    elif model is not None and model.max_position_embeddings:
-        max_model_len = model.max_position_embeddings
-    else:
-        max_model_len = ENGINE_DEFAULTS["max_model_len"]
-    settings = {name: value for name, value in values.items() if value is not None}
-    for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
-        settings.setdefault(name, ENGINE_DEFAULTS[name])
-    async_scheduling = True if args.async_scheduling is None else args.async_scheduling
-    return EngineConfig().replace(**settings, max_model_len=max_model_len, async_scheduling=async_scheduling,
-                                  enable_chunked_prefill=not args.no_chunked_prefill,
-                                  enable_prefix_caching=args.enable_prefix_caching)
+    """The engine's settings from the flags (whose defaults are the config objects'); max_model_len from
+    --max-model-len, else the model's context, else the engine's default. Each config checks its own values."""
+    max_model_len = args.max_model_len
+    if max_model_len is None:
+        max_model_len = (model.max_position_embeddings if model is not None and model.max_position_embeddings
+                         else DEFAULT_MAX_MODEL_LEN)
+    cache = CacheConfig(block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype,
+                        gpu_memory_utilization=args.gpu_memory_utilization,
+                        enable_prefix_caching=args.enable_prefix_caching)
+    scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                max_model_len=max_model_len, enable_chunked_prefill=not args.no_chunked_prefill,
+                                long_prefill_token_threshold=args.long_prefill_token_threshold,
+                                async_scheduling=args.async_scheduling)
+    return EngineConfig(cache, ParallelConfig(tensor_parallel_size=args.tensor_parallel_size), scheduler)
 
 
-def vllm_pool(args, given: set[str], model: ModelSpec | None, config: EngineConfig) -> tuple[int, str]:
-    """num_gpu_blocks (vLLM's null block included) and where it comes from."""
-    bs = config.cache.block_size
+def vllm_pool(args, model: ModelSpec | None, config: EngineConfig) -> tuple[int, str]:
+    """num_gpu_blocks (vLLM's null block included) and where it comes from: --num-gpu-blocks, else
+    kvlab.core.pool."""
     if args.num_gpu_blocks is not None:
         return validate.in_range("num_gpu_blocks", args.num_gpu_blocks, "count"), "--num-gpu-blocks"
-    if model is None:
-        blocks = ARTICLE_KV_TOKENS // bs + 1
-        return blocks, (f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token "
-                        f"({ARTICLE_KV_TOKENS:,} tokens)")
-    if model.sliding_window:
-        validate.fail("model", model.name, "has sliding-window layers: the engine models one full-attention KV "
-                      "cache group (give --num-gpu-blocks for a plain decoder)")
-    gpu = models.get_gpu(args.gpu)
-    planned = cap.plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
-    if planned is None:
-        validate.fail("gpu", args.gpu, f"leaves no KV memory for {model.name} at gpu_memory_utilization="
-                      f"{config.cache.gpu_memory_utilization:g} (see kvlab capacity --model {model.name} --gpu {args.gpu})")
-    return planned["num_gpu_blocks"], f"{model.name} on {gpu.name} as vLLM sizes it"
+    return size_kv_pool(config, model, args.gpu)
 
 
 def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config: EngineConfig):
@@ -341,19 +323,6 @@ def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | N
     return workload, load
 
 
-def write_requests_csv(path: str, result, scheduling: str) -> None:
-    """One row per request, REQUESTS_CSV_COLUMNS, times in full float precision; scheduling: async or sync."""
-    table = result.requests_table()
-    columns = [table[name] for name in REQUESTS_CSV_COLUMNS[:-1]] + [[scheduling] * result.num_requests]
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(",".join(REQUESTS_CSV_COLUMNS) + "\n")
-            for row in zip(*(c if isinstance(c, list) else c.tolist() for c in columns)):
-                f.write(",".join(map(repr, row[:-1])) + f",{row[-1]}\n")
-    except OSError as err:
-        validate.fail("requests_csv", path, f"cannot be written ({err.strerror or err})")
-
-
 def run_vllm_simulate(args, given: set[str]) -> dict:
     """Serve the workload with vLLM's scheduler; print TTFT, TPOT, preemptions, steps, KV blocks and throughput."""
     args.flags = VLLM_SIMULATE_FLAGS
@@ -361,19 +330,16 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     check_vllm_flags(args, given, cost_name)
     model = models.get_model(args.model) if args.model else None
     config = vllm_config(args, model)
-    vllm_engine.check_scheduler_config(config.scheduler)
-    num_gpu_blocks, pool_source = vllm_pool(args, given, model, config)
+    num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
-    vllm_engine.check_workload(workload, config, num_gpu_blocks, args.allocation)
-    try:
+    try:    # the engine refuses its config, pool and workload in one line before any step
         result = vllm_engine.simulate(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost,
                                       allocation=args.allocation)
     except vllm_engine.NoProgressError as err:   # a run that cannot go on stops with why, in one line
         raise ValueError(str(err)) from None
-    scheduling = "async" if config.scheduler.async_scheduling else "sync"
     if args.requests_csv:
-        write_requests_csv(args.requests_csv, result, scheduling)
+        write_requests_csv(args.requests_csv, result, config.scheduler.async_scheduling)
     summary = result.summary()
     scheduler = config.scheduler
     capped = int((result.num_output_tokens < workload.output_tokens).sum())
