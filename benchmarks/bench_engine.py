@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import scheduler_workloads  # noqa: E402  the parity runs (scripts/parity/scheduler_workloads.py)
 
 from kvlab.core.config import EngineConfig  # noqa: E402
-from kvlab.core.cost import LinearStepCost, MeasuredStepCost, RooflineStepCost  # noqa: E402
+from kvlab.core.cost import LinearStepCost, make_step_cost  # noqa: E402
 from kvlab.core import resources  # noqa: E402
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST, Engine, replay  # noqa: E402
 from kvlab.core.engine.fast import compiled  # noqa: E402
@@ -63,8 +63,7 @@ def clocks_against_each_other() -> None:
     model, gpu = get_model(CLOCKS["model"]), get_gpu(CLOCKS["gpu"])
     config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
     workload = binding_workload(CLOCKS["num_requests"])
-    costs = {"roofline": RooflineStepCost.from_specs(model, gpu, config),
-             "measured": MeasuredStepCost.for_model(model, gpu, config)}
+    costs = {name: make_step_cost(name, model=model, gpu=gpu, config=config) for name in ("roofline", "measured")}
     times = {name: [] for name in costs}
     for _ in range(CLOCKS["repeats"]):      # in turn, so that a machine busy with other work slows both alike
         for name, cost in costs.items():
@@ -75,7 +74,7 @@ def clocks_against_each_other() -> None:
     slowdown = rates["roofline"] / rates["measured"]
     verdict = "PASS" if slowdown <= CLOCKS["max_slowdown_x"] else "FAIL"
     print(f"   clocks, {model.name} on {gpu.name} ({workload.num_requests:,} requests, binding memory, decode runs): "
-          f"roofline {rates['roofline']:,.0f} requests/s, measured ({costs['measured'].cost_source}) "
+          f"roofline {rates['roofline']:,.0f} requests/s, measured ({costs['measured'].source}) "
           f"{rates['measured']:,.0f} requests/s: {slowdown:.2f}x the roofline's time (target: at most "
           f"{CLOCKS['max_slowdown_x']:g}x slower): {verdict}")
 

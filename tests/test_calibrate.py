@@ -8,7 +8,7 @@ import pytest
 from kvlab import cli
 from kvlab.core import calibration as calibrate
 from kvlab.core import batching
-from kvlab.core import cost as costs
+from kvlab.core import service_time
 from kvlab.workloads import synthetic
 from kvlab.sections import calibration as section
 
@@ -38,12 +38,12 @@ def test_the_file_reads_back_with_its_header_block(tmp_path):
 
 @pytest.mark.parametrize("point", list(GRID))
 def test_interpolation_at_a_grid_point_is_the_measured_value(tmp_path, point):
-    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=point[0])
+    cost = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=point[0])
     assert cost.step_time_ms(point[1])[0] == GRID[point]
 
 
 def test_between_points_is_bilinear_in_log2_batch_and_context(tmp_path):
-    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=2)  # halfway from 1 to 4 in log2
+    cost = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=2)  # halfway from 1 to 4 in log2
     mid = cost.step_time_ms(2048)[0]                                           # halfway from 1024 to 4096
     assert mid == pytest.approx((10 + 12 + 11 + 16) / 4)
     inside = cost.step_time_ms(np.arange(1024, 4097, 7))
@@ -52,29 +52,29 @@ def test_between_points_is_bilinear_in_log2_batch_and_context(tmp_path):
 
 def test_outside_the_grid_clamps_or_refuses(tmp_path):
     path = grid_csv(tmp_path)
-    clamped = costs.CalibratedCost.from_csv(path, batch_size=1)
+    clamped = service_time.CalibratedServiceTime.from_csv(path, batch_size=1)
     assert clamped.step_time_ms([10, 100_000]).tolist() == [10.0, 12.0]
-    assert costs.CalibratedCost.from_csv(path, batch_size=64).step_time_ms(1024)[0] == 14.0
-    strict = costs.CalibratedCost.from_csv(path, batch_size=1, outside="raise")
+    assert service_time.CalibratedServiceTime.from_csv(path, batch_size=64).step_time_ms(1024)[0] == 14.0
+    strict = service_time.CalibratedServiceTime.from_csv(path, batch_size=1, outside="raise")
     with pytest.raises(ValueError, match=r"^context_tokens=100000 is not allowed: lies outside the measured 1024..4096"):
         strict.step_time_ms([2048, 100_000])
     with pytest.raises(ValueError, match="^batch_size=64 is not allowed: lies outside"):
-        costs.CalibratedCost.from_csv(path, batch_size=64, outside="raise").step_time_ms(2048)
+        service_time.CalibratedServiceTime.from_csv(path, batch_size=64, outside="raise").step_time_ms(2048)
 
 
 def test_a_cell_with_an_unmeasured_corner_refuses(tmp_path):
-    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=16)
+    cost = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=16)
     assert cost.step_time_ms(1024)[0] == 14.0
     with pytest.raises(ValueError, match="^context_tokens=2048 is not allowed: .*unmeasured corner"):
         cost.step_time_ms(2048)
 
 
 def test_service_time_sums_the_steps_of_a_growing_context(tmp_path):
-    cost = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4)
+    cost = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=4)
     prompt, output = np.array([1024, 3000]), np.array([3, 500])
     expected = [cost.step_time_ms(np.arange(p, p + n)).sum() / 1000 for p, n in zip(prompt, output)]
     assert cost.service_s(output, prompt) == pytest.approx(expected)
-    with_prefill = costs.CalibratedCost.from_csv(grid_csv(tmp_path), batch_size=4, include_prefill=True)
+    with_prefill = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=4, include_prefill=True)
     assert with_prefill.service_s(output, prompt) == pytest.approx(np.array(expected) + 0.080)  # 1024+ tokens: 80 ms
 
 
@@ -83,9 +83,9 @@ def test_a_flat_calibration_serves_exactly_as_the_articles_token_cost(tmp_path):
                            "decode_step_ms,1,2048,,8,ms\ndecode_step_ms,8,2048,,8,ms\n")
     workload = synthetic.article_s2_workload(200, 11.0, "article", np.random.default_rng(0))
     article = batching.simulate(workload, "static").summary()
-    measured = batching.simulate(workload, "static", cost=costs.CalibratedCost.from_csv(path)).summary()
+    measured = batching.simulate(workload, "static", cost=service_time.CalibratedServiceTime.from_csv(path)).summary()
     assert measured == pytest.approx(article, rel=1e-12)
-    slower = batching.simulate(workload, "static", cost=costs.TokenCost(9.0)).summary()
+    slower = batching.simulate(workload, "static", cost=service_time.TokenServiceTime(9.0)).summary()
     assert slower["mean_latency_s"] > article["mean_latency_s"]
 
 
@@ -118,7 +118,7 @@ def test_bad_columns_a_bad_header_line_and_no_decode_rows_are_one_line_errors(tm
         calibrate.read_calibration(header)
     prefill_only = write(tmp_path, "prefill_ms,1,,128,20,ms\n", "prefill.csv")
     with pytest.raises(ValueError, match="has no decode_step_ms rows"):
-        costs.CalibratedCost.from_csv(prefill_only)
+        service_time.CalibratedServiceTime.from_csv(prefill_only)
     with pytest.raises(ValueError, match="^path='.*missing.csv' is not allowed: no such calibration file"):
         calibrate.read_calibration(tmp_path / "missing.csv")
 
@@ -163,7 +163,7 @@ def test_the_measurement_runs_on_the_cpu_with_a_tiny_shape(tmp_path, capsys):
     assert sorted((r["batch_size"], r["context_tokens"]) for r in decode) == [
         (b, c) for b in calibrate.QUICK_GRID["batch_sizes"] for c in calibrate.QUICK_GRID["context_tokens"]]
     assert [r["prompt_tokens"] for r in calibration.kind("prefill_ms")] == list(calibrate.QUICK_GRID["prompt_tokens"])
-    cost = costs.CalibratedCost.from_csv(out, batch_size=2)
+    cost = service_time.CalibratedServiceTime.from_csv(out, batch_size=2)
     assert math.isfinite(cost.service_s(np.array([10]), np.array([20]))[0])
 
 
@@ -189,11 +189,11 @@ def test_the_time_limit_skips_the_rest_of_the_grid_and_says_so():
 def test_a_bad_cost_model_setting_is_a_one_line_error(tmp_path, kwargs, message):
     path = write(tmp_path, "decode_step_ms,1,1024,,10,ms\n")
     with pytest.raises(ValueError, match=message):
-        costs.CalibratedCost.from_csv(path, **kwargs)
+        service_time.CalibratedServiceTime.from_csv(path, **kwargs)
 
 
 def test_the_grid_must_increase_and_match_the_step_table():
     with pytest.raises(ValueError, match=r"^batch_sizes=\[4.0, 1.0\] is not allowed: must be positive and increasing"):
-        costs.CalibratedCost(np.array([4.0, 1.0]), np.array([1024.0]), np.ones((2, 1)))
+        service_time.CalibratedServiceTime(np.array([4.0, 1.0]), np.array([1024.0]), np.ones((2, 1)))
     with pytest.raises(ValueError, match=r"^step_ms=\(1, 1\) is not allowed: must have the shape \(2, 1\)"):
-        costs.CalibratedCost(np.array([1.0, 4.0]), np.array([1024.0]), np.ones((1, 1)))
+        service_time.CalibratedServiceTime(np.array([1.0, 4.0]), np.array([1024.0]), np.ones((1, 1)))

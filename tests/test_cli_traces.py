@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvlab.core import batching as simulator
-from kvlab.core.cost import TokenCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.sections import allocation as allocator
 from kvlab.workloads import traces
 from kvlab.cli import main
@@ -82,7 +82,7 @@ def test_simulate_serves_the_trace_arrivals_and_output_lengths(tmp_path, capsys)
     out = run_json(capsys, "simulate", "--trace", write(tmp_path, "az.csv", AZURE), "--policy", "static",
                    "--slots", "2", "--ms-per-token", "10")
     expected = simulator.simulate(Workload(np.array([0.0, 0.5, 3.0]), np.array([374, 30, 1000]),
-                                           np.array([44, 300, 20])), "static", max_num_seqs=2, cost=TokenCost(10))
+                                           np.array([44, 300, 20])), "static", max_num_seqs=2, cost=TokenServiceTime(10))
     assert out["num_requests"] == 3 and out["poisson_arrivals"] is False
     # static, 2 slots: the first two start at 0.5 s together and hold until 0.5 + 3 s; the third then runs 0.2 s
     assert out["makespan_s"] == pytest.approx(3.7) == pytest.approx(expected.summary()["makespan_s"])

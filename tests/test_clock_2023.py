@@ -1,6 +1,7 @@
-"""The vLLM 2023 clock (kvlab.core.cost.Clock2023StepCost), its data (data/clock_2023/) and its fit
-(kvlab.sections.clock_2023): the data parse with their provenance, a refit gives the committed coefficients and
-residuals, the per-block term makes small blocks slower, the clock grows with tokens and context."""
+"""The vLLM 2023 step cost (kvlab.core.cost.Vllm2023StepCost), its data (data/clock_2023/, read by
+kvlab.core.cost.vllm_2023) and its fit (kvlab.sections.clock_2023): the data parse with their provenance, a refit
+gives the committed coefficients and residuals, the per-block term makes small blocks slower, the step grows with
+tokens and context."""
 import csv
 
 import numpy as np
@@ -8,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.core.cost import Clock2023StepCost
+from kvlab.core.cost import Vllm2023StepCost
+from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.models import DATA_DIR
-from kvlab.sections import clock_2023 as clock
-from kvlab.workloads import clock_2023 as data
+from kvlab.sections import clock_2023 as section
 
-COEFFICIENTS = clock.load_coefficients()
+COEFFICIENTS = section.load_coefficients()
 
 
 def test_every_data_file_parses_and_says_where_it_comes_from():
@@ -50,7 +51,7 @@ def test_the_workload_is_the_benchmarks_own_draw():
 
 
 def test_a_step_by_hand():
-    c = clock.committed_clock()
+    c = data.committed_step_cost()
     k = COEFFICIENTS
     weights_us = 12.85e9 * 2 / (1555 * k["memory_bandwidth_fraction"] * 1e3)
     blocks = 500 / 16 + (1 - 1 / 16) / 2
@@ -67,24 +68,24 @@ def test_a_step_by_hand():
 
 
 def test_a_decode_run_takes_each_step_as_step_s_does():
-    c = clock.committed_clock()
+    c = data.committed_step_cost()
     run = c.run_s(30, 30 * 400, 50)
     steps = [c.step_s(30, 30 * 400 + 30 * i, 30, 30 * 400 + 30 * i) for i in range(50)]
     assert run.tolist() == steps
 
 
 def test_small_blocks_cost_more_at_equal_context():
-    by_block = {bs: clock.committed_clock(bs).step_s(32, 32 * 500, 32, 32 * 500) for bs in (1, 2, 4, 8, 16, 32)}
+    by_block = {bs: data.committed_step_cost(bs).step_s(32, 32 * 500, 32, 32 * 500) for bs in (1, 2, 4, 8, 16, 32)}
     assert by_block[1] > by_block[2] > by_block[4] > by_block[8] > by_block[16] > by_block[32]
     # the kernel alone: block size 1 costs R x block size 16 over a long context, R the measured ratio
-    one, sixteen = (clock.kernel_us(COEFFICIENTS, 1, 100_000, bs)[0] for bs in (1, 16))
+    one, sixteen = (section.kernel_us(COEFFICIENTS, 1, 100_000, bs)[0] for bs in (1, 16))
     assert one / sixteen == pytest.approx(data.block_size_ratio(), rel=1e-3)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 255), st.integers(1, 2000), st.integers(0, 4096))
-def test_the_clock_grows_with_tokens_and_context(num_decodes, context, prefill_tokens):
-    c = clock.committed_clock()
+def test_the_step_grows_with_tokens_and_context(num_decodes, context, prefill_tokens):
+    c = data.committed_step_cost()
     decode_context = num_decodes * context
     base = c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens, num_decodes, decode_context)
     assert c.step_s(num_decodes + prefill_tokens + 1, decode_context + prefill_tokens + 1, num_decodes,
@@ -96,10 +97,10 @@ def test_the_clock_grows_with_tokens_and_context(num_decodes, context, prefill_t
 
 
 def test_a_refit_gives_the_committed_coefficients_and_residuals():
-    result = clock.fit()
+    result = section.fit()
     for name, value in COEFFICIENTS.items():
         assert result.coefficients[name] == pytest.approx(value, rel=1e-6), name
-    committed = clock.load_residuals()
+    committed = section.load_residuals()
     throughput = committed[committed.measurement == "anyscale_throughput"]
     kernel = committed[committed.measurement == "fig18a_vllm"]
     np.testing.assert_allclose(result.throughput_residual_pct, throughput.residual_pct, atol=1e-3)
@@ -108,26 +109,26 @@ def test_a_refit_gives_the_committed_coefficients_and_residuals():
 
 
 def test_the_tables():
-    fit = clock.fit_table()
-    committed = clock.load_residuals()
+    fit = section.fit_table()
+    committed = section.load_residuals()
     np.testing.assert_allclose(fit.residual_pct, committed.residual_pct[:4], atol=0.01)
-    kernel = clock.kernel_table()
+    kernel = section.kernel_table()
     np.testing.assert_allclose(kernel.residual_pct, committed.residual_pct[4:], atol=0.01)
-    steps = clock.step_times()
+    steps = section.step_times()
     assert steps.batch_size.tolist() == [1, 8, 32, 128]
     assert np.all(np.diff(steps.clock_2023_ms) > 0) and np.all(steps.clock_over_roofline_x > 1.5)
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda: Clock2023StepCost.from_coefficients(*clock.spec(), {"flop_fraction": 0.5}),
+    (lambda: Vllm2023StepCost.from_coefficients(*section.spec(), {"flop_fraction": 0.5}),
      "coefficients='memory_bandwidth_fraction, attention_launch_us"),
-    (lambda: clock.clock({**COEFFICIENTS, "flop_fraction": 1.5}), "flop_fraction=1.5"),
-    (lambda: clock.clock(COEFFICIENTS, block_size=0), "block_size=0"),
+    (lambda: section.step_cost({**COEFFICIENTS, "flop_fraction": 1.5}), "flop_fraction=1.5"),
+    (lambda: section.step_cost(COEFFICIENTS, block_size=0), "block_size=0"),
     (lambda: data.anyscale_run(64), "max_tokens_cap=64"),
     (lambda: data.fig18a("Orca"), "system='Orca'"),
-    (lambda: clock.per_block_share(20.0), "block_size_ratio=20.0"),
-    (lambda: clock.serve_benchmark(clock.committed_clock(), config="v0"), "config='str'"),
-    (lambda: clock.step_times((0,)), "batch_size=0"),
+    (lambda: section.per_block_share(20.0), "block_size_ratio=20.0"),
+    (lambda: section.serve_benchmark(data.committed_step_cost(), config="v0"), "config='str'"),
+    (lambda: section.step_times((0,)), "batch_size=0"),
 ])
 def test_bad_input_is_one_line(call, message):
     with pytest.raises(ValueError) as error:

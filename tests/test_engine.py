@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import ROOT, assert_same, draw_requests
 from kvlab.core import batching
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost, LinearStepCost, TokenCost
+from kvlab.core.cost import ConstantStepCost, LinearStepCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.engine import Engine, NoProgressError, replay, simulate
 from kvlab.core.workload import Workload
 
@@ -253,7 +254,7 @@ def test_engine_equals_the_continuous_slot_model_on_step_aligned_arrivals(steps_
     w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
     engine = article_engine(w, slots, ms=step_ms)
     slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
-                                   max_num_seqs=slots, cost=TokenCost(step_ms))
+                                   max_num_seqs=slots, cost=TokenServiceTime(step_ms))
     assert np.allclose(engine.finish_s, slot_model.finish_s, rtol=0, atol=1e-9)
     assert np.allclose(engine.first_scheduled_s, slot_model.start_s, rtol=0, atol=1e-9)
 
@@ -267,7 +268,7 @@ def test_engine_is_within_one_step_of_the_slot_model_otherwise(gaps, outputs, sl
     w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
     engine = article_engine(w, slots)
     slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
-                                   max_num_seqs=slots, cost=TokenCost(8.0))
+                                   max_num_seqs=slots, cost=TokenServiceTime(8.0))
     late = engine.finish_s - slot_model.finish_s
     assert (late > -1e-9).all() and (late < 0.008 + 1e-9).all()
 

@@ -1,4 +1,4 @@
-"""The measured clock (kvlab.core.cost.MeasuredStepCost): steps rebuilt from the committed operator profiles,
+"""The measured step cost (kvlab.core.cost.MeasuredStepCost): steps rebuilt from the committed operator profiles,
 piecewise-linear between measured points, decode runs equal to their steps, CUDA-graph padding, coverage."""
 import csv
 import dataclasses
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kvlab.core import models, profiles
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import STEP_COSTS, MeasuredStepCost, RooflineStepCost, cudagraph_capture_sizes
+from kvlab.core.cost import STEP_COSTS, MeasuredStepCost, RooflineStepCost, cudagraph_capture_sizes, make_step_cost
 from kvlab.core.engine import Engine
 from kvlab.core.workload import Workload
 
@@ -21,8 +21,9 @@ CONFIG = EngineConfig().replace(max_num_seqs=128, max_num_batched_tokens=2048, a
 FOLDER = profiles.PROFILES_DIR / "llmservingsim" / "RTXPRO6000" / LLAMA / "bf16" / "tp1"
 
 
-def measured(model=LLAMA, gpu=RTX_PRO, **changes) -> MeasuredStepCost:
-    return MeasuredStepCost.for_model(models.get_model(model), models.get_gpu(gpu), CONFIG.replace(**changes))
+def measured(model=LLAMA, gpu=RTX_PRO, **changes) -> MeasuredStepCost | RooflineStepCost:
+    return make_step_cost("measured", model=models.get_model(model), gpu=models.get_gpu(gpu),
+                          config=CONFIG.replace(**changes))
 
 
 LLAMA_COST = measured()
@@ -67,9 +68,9 @@ def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
 
 def test_the_cost_names_its_source_and_the_interface():
     assert LLAMA_COST.name == "measured" and "measured" in STEP_COSTS
-    assert LLAMA_COST.cost_source == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+    assert LLAMA_COST.source == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
     tp2 = measured("Qwen/Qwen3-32B", tensor_parallel_size=2)
-    assert tp2.cost_source.startswith("LLMServingSim profile RTXPRO6000/Qwen/Qwen3-32B/bf16/tp2; all-reduce")
+    assert tp2.source.startswith("LLMServingSim profile RTXPRO6000/Qwen/Qwen3-32B/bf16/tp2; all-reduce")
     assert tp2.all_reduce_bytes_per_token == 5120 * 2
     moe = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
     assert (moe.num_experts, moe.num_experts_per_tok) == (128, 8)
@@ -189,11 +190,12 @@ def test_a_model_without_a_profile_gets_the_roofline_at_the_gpus_sustained_rates
     fractions = profiles.sustained_fractions("H100-SXM-80GB")
     assert 0.5 < fractions.memory_bandwidth_fraction < 1 and 0.5 < fractions.flop_fraction < 1
     cost = measured("Qwen/Qwen3-14B", gpu="H100-SXM-80GB")
-    assert cost.cost_source.startswith("roofline scaled by sustained fractions measured on H100-SXM-80GB")
+    assert isinstance(cost, RooflineStepCost)       # the roofline itself, its provenance saying why
+    assert cost.source.startswith("roofline scaled by sustained fractions measured on H100-SXM-80GB")
     roofline = RooflineStepCost.from_specs(models.get_model("Qwen/Qwen3-14B"), models.get_gpu("H100-SXM-80GB"), CONFIG)
-    assert cost.roofline.memory_bandwidth_gb_s == roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction
+    assert cost.memory_bandwidth_gb_s == roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction
     assert cost.step_s(8, 8000, 8, 8000) > roofline.step_s(8, 8000, 8, 8000)
-    assert measured(LLAMA, pipeline_parallel_size=2).cost_source.startswith("roofline scaled")
+    assert measured(LLAMA, pipeline_parallel_size=2).source.startswith("roofline scaled")
 
 
 def test_every_profile_names_a_catalog_gpu_and_model_and_is_small():

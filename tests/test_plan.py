@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvlab import cli
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import MeasuredStepCost, RooflineStepCost
+from kvlab.core.cost import MeasuredStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
 from kvlab.sections import plan
@@ -80,7 +80,8 @@ def test_a_pruned_candidate_truly_fails_when_served(heavy_plan):
        prefills=st.integers(0, 4), tp=st.sampled_from([1, 2]))
 def test_min_step_s_is_below_every_step_of_that_many_tokens(tokens, decodes, history, prefills, tp):
     config = EngineConfig().replace(tensor_parallel_size=tp)
-    cost = MeasuredStepCost.for_model(DEPLOYMENT.model, DEPLOYMENT.gpu, config)
+    cost = make_step_cost("measured", model=DEPLOYMENT.model, gpu=DEPLOYMENT.gpu, config=config)
+    assert isinstance(cost, MeasuredStepCost)
     decodes = min(decodes, tokens)
     prefill = tokens - decodes
     prefills = min(prefills, prefill) if prefill else 0

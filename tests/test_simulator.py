@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 import stepwise
 from kvlab import workloads
 from kvlab.core import batching as simulator
-from kvlab.core import cost
+from kvlab.core import service_time
 from kvlab.sections import batching as section
 from kvlab.workloads import synthetic
 from kvlab.workloads import Workload
@@ -20,7 +20,7 @@ def workload(arrival_s, output_tokens):
 # ---------------------------------------------------------------- by hand
 def test_continuous_by_hand():
     # 2 slots, 1 s per token: r2 takes the slot r1 frees at 1 s; r3 waits for a slot until 3 s
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, cost=cost.TokenCost(1000))
+    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, cost=service_time.TokenServiceTime(1000))
     assert result.start_s.tolist() == [0, 0, 1, 3]
     assert result.finish_s.tolist() == [3, 1, 3, 4]
     assert result.latency_s.tolist() == [3, 1, 3, 3]
@@ -28,7 +28,7 @@ def test_continuous_by_hand():
 
 def test_static_by_hand():
     # the first batch takes the first 2 of 3 arrived; r1 (1 token) holds its slot until r0's 3 tokens are done
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, cost=cost.TokenCost(1000))
+    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, cost=service_time.TokenServiceTime(1000))
     assert result.start_s.tolist() == [0, 0, 3, 3]
     assert result.done_s.tolist() == [3, 1, 5, 4]
     assert result.finish_s.tolist() == [3, 3, 5, 5]
@@ -55,7 +55,7 @@ def test_a_policy_object_plugs_in():
         def schedule(self, arrival_s, service_s, max_num_seqs):
             return simulator.Schedule(arrival_s, arrival_s + service_s, np.arange(len(arrival_s)))
 
-    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), cost=cost.TokenCost(1000))
+    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), cost=service_time.TokenServiceTime(1000))
     assert result.policy == "unbounded" and result.latency_s.tolist() == [2, 1, 1]
     with pytest.raises(ValueError, match="^policy=3 is not allowed"):
         simulator.simulate(workload([0], [1]), 3)
@@ -63,13 +63,13 @@ def test_a_policy_object_plugs_in():
 
 def test_static_batch_waits_for_next_arrival_when_none_is_waiting():
     # idle gap: nothing waits at 2 s, so the next batch starts at 10 s with the two that arrived by then
-    result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, cost=cost.TokenCost(1000))
+    result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, cost=service_time.TokenServiceTime(1000))
     assert result.start_s.tolist() == [0, 10, 10, 11]
     assert result.finish_s.tolist() == [2, 11, 11, 12]
 
 
 def test_summary_p95_is_numpys_linear_percentile_and_makespan_starts_at_first_arrival():
-    result = simulator.simulate(workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, cost=cost.TokenCost(500))
+    result = simulator.simulate(workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, cost=service_time.TokenServiceTime(500))
     summary = result.summary()
     assert summary["p95_latency_s"] == pytest.approx(np.percentile([0.5, 1.0, 2.0], 95))
     assert summary["makespan_s"] == pytest.approx(8.0 - 5.0)
@@ -99,7 +99,7 @@ def small_workloads(draw):
 @given(w=small_workloads(), policy=st.sampled_from(["static", "continuous"]), slots=st.integers(1, 4),
        ms_per_token=st.sampled_from([125, 250, 500, 1000, 2000]))
 def test_event_driven_equals_the_per_step_loop(w, policy, slots, ms_per_token):
-    fast = simulator.simulate(w, policy, max_num_seqs=slots, cost=cost.TokenCost(ms_per_token))
+    fast = simulator.simulate(w, policy, max_num_seqs=slots, cost=service_time.TokenServiceTime(ms_per_token))
     slow = stepwise.simulate_stepwise(w.arrival_s, w.output_tokens, policy, slots, ms_per_token)
     np.testing.assert_array_equal(fast.start_s, slow["start_s"])
     np.testing.assert_array_equal(fast.finish_s, slow["finish_s"])
@@ -118,7 +118,7 @@ def test_event_driven_matches_the_per_step_loop_on_the_article_workload(policy):
 @settings(max_examples=150, deadline=None)
 @given(w=small_workloads(), policy=st.sampled_from(["static", "continuous"]), slots=st.integers(1, 5))
 def test_schedule_invariants(w, policy, slots):
-    r = simulator.simulate(w, policy, max_num_seqs=slots, cost=cost.TokenCost(250))
+    r = simulator.simulate(w, policy, max_num_seqs=slots, cost=service_time.TokenServiceTime(250))
     service = w.output_tokens * 0.25
     assert np.all(r.start_s >= r.arrival_s)
     assert np.all(np.diff(r.start_s) >= 0)  # first come, first served
@@ -138,8 +138,8 @@ def test_schedule_invariants(w, policy, slots):
 @settings(max_examples=100, deadline=None)
 @given(w=small_workloads(), slots=st.integers(1, 5))
 def test_continuous_never_waits_longer_than_static(w, slots):
-    static = simulator.simulate(w, "static", max_num_seqs=slots, cost=cost.TokenCost(250))
-    continuous = simulator.simulate(w, "continuous", max_num_seqs=slots, cost=cost.TokenCost(250))
+    static = simulator.simulate(w, "static", max_num_seqs=slots, cost=service_time.TokenServiceTime(250))
+    continuous = simulator.simulate(w, "continuous", max_num_seqs=slots, cost=service_time.TokenServiceTime(250))
     assert np.all(continuous.start_s <= static.start_s)
 
 
@@ -212,7 +212,7 @@ def test_variance_sweep_opens_the_gap():
     ({"max_num_seqs": -3}, "max_num_seqs=-3 is not allowed"),
     ({"policy": "greedy"}, "policy='greedy' is not allowed: must be one of static, continuous"),
 ])
-def test_bad_parameters_name_themselves(kwargs, message):  # a bad ms_per_token: TokenCost's own check
+def test_bad_parameters_name_themselves(kwargs, message):  # a bad ms_per_token: TokenServiceTime's own check
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         simulator.simulate(workload([0], [1]), **kwargs)
 
@@ -232,6 +232,6 @@ def test_bad_workloads_name_the_parameter(call, message):
 
 def test_the_cost_model_sets_the_service_time():
     w = workload([0, 1], [5, 3])
-    by_cost = simulator.simulate(w, "static", cost=cost.TokenCost(4)).summary()
+    by_cost = simulator.simulate(w, "static", cost=service_time.TokenServiceTime(4)).summary()
     assert by_cost["busy_slot_s"] == pytest.approx(8 * 0.004)
-    assert simulator.simulate(w, "static").summary() == simulator.simulate(w, "static", cost=cost.TokenCost(8.0)).summary()
+    assert simulator.simulate(w, "static").summary() == simulator.simulate(w, "static", cost=service_time.TokenServiceTime(8.0)).summary()

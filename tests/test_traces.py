@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab import cli
-from kvlab.core.cost import TokenCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.sections import allocation as allocation_section
 from kvlab.sections import batching as batching_section
 from kvlab.sections import traces as section
@@ -494,13 +494,13 @@ def test_trace_tables_for_the_notebooks_and_their_empty_forms(tmp_path):
     assert table.loc[1024, "reserved_tokens"] == 2048 and table.loc[16, "reserved_tokens"] == 432 + 336
     assert table.loc[16, "used_tokens"] == 748 and (table["dropped_over_max_len"] == 1).all()
     assert (table["num_requests"] == 2).all()
-    comparison = batching_section.trace_policy_comparison(trace, Experiment(max_num_seqs=1, cost=TokenCost(10)))
+    comparison = batching_section.trace_policy_comparison(trace, Experiment(max_num_seqs=1, cost=TokenServiceTime(10)))
     # one slot: 0.44 s from 0 s, then 3 s from 1.5 s, then 0.2 s from 4.5 s: makespan 4.7 s either way
     assert comparison.loc["continuous", "makespan_s"] == pytest.approx(4.7)
     absent = section.open_trace("mooncake", tmp_path / "traces")
     empty = allocation_section.trace_allocation_table(absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
     assert empty.empty and list(empty.columns) == list(table.columns)
-    empty = batching_section.trace_policy_comparison(absent, Experiment(max_num_seqs=1, cost=TokenCost(10)))
+    empty = batching_section.trace_policy_comparison(absent, Experiment(max_num_seqs=1, cost=TokenServiceTime(10)))
     assert empty.empty and list(empty.columns) == list(comparison.columns)
 
 

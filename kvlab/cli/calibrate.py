@@ -24,8 +24,8 @@ def add(commands) -> None:
         "(torch.cuda.memory_allocated before and after caching --kv-tokens tokens; on the CPU the cache tensors' "
         "bytes), the decode step time for every --batch-sizes x --contexts (median of --repeats after --warmup, CUDA "
         "events on a GPU) and the prefill time of each --prompts. Writes one CSV (default "
-        "data/calibration/<device>.csv) that kvlab.core.cost.CalibratedCost.from_csv loads. Needs PyTorch: "
-        "pip install 'kvlab[calibrate]'.",
+        "data/calibration/<device>.csv) that kvlab.core.service_time.CalibratedServiceTime.from_csv loads. Needs "
+        "PyTorch: pip install 'kvlab[calibrate]'.",
         epilog="examples: kvlab calibrate --device cuda | kvlab calibrate --device cpu --quick --out /tmp/cpu.csv",
     )
     model = p.add_argument_group("decoder (the article's model by default)")

@@ -17,12 +17,11 @@ from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace
 from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import engine as vllm_engine
 from kvlab.core.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
-from kvlab.core.cost import (STEP_COSTS, CalibratedStepCost, ConstantStepCost, LinearStepCost, MeasuredStepCost,
-                             RooflineStepCost, TokenCost)
+from kvlab.core.cost import HARDWARE_STEP_COSTS, STEP_COSTS, make_step_cost
 from kvlab.core.models import ModelSpec
 from kvlab.core.pool import ARTICLE_KV_TOKENS, size_kv_pool
 from kvlab.core.requests_csv import REQUESTS_CSV_COLUMNS, write_requests_csv
-from kvlab.core.units import GIB
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.workload import Workload
 from kvlab.workloads import synthetic, traces
 
@@ -138,8 +137,10 @@ def add_vllm_engine_flags(p) -> None:
                    help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "
                    "tokens; the default when --step-ms-per-token is given), roofline (weights + KV read at --gpu's "
                    "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower), "
-                   "calibrated (--calibration FILE) or measured (public operator-level GPU profiles of --model on "
-                   "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one)")
+                   "calibrated (--calibration FILE), measured (public operator-level GPU profiles of --model on "
+                   "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one) "
+                   "or vllm-2023 (the vLLM of mid-2023 that section 6 runs, its coefficients fitted to measurements of "
+                   "it, data/clock_2023/)")
     g.add_argument("--step-ms", type=float, default=None, help=f"ms per step (default {article.MS_PER_TOKEN:g})")
     g.add_argument("--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)")
     g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
@@ -179,7 +180,7 @@ def run(args, given: set[str]) -> dict:
         return run_vllm_simulate(args, given)
     for flag in VLLM_ENGINE_FLAGS + ["--prompt-tokens"]:
         requires_vllm(given, flag)
-    cost = TokenCost(args.ms_per_token)
+    cost = TokenServiceTime(args.ms_per_token)
     slots = validate.in_range("max_num_seqs", args.slots, "max_num_seqs")
     workload, load = simulate_workload(args, given, batching.PEAK_BYTES_PER_REQUEST)
     result = batching.simulate(workload, args.policy, max_num_seqs=slots, cost=cost)
@@ -241,7 +242,7 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
                              "vLLM's scheduler takes --max-num-seqs and --step-ms")
     exclusive(given, "--num-gpu-blocks", SIZING_FLAGS, "--num-gpu-blocks is the KV pool itself; the sizing flags "
               "compute it from --model and --gpu")
-    if "--num-gpu-blocks" in given and cost not in ("roofline", "measured"):
+    if "--num-gpu-blocks" in given and cost not in HARDWARE_STEP_COSTS:
         exclusive(given, "--num-gpu-blocks", ["--model", "--gpu", "--tensor-parallel-size"], "--num-gpu-blocks is "
                   "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)")
     sizing = given & {"--model", "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
@@ -289,26 +290,28 @@ def vllm_pool(args, model: ModelSpec | None, config: EngineConfig) -> tuple[int,
 
 
 def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config: EngineConfig):
-    """The step cost the flags ask for."""
+    """The step cost the flags ask for (kvlab.core.cost.make_step_cost), each flag checked first."""
     step_ms = ENGINE_DEFAULTS["step_ms"] if args.step_ms is None else args.step_ms
     if cost == "constant":
-        return ConstantStepCost(validate.in_range("step_ms", step_ms, "ms_per_token"))
+        return make_step_cost(cost, step_ms=validate.in_range("step_ms", step_ms, "ms_per_token"))
     if cost == "linear":
         per_token = ENGINE_DEFAULTS["step_ms_per_token"] if args.step_ms_per_token is None else args.step_ms_per_token
-        return LinearStepCost(validate.in_range("step_ms", step_ms, "step_ms"),
-                              validate.in_range("step_ms_per_token", per_token, "step_ms"))
-    if cost == "roofline":
+        return make_step_cost(cost, step_ms=validate.in_range("step_ms", step_ms, "step_ms"),
+                              step_ms_per_token=validate.in_range("step_ms_per_token", per_token, "step_ms"))
+    if cost in HARDWARE_STEP_COSTS:
         if model is None:
-            raise ValueError("--cost roofline needs --model and --gpu (weights, KV bytes, bandwidth and FLOPS)")
-        return RooflineStepCost.from_specs(model, models.get_gpu(args.gpu), config)
-    if cost == "measured":
-        if model is None:
-            raise ValueError("--cost measured needs --model and --gpu (the operator profile of the model on the GPU)")
-        return MeasuredStepCost.for_model(model, models.get_gpu(args.gpu), config)
+            raise ValueError(f"--cost {cost} needs --model and --gpu ({HARDWARE_NEEDS[cost]})")
+        return make_step_cost(cost, model=model, gpu=models.get_gpu(args.gpu), config=config)
     try:
-        return CalibratedStepCost.from_csv(args.calibration)
+        return make_step_cost(cost, calibration=args.calibration)
     except OSError as err:
         validate.fail("calibration", args.calibration, f"cannot be read ({err.strerror or err})")
+
+
+# What a step cost of a model on a GPU reads from them, for the line that asks for --model and --gpu.
+HARDWARE_NEEDS = {"roofline": "weights, KV bytes, bandwidth and FLOPS",
+                  "measured": "the operator profile of the model on the GPU",
+                  "vllm-2023": "its weights and layers, the GPU's bandwidth and FLOPS"}
 
 
 def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | None]:
@@ -348,8 +351,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
            "block_size": config.cache.block_size, "max_num_seqs": scheduler.max_num_seqs,
            "max_num_batched_tokens": scheduler.max_num_batched_tokens, "max_model_len": scheduler.max_model_len,
            "enable_chunked_prefill": scheduler.enable_chunked_prefill,
-           "enable_prefix_caching": config.cache.enable_prefix_caching, "cost": cost.name,
-           "cost_source": describe_cost(cost),
+           "enable_prefix_caching": config.cache.enable_prefix_caching, "cost": cost_name,
+           "cost_source": describe_cost(cost, cost_name),
            "num_requests": summary["num_requests"], **{k: summary[k] for k in VLLM_SUMMARY_KEYS},
            "num_output_tokens": summary["num_output_tokens"], "num_capped_by_max_model_len": capped,
            "makespan_s": summary["makespan_s"], "mean_kv_token_share": summary["mean_kv_token_share"]}
@@ -371,7 +374,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
           f"{scheduler.max_num_batched_tokens:,}, max_model_len {scheduler.max_model_len:,}, chunked prefill "
           f"{'on' if scheduler.enable_chunked_prefill else 'off'}, prefix caching "
           f"{'on' if config.cache.enable_prefix_caching else 'off'}")
-    print(f"step cost            {describe_cost(cost)}")
+    print(f"step cost            {out['cost_source']}")
     print(f"requests             {out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
           + (f" ({capped:,} stopped at max_model_len)" if capped else ""))
     print(f"TTFT                 mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s")
@@ -383,16 +386,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     return out
 
 
-def describe_cost(cost) -> str:
-    """The step cost in words, with units and where its numbers come from (the JSON's cost_source)."""
-    if isinstance(cost, ConstantStepCost):
-        return f"constant, {cost.step_ms:g} ms a step"
-    if isinstance(cost, LinearStepCost):
-        return f"linear, {cost.step_ms:g} ms + {cost.step_ms_per_token:g} ms per scheduled token"
-    if isinstance(cost, RooflineStepCost):
-        return (f"roofline, {cost.weights_bytes / GIB:.1f} GiB of weights and {cost.kv_bytes_per_token:,.0f} B of KV per "
-                f"token at {cost.memory_bandwidth_gb_s:g} GB/s, {cost.bf16_dense_tflops:g} TFLOPS (the GPU's peak "
-                "figures, data/gpus.csv)")
-    if isinstance(cost, MeasuredStepCost):
-        return f"measured, {cost.cost_source}"
-    return f"calibrated, {cost.calibration.source}"
+def describe_cost(cost, name: str) -> str:
+    """The step cost of the family name asked for (--cost) in words, with units and where its numbers come from
+    (the JSON's cost_source)."""
+    return f"{name}, {cost.describe()}"

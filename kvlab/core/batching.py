@@ -12,9 +12,9 @@ order they were given).
 The simulator jumps from event to event (a heap of slot free times; one step per batch) and never
 steps token by token; tests/stepwise.py is the per-step loop the tests hold it to.
 
-Seams for what vLLM adds later: the cost model (``TokenCost``: here a constant time per output
-token, so a request's service time is known on arrival; ``CalibratedCost``: measured decode step
-times of a calibration file at a fixed batch size) and the scheduler policy (an object with
+Seams for what vLLM adds later: the service time (kvlab.core.service_time: ``TokenServiceTime``, here a
+constant time per output token, so a request's service time is known on arrival; ``CalibratedServiceTime``:
+measured decode step times of a calibration file at a fixed batch size) and the scheduler policy (an object with
 ``schedule(arrival_s, service_s, max_num_seqs) -> Schedule``). A KV-memory budget, prefill costs or a
 batch-dependent step time replace these two objects, not ``simulate``.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.core import article, validate
-from kvlab.core.cost import TokenCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.workload import Workload
 
 # Bytes held at the peak per request served, its workload included (make bench measures about 144 B).
@@ -150,17 +150,18 @@ def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = art
              cost=None) -> SimulationResult:
     """Serve workload on max_num_seqs slots; policy: "static", "continuous" or a policy object.
 
-    cost: the cost model that sets each request's service time (default TokenCost(): the article's
-    8 ms per output token; CalibratedCost.from_csv(path) for measured step times)."""
+    cost: the service time of each request (default TokenServiceTime(): the article's 8 ms per output token;
+    CalibratedServiceTime.from_csv(path) for measured step times)."""
     if not isinstance(workload, Workload):
         validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
     scheduler = policy_named(policy) if isinstance(policy, str) else policy
     if not callable(getattr(scheduler, "schedule", None)):
         validate.fail("policy", policy, "must be static, continuous or an object with a schedule() method")
     max_num_seqs = validate.positive_int("max_num_seqs", max_num_seqs)
-    cost = TokenCost() if cost is None else cost
+    cost = TokenServiceTime() if cost is None else cost
     if not callable(getattr(cost, "service_s", None)):
-        validate.fail("cost", type(cost).__name__, "must be TokenCost, CalibratedCost or an object with a service_s() method")
+        validate.fail("cost", type(cost).__name__, "must be TokenServiceTime, CalibratedServiceTime or an object "
+                      "with a service_s() method")
     service = cost.service_s(workload.output_tokens, workload.prompt_tokens)
     plan = scheduler.schedule(workload.arrival_s, service, max_num_seqs)
     return SimulationResult(scheduler.name, max_num_seqs, workload.arrival_s, workload.output_tokens,

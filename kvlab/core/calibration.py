@@ -3,7 +3,8 @@
 The article assumes 0.5 MiB of KV per token and 8 ms per output token. `measure` builds a Llama-like
 decoder with random weights (nothing is downloaded; no rotary embedding, which costs a few elementwise
 operations per token), caches tokens and times its steps; `write_csv` stores the result as one tidy CSV
-under data/calibration/ that `read_calibration` (and kvlab.core.cost.CalibratedCost) loads without torch.
+under data/calibration/ that `read_calibration` (and kvlab.core.service_time.CalibratedServiceTime) loads without
+torch.
 
 PyTorch is optional (`pip install 'kvlab[calibrate]'`): it is imported inside the functions that need it.
 

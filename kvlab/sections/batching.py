@@ -14,7 +14,7 @@ import pandas as pd
 
 from kvlab.core import article, validate
 from kvlab.core.batching import simulate
-from kvlab.core.cost import TokenCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.workload import Workload
 from kvlab.sections import ledger
 from kvlab.sections.ledger import round_half_up
@@ -33,7 +33,7 @@ class Experiment:
     arrival_rate: float = ARRIVAL_RATE_PER_S
     lengths: str = "article"
     max_num_seqs: int = article.MAX_NUM_SEQS
-    cost: object = field(default_factory=TokenCost)
+    cost: object = field(default_factory=TokenServiceTime)
     constant_tokens: int = article.CONSTANT_TOKENS
 
     def __post_init__(self):

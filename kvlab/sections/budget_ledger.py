@@ -14,7 +14,7 @@ from kvlab.sections.paper_setting import PaperSetting
 BUDDY_NOTE = "reservations sit in a buddy allocator's power-of-two chunks, as the paper's did (§6.1)"
 # Where the clock decides: the step cost section 6 runs on (PaperSetting.clock).
 CLOCK_NOTE = {"vllm-2023": "on the vLLM 2023 clock", "roofline": "on kvlab's roofline step, faster than the paper's"}
-# The block-size cost's source (kvlab.workloads.clock_2023.block_size_ratio).
+# The block-size cost's source (kvlab.core.cost.vllm_2023.block_size_ratio).
 BLOCK_NOTE = ("the one public per-block measurement (an AMD kernel, block 1 14% slower than 16) makes small blocks "
               "only a little slower")
 

@@ -4,12 +4,14 @@ deterministic, so the numbers do not depend on where it ran. The allocation mode
 memory and its Orca reservation baselines."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost
+from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.profiles import measured_gpus
 from kvlab.core.engine import ALLOCATIONS, simulate
 from kvlab.core.units import GIB, MIB
@@ -130,22 +132,22 @@ def fig13_points(setting: PaperSetting, trace_dir, rates: dict, seeds: list[int]
     return points
 
 
-def today_cost(setting: PaperSetting) -> MeasuredStepCost:
-    """Today's clock of the setting's model on its GPU: vLLM 0.33's measured clock (kvlab.core.cost.MeasuredStepCost;
+def today_cost(setting: PaperSetting) -> MeasuredStepCost | RooflineStepCost:
+    """Today's step cost of the setting's model on its GPU: vLLM 0.33's measured one (kvlab.core.cost.measured;
     without an operator profile of the model, the roofline at the sustained fractions measured on the GPU, or on
     the measured GPU of the same chip, TODAY_FRACTIONS_GPU; a GPU with neither: the datasheet roofline)."""
-    config = setting.replace(**TODAY).config()
+    hardware = {"model": setting.model_spec, "gpu": setting.gpu_spec, "config": setting.replace(**TODAY).config()}
     fractions_gpu = TODAY_FRACTIONS_GPU.get(setting.gpu)
     if fractions_gpu is None and setting.gpu not in measured_gpus():
-        return MeasuredStepCost(roofline=RooflineStepCost.from_specs(setting.model_spec, setting.gpu_spec, config),
-                                cost_source=f"roofline at the datasheet of {setting.gpu} (no measurement of it)")
-    return MeasuredStepCost.for_model(setting.model_spec, setting.gpu_spec, config, fractions_gpu=fractions_gpu)
+        return dataclasses.replace(make_step_cost("roofline", **hardware),
+                                   provenance=f"roofline at the datasheet of {setting.gpu} (no measurement of it)")
+    return make_step_cost("measured", **hardware, fractions_gpu=fractions_gpu)
 
 
 def today_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int) -> list[dict]:
     """Fig. 13's workloads served by today's vLLM: vLLM 0.33's scheduler, asynchronous (its default), its default
-    step budget, on the measured clock of the model on the GPU (kvlab.core.cost.MeasuredStepCost: OPT-13B has no
-    operator profile, so the roofline at the sustained fractions measured on an A100, as its cost_source says)."""
+    step budget, on the measured step cost of the model on the GPU (kvlab.core.cost.measured: OPT-13B has no
+    operator profile, so the roofline at the sustained fractions measured on an A100, as its source says)."""
     config = setting.replace(**TODAY).config().replace(async_scheduling=True)
     cost = today_cost(setting)
     return [_point(paper_datasets.workload(dataset, num_requests, rates[name], seed), config, setting.num_gpu_blocks(),

@@ -9,7 +9,7 @@ import pandas as pd
 
 from kvlab.core import capacity, validate
 from kvlab.core.batching import simulate as slot_simulate
-from kvlab.core.cost import TokenCost
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.prefix_cache import replay
 from kvlab.core.units import GIB
 from kvlab.sections import ledger
@@ -352,7 +352,7 @@ def article_table(runs: pd.DataFrame, points: list[dict], ms_per_token: float) -
     workload = points[0]["workload"]
     table = runs.assign(allocation=[MODE_LABELS[m] for m in runs["mode"]]).set_index(["max_num_seqs", "allocation"])
     table = table[["mean_latency_s", "normalized_latency_s", "mean_batched_requests", "token_states_pct"]].copy()
-    slots = [slot_simulate(workload, "continuous", max_num_seqs=int(s), cost=TokenCost(ms_per_token)).summary()
+    slots = [slot_simulate(workload, "continuous", max_num_seqs=int(s), cost=TokenServiceTime(ms_per_token)).summary()
              for s in table.index.get_level_values("max_num_seqs")]
     table["slot_model_mean_latency_s"] = [s["mean_latency_s"] for s in slots]
     return table

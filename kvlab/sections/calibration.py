@@ -14,9 +14,10 @@ from kvlab.core import article, validate
 from kvlab.core.calibration import (CALIBRATION_DIR, DTYPE_BYTES, ROOT, Calibration, DecoderShape,
                                     decode_bound_ms, decode_bytes_per_step)
 from kvlab.core.capacity import plan_capacity
-from kvlab.core.cost import CalibratedCost, MeasuredStepCost, RooflineStepCost
+from kvlab.core.cost import make_step_cost
 from kvlab.core.engine import simulate
 from kvlab.core.models import get_gpu, get_model
+from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.core.workload import Workload
 from kvlab.sections.batching import Experiment, compare_policies
@@ -94,7 +95,7 @@ def section2_table(calibrations: list[Calibration], experiment: Experiment = Exp
     workload = experiment.workload(seed)
     costs = {f"article: {experiment.cost.ms_per_token:g} ms per token": experiment.cost}
     for c in calibrations:
-        costs[f"measured: {c.name}"] = CalibratedCost.from_csv(c.path, batch_size=experiment.max_num_seqs)
+        costs[f"measured: {c.name}"] = CalibratedServiceTime.from_csv(c.path, batch_size=experiment.max_num_seqs)
     frames = [compare_policies(workload, max_num_seqs=experiment.max_num_seqs, cost=cost).reset_index().assign(cost=name)
               for name, cost in costs.items()]
     table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
@@ -144,11 +145,9 @@ CHECK_FIGURES = {"mean_e2e_error": ("mean E2E latency (s)", "mean_e2e_s", 2),
 
 
 def check_clock(clock: str, model, gpu, config):
-    """The step cost a check runs kvlab with: the roofline or the measured clock of model on gpu."""
+    """The step cost a check runs kvlab with: the roofline or the measured step cost of model on gpu."""
     validate.one_of("clock", clock, CHECK_CLOCKS)
-    if clock == "roofline":
-        return RooflineStepCost.from_specs(model, gpu, config)
-    return MeasuredStepCost.for_model(model, gpu, config)
+    return make_step_cost(clock, model=model, gpu=gpu, config=config)
 
 
 def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
@@ -171,13 +170,8 @@ def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
         result = simulate(part, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost)
         first_token[mine], finish[mine] = result.first_token_s, result.finish_s
     return {"first_token_s": first_token, "finish_s": finish, "num_gpu_blocks": planned["num_gpu_blocks"],
-            "cost_source": cost.cost_source if isinstance(cost, MeasuredStepCost) else describe_roofline(cost),
+            "cost_source": cost.source,
             "data_parallel_engines": ranks, "async_scheduling": config.scheduler.async_scheduling}
-
-
-def describe_roofline(cost) -> str:
-    """The roofline's figures in words."""
-    return f"roofline at {cost.memory_bandwidth_gb_s:g} GB/s and {cost.bf16_dense_tflops:g} TFLOPS (datasheet)"
 
 
 def check_label(run: VllmRun) -> str:

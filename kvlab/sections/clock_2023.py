@@ -1,16 +1,17 @@
 """The step cost of vLLM 2023 on OPT-13B and one A100-40GB, fitted to measurements section 6 does not reproduce.
 
-The clock (kvlab.core.cost.Clock2023StepCost) has MeasuredStepCost's terms in closed form. Its coefficients:
+The step cost (kvlab.core.cost.Vllm2023StepCost, with the measurements it is fitted to in
+kvlab.core.cost.vllm_2023) has MeasuredStepCost's terms in closed form. Its coefficients:
 
 - memory_bandwidth_fraction: fixed, the share of the datasheet bandwidth the A100's linear layers sustain in
   vidur's operator profiles (kvlab.core.profiles.sustained_fractions("A100-SXM-80GB")), not fitted;
 - attention_launch_us, attention_us_per_sequence, attention_us_per_token: fitted to the vLLM paper's Fig. 18a
   (its PagedAttention kernel at batch 8 and 32, context 64 to 256, block size 16), relative residuals;
 - attention_us_per_block: tied to attention_us_per_token by the one public measurement of a paged kernel at
-  block sizes 1 and 16 (latency ratio R, kvlab.workloads.clock_2023.block_size_ratio): per block =
+  block sizes 1 and 16 (latency ratio R, kvlab.core.cost.vllm_2023.block_size_ratio): per block =
   per token x (R - 1) / (1 - R/16), so that block size 1 costs R times block size 16 at the same KV;
 - step_overhead_ms and flop_fraction: fitted to Anyscale's June 2023 benchmark, which kvlab's engine serves
-  (all 1,000 requests at t=0, the paper's 12 GiB pool) with the clock, comparing throughput per cap.
+  (all 1,000 requests at t=0, the paper's 12 GiB pool) with the step cost, comparing throughput per cap.
 
 Never fitted to a figure section 6 reproduces (Fig. 13, Fig. 2, §6.2's rates, Fig. 18b, Fig. 11). The fit's
 coefficients are committed (data/clock_2023/coefficients.csv, fit_residuals.csv); write_fit() refits them.
@@ -27,13 +28,13 @@ from scipy.optimize import least_squares
 
 from kvlab.core import models, profiles, validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import Clock2023StepCost, paged_attention_us
+from kvlab.core.cost import Vllm2023StepCost, paged_attention_us
+from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.engine import simulate
 from kvlab.sections.paper_setting import PaperSetting
-from kvlab.workloads import clock_2023 as data
 
 COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
-load_coefficients, committed_clock = data.load_coefficients, data.committed_clock
+load_coefficients = data.load_coefficients        # the notebook's
 RESIDUALS_CSV = data.CLOCK_DIR / "fit_residuals.csv"
 FIT_BLOCK_SIZE = 16                 # Fig. 18a's and the benchmark's (vLLM's default)
 # The benchmark's scheduler: the vLLM of June 2023 put prompts into decode steps under one token budget (0.1.0-0.1.2;
@@ -61,15 +62,15 @@ def per_block_share(ratio: float) -> float:
     return (ratio - 1.0) / (1.0 - ratio / 16.0)
 
 
-def clock(coefficients: dict, block_size: int = FIT_BLOCK_SIZE) -> Clock2023StepCost:
-    """The clock of OPT-13B on the A100-40GB with these coefficients, its PagedAttention at block_size."""
+def step_cost(coefficients: dict, block_size: int = FIT_BLOCK_SIZE) -> Vllm2023StepCost:
+    """The step cost of OPT-13B on the A100-40GB with these coefficients, its PagedAttention at block_size."""
     model, gpu = spec()
-    return Clock2023StepCost.from_coefficients(model, gpu, coefficients, block_size)
+    return Vllm2023StepCost.from_coefficients(model, gpu, coefficients, block_size)
 
 
 # ---------------------------------------------------------------- Fig. 18a: the attention kernel
 def kernel_us(coefficients: dict, batch_size, context_tokens, block_size: int = FIT_BLOCK_SIZE) -> np.ndarray:
-    """The clock's attention term for one layer: batch_size decodes of context_tokens tokens each (us, an array)."""
+    """The step cost's attention term for one layer: batch_size decodes of context_tokens tokens each (us, an array)."""
     b, ctx = np.broadcast_arrays(np.atleast_1d(np.asarray(batch_size, dtype=np.float64)),
                                  np.atleast_1d(np.asarray(context_tokens, dtype=np.float64)))
     c = coefficients
@@ -116,7 +117,7 @@ def serve_benchmark(cost, config: EngineConfig = STAND_IN_CONFIG, benchmark_batc
 
 
 @dataclass(frozen=True)
-class ClockFit:
+class StepCostFit:
     """A fit's coefficients and what it left: throughput per cap (measured, fitted) and Fig. 18a (measured, fitted)."""
 
     coefficients: dict
@@ -137,8 +138,8 @@ class ClockFit:
         return 100.0 * (self.kernel_fitted_us / self.kernel_measured_us - 1.0)
 
 
-def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True) -> ClockFit:
-    """Fit the clock: the kernel to Fig. 18a, then step_overhead_ms and flop_fraction to Anyscale's throughputs
+def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True) -> StepCostFit:
+    """Fit the step cost: the kernel to Fig. 18a, then step_overhead_ms and flop_fraction to Anyscale's throughputs
     served by kvlab's engine under config."""
     fixed = {"memory_bandwidth_fraction": profiles.sustained_fractions("A100-SXM-80GB").memory_bandwidth_fraction,
              **fit_kernel()}
@@ -149,19 +150,19 @@ def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool =
         return {**fixed, "step_overhead_ms": float(x[0]), "flop_fraction": float(x[1])}
 
     def residuals(x):
-        return serve_benchmark(clock(coefficients(x)), config, benchmark_batched_tokens) / measured - 1.0
+        return serve_benchmark(step_cost(coefficients(x)), config, benchmark_batched_tokens) / measured - 1.0
 
     result = least_squares(residuals, x0=[10.0, 0.6], bounds=([0.0, 0.05], [100.0, 1.0]), x_scale=[10.0, 0.5],
                            xtol=TOLERANCE, ftol=TOLERANCE, gtol=TOLERANCE)
     best = coefficients(result.x)
     kernel = data.fig18a()
-    return ClockFit(best, np.array([r.max_tokens_cap for r in runs]), measured,
-                    serve_benchmark(clock(best), config, benchmark_batched_tokens), kernel.latency_us,
+    return StepCostFit(best, np.array([r.max_tokens_cap for r in runs]), measured,
+                    serve_benchmark(step_cost(best), config, benchmark_batched_tokens), kernel.latency_us,
                     kernel_us(best, kernel.batch_size, kernel.context_tokens))
 
 
 # ---------------------------------------------------------------- the committed fit
-def write_fit(result: ClockFit, directory: str | Path = data.CLOCK_DIR) -> None:
+def write_fit(result: StepCostFit, directory: str | Path = data.CLOCK_DIR) -> None:
     """Write a fit's coefficients and residuals (coefficients.csv, fit_residuals.csv)."""
     roles = {"memory_bandwidth_fraction": "fixed: vidur A100 linear layers (kvlab.core.profiles.sustained_fractions)",
              "attention_launch_us": "fitted: Fig. 18a", "attention_us_per_sequence": "fitted: Fig. 18a",
@@ -193,9 +194,9 @@ def load_residuals(path: str | Path = RESIDUALS_CSV) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- tables
 def fit_table(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True) -> pd.DataFrame:
-    """Anyscale's throughput per cap against the committed clock's (served by kvlab's engine under config)."""
+    """Anyscale's throughput per cap against the committed step cost's (served by kvlab's engine under config)."""
     runs = data.anyscale_runs()
-    fitted = serve_benchmark(committed_clock(), config, benchmark_batched_tokens)
+    fitted = serve_benchmark(data.committed_step_cost(), config, benchmark_batched_tokens)
     rows = [{"max_tokens_cap": r.max_tokens_cap, "output_tokens": r.output_tokens_total,
              "measured_tokens_s": r.throughput_tokens_s, "clock_tokens_s": round(float(v), 1),
              "residual_pct": round(100.0 * (v / r.throughput_tokens_s - 1.0), 2),
@@ -204,7 +205,7 @@ def fit_table(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: 
 
 
 def kernel_table() -> pd.DataFrame:
-    """Fig. 18a (vLLM's kernel, FasterTransformer's beside it) against the committed clock's attention term."""
+    """Fig. 18a (vLLM's kernel, FasterTransformer's beside it) against the committed step cost's attention term."""
     vllm, ft = data.fig18a("vLLM"), data.fig18a("FasterTransformer")
     fitted = kernel_us(load_coefficients(), vllm.batch_size, vllm.context_tokens)
     return pd.DataFrame({"batch_size": vllm.batch_size, "context_tokens": vllm.context_tokens,
@@ -215,8 +216,8 @@ def kernel_table() -> pd.DataFrame:
 
 def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.DataFrame:
     """Decode step time (ms) of OPT-13B on the A100-40GB at each batch size, every request at context_tokens:
-    the committed clock against section 6's roofline."""
-    vllm, roofline = committed_clock(), PaperSetting(clock="roofline").cost()
+    the committed step cost against section 6's roofline."""
+    vllm, roofline = data.committed_step_cost(), PaperSetting(clock="roofline").cost()
     rows = []
     for b in batch_sizes:
         b = validate.positive_int("batch_size", b)
@@ -227,6 +228,6 @@ def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-__all__ = ["COEFFICIENTS_CSV", "FIT_BLOCK_SIZE", "RESIDUALS_CSV", "STAND_IN_CONFIG", "TOLERANCE", "ClockFit", "clock",
-           "committed_clock", "fit", "fit_kernel", "fit_table", "kernel_table", "kernel_us", "load_coefficients",
-           "load_residuals", "per_block_share", "serve_benchmark", "spec", "step_times", "write_fit"]
+__all__ = ["COEFFICIENTS_CSV", "FIT_BLOCK_SIZE", "RESIDUALS_CSV", "STAND_IN_CONFIG", "TOLERANCE", "StepCostFit", "fit",
+           "fit_kernel", "fit_table", "kernel_table", "kernel_us", "load_coefficients", "load_residuals",
+           "per_block_share", "serve_benchmark", "spec", "step_cost", "step_times", "write_fit"]

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from kvlab.core import capacity, models, validate
 from kvlab.core.buddy import chunk_order
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import Clock2023StepCost, RooflineStepCost
+from kvlab.core.cost import RooflineStepCost, Vllm2023StepCost, make_step_cost
 from kvlab.core.units import GIB, cdiv
-from kvlab.workloads import clock_2023
 
 # The paper's setting (§6.1, Table 1): what a run must keep for its section 6 figures to be compared.
 PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
@@ -94,12 +93,10 @@ class PaperSetting:
         bs = block_size or self.block_size
         return (self.num_gpu_blocks(bs, kv_cache_gib) - 1) * bs
 
-    def cost(self, block_size: int | None = None) -> Clock2023StepCost | RooflineStepCost:
-        """The step cost: the vLLM 2023 clock with its PagedAttention at block_size (the fit's coefficients on this
-        model and GPU), or the roofline."""
-        if self.clock == "vllm-2023":
-            return clock_2023.committed_clock(block_size or self.block_size, self.model, self.gpu)
-        return RooflineStepCost.from_specs(self.model_spec, self.gpu_spec, self.config(block_size))
+    def cost(self, block_size: int | None = None) -> Vllm2023StepCost | RooflineStepCost:
+        """The step cost: vLLM 2023's with its PagedAttention at block_size (the fit's coefficients on this model
+        and GPU), or the roofline."""
+        return make_step_cost(self.clock, model=self.model_spec, gpu=self.gpu_spec, config=self.config(block_size))
 
     def check_fits(self, name: str = "kv_cache_gib", kv_cache_gib: float | None = None) -> None:
         """One request of max_model_len must fit the pool's largest buddy arena (else Orca (Max) could start

@@ -40,7 +40,7 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import MeasuredStepCost, RooflineStepCost
+from kvlab.core.cost import MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
 from kvlab.sections import sweep
@@ -58,18 +58,16 @@ CHUNKS_PER_WORKER = 4                     # a rung's candidates in about this ma
 # ---------------------------------------------------------------- one candidate's clock, pool and serving
 @functools.lru_cache(maxsize=64)
 def step_cost(deployment: Deployment, config: EngineConfig):
-    """The clock a candidate is served on and whether it is measured: the operator-profile clock of the model at
-    the config's TP on the GPU, else (allow_roofline only) the roofline; (cost, measured?, source in words)."""
+    """The step cost a candidate is served on and whether it is measured: the operator-profile step cost of the
+    model at the config's TP on the GPU, else (allow_roofline only) the roofline; (cost, measured?, source in
+    words)."""
+    hardware = {"model": deployment.model, "gpu": deployment.gpu, "config": config}
     try:
-        cost = MeasuredStepCost.for_model(deployment.model, deployment.gpu, config)
+        cost = make_step_cost("measured", **hardware)
     except ValueError:          # a GPU no profile measures
-        cost = None
-    if cost is not None and cost.roofline is None:
-        return cost, True, cost.cost_source
-    if cost is None:
-        cost = RooflineStepCost.from_specs(deployment.model, deployment.gpu, config)
+        cost = make_step_cost("roofline", **hardware)
         return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator profile of this GPU)"
-    return cost, False, cost.cost_source
+    return cost, isinstance(cost, MeasuredStepCost), cost.source
 
 
 def max_tokens_per_s(cost, max_num_batched_tokens: int) -> float:

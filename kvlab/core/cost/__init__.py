@@ -1,0 +1,102 @@
+"""Step costs: how long one step of the serving engine (kvlab.core.engine) takes, from the batch it schedules.
+
+Every family is a frozen dataclass with the StepCost protocol, in a module of its own: constant and linear
+(simple), roofline, calibrated (a calibration file), measured (operator-level GPU profiles) and vllm_2023 (the vLLM
+of mid-2023, fitted to measurements of it). make_step_cost is the one factory: the command line, the sections and
+the planner build their step costs with it. The slot model's service times (section 2) are not step costs:
+kvlab.core.service_time.
+"""
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.article import MS_PER_TOKEN
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost.calibrated import CalibratedStepCost
+from kvlab.core.cost.measured import MeasuredStepCost, cudagraph_capture_sizes, measured_step_cost
+from kvlab.core.cost.roofline import RooflineStepCost
+from kvlab.core.cost.simple import ConstantStepCost, LinearStepCost
+from kvlab.core.cost.vllm_2023 import Vllm2023StepCost, committed_step_cost, load_coefficients, paged_attention_us
+
+# Every family, by its name (StepCost.name); HARDWARE_STEP_COSTS need a model and a GPU.
+STEP_COSTS = ("constant", "linear", "roofline", "calibrated", "measured", "vllm-2023")
+HARDWARE_STEP_COSTS = ("roofline", "measured", "vllm-2023")
+
+
+@runtime_checkable
+class StepCost(Protocol):
+    """What the engine asks of a step cost.
+
+    step_s: seconds of one step, from what it schedules: num_tokens (all scheduled tokens), context_tokens (sum over
+    scheduled requests of the tokens they attend: computed + new), num_decodes and decode_context_tokens (the same
+    for requests computing one last token), and, for the costs that read them, num_prefills (the other scheduled
+    requests: prefill chunks) and prefill_attention_pairs (sum over those chunks of n x c + n(n+1)/2: the
+    query-key pairs of n new tokens after c computed ones under the causal mask).
+    run_s: the k steps of a decode run at once: num_decodes requests decode every step and their context grows by
+    num_decodes tokens a step; one float when every step lasts the same, else an array, computed by the same float
+    operations as step_s so that both paths give the same times.
+    min_step_s: a lower bound (s) on any step of num_tokens scheduled tokens, whatever the batch (the planner's).
+    name: the family (one of STEP_COSTS); source: where its numbers come from, in words; describe(): the step
+    cost in words, with units.
+    """
+
+    name: str
+
+    @property
+    def source(self) -> str: ...
+
+    def describe(self) -> str: ...
+
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float: ...
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float | np.ndarray: ...
+
+    def min_step_s(self, num_tokens: int) -> float: ...
+
+
+def make_step_cost(name: str, *, model=None, gpu=None, config=None, step_ms: float | None = None,
+                   step_ms_per_token: float | None = None, calibration=None, fractions_gpu: str | None = None):
+    """The step cost of a family (STEP_COSTS): constant (step_ms, default 8 ms) or linear (step_ms + step_ms_per_token
+    x scheduled tokens); roofline, measured (its operator profile, else the roofline at the GPU's sustained
+    figures: kvlab.core.cost.measured.measured_step_cost) or vllm-2023 (the committed fit, its PagedAttention at
+    config's block_size) of a ModelSpec on a GpuSpec under an EngineConfig; calibrated: a calibration file's path."""
+    validate.one_of("cost", name, STEP_COSTS)
+    step_ms = MS_PER_TOKEN if step_ms is None else step_ms
+    if name == "constant":
+        return ConstantStepCost(step_ms)
+    if name == "linear":
+        return LinearStepCost(step_ms, 0.0 if step_ms_per_token is None else step_ms_per_token)
+    if name == "calibrated":
+        if calibration is None:
+            validate.fail("calibration", None, "must be a calibration file's path for the calibrated step cost")
+        return CalibratedStepCost.from_csv(calibration)
+    if model is None or gpu is None:
+        validate.fail("model" if model is None else "gpu", None, f"must be given: the {name} step cost needs a model "
+                      "and a GPU")
+    if name == "roofline":
+        return RooflineStepCost.from_specs(model, gpu, config)
+    if name == "measured":
+        return measured_step_cost(model, gpu, config, fractions_gpu=fractions_gpu)
+    block_size = EngineConfig().cache.block_size if config is None else config.cache.block_size
+    return Vllm2023StepCost.from_coefficients(model, gpu, load_coefficients(), block_size)
+
+
+def checked_s(cost, seconds, num_tokens: int):
+    """seconds (step_s's float, or run_s's float or array) when every step lasts 0 s or more; else the one-line
+    ValueError naming the step cost: a profile or fitted coefficients extrapolated below 0 s, or a NaN, would
+    otherwise run the clock backwards unseen."""
+    least = seconds if isinstance(seconds, float) else float(np.min(seconds))
+    if not least >= 0.0:
+        raise ValueError(f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {least:.6g} s: a step "
+                         "lasts 0 s or more, so its profile or coefficients are wrong there (fix them, or choose "
+                         "another step cost)")
+    return seconds
+
+
+__all__ = ["HARDWARE_STEP_COSTS", "STEP_COSTS", "CalibratedStepCost", "ConstantStepCost", "LinearStepCost",
+           "MeasuredStepCost", "RooflineStepCost", "StepCost", "Vllm2023StepCost", "checked_s", "committed_step_cost",
+           "cudagraph_capture_sizes", "make_step_cost", "measured_step_cost", "paged_attention_us"]

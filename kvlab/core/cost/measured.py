@@ -1,0 +1,362 @@
+"""The measured step cost: a step composed from public operator-level GPU measurements of vLLM's layers."""
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.cost.roofline import RooflineStepCost
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
+                            max_capture_size: int = 512) -> tuple[int, ...]:
+    """vLLM 0.33's default CUDA-graph capture sizes (tokens), as VllmConfig._set_cudagraph_sizes builds them
+    (vllm/config/vllm.py; the pattern documented at CompilationConfig.max_cudagraph_capture_size in
+    vllm/config/compilation.py) for one token per decode: [1, 2, 4] + range(8, 256, 8) + range(256, M + 1, 16)
+    with M = min(2 x max_num_seqs, max_capture_size, max_num_batched_tokens), plus max_num_batched_tokens and
+    max_num_seqs where they fit. max_capture_size: 512, or 1024 on data-center Blackwell (B200) GPUs."""
+    validate.positive_int("max_num_seqs", max_num_seqs)
+    validate.positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    ceiling = min(2 * max_num_seqs, validate.positive_int("max_capture_size", max_capture_size))
+    uniform_decode = [max_num_seqs] if max_num_seqs <= ceiling else []
+    ceiling = min(max_num_batched_tokens, ceiling)
+    sizes = [s for s in (1, 2, 4) if s <= ceiling]
+    if ceiling >= 8:
+        sizes += range(8, min(ceiling + 1, 256), 8)
+    if ceiling >= 256:
+        sizes += range(256, ceiling + 1, 16)
+    if max_num_batched_tokens <= ceiling:
+        sizes.append(max_num_batched_tokens)
+    sizes += [s for s in uniform_decode if s <= max_num_batched_tokens]
+    return tuple(sorted(set(sizes)))
+
+
+def _bracket(axis: list, x: float) -> tuple[int, float]:
+    """(j, w): x lies w of the way from axis[j] to axis[j + 1]; below axis[0] w = 0 (its value), above the last
+    point w > 1 (linear extrapolation from the last two)."""
+    j = min(max(bisect_right(axis, x) - 1, 0), len(axis) - 2)
+    return j, max((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
+
+
+def _bracket_array(axis: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_bracket of every x (the same float operations)."""
+    j = np.minimum(np.maximum(np.searchsorted(axis, x, side="right") - 1, 0), len(axis) - 2)
+    return j, np.maximum((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
+
+
+def _blend(low, high, w):
+    """(1 - w) x low + w x high: low at w = 0 and high at w = 1 exactly (floats or arrays alike)."""
+    return (1.0 - w) * low + w * high
+
+
+def _interp(axis: list, values: list, x: float) -> float:
+    """Piecewise linear in axis's measured points; past the last, linear along the secant of the last doubling
+    (from the last point at or below half the last abscissa), not of the last two points: on a densely measured
+    axis (tokens every 16 up to 2,048) those two lie within the measurements' noise of each other, and their slope
+    can even fall (Qwen3-32B's dense operators measure 350.8 ms at 2,032 tokens, 348.1 ms at 2,048)."""
+    if x <= axis[-1]:
+        j, w = _bracket(axis, x)
+        return _blend(values[j], values[j + 1], w)
+    j = max(bisect_right(axis, axis[-1] / 2) - 1, 0)
+    return values[-1] + (values[-1] - values[j]) * (x - axis[-1]) / (axis[-1] - axis[j])
+
+
+@dataclass(frozen=True, eq=False)
+class MeasuredStepCost:
+    """A step's duration from public operator-level GPU measurements of vLLM's layers, for the batch the
+    scheduler built: the sum of these terms (microseconds of GPU kernels; numbers from kvlab.core.profiles):
+
+    - dense: the operators that scale with the step's batched tokens, num_layers x one decoder layer's
+      (qkv_proj, o_proj, gate_up_proj, down_proj, act_fn, rotary_emb, input and post-attention RMSNorm, Qwen3's
+      q_norm and k_norm) plus the embedding and final norm once, by tokens: LLMServingSim's dense.csv, measured
+      through vLLM 0.19's layers, one layer, eager, at 1..2,048 tokens;
+    - attention, num_layers x one layer's, by (prefill chunk tokens, their history, decodes, the decodes' mean
+      history): LLMServingSim's attention.csv, a 4-D grid measured with at most one prefill chunk beside
+      n_decode decodes of equal history (FlashAttention's varlen kernel: a mixed batch is slower than its parts
+      apart, so the grid is read whole). The step's prefill chunks are looked up as one chunk of their summed
+      tokens n whose history gives their query-key pairs (prefill_attention_pairs = n x c + n(n+1)/2, so
+      c = (pairs - n(n+1)/2) / n, at least 0); a caller that gives no pairs (num_prefills=0) has its prefill
+      tokens taken as one chunk of history context_tokens - decode_context_tokens - n. Decodes of unequal
+      history are looked up at their mean (the skew penalty LLMServingSim fits is left out: the scheduler gives
+      no spread);
+    - per sequence: lm_head (LogitsProcessor) and the sampler once a step, by scheduled sequences
+      (num_decodes + num_prefills): LLMServingSim's per_sequence.csv;
+    - MoE, num_layers x one layer's block, by (tokens, experts active): LLMServingSim's moe.csv (TP 1 only).
+      Experts active are their expectation under uniform top-k routing, E x (1 - (1 - k/E)^tokens); a profile
+      without moe.csv is a dense model's (an MoE model without it has no profile);
+    - all-reduce when TP > 1: 2 x num_layers + 1 a step (after o_proj and the MLP, and the embedding's), each
+      summing tokens x hidden_size x 2 bytes, at the ring's 2 (TP - 1) / TP x bytes over the GPU's link
+      bandwidth each way (data/profiles/interconnects.csv, datasheets): a bound, not a measurement (no public
+      operator profile of these GPUs measures it), its latency left out;
+    - CUDA graphs: a step of at most max_cudagraph_capture_size tokens runs padded to the next of
+      cudagraph_capture_sizes (vLLM 0.33's CudagraphDispatcher, vllm/v1/cudagraph_dispatcher.py: a decode-only
+      batch in a full graph, a mixed one in piecewise graphs, both padded), which the dense, MoE and all-reduce
+      terms are read at; attention and per-sequence work run on the real requests;
+    - step_overhead_ms once a step: 0 by default, since the profiles time GPU kernels only (vLLM's CPU
+      scheduling, input preparation and kernel-launch gaps are in no operator profile).
+
+    Interpolation is piecewise linear between measured points (multilinear on the attention grid, bilinear on
+    the MoE grid), a measured point giving its own time; below an axis's first point its value is kept, above
+    its last it is extrapolated linearly (tokens past 2,048, contexts past 16,384, decodes past 256: linear in
+    those where the kernels are bandwidth- or compute-bound, an underestimate for a prefill chunk's causal
+    attention, which grows as its square): on the grids from their last two points (powers of two, a doubling
+    apart), on the densely measured dense and per-sequence axes along the secant of their last doubling (_interp). Points the profiles could not measure are
+    filled as kvlab.core.profiles.attention_grid and moe_grid say.
+
+    Where (model, GPU, TP) has no profile, measured_step_cost gives the roofline itself (RooflineStepCost at the
+    GPU's sustained bandwidth and FLOP/s), its provenance saying so. The coefficients are only ever read from
+    operator-level measurements; end-to-end vLLM runs are checks."""
+
+    num_layers: int
+    dense_tokens: np.ndarray          # tokens measured, increasing
+    dense_us: np.ndarray              # the step's dense operators (us)
+    sequences: np.ndarray             # sequences measured, increasing
+    per_sequence_us: np.ndarray       # lm_head + sampler (us)
+    attention_axes: tuple             # (prefill chunk tokens, their history, decodes, decode history), from 0
+    attention_us: np.ndarray          # one layer's (us)
+    cudagraph_capture_sizes: tuple = ()   # tokens; () = no CUDA graphs
+    moe_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))        # MoE grid: tokens, experts active
+    moe_experts: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    moe_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))       # one layer's MoE block (us)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    all_reduce_bytes_per_token: float = 0.0   # bytes one all-reduce sums per token (0: no all-reduce)
+    all_reduce_gb_s: float = 0.0              # the link's bandwidth each way, GB/s
+    tensor_parallel_size: int = 1
+    step_overhead_ms: float = 0.0
+    source: str = ""                          # the profile it was read from, in words
+    name = "measured"
+
+    def __post_init__(self):
+        validate.positive_int("num_layers", self.num_layers)
+        validate.positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        validate.in_range("step_overhead_ms", self.step_overhead_ms, "step_ms")
+        self._check_axis("dense_tokens", self.dense_tokens, 1)
+        self._check_axis("sequences", self.sequences, 1)
+        self._check_values("dense_us", self.dense_us, (len(self.dense_tokens),))
+        self._check_values("per_sequence_us", self.per_sequence_us, (len(self.sequences),))
+        if len(self.attention_axes) != 4:
+            validate.fail("attention_axes", len(self.attention_axes), "must be the 4 axes (prefill chunk tokens, "
+                          "their history, decodes, decode history)")
+        for name, axis in zip(("prefill_chunk", "kv_prefill", "n_decode", "kv_decode"), self.attention_axes):
+            self._check_axis(f"attention_axes[{name}]", axis, 0)
+        self._check_values("attention_us", self.attention_us, tuple(len(a) for a in self.attention_axes))
+        if self.num_experts:
+            validate.positive_int("num_experts_per_tok", self.num_experts_per_tok)
+            self._check_axis("moe_tokens", self.moe_tokens, 1)
+            self._check_axis("moe_experts", self.moe_experts, 1)
+            self._check_values("moe_us", self.moe_us, (len(self.moe_tokens), len(self.moe_experts)))
+        sizes = list(self.cudagraph_capture_sizes)
+        if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1):
+            validate.fail("cudagraph_capture_sizes", tuple(sizes), "must be increasing token counts >= 1")
+        validate.non_negative_number("all_reduce_bytes_per_token", self.all_reduce_bytes_per_token)
+        if self.all_reduce_bytes_per_token:
+            validate.positive_number("all_reduce_gb_s", self.all_reduce_gb_s)
+        # Python copies of the tables: a step is a few bisections and blends, no numpy call.
+        decode = np.asarray(self.attention_us)[0, 0]
+        ring = 2.0 * (self.tensor_parallel_size - 1) / self.tensor_parallel_size
+        num_all_reduces = 2 * self.num_layers + 1
+        per_token_us = (num_all_reduces * ring * self.all_reduce_bytes_per_token / (self.all_reduce_gb_s * 1e3)
+                        if self.all_reduce_bytes_per_token else 0.0)
+        fast = {"_tokens": self.dense_tokens.tolist(), "_dense": self.dense_us.tolist(),
+                "_sequences": self.sequences.tolist(), "_per_sequence": self.per_sequence_us.tolist(),
+                "_axes": [np.asarray(a, dtype=np.float64).tolist() for a in self.attention_axes],
+                "_attention": np.asarray(self.attention_us).tolist(),
+                "_decode_grid": decode, "_decode_rows": {}, "_kv_axis": np.asarray(self.attention_axes[3], dtype=np.float64),
+                "_layers": float(self.num_layers), "_sizes": sizes,
+                "_all_reduce_us_per_token": per_token_us, "_overhead_us": self.step_overhead_ms * 1000.0,
+                "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist())}
+        for key, value in fast.items():
+            object.__setattr__(self, key, value)
+
+    @staticmethod
+    def _check_axis(name: str, axis, first: int) -> None:
+        values = np.asarray(axis, dtype=np.float64)
+        if values.ndim != 1 or len(values) < 2 or values[0] < first or np.any(np.diff(values) <= 0):
+            validate.fail(name, values.tolist()[:6], f"must be at least 2 increasing points from {first}")
+
+    @staticmethod
+    def _check_values(name: str, values, shape: tuple) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        if values.shape != shape:
+            validate.fail(name, values.shape, f"must have the shape {shape} of its axes")
+        if not np.all(np.isfinite(values)) or values.min() < 0:
+            validate.fail(name, float(values[~np.isfinite(values) | (values < 0)].flat[0]), "must be finite times >= 0 us")
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_profile(cls, profile, model, config=None, step_overhead_ms: float = 0.0) -> "MeasuredStepCost":
+        """The measured step cost of a complete kvlab.core.profiles.OperatorProfile for model (its layers) under
+        config's scheduler (CUDA-graph sizes) and tensor parallelism (the all-reduce)."""
+        from kvlab.core import profiles
+        from kvlab.core.config import EngineConfig
+
+        config = EngineConfig() if config is None else config
+        entry = profile.entry
+        if model.name != entry.model or not profile.complete:
+            validate.fail("profile", entry.label, f"must be a complete profile of {model.name}")
+        tp = config.parallel.tensor_parallel_size
+        if tp != entry.tensor_parallel_size:
+            validate.fail("tensor_parallel_size", tp, f"must be the profile's ({entry.tensor_parallel_size})")
+        tokens, dense = profile.dense
+        unknown = sorted(set(dense) - set(profiles.LAYER_CALLS) - set(profiles.STEP_CALLS))
+        if unknown:
+            validate.fail("profile", entry.label, f"has operators kvlab does not place in a step: {', '.join(unknown)}")
+        layer_us = sum(calls * dense[op] for op, calls in profiles.LAYER_CALLS.items() if op in dense)
+        step_us = sum(calls * dense[op] for op, calls in profiles.STEP_CALLS.items() if op in dense)
+        sequences, per_sequence = profile.per_sequence
+        axes, attention = profile.attention
+        source, link = entry.label, None
+        if tp > 1:
+            link = profiles.interconnect_gb_s(entry.gpu)
+            source += (f"; all-reduce: ring bound at {link[1]} {link[0]:g} GB/s" if link else
+                       "; all-reduce left out (no interconnect figure for the GPU)")
+        moe = profile.moe if entry.num_experts else (np.zeros(0), np.zeros(0), np.zeros((0, 0)))
+        scheduler = config.scheduler
+        return cls(model.num_layers, tokens, model.num_layers * layer_us + step_us, sequences,
+                   sum(per_sequence.values()), axes, attention,
+                   cudagraph_capture_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens),
+                   *moe, entry.num_experts, entry.num_experts_per_tok,
+                   float(entry.hidden_size * 2) if link else 0.0, link[0] if link else 0.0, tp, step_overhead_ms,
+                   source)
+
+    # ---------------------------------------------------------------- terms (us)
+    def padded_tokens(self, num_tokens: int) -> int:
+        """The tokens a step of num_tokens runs with: the next CUDA-graph capture size, or itself past the last."""
+        sizes = self._sizes
+        if not sizes or num_tokens > sizes[-1]:
+            return num_tokens
+        return sizes[bisect_left(sizes, num_tokens)]
+
+    def active_experts(self, num_tokens: int) -> float:
+        """Experts a layer runs for num_tokens tokens under uniform top-k routing: E x (1 - (1 - k/E)^tokens)."""
+        e, k = self.num_experts, self.num_experts_per_tok
+        return min(float(e), float(k * num_tokens), e * (1.0 - (1.0 - k / e) ** num_tokens))
+
+    def moe_block_us(self, num_tokens: int) -> float:
+        """One layer's MoE block at num_tokens (us; 0 for a dense model)."""
+        if not self.num_experts:
+            return 0.0
+        tokens, experts, grid = self._moe
+        i, wi = _bracket(tokens, num_tokens)
+        j, wj = _bracket(experts, self.active_experts(num_tokens))
+        return _blend(_blend(grid[i][j], grid[i][j + 1], wj), _blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
+
+    def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
+        """Every term but attention (us): dense, MoE and all-reduce at the padded tokens, per-sequence, overhead."""
+        padded = self.padded_tokens(num_tokens)
+        us = _interp(self._tokens, self._dense, padded)
+        us += self._layers * self.moe_block_us(padded)
+        us += _interp(self._sequences, self._per_sequence, num_sequences)
+        us += self._all_reduce_us_per_token * padded
+        return us + self._overhead_us
+
+    def _decode_row(self, num_decodes: int) -> tuple[list, np.ndarray]:
+        """One layer's decode attention (us) for num_decodes at each measured history: the decode grid blended
+        along the decodes first (kept, as a list and an array of the same floats)."""
+        row = self._decode_rows.get(num_decodes)
+        if row is None:
+            i, wi = _bracket(self._axes[2], num_decodes)
+            grid = self._decode_grid
+            values = _blend(grid[i], grid[i + 1], wi)
+            row = self._decode_rows[num_decodes] = (values.tolist(), values)
+        return row
+
+    def decode_attention_us(self, num_decodes: int, history_tokens):
+        """One layer's attention for num_decodes decodes of history_tokens computed tokens each (us; a float, or
+        an array for an array of histories: the same float operations)."""
+        values, array = self._decode_row(num_decodes)
+        if isinstance(history_tokens, np.ndarray):
+            j, w = _bracket_array(self._kv_axis, history_tokens)
+            return _blend(array[j], array[j + 1], w)
+        j, w = _bracket(self._axes[3], history_tokens)
+        return _blend(values[j], values[j + 1], w)
+
+    def mixed_attention_us(self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int,
+                     decode_history_tokens: float) -> float:
+        """One layer's attention for a prefill chunk of prefill_tokens after prefill_history_tokens beside
+        num_decodes decodes of decode_history_tokens each (us): multilinear on the measured grid."""
+        if not prefill_tokens:
+            return self.decode_attention_us(num_decodes, decode_history_tokens)
+        brackets = [_bracket(axis, x) for axis, x in
+                    zip(self._axes, (prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens))]
+        (a, wa), (b, wb), (c, wc), (d, wd) = brackets
+        grid = self._attention
+
+        def along_kv(p, q, r):
+            row = grid[p][q][r]
+            return _blend(row[d], row[d + 1], wd)
+
+        def along_decodes(p, q):
+            return _blend(along_kv(p, q, c), along_kv(p, q, c + 1), wc)
+
+        def along_history(p):
+            return _blend(along_decodes(p, b), along_decodes(p, b + 1), wb)
+
+        return _blend(along_history(a), along_history(a + 1), wa)
+
+    # ---------------------------------------------------------------- the engine's interface
+    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
+               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+        """Seconds of one step (see the class)."""
+        prefill_tokens = num_tokens - num_decodes
+        decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
+        if not prefill_tokens:
+            us = self.fixed_us(num_tokens, num_decodes)
+            return (us + self._layers * self.decode_attention_us(num_decodes, decode_history)) / 1e6
+        if num_prefills:
+            history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
+        else:   # a caller without the prefill aggregates: one chunk
+            history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
+        us = self.fixed_us(num_tokens, num_decodes + max(num_prefills, 1))
+        return (us + self._layers * self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)) / 1e6
+
+    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int):
+        """Seconds of each step of a decode run (an array; the context grows by num_decodes tokens a step)."""
+        context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+        history = (context - num_decodes) / num_decodes
+        us = self.fixed_us(num_decodes, num_decodes)
+        return (us + self._layers * self.decode_attention_us(num_decodes, history)) / 1e6
+
+    def min_step_s(self, num_tokens: int) -> float:
+        """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but
+        attention (at least 0) at those tokens, the per-sequence term at its least measured value."""
+        one = _interp(self._sequences, self._per_sequence, 1)
+        return (self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)) / 1e6
+
+    def describe(self) -> str:
+        """The step cost in words: the profile it was read from."""
+        return self.source
+
+
+def measured_step_cost(model, gpu, config=None, step_overhead_ms: float = 0.0,
+                       fractions_gpu: str | None = None) -> MeasuredStepCost | RooflineStepCost:
+    """The measured step cost of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
+    data/profiles has one (same model, GPU and tensor_parallel_size, no pipeline parallelism), else the roofline
+    at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions), a RooflineStepCost
+    whose provenance says so; a GPU no profile measures is refused, unless fractions_gpu names a measured GPU of
+    the same chip whose sustained fractions it takes (e.g. the A100-40GB from the A100-SXM-80GB)."""
+    from kvlab.core import profiles
+    from kvlab.core.config import EngineConfig
+
+    config = EngineConfig() if config is None else config
+    if fractions_gpu is not None:
+        validate.one_of("fractions_gpu", fractions_gpu, profiles.measured_gpus())
+    elif gpu.name not in profiles.measured_gpus():
+        validate.fail("gpu", gpu.name, f"has no operator-level measurement for the measured clock; GPUs with "
+                      f"measurements: {', '.join(profiles.measured_gpus())} (or use the roofline clock: "
+                      "--cost roofline)")
+    tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
+    profile = profiles.find_profile(gpu.name, model.name, tp) if pp == 1 else None
+    if profile is not None:
+        return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
+    fractions = profiles.sustained_fractions(fractions_gpu or gpu.name)
+    roofline = RooflineStepCost.from_specs(model, gpu, config)
+    why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
+    return RooflineStepCost(roofline.weights_bytes, roofline.kv_bytes_per_token, roofline.num_params,
+                            roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
+                            roofline.bf16_dense_tflops * fractions.flop_fraction,
+                            f"roofline scaled by sustained fractions measured on {fractions_gpu or gpu.name} ({why}): "
+                            f"{fractions.describe()}")
