@@ -41,6 +41,7 @@ from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
 from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
+from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
@@ -51,7 +52,8 @@ from kvlab.core.workload import Workload
 # about 1,000 B on Azure-like requests at about 21 steps each (a run with fewer requests at once has more steps).
 PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
-SCHEDULERS = {"v1": Scheduler, "v0-2023": SchedulerV0}     # SchedulerConfig.scheduler_cls -> the class
+# (SchedulerConfig.scheduler_cls, async_scheduling) -> the scheduler's class
+SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023", False): SchedulerV0}
 
 
 def step_s(cost, out) -> float:
@@ -156,7 +158,8 @@ class Engine:
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.kv_cache_manager = kv
-        self.scheduler = SCHEDULERS[config.scheduler.scheduler_cls](config.scheduler, kv)
+        sched = config.scheduler
+        self.scheduler = SCHEDULERS[sched.scheduler_cls, sched.async_scheduling](sched, kv, max_model_len)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.fast = fast and not record_block_ids

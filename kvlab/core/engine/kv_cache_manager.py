@@ -21,6 +21,7 @@ import numpy as np
 from kvlab.core.block_pool import BlockPool
 from kvlab.core.buddy import BuddyAllocator, chunk_order
 from kvlab.core.engine.request import Request
+from kvlab.core.engine.rules import admission_num_new_blocks, num_blocks_to_allocate, num_lookup_blocks
 from kvlab.core.units import cdiv
 
 ALLOCATIONS = {
@@ -58,13 +59,11 @@ class KVCacheManager:
         return pool.num_gpu_blocks - 1 - len(pool._head) - len(pool._tail)
 
     def get_computed_blocks(self, request: Request) -> list[int]:
-        """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit).
-
-        At most (num_tokens - 1) // block_size blocks are looked up, so a fully cached request still
-        computes its last block (and samples a token)."""
+        """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit),
+        at most rules.num_lookup_blocks of them."""
         if not self.enable_caching:
             return []
-        num_blocks = (request.num_tokens - 1) // self.block_size
+        num_blocks = num_lookup_blocks(request.num_tokens, self.block_size)
         hits = []
         get = self.pool.get_cached_block
         for block_hash in request.block_hashes(num_blocks, self.block_size)[:num_blocks]:
@@ -74,44 +73,39 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def blocks_to_admit(self, request: Request, hit_blocks: list[int], evictable: int | None = None) -> int:
-        """Free blocks admission needs: blocks for the whole current length, less the hits (a hit block in the
-        free queue, evictable, still counts: taking it leaves one free block fewer)."""
-        if evictable is None:
-            evictable = sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0)
-        return cdiv(min(request.num_tokens, self.max_model_len), self.block_size) - len(hit_blocks) + evictable
+    def num_evictable(self, hit_blocks: list[int]) -> int:
+        """Hit blocks no request holds (still in the free queue)."""
+        return sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0) if hit_blocks else 0
+
+    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks: list[int], num_blocks_taken: int = 0) -> bool:
+        """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free than now (side-effect
+        free: rules.admission_num_new_blocks)."""
+        return admission_num_new_blocks(request.num_tokens, len(hit_blocks), self.num_evictable(hit_blocks),
+                                        num_new_tokens, self.pool.num_free_blocks - num_blocks_taken, self.block_size,
+                                        self.max_model_len) >= 0
 
     def allocate_slots(self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (),
                        full_sequence_must_fit: bool = False) -> bool:
-        """Blocks for num_new_tokens more computed tokens (after the hit blocks, on admission); False, with
-        nothing changed, when the pool has too few free blocks (vLLM's allocate_slots returning None)."""
+        """Blocks for num_new_tokens more computed tokens (after the hit blocks, on admission:
+        full_sequence_must_fit); False, with nothing changed, when the pool has too few free blocks (vLLM's
+        allocate_slots returning None)."""
         pool, bs, table = self.pool, self.block_size, request.block_ids
-        if not hit_blocks and not full_sequence_must_fit and not self.enable_caching:   # a running request
-            num_slots = min(request.num_computed_tokens + num_new_tokens, self.max_model_len)
-            new = -(-num_slots // bs) - len(table)
-            if new > 0:
-                if new > len(pool._head) + len(pool._tail):
-                    return False
-                table.extend(pool.get_new_blocks(new))
-            return True
         num_free = len(pool._head) + len(pool._tail)
-        evictable = 0
-        if full_sequence_must_fit:                  # admission: the whole current length must fit
-            if hit_blocks:
-                evictable = sum(1 for b in hit_blocks if pool.ref_cnt(b) == 0)
-            if self.blocks_to_admit(request, hit_blocks, evictable) > num_free:
+        if full_sequence_must_fit:                  # admission: a waiting request holds no block
+            new = admission_num_new_blocks(request.num_tokens, len(hit_blocks), self.num_evictable(hit_blocks),
+                                           num_new_tokens, num_free, bs, self.max_model_len)
+            if new < 0:
                 return False
-        computed = request.num_computed_tokens + len(hit_blocks) * bs
-        num_slots = computed + num_new_tokens
-        if num_slots > self.max_model_len:
-            num_slots = self.max_model_len
-        new = -(-num_slots // bs) - len(table) - len(hit_blocks)
-        if (new if new > 0 else 0) + evictable > num_free:
-            return False
-        if hit_blocks:
-            pool.touch(hit_blocks)
-            table.extend(hit_blocks)
-            request.num_cached_blocks = len(table)
+            if hit_blocks:
+                pool.touch(hit_blocks)
+                table.extend(hit_blocks)
+                request.num_cached_blocks = len(table)
+            computed = len(hit_blocks) * bs
+        else:                                       # a running request
+            computed = request.num_computed_tokens
+            new = num_blocks_to_allocate(computed, num_new_tokens, len(table), bs, self.max_model_len)
+            if new > num_free:
+                return False
         if new > 0:
             table.extend(pool.get_new_blocks(new))
         if self.enable_caching:
@@ -188,6 +182,11 @@ class ReservationManager:
     def can_reserve(self, request: Request) -> bool:
         """Whether a chunk for the request's reservation is free now."""
         return self.buddy.can_allocate(self.reservation_tokens(request))
+
+    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks=(), num_blocks_taken: int = 0) -> bool:
+        """Whether allocate_slots would admit the request: a chunk for its reservation is free (a running request's
+        decodes take nothing from a reservation pool)."""
+        return self.can_reserve(request)
 
     def external_fragmentation(self, head: Request | None) -> int:
         """Free slots in chunks too small for the waiting queue's head's reservation (0 when nothing waits)."""

@@ -14,18 +14,8 @@ update_from_output: every scheduled request whose chunk reached the end of its k
 scheduled samples one token (a partial prefill chunk samples none); a request that has sampled max_tokens
 tokens, or reached max_model_len, finishes and frees its blocks at once, in the step's batch order.
 
-Asynchronous scheduling (vLLM's AsyncScheduler, the default on a GPU): the next batch is scheduled before the
-previous batch's output is processed, so a request may be scheduled while its last token is being sampled.
-That token is an output placeholder (num_output_placeholders, 0 or 1 here: with a batch queue of two at most
-one batch is in flight when schedule() runs): it counts toward the request's tokens, so a decoding request's
-next token, and a new block at a block boundary, are scheduled one batch earlier (its computed tokens run
-one ahead of its known tokens). The running loop skips a request whose placeholder already brings it to
-max_tokens (vLLM's early stop: num_computed_tokens + 2 - placeholders >= prompt + max_tokens), and one whose
-next position would pass max_model_len (its tokens to schedule come to 0). update_from_output then settles
-each scheduled request's in-flight tokens, turns a placeholder into its sampled token and, for a running
-request that had one, caches the blocks its settled tokens fill (prefix caching). A request preempted with
-a batch in flight keeps that batch's token when its output arrives (vLLM's stale output: the token is
-appended, which may finish the request in the waiting queue, but no counter of the reset request moves).
+Asynchronous scheduling (vLLM's AsyncScheduler, the default on a GPU) is the subclass AsyncScheduler
+(async_scheduler.py). Every rule is a function of kvlab.core.engine.rules, shared with the fast paths.
 
 Left out because it is inert for a text-only decoder with one full-attention group and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
@@ -39,6 +29,8 @@ from collections import deque
 from kvlab.core import validate
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
+from kvlab.core.engine.rules import (admission_num_new_tokens, allocation_is_noop, is_finished, preemption_victim,
+                                     running_num_new_tokens, samples, step_token_cap)
 
 
 def check_scheduler_config(scheduler: SchedulerConfig) -> int:
@@ -82,18 +74,18 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output()."""
+    """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output(), synchronous."""
 
     admits_before_decodes = False       # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
+    async_scheduling = False            # AsyncScheduler: the next batch is scheduled before this one's output
 
-    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
-        self.max_model_len = check_scheduler_config(scheduler)
+    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int | None = None):
+        self.max_model_len = check_scheduler_config(scheduler) if max_model_len is None else max_model_len
         self.max_request_tokens = self.max_model_len   # a request finishes when it reaches these many tokens
         self.max_num_seqs = scheduler.max_num_seqs
         self.max_num_batched_tokens = scheduler.max_num_batched_tokens
         self.enable_chunked_prefill = scheduler.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler.long_prefill_token_threshold
-        self.async_scheduling = scheduler.async_scheduling
         self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -112,9 +104,8 @@ class Scheduler:
         return bool(self.running or self.waiting or self.has_finished)
 
     def threshold(self) -> int:
-        """This step's cap on one request's tokens: long_prefill_token_threshold when more than one request
-        runs or waits, else 0 (no cap)."""
-        return self.long_prefill_token_threshold if len(self.running) + len(self.waiting) > 1 else 0
+        """This step's cap on one request's tokens (rules.step_token_cap)."""
+        return step_token_cap(self.long_prefill_token_threshold, len(self.running), len(self.waiting))
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -132,29 +123,18 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
-            placeholders = request.num_output_placeholders
-            if placeholders and computed + 2 - placeholders >= request.num_prompt_tokens + request.max_tokens:
-                i += 1                          # async: the batch in flight samples its last token
+            n = running_num_new_tokens(request.num_tokens, request.num_output_placeholders, computed,
+                                       request.num_prompt_tokens + request.max_tokens, cap, budget, max_model_len)
+            if n == 0:                          # async: its last token is in flight, or it is at max_model_len
+                i += 1
                 continue
-            n = request.num_tokens + placeholders - computed
-            if 0 < cap < n:
-                n = cap
-            if n > budget:
-                n = budget
-            if placeholders and n > max_model_len - computed - 1:
-                n = max_model_len - computed - 1
-                if n <= 0:                      # async: its next position would pass max_model_len
-                    i += 1
-                    continue
-            # A decode inside its last block that does not fill it needs no block and caches none:
-            # allocate_slots would change nothing, so it is not called.
-            if n == 1 and computed % bs and not (caching and min(computed + 1, request.num_tokens) % bs == 0):
+            if allocation_is_noop(n, computed, request.num_tokens, bs, caching):
                 scheduled.append((request, 1))
                 budget -= 1
                 i += 1
                 continue
             while not allocate(request, n):
-                victim = running.pop()          # the most recently admitted running request
+                victim = running.pop(preemption_victim(len(running)))
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is request:
@@ -166,20 +146,15 @@ class Scheduler:
             i += 1
 
         if not preempted:                       # no admission in a step that preempted
+            chunked = self.enable_chunked_prefill
             while budget > 0 and waiting:
                 if len(running) >= self.max_num_seqs:
                     break
                 request = waiting[0]
                 hits = kv.get_computed_blocks(request)
-                num_hit_tokens = len(hits) * kv.block_size
-                n = request.num_tokens - num_hit_tokens
-                if 0 < cap < n:
-                    n = cap
-                if not self.enable_chunked_prefill and n > budget:
-                    break
-                if n > budget:
-                    n = budget
-                if not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
+                num_hit_tokens = len(hits) * bs
+                n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget, chunked)
+                if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
                     break                       # the scan stops at the first request that does not fit
                 waiting.popleft()
                 running.append(request)
@@ -195,21 +170,16 @@ class Scheduler:
     def account(self, out: SchedulerOutput) -> None:
         """Move each scheduled request's computed tokens on, mark which sample, and fill in the step's cost inputs."""
         tokens = context = decodes = decode_context = prefills = pairs = 0
-        samples = out.samples
-        placeholder = self.async_scheduling
+        marks = out.samples
         for request, n in out.scheduled:
             before = request.num_computed_tokens
             computed = before + n
             request.num_computed_tokens = computed
             tokens += n
             context += computed
-            end = request.num_tokens + request.num_output_placeholders
-            sample = computed >= end
-            samples.append(sample)
-            if placeholder:
-                request.num_in_flight_tokens += n
-                if sample:
-                    request.num_output_placeholders += 1
+            sample = samples(computed, request.num_tokens, request.num_output_placeholders)
+            marks.append(sample)
+            self.scheduled_in_flight(request, n, sample)
             if n == 1 and sample:
                 decodes += 1
                 decode_context += computed
@@ -221,9 +191,13 @@ class Scheduler:
         out.num_prefills, out.prefill_attention_pairs = prefills, pairs
         self.has_finished = False
 
+    def scheduled_in_flight(self, request: Request, num_new_tokens: int, sample: bool) -> None:
+        """Nothing: a synchronous batch's output is processed before the next schedule() (AsyncScheduler keeps
+        its tokens in flight)."""
+
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks, reset its progress and put it at the front of the waiting queue; a batch
-        still in flight for it becomes stale (its token still arrives, see update_from_output)."""
+        still in flight for it becomes stale (its token still arrives, see AsyncScheduler.update_from_output)."""
         self.kv_cache_manager.free(request)
         request.status = PREEMPTED
         request.num_computed_tokens = 0
@@ -238,8 +212,6 @@ class Scheduler:
 
         Returns how many requests sampled, those that sampled their first token and those that finished
         (both in batch order)."""
-        if self.async_scheduling:
-            return self._update_async(out)
         num_sampled, first, finished = 0, [], []
         free = self.kv_cache_manager.free
         for (request, _), sample in zip(out.scheduled, out.samples):
@@ -248,45 +220,11 @@ class Scheduler:
                 num_sampled += 1
                 if request.num_tokens == request.num_prompt_tokens + 1:
                     first.append(request)
-                if request.num_tokens >= request.max_num_tokens:
+                if is_finished(request.num_tokens, request.max_num_tokens):
                     request.status = FINISHED
                     free(request)
                     finished.append(request)
         if finished:
             self.running = [r for r in self.running if r.status != FINISHED]
-            self.has_finished = True
-        return num_sampled, first, finished
-
-    def _update_async(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
-        """update_from_output of a batch scheduled asynchronously: settle its in-flight tokens and placeholders."""
-        num_sampled, first, finished = 0, [], []
-        kv = self.kv_cache_manager
-        caching = kv.enable_caching
-        finished_waiting = False
-        for (request, n), sample in zip(out.scheduled, out.samples):
-            request.num_in_flight_tokens -= n
-            stale = request.num_stale_tokens > 0
-            if stale:
-                request.num_stale_tokens -= n
-            if request.status == FINISHED or not sample:
-                continue
-            running = request.status == RUNNING
-            request.num_tokens += 1
-            num_sampled += 1
-            if request.num_tokens == request.num_prompt_tokens + 1:
-                first.append(request)
-            if not stale and request.num_output_placeholders:
-                request.num_output_placeholders -= 1
-                if running and caching:
-                    kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
-            if request.num_tokens >= request.max_num_tokens:
-                request.status = FINISHED
-                kv.free(request)                # preempted, it holds none: its stale token finished it waiting
-                finished_waiting |= not running
-                finished.append(request)
-        if finished:
-            self.running = [r for r in self.running if r.status != FINISHED]
-            if finished_waiting:
-                self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
             self.has_finished = True
         return num_sampled, first, finished

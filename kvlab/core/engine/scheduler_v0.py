@@ -46,6 +46,7 @@ import numpy as np
 
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import PREEMPTED, RUNNING
+from kvlab.core.engine.rules import blocks_to_admit
 from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.core.units import cdiv
 
@@ -71,8 +72,8 @@ class SchedulerV0(Scheduler):
 
     admits_before_decodes = True
 
-    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager):
-        super().__init__(scheduler, kv_cache_manager)
+    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int | None = None):
+        super().__init__(scheduler, kv_cache_manager, max_model_len)
         self.max_request_tokens = self.max_model_len + 1    # finished once get_len() > max_model_len
         self.paged = kv_cache_manager.allocation == "paged"
         self.watermark_blocks = watermark_blocks(kv_cache_manager.pool.num_gpu_blocks) if self.paged else 0
@@ -109,7 +110,7 @@ class SchedulerV0(Scheduler):
             return kv.can_reserve(request)         # a buddy chunk is free
         num_free = kv.num_free_blocks - num_blocks_taken
         return num_free - cdiv(n, kv.block_size) >= self.watermark_blocks and \
-            kv.blocks_to_admit(request, []) <= num_free
+            blocks_to_admit(n, 0, 0, kv.block_size, self.max_model_len) <= num_free
 
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""

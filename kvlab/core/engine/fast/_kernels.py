@@ -7,10 +7,14 @@ status, num_preemptions and, asynchronous only, placeholders (num_output_placeho
 the running list an array and its length; the pool a count of free blocks. loop_sync does decode runs (decode_run)
 where prefix caching is off; loop_async and prefix caching step one step at a time.
 """
+import builtins
 import math
 import sys
+import types
 
 import numpy as np
+
+from kvlab.core.engine import rules
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -40,6 +44,28 @@ def _jit(function, inline="never"):
 def _inline(function):
     """_jit, the function inlined into its callers at numba's IR level."""
     return _jit(function, "always")
+
+
+def _compiled_rules() -> dict:
+    """The rules of kvlab.core.engine.rules, compiled: the same functions the Python engine calls, each with its
+    calls to other rules resolved to their compiled selves."""
+    namespace = {"__builtins__": builtins}
+    for name in rules.RULES:
+        function = getattr(rules, name)
+        copy = types.FunctionType(function.__code__, namespace, name, function.__defaults__)
+        namespace[name] = _inline(copy)
+    return namespace
+
+
+_RULES = _compiled_rules()
+step_token_cap, running_num_new_tokens, allocation_is_noop, num_blocks_to_allocate = (
+    _RULES[name] for name in ("step_token_cap", "running_num_new_tokens", "allocation_is_noop",
+                              "num_blocks_to_allocate"))
+num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemption_victim = (
+    _RULES[name] for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks",
+                              "preemption_victim"))
+samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished",
+                                                                        "settles_placeholder"))
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
@@ -187,22 +213,15 @@ def take_slot(pool, r):
 
 
 @_inline
-def admitted_tokens(cfg, num_tokens, computed, num_blocks, r, num_hits, evictable, budget, free, cap_tokens):
+def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens):
     """Whether schedule()'s waiting loop admits request r (num_hits blocks hit in the prefix cache, evictable of them
     in the free queue; budget tokens and free blocks left): (its tokens, its new blocks), or (0, 0) if refused."""
     block_size, max_model_len, chunked = cfg[0], cfg[3], cfg[4]
-    m = num_tokens[r] - num_hits * block_size
-    if 0 < cap_tokens < m:
-        m = cap_tokens
-    if chunked == 0 and m > budget:
+    m = admission_num_new_tokens(num_tokens[r], num_hits * block_size, cap_tokens, budget, chunked != 0)
+    if m == 0:
         return 0, 0
-    if m > budget:
-        m = budget
-    if (min(num_tokens[r], max_model_len) + block_size - 1) // block_size - num_hits + evictable > free:
-        return 0, 0                                     # blocks for its whole current length must be free
-    start = computed[r] + num_hits * block_size
-    new = (min(start + m, max_model_len) + block_size - 1) // block_size - num_blocks[r] - num_hits
-    if max(new, 0) + evictable > free:
+    new = admission_num_new_blocks(num_tokens[r], num_hits, evictable, m, free, block_size, max_model_len)
+    if new < 0:
         return 0, 0
     return m, new
 
@@ -216,7 +235,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
     Without prefix caching (cfg[8] == 0) the pool is the count free; with it, pool's blocks."""
     block_size, max_num_seqs, budget, max_model_len, threshold, caching = cfg[0], cfg[1], cfg[2], cfg[3], cfg[5], cfg[8]
     cap = waiting.shape[0]
-    cap_tokens = threshold if nrun + nwait > 1 else 0
+    cap_tokens = step_token_cap(threshold, nrun, nwait)
     ns = 0
     npre = 0
     hit_tokens = 0
@@ -224,21 +243,12 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
     while i < nrun and budget > 0:
         r = running[i]
         c = computed[r]
-        p = placeholders[r]
-        if p and c + 2 - p >= max_tokens_total[r]:
-            i += 1                                      # async: the batch in flight samples its last token
+        m = running_num_new_tokens(num_tokens[r], placeholders[r], c, max_tokens_total[r], cap_tokens, budget,
+                                   max_model_len)
+        if m == 0:                                      # async: its last token in flight, or at max_model_len
+            i += 1
             continue
-        m = num_tokens[r] + p - c
-        if 0 < cap_tokens < m:
-            m = cap_tokens
-        if m > budget:
-            m = budget
-        if p and m > max_model_len - c - 1:
-            m = max_model_len - c - 1
-            if m <= 0:                                  # async: its next position would pass max_model_len
-                i += 1
-                continue
-        if m == 1 and c % block_size and not (caching and min(c + 1, num_tokens[r]) % block_size == 0):
+        if allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
             out_r[ns] = r                               # a decode inside its last block: allocate_slots not called
             out_n[ns] = 1
             ns += 1
@@ -247,7 +257,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             continue
         preempted_self = False
         while True:                                     # allocate_slots, preempting from the back
-            new = (min(c + m, max_model_len) + block_size - 1) // block_size - num_blocks[r]
+            new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
             if new <= free:
                 if new > 0:
                     if caching:
@@ -257,7 +267,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
                 if caching:
                     cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
                 break
-            nrun -= 1
+            nrun = preemption_victim(nrun)
             v = running[nrun]                           # the most recently admitted running request (_preempt)
             if caching:
                 free_table(pool, v, num_blocks[v])
@@ -294,7 +304,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             evictable = 0
             if caching:                                 # get_computed_blocks: the longest cached run of blocks
                 hits, ref, hash_first = pool[17], pool[0], pool[5]
-                for j in range((num_tokens[r] - 1) // block_size):
+                for j in range(num_lookup_blocks(num_tokens[r], block_size)):
                     b = hash_first[hash_id(pool, r, j)]
                     if b < 0:
                         break
@@ -302,8 +312,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
                     num_hits += 1
                     if ref[b] == 0:
                         evictable += 1
-            m, new = admitted_tokens(cfg, num_tokens, computed, num_blocks, r, num_hits, evictable, budget, free,
-                                     cap_tokens)
+            m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens)
             if m == 0:
                 break
             start = computed[r] + num_hits * block_size
@@ -346,7 +355,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
         c = computed[r] + m
         computed[r] = c
         num_scheduled += m
-        sample = c >= num_tokens[r] + placeholders[r]
+        sample = samples(c, num_tokens[r], placeholders[r])
         out_sample[j] = sample
         if asynchronous:
             in_flight[r] += m
@@ -469,7 +478,7 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
     refused = nwait > 0                                 # the head, refused now, stays refused: free only falls
-    if refused and may_admit and admitted_tokens(cfg, num_tokens, computed, num_blocks, waiting[head], 0, 0,
+    if refused and may_admit and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0,
                                                  budget_left, free - per_phase[0], threshold)[0]:
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
@@ -482,7 +491,7 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
         if j and nxt < n and arrival[nxt] <= clock:
             nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
             if not refused:                             # the first to arrive: admitted at this step ends the run
-                if may_admit and admitted_tokens(cfg, num_tokens, computed, num_blocks, waiting[head], 0, 0,
+                if may_admit and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0,
                                                  budget_left, free - per_phase[phase], threshold)[0]:
                     break
                 refused = True
@@ -509,7 +518,7 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
         num_blocks[r] += periods + (1 if phases[i] < rest else 0)    # its crossings in steps 0..j-1
         computed[r] += j
         num_tokens[r] += j
-        if num_tokens[r] >= max_num_tokens[r]:          # j == k: the step sampling the first finish
+        if is_finished(num_tokens[r], max_num_tokens[r]):     # j == k: the step sampling the first finish
             status[r] = FINISHED
             free += num_blocks[r]                       # release without prefix caching
             num_blocks[r] = 0
@@ -578,7 +587,7 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
                 num_tokens[r] += 1
                 if num_tokens[r] == prompt[r] + 1:
                     first_token_s[r] = end
-                if num_tokens[r] >= max_num_tokens[r]:
+                if is_finished(num_tokens[r], max_num_tokens[r]):
                     status[r] = FINISHED
                     free = release(pool, caching, r, num_blocks, num_cached, free)
                     kv -= computed[r]
@@ -672,11 +681,11 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             num_tokens[r] += 1
             if num_tokens[r] == prompt[r] + 1:
                 first_token_s[r] = end
-            if not was_stale and placeholders[r]:
+            if settles_placeholder(was_stale, placeholders[r]):
                 placeholders[r] -= 1
                 if was_running and caching:
                     cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
-            if num_tokens[r] >= max_num_tokens[r]:
+            if is_finished(num_tokens[r], max_num_tokens[r]):
                 status[r] = FINISHED
                 free = release(pool, caching, r, num_blocks, num_cached, free)
                 finish_s[r] = end

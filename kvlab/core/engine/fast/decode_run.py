@@ -30,6 +30,7 @@ from itertools import accumulate, repeat
 
 from kvlab.core.cost import checked_s
 from kvlab.core.engine.request import FINISHED
+from kvlab.core.engine.rules import admission_num_new_tokens
 from kvlab.core.engine.scheduler import SchedulerOutput
 
 
@@ -140,15 +141,10 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     if scheduler.admits_before_decodes:
         return scheduler.can_admit(request, 0, blocks_taken)
     hits = kv.get_computed_blocks(request)
-    n = request.num_tokens - len(hits) * engine.block_size
     cap = scheduler.long_prefill_token_threshold        # active: a request runs and this one waits
-    if 0 < cap < n:
-        n = cap
-    if not scheduler.enable_chunked_prefill and n > budget_left:
-        return False
-    if engine.allocation != "paged":
-        return kv.can_reserve(request)
-    return kv.blocks_to_admit(request, hits) <= kv.num_free_blocks - blocks_taken
+    n = admission_num_new_tokens(request.num_tokens, len(hits) * engine.block_size, cap, budget_left,
+                                 scheduler.enable_chunked_prefill)
+    return n > 0 and kv.can_admit(request, n, hits, blocks_taken)
 
 
 def take_blocks(engine, k: int, phases: list[int] | None) -> list[int]:
