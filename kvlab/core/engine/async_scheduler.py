@@ -27,12 +27,14 @@ class AsyncScheduler(Scheduler):
 
     async_scheduling = True
 
-    def scheduled_in_flight(self, request: Request, num_new_tokens: int, sample: bool) -> None:
-        """A scheduled batch's tokens are in flight until its output is processed; a token it samples is an output
-        placeholder meanwhile."""
-        request.num_in_flight_tokens += num_new_tokens
-        if sample:
-            request.num_output_placeholders += 1
+    def account(self, out: SchedulerOutput) -> None:
+        """Scheduler.account; then a scheduled batch's tokens are in flight until its output is processed, and a
+        token it samples is an output placeholder meanwhile."""
+        super().account(out)
+        for (request, n), sample in zip(out.scheduled, out.samples):
+            request.num_in_flight_tokens += n
+            if sample:
+                request.num_output_placeholders += 1
 
     def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
         """Settle a batch's in-flight tokens and placeholders, sample, finish and free (as Scheduler's)."""

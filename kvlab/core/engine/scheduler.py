@@ -120,15 +120,16 @@ class Scheduler:
         i = 0
         allocate, bs, caching = kv.allocate_slots, kv.block_size, kv.enable_caching
         max_model_len = self.max_model_len
+        new_tokens, noop = running_num_new_tokens, allocation_is_noop
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
-            n = running_num_new_tokens(request.num_tokens, request.num_output_placeholders, computed,
-                                       request.num_prompt_tokens + request.max_tokens, cap, budget, max_model_len)
+            n = new_tokens(request.num_tokens, request.num_output_placeholders, computed,
+                           request.num_prompt_tokens + request.max_tokens, cap, budget, max_model_len)
             if n == 0:                          # async: its last token is in flight, or it is at max_model_len
                 i += 1
                 continue
-            if allocation_is_noop(n, computed, request.num_tokens, bs, caching):
+            if n == 1 and noop(1, computed, request.num_tokens, bs, caching):
                 scheduled.append((request, 1))
                 budget -= 1
                 i += 1
@@ -170,16 +171,15 @@ class Scheduler:
     def account(self, out: SchedulerOutput) -> None:
         """Move each scheduled request's computed tokens on, mark which sample, and fill in the step's cost inputs."""
         tokens = context = decodes = decode_context = prefills = pairs = 0
-        marks = out.samples
+        marks, sampled = out.samples, samples
         for request, n in out.scheduled:
             before = request.num_computed_tokens
             computed = before + n
             request.num_computed_tokens = computed
             tokens += n
             context += computed
-            sample = samples(computed, request.num_tokens, request.num_output_placeholders)
+            sample = sampled(computed, request.num_tokens, request.num_output_placeholders)
             marks.append(sample)
-            self.scheduled_in_flight(request, n, sample)
             if n == 1 and sample:
                 decodes += 1
                 decode_context += computed
@@ -190,10 +190,6 @@ class Scheduler:
         out.num_decodes, out.decode_context_tokens = decodes, decode_context
         out.num_prefills, out.prefill_attention_pairs = prefills, pairs
         self.has_finished = False
-
-    def scheduled_in_flight(self, request: Request, num_new_tokens: int, sample: bool) -> None:
-        """Nothing: a synchronous batch's output is processed before the next schedule() (AsyncScheduler keeps
-        its tokens in flight)."""
 
     def _preempt(self, request: Request) -> None:
         """Free the request's blocks, reset its progress and put it at the front of the waiting queue; a batch
@@ -213,14 +209,14 @@ class Scheduler:
         Returns how many requests sampled, those that sampled their first token and those that finished
         (both in batch order)."""
         num_sampled, first, finished = 0, [], []
-        free = self.kv_cache_manager.free
+        free, stops = self.kv_cache_manager.free, is_finished
         for (request, _), sample in zip(out.scheduled, out.samples):
             if sample:
                 request.num_tokens += 1
                 num_sampled += 1
                 if request.num_tokens == request.num_prompt_tokens + 1:
                     first.append(request)
-                if is_finished(request.num_tokens, request.max_num_tokens):
+                if stops(request.num_tokens, request.max_num_tokens):
                     request.status = FINISHED
                     free(request)
                     finished.append(request)
