@@ -3,7 +3,7 @@ on this machine (local processes, one per core), and the same result on a Dask c
 import time
 
 from kvlab.core.models import get_gpu, get_model
-from kvlab.sections import plan
+from kvlab.studies import plan
 from kvlab.workloads import traces
 
 TARGET = {"num_candidates": 500, "num_requests": 10_000, "seconds": 300}

@@ -3,13 +3,14 @@
 Layers, imports pointing down only:
     kvlab.core       mechanism: config objects, allocation, capacity, cost models, the schedulers (numpy only)
     kvlab.workloads  synthetic workloads and the real-trace loaders
+    kvlab.studies    what is computed but is not report prose: the planner's search, sweeps, the vLLM paper's setting, fits
     kvlab.sections   one module per notebook: its tables, bands, sweeps and ledger rows; the ledger; plots
     kvlab.report     papermill -> nbconvert -> index + PDF
     kvlab.cli        the `kvlab` command line over all of it
 """
 from kvlab.core.lazy import submodules
 
-_LAYERS = ("core", "workloads", "sections", "report", "cli")
+_LAYERS = ("core", "workloads", "studies", "sections", "report", "cli")
 _layer, __dir__ = submodules(__name__, _LAYERS)
 
 

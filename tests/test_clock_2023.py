@@ -1,5 +1,5 @@
 """The vLLM 2023 step cost (kvlab.core.cost.Vllm2023StepCost), its data (data/clock_2023/, read by
-kvlab.core.cost.vllm_2023) and its fit (kvlab.sections.clock_2023): the data parse with their provenance, a refit
+kvlab.core.cost.vllm_2023) and its fit (kvlab.studies.vllm_2023_fit): the data parse with their provenance, a refit
 gives the committed coefficients and residuals, the per-block term makes small blocks slower, the step grows with
 tokens and context."""
 import csv
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvlab.core.cost import Vllm2023StepCost
 from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.models import DATA_DIR
-from kvlab.sections import clock_2023 as section
+from kvlab.studies import vllm_2023_fit as section
 
 COEFFICIENTS = section.load_coefficients()
 

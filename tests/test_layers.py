@@ -8,7 +8,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "kvlab"
 # Layer of each top-level part of kvlab, lowest first; a module may import its own layer or one below.
-LAYERS = {"core": 0, "workloads": 1, "sections": 2, "report": 3, "cli": 4, "__main__": 5, "__init__": 5}
+LAYERS = {"core": 0, "workloads": 1, "studies": 2, "sections": 3, "report": 4, "cli": 5, "__main__": 6, "__init__": 6}
 # What the mechanism may import from outside the standard library.
 CORE_THIRD_PARTY = {"numpy", "scipy"}
 # And numba, in the one module of compiled loops (imported only when a compiled loop runs).
@@ -82,6 +82,12 @@ def test_no_import_cycles():
     for node in graph:
         if node not in state:
             visit(node, [node])
+
+
+def test_kvlab_plan_imports_no_report_tables():
+    """`kvlab plan` searches with kvlab.studies: its command imports nothing of kvlab.sections."""
+    found = kvlab_imports(modules()["kvlab.cli.plan"], set(modules()))
+    assert not {name for name in found if name.startswith("kvlab.sections")}, sorted(found)
 
 
 def test_one_command_line():

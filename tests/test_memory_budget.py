@@ -11,7 +11,8 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.workload import Workload
 from kvlab.report import params as report_params
-from kvlab.sections import budget_runs, budget_tables, paper_setting, paper_workloads, parameters
+from kvlab.sections import budget_runs, budget_tables, parameters
+from kvlab.studies import paper_setting, paper_workloads
 from kvlab.workloads import paper_datasets, traces
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -221,7 +222,7 @@ def test_the_estimate_of_the_default_run_fits_the_reports_budget():
 
 def test_a_kv_cache_must_hold_a_buddy_chunk_of_max_model_len():
     """1,500 tokens take a buddy chunk of 2,048: 1.5 GiB of OPT-13B (1,952 slots) holds 1,500 slots but no such chunk."""
-    from kvlab.sections.paper_setting import PaperSetting
+    from kvlab.studies.paper_setting import PaperSetting
 
     setting = PaperSetting(max_model_len=1500)
     assert setting.pool_tokens(kv_cache_gib=1.5) == 1_952

@@ -1,4 +1,4 @@
-"""`kvlab plan` (kvlab.sections.plan): its prunes are proofs, its twins twins, its recommendations hold when served
+"""`kvlab plan` (kvlab.studies.plan): its prunes are proofs, its twins twins, its recommendations hold when served
 again on their own, and bad objectives are refused in one line."""
 import json
 import re
@@ -14,7 +14,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import MeasuredStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
-from kvlab.sections import plan
+from kvlab.studies import plan
 from kvlab.workloads import synthetic
 
 MODEL, GPU = "Qwen/Qwen3-32B", "RTX-PRO-6000-Server-96GB"

@@ -7,8 +7,8 @@ import pytest
 
 from kvlab.core import models
 from kvlab.sections import parameters, plan_tables
-from kvlab.sections.plan import CandidateResult, Plan
-from kvlab.sections.plan_space import Candidate, Deployment, Objectives
+from kvlab.studies.plan import CandidateResult, Plan
+from kvlab.studies.plan_space import Candidate, Deployment, Objectives
 from kvlab.workloads import synthetic
 
 DEPLOYMENT = Deployment(models.get_model("Qwen/Qwen3-32B"), models.get_gpu("RTX-PRO-6000-Server-96GB"), 16384)

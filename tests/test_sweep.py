@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from kvlab.sections import batching, sweep
+from kvlab.sections import batching
+from kvlab.studies import sweep
 
 POINTS = [{"arrival_rate": rate, "seed": seed} for rate in (8.0, 11.0, 14.0) for seed in range(3)]
 

@@ -1,11 +1,12 @@
 """The real vLLM runs kept as checks (data/checks/, kvlab.workloads.vllm_runs) and kvlab's replay of them
-(kvlab.sections.calibration.check_run_table). The runs are checks: these tests hold the loading and the
+(kvlab.studies.clock_checks.check_run_table). The runs are checks: these tests hold the loading and the
 arithmetic, not kvlab's agreement with vLLM."""
 import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
 from kvlab.sections import calibration, plots
+from kvlab.studies import clock_checks
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
 RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
@@ -45,7 +46,7 @@ def test_an_unknown_run_is_refused_naming_the_runs():
 
 
 def test_the_check_table_compares_kvlab_with_vllm():
-    table = calibration.check_run_table([RUNS[0]])
+    table = clock_checks.check_run_table([RUNS[0]])
     assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured")]
     run = load_vllm_run(RUNS[0])
     row = table.loc[(RUNS[0], "measured")]
@@ -54,17 +55,17 @@ def test_the_check_table_compares_kvlab_with_vllm():
     assert row["cost_source"] == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
     # the roofline is a lower bound on every step: kvlab's tokens come sooner with it
     assert table.loc[(RUNS[0], "roofline"), "kvlab_mean_tpot_ms"] < row["kvlab_mean_tpot_ms"]
-    assert set(calibration.CHECK_TARGETS) <= set(table.columns)
+    assert set(clock_checks.CHECK_TARGETS) <= set(table.columns)
 
 
 def test_a_replay_schedules_as_the_run_ran():
     run = load_vllm_run(RUNS[0])
     assert run.settings["async_scheduling"] is True and "async_scheduling" in run.assumed
-    replay = calibration.replay_vllm_run(run, "measured")
+    replay = clock_checks.replay_vllm_run(run, "measured")
     assert replay["async_scheduling"] is True
     assert np.all(replay["first_token_s"] > run.workload.arrival_s) and np.all(replay["finish_s"] >= replay["first_token_s"])
-    assert calibration.check_notes(run).startswith("kvlab schedules asynchronously as vLLM ran (vLLM's default; the "
-                                                   "run records no setting, so assumed)")
+    assert clock_checks.check_notes(run).startswith("kvlab schedules asynchronously as vLLM ran (vLLM's default; the "
+                                                    "run records no setting, so assumed)")
 
 
 @pytest.mark.parametrize("name,clock,words", [
@@ -76,14 +77,14 @@ def test_a_replay_schedules_as_the_run_ran():
     (RUNS[0], "measured", "No cause identified"),
 ])
 def test_a_miss_keeps_its_reason_from_the_runs_settings(name, clock, words):
-    reason = calibration.check_reason(load_vllm_run(name), clock)
+    reason = clock_checks.check_reason(load_vllm_run(name), clock)
     assert words in reason and reason.endswith(".") and reason.count(". ") == 0   # one sentence
 
 
 def test_the_check_view_puts_the_clocks_beside_each_other():
-    requests = calibration.check_requests([RUNS[0]])
+    requests = clock_checks.check_requests([RUNS[0]])
     assert requests.index.names == ["run", "clock", "request"] and len(requests) == 2 * 300
-    table = calibration.check_run_table(requests=requests)
+    table = clock_checks.check_run_table(requests=requests)
     view = calibration.check_view(table)
     assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4
     assert list(view.columns) == ["vllm", "kvlab_roofline", "roofline_error_pct", "roofline_within_target",
@@ -94,7 +95,7 @@ def test_the_check_view_puts_the_clocks_beside_each_other():
     assert e2e["vllm"] == f"{table.loc[(RUNS[0], 'measured'), 'vllm_mean_e2e_s']:.2f}"
     median = view.iloc[2]
     assert median["vllm"] == "" and median["kvlab_measured"] == ""
-    for clock in calibration.CHECK_CLOCKS:   # a row within all four targets has no reason; a miss has one
+    for clock in clock_checks.CHECK_CLOCKS:   # a row within all four targets has no reason; a miss has one
         row = table.loc[(RUNS[0], clock)]
         assert (row["why"] == "") == bool(row["within_targets"]) == bool(view[f"{clock}_within_target"].all())
     words = calibration.check_figures(table)

@@ -1,6 +1,6 @@
 """`kvlab plan`: the vLLM configurations that serve a workload within its service-level objectives.
 
-The parser needs nothing beyond the standard library and kvlab.cli's own modules; the search (kvlab.sections.plan,
+The parser needs nothing beyond the standard library and kvlab.cli's own modules; the search (kvlab.studies.plan,
 with the engine, the capacity code and the clocks) is imported inside the run, so `kvlab plan --help` and a
 refused flag answer at once."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 from kvlab.cli.common import exclusive, print_json, requires
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
-from kvlab.sections.plan_space import Objectives, SearchSpace, knob_value
+from kvlab.studies.plan_space import Objectives, SearchSpace, knob_value
 
 PLAN_FLAGS = {
     "ttft_p95_s": "--slo-ttft-p95-s", "tpot_p95_ms": "--slo-tpot-p95-ms", "e2e_p95_s": "--slo-e2e-p95-s",
@@ -178,7 +178,7 @@ def workload_of(args, given: set[str]):
 def deployment_of(args, given: set[str], workload):
     """The Deployment of --model (or --config) and --gpu, max_model_len checked against the workload."""
     from kvlab.core import models, validate
-    from kvlab.sections.plan_space import Deployment, check_max_model_len
+    from kvlab.studies.plan_space import Deployment, check_max_model_len
 
     exclusive(given, "--model", ["--config"], "--config reads the model from a config.json instead")
     requires(given, "--num-params-b", "--config", "a catalog model has its own parameter count")
@@ -212,11 +212,11 @@ def run(args, given: set[str]) -> dict:
     from kvlab.core import validate
     top = validate.in_range("top", args.top, "count")
     if args.scheduler is not None:
-        from kvlab.sections import sweep
+        from kvlab.studies import sweep
         sweep.scheduler_of(args.scheduler)
     workload, load = workload_of(args, given)
     deployment = deployment_of(args, given, workload)
-    from kvlab.sections import plan as planning
+    from kvlab.studies import plan as planning
 
     result = planning.search(workload, deployment, objectives, space, scheduler=args.scheduler)
     out = planning.summary(result, top=top)

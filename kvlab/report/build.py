@@ -25,7 +25,8 @@ from kvlab.report.params import MAX_MINUTES, CheckedParams, ReportError, check_p
 from kvlab.report.paths import NOTEBOOK_DIR, REPORT_DIR, ROOT
 from kvlab.report.render import Section
 from kvlab.sections import ledger as ledger_mod
-from kvlab.sections import parameters, sweep
+from kvlab.sections import parameters
+from kvlab.studies import sweep
 from kvlab.workloads import traces
 
 PACKAGES = ["kvlab", "numpy", "pandas", "scipy", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel",

@@ -6,7 +6,7 @@ import pandas as pd
 
 from kvlab.sections.budget_runs import MODE_LABELS, MODES
 from kvlab.sections.budget_tables import BEST_BLOCK_TOLERANCE, SECTION, mean_over_seeds, best_block_size
-from kvlab.sections.paper_setting import PaperSetting
+from kvlab.studies.paper_setting import PaperSetting
 
 # Orca's reservations: both kvlab's and the paper's place them with the buddy allocation algorithm (§6.1;
 # kvlab.core.buddy), but the paper's §6.5 says "due to the buddy allocation algorithm, the Orca baselines reserve the

@@ -1,5 +1,5 @@
 """Section 6's grids: the points (each one engine run of kvlab.core.engine under the paper's setting or another) and
-serve(), which runs one. kvlab.sections.sweep.run serves a grid on local processes or a Dask cluster; serve() is
+serve(), which runs one. kvlab.studies.sweep.run serves a grid on local processes or a Dask cluster; serve() is
 deterministic, so the numbers do not depend on where it ran. The allocation modes are the paper's: vLLM's paged
 memory and its Orca reservation baselines."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from kvlab.core.profiles import measured_gpus
 from kvlab.core.engine import ALLOCATIONS, simulate
 from kvlab.core.units import GIB, MIB
 from kvlab.core.workload import Workload
-from kvlab.sections import sweep
-from kvlab.sections.paper_setting import PAPER_BLOCK_SIZE, TODAY, TODAY_FRACTIONS_GPU, PaperSetting, prefix_setting
-from kvlab.sections.paper_workloads import TraceWorkload, variants
+from kvlab.studies import sweep
+from kvlab.studies.paper_setting import PAPER_BLOCK_SIZE, TODAY, TODAY_FRACTIONS_GPU, PaperSetting, prefix_setting
+from kvlab.studies.paper_workloads import TraceWorkload, variants
 from kvlab.workloads import paper_datasets, synthetic
 
 MODES = ("max", "pow2", "oracle", "paged")     # the order the paper shows them in
@@ -82,7 +82,7 @@ def metrics(result, pool_tokens: int) -> dict:
 
 
 def run_grid(name: str, points: list[dict], scheduler: str | None = None) -> pd.DataFrame:
-    """serve() on every point through kvlab.sections.sweep.run (logged as name for the report's footer), one row
+    """serve() on every point through kvlab.studies.sweep.run (logged as name for the report's footer), one row
     per point in the points' order."""
     results, _ = sweep.run(serve, points, scheduler=scheduler or None, name=name)
     return pd.DataFrame(results)

@@ -14,8 +14,8 @@ from kvlab.core.prefix_cache import replay
 from kvlab.core.units import GIB
 from kvlab.sections import ledger
 from kvlab.sections.budget_runs import MODE_LABELS, MODES
-from kvlab.sections.paper_setting import PaperSetting, prefix_setting
-from kvlab.sections.paper_workloads import TraceWorkload, sharegpt_counts
+from kvlab.studies.paper_setting import PaperSetting, prefix_setting
+from kvlab.studies.paper_workloads import TraceWorkload, sharegpt_counts
 from kvlab.sections.present import joined, label, published
 from kvlab.workloads import paper_datasets
 

@@ -17,7 +17,7 @@ from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
-from kvlab.sections.paper_setting import CLOCKS, SCHEDULERS, PaperSetting, prefix_setting
+from kvlab.studies.paper_setting import CLOCKS, SCHEDULERS, PaperSetting, prefix_setting
 from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
 from kvlab.workloads.traces import TRACE_FORMATS
@@ -104,7 +104,7 @@ def _scale(name, value):
 
 def _scheduler(name, value):
     if value != "":
-        from kvlab.sections.sweep import check_reachable, scheduler_of
+        from kvlab.studies.sweep import check_reachable, scheduler_of
 
         check_reachable(scheduler_of(value))  # before any notebook runs, not after minutes of work
 
@@ -253,7 +253,7 @@ SPACE_PARAMETERS = {"tensor_parallel_size": "TENSOR_PARALLEL_SIZES", "max_num_se
 def search_space(p: dict):
     """Notebook 07's SearchSpace (chunked prefill on, prefix caching off: vLLM 0.33's defaults), each candidate
     checked as vLLM checks its settings; a refusal names the notebook's parameter."""
-    from kvlab.sections.plan_space import SearchSpace
+    from kvlab.studies.plan_space import SearchSpace
 
     try:
         space = SearchSpace(**{field: tuple(p[name]) for field, name in SPACE_PARAMETERS.items()},
@@ -357,7 +357,7 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
                                   + cached * SECONDS_PER_REQUEST_PREFIX
                                   + (runs + azure_runs) * SECONDS_PER_ENGINE_RUN)
     if stem == "07_plan":
-        from kvlab.sections.plan import MIN_RUNG_REQUESTS, RUNG_FRACTIONS, RUNG_KEEP
+        from kvlab.studies.plan import MIN_RUNG_REQUESTS, RUNG_FRACTIONS, RUNG_KEEP
 
         n = p["NUM_REQUESTS"]
         size = math.prod(len(p[name]) for name in SPACE_PARAMETERS.values())

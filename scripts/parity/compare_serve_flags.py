@@ -8,7 +8,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvlab.sections.plan_space import VLLM_KV_CACHE_DTYPES, Candidate
+from kvlab.studies.plan_space import VLLM_KV_CACHE_DTYPES, Candidate
 
 HERE = Path(__file__).resolve().parent
 MODEL, MAX_MODEL_LEN = "Qwen/Qwen3-32B", 16384

@@ -31,7 +31,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import Vllm2023StepCost, paged_attention_us
 from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.engine import simulate
-from kvlab.sections.paper_setting import PaperSetting
+from kvlab.studies.paper_setting import PaperSetting
 
 COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
 load_coefficients = data.load_coefficients        # the notebook's

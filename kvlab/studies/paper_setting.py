@@ -14,7 +14,7 @@ from kvlab.core.units import GIB, cdiv
 
 # The paper's setting (§6.1, Table 1): what a run must keep for its section 6 figures to be compared.
 PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
-# The step costs a setting may use: the vLLM of 2023 fitted to measurements of it (kvlab.sections.clock_2023), or
+# The step costs a setting may use: the vLLM of 2023 fitted to measurements of it (kvlab.studies.vllm_2023_fit), or
 # kvlab's roofline of the model on the GPU (a lower bound).
 CLOCKS = {"vllm-2023": "vLLM 2023's step, fitted to Anyscale's June 2023 benchmark and the paper's Fig. 18a",
           "roofline": "kvlab's roofline of the model on the GPU (a lower bound on the step)"}

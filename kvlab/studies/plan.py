@@ -24,7 +24,7 @@ The search is not a grid:
    GPUs (tensor parallel size x replicas): the smallest worst share, an objective's value over its limit. Ranking
    across GPU counts on a prefix would favour too few GPUs, since a prefix's queues are shorter than the whole
    workload's; so every GPU count keeps its best to the end, where the whole workload decides. Each rung runs
-   through kvlab.sections.sweep (local processes or a Dask cluster), in chunks of candidates.
+   through kvlab.studies.sweep (local processes or a Dask cluster), in chunks of candidates.
 
 The ranking: the configurations served in full that meet every objective, by requests/s per GPU (the
 workload's rate over the GPUs it uses: goodput, since every request is served), then by that worst share.
@@ -43,8 +43,8 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
-from kvlab.sections import sweep
-from kvlab.sections.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
+from kvlab.studies import sweep
+from kvlab.studies.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
                                        SearchSpace, arrival_rate_per_s, figure)
 
 PERCENTILE = 95
@@ -361,15 +361,15 @@ def clock_fidelity(deployment: Deployment) -> list[dict]:
     """Section 5's checks of the measured clock on this model and GPU: each real vLLM run of them (data/checks/)
     replayed, kvlab's errors on mean E2E latency, mean TPOT, the median per-request E2E error and mean TTFT (shares),
     and whether all four lie within section 5's targets. None such: an empty list."""
-    from kvlab.sections import calibration
+    from kvlab.studies import clock_checks
     from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
     names = [name for name in check_runs() if (lambda s: s["model"] == deployment.model.name
                                                and s["gpu"] == deployment.gpu.name)(load_vllm_run(name).settings)]
     if not names:
         return []
-    table = calibration.check_run_table(names, clocks=("measured",))
-    return [{"run": run, "label": r["label"], **{k: round(float(r[k]), 4) for k in calibration.CHECK_TARGETS},
+    table = clock_checks.check_run_table(names, clocks=("measured",))
+    return [{"run": run, "label": r["label"], **{k: round(float(r[k]), 4) for k in clock_checks.CHECK_TARGETS},
              "within_targets": bool(r["within_targets"])} for (run, _), r in table.iterrows()]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from kvlab.core import models, validate
 from kvlab.core.workload import Workload
-from kvlab.sections.paper_setting import PaperSetting
+from kvlab.studies.paper_setting import PaperSetting
 from kvlab.workloads import paper_datasets, traces
 
 

@@ -1,5 +1,5 @@
 """What `kvlab plan` searches and against what: the objectives, a candidate configuration, the search space and
-the deployment it does not search (kvlab.sections.plan searches). No numpy: the command's parser reads its
+the deployment it does not search (kvlab.studies.plan searches). No numpy: the command's parser reads its
 defaults here."""
 from __future__ import annotations
 
