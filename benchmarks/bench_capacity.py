@@ -3,7 +3,7 @@ import time
 
 from kvlab.core import capacity, models
 from kvlab.core.config import EngineConfig
-from kvlab.sections import capacity as section
+from kvlab.sections import s03_capacity as section
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from kvlab.core import batching as simulator
-from kvlab.sections import batching as section
+from kvlab.sections import s02_batching as section
 from kvlab.workloads import synthetic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

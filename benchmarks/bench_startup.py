@@ -29,7 +29,7 @@ QUICK = [  # (label, command, exit status, words its output must hold)
     ("refused flag: kvlab simulate --num-requests -3", KVLAB + ["simulate", "--num-requests", "-3"], 2,
      "--num-requests=-3 is not allowed"),
 ]
-REPORT_REFUSALS = [  # (kind, --set value, words the refusal must hold): kvlab.sections.parameters' rules and guards
+REPORT_REFUSALS = [  # (kind, --set value, words the refusal must hold): kvlab.sections.shared.parameters' rules and guards
     ("unknown name", "NO_SUCH_PARAM=3", "no notebook has a parameter"),
     ("bad value", "02_batching.NUM_REQUESTS=many", "must be an integer like"),
     ("out of range", "03_capacity.GPU_MEMORY_GIB=0", "must be a number from"),

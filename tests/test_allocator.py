@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from kvlab.core import allocator as alloc
 from kvlab.core import article
-from kvlab.sections import allocation
+from kvlab.sections import s01_allocation as allocation
 from kvlab.core.allocator import BlockAllocator, NoFreeBlocksError
 
 lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=40)

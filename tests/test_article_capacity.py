@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvlab.core import capacity
-from kvlab.sections import capacity as section, ledger
+from kvlab.sections import s03_capacity as section
+from kvlab.sections.shared import ledger
 
 CONTEXTS = [1000, 4000, 8000, 32000, 128000]
 

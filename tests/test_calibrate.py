@@ -10,7 +10,7 @@ from kvlab.core import calibration as calibrate
 from kvlab.core import batching
 from kvlab.core import service_time
 from kvlab.workloads import synthetic
-from kvlab.sections import calibration as section
+from kvlab.sections import s05_calibration as section
 
 HEADER = "kind,batch_size,context_tokens,prompt_tokens,value,unit\n"
 # decode step (ms) at batch 1, 4, 16 x context 1024, 4096; batch 16 x 4096 did not fit (no row)

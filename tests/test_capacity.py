@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kvlab.core import capacity as cap
 from kvlab.core.config import EngineConfig
-from kvlab.sections.capacity import ARTICLE_SHAPE, fit_table
+from kvlab.sections.s03_capacity import ARTICLE_SHAPE, fit_table
 from kvlab.core import models
 from kvlab.core.models import ModelSpec
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT
 from kvlab.core import models
-from kvlab.sections import capacity as section
+from kvlab.sections import s03_capacity as section
 
 spec = importlib.util.spec_from_file_location("compare_capacity", ROOT / "scripts" / "parity" / "compare_capacity.py")
 compare_capacity = importlib.util.module_from_spec(spec)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from kvlab import workloads
-from kvlab.sections import allocation as allocator
+from kvlab.sections import s01_allocation as allocator
 from kvlab.cli import main
 
 JSON_KEYS = {"reserved_tokens", "used_tokens", "wasted_tokens", "waste_pct", "max_num_requests"}

@@ -6,7 +6,7 @@ import pytest
 
 from kvlab.core import batching as simulator
 from kvlab.core.service_time import TokenServiceTime
-from kvlab.sections import allocation as allocator
+from kvlab.sections import s01_allocation as allocator
 from kvlab.workloads import traces
 from kvlab.cli import main
 from kvlab.workloads import Workload

@@ -97,3 +97,23 @@ def test_one_command_line():
             continue
         text = path.read_text()
         assert "ArgumentParser(" not in text and "def main(" not in text, name
+
+
+# A name a module shares with one in a lower layer, allowed where it is the same concept one level up: each command
+# of the command line over the module it runs.
+SAME_CONCEPT_ONE_LEVEL_UP = {"kvlab.cli.capacity": "kvlab.core.capacity", "kvlab.cli.plan": "kvlab.studies.plan",
+                             "kvlab.cli.traces": "kvlab.workloads.traces", "kvlab.cli.report": "kvlab.report"}
+
+
+def test_no_module_name_repeats_a_lower_layers():
+    """A module (or package) is not named like one of a lower layer, unless it is the same concept one level up."""
+    def short(name):
+        return name.removesuffix(".__init__").rsplit(".", 1)[-1]
+
+    names = [n for n in modules() if n.count(".") > 1 or not n.endswith("__init__")]
+    for name in names:
+        lower = sorted(n.removesuffix(".__init__") for n in names if short(n) == short(name) and layer(n) < layer(name))
+        if name in SAME_CONCEPT_ONE_LEVEL_UP:
+            assert lower == [SAME_CONCEPT_ONE_LEVEL_UP[name]], (name, lower)
+        else:
+            assert not lower, f"{name} repeats the name of {', '.join(lower)} in a lower layer"

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from conftest import SHARED
-from kvlab.sections import ledger
+from kvlab.sections.shared import ledger
 
 
 @pytest.mark.parametrize("value, decimals, printed", [
@@ -92,7 +92,7 @@ def test_every_number_in_the_article_tables_is_in_the_ledger():
 
 @pytest.mark.parametrize("percentile, named", [(28.5, "29th"), (7.5, "8th"), (3.0, "3rd"), (11.5, "12th"), (0.5, "1st")])
 def test_a_seed_percentile_is_named_rounded_half_up(percentile, named):
-    from kvlab.sections import batching
+    from kvlab.sections import s02_batching as batching
 
     note = batching.band_note(pd.Series({"article_percentile": percentile, "num_seeds": 200}))
     assert note == f"The article's value lies at the {named} percentile of kvlab's 200 seeds."

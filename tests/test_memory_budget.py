@@ -11,7 +11,8 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.workload import Workload
 from kvlab.report import params as report_params
-from kvlab.sections import budget_runs, budget_tables, parameters
+from kvlab.sections.s06_memory_budget import runs as budget_runs, tables as budget_tables
+from kvlab.sections.shared import parameters
 from kvlab.studies import paper_setting, paper_workloads
 from kvlab.workloads import paper_datasets, traces
 

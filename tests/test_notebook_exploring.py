@@ -41,7 +41,7 @@ def test_a_notebook_runs_with_other_parameters(stem, tmp_path):
 def test_the_capacity_headline_names_what_the_table_holds_not_a_default_model():
     import pandas as pd
 
-    from kvlab.sections.capacity import log_headline
+    from kvlab.sections.s03_capacity import log_headline
 
     table = pd.DataFrame({"max_model_len": [4096, 32768, 32768, 32768], "tensor_parallel_size": [1, 1, 4, 8],
                           "max_concurrency": [28.5, 1.77, 14.7, float("nan")]},
@@ -55,7 +55,7 @@ def test_the_capacity_headline_names_what_the_table_holds_not_a_default_model():
 def test_the_bound_headline_uses_the_asked_column_or_the_first_one_there_is():
     import pandas as pd
 
-    from kvlab.sections.calibration import bound_headline
+    from kvlab.sections.s05_calibration import bound_headline
 
     bound = pd.DataFrame([[1.0, 2.0], [0.5, float("nan")]], index=["G1", "G2"],
                          columns=pd.MultiIndex.from_tuples([(1, 1024), (8, 1024)]))

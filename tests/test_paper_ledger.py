@@ -2,7 +2,7 @@
 import pandas as pd
 import pytest
 
-from kvlab.sections import ledger, present
+from kvlab.sections.shared import ledger, present
 
 
 def _row(table, row, column, value, **extra):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from kvlab.core import models
-from kvlab.sections import parameters, plan_tables
+from kvlab.sections import s07_plan as plan_tables
+from kvlab.sections.shared import parameters
 from kvlab.studies.plan import CandidateResult, Plan
 from kvlab.studies.plan_space import Candidate, Deployment, Objectives
 from kvlab.workloads import synthetic

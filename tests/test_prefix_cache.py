@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.core import prefix_cache
-from kvlab.sections import traces as section
+from kvlab.sections import s04_traces as section
 from kvlab.workloads import traces
 from kvlab.workloads import Workload
 

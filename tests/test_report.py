@@ -9,7 +9,7 @@ import pytest
 from conftest import ROOT
 import kvlab.report.build as report_build
 import kvlab.report.params as report_params
-from kvlab.sections import ledger
+from kvlab.sections.shared import ledger
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
@@ -110,7 +110,7 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
 
 def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduced():
     from kvlab.report import render
-    from kvlab.sections import present
+    from kvlab.sections.shared import present
 
     rows = ledger.collect([])
     page = render.ledger_body(rows)
@@ -232,7 +232,7 @@ def test_index_says_whether_traces_were_available(tmp_path):
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_parameter_has_a_rule_and_every_rule_a_parameter(notebook):
-    from kvlab.sections import parameters
+    from kvlab.sections.shared import parameters
 
     declared = set(report_params.notebook_parameters(notebook)) - {"LEDGER_CSV"}  # LEDGER_CSV: set by the report
     assert set(parameters.RULES[notebook.stem]) == declared

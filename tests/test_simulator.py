@@ -8,7 +8,7 @@ import stepwise
 from kvlab import workloads
 from kvlab.core import batching as simulator
 from kvlab.core import service_time
-from kvlab.sections import batching as section
+from kvlab.sections import s02_batching as section
 from kvlab.workloads import synthetic
 from kvlab.workloads import Workload
 

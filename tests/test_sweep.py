@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from kvlab.sections import batching
+from kvlab.sections import s02_batching as batching
 from kvlab.studies import sweep
 
 POINTS = [{"arrival_rate": rate, "seed": seed} for rate in (8.0, 11.0, 14.0) for seed in range(3)]

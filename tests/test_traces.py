@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from kvlab import cli
 from kvlab.core.service_time import TokenServiceTime
-from kvlab.sections import allocation as allocation_section
-from kvlab.sections import batching as batching_section
-from kvlab.sections import traces as section
-from kvlab.sections.batching import Experiment
+from kvlab.sections import s01_allocation as allocation_section
+from kvlab.sections import s02_batching as batching_section
+from kvlab.sections import s04_traces as section
+from kvlab.sections.s02_batching import Experiment
 from kvlab.workloads import download, traces
 from kvlab.workloads import poisson_arrivals
 
@@ -403,7 +403,7 @@ def test_real_files_load_clean(name):
 
 
 def test_trace_figures_draw_one_curve_per_trace(tmp_path):
-    from kvlab.sections import plots
+    from kvlab.sections.shared import plots
 
     path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]),
                                                  moon(5000, 700, 1200, [0, 1]), moon(9000, 80, 3, [0])]))

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
-from kvlab.sections import calibration, plots
+from kvlab.sections import s05_calibration as calibration
+from kvlab.sections.shared import plots
 from kvlab.studies import clock_checks
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 

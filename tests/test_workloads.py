@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from kvlab import workloads
-from kvlab.sections import allocation
+from kvlab.sections import s01_allocation as allocation
 from kvlab.workloads import synthetic
 from kvlab.workloads import LENGTH_DISTRIBUTIONS, sample_lengths
 

@@ -24,8 +24,8 @@ from kvlab.report import render
 from kvlab.report.params import MAX_MINUTES, CheckedParams, ReportError, check_params, notebook_parameters
 from kvlab.report.paths import NOTEBOOK_DIR, REPORT_DIR, ROOT
 from kvlab.report.render import Section
-from kvlab.sections import ledger as ledger_mod
-from kvlab.sections import parameters
+from kvlab.sections.shared import ledger as ledger_mod
+from kvlab.sections.shared import parameters
 from kvlab.studies import sweep
 from kvlab.workloads import traces
 
@@ -127,7 +127,7 @@ def provenance() -> dict:
 def _traces_note(merged: dict[str, dict]) -> str:
     """Whether the real traces were there for this build: one sentence, or one per trace folder when the
     notebooks were given different folders (merged: each notebook's parameters, defaults included)."""
-    from kvlab.sections.traces import availability_note
+    from kvlab.sections.s04_traces import availability_note
 
     folders: dict[str, list[str]] = {}
     for stem, values in merged.items():

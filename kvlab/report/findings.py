@@ -2,8 +2,8 @@
 value beside its source's) or from a section's own finding sentence (its cell tagged finding)."""
 from __future__ import annotations
 
-from kvlab.sections import ledger as ledger_mod
-from kvlab.sections import present
+from kvlab.sections.shared import ledger as ledger_mod
+from kvlab.sections.shared import present
 
 # The figures that state each of the article's three claims (section, table, row, column), in the order told.
 ARTICLE_CLAIMS = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from kvlab.report.paths import NOTEBOOK_DIR
-from kvlab.sections import parameters
+from kvlab.sections.shared import parameters
 
 
 class ReportError(Exception):

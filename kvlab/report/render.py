@@ -14,8 +14,8 @@ from pathlib import Path
 from bs4 import BeautifulSoup
 
 from kvlab.report.findings import findings
-from kvlab.sections import ledger as ledger_mod
-from kvlab.sections import present
+from kvlab.sections.shared import ledger as ledger_mod
+from kvlab.sections.shared import present
 
 TITLE = "kvlab: KV-cache memory in LLM serving"
 ROWS_PER_PRINTED_TABLE = 24   # a longer table is printed as parts of at most this many rows, each kept whole

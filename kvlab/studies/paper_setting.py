@@ -1,6 +1,6 @@
 """Section 6's setting: the vLLM paper's model, GPU and KV cache (or another), checked as the engine needs it.
 
-NumPy only (no pandas), so that the report's checks (kvlab.sections.parameters) can import it."""
+NumPy only (no pandas), so that the report's checks (kvlab.sections.shared.parameters) can import it."""
 from __future__ import annotations
 
 import dataclasses

@@ -23,7 +23,7 @@ def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Genera
 # request holds at its end (prompt + output). Every generator returns int64 lengths >= 1.
 
 # kvlab's choice for section 1 (the article publishes no distribution): the article-s1 mixture, fitted by
-# kvlab.sections.allocation.fit_article_lengths() to the article's section 1 totals (see there).
+# kvlab.sections.s01_allocation.fit_article_lengths() to the article's section 1 totals (see there).
 S1_MIXTURE_PARAMS = {"log_mean": 5.2081, "log_sigma": 0.8259, "uniform_share": 0.1728}
 # Section 2's output lengths, as the article states them: 85% in [40, 200], 15% in [400, 1,000] tokens.
 S2_OUTPUT_PARAMS = {"short_tokens": article.SHORT_OUTPUT_TOKENS, "long_tokens": article.LONG_OUTPUT_TOKENS,

@@ -12,14 +12,14 @@ from kvlab.core.batching import simulate as slot_simulate
 from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.prefix_cache import replay
 from kvlab.core.units import GIB
-from kvlab.sections import ledger
-from kvlab.sections.budget_runs import MODE_LABELS, MODES
+from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
+from kvlab.sections.shared import ledger
+from kvlab.sections.shared.present import joined, label, published
 from kvlab.studies.paper_setting import PaperSetting, prefix_setting
 from kvlab.studies.paper_workloads import TraceWorkload, sharegpt_counts
-from kvlab.sections.present import joined, label, published
 from kvlab.workloads import paper_datasets
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 PARITY_CSV = DATA_DIR / "parity" / "scheduler.csv"
 SECTION = 6
 # kvlab's rule for the best block size (chosen before its values were seen): every block size whose normalized

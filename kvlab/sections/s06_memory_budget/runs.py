@@ -158,7 +158,7 @@ def today_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int
 def knee_points(setting: PaperSetting, dataset_name: str, dataset, grid_rates, sustained: pd.DataFrame,
                 bound_s: float, num_steps: int, seeds: list[int], num_requests: int) -> list[dict]:
     """A finer grid at each mode's knee on one dataset: from the rate it sustains under bound_s on the coarse grid
-    (grid_rates; sustained: kvlab.sections.budget_tables.sustained_table) to the grid's next rate, num_steps
+    (grid_rates; sustained: kvlab.sections.s06_memory_budget.tables.sustained_table) to the grid's next rate, num_steps
     geometric steps (both ends included), each rate for every seed. A mode sustaining no rate or every rate of the
     grid has no knee inside it and no points."""
     config, blocks, cost = setting.config(), setting.num_gpu_blocks(), setting.cost()

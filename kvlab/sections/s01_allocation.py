@@ -12,8 +12,8 @@ import pandas as pd
 from scipy.optimize import minimize
 
 from kvlab.core import allocator, article, validate
-from kvlab.sections import ledger
-from kvlab.sections.traces import NotebookTrace
+from kvlab.sections.s04_traces import NotebookTrace
+from kvlab.sections.shared import ledger
 from kvlab.workloads import synthetic, traces
 
 ARTICLE_COLUMNS = ["reserved_tokens", "wasted_tokens", "waste_pct", "max_num_requests"]
@@ -224,7 +224,7 @@ def trace_allocation_table(trace: NotebookTrace, block_sizes, *, max_len_tokens:
 
 # ---------------------------------------------------------------- the figures the notebook's prose states
 # Each function below returns the numbers one paragraph of notebook 01 states, so that the notebook only formats
-# them (kvlab.sections.present.prose); a figure a table does not hold is NaN, never an error.
+# them (kvlab.sections.shared.present.prose); a figure a table does not hold is NaN, never an error.
 def _at(frame: pd.DataFrame, row, column) -> float:
     """frame.loc[row, column] as a float, NaN when the row or column is not there (other parameters)."""
     try:
@@ -287,7 +287,7 @@ def band_figures(checked: pd.DataFrame, num_requests: int, block_size: int = 64)
     """What the seed band says: figures inside it, all figures, those outside (in words), and for the wasted
     tokens at block_size: the article's value and the band, per request, and the (B - 1) / 2 tokens per request
     that whole-token lengths spread smoothly over many blocks waste on average."""
-    from kvlab.sections.present import label
+    from kvlab.sections.shared.present import label
 
     outside = [f"{label(figure).split(' (')[0]} at {b:,}-token blocks" for (b, figure), row in checked.iterrows()
                if not row["inside"]]
@@ -336,7 +336,7 @@ def trace_figures(trace: NotebookTrace, trace_table: pd.DataFrame, table: pd.Dat
     (used tokens / requests, tokens), the waste (%) and requests that fit at the coarsest and finest block size
     (and what fits at the finest in table, the synthetic lengths' table), the share of its requests longer than
     the article's 4,096 tokens (%) and the article's mean; {} when the trace is not available."""
-    from kvlab.sections.traces import TRACE_NAMES
+    from kvlab.sections.s04_traces import TRACE_NAMES
 
     if trace.load is None or trace_table.empty:
         return {}

@@ -15,7 +15,7 @@ from kvlab.core.calibration import (CALIBRATION_DIR, DTYPE_BYTES, ROOT, Calibrat
 from kvlab.core.models import get_gpu
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
-from kvlab.sections.batching import Experiment, compare_policies
+from kvlab.sections.s02_batching import Experiment, compare_policies
 from kvlab.studies.clock_checks import CHECK_TARGETS, check_label, check_notes
 from kvlab.studies.clock_checks import check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
 from kvlab.workloads.vllm_runs import load_vllm_run
@@ -141,7 +141,7 @@ def check_view(table: pd.DataFrame) -> pd.DataFrame:
     """check_run_table as the report shows it: one row per run (its label) and figure (its target in the name),
     vLLM's value, then per clock kvlab's value, its error (%) and whether it lies within the target. Values are
     text at their figure's decimals (the rows mix units); the median per-request error has no value, only its error."""
-    from kvlab.sections.present import cell
+    from kvlab.sections.shared.present import cell
 
     clocks = list(dict.fromkeys(table.index.get_level_values("clock")))
     rows = []

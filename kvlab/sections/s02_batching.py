@@ -16,9 +16,9 @@ from kvlab.core import article, validate
 from kvlab.core.batching import simulate
 from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.workload import Workload
-from kvlab.sections import ledger
-from kvlab.sections.ledger import round_half_up
-from kvlab.sections.traces import TRACE_NAMES, NotebookTrace
+from kvlab.sections.s04_traces import TRACE_NAMES, NotebookTrace
+from kvlab.sections.shared import ledger
+from kvlab.sections.shared.ledger import round_half_up
 from kvlab.workloads import synthetic
 
 ARRIVAL_RATE_PER_S = synthetic.S2_ARRIVAL_RATE_PER_S  # kvlab's choice (the article gives no rate); see there
@@ -211,7 +211,7 @@ WORK_FIGURES = ("p95_latency_s", "max_latency_s", "makespan_s")  # figures that 
 
 def _words(column: str) -> str:
     """A column's label without its unit: p95_latency_s -> 'p95 latency'."""
-    from kvlab.sections.present import label
+    from kvlab.sections.shared.present import label
 
     return re.sub(r" \([^)]*\)$", "", label(column))
 
@@ -332,8 +332,8 @@ def trace_figures(trace: NotebookTrace, trace_mixed: pd.DataFrame, experiment: E
     and their ratio (x), beside the article's ratio, mix and share and kvlab's chosen rate; {} without a trace."""
     if trace.load is None or trace_mixed.empty:
         return {}
-    from kvlab.sections.plots import INTERARRIVAL_MAX_RATIO
-    from kvlab.sections.traces import article_comparison
+    from kvlab.sections.shared.plots import INTERARRIVAL_MAX_RATIO
+    from kvlab.sections.s04_traces import article_comparison
 
     w = trace.load.workload
     duration = float(w.arrival_s[-1] - w.arrival_s[0])

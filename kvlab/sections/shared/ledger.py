@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 ARTICLE_FIGURES_CSV = DATA_DIR / "article_figures.csv"
 PAPER_FIGURES_CSV = DATA_DIR / "paper_figures.csv"
 # Each source of published figures, its file, and how the report names it.

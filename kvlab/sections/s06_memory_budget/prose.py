@@ -7,13 +7,15 @@ import pandas as pd
 
 from kvlab.core import capacity
 from kvlab.core.units import GIB
-from kvlab.sections import ledger
-from kvlab.sections.ledger import round_half_up
-from kvlab.sections.budget_runs import ARTICLE_KV_GIB, ARTICLE_MAX_LEN, ARTICLE_MIB_PER_TOKEN, DATASETS, MODE_LABELS, MODES
-from kvlab.sections.budget_tables import MEMORY_DECIMALS, SCHEDULING_LABELS, SECTION, best_block_size, setting_table
+from kvlab.sections.s06_memory_budget.runs import (ARTICLE_KV_GIB, ARTICLE_MAX_LEN, ARTICLE_MIB_PER_TOKEN, DATASETS,
+                                                  MODE_LABELS, MODES)
+from kvlab.sections.s06_memory_budget.tables import (MEMORY_DECIMALS, SCHEDULING_LABELS, SECTION, best_block_size,
+                                                    setting_table)
+from kvlab.sections.shared import ledger
+from kvlab.sections.shared.ledger import round_half_up
+from kvlab.sections.shared.present import joined, label
 from kvlab.studies.paper_setting import PaperSetting, prefix_setting
 from kvlab.studies.paper_workloads import TraceWorkload
-from kvlab.sections.present import joined, label
 
 PAPER_TOKEN_SLOTS = 15_700            # Table 1: "15.7K" token slots for OPT-13B's 12 GB of KV cache
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvlab.sections.ledger import round_half_up
+from kvlab.sections.shared.ledger import round_half_up
 
 # Column names follow kvlab's convention (units as suffixes); a suffix gives the unit shown and the decimals.
 UNITS = [  # (suffix, unit shown, decimals), longest suffix first
@@ -175,7 +175,7 @@ def table(frame: pd.DataFrame | pd.Series, decimals: dict | int | None = None, l
 
 
 def band(bands: pd.DataFrame, caption: str = "") -> Table:
-    """A band table (kvlab.sections.batching.band_table) as a Table: per policy and figure, the article's value,
+    """A band table (kvlab.sections.s02_batching.band_table) as a Table: per policy and figure, the article's value,
     kvlab's median and 5-95% band over seeds, the article's percentile among the seeds, and whether it is inside."""
     frame = bands.reset_index()
     frame["column"] = [label(c) for c in frame["column"]]
@@ -197,11 +197,11 @@ def published(row, decimals: int) -> str:
 
 
 def ledger(rows: pd.DataFrame, caption: str = "", *, why: bool = False) -> Table:
-    """A section's ledger rows (kvlab.sections.ledger.compare) as a Table: each figure at the source's printed
+    """A section's ledger rows (kvlab.sections.shared.ledger.compare) as a Table: each figure at the source's printed
     precision (a published range as 'low to high'), the seed band where there is one, the tolerance, a pass/fail
     mark and, with why, the reason a figure lies where it does. The published value's column is headed by its
     source: "article", or "paper" for the vLLM paper's figures."""
-    from kvlab.sections.ledger import KEY, figures
+    from kvlab.sections.shared.ledger import KEY, figures
 
     published_figures = figures().set_index(KEY)
     shown = []

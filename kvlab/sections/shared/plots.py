@@ -520,7 +520,7 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
     the whole workload: filled where it meets every objective, hollow where it misses; the objective dashed and the
     best configuration labelled.
 
-    served: kvlab.sections.plan_tables.served_table; objectives: metric name -> limit; words, units: their names.
+    served: kvlab.sections.s07_plan.served_table; objectives: metric name -> limit; words, units: their names.
     """
     from matplotlib.ticker import FuncFormatter, NullFormatter
 

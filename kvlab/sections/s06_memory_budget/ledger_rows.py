@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvlab.sections.budget_runs import MODE_LABELS, MODES
-from kvlab.sections.budget_tables import BEST_BLOCK_TOLERANCE, SECTION, mean_over_seeds, best_block_size
+from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
+from kvlab.sections.s06_memory_budget.tables import BEST_BLOCK_TOLERANCE, SECTION, mean_over_seeds, best_block_size
 from kvlab.studies.paper_setting import PaperSetting
 
 # Orca's reservations: both kvlab's and the paper's place them with the buddy allocation algorithm (§6.1;

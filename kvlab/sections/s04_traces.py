@@ -180,7 +180,7 @@ def hit_rate_curve(workload: Workload, cache_sizes_blocks: Sequence[int],
 def prose(trace: NotebookTrace, text: str, figures: dict):
     """A paragraph about the trace: text (Markdown whose {names} are the keys of figures, formatted as str.format
     does, e.g. "{mean_tokens:,.0f}") as prose when the trace was loaded, else one line that there is none."""
-    from kvlab.sections import present
+    from kvlab.sections.shared import present
 
     if trace.load is None or not figures:
         return present.prose("(No trace was loaded, so there is nothing to describe here.)")

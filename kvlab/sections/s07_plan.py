@@ -1,5 +1,5 @@
 """Section 7 (notebook 07_plan): one deployment planned end to end: the workload it is planned for, and the plan's
-tables and figures (kvlab.studies.plan searches, kvlab.sections.plots draws)."""
+tables and figures (kvlab.studies.plan searches, kvlab.sections.shared.plots draws)."""
 from __future__ import annotations
 
 import math
@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 
 from kvlab.core.workload import Workload
+from kvlab.sections.s04_traces import open_trace
+from kvlab.sections.shared.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
 from kvlab.studies import plan as planning
-from kvlab.sections.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
 from kvlab.studies.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Objectives, SearchSpace, arrival_rate_per_s,
                                        check_max_model_len, knob_value)
-from kvlab.sections.traces import open_trace
 from kvlab.workloads.synthetic import gamma_workload
 
 METRICS = ("ttft_p95_s", "tpot_p95_ms", "e2e_p95_s")

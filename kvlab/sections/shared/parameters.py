@@ -243,7 +243,7 @@ def _check_memory_budget(p: dict) -> None:
     prefix_setting(p["PREFIX_MODEL"], p["PREFIX_GPU"])
 
 
-# The search space of notebook 07, by the notebook's parameter names (kvlab.sections.plan_tables.search_space).
+# The search space of notebook 07, by the notebook's parameter names (kvlab.sections.s07_plan.search_space).
 SPACE_PARAMETERS = {"tensor_parallel_size": "TENSOR_PARALLEL_SIZES", "max_num_seqs": "MAX_NUM_SEQS",
                      "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS", "block_size": "BLOCK_SIZES",
                      "gpu_memory_utilization": "GPU_MEMORY_UTILIZATIONS", "kv_cache_dtype": "KV_CACHE_DTYPES",
