@@ -1,11 +1,11 @@
 """The compiled loops of kvlab.core.engine.fast.compiled (imported only when one runs: it imports numba).
 
-Each function mirrors the Python code named in its docstring, rule for rule, over arrays indexed by request id.
-A request's state: num_tokens, computed (num_computed_tokens), num_blocks (the length of its block table),
-status, num_preemptions and, asynchronous only, placeholders (num_output_placeholders), in_flight
-(num_in_flight_tokens) and stale (num_stale_tokens). The waiting queue is a ring (waiting, its head, its length);
-the running list an array and its length; the pool a count of free blocks. loop_sync does decode runs (decode_run)
-where prefix caching is off; loop_async and prefix caching step one step at a time.
+Each loop is the Python engine's loop named in its docstring over the named arrays of fast/arrays.py (per request,
+indexed by request id: num_tokens, computed, num_blocks, status, num_preemptions and, asynchronous only,
+placeholders, in_flight and stale); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
+functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
+array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
+(decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time.
 """
 import builtins
 import math
@@ -15,6 +15,10 @@ import types
 import numpy as np
 
 from kvlab.core.engine import rules
+from kvlab.core.engine.fast.arrays import (DONE, FULL, NO_PROGRESS, F_CLOCK, F_GPU_FREE, F_LAST_END, P_SLOTS, P_STACK, P_TAIL_END,
+                                           P_TAIL_HEAD, P_TAIL_SIZE, S_FREE, S_HAS_FINISHED, S_KV_TOKENS,
+                                           S_NEXT_ARRIVAL, S_NUM_EMPTY, S_NUM_RUNNING, S_NUM_WAITING, S_QUEUE_HEAD,
+                                           S_QUEUE_LEN, S_RUNS, S_STEPS, S_WAITING_HEAD)
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -29,8 +33,6 @@ finally:
         del sys.modules["coverage"]
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-DONE, FULL, NO_PROGRESS = 0, 1, 2
-S_RUNS = 11                                             # the integer state's count of decode runs done
 
 
 def _jit(function, inline="never"):
@@ -69,32 +71,26 @@ samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples"
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
-# BlockPool (kvlab/core/block_pool.py) with block identities, as the prefix cache needs them. pool is a tuple:
-# ref, hash_of (a block's hash id or -1), stack (the free queue's unhashed head part; its top is the queue's head),
-# tail_next, tail_prev (the hashed tail part, a linked list in insertion order), hash_first, hash_last, hash_next,
-# hash_prev (per hash id, the blocks cached under it, first inserted first), pstate (stack size, tail head, tail
-# end, tail size), tables (a block table per running slot), slot_of (a request's slot), free_slots (pstate[4] of
-# them), hash_offset, hash_shared, num_shared, hash_base (a request's hash ids, see hash_id) and two scratch rows.
-P_STACK, P_TAIL_HEAD, P_TAIL_END, P_TAIL_SIZE, P_SLOTS = 0, 1, 2, 3, 4
+# BlockPool (kvlab/core/block_pool.py) over the named arrays of fast/arrays.py Pool.
 
 
 @_inline
 def hash_id(pool, r, j):
     """The hash id of request r's block j: shared by equal full prompt blocks (same parents), else its own."""
-    if j < pool[15][r]:
-        return pool[14][pool[13][r] + j]
-    return pool[16][r] + j - pool[15][r]
+    if j < pool.num_shared[r]:
+        return pool.hash_shared[pool.hash_offset[r] + j]
+    return pool.hash_base[r] + j - pool.num_shared[r]
 
 
 @_inline
 def num_free(pool):
     """BlockPool.num_free_blocks: both parts of the free queue."""
-    return pool[9][P_STACK] + pool[9][P_TAIL_SIZE]
+    return pool.pstate[P_STACK] + pool.pstate[P_TAIL_SIZE]
 
 
 @_inline
 def tail_remove(pool, b):
-    tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
+    tail_next, tail_prev, pstate = pool.tail_next, pool.tail_prev, pool.pstate
     before, after = tail_prev[b], tail_next[b]
     if before >= 0:
         tail_next[before] = after
@@ -109,7 +105,7 @@ def tail_remove(pool, b):
 
 @_inline
 def tail_append(pool, b):
-    tail_next, tail_prev, pstate = pool[3], pool[4], pool[9]
+    tail_next, tail_prev, pstate = pool.tail_next, pool.tail_prev, pool.pstate
     end = pstate[P_TAIL_END]
     tail_prev[b], tail_next[b] = end, -1
     if end >= 0:
@@ -123,7 +119,7 @@ def tail_append(pool, b):
 @_inline
 def evict(pool, b):
     """BlockPool._evict: the block leaves the cache list of its hash."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev = pool[1], pool[5], pool[6], pool[7], pool[8]
+    hash_of, hash_first, hash_last, hash_next, hash_prev = pool.hash_of, pool.hash_first, pool.hash_last, pool.hash_next, pool.hash_prev
     h = hash_of[b]
     if h < 0:
         return
@@ -143,7 +139,7 @@ def evict(pool, b):
 def get_new_blocks(pool, row, at, k):
     """BlockPool.get_new_blocks: k blocks from the head of the free queue (the stack's top, then the tail's
     front, evicting) into row[at:at + k]."""
-    ref, stack, pstate = pool[0], pool[2], pool[9]
+    ref, stack, pstate = pool.ref, pool.stack, pool.pstate
     for i in range(k):
         if pstate[P_STACK] > 0:
             pstate[P_STACK] -= 1
@@ -160,8 +156,8 @@ def get_new_blocks(pool, row, at, k):
 def free_table(pool, r, n):
     """KVCacheManager.free with caching (BlockPool.free_blocks of the table reversed): unhashed blocks no request
     holds go to the head, the first freed ending at the top; hashed ones to the tail, in the order freed."""
-    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (pool[0], pool[1], pool[2], pool[9],
-                                                                         pool[10], pool[11], pool[12], pool[18])
+    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (pool.ref, pool.hash_of, pool.stack, pool.pstate,
+                                                                         pool.tables, pool.slot_of, pool.free_slots, pool.unhashed)
     slot = slot_of[r]
     row = tables[slot]
     k = 0
@@ -185,8 +181,8 @@ def free_table(pool, r, n):
 @_inline
 def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
     """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (pool[1], pool[5], pool[6], pool[7],
-                                                                           pool[8], pool[10], pool[11])
+    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (pool.hash_of, pool.hash_first, pool.hash_last, pool.hash_next,
+                                                                           pool.hash_prev, pool.tables, pool.slot_of)
     num_full = num_known_tokens // block_size
     row = tables[slot_of[r]]
     for j in range(num_cached[r], num_full):
@@ -207,7 +203,7 @@ def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
 @_inline
 def take_slot(pool, r):
     """A block-table row for a request being admitted."""
-    pstate, slot_of, free_slots = pool[9], pool[11], pool[12]
+    pstate, slot_of, free_slots = pool.pstate, pool.slot_of, pool.free_slots
     pstate[P_SLOTS] -= 1
     slot_of[r] = free_slots[pstate[P_SLOTS]]
 
@@ -216,7 +212,7 @@ def take_slot(pool, r):
 def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens):
     """Whether schedule()'s waiting loop admits request r (num_hits blocks hit in the prefix cache, evictable of them
     in the free queue; budget tokens and free blocks left): (its tokens, its new blocks), or (0, 0) if refused."""
-    block_size, max_model_len, chunked = cfg[0], cfg[3], cfg[4]
+    block_size, max_model_len, chunked = cfg.block_size, cfg.max_model_len, cfg.enable_chunked_prefill
     m = admission_num_new_tokens(num_tokens[r], num_hits * block_size, cap_tokens, budget, chunked != 0)
     if m == 0:
         return 0, 0
@@ -232,8 +228,8 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
              out_n, out_sample, asynchronous, pool):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
     returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
-    Without prefix caching (cfg[8] == 0) the pool is the count free; with it, pool's blocks."""
-    block_size, max_num_seqs, budget, max_model_len, threshold, caching = cfg[0], cfg[1], cfg[2], cfg[3], cfg[5], cfg[8]
+    Without prefix caching (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
+    block_size, max_num_seqs, budget, max_model_len, threshold, caching = cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.long_prefill_token_threshold, cfg.enable_caching
     cap = waiting.shape[0]
     cap_tokens = step_token_cap(threshold, nrun, nwait)
     ns = 0
@@ -261,7 +257,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             if new <= free:
                 if new > 0:
                     if caching:
-                        get_new_blocks(pool, pool[10][pool[11][r]], num_blocks[r], new)
+                        get_new_blocks(pool, pool.tables[pool.slot_of[r]], num_blocks[r], new)
                     free -= new
                     num_blocks[r] += new
                 if caching:
@@ -303,7 +299,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             num_hits = 0
             evictable = 0
             if caching:                                 # get_computed_blocks: the longest cached run of blocks
-                hits, ref, hash_first = pool[17], pool[0], pool[5]
+                hits, ref, hash_first = pool.hits, pool.ref, pool.hash_first
                 for j in range(num_lookup_blocks(num_tokens[r], block_size)):
                     b = hash_first[hash_id(pool, r, j)]
                     if b < 0:
@@ -318,12 +314,12 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             start = computed[r] + num_hits * block_size
             if caching:
                 take_slot(pool, r)
-                row = pool[10][pool[11][r]]
+                row = pool.tables[pool.slot_of[r]]
                 for j in range(num_hits):               # touch: a hit no request held leaves the free queue
-                    b = pool[17][j]
-                    if pool[0][b] == 0:
+                    b = pool.hits[j]
+                    if pool.ref[b] == 0:
                         tail_remove(pool, b)
-                    pool[0][b] += 1
+                    pool.ref[b] += 1
                     row[j] = b
                 num_blocks[r] = num_hits
                 num_cached[r] = num_hits
@@ -409,7 +405,7 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 def release(pool, caching, r, num_blocks, num_cached, free):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
-        if pool[11][r] >= 0:                            # a request finished in the waiting queue holds none
+        if pool.slot_of[r] >= 0:                            # a request finished in the waiting queue holds none
             free_table(pool, r, num_blocks[r])
         num_cached[r] = 0
         free = num_free(pool)
@@ -458,7 +454,7 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
     waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
     free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    block_size, max_num_seqs, budget, usable, constant, threshold = cfg[0], cfg[1], cfg[2], cfg[6], cfg[7], cfg[5]
+    block_size, max_num_seqs, budget, usable, constant, threshold = cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_usable_blocks, cfg.constant_step_cost, cfg.long_prefill_token_threshold
     if nrun == 0:                   # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     per_phase[:] = 0                                    # per_phase[p]: requests of phase p
@@ -536,16 +532,18 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
 def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
               num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
               first_token_s, finish_s, running, waiting, pool, out_r, out_n, out_sample, logs, events, counts):
-    """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg[9]: runs
+    """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg.decode_runs: runs
     on): steps until every request finished (DONE), the chunk's steps are filled (FULL) or a step schedules nothing
     (NO_PROGRESS)."""
     n = arrival.shape[0]
-    usable, constant, caching = cfg[6], cfg[7], cfg[8]
-    nxt, free, nrun, head, nwait, kv, first = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
-    clock, last_end = fstate[0], fstate[1]
+    usable, constant, caching = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching
+    nxt, free, nrun, head, nwait = (state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING],
+                                    state[S_WAITING_HEAD], state[S_NUM_WAITING])
+    kv, first = state[S_KV_TOKENS], state[S_STEPS]
+    clock, last_end = fstate[F_CLOCK], fstate[F_LAST_END]
     capacity = logs[0].shape[0]
-    runs = cfg[9] and not caching
-    phases, per_phase = np.zeros(min(n, cfg[1]), np.int64), np.zeros(cfg[0], np.int64)
+    runs = cfg.decode_runs and not caching
+    phases, per_phase = np.zeros(min(n, cfg.max_num_seqs), np.int64), np.zeros(cfg.block_size, np.int64)
     counts[:] = 0
     code = DONE
     while True:
@@ -600,9 +598,10 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
                kv, logs, events, counts)
         last_end = end
         clock = end
-    state[0], state[1], state[2], state[3], state[4], state[5] = nxt, free, nrun, head, nwait, kv
-    state[6] = first + counts[0]
-    fstate[0], fstate[1] = clock, last_end
+    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
+    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
+    state[S_STEPS] = first + counts[0]
+    fstate[F_CLOCK], fstate[F_LAST_END] = clock, last_end
     return code
 
 
@@ -615,10 +614,13 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
     Scheduler._update_async. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
     queue_f[slot]: start, end. Stops as loop_sync does."""
     n = arrival.shape[0]
-    usable, constant, caching, block_size = cfg[6], cfg[7], cfg[8], cfg[0]
-    nxt, free, nrun, head, nwait, kv, first = state[0], state[1], state[2], state[3], state[4], state[5], state[6]
-    queue_head, queue_len, num_empty, has_finished = state[7], state[8], state[9], state[10]
-    clock, last_end, gpu_free_s = fstate[0], fstate[1], fstate[2]
+    usable, constant, caching, block_size = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching, cfg.block_size
+    nxt, free, nrun, head, nwait = (state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING],
+                                    state[S_WAITING_HEAD], state[S_NUM_WAITING])
+    kv, first = state[S_KV_TOKENS], state[S_STEPS]
+    queue_head, queue_len = state[S_QUEUE_HEAD], state[S_QUEUE_LEN]
+    num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
+    clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
     capacity = logs[0].shape[0]
     counts[:] = 0
     code = DONE
@@ -703,8 +705,10 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             record(first, queue_f[slot, 0], end, last_end, npre, queue_i[slot, 5], num_scheduled, queue_i[slot, 2],
                    queue_i[slot, 3], usable - free, kv, logs, events, counts)
             last_end = end
-    state[0], state[1], state[2], state[3], state[4], state[5] = nxt, free, nrun, head, nwait, kv
-    state[6] = first + counts[0]
-    state[7], state[8], state[9], state[10] = queue_head, queue_len, num_empty, has_finished
-    fstate[0], fstate[1], fstate[2] = clock, last_end, gpu_free_s
+    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
+    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
+    state[S_STEPS] = first + counts[0]
+    state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (queue_head, queue_len,
+                                                                                           num_empty, has_finished)
+    fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE] = clock, last_end, gpu_free_s
     return code

@@ -27,12 +27,11 @@ from array import array
 import numpy as np
 
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
+from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool
 from kvlab.core.engine.records import Runs, StepLog
 
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
-DONE, FULL, NO_PROGRESS = 0, 1, 2          # as kvlab.core.engine.fast._kernels returns them
-S_STEPS, S_RUNS = 6, 11                    # the integer state's counts of steps recorded and decode runs (_kernels)
 DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
 
 
@@ -91,11 +90,11 @@ def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
 
 
 def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
-    """The pool tuple of kernels (see its comment): every usable block free, the null block 0 never handed out."""
+    """The compiled loop's Pool (fast/arrays.py): every usable block free, the null block 0 never handed out."""
     caching = engine.config.cache.enable_prefix_caching
     if not caching:                         # the loops read the pool only with prefix caching: placeholders
         one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
-        return (one,) * 10 + (table,) + (one,) * 8
+        return Pool(*(one,) * 10, table, *(one,) * 8)
     blocks, bs, sched = engine.num_gpu_blocks, engine.block_size, engine.config.scheduler
     offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
     width = -(-engine.max_model_len // bs) + 1
@@ -104,10 +103,12 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     stack[:blocks - 1] = np.arange(blocks - 1, 0, -1)                # the free queue's head part, block 1 on top
     slots = min(sched.max_num_seqs, engine.workload.num_requests)
     pstate = np.array([blocks - 1, -1, -1, 0, slots], np.int64)   # stack size, tail head, tail end, tail size, slots
-    return (np.zeros(blocks, np.int64), minus(blocks), stack, minus(blocks), minus(blocks), minus(num_ids),
-            minus(num_ids), minus(blocks), minus(blocks), pstate, np.zeros((slots, width), np.int64),
-            minus(engine.workload.num_requests), np.arange(slots, dtype=np.int64)[::-1].copy(), offset, shared,
-            num_shared, base, np.zeros(width, np.int64), np.zeros(width, np.int64))
+    return Pool(ref=np.zeros(blocks, np.int64), hash_of=minus(blocks), stack=stack, tail_next=minus(blocks),
+                tail_prev=minus(blocks), hash_first=minus(num_ids), hash_last=minus(num_ids), hash_next=minus(blocks),
+                hash_prev=minus(blocks), pstate=pstate, tables=np.zeros((slots, width), np.int64),
+                slot_of=minus(engine.workload.num_requests), free_slots=np.arange(slots, dtype=np.int64)[::-1].copy(),
+                hash_offset=offset, hash_shared=shared, num_shared=num_shared, hash_base=base,
+                hits=np.zeros(width, np.int64), unhashed=np.zeros(width, np.int64))
 
 
 def kernels():
@@ -140,12 +141,12 @@ def run(engine):
     max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.max_model_len)
     constant = type(engine.cost) is ConstantStepCost
-    cfg = np.array([engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
-                    int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
-                    int(constant), int(engine.config.cache.enable_prefix_caching), int(DECODE_RUNS)], dtype=np.int64)
+    cfg = Limits(engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
+                 int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
+                 int(constant), int(engine.config.cache.enable_prefix_caching), int(DECODE_RUNS))
     cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
     state = np.zeros(12, np.int64)
-    state[1] = engine.num_gpu_blocks - 1                        # every usable block is free
+    state[S_FREE] = engine.num_gpu_blocks - 1                        # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     num_tokens = prompt.copy()
     computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale = (
@@ -191,7 +192,7 @@ def run(engine):
             break
     engine.steps = log
     engine.num_decode_runs = int(state[S_RUNS])
-    engine.clock = float(fstate[0])
+    engine.clock = float(fstate[F_CLOCK])
     engine.next_arrival = n
     engine.first_scheduled_s = array("d", first_scheduled_s.tobytes())
     engine.first_token_s = array("d", first_token_s.tobytes())
