@@ -41,13 +41,13 @@ def binding_workload(num_requests: int) -> Workload:
     return Workload(arrival, prompt, output)
 
 
-def serve(workload: Workload, fast: bool = True, compiled: bool | None = None):
-    """The engine on a binding budget (compiled: None lets the engine choose): the result, its seconds and whether
-    the compiled loop ran (its import counted)."""
+def serve(workload: Workload, path: str = "auto"):
+    """The engine on a binding budget (path: kvlab.core.engine.PATHS; "auto" lets the engine choose): the result, its
+    seconds and whether the compiled loop ran (its import counted)."""
     config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
     start = time.perf_counter()
     engine = Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01),
-                    fast=fast, compiled=compiled)
+                    path=path)
     result = engine.run()
     return result, time.perf_counter() - start, engine.compiled
 
@@ -173,11 +173,11 @@ def against_vllm() -> None:
             vllm_s = vllm_seconds(path_in, replays)
             whole_x = vllm_s / whole_process_seconds(path_in)
         args = replay.from_document(doc)
-        python_x = vllm_s / kvlab_seconds(args, compiled=False)
+        python_x = vllm_s / kvlab_seconds(args, path="python")
         line = f"Python {python_x:.0f}x"
         best[name] = python_x
         if compiled.available() and compiled.eligible(Engine(**args)):
-            compiled_x = vllm_s / kvlab_seconds(args, compiled=True)
+            compiled_x = vllm_s / kvlab_seconds(args, path="compiled")
             best[name] = max(python_x, compiled_x)
             line += f", compiled {compiled_x:.0f}x"
         target = TARGET_X["speed_runs"] if name in scheduler_workloads.SPEED_RUNS else None
@@ -211,8 +211,8 @@ def main() -> None:
             print(f"   {ten_million:,} requests: the guard estimates {ten_million * PEAK_BYTES_PER_REQUEST / 2**30:.1f} "
                   f"GiB against {resources.available_memory_bytes() / 2**30:.1f} GiB available: {verdict}")
     small = binding_workload(10_000)
-    _, fast, _ = serve(small, compiled=False)
-    _, slow, _ = serve(small, fast=False)
+    _, fast, _ = serve(small, path="python")
+    _, slow, _ = serve(small, path="reference")
     print(f"   10,000 requests: {fast:.2f} s with decode runs vs {slow:.2f} s step by step: {slow / fast:.1f}x")
     clocks_against_each_other()
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kvlab.core import models
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
-from kvlab.core.engine import Engine, NoProgressError
+from kvlab.core.engine import Engine, NoProgressError, Recorder
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
@@ -49,9 +49,9 @@ def compiled_runs(draw):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_compiled_loop_equals_the_python_engine(args):
     """The per-step loop and the decode runs in Python, and the compiled loop, agree on every request and step."""
-    step_by_step = Engine(**args, fast=False).run()
-    assert_identical(step_by_step, Engine(**args, compiled=False).run())
-    assert_identical(step_by_step, Engine(**args, compiled=True).run())
+    step_by_step = Engine(**args, path="reference").run()
+    assert_identical(step_by_step, Engine(**args, path="python").run())
+    assert_identical(step_by_step, Engine(**args, path="compiled").run())
 
 
 @st.composite
@@ -84,7 +84,7 @@ def caching_runs(draw):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_compiled_prefix_caching_equals_the_python_engine(args):
     """With prefix caching (hits, evictions from the free queue's tail, preemptions), the same bits too."""
-    assert_identical(Engine(**args, fast=False).run(), Engine(**args, compiled=True).run())
+    assert_identical(Engine(**args, path="reference").run(), Engine(**args, path="compiled").run())
 
 
 def test_chunks_join_into_one_record(monkeypatch):
@@ -94,10 +94,10 @@ def test_chunks_join_into_one_record(monkeypatch):
     workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
     args = {"workload": workload, "config": EngineConfig().replace(async_scheduling=False, max_model_len=1024),
             "num_gpu_blocks": 200, "cost": LinearStepCost(8.0, 0.01)}
-    whole = Engine(**args, compiled=True).run()
+    whole = Engine(**args, path="compiled").run()
     monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
-    assert_identical(whole, Engine(**args, compiled=True).run())
-    python = Engine(**args, compiled=False).run()
+    assert_identical(whole, Engine(**args, path="compiled").run())
+    python = Engine(**args, path="python").run()
     assert_identical(python, whole)
     assert python.num_preemptions.sum() > 0          # memory that preempts: the victims' path is exercised
 
@@ -112,15 +112,15 @@ def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_b
     config = EngineConfig().replace(async_scheduling=False, max_model_len=1024, block_size=block_size,
                                     long_prefill_token_threshold=threshold)
     args = {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": LinearStepCost(8.0, 0.01)}
-    python = Engine(**args, fast=False).run()
+    python = Engine(**args, path="reference").run()
     assert python.num_preemptions.sum() > 0
-    engine = Engine(**args, compiled=True)
+    engine = Engine(**args, path="compiled")
     assert_identical(python, engine.run())
     assert engine.num_decode_runs > 0
     monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
-    assert_identical(python, Engine(**args, compiled=True).run())
+    assert_identical(python, Engine(**args, path="compiled").run())
     monkeypatch.setattr(compiled, "DECODE_RUNS", False)
-    stepping = Engine(**args, compiled=True)
+    stepping = Engine(**args, path="compiled")
     assert_identical(python, stepping.run())
     assert stepping.num_decode_runs == 0
 
@@ -131,9 +131,9 @@ def test_no_progress_is_the_python_engines_error():
                                     enable_chunked_prefill=False, max_num_seqs=2)
     workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
     with pytest.raises(NoProgressError, match="no progress possible") as python:
-        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, compiled=False).run()
+        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="python").run()
     with pytest.raises(NoProgressError, match="no progress possible") as loop:
-        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, compiled=True).run()
+        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="compiled").run()
     assert str(python.value) == str(loop.value)
 
 
@@ -149,7 +149,7 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     monkeypatch.setattr(compiled, "loaded", lambda: True)      # once loaded, a small run takes it too
     assert Engine(small, sync, num_gpu_blocks=100).compiled
     monkeypatch.setattr(compiled, "loaded", lambda: False)
-    assert not Engine(big, sync, num_gpu_blocks=100, fast=False).compiled
+    assert not Engine(big, sync, num_gpu_blocks=100, path="reference").compiled
     assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
     assert Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
     hashed = Workload(big.arrival_s, big.prompt_tokens, big.output_tokens, prefix_hashes=[np.arange(1)] * n,
@@ -158,6 +158,6 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
     roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
     assert not Engine(big, sync, num_gpu_blocks=100, cost=roofline).compiled
-    with pytest.raises(ValueError, match=r"^compiled=True is not allowed: applies only to the v1 scheduler") as err:
-        Engine(small, sync, num_gpu_blocks=100, compiled=True, record_scheduled=True)
+    with pytest.raises(ValueError, match=r"^path='compiled' is not allowed: applies only to the v1 scheduler") as err:
+        Engine(small, sync, num_gpu_blocks=100, path="compiled", recorder=Recorder(scheduled=True))
     assert "\n" not in str(err.value)

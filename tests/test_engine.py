@@ -12,7 +12,7 @@ from kvlab.core import batching
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.service_time import TokenServiceTime
-from kvlab.core.engine import Engine, NoProgressError, replay, simulate
+from kvlab.core.engine import Engine, NoProgressError, Recorder, replay, simulate
 from kvlab.core.workload import Workload
 
 CASES = json.loads((ROOT / "tests" / "data" / "vllm_scheduler_cases.json").read_text())["cases"]
@@ -28,8 +28,7 @@ def config(**settings) -> EngineConfig:
 @pytest.mark.parametrize("fast", [False, True], ids=["per-step", "fast"])
 def test_hand_checked_cases_equal_vllms_outputs(case, fast):
     """Every request's times and preemptions and every step's batch, blocks (ids too) and queues as vLLM 0.33."""
-    got = replay.to_document(replay.run_document(case["in"], fast=fast, record_scheduled=True,
-                                                 record_block_ids=not fast))
+    got = replay.to_document(replay.run_document(case["in"], path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, block_ids=not fast)))
     want = case["out"]
     for mine, theirs in zip(got["requests"], want["requests"], strict=True):
         assert {k: mine[k] for k in REQUEST_KEYS} == {k: theirs[k] for k in REQUEST_KEYS}, mine["request_id"]
@@ -82,7 +81,7 @@ def engine_runs(draw):
 
 
 def run_both(args):
-    results = [Engine(**args, fast=fast, record_scheduled=True, record_frees=True).run() for fast in (False, True)]
+    results = [Engine(**args, path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, frees=True)).run() for fast in (False, True)]
     return results
 
 
@@ -98,7 +97,7 @@ def test_fast_path_equals_the_per_step_loop(args):
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_invariants_hold(args):
     """No block over-committed, every request finishes once with its tokens, every scheduled token accounted for."""
-    engine = Engine(**args, record_scheduled=True, record_frees=True)
+    engine = Engine(**args, recorder=Recorder(scheduled=True, frees=True))
     result = engine.run()
     w, settings_ = args["workload"], args["config"]
     max_model_len, bs = settings_.scheduler.max_model_len, settings_.cache.block_size
@@ -165,7 +164,7 @@ def test_invariants_hold(args):
 # ---------------------------------------------------------------- the block pool's order, in the engine
 def test_preempted_requests_blocks_go_to_the_requester_last_block_first():
     case = next(c for c in CASES if c["name"] == "preempt_two_victims_one_step")
-    result = replay.run_document(case["in"], fast=False, record_block_ids=True, record_frees=True)
+    result = replay.run_document(case["in"], path="reference", recorder=Recorder(block_ids=True, frees=True))
     assert result.freed_tables[:2] == [(2, (4,)), (1, (3,))]  # victims freed last-admitted first, then reused
 
 
@@ -213,7 +212,7 @@ def test_admission_waits_for_a_chunk_though_enough_slots_are_free():
     slots are free (16 at 16, 16 at 48) but not as one chunk: D (32 slots) waits until A and C finish."""
     w = Workload(np.zeros(4), np.full(4, 8), np.array([8, 2, 8, 24]))
     result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
-                      num_gpu_blocks=17, allocation="oracle", fast=False)
+                      num_gpu_blocks=17, allocation="oracle", path="reference")
     steps = result.steps
     b_done = result.finish_s[1]
     refused = (steps["end_s"] >= b_done) & (steps["end_s"] < result.finish_s[0]) & (steps["num_waiting"] == 1)
@@ -313,8 +312,8 @@ def test_a_step_cost_that_runs_the_clock_backwards_is_refused_in_one_line(fast):
     with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 50 tokens -0\.001 s: a step lasts "
                                          r"0 s or more, so its profile or coefficients are wrong there \(fix them, "
                                          r"or choose another step cost\)$"):
-        simulate(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(50), fast=fast)
-    engine = Engine(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(10_000), fast=fast)
+        simulate(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(50), path=("auto" if fast else "reference"))
+    engine = Engine(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(10_000), path=("auto" if fast else "reference"))
     if fast:                                # a decode run's last step is NaN
         with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 2 tokens nan s: a step lasts"):
             engine.run()
@@ -359,8 +358,8 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(seed, async_sche
                        enable_prefix_caching=caching, long_prefill_token_threshold=128 if seed >= 2 else 0)
     args = dict(workload=w, config=settings_, num_gpu_blocks=[90, 160, 400, 120][seed], cost=LinearStepCost(8.0, 0.01),
                 prompt_token_ids=ids if caching else None)
-    slow = Engine(**args, fast=False, record_scheduled=True, record_frees=True).run()
-    engine = Engine(**args, record_scheduled=True, record_frees=True)
+    slow = Engine(**args, path="reference", recorder=Recorder(scheduled=True, frees=True)).run()
+    engine = Engine(**args, recorder=Recorder(scheduled=True, frees=True))
     fast = engine.run()
     assert engine.num_decode_runs > 0                   # the fast path jumped
     assert slow.num_preemptions.sum() > 0 or seed == 2

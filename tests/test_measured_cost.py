@@ -156,7 +156,7 @@ SCALED = measured("Qwen/Qwen3-14B")
 def test_the_engine_with_the_measured_clock_takes_the_same_steps_fast_or_slow():
     rng = np.random.default_rng(1)
     w = Workload(np.cumsum(rng.exponential(0.05, 300)), rng.integers(10, 3000, 300), rng.integers(1, 600, 300))
-    slow, fast = (Engine(w, CONFIG, num_gpu_blocks=3000, cost=LLAMA_COST, fast=f).run() for f in (False, True))
+    slow, fast = (Engine(w, CONFIG, num_gpu_blocks=3000, cost=LLAMA_COST, path=("auto" if f else "reference")).run() for f in (False, True))
     assert np.array_equal(slow.finish_s, fast.finish_s) and np.array_equal(slow.steps["end_s"], fast.steps["end_s"])
 
 

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from conftest import assert_same, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine import Engine, simulate
+from kvlab.core.engine import Engine, Recorder, simulate
 from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.workload import Workload
@@ -26,8 +26,7 @@ def workload(prompts, outputs, arrivals=None) -> Workload:
 
 
 def run(w, config, num_gpu_blocks, allocation="paged"):
-    return simulate(w, config, num_gpu_blocks=num_gpu_blocks, allocation=allocation, record_scheduled=True,
-                    record_frees=True)
+    return simulate(w, config, num_gpu_blocks=num_gpu_blocks, allocation=allocation, recorder=Recorder(scheduled=True, frees=True))
 
 
 # ---------------------------------------------------------------- hand-checked steps (8 ms a step)
@@ -150,7 +149,7 @@ def v0_runs(draw):
 
 def checked_engine(args) -> tuple[Engine, list[str]]:
     """An engine whose every schedule() is checked against vLLM 0.1.4's rules; the list collects what failed."""
-    engine = Engine(**args, fast=False, record_scheduled=True, record_frees=True)
+    engine = Engine(**args, path="reference", recorder=Recorder(scheduled=True, frees=True))
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     paged = args["allocation"] == "paged"
     schedule, failures = scheduler.schedule, []
@@ -184,8 +183,8 @@ def checked_engine(args) -> tuple[Engine, list[str]]:
                     check(num_free >= 1, "decode step: a decode with no block free")
                     num_free -= len(request.block_ids) - held[request.request_id]
         if paged:
-            check(kv.num_free_blocks >= 0 and kv.num_used_blocks <= engine.num_gpu_blocks - 1, "blocks over-committed")
-            check(sum(len(r.block_ids) for r in scheduler.running) == kv.num_used_blocks, "blocks held by no request")
+            check(kv.num_free_blocks >= 0 and kv.num_held <= engine.num_gpu_blocks - 1, "blocks over-committed")
+            check(sum(len(r.block_ids) for r in scheduler.running) == kv.num_held, "blocks held by no request")
         return out
 
     scheduler.schedule = checked_schedule
@@ -231,8 +230,8 @@ def test_invariants_hold(args):
 # ---------------------------------------------------------------- decode runs (the fast path) against the per-step loop
 def both(args) -> tuple:
     """The per-step loop's result, and the fast path's with its engine."""
-    slow = Engine(**args, fast=False, record_scheduled=True, record_frees=True).run()
-    engine = Engine(**args, record_scheduled=True, record_frees=True)
+    slow = Engine(**args, path="reference", recorder=Recorder(scheduled=True, frees=True)).run()
+    engine = Engine(**args, recorder=Recorder(scheduled=True, frees=True))
     return slow, engine.run(), engine
 
 
@@ -287,7 +286,7 @@ def test_steps_with_blocks_is_the_step_by_step_count(case, v0_rules):
 
 def after_the_prompt_step(w, config, num_gpu_blocks) -> Engine:
     """An engine that has done its first step (the prompt step of the requests arrived at 0)."""
-    engine = Engine(w, config, num_gpu_blocks=num_gpu_blocks, record_scheduled=True)
+    engine = Engine(w, config, num_gpu_blocks=num_gpu_blocks, recorder=Recorder(scheduled=True))
     engine.add_arrivals()
     engine.step()
     return engine

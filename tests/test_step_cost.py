@@ -58,7 +58,7 @@ def test_a_decode_run_under_a_changing_step_cost_equals_its_steps(cost):
     rng = np.random.default_rng(0)
     w = Workload(np.cumsum(rng.exponential(0.2, 200)), rng.integers(10, 600, 200), rng.integers(1, 400, 200))
     config = EngineConfig().replace(max_model_len=2048, async_scheduling=False)
-    slow, fast = (Engine(w, config, num_gpu_blocks=300, cost=cost, fast=f).run() for f in (False, True))
+    slow, fast = (Engine(w, config, num_gpu_blocks=300, cost=cost, path=("auto" if f else "reference")).run() for f in (False, True))
     assert np.array_equal(slow.finish_s, fast.finish_s) and np.array_equal(slow.first_token_s, fast.first_token_s)
     assert np.array_equal(slow.steps["end_s"], fast.steps["end_s"])
     assert slow.num_preemptions.sum() > 0

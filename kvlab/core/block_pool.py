@@ -27,16 +27,21 @@ from kvlab.core import validate
 NULL_BLOCK_ID = 0
 
 
+def check_num_gpu_blocks(num_gpu_blocks: int) -> int:
+    """num_gpu_blocks if the pool holds at least one block besides vLLM's null block."""
+    num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
+    if num_gpu_blocks < 2:
+        validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
+                      "would hold no block for a token")
+    return num_gpu_blocks
+
+
 class BlockPool:
     """num_gpu_blocks KV blocks (null block included), vLLM's free-block queue, reference counts and,
     with enable_caching, the prefix cache: content hash -> cached blocks, in the same pool."""
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool = False):
-        num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
-        if num_gpu_blocks < 2:
-            validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so 1 block "
-                          "leaves no block to hold a token")
-        self.num_gpu_blocks = num_gpu_blocks
+        self.num_gpu_blocks = num_gpu_blocks = check_num_gpu_blocks(num_gpu_blocks)
         self.enable_caching = bool(enable_caching)
         # The free queue: _head[::-1] + list(_tail). At start [1, 2, ..., N-1]: block 0 is the null block.
         self._head: list[int] = list(range(num_gpu_blocks - 1, 0, -1))

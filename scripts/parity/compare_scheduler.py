@@ -32,7 +32,7 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import scheduler_workloads  # noqa: E402  (beside this script)
-from kvlab.core.engine import Engine, replay  # noqa: E402
+from kvlab.core.engine import Engine, Recorder, replay  # noqa: E402
 from kvlab.core.engine.fast import compiled  # noqa: E402
 
 VLLM_SCRIPT = HERE / "vllm_scheduler.py"
@@ -74,12 +74,12 @@ def compiled_row(doc: dict, theirs: dict) -> dict:
     args = replay.from_document(doc)
     if not (compiled.available() and compiled.eligible(Engine(**args))):
         return {"compiled_identical_pct": "", "compiled_req_per_s": "", "compiled_speed_ratio": ""}
-    mine = replay.to_document(Engine(**args, compiled=True).run())
+    mine = replay.to_document(Engine(**args, path="compiled").run())
     same_requests, first = _same(mine["requests"], theirs["requests"], REQUEST_FIELDS, "request")
     same_steps, first_step = _same(mine["steps"], theirs["steps"], COMPILED_STEP_FIELDS, "step")
     n, steps = len(theirs["requests"]), len(theirs["steps"])
     identical = not (first or first_step) and same_requests == n and same_steps == steps
-    seconds = time_kvlab(doc, compiled=True)
+    seconds = time_kvlab(doc, path="compiled")
     return {"compiled_identical_pct": 100.0 if identical else round(100 * min(same_requests / n, same_steps / steps), 3),
             "compiled_req_per_s": round(n / seconds), "compiled_speed_ratio": round(theirs["wall_s_scheduler"] / seconds, 1)}
 
@@ -122,14 +122,14 @@ def main(argv: list[str] | None = None) -> int:
             description, build = scheduler_workloads.RUNS[name]
             doc = build()
             theirs = run_vllm(args.vllm_python, doc, folder, name)
-            mine = replay.to_document(replay.run_document(doc, record_scheduled=True))
+            mine = replay.to_document(replay.run_document(doc, recorder=Recorder(scheduled=True)))
             if args.keep:
                 (folder / f"{name}.kvlab.json").write_text(json.dumps(mine))
             same_requests, same_steps, first = compare(mine, theirs)
             n, steps = len(theirs["requests"]), len(theirs["steps"])
             identical = not first and same_requests == n and same_steps == steps
             all_identical &= identical
-            kvlab_s = time_kvlab(doc, compiled=False)
+            kvlab_s = time_kvlab(doc, path="python")
             fast = compiled_row(doc, theirs)
             all_identical &= fast["compiled_identical_pct"] in ("", 100.0)
             row = {"run": name, "requests": n, "steps": steps,

@@ -22,8 +22,8 @@ jumps to it.
 Speed: where every running request is decoding and nothing can change for a while -- no admission (the
 waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
 arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
-finish before the run's last step -- decode_run does k steps at once in closed form. fast=False is the plain
-per-step loop: the reference the tests hold the fast path to. The scheduler is SchedulerConfig.scheduler_cls's
+finish before the run's last step -- decode_run does k steps at once in closed form. path="reference" is the
+plain per-step loop: the reference the tests hold the fast paths to (PATHS). The scheduler is SchedulerConfig.scheduler_cls's
 (SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
 """
 from __future__ import annotations
@@ -35,13 +35,15 @@ from collections import deque
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.block_pool import check_num_gpu_blocks
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
-from kvlab.core.engine.kv_cache_manager import ALLOCATIONS, KVCacheManager, ReservationManager
-from kvlab.core.engine.records import EngineResult, StepLog, StepRecords
 from kvlab.core.engine.async_scheduler import AsyncScheduler
+from kvlab.core.engine.kv_cache_manager import KVCacheManager
+from kvlab.core.engine.records import EngineResult, Recorder, StepLog, StepRecords
+from kvlab.core.engine.reservation import ReservationManager
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
@@ -52,6 +54,18 @@ from kvlab.core.workload import Workload
 # about 1,000 B on Azure-like requests at about 21 steps each (a run with fewer requests at once has more steps).
 PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
+ALLOCATIONS = {
+    "paged": "vLLM: blocks of block_size tokens allocated as tokens are computed; preempts when the pool is empty",
+    "max": "reserve max_model_len token slots at admission (Orca Max); never preempts",
+    "pow2": "reserve prompt + the next power of two of the output at admission (Orca Pow2); never preempts",
+    "oracle": "reserve exactly the final length at admission (Orca Oracle); never preempts",
+}
+PATHS = {
+    "auto": "decode runs at once, and the compiled loop where it applies and pays (COMPILED_FROM_REQUESTS)",
+    "reference": "the plain per-step loop, the reference every fast path is held to",
+    "python": "decode runs at once, never the compiled loop",
+    "compiled": "the compiled loop (numba); refused where it does not apply",
+}
 # (SchedulerConfig.scheduler_cls, async_scheduling) -> the scheduler's class
 SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023", False): SchedulerV0}
 
@@ -76,9 +90,14 @@ def _config(config: EngineConfig | None) -> EngineConfig:
 
 
 def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str = "paged") -> None:
-    """Refuse, in one line and before any work, a request vLLM would refuse or that can never fit the pool."""
-    max_model_len = check_scheduler_config(config.scheduler)
-    check_pool(num_gpu_blocks)
+    """Refuse, in one line and before any work, settings vLLM would refuse, a pool without a usable block, and a
+    request vLLM would refuse or that can never fit the pool."""
+    check_requests(workload, config, check_num_gpu_blocks(num_gpu_blocks), allocation, check_scheduler_config(config.scheduler))
+
+
+def check_requests(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str,
+                   max_model_len: int) -> None:
+    """check_workload's requests, of settings already checked (the engine checks each thing once)."""
     v0 = config.scheduler.scheduler_cls == "v0-2023"
     bs = config.cache.block_size
     prompt, output = workload.prompt_tokens, workload.output_tokens
@@ -120,27 +139,18 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
                           "it could never start")
 
 
-def check_pool(num_gpu_blocks: int) -> int:
-    """num_gpu_blocks if the pool holds at least one block besides vLLM's null block."""
-    num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
-    if num_gpu_blocks < 2:
-        validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
-                      "would hold no block for a token")
-    return num_gpu_blocks
-
-
 class Engine:
     """vLLM's scheduler, a KV-cache manager and a step cost, driven through a workload in simulated time."""
 
     def __init__(self, workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int,
-                 cost=None, allocation: str = "paged", prompt_token_ids=None, fast: bool = True,
-                 record_scheduled: bool = False, record_block_ids: bool = False, record_frees: bool = False,
-                 check: bool = True, compiled: bool | None = None):
+                 cost=None, allocation: str = "paged", prompt_token_ids=None, path: str = "auto",
+                 recorder: Recorder | None = None, check: bool = True):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
         validate.one_of("allocation", allocation, ALLOCATIONS)
-        num_gpu_blocks = check_pool(num_gpu_blocks)
+        validate.one_of("path", path, PATHS)
+        num_gpu_blocks = check_num_gpu_blocks(num_gpu_blocks)
         caching = config.cache.enable_prefix_caching
         if caching and allocation != "paged":
             validate.fail("enable_prefix_caching", True, f"applies only to paged allocation, not allocation={allocation}")
@@ -149,12 +159,12 @@ class Engine:
                           f"({workload.num_requests})")
         max_model_len = check_scheduler_config(config.scheduler)
         if check:
-            check_workload(workload, config, num_gpu_blocks, allocation)
+            check_requests(workload, config, num_gpu_blocks, allocation, max_model_len)
         bs = config.cache.block_size
         if allocation == "paged":
-            kv = KVCacheManager(num_gpu_blocks, bs, max_model_len, caching)
+            kv = KVCacheManager(num_gpu_blocks, bs, max_model_len, caching, recorder)
         else:
-            kv = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
+            kv = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len, recorder)
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.kv_cache_manager = kv
@@ -162,8 +172,8 @@ class Engine:
         self.scheduler = SCHEDULERS[sched.scheduler_cls, sched.async_scheduling](sched, kv, max_model_len)
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
-        self.fast = fast and not record_block_ids
-        self.record_scheduled, self.record_block_ids = record_scheduled, record_block_ids
+        self.recorder = recorder
+        self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
         n = workload.num_requests
         # Per request, written once when it finishes (compact arrays; NaN until then).
         self.first_scheduled_s = array("d", [math.nan]) * n
@@ -173,16 +183,6 @@ class Engine:
         self.num_output_tokens = array("q", [0]) * n
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
-        self.scheduled_log = [] if record_scheduled else None
-        self.block_ids_log = [] if record_block_ids else None
-        self.freed_tables = [] if record_frees else None
-        if record_frees:
-            free = kv.free
-
-            def logged_free(request):
-                self.freed_tables.append((request.request_id, tuple(request.block_ids)))
-                return free(request)
-            kv.free = logged_free
         self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist()
         self.next_arrival = 0           # index of the next request to arrive
@@ -191,24 +191,24 @@ class Engine:
         self.all_decoding = False       # every running request was scheduled in the last step and sampled
         self.num_decode_runs = 0        # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
-        self.compiled = self._use_compiled(compiled)
+        self.compiled = self._use_compiled(path)
 
-    def _use_compiled(self, compiled: bool | None) -> bool:
-        """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): None decides by itself (eligible,
-        numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded); True insists;
-        False never."""
+    def _use_compiled(self, path: str) -> bool:
+        """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
+        (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded);
+        "compiled" insists; "reference" and "python" never."""
         loop = compiled_loop
-        if compiled is None:
+        if path == "auto":
             return (self.fast and loop.worth_it(self.workload.num_requests) and loop.eligible(self)
                     and loop.available())
-        if compiled:
-            if not (self.fast and loop.eligible(self)):
-                validate.fail("compiled", True, "applies only to the v1 scheduler over paged blocks (prefix caching "
-                              "by token ids, not Workload.prefix_hashes), a constant or linear step cost, fast=True "
-                              "and no block or batch records")
+        if path == "compiled":
+            if not loop.eligible(self):
+                validate.fail("path", "compiled", "applies only to the v1 scheduler over paged blocks (prefix caching "
+                              "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
+                              "recorder")
             if not loop.available():
-                validate.fail("compiled", True, "needs numba, which is not installed (make setup installs it)")
-        return bool(compiled)
+                validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
+        return path == "compiled"
 
     # ---------------------------------------------------------------- requests
     def peek_arrival(self) -> Request:
@@ -236,9 +236,9 @@ class Engine:
     def run(self) -> EngineResult:
         """Serve the whole workload; the result of every request and step."""
         if self.compiled:
-            result = compiled_loop.run(self)
-            if result is not None:
-                return result           # else a step scheduled nothing: the Python loop below says why
+            served = compiled_loop.run(self)
+            if served is not None:
+                return self.adopt(served)   # else a step scheduled nothing: the Python loop below says why
         if self.scheduler.async_scheduling:
             return self.run_async()
         scheduler = self.scheduler
@@ -267,11 +267,8 @@ class Engine:
         for request in out.admitted:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = start
-        if self.record_scheduled:
-            self.scheduled_log.append(([(r.request_id, n) for r, n in out.scheduled],
-                                       sorted(r.request_id for r in out.preempted)))
-        if self.record_block_ids:
-            self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+        if self.recorder is not None:
+            self.recorder.step(out)
         num_running, num_waiting = len(scheduler.running), len(scheduler.waiting)
         if out.preempted:
             num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
@@ -284,7 +281,7 @@ class Engine:
             num_kv_tokens -= request.num_computed_tokens
             self.finished(request, end)
         self.num_kv_tokens = num_kv_tokens
-        self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.held(),
+        self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.num_held,
                           num_kv_tokens, len(out.preempted), out.num_hit_tokens)
         if self.reserving:
             self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
@@ -301,7 +298,7 @@ class Engine:
         gpu_free_s = self.clock         # when the GPU has run every batch queued so far
         num_empty = 0                   # schedule() calls in a row that scheduled nothing
         fast, arrival = self.fast, self.arrival_list
-        recording = self.record_scheduled or self.record_block_ids
+        recorder = self.recorder
         while True:
             if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
                 self.add_arrivals()
@@ -326,12 +323,8 @@ class Engine:
                 pure = tokens and not out.preempted and not out.num_hit_tokens
                 queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
-                if recording and step:
-                    if self.record_scheduled:
-                        self.scheduled_log.append(([(r.request_id, k) for r, k in out.scheduled],
-                                                   sorted(r.request_id for r in out.preempted)))
-                    if self.record_block_ids:
-                        self.block_ids_log.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+                if recorder is not None and step:
+                    recorder.step(out)
                 num_empty = 0 if tokens else num_empty + 1
                 if num_empty >= 2 and scheduler.has_unfinished_requests() and not any(
                         batch[0].num_scheduled_tokens for batch in queue):
@@ -355,11 +348,20 @@ class Engine:
             for request in finished:
                 self.finished(request, end)
             if out.num_scheduled_tokens or out.preempted:
-                self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.held(),
+                self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.num_held,
                                   sum(r.num_computed_tokens for r in scheduler.running), len(out.preempted),
                                   out.num_hit_tokens)
                 if self.reserving:
                     self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
+        return self.result()
+
+    def adopt(self, served) -> EngineResult:
+        """Take a compiled run's records (compiled.Served) as this engine's; the result."""
+        self.steps, self.num_decode_runs, self.clock = served.steps, served.num_decode_runs, served.clock
+        self.next_arrival = len(self.arrival_list)
+        self.first_scheduled_s, self.first_token_s = served.first_scheduled_s, served.first_token_s
+        self.finish_s, self.num_preemptions = served.finish_s, served.num_preemptions
+        self.num_output_tokens = served.num_output_tokens
         return self.result()
 
     def record_split(self, head: Request | None) -> None:
@@ -404,13 +406,13 @@ class Engine:
         return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s, w.prompt_tokens,
                             w.output_tokens, column(self.num_output_tokens, "i8"), column(self.first_scheduled_s, "f8"),
                             column(self.first_token_s, "f8"), column(self.finish_s, "f8"),
-                            column(self.num_preemptions, "i8"), StepRecords(self.steps), self.scheduled_log,
-                            self.block_ids_log, self.freed_tables)
+                            column(self.num_preemptions, "i8"), StepRecords(self.steps),
+                            *((rec.scheduled, rec.block_ids, rec.freed_tables) if (rec := self.recorder) else ()))
 
 
 def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int, cost=None,
-             allocation: str = "paged", prompt_token_ids=None, fast: bool = True, record_scheduled: bool = False,
-             record_block_ids: bool = False, record_frees: bool = False) -> EngineResult:
+             allocation: str = "paged", prompt_token_ids=None, path: str = "auto",
+             recorder: Recorder | None = None) -> EngineResult:
     """Serve workload with vLLM 0.33's scheduler over num_gpu_blocks KV blocks (vLLM's null block included).
 
     config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
@@ -420,10 +422,9 @@ def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_
     paper's: prompt-only steps, a watermark, recompute; see kvlab.core.engine.scheduler_v0).
     cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
     or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
-    caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). fast=False: the
-    plain per-step loop. record_scheduled / record_block_ids / record_frees: keep each step's batch, each
-    step's block tables (per-step loop only) and every freed block table, in order, in the result.
+    caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). path: PATHS
+    ("reference": the plain per-step loop). recorder: a Recorder, to keep each step's batch, each step's block
+    tables (per-step loop only) and every freed block table, in order, in the result.
     """
     return Engine(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
-                  prompt_token_ids=prompt_token_ids, fast=fast, record_scheduled=record_scheduled,
-                  record_block_ids=record_block_ids, record_frees=record_frees).run()
+                  prompt_token_ids=prompt_token_ids, path=path, recorder=recorder).run()

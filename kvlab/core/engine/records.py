@@ -28,6 +28,36 @@ STEP_FIELDS = (
 )
 
 
+class Recorder:
+    """What a run keeps beyond the records every run has, asked for up front and passed to the engine whole: each
+    step's batch and preemptions (scheduled), each step's block tables (block_ids: the per-step loop only) and every
+    freed block table, in order (frees)."""
+
+    def __init__(self, scheduled: bool = False, block_ids: bool = False, frees: bool = False):
+        self.scheduled: list | None = [] if scheduled else None       # [([(request_id, tokens)], [preempted ids])]
+        self.block_ids: list | None = [] if block_ids else None       # [[(request_id, block table)]]
+        self.freed_tables: list | None = [] if frees else None        # [(request_id, block table)]
+
+    def step(self, out) -> None:
+        """Keep a step's batch (a SchedulerOutput) and its block tables, as asked."""
+        if self.scheduled is not None:
+            self.scheduled.append(([(r.request_id, n) for r, n in out.scheduled],
+                                   sorted(r.request_id for r in out.preempted)))
+        if self.block_ids is not None:
+            self.block_ids.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
+
+    def decode_steps(self, running, num_steps: int) -> None:
+        """Keep num_steps decode steps of every running request at once (a decode run)."""
+        if self.scheduled is not None:
+            batch = [(r.request_id, 1) for r in running]
+            self.scheduled.extend((list(batch), []) for _ in range(num_steps))
+
+    def freed(self, request) -> None:
+        """Keep a request's block table as it is freed (KV-cache managers call this)."""
+        if self.freed_tables is not None:
+            self.freed_tables.append((request.request_id, tuple(request.block_ids)))
+
+
 class Runs:
     """A column of integers stored as runs of equal values (a decode run repeats the same counts k times)."""
 
@@ -229,8 +259,8 @@ class EngineResult:
     num_preemptions: np.ndarray
     steps: Mapping                      # STEP_FIELDS -> array, one entry per step (StepRecords)
     scheduled: list | None = None       # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
-    block_ids: list | None = None       # per step [(request_id, block table)] after schedule() (record_block_ids)
-    freed_tables: list | None = None    # [(request_id, block table)] at every free, in order (record_frees)
+    block_ids: list | None = None       # per step [(request_id, block table)] after schedule() (Recorder.block_ids)
+    freed_tables: list | None = None    # [(request_id, block table)] at every free, in order (Recorder.freed_tables)
 
     @property
     def num_requests(self) -> int:

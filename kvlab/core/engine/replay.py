@@ -52,7 +52,7 @@ def from_document(doc: dict) -> dict:
 
 
 def run_document(doc: dict, **engine_options) -> EngineResult:
-    """Serve an IN.json document with the engine (options: fast, record_scheduled, record_block_ids, check, ...)."""
+    """Serve an IN.json document with the engine (options: path, recorder, check)."""
     return Engine(**from_document(doc), **engine_options).run()
 
 
@@ -61,7 +61,7 @@ def _time(x: float) -> float | None:
 
 
 def to_document(result: EngineResult) -> dict:
-    """The result as OUT.json's requests and steps (steps carry scheduled / preempted with record_scheduled)."""
+    """The result as OUT.json's requests and steps (steps carry scheduled / preempted with Recorder(scheduled=True))."""
     requests = [{"request_id": i, "arrival_s": float(result.arrival_s[i]),
                  "prompt_tokens": int(result.prompt_tokens[i]), "output_tokens": int(result.output_tokens[i]),
                  "first_scheduled_s": _time(result.first_scheduled_s[i]), "first_token_s": _time(result.first_token_s[i]),

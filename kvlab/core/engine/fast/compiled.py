@@ -23,6 +23,7 @@ import importlib.util
 import math
 import sys
 from array import array
+from collections import namedtuple
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool
 from kvlab.core.engine.records import Runs, StepLog
 
+# What a compiled run recorded: the step log, decode runs done, the clock at the end and, per request, what
+# Engine keeps (compact arrays).
+Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "first_scheduled_s", "first_token_s", "finish_s",
+                               "num_preemptions", "num_output_tokens"])
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
 DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
@@ -60,7 +65,7 @@ def eligible(engine) -> bool:
             and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
             and (not caching or engine.prompt_token_ids is None  # token ids that are the prompt, no more, no less
                  or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens)))
-            and not (engine.record_scheduled or engine.record_block_ids or engine.freed_tables is not None))
+            and engine.recorder is None)
 
 
 def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
@@ -132,9 +137,9 @@ def _add_runs(runs: Runs, column: np.ndarray) -> None:
     runs.counts.frombytes(counts.astype(np.int64).tobytes())
 
 
-def run(engine):
-    """Serve the engine's whole workload with the compiled loop; its EngineResult (the engine's records filled in),
-    or None if the run cannot progress (the caller runs the Python loop, which says why)."""
+def run(engine) -> Served | None:
+    """Serve the engine's whole workload with the compiled loop: what it recorded (the engine adopts it), or None if
+    the run cannot progress (the caller runs the Python loop, which says why)."""
     w, sched = engine.workload, engine.config.scheduler
     n = w.num_requests
     prompt = np.ascontiguousarray(w.prompt_tokens, dtype=np.int64)
@@ -190,13 +195,6 @@ def run(engine):
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
         if code == DONE:
             break
-    engine.steps = log
-    engine.num_decode_runs = int(state[S_RUNS])
-    engine.clock = float(fstate[F_CLOCK])
-    engine.next_arrival = n
-    engine.first_scheduled_s = array("d", first_scheduled_s.tobytes())
-    engine.first_token_s = array("d", first_token_s.tobytes())
-    engine.finish_s = array("d", finish_s.tobytes())
-    engine.num_preemptions = array("q", num_preemptions.tobytes())
-    engine.num_output_tokens = array("q", (num_tokens - prompt).tobytes())
-    return engine.result()
+    return Served(log, int(state[S_RUNS]), float(fstate[F_CLOCK]), array("d", first_scheduled_s.tobytes()),
+                  array("d", first_token_s.tobytes()), array("d", finish_s.tobytes()),
+                  array("q", num_preemptions.tobytes()), array("q", (num_tokens - prompt).tobytes()))

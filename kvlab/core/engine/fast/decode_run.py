@@ -151,7 +151,7 @@ def take_blocks(engine, k: int, phases: list[int] | None) -> list[int]:
     """Give the running requests the blocks their k decode steps cross; what they hold after each step."""
     kv, running = engine.kv_cache_manager, engine.scheduler.running
     num_running = len(running)
-    held_before = kv.held()
+    held_before = kv.num_held
     if phases is None:
         return [held_before] * k
     # Step j takes a block for each request of phase j % bs, in running order; every period of bs steps
@@ -199,7 +199,7 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
             engine.finished(request, end)
         scheduler.running = [r for r in running if r.status != FINISHED]
         kv_tokens[-1] = num_kv_tokens
-        held[-1] = kv.held()
+        held[-1] = kv.num_held
     engine.num_kv_tokens = kv_tokens[-1]
     # Requests arriving during the run join the waiting queue behind a refused head (the loop adds them next).
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
@@ -218,9 +218,8 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
         waiting = [num_waiting] * k if isinstance(num_waiting, int) else num_waiting
         add_split(engine, split, waiting[:k - 1])
         engine.record_split(split[0] if waiting[-1] else None)     # the last step's, after the finishes
-    if engine.record_scheduled:
-        batch = [(r.request_id, 1) for r in running]
-        engine.scheduled_log.extend((list(batch), []) for _ in range(k))
+    if engine.recorder is not None:
+        engine.recorder.decode_steps(running, k)
     engine.clock = end
 
 
@@ -369,8 +368,8 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     out.samples = [True] * num_left
     out.num_scheduled_tokens = out.num_decodes = num_left
     out.context_tokens = out.decode_context_tokens = context
-    if engine.record_scheduled:
-        engine.scheduled_log.append(([(r.request_id, 1) for r in left], []))
+    if engine.recorder is not None:
+        engine.recorder.decode_steps(left, 1)
     num_waiting = len(scheduler.waiting)
     end = end_k + checked_s(engine.cost, engine.cost.step_s(num_left, context, num_left, context, 0, 0), num_left)
     caching = kv.enable_caching
@@ -388,7 +387,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     scheduler.running = left
     scheduler.has_finished = True
     engine.clock = end_k                            # it waited for batch k's output
-    engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.held(), context)
+    engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.num_held, context)
     if engine.reserving:
         engine.record_split(scheduler.waiting[0] if scheduler.waiting else None)
     queue.append((out, end_k, end, num_running, num_waiting, True))
@@ -445,9 +444,8 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     num_waiting_k = later if isinstance(later, int) else later[k]
     if split is not None:   # batch j's record is read at its output, when the waiting count is batch j + 1's
         add_split(engine, split, [later] * k if isinstance(later, int) else later[1:k + 1])
-    if engine.record_scheduled:
-        batch = [(r.request_id, 1) for r in running]
-        engine.scheduled_log.extend((list(batch), []) for _ in range(k))
+    if engine.recorder is not None:
+        engine.recorder.decode_steps(running, k)
     scheduler.has_finished = False
     out.scheduled = [(r, 1) for r in running]
     out.samples = [True] * num_running
