@@ -3,18 +3,19 @@
 The reference path, in the order a reader meets it: request (Request), rules (each vLLM rule, once), block pool
 (kvlab.core.block_pool), kv_cache_manager (vLLM's paged KVCacheManager), scheduler (vLLM's schedule() and
 update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop, simulate). Beside it:
-reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
+checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
 paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
 loop, calling the same rules).
 """
 from kvlab.core.engine.async_scheduler import AsyncScheduler
-from kvlab.core.engine.engine import (ALLOCATIONS, DEFAULT_CONFIG, PATHS, PEAK_BYTES_PER_REQUEST, Engine,
-                                      NoProgressError, check_workload, simulate)
+from kvlab.core.engine.checks import (ALLOCATIONS, PATHS, NoProgressError, check_scheduler_config,
+                                      check_workload)
+from kvlab.core.engine.engine import DEFAULT_CONFIG, PEAK_BYTES_PER_REQUEST, Engine, simulate
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
 from kvlab.core.engine.records import STEP_FIELDS, EngineResult, Recorder
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.reservation import ReservationManager
-from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput, check_scheduler_config
+from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.core.engine.scheduler_v0 import SchedulerV0
 
 __all__ = ["ALLOCATIONS", "DEFAULT_CONFIG", "PATHS", "PEAK_BYTES_PER_REQUEST", "STEP_FIELDS", "AsyncScheduler",

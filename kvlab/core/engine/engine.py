@@ -28,44 +28,29 @@ plain per-step loop: the reference the tests hold the fast paths to (PATHS). The
 """
 from __future__ import annotations
 
-import math
-from array import array
 from collections import deque
 
 import numpy as np
 
 from kvlab.core import validate
-from kvlab.core.block_pool import check_num_gpu_blocks
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
+from kvlab.core.engine.async_scheduler import AsyncScheduler
+from kvlab.core.engine.checks import ALLOCATIONS, PATHS, NoProgressError, check_engine, no_progress_message
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
-from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
-from kvlab.core.engine.records import EngineResult, Recorder, StepLog, StepRecords
-from kvlab.core.engine.reservation import ReservationManager
+from kvlab.core.engine.records import EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
-from kvlab.core.engine.scheduler import Scheduler, check_scheduler_config
-from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
-from kvlab.core.units import cdiv
+from kvlab.core.engine.reservation import ReservationManager
+from kvlab.core.engine.scheduler import Scheduler
+from kvlab.core.engine.scheduler_v0 import SchedulerV0
 from kvlab.core.workload import Workload
 
 # Bytes held at the peak per request served, its workload and per-step records included: make bench measures
 # about 1,000 B on Azure-like requests at about 21 steps each (a run with fewer requests at once has more steps).
 PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
-ALLOCATIONS = {
-    "paged": "vLLM: blocks of block_size tokens allocated as tokens are computed; preempts when the pool is empty",
-    "max": "reserve max_model_len token slots at admission (Orca Max); never preempts",
-    "pow2": "reserve prompt + the next power of two of the output at admission (Orca Pow2); never preempts",
-    "oracle": "reserve exactly the final length at admission (Orca Oracle); never preempts",
-}
-PATHS = {
-    "auto": "decode runs at once, and the compiled loop where it applies and pays (COMPILED_FROM_REQUESTS)",
-    "reference": "the plain per-step loop, the reference every fast path is held to",
-    "python": "decode runs at once, never the compiled loop",
-    "compiled": "the compiled loop (numba); refused where it does not apply",
-}
 # (SchedulerConfig.scheduler_cls, async_scheduling) -> the scheduler's class
 SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023", False): SchedulerV0}
 
@@ -77,66 +62,12 @@ def step_s(cost, out) -> float:
                      out.num_scheduled_tokens)
 
 
-class NoProgressError(RuntimeError):
-    """The workload cannot finish: vLLM would wait forever (its message says why)."""
-
-
 def _config(config: EngineConfig | None) -> EngineConfig:
     if config is None:
         return DEFAULT_CONFIG
     if not isinstance(config, EngineConfig):
         validate.fail("config", type(config).__name__, "must be a kvlab.core.config.EngineConfig")
     return config
-
-
-def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str = "paged") -> None:
-    """Refuse, in one line and before any work, settings vLLM would refuse, a pool without a usable block, and a
-    request vLLM would refuse or that can never fit the pool."""
-    check_requests(workload, config, check_num_gpu_blocks(num_gpu_blocks), allocation, check_scheduler_config(config.scheduler))
-
-
-def check_requests(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str,
-                   max_model_len: int) -> None:
-    """check_workload's requests, of settings already checked (the engine checks each thing once)."""
-    v0 = config.scheduler.scheduler_cls == "v0-2023"
-    bs = config.cache.block_size
-    prompt, output = workload.prompt_tokens, workload.output_tokens
-    if prompt.min() < 1:
-        i = int(np.argmin(prompt))
-        validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), "must be >= 1: vLLM needs a prompt of at least one token")
-    if prompt.max() >= max_model_len:
-        i = int(np.argmax(prompt))
-        validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), f"must be shorter than max_model_len={max_model_len:,} "
-                      "tokens (vLLM rejects a prompt of max_model_len tokens or more)")
-    final = np.minimum(prompt + output, max_model_len + v0)     # vLLM 0.1.4 stops one token later
-    if allocation == "paged":
-        usable = num_gpu_blocks - 1
-        if v0:
-            need = blocks_to_finish(prompt, final, bs, watermark_blocks(num_gpu_blocks))
-            why = f" with scheduler_cls='v0-2023' (one block free to decode, {watermark_blocks(num_gpu_blocks)} " \
-                  "watermark blocks to be admitted again)"
-        else:
-            need, why = cdiv(final - 1, bs), ""     # a request computes every token but its last sampled one
-        if need.max() > usable:
-            i = int(np.argmax(need))
-            validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
-                          f"needs {int(need[i]):,} blocks of {bs} tokens at its longest ({int(final[i]) - 1:,} tokens)"
-                          f"{why} but the pool has {usable:,} usable blocks (num_gpu_blocks={num_gpu_blocks:,} counts "
-                          "vLLM's null block): it could never finish")
-    else:
-        manager = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len)
-        largest = manager.buddy.largest_free_chunk
-        where = (f"the pool holds {manager.num_tokens_total:,} ((num_gpu_blocks - 1) x block_size) in buddy arenas of "
-                 f"at most {largest:,}")
-        if allocation == "max" and max_model_len > largest:
-            validate.fail("allocation", "max", f"reserves max_model_len={max_model_len:,} token slots a request but "
-                          f"{where}: no request could start")
-        reservations = manager.reservation_tokens_of(prompt, final)
-        i = int(np.argmax(reservations))
-        if reservations[i] > largest:
-            validate.fail(f"request {i}", f"{int(prompt[i]):,} prompt + {int(output[i]):,} output tokens",
-                          f"reserves {int(reservations[i]):,} token slots with allocation={allocation} but {where}: "
-                          "it could never start")
 
 
 class Engine:
@@ -148,18 +79,9 @@ class Engine:
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
-        validate.one_of("allocation", allocation, ALLOCATIONS)
-        validate.one_of("path", path, PATHS)
-        num_gpu_blocks = check_num_gpu_blocks(num_gpu_blocks)
+        num_gpu_blocks, max_model_len = check_engine(workload, config, num_gpu_blocks, allocation, path,
+                                                     prompt_token_ids, check)
         caching = config.cache.enable_prefix_caching
-        if caching and allocation != "paged":
-            validate.fail("enable_prefix_caching", True, f"applies only to paged allocation, not allocation={allocation}")
-        if prompt_token_ids is not None and len(prompt_token_ids) != workload.num_requests:
-            validate.fail("prompt_token_ids", f"{len(prompt_token_ids)} entries", f"must have one per request "
-                          f"({workload.num_requests})")
-        max_model_len = check_scheduler_config(config.scheduler)
-        if check:
-            check_requests(workload, config, num_gpu_blocks, allocation, max_model_len)
         bs = config.cache.block_size
         if allocation == "paged":
             kv = KVCacheManager(num_gpu_blocks, bs, max_model_len, caching, recorder)
@@ -174,13 +96,7 @@ class Engine:
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
         self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
-        n = workload.num_requests
-        # Per request, written once when it finishes (compact arrays; NaN until then).
-        self.first_scheduled_s = array("d", [math.nan]) * n
-        self.first_token_s = array("d", [math.nan]) * n
-        self.finish_s = array("d", [math.nan]) * n
-        self.num_preemptions = array("q", [0]) * n
-        self.num_output_tokens = array("q", [0]) * n
+        self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
         self.arrival_s = workload.arrival_s
@@ -191,24 +107,7 @@ class Engine:
         self.all_decoding = False       # every running request was scheduled in the last step and sampled
         self.num_decode_runs = 0        # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
-        self.compiled = self._use_compiled(path)
-
-    def _use_compiled(self, path: str) -> bool:
-        """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
-        (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded);
-        "compiled" insists; "reference" and "python" never."""
-        loop = compiled_loop
-        if path == "auto":
-            return (self.fast and loop.worth_it(self.workload.num_requests) and loop.eligible(self)
-                    and loop.available())
-        if path == "compiled":
-            if not loop.eligible(self):
-                validate.fail("path", "compiled", "applies only to the v1 scheduler over paged blocks (prefix caching "
-                              "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
-                              "recorder")
-            if not loop.available():
-                validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
-        return path == "compiled"
+        self.compiled = compiled_loop.chosen(self, path)
 
     # ---------------------------------------------------------------- requests
     def peek_arrival(self) -> Request:
@@ -261,7 +160,7 @@ class Engine:
         scheduler = self.scheduler
         out = scheduler.schedule()
         if out.num_scheduled_tokens == 0:
-            raise NoProgressError(self.no_progress_message())
+            raise NoProgressError(no_progress_message(self))
         start = self.clock
         end = start + step_s(self.cost, out)
         for request in out.admitted:
@@ -279,7 +178,7 @@ class Engine:
             request.first_token_s = end
         for request in finished:
             num_kv_tokens -= request.num_computed_tokens
-            self.finished(request, end)
+            self.requests.finished(request, end)
         self.num_kv_tokens = num_kv_tokens
         self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.num_held,
                           num_kv_tokens, len(out.preempted), out.num_hit_tokens)
@@ -329,7 +228,7 @@ class Engine:
                 if num_empty >= 2 and scheduler.has_unfinished_requests() and not any(
                         batch[0].num_scheduled_tokens for batch in queue):
                     if self.next_arrival == n:
-                        raise NoProgressError(self.no_progress_message())
+                        raise NoProgressError(no_progress_message(self))
                     self.clock = self.arrival_list[self.next_arrival]   # nothing changes before it arrives
                     num_empty = 0
                 if len(queue) < 2 and (tokens or scheduler.has_requests()):
@@ -346,7 +245,7 @@ class Engine:
             for request in first_tokens:
                 request.first_token_s = end
             for request in finished:
-                self.finished(request, end)
+                self.requests.finished(request, end)
             if out.num_scheduled_tokens or out.preempted:
                 self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.num_held,
                                   sum(r.num_computed_tokens for r in scheduler.running), len(out.preempted),
@@ -359,55 +258,19 @@ class Engine:
         """Take a compiled run's records (compiled.Served) as this engine's; the result."""
         self.steps, self.num_decode_runs, self.clock = served.steps, served.num_decode_runs, served.clock
         self.next_arrival = len(self.arrival_list)
-        self.first_scheduled_s, self.first_token_s = served.first_scheduled_s, served.first_token_s
-        self.finish_s, self.num_preemptions = served.finish_s, served.num_preemptions
-        self.num_output_tokens = served.num_output_tokens
+        self.requests = served.requests
         return self.result()
 
     def record_split(self, head: Request | None) -> None:
-        """Add the reservation pool's Fig. 2 counts for the last step (external fragmentation against head: the
-        waiting queue's head, or None when nothing waits)."""
-        kv = self.kv_cache_manager
-        self.steps.add_split(kv.num_final_tokens, kv.buddy.num_rounding_slots, kv.external_fragmentation(head))
-
-    def finished(self, request: Request, end_s: float) -> None:
-        """Write a finished request's record."""
-        i = request.request_id
-        self.first_scheduled_s[i] = request.first_scheduled_s
-        self.first_token_s[i] = request.first_token_s
-        self.finish_s[i] = end_s
-        self.num_output_tokens[i] = request.num_output_tokens
-        self.num_preemptions[i] = request.num_preemptions
-
-    def no_progress_message(self) -> str:
-        """Why nothing can be scheduled: the waiting queue's head can never be admitted (vLLM would wait forever)."""
-        scheduler, kv = self.scheduler, self.kv_cache_manager
-        head = scheduler.waiting[0] if scheduler.waiting else None
-        detail = ""
-        if head is not None:
-            if self.allocation == "paged":
-                detail = (f"; the head of the waiting queue, request {head.request_id}, has {head.num_tokens:,} tokens = "
-                          f"{cdiv(head.num_tokens, self.block_size):,} blocks and {kv.num_free_blocks:,} of "
-                          f"{self.num_gpu_blocks - 1:,} usable blocks are free")
-            else:
-                detail = (f"; the head of the waiting queue, request {head.request_id}, reserves "
-                          f"{kv.reservation_tokens(head):,} token slots and {kv.num_free_tokens:,} are free, in chunks "
-                          f"of at most {kv.buddy.largest_free_chunk:,}")
-        return (f"no progress possible at t={self.clock:.6f} s: a step scheduled nothing with {len(scheduler.running)} "
-                f"running, {len(scheduler.waiting)} waiting and {len(self.arrival_s) - self.next_arrival} not yet "
-                f"arrived requests{detail}; vLLM would wait forever (first come, first served)")
+        """Add the reservation pool's Fig. 2 counts for the last step (ReservationManager.record_split)."""
+        self.kv_cache_manager.record_split(self.steps, head)
 
     def result(self) -> EngineResult:
         """The run's records as an EngineResult."""
-        w = self.workload
-        def column(values, dtype):
-            return np.frombuffer(values, dtype=dtype)
-
+        w, rec = self.workload, self.recorder
         return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s, w.prompt_tokens,
-                            w.output_tokens, column(self.num_output_tokens, "i8"), column(self.first_scheduled_s, "f8"),
-                            column(self.first_token_s, "f8"), column(self.finish_s, "f8"),
-                            column(self.num_preemptions, "i8"), StepRecords(self.steps),
-                            *((rec.scheduled, rec.block_ids, rec.freed_tables) if (rec := self.recorder) else ()))
+                            w.output_tokens, *self.requests.columns(), StepRecords(self.steps),
+                            *((rec.scheduled, rec.block_ids, rec.freed_tables) if rec else ()))
 
 
 def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int, cost=None,

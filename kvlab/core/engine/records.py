@@ -1,6 +1,7 @@
 """What the engine records: per request (times, preemptions) and per step (what section 6 plots)."""
 from __future__ import annotations
 
+import math
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +27,46 @@ STEP_FIELDS = (
     "num_rounding_tokens",        # of those, the buddy's: chunk slots beyond the size asked
     "num_external_frag_tokens",   # free slots in buddy chunks too small for the waiting queue's head (0: none waits)
 )
+
+
+class RequestLog:
+    """Per request, written once when it finishes (compact arrays; NaN until then): what EngineResult reports."""
+
+    __slots__ = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "num_output_tokens")
+
+    def __init__(self, num_requests: int):
+        self.first_scheduled_s = array("d", [math.nan]) * num_requests
+        self.first_token_s = array("d", [math.nan]) * num_requests
+        self.finish_s = array("d", [math.nan]) * num_requests
+        self.num_preemptions = array("q", [0]) * num_requests
+        self.num_output_tokens = array("q", [0]) * num_requests
+
+    @classmethod
+    def of(cls, first_scheduled_s, first_token_s, finish_s, num_preemptions, num_output_tokens) -> "RequestLog":
+        """A log of whole columns (float64 and int64 arrays, one entry a request)."""
+        log = cls(0)
+        log.first_scheduled_s = array("d", first_scheduled_s.tobytes())
+        log.first_token_s = array("d", first_token_s.tobytes())
+        log.finish_s = array("d", finish_s.tobytes())
+        log.num_preemptions = array("q", num_preemptions.tobytes())
+        log.num_output_tokens = array("q", num_output_tokens.tobytes())
+        return log
+
+    def finished(self, request, end_s: float) -> None:
+        """Write a finished request's record."""
+        i = request.request_id
+        self.first_scheduled_s[i] = request.first_scheduled_s
+        self.first_token_s[i] = request.first_token_s
+        self.finish_s[i] = end_s
+        self.num_output_tokens[i] = request.num_output_tokens
+        self.num_preemptions[i] = request.num_preemptions
+
+    def columns(self) -> tuple:
+        """num_output_tokens, first_scheduled_s, first_token_s, finish_s and num_preemptions as arrays (EngineResult's
+        order)."""
+        return (np.frombuffer(self.num_output_tokens, "i8"), np.frombuffer(self.first_scheduled_s, "f8"),
+                np.frombuffer(self.first_token_s, "f8"), np.frombuffer(self.finish_s, "f8"),
+                np.frombuffer(self.num_preemptions, "i8"))
 
 
 class Recorder:

@@ -71,6 +71,11 @@ class ReservationManager:
         decodes take nothing from a reservation pool)."""
         return self.can_reserve(request)
 
+    def record_split(self, steps, head: Request | None) -> None:
+        """Add the vLLM paper's Fig. 2 counts of the last step to steps (a StepLog): final tokens, the buddy's
+        rounding and external fragmentation against head (the waiting queue's head, or None when nothing waits)."""
+        steps.add_split(self.num_final_tokens, self.buddy.num_rounding_slots, self.external_fragmentation(head))
+
     def external_fragmentation(self, head: Request | None) -> int:
         """Free slots in chunks too small for the waiting queue's head's reservation (0 when nothing waits)."""
         return self.buddy.free_slots_below(self.reservation_tokens(head)) if head is not None else 0

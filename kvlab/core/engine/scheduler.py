@@ -26,31 +26,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvlab.core import validate
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
 from kvlab.core.engine.rules import (admission_num_new_tokens, allocation_is_noop, is_finished, preemption_victim,
                                      running_num_new_tokens, samples, step_token_cap)
-
-
-def check_scheduler_config(scheduler: SchedulerConfig) -> int:
-    """The settings vLLM's SchedulerConfig refuses, refused in its words; returns max_model_len (tokens)."""
-    max_model_len = scheduler.max_model_len
-    if max_model_len is None:
-        validate.fail("max_model_len", None, "the engine needs the longest request in tokens (vLLM takes the "
-                      "model's max_position_embeddings; give it)")
-    budget = scheduler.max_num_batched_tokens
-    if budget < max_model_len and not scheduler.enable_chunked_prefill:
-        validate.fail("max_num_batched_tokens", budget, f"is smaller than max_model_len ({max_model_len:,}) with "
-                      "chunked prefill off, which vLLM refuses: a longer prompt could never be scheduled; raise "
-                      "max_num_batched_tokens, lower max_model_len or turn chunked prefill on")
-    if budget < scheduler.max_num_seqs:
-        validate.fail("max_num_batched_tokens", budget, f"must be >= max_num_seqs ({scheduler.max_num_seqs:,}), "
-                      "as vLLM requires")
-    if scheduler.long_prefill_token_threshold > max_model_len:
-        validate.fail("long_prefill_token_threshold", scheduler.long_prefill_token_threshold,
-                      f"cannot be greater than max_model_len ({max_model_len:,}), as vLLM requires")
-    return max_model_len
 
 
 class SchedulerOutput:
@@ -79,8 +58,8 @@ class Scheduler:
     admits_before_decodes = False       # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
     async_scheduling = False            # AsyncScheduler: the next batch is scheduled before this one's output
 
-    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int | None = None):
-        self.max_model_len = check_scheduler_config(scheduler) if max_model_len is None else max_model_len
+    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
+        self.max_model_len = max_model_len             # checked by checks.check_scheduler_config
         self.max_request_tokens = self.max_model_len   # a request finishes when it reaches these many tokens
         self.max_num_seqs = scheduler.max_num_seqs
         self.max_num_batched_tokens = scheduler.max_num_batched_tokens

@@ -72,7 +72,7 @@ class SchedulerV0(Scheduler):
 
     admits_before_decodes = True
 
-    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int | None = None):
+    def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
         super().__init__(scheduler, kv_cache_manager, max_model_len)
         self.max_request_tokens = self.max_model_len + 1    # finished once get_len() > max_model_len
         self.paged = kv_cache_manager.allocation == "paged"

@@ -29,12 +29,11 @@ import numpy as np
 
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool
-from kvlab.core.engine.records import Runs, StepLog
+from kvlab.core.engine.records import RequestLog, Runs, StepLog
+from kvlab.core import validate
 
-# What a compiled run recorded: the step log, decode runs done, the clock at the end and, per request, what
-# Engine keeps (compact arrays).
-Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "first_scheduled_s", "first_token_s", "finish_s",
-                               "num_preemptions", "num_output_tokens"])
+# What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
+Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "requests"])
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
 DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
@@ -116,6 +115,23 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
                 hits=np.zeros(width, np.int64), unhashed=np.zeros(width, np.int64))
 
 
+def chosen(engine, path: str) -> bool:
+    """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
+    (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded);
+    "compiled" insists; "reference" and "python" never."""
+    if path == "auto":
+        return (engine.fast and worth_it(engine.workload.num_requests) and eligible(engine)
+                and available())
+    if path == "compiled":
+        if not eligible(engine):
+            validate.fail("path", "compiled", "applies only to the v1 scheduler over paged blocks (prefix caching "
+                          "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
+                          "recorder")
+        if not available():
+            validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
+    return path == "compiled"
+
+
 def kernels():
     """The compiled loops (kvlab.core.engine.fast._kernels; numba compiles them on first use and its cache keeps them)."""
     from kvlab.core.engine.fast import _kernels
@@ -195,6 +211,5 @@ def run(engine) -> Served | None:
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
         if code == DONE:
             break
-    return Served(log, int(state[S_RUNS]), float(fstate[F_CLOCK]), array("d", first_scheduled_s.tobytes()),
-                  array("d", first_token_s.tobytes()), array("d", finish_s.tobytes()),
-                  array("q", num_preemptions.tobytes()), array("q", (num_tokens - prompt).tobytes()))
+    return Served(log, int(state[S_RUNS]), float(fstate[F_CLOCK]),
+                  RequestLog.of(first_scheduled_s, first_token_s, finish_s, num_preemptions, num_tokens - prompt))
