@@ -301,7 +301,7 @@ def test_a_decode_run_ends_before_a_decode_that_finds_no_free_block():
     phases = [-r.num_computed_tokens % 4 for r in engine.scheduler.running]
     assert phases == [3, 0] and engine.kv_cache_manager.num_free_blocks == 2
     assert decode_run.steps_with_blocks(phases, 2, 4, v0=True) == 3 and decode_run.steps_with_blocks(phases, 2, 4) == 4
-    assert decode_run.run(engine) and len(engine.steps.end_s) == 1 + 3
+    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
     slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
     assert slow.scheduled[:6] == [([(0, 5), (1, 4)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [([(0, 1)], [1]),
                                                                                          ([(1, 8)], [])]
@@ -318,7 +318,7 @@ def test_a_decode_run_may_take_the_last_free_block_with_its_last_decode():
     assert phases == [3, 2] and engine.kv_cache_manager.num_free_blocks == 1
     assert decode_run.steps_with_blocks(phases, 1, 4, v0=True) == 3
     assert decode_run.steps_with_blocks(phases[::-1], 1, 4, v0=True) == 2     # then the last decode would find none
-    assert decode_run.run(engine) and len(engine.steps.end_s) == 1 + 3
+    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
     slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
     assert slow.scheduled[:5] == [([(0, 5), (1, 6)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [([(0, 1)], [1])]
     assert_same(slow, fast)
@@ -340,7 +340,7 @@ def test_a_decode_run_ends_where_an_arrival_is_admitted_before_the_steps_decodes
     0): the prompt step admits it before step 4's decodes (which take a block), so the run is steps 0-3."""
     w, config = workload([4, 24], [20, 2], [0.0, 0.035]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32)
     engine = after_the_prompt_step(w, config, 9)
-    assert decode_run.run(engine) and len(engine.steps.end_s) == 1 + 4
+    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 4
     slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=9))
     assert slow.scheduled[:6] == [([(0, 4)], [])] + [([(0, 1)], [])] * 4 + [([(1, 24)], [])]
     assert_same(slow, fast)

@@ -29,7 +29,7 @@ class AsyncScheduler(Scheduler):
 
     def account(self, out: SchedulerOutput) -> None:
         """Scheduler.account; then a scheduled batch's tokens are in flight until its output is processed, and a
-        token it samples is an output placeholder meanwhile."""
+        token it samples is an output placeholder meanwhile (AsyncScheduler._update_after_schedule)."""
         super().account(out)
         for (request, n), sample in zip(out.scheduled, out.samples):
             request.num_in_flight_tokens += n
@@ -37,7 +37,8 @@ class AsyncScheduler(Scheduler):
                 request.num_output_placeholders += 1
 
     def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
-        """Settle a batch's in-flight tokens and placeholders, sample, finish and free (as Scheduler's)."""
+        """Settle a batch's in-flight tokens and placeholders, sample, finish and free (Scheduler.update_from_output
+        and _update_request_with_output, which vLLM's AsyncScheduler inherits)."""
         num_sampled, first, finished = 0, [], []
         kv = self.kv_cache_manager
         caching = kv.enable_caching

@@ -135,7 +135,7 @@ class Engine:
     def run(self) -> EngineResult:
         """Serve the whole workload; the result of every request and step."""
         if self.compiled:
-            served = compiled_loop.run(self)
+            served = compiled_loop.serve(self)
             if served is not None:
                 return self.adopt(served)   # else a step scheduled nothing: the Python loop below says why
         if self.scheduler.async_scheduling:
@@ -149,7 +149,7 @@ class Engine:
                     break
                 self.clock = float(self.arrival_s[self.next_arrival])   # idle: jump to the next arrival
                 continue
-            if self.fast and self.all_decoding and scheduler.running and decode_run.run(self):
+            if self.fast and self.all_decoding and scheduler.running and decode_run.advance(self):
                 self.num_decode_runs += 1
                 continue
             self.step()
@@ -202,7 +202,7 @@ class Engine:
             if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
                 self.add_arrivals()
             if fast and len(queue) == 1 and queue[0][5]:
-                end_s = decode_run.run_async(self, queue, gpu_free_s)
+                end_s = decode_run.advance_async(self, queue, gpu_free_s)
                 if end_s is not None:
                     gpu_free_s = end_s
                     self.num_decode_runs += 1

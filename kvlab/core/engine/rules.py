@@ -15,7 +15,8 @@ RULES = ("step_token_cap", "running_num_new_tokens", "allocation_is_noop", "num_
 
 def step_token_cap(long_prefill_token_threshold: int, num_running: int, num_waiting: int) -> int:
     """The step's cap on one request's new tokens (0: none): long_prefill_token_threshold when more than one
-    request runs or waits (sched/scheduler.py, Scheduler.schedule)."""
+    request runs or waits (sched/scheduler.py, Scheduler.schedule; long_prefill_token_threshold_adaptive is off by
+    default, and kvlab leaves it out)."""
     return long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
 
@@ -23,7 +24,7 @@ def running_num_new_tokens(num_tokens: int, num_output_placeholders: int, num_co
                            max_tokens_total: int, token_cap: int, token_budget: int, max_model_len: int) -> int:
     """Tokens the running loop schedules for a running request, or 0 to pass over it (sched/scheduler.py,
     Scheduler.schedule, the running loop): its known tokens (placeholders included) not yet computed, at most
-    token_cap and the budget left. Asynchronous only (placeholders > 0; sched/async_scheduler.py): the early stop
+    token_cap and the budget left. Asynchronous only (placeholders > 0, added by AsyncScheduler): the early stop
     passes over a request whose batch in flight samples its last token (max_tokens_total = prompt + max_tokens),
     and a request's tokens stop one short of max_model_len."""
     p, c = num_output_placeholders, num_computed_tokens
@@ -125,5 +126,5 @@ def is_finished(num_tokens: int, max_num_tokens: int) -> bool:
 def settles_placeholder(was_stale: bool, num_output_placeholders: int) -> bool:
     """Whether an asynchronous batch's sampled token replaces one of the request's output placeholders: not when
     the batch was scheduled before the request's last preemption (stale output, kept but counted nowhere;
-    sched/async_scheduler.py, AsyncScheduler._update_request_with_output)."""
+    sched/scheduler.py, Scheduler._update_request_with_output)."""
     return not was_stale and num_output_placeholders > 0

@@ -448,7 +448,7 @@ def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_schedule
 @_inline
 def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
                running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts):
-    """decode_run.run (kvlab/core/engine/fast/decode_run.py) without prefix caching: while every running request decodes
+    """decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix caching: while every running request decodes
     (it sampled in the last step), their steps at once, O(1) a step, recorded as loop_sync records them. A run
     stops before a step that would cross more block boundaries than there are free blocks (it preempts) or admit the
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
@@ -611,7 +611,7 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
                first_token_s, finish_s, running, waiting, pool, queue_r, queue_n, queue_sample, queue_i, queue_f, logs,
                events, counts):
     """Engine.run_async's loop without decode runs (asynchronous scheduling, a batch queue of two) and
-    Scheduler._update_async. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
+    AsyncScheduler.update_from_output. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
     queue_f[slot]: start, end. Stops as loop_sync does."""
     n = arrival.shape[0]
     usable, constant, caching, block_size = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching, cfg.block_size
@@ -670,7 +670,7 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             clock = end
         finished = False
         finished_waiting = False
-        for j in range(queue_i[slot, 0]):                  # Scheduler._update_async
+        for j in range(queue_i[slot, 0]):                  # AsyncScheduler.update_from_output
             r = queue_r[slot, j]
             m = queue_n[slot, j]
             in_flight[r] -= m

@@ -3,7 +3,7 @@
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
 asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
 vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost. The synchronous loop without prefix
-caching also does decode runs at once, as decode_run.run does (DECODE_RUNS; engine.num_decode_runs counts them).
+caching also does decode runs at once, as decode_run.advance does (DECODE_RUNS; engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
@@ -153,7 +153,7 @@ def _add_runs(runs: Runs, column: np.ndarray) -> None:
     runs.counts.frombytes(counts.astype(np.int64).tobytes())
 
 
-def run(engine) -> Served | None:
+def serve(engine) -> Served | None:
     """Serve the engine's whole workload with the compiled loop: what it recorded (the engine adopts it), or None if
     the run cannot progress (the caller runs the Python loop, which says why)."""
     w, sched = engine.workload, engine.config.scheduler

@@ -34,7 +34,7 @@ from kvlab.core.engine.rules import admission_num_new_tokens
 from kvlab.core.engine.scheduler import SchedulerOutput
 
 
-def run(engine) -> bool:
+def advance(engine) -> bool:
     """Do the next decode run of at least 2 steps; False (nothing changed) if there is none."""
     scheduler = engine.scheduler
     v0 = scheduler.admits_before_decodes
@@ -243,7 +243,7 @@ def add_split(engine, split: tuple, waiting: list[int]) -> None:
 
 
 # ---------------------------------------------------------------- asynchronous scheduling
-def run_async(engine, queue, gpu_free_s: float) -> float | None:
+def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     """The asynchronous engine's decode run: k loop iterations (schedule batch j, then process batch j - 1's
     output) at once, and the one after them when it finishes requests; the new gpu_free_s, or None (nothing
     changed) if there is no such run.
