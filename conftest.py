@@ -1,15 +1,36 @@
-"""Repository-wide pytest hooks: what needs the real request traces is skipped, saying why, without them.
+"""Repository-wide pytest hooks: what needs the real request traces is skipped, saying why, without them; and the
+report that tests/test_report_output.py reads is built once, beside the other tests, and its execution of each
+notebook is the one nbval checks.
 
 Notebook 04 is about the traces and is skipped whole. Notebooks 01 and 02 reproduce the article first and
 only then rerun their sections on a trace: there nbval still checks every cell except those tagged
 "needs-trace", so the article's figures and ledger stay tested on a machine without the files.
+
+One execution of each notebook: where a test that reads the built report runs, `make report`'s build (params.yaml,
+whose values are the notebooks' own defaults: tests/test_params.py) starts in a child process at the end of
+collection, and nbval does not run the notebooks a second time: each cell's outputs in the build's executed copy
+(papermill's) are compared with the committed ones by nbval's own comparison, so a drifted number fails the cell
+that shows it, with nbval's message (tests/test_nbval_drift.py). `--nbval-executed DIR` compares with the executed
+copies in DIR instead (report/notebooks after make report). Otherwise nbval runs each notebook itself, as always.
 """
 from __future__ import annotations
 
+import copy
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
+import nbformat
 import pytest
+from nbval.plugin import IPyNbCell, IPyNbFile, coalesce_streams
+
+ROOT = Path(__file__).resolve().parent
+NOTEBOOK_DIR = ROOT / "notebooks"
 
 
 def needs_traces(path: Path) -> bool:
@@ -25,7 +46,8 @@ TRACE_CELL_TAG = "needs-trace"
 TRACE_CELL_DEFAULT = "azure"
 
 
-def pytest_collection_modifyitems(config, items):
+def skip_what_needs_missing_traces(items) -> None:
+    """Mark the notebooks and cells that read a real trace file that is not there as skipped, saying why."""
     from kvlab.workloads import traces
 
     missing = traces.missing_traces()
@@ -41,3 +63,162 @@ def pytest_collection_modifyitems(config, items):
         elif cell is not None and TRACE_CELL_TAG in cell.get("metadata", {}).get("tags", []) \
                 and TRACE_CELL_DEFAULT in missing:
             item.add_marker(cells)
+
+
+# ---------------------------------------------------------------- the whole report, built beside the other tests
+# tests/test_report_output.py reads the report `make report` builds, at its defaults: most of its time is one core's
+# work while the other tests leave the second core idle. So it is built in a child process from the end of
+# collection, while the other tests run, and the tests that read it (and the notebooks' cells, which check its
+# executions) run last. Its sweeps run in its own process (SWEEP_SCHEDULER=serial): a core for the build, the other
+# for the tests and their sweeps.
+BUILD_REPORT = ("import sys; from pathlib import Path; from kvlab.report.build import build; "
+                "build(Path(sys.argv[1]), [], Path(sys.argv[2]))")
+
+
+class ReportBuild:
+    """`make report`'s build (params.yaml, no overrides) into a temporary folder, in a child process."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="kvlab-report-test-"))
+        self.out = self.folder / "report"
+        self.log = self.folder / "build.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen([sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"),
+                                             str(self.out)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                            env={**os.environ, "SWEEP_SCHEDULER": "serial"},
+                                            start_new_session=True)   # its kernels: one group
+
+    def succeeded(self) -> bool:
+        """Whether the build succeeded, once it is done."""
+        return self.process.wait() == 0
+
+    def result(self) -> Path:
+        """The built report's folder, once the build is done; the test fails with the build's last lines if it
+        failed."""
+        if not self.succeeded():
+            tail = "\n".join(self.log.read_text().splitlines()[-15:])
+            pytest.fail(f"the report build failed (exit {self.process.returncode}):\n{tail}", pytrace=False)
+        return self.out
+
+    def close(self) -> None:
+        if self.process.poll() is None:     # the session ended first (an interrupt, -x): stop it and its kernels
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_report_build: ReportBuild | None = None
+
+
+def _runs(item) -> bool:
+    """Whether a collected test will run: no skip mark, no skipif mark whose condition holds."""
+    return not any(True for _ in item.iter_markers("skip")) and \
+        not any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
+
+
+@pytest.hookimpl(trylast=True)              # after -k and -m have deselected
+def pytest_collection_modifyitems(config, items):
+    """Skip what needs missing traces; start the report's build if a test that reads it will run, and run those
+    tests and the cells of the notebooks it executes last (the build's time)."""
+    global _report_build
+    skip_what_needs_missing_traces(items)
+    reading = [item for item in items if "built_report" in getattr(item, "fixturenames", ())]
+    if not config.option.collectonly and any(_runs(item) for item in reading):
+        _report_build = ReportBuild()
+        last = set(reading) | {item for item in items if isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR}
+        items[:] = [item for item in items if item not in last] + [item for item in items if item in last]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _report_build is not None:
+        _report_build.close()
+
+
+@pytest.fixture(scope="session")
+def built_report() -> Path:
+    """The report `make report` builds at its defaults (built beside the other tests from the end of collection)."""
+    if _report_build is None:
+        pytest.fail("the report build was not started at collection", pytrace=False)
+    return _report_build.result()
+
+
+# ---------------------------------------------------------------- nbval on an execution made once
+INJECTED_TAG = "injected-parameters"    # papermill's cell of the parameters it was given
+OUTPUT_PARAMETERS = {"LEDGER_CSV"}      # where the report has a notebook write its ledger rows: no output shows it
+
+
+def pytest_addoption(parser):
+    parser.getgroup("nbval").addoption(
+        "--nbval-executed", metavar="DIR", default=None,
+        help="compare each notebook's committed outputs with its executed copy in DIR (papermill's, at the "
+             "notebook's defaults, e.g. report/notebooks) instead of running it")
+
+
+def executed_folder(config, notebook: Path) -> Path | None:
+    """Where an executed copy of notebook is to be compared with its committed outputs, or None: nbval runs it."""
+    if config.option.nbval_executed:
+        return Path(config.option.nbval_executed)
+    if _report_build is not None and notebook.parent == NOTEBOOK_DIR and _report_build.succeeded():
+        return _report_build.out / "notebooks"
+    return None     # (a build that failed says why in the tests that read it; nbval then runs the notebook itself)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path, parent):
+    """nbval's notebooks, as ExecutedNotebook: the same cells and checks, on an execution made once where there is one."""
+    collectors = yield
+    return [ExecutedNotebook.from_parent(parent, path=file_path) if type(c) is IPyNbFile else c for c in collectors]
+
+
+class ExecutedNotebook(IPyNbFile):
+    """nbval's notebook, whose cells compare an executed copy of it where there is one instead of running it."""
+
+    executed = None     # the executed copy's code cells, papermill's own left out; None: nbval runs the notebook
+
+    def collect(self):
+        for cell in super().collect():
+            yield ExecutedCell.from_parent(self, name=cell.name, cell_num=cell.cell_num, cell=cell.cell,
+                                           options=cell.options)
+
+    def setup(self):
+        folder = executed_folder(self.config, self.path)
+        if folder is None:
+            return super().setup()
+        from kvlab.report.params import notebook_parameters
+
+        copy_path = folder / self.path.name
+        if not copy_path.exists():
+            pytest.fail(f"{self.path.name}: no executed copy {copy_path} to compare", pytrace=False)
+        executed = nbformat.read(copy_path, as_version=4)
+        defaults = notebook_parameters(self.path)
+        given = executed.metadata.get("papermill", {}).get("parameters", {})
+        other = {name: value for name, value in given.items()
+                 if name not in OUTPUT_PARAMETERS and (name not in defaults or defaults[name] != value)}
+        if other:
+            pytest.fail(f"{copy_path} ran with other values than {self.path.name}'s defaults: {other}", pytrace=False)
+        cells = [c for c in executed.cells if c.cell_type == "code" and INJECTED_TAG not in c.metadata.get("tags", [])]
+        if [c.source for c in cells] != [c.source for c in self.nb.cells if c.cell_type == "code"]:
+            pytest.fail(f"{copy_path} is not an execution of {self.path}: their code cells differ", pytrace=False)
+        self.setup_sanitize_files()
+        self.executed = cells
+
+
+class ExecutedCell(IPyNbCell):
+    """nbval's cell: its committed outputs against those of the executed copy, by nbval's comparison and message."""
+
+    def runtest(self):
+        if self.parent.executed is None:
+            return super().runtest()
+        if self.options["skip"]:
+            pytest.skip()
+        outs = coalesce_streams(copy.deepcopy(self.parent.executed[self.cell_num].outputs))
+        self.test_outputs = outs
+        error = next((o for o in outs if o.output_type == "error"), None)
+        if error is not None and not self.options["check_exception"]:
+            self.raise_cell_error("Cell execution caused an exception", "\n" + "\n".join(error.traceback))
+        # as nbval's runtest ends, on the outputs it would have read from a kernel
+        unrun = self.cell.execution_count is None
+        if unrun and self.cell.outputs:
+            self.raise_cell_error("Unrun reference cell has outputs")
+        if self.options["check"] and not unrun and not self.compare_outputs(outs, coalesce_streams(self.cell.outputs)):
+            self.raise_cell_error("Cell outputs differ", "\n".join(self.comparison_traceback))

@@ -1,10 +1,5 @@
 """Shared test helpers, and the one list of programs outside Python that any test runs."""
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -55,72 +50,3 @@ def assert_same(slow, fast) -> None:
     assert slow.scheduled == fast.scheduled
     assert slow.freed_tables == fast.freed_tables
 
-
-# ---------------------------------------------------------------- the whole report, built beside the other tests
-# tests/test_report_output.py reads the report `make report` builds, at its defaults: a third of make test's time,
-# most of it one core's work while the other tests leave the second core idle. So it is built in a child process
-# from the end of collection, while the other tests run, and the tests that read it run last. Its sweeps run in
-# its own process (SWEEP_SCHEDULER=serial): a core for the build, the other for the tests and their sweeps.
-BUILD_REPORT = ("import sys; from pathlib import Path; from kvlab.report.build import build; "
-                "build(Path(sys.argv[1]), [], Path(sys.argv[2]))")
-
-
-class ReportBuild:
-    """`make report`'s build (params.yaml, no overrides) into a temporary folder, in a child process."""
-
-    def __init__(self):
-        self.folder = Path(tempfile.mkdtemp(prefix="kvlab-report-test-"))
-        self.out = self.folder / "report"
-        self.log = self.folder / "build.log"
-        with open(self.log, "w") as log:
-            self.process = subprocess.Popen([sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"),
-                                             str(self.out)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                            env={**os.environ, "SWEEP_SCHEDULER": "serial"},
-                                            start_new_session=True)   # its kernels: one group
-
-    def result(self) -> Path:
-        """The built report's folder, once the build is done; the test fails with the build's last lines if it
-        failed."""
-        if self.process.wait() != 0:
-            tail = "\n".join(self.log.read_text().splitlines()[-15:])
-            pytest.fail(f"the report build failed (exit {self.process.returncode}):\n{tail}", pytrace=False)
-        return self.out
-
-    def close(self) -> None:
-        if self.process.poll() is None:     # the session ended first (an interrupt, -x): stop it and its kernels
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-
-_report_build: ReportBuild | None = None
-
-
-def _runs(item) -> bool:
-    """Whether a collected test will run: no skip mark, no skipif mark whose condition holds."""
-    return not any(True for _ in item.iter_markers("skip")) and \
-        not any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
-
-
-@pytest.hookimpl(trylast=True)              # after -k and -m have deselected
-def pytest_collection_modifyitems(config, items):
-    """Start the report's build if a test that reads it will run, and run those tests last (the build's time)."""
-    global _report_build
-    reading = [item for item in items if "built_report" in getattr(item, "fixturenames", ())]
-    if not config.option.collectonly and any(_runs(item) for item in reading):
-        _report_build = ReportBuild()
-        last = set(reading)
-        items[:] = [item for item in items if item not in last] + reading
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _report_build is not None:
-        _report_build.close()
-
-
-@pytest.fixture(scope="session")
-def built_report() -> Path:
-    """The report `make report` builds at its defaults (built beside the other tests from the end of collection)."""
-    if _report_build is None:
-        pytest.fail("the report build was not started at collection", pytrace=False)
-    return _report_build.result()
