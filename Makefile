@@ -20,11 +20,12 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # Real request traces (not committed): a folder holding the files that data/traces.toml lists.
 export TRACE_DIR ?= $(CURDIR)/../shared/traces
 
-.PHONY: help setup report test bench lab notebooks traces calibrate parity clean
+.PHONY: help setup report test format bench lab notebooks traces calibrate parity clean
 
 help:
 	@echo "make report   set up (first time) and build report/ (HTML, PDF, ledger.csv)"
 	@echo "make test     set up (first time) and run unit, CLI and notebook (nbval) tests"
+	@echo "make format   format and lint the code with ruff (make test checks both)"
 	@echo "make bench    run the speed and memory benchmarks and print their figures"
 	@echo "make notebooks re-execute notebooks/ in place with their defaults (the outputs nbval checks)"
 	@echo "make lab      open the notebooks in JupyterLab (prints the URL to open; root is fine)"
@@ -57,6 +58,10 @@ report: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs --nbval --nbval-current-env tests notebooks
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py

@@ -1,4 +1,5 @@
 """Capacity tables: the article's two section 3 tables and the real-model planner of part 2, timed."""
+
 import time
 
 from kvlab.core import capacity, models
@@ -23,8 +24,12 @@ def main() -> None:
     us = (time.perf_counter() - start) / 1000 * 1e6
     print(f"   vllm_capacity (Gemma 3 27B, hybrid groups, TP=2): {us:.1f} us per call")
 
-    names = ["meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct",
-             "google/gemma-3-27b-it", "deepseek-ai/DeepSeek-V2-Lite"]
+    names = [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.1-70B-Instruct",
+        "google/gemma-3-27b-it",
+        "deepseek-ai/DeepSeek-V2-Lite",
+    ]
     start = time.perf_counter()
     table = section.concurrency_table(names, 80, [1024 * 2**i for i in range(8)], ["bf16", "fp8"], [1, 2, 4, 8])
     ms = (time.perf_counter() - start) * 1e3

@@ -7,6 +7,7 @@ issues 14 and 20), >= 50x on every parity run (issue 23); 100,000 requests under
 1,000,000 in < 10 s and < 1 GiB (issue 23). Issue 21: the engine with the measured clock at most 2x slower
 (requests/s) than with the roofline on the same workload.
 """
+
 import json
 import resource
 import subprocess
@@ -21,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts" / "parity"))
 import scheduler_workloads  # noqa: E402  the parity runs (scripts/parity/scheduler_workloads.py)
 
+from kvlab.core import resources  # noqa: E402
 from kvlab.core.config import EngineConfig  # noqa: E402
 from kvlab.core.cost import LinearStepCost, make_step_cost  # noqa: E402
-from kvlab.core import resources  # noqa: E402
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST, Engine, replay  # noqa: E402
 from kvlab.core.engine.fast import compiled  # noqa: E402
 from kvlab.core.models import get_gpu, get_model  # noqa: E402
@@ -36,8 +37,9 @@ BINDING = {"num_gpu_blocks": 1100, "rate_per_s": 5.5}
 
 def binding_workload(num_requests: int) -> Workload:
     """Azure-like lengths and Poisson arrivals (scheduler_workloads._azure_like), seed 0."""
-    arrival, prompt, output = scheduler_workloads._azure_like(np.random.default_rng(0), num_requests,
-                                                              BINDING["rate_per_s"])
+    arrival, prompt, output = scheduler_workloads._azure_like(
+        np.random.default_rng(0), num_requests, BINDING["rate_per_s"]
+    )
     return Workload(arrival, prompt, output)
 
 
@@ -46,15 +48,21 @@ def serve(workload: Workload, path: str = "auto"):
     seconds and whether the compiled loop ran (its import counted)."""
     config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
     start = time.perf_counter()
-    engine = Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01),
-                    path=path)
+    engine = Engine(
+        workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01), path=path
+    )
     result = engine.run()
     return result, time.perf_counter() - start, engine.compiled
 
 
 # The clocks' comparison: a model and GPU with an operator profile (data/profiles), the binding workload.
-CLOCKS = {"model": "meta-llama/Llama-3.1-8B", "gpu": "RTX-PRO-6000-Server-96GB", "num_requests": 20_000,
-          "repeats": 5, "max_slowdown_x": 2.0}
+CLOCKS = {
+    "model": "meta-llama/Llama-3.1-8B",
+    "gpu": "RTX-PRO-6000-Server-96GB",
+    "num_requests": 20_000,
+    "repeats": 5,
+    "max_slowdown_x": 2.0,
+}
 
 
 def clocks_against_each_other() -> None:
@@ -65,7 +73,7 @@ def clocks_against_each_other() -> None:
     workload = binding_workload(CLOCKS["num_requests"])
     costs = {name: make_step_cost(name, model=model, gpu=gpu, config=config) for name in ("roofline", "measured")}
     times = {name: [] for name in costs}
-    for _ in range(CLOCKS["repeats"]):      # in turn, so that a machine busy with other work slows both alike
+    for _ in range(CLOCKS["repeats"]):  # in turn, so that a machine busy with other work slows both alike
         for name, cost in costs.items():
             start = time.perf_counter()
             Engine(workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=cost).run()
@@ -73,10 +81,12 @@ def clocks_against_each_other() -> None:
     rates = {name: workload.num_requests / float(np.median(t)) for name, t in times.items()}
     slowdown = rates["roofline"] / rates["measured"]
     verdict = "PASS" if slowdown <= CLOCKS["max_slowdown_x"] else "FAIL"
-    print(f"   clocks, {model.name} on {gpu.name} ({workload.num_requests:,} requests, binding memory, decode runs): "
-          f"roofline {rates['roofline']:,.0f} requests/s, measured ({costs['measured'].source}) "
-          f"{rates['measured']:,.0f} requests/s: {slowdown:.2f}x the roofline's time (target: at most "
-          f"{CLOCKS['max_slowdown_x']:g}x slower): {verdict}")
+    print(
+        f"   clocks, {model.name} on {gpu.name} ({workload.num_requests:,} requests, binding memory, decode runs): "
+        f"roofline {rates['roofline']:,.0f} requests/s, measured ({costs['measured'].source}) "
+        f"{rates['measured']:,.0f} requests/s: {slowdown:.2f}x the roofline's time (target: at most "
+        f"{CLOCKS['max_slowdown_x']:g}x slower): {verdict}"
+    )
 
 
 def peak_rss_mib() -> float:
@@ -93,15 +103,24 @@ def one_run(num_requests: int) -> None:
     workload = binding_workload(num_requests)
     result, seconds, ran_compiled = serve(workload)
     summary = result.summary()
-    print(json.dumps({"seconds": seconds, "compiled": ran_compiled, "peak_rss_mib": peak_rss_mib(),
-                      "baseline_rss_mib": baseline,
-                      **{k: summary[k] for k in ("num_preemptions", "num_steps", "mean_running", "mean_ttft_s")}}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "compiled": ran_compiled,
+                "peak_rss_mib": peak_rss_mib(),
+                "baseline_rss_mib": baseline,
+                **{k: summary[k] for k in ("num_preemptions", "num_steps", "mean_running", "mean_ttft_s")},
+            }
+        )
+    )
 
 
 def in_child(num_requests: int) -> dict:
     """one_run in a fresh interpreter, so its peak memory is its own."""
-    done = subprocess.run([sys.executable, __file__, "--one", str(num_requests)], capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, __file__, "--one", str(num_requests)], capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout)
 
 
@@ -109,12 +128,13 @@ def in_child(num_requests: int) -> dict:
 # next, so a run under 10,000 requests (seconds of vLLM each) takes the median of 3; the Azure runs (minutes) one.
 VLLM_REPLAYS = {"small": 3, "large": 1, "large_from_requests": 10_000}
 KVLAB_REPEATS = 5
-TARGET_X = {"speed_runs": 30, "every_run": 50}   # issues 14 and 20 on SPEED_RUNS; issue 23 on every run
+TARGET_X = {"speed_runs": 30, "every_run": 50}  # issues 14 and 20 on SPEED_RUNS; issue 23 on every run
 
 
 # kvlab's whole process on a parity document: the interpreter's start, every import, reading the document, the run.
-WHOLE_PROCESS = ("import json, sys; from kvlab.core.engine import replay; "
-                 "replay.run_document(json.load(open(sys.argv[1])))")
+WHOLE_PROCESS = (
+    "import json, sys; from kvlab.core.engine import replay; replay.run_document(json.load(open(sys.argv[1])))"
+)
 
 
 def vllm_seconds(path_in: Path, replays: int) -> float:
@@ -122,8 +142,11 @@ def vllm_seconds(path_in: Path, replays: int) -> float:
     times = []
     path_out = path_in.with_suffix(".out.json")
     for _ in range(replays):
-        subprocess.run([str(VLLM_PYTHON), str(ROOT / "scripts" / "parity" / "vllm_scheduler.py"), str(path_in),
-                        str(path_out)], check=True, capture_output=True)
+        subprocess.run(
+            [str(VLLM_PYTHON), str(ROOT / "scripts" / "parity" / "vllm_scheduler.py"), str(path_in), str(path_out)],
+            check=True,
+            capture_output=True,
+        )
         times.append(json.loads(path_out.read_text())["wall_s_scheduler"])
     return float(np.median(times))
 
@@ -182,34 +205,45 @@ def against_vllm() -> None:
             line += f", compiled {compiled_x:.0f}x"
         target = TARGET_X["speed_runs"] if name in scheduler_workloads.SPEED_RUNS else None
         verdict = f"; target >= {target}x in Python: {'PASS' if python_x >= target else 'FAIL'}" if target else ""
-        print(f"   vs vLLM, {name} ({description}): vLLM's scheduler {n / vllm_s:,.0f} requests/s (median of "
-              f"{replays}); kvlab {line}; kvlab's whole process {whole_x:.0f}x{verdict}", flush=True)
+        print(
+            f"   vs vLLM, {name} ({description}): vLLM's scheduler {n / vllm_s:,.0f} requests/s (median of "
+            f"{replays}); kvlab {line}; kvlab's whole process {whole_x:.0f}x{verdict}",
+            flush=True,
+        )
     short = [name for name, x in best.items() if x < TARGET_X["every_run"]]
-    print(f"   vs vLLM: {len(best) - len(short)} of {len(best)} runs at >= {TARGET_X['every_run']}x, Python or compiled"
-          + (f" (short: {', '.join(short)})" if short else ""))
+    print(
+        f"   vs vLLM: {len(best) - len(short)} of {len(best)} runs at >= {TARGET_X['every_run']}x, Python or compiled"
+        + (f" (short: {', '.join(short)})" if short else "")
+    )
 
 
 def main() -> None:
     against_vllm()
     for n, target_s in ((100_000, 10), (1_000_000, 10)):
         run = in_child(n)
-        print(f"   {n:>9,} requests, binding memory ({BINDING['num_gpu_blocks']:,} blocks, {run['num_preemptions']:,} "
-              f"preemptions, {run['num_steps']:,} steps, {'compiled' if run['compiled'] else 'Python'}): "
-              f"{run['seconds']:.1f} s with numba's import (target < {target_s} s), "
-              f"peak RSS {run['peak_rss_mib']:,.0f} MiB (interpreter {run['baseline_rss_mib']:,.0f} MiB"
-              + ("; target < 1,024 MiB)" if n == 1_000_000 else ")"))
+        print(
+            f"   {n:>9,} requests, binding memory ({BINDING['num_gpu_blocks']:,} blocks, {run['num_preemptions']:,} "
+            f"preemptions, {run['num_steps']:,} steps, {'compiled' if run['compiled'] else 'Python'}): "
+            f"{run['seconds']:.1f} s with numba's import (target < {target_s} s), "
+            f"peak RSS {run['peak_rss_mib']:,.0f} MiB (interpreter {run['baseline_rss_mib']:,.0f} MiB"
+            + ("; target < 1,024 MiB)" if n == 1_000_000 else ")")
+        )
         if n == 1_000_000:
             per_request = (run["peak_rss_mib"] - run["baseline_rss_mib"]) * 2**20 / n
-            print(f"   memory per request served: {per_request:,.0f} B (kvlab.core.engine.PEAK_BYTES_PER_REQUEST "
-                  "is the memory guard's figure)")
+            print(
+                f"   memory per request served: {per_request:,.0f} B (kvlab.core.engine.PEAK_BYTES_PER_REQUEST "
+                "is the memory guard's figure)"
+            )
             ten_million = 10_000_000
             try:
                 resources.refuse_if_too_big("num_requests", ten_million, PEAK_BYTES_PER_REQUEST)
                 verdict = "it fits, so it would run"
             except ValueError as err:
                 verdict = f"refused before any work: {err}"
-            print(f"   {ten_million:,} requests: the guard estimates {ten_million * PEAK_BYTES_PER_REQUEST / 2**30:.1f} "
-                  f"GiB against {resources.available_memory_bytes() / 2**30:.1f} GiB available: {verdict}")
+            print(
+                f"   {ten_million:,} requests: the guard estimates {ten_million * PEAK_BYTES_PER_REQUEST / 2**30:.1f} "
+                f"GiB against {resources.available_memory_bytes() / 2**30:.1f} GiB available: {verdict}"
+            )
     small = binding_workload(10_000)
     _, fast, _ = serve(small, path="python")
     _, slow, _ = serve(small, path="reference")

@@ -1,4 +1,5 @@
 """Each notebook with its defaults (kernel start included), and the whole report as `make report` builds it."""
+
 import tempfile
 import time
 from pathlib import Path
@@ -27,5 +28,7 @@ def main() -> None:
         start = time.perf_counter()
         report.build(report.ROOT / "params.yaml", [], Path(tmp) / "report", log=lambda *a, **k: None)
         seconds = time.perf_counter() - start
-    print(f"   make report (all notebooks, HTML, PDF, ledger) on a set-up machine: {seconds:.1f} s "
-          f"(target < {REPORT_TARGET_S} s)")
+    print(
+        f"   make report (all notebooks, HTML, PDF, ledger) on a set-up machine: {seconds:.1f} s "
+        f"(target < {REPORT_TARGET_S} s)"
+    )

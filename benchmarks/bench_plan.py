@@ -1,5 +1,6 @@
 """`kvlab plan`'s search (issue 24): at least 500 candidate configurations of a 10,000-request trace in under 5 minutes
 on this machine (local processes, one per core), and the same result on a Dask cluster (a local one here)."""
+
 import time
 
 from kvlab.core.models import get_gpu, get_model
@@ -21,7 +22,9 @@ def main() -> None:
         print(f"   skipped: the Azure conversation trace is not in {traces.trace_dir()} (set TRACE_DIR or make traces)")
         return
     workload = traces.load_trace(traces.trace_path("azure"), max_requests=TARGET["num_requests"]).workload
-    deployment = plan.Deployment(get_model(DEPLOYMENT["model"]), get_gpu(DEPLOYMENT["gpu"]), DEPLOYMENT["max_model_len"])
+    deployment = plan.Deployment(
+        get_model(DEPLOYMENT["model"]), get_gpu(DEPLOYMENT["gpu"]), DEPLOYMENT["max_model_len"]
+    )
     space = plan.SearchSpace()
     start = time.perf_counter()
     local = plan.search(workload, deployment, OBJECTIVES, space, scheduler="processes")
@@ -29,10 +32,14 @@ def main() -> None:
     counts = local.counts()
     verdict = "PASS" if space.size >= TARGET["num_candidates"] and seconds < TARGET["seconds"] else "FAIL"
     rungs = "; ".join(f"{c} on {n:,} requests in {s:.0f} s" for n, c, s in local.rungs)
-    print(f"   plan, {DEPLOYMENT['model']} on {DEPLOYMENT['gpu']}, {workload.num_requests:,} Azure conversation requests, "
-          f"{space.size} candidates on local processes: {seconds:.0f} s (target < {TARGET['seconds']} s): {verdict}")
-    print(f"     {counts['pruned']} pruned, then {rungs}; {counts['meets']} meet, {counts['misses']} miss in full, "
-          f"{counts['dropped']} dropped on a prefix")
+    print(
+        f"   plan, {DEPLOYMENT['model']} on {DEPLOYMENT['gpu']}, {workload.num_requests:,} Azure conversation requests, "
+        f"{space.size} candidates on local processes: {seconds:.0f} s (target < {TARGET['seconds']} s): {verdict}"
+    )
+    print(
+        f"     {counts['pruned']} pruned, then {rungs}; {counts['meets']} meet, {counts['misses']} miss in full, "
+        f"{counts['dropped']} dropped on a prefix"
+    )
     best = local.ranked()[0] if local.ranked() else None
     print(f"     best: {best.candidate.label() if best else 'none'}")
     from distributed import LocalCluster
@@ -42,5 +49,7 @@ def main() -> None:
         on_dask = plan.search(workload, deployment, OBJECTIVES, space, scheduler=cluster.scheduler_address)
         dask_s = time.perf_counter() - start
     same = outcome(on_dask) == outcome(local)
-    print(f"   the same search on a local Dask cluster (2 workers): {dask_s:.0f} s, "
-          f"{'the same outcome for every candidate' if same else 'A DIFFERENT OUTCOME'}: {'PASS' if same else 'FAIL'}")
+    print(
+        f"   the same search on a local Dask cluster (2 workers): {dask_s:.0f} s, "
+        f"{'the same outcome for every candidate' if same else 'A DIFFERENT OUTCOME'}: {'PASS' if same else 'FAIL'}"
+    )

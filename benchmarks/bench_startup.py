@@ -4,6 +4,7 @@
 program costs); every kind of refused report parameter beside the 1 s target; `kvlab simulate` of 1,000,000
 requests beside the bare heap loop of benchmarks/heap_loop.py over the same requests. The commands take turns, so
 a busy machine slows all of them alike; bytecode caches are written and used, as after a first run."""
+
 import json
 import os
 import resource
@@ -15,10 +16,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = 5                # timed runs per command (after one untimed run that writes the bytecode caches)
-HELP_RATIO = 3.0        # --help, simulate --help and a refused flag: at most this many times the numpy import
-REFUSAL_S = 1.0         # a refused report parameter, whole process, s
-SIMULATE_RATIO = 1.5    # kvlab simulate of 1,000,000 requests: at most this many times the bare heap loop
+RUNS = 5  # timed runs per command (after one untimed run that writes the bytecode caches)
+HELP_RATIO = 3.0  # --help, simulate --help and a refused flag: at most this many times the numpy import
+REFUSAL_S = 1.0  # a refused report parameter, whole process, s
+SIMULATE_RATIO = 1.5  # kvlab simulate of 1,000,000 requests: at most this many times the bare heap loop
 NUM_REQUESTS = 1_000_000
 
 KVLAB = [sys.executable, "-m", "kvlab"]
@@ -26,8 +27,12 @@ NUMPY = ("python -c 'import numpy' (reference)", [sys.executable, "-c", "import 
 QUICK = [  # (label, command, exit status, words its output must hold)
     ("kvlab --help", KVLAB + ["--help"], 0, "usage: kvlab"),
     ("kvlab simulate --help", KVLAB + ["simulate", "--help"], 0, "usage: kvlab simulate"),
-    ("refused flag: kvlab simulate --num-requests -3", KVLAB + ["simulate", "--num-requests", "-3"], 2,
-     "--num-requests=-3 is not allowed"),
+    (
+        "refused flag: kvlab simulate --num-requests -3",
+        KVLAB + ["simulate", "--num-requests", "-3"],
+        2,
+        "--num-requests=-3 is not allowed",
+    ),
 ]
 REPORT_REFUSALS = [  # (kind, --set value, words the refusal must hold): kvlab.sections.shared.parameters' rules and guards
     ("unknown name", "NO_SUCH_PARAM=3", "no notebook has a parameter"),
@@ -56,8 +61,10 @@ def _run(command: list[str], status: int, words: str) -> tuple[float, float, str
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != status or words not in done.stdout + done.stderr:
-        raise RuntimeError(f"{' '.join(command[1:])}: exit status {done.returncode} (expected {status}), "
-                           f"output {(done.stdout + done.stderr)[-300:]!r}")
+        raise RuntimeError(
+            f"{' '.join(command[1:])}: exit status {done.returncode} (expected {status}), "
+            f"output {(done.stdout + done.stderr)[-300:]!r}"
+        )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, done.stdout
 
@@ -83,28 +90,42 @@ def main() -> None:
     print(f"   {NUMPY[0]:<52} {numpy_s:.3f} s wall, {results[0][1]:.3f} s CPU")
     for (label, *_), (wall, cpu, _) in zip(QUICK, results[1:]):
         ratio = wall / numpy_s
-        print(f"   {label:<52} {wall:.3f} s wall, {cpu:.3f} s CPU: {ratio:.2f}x the numpy import "
-              f"(target <= {HELP_RATIO:g}x) {_verdict(ratio <= HELP_RATIO)}")
+        print(
+            f"   {label:<52} {wall:.3f} s wall, {cpu:.3f} s CPU: {ratio:.2f}x the numpy import "
+            f"(target <= {HELP_RATIO:g}x) {_verdict(ratio <= HELP_RATIO)}"
+        )
 
     with tempfile.TemporaryDirectory() as out:  # a refusal that failed to refuse builds nothing in report/
-        refusals = [(kind, KVLAB + ["report", "--no-pdf", "--out", out, "--set", value], 1, words)
-                    for kind, value, words in REPORT_REFUSALS]
+        refusals = [
+            (kind, KVLAB + ["report", "--no-pdf", "--out", out, "--set", value], 1, words)
+            for kind, value, words in REPORT_REFUSALS
+        ]
         for (kind, *_), (wall, cpu, _) in zip(refusals, _medians(refusals)):
-            print(f"   refused report parameter, {kind:<27} {wall:.3f} s wall, {cpu:.3f} s CPU "
-                  f"(target < {REFUSAL_S:g} s) {_verdict(wall < REFUSAL_S)}")
+            print(
+                f"   refused report parameter, {kind:<27} {wall:.3f} s wall, {cpu:.3f} s CPU "
+                f"(target < {REFUSAL_S:g} s) {_verdict(wall < REFUSAL_S)}"
+            )
 
     bare = ("bare heap loop", [sys.executable, str(ROOT / "benchmarks" / "heap_loop.py"), str(NUM_REQUESTS)], 0, "")
-    served = (f"kvlab simulate --policy continuous --num-requests {NUM_REQUESTS}",
-              KVLAB + ["simulate", "--policy", "continuous", "--num-requests", str(NUM_REQUESTS), "--json"], 0, "")
+    served = (
+        f"kvlab simulate --policy continuous --num-requests {NUM_REQUESTS}",
+        KVLAB + ["simulate", "--policy", "continuous", "--num-requests", str(NUM_REQUESTS), "--json"],
+        0,
+        "",
+    )
     (bare_s, bare_cpu, bare_out), (kvlab_s, kvlab_cpu, kvlab_out) = _medians([bare, served])
     same = float(bare_out) == json.loads(kvlab_out)["mean_latency_s"]
     ratio = kvlab_s / bare_s
-    print(f"   {NUM_REQUESTS:,} requests, bare heap loop (benchmarks/heap_loop.py): {bare_s:.2f} s wall, "
-          f"{bare_cpu:.2f} s CPU")
-    print(f"   {NUM_REQUESTS:,} requests, kvlab simulate --policy continuous:     {kvlab_s:.2f} s wall, "
-          f"{kvlab_cpu:.2f} s CPU: {ratio:.2f}x the bare loop (target <= {SIMULATE_RATIO:g}x) "
-          f"{_verdict(ratio <= SIMULATE_RATIO and same)}"
-          + ("" if same else f"; MISMATCH: mean latency {kvlab_out!r} against the bare loop's {bare_out}"))
+    print(
+        f"   {NUM_REQUESTS:,} requests, bare heap loop (benchmarks/heap_loop.py): {bare_s:.2f} s wall, "
+        f"{bare_cpu:.2f} s CPU"
+    )
+    print(
+        f"   {NUM_REQUESTS:,} requests, kvlab simulate --policy continuous:     {kvlab_s:.2f} s wall, "
+        f"{kvlab_cpu:.2f} s CPU: {ratio:.2f}x the bare loop (target <= {SIMULATE_RATIO:g}x) "
+        f"{_verdict(ratio <= SIMULATE_RATIO and same)}"
+        + ("" if same else f"; MISMATCH: mean latency {kvlab_out!r} against the bare loop's {bare_out}")
+    )
 
 
 if __name__ == "__main__":

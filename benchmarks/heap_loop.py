@@ -6,6 +6,7 @@ Standalone on purpose (numpy and heapq only): bench_startup.py times it as a who
 and the two must print the same mean latency, so both served the same requests. The workload is drawn as
 kvlab.workloads.synthetic.article_s2_workload draws it (seed 0, 11 requests/s, the article's output lengths),
 served on 8 slots at 8 ms per output token."""
+
 import heapq
 import sys
 

@@ -1,4 +1,5 @@
 """Run every benchmarks/bench_*.py (each has main() that prints its figures); `make bench` calls this."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -9,6 +9,7 @@ Layers, imports pointing down only:
     kvlab.report     papermill -> nbconvert -> index + PDF
     kvlab.cli        the `kvlab` command line over all of it
 """
+
 from kvlab.core.lazy import submodules
 
 _LAYERS = ("core", "workloads", "studies", "sections", "report", "cli")

@@ -3,6 +3,7 @@
 Debian's `chromium` (make setup installs it where it can) runs headless on a loopback port; pages are served
 by a local http.server; nothing leaves this machine.
 """
+
 from __future__ import annotations
 
 import base64
@@ -22,8 +23,17 @@ import websocket  # websocket-client, pinned in requirements.lock
 from conftest import tool_path
 
 CHROMIUM = tool_path("chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync", "--hide-scrollbars"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 class Served:
@@ -53,9 +63,18 @@ class Browser:
 
     def __init__(self, width: int = 1280, height: int = 900):
         self.profile = tempfile.mkdtemp(prefix="kvlab-chromium-")
-        self.process = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}", "--remote-debugging-port=0",
-                                         f"--window-size={width},{height}", "about:blank"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [
+                CHROMIUM,
+                *FLAGS,
+                f"--user-data-dir={self.profile}",
+                "--remote-debugging-port=0",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         port_file = Path(self.profile) / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not port_file.exists() or not port_file.read_text().strip():
@@ -126,8 +145,13 @@ class Browser:
     def screenshot(self, path: Path) -> None:
         """A PNG of the whole page."""
         height = self.evaluate("document.documentElement.scrollHeight")
-        self.call("Emulation.setDeviceMetricsOverride", width=1280, height=min(int(height), 8000), deviceScaleFactor=1,
-                  mobile=False)
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=1280,
+            height=min(int(height), 8000),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         data = self.call("Page.captureScreenshot", format="png")["data"]
         path.write_bytes(base64.b64decode(data))
         self.call("Emulation.clearDeviceMetricsOverride")

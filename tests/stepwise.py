@@ -4,6 +4,7 @@ Every running request produces its output one token at a time (one decode step o
 the clock moves to the next token or arrival. Slow on purpose and written for plain reading: the
 tests hold the event-driven simulator to it, and the benchmark measures the speed-up over it.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,12 +1,14 @@
 """Reservation accounting, reservation policies and the paged block allocator."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.core import allocator as alloc
 from kvlab.core import article
-from kvlab.sections import s01_allocation as allocation
 from kvlab.core.allocator import BlockAllocator, NoFreeBlocksError
+from kvlab.sections import s01_allocation as allocation
 
 lengths_st = st.lists(st.integers(1, 300), min_size=1, max_size=40)
 block_st = st.sampled_from([1, 2, 3, 7, 16, 64, 256])
@@ -24,20 +26,24 @@ def reference_accounting(lengths, block_size):
 @settings(max_examples=60, deadline=None)
 def test_allocation_table_equals_the_reference(lengths, block_size):
     row = allocation.allocation_table(lengths, [block_size]).iloc[0]
-    assert (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"]) == reference_accounting(lengths, block_size)
+    assert (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"]) == reference_accounting(
+        lengths, block_size
+    )
     assert row["block_table_entries"] == pytest.approx(np.mean([-(-n // block_size) for n in lengths]))
     # waste per request is below one block
     assert row["wasted_tokens"] <= len(lengths) * (block_size - 1)
 
 
-@pytest.mark.parametrize("reserved_total, expected", [
-    (81_920_000, 30), (26_132_480, 94), (13_992_448, 175), (11_958_528, 205), (11_486_464, 213)])
+@pytest.mark.parametrize(
+    "reserved_total, expected",
+    [(81_920_000, 30), (26_132_480, 94), (13_992_448, 175), (11_958_528, 205), (11_486_464, 213)],
+)
 def test_requests_that_fit_reproduce_the_article_from_its_reserved_totals(reserved_total, expected):
     assert alloc.max_num_requests(reserved_total / 20_000, memory_gib=60, mib_per_token=0.5) == expected
 
 
 def test_the_floor_is_exact_at_a_whole_number():
-    assert alloc.max_num_requests(4096, 60, 0.5) == 30   # 61,440 MB / 2,048 MB is exactly 30
+    assert alloc.max_num_requests(4096, 60, 0.5) == 30  # 61,440 MB / 2,048 MB is exactly 30
 
 
 def test_article_table_columns_and_fit_ratio():
@@ -85,21 +91,29 @@ def test_policy_errors():
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("call, message", [
-    (lambda: allocation.allocation_table([10], [0]), "block_size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
-    (lambda: allocation.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
-    (lambda: allocation.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
-    (lambda: allocation.allocation_table([], [16]), "lengths='0 values' is not allowed"),
-    (lambda: allocation.allocation_table([5, -3], [16]), "lengths[1]=-3 is not allowed: must be >= 1 token"),
-    (lambda: allocation.allocation_table([5, 0], [16]), "lengths[1]=0 is not allowed"),
-    (lambda: allocation.allocation_table([5.5], [16]), "lengths=dtype('float64') is not allowed: must be whole"),
-    (lambda: allocation.allocation_table([5, 5000], [16], max_len_tokens=4096),
-     "lengths[1]=5000 is not allowed: must be <= max_len_tokens=4096"),
-    (lambda: alloc.max_num_requests(100, memory_gib=0), "memory_gib=0 is not allowed"),
-    (lambda: BlockAllocator(0, 16), "num_blocks=0 is not allowed"),
-    (lambda: BlockAllocator(4, 0), "block_size=0 is not allowed"),
-    (lambda: BlockAllocator(4, 2.0), "block_size=2.0 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (
+            lambda: allocation.allocation_table([10], [0]),
+            "block_size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens",
+        ),
+        (lambda: allocation.allocation_table([10], [16.5]), "block_size=16.5 is not allowed"),
+        (lambda: allocation.allocation_table([10], []), "block_sizes=[] is not allowed: must not be empty"),
+        (lambda: allocation.allocation_table([], [16]), "lengths='0 values' is not allowed"),
+        (lambda: allocation.allocation_table([5, -3], [16]), "lengths[1]=-3 is not allowed: must be >= 1 token"),
+        (lambda: allocation.allocation_table([5, 0], [16]), "lengths[1]=0 is not allowed"),
+        (lambda: allocation.allocation_table([5.5], [16]), "lengths=dtype('float64') is not allowed: must be whole"),
+        (
+            lambda: allocation.allocation_table([5, 5000], [16], max_len_tokens=4096),
+            "lengths[1]=5000 is not allowed: must be <= max_len_tokens=4096",
+        ),
+        (lambda: alloc.max_num_requests(100, memory_gib=0), "memory_gib=0 is not allowed"),
+        (lambda: BlockAllocator(0, 16), "num_blocks=0 is not allowed"),
+        (lambda: BlockAllocator(4, 0), "block_size=0 is not allowed"),
+        (lambda: BlockAllocator(4, 2.0), "block_size=2.0 is not allowed"),
+    ],
+)
 def test_bad_input_is_a_one_line_error(call, message):
     with pytest.raises(ValueError) as error:
         call()
@@ -109,7 +123,7 @@ def test_bad_input_is_a_one_line_error(call, message):
 # ---------------------------------------------------------------- the block allocator
 def test_allocate_append_free():
     a = BlockAllocator(num_blocks=4, block_size=4)
-    assert a.allocate("r1", 5) == (1, 2)     # ids from 1: block 0 is vLLM's null block
+    assert a.allocate("r1", 5) == (1, 2)  # ids from 1: block 0 is vLLM's null block
     assert a.num_free_blocks == 2 and a.num_tokens("r1") == 5
     assert [a.append_token("r1") for _ in range(4)] == [False, False, False, True]  # the 9th token opens block 3
     assert a.block_table("r1") == (1, 2, 3) and a.num_tokens("r1") == 9
@@ -127,14 +141,16 @@ def test_zero_token_request_takes_a_block_on_its_first_token():
 def test_exhausted_pool_allocates_nothing():
     a = BlockAllocator(3, 4)
     a.allocate("a", 8)
-    with pytest.raises(NoFreeBlocksError, match=r"request_id='b' needs 2 block\(s\) of 4 tokens but only 1 of 3 are free"):
+    with pytest.raises(
+        NoFreeBlocksError, match=r"request_id='b' needs 2 block\(s\) of 4 tokens but only 1 of 3 are free"
+    ):
         a.allocate("b", 5)
-    assert a.num_free_blocks == 1 and a.num_requests == 1   # all or nothing
+    assert a.num_free_blocks == 1 and a.num_requests == 1  # all or nothing
     a.allocate("c", 3)
-    assert a.append_token("c") is False   # the 4th token still fits c's block: no new block needed
+    assert a.append_token("c") is False  # the 4th token still fits c's block: no new block needed
     with pytest.raises(NoFreeBlocksError, match="request_id='a' needs 1 block"):
-        a.append_token("a")                # a's two blocks are full and the pool is empty
-    assert a.num_tokens("a") == 8 and len(a.block_table("a")) == 2   # a failed append changes nothing
+        a.append_token("a")  # a's two blocks are full and the pool is empty
+    assert a.num_tokens("a") == 8 and len(a.block_table("a")) == 2  # a failed append changes nothing
     a.check_invariants()
 
 
@@ -153,38 +169,47 @@ def test_double_free_and_unknown_requests_are_clear_errors():
     a.check_invariants()
 
 
-ops_st = st.lists(st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(0, 9)),
-                  max_size=80)
+ops_st = st.lists(
+    st.tuples(st.sampled_from(["allocate", "append", "free"]), st.integers(0, 5), st.integers(0, 9)), max_size=80
+)
 
 
 @given(ops=ops_st, num_blocks=st.integers(1, 12), block_size=st.integers(1, 5))
 @settings(max_examples=80, deadline=None)
 def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block_size):
     a = BlockAllocator(num_blocks, block_size)
-    tokens = {}   # the model: tokens per live request
+    tokens = {}  # the model: tokens per live request
     for op, rid, n in ops:
         # The model says which error, if any, each call must raise: an error is never just tolerated.
         free = a.num_free_blocks
         if op == "allocate":
             error = ValueError if rid in tokens else NoFreeBlocksError if -(-n // block_size) > free else None
         elif op == "append":
-            error = (ValueError if rid not in tokens
-                     else NoFreeBlocksError if tokens[rid] % block_size == 0 and free == 0 else None)
+            error = (
+                ValueError
+                if rid not in tokens
+                else NoFreeBlocksError
+                if tokens[rid] % block_size == 0 and free == 0
+                else None
+            )
         else:
             error = None if rid in tokens else ValueError
-        call = {"allocate": lambda: a.allocate(rid, n), "append": lambda: a.append_token(rid),
-                "free": lambda: a.free(rid)}[op]
+        call = {
+            "allocate": lambda: a.allocate(rid, n),
+            "append": lambda: a.append_token(rid),
+            "free": lambda: a.free(rid),
+        }[op]
         if error is not None:
             with pytest.raises(error):
                 call()
-            assert a.num_free_blocks == free   # a failed call takes nothing
+            assert a.num_free_blocks == free  # a failed call takes nothing
         else:
             result = call()
             if op == "allocate":
                 tokens[rid] = n
                 assert len(result) == -(-n // block_size)
             elif op == "append":
-                assert result is (tokens[rid] % block_size == 0)   # a new block exactly when the last is full
+                assert result is (tokens[rid] % block_size == 0)  # a new block exactly when the last is full
                 tokens[rid] += 1
             else:
                 assert result == -(-tokens.pop(rid) // block_size)
@@ -193,7 +218,7 @@ def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block
         assert sum(map(len, tables)) == len(set().union(*tables)) if tables else True  # no block in two tables
         assert a.num_free_blocks + a.num_used_blocks == num_blocks
         assert {r: a.num_tokens(r) for r in tokens} == tokens
-        for r, t in tokens.items():   # waste per request below one block
+        for r, t in tokens.items():  # waste per request below one block
             assert len(a.block_table(r)) * block_size - t < block_size or t == 0
     for r in list(tokens):
         a.free(r)
@@ -205,8 +230,11 @@ def test_invariants_hold_under_any_sequence_of_operations(ops, num_blocks, block
 def test_the_allocator_gives_exactly_the_vectorised_accounting(lengths, block_size, prompt):
     got = alloc.run_through_allocator(lengths, block_size, prompt_tokens=prompt)
     row = allocation.allocation_table(lengths, [block_size]).iloc[0]
-    assert (got["reserved_tokens"], got["used_tokens"], got["wasted_tokens"]) == \
-        (row["reserved_tokens"], row["used_tokens"], row["wasted_tokens"])
+    assert (got["reserved_tokens"], got["used_tokens"], got["wasted_tokens"]) == (
+        row["reserved_tokens"],
+        row["used_tokens"],
+        row["wasted_tokens"],
+    )
     assert got["num_free_blocks"] == 0
 
 
@@ -220,10 +248,13 @@ def test_allocation_band_brackets_every_seed_median():
         assert values.min() <= low <= values.median() <= high <= values.max()
 
 
-@pytest.mark.parametrize("lengths, expected", [
-    ([13_654, 13_653, 13_653], 9),   # 40,960 tokens / 3 requests: 61,440 MiB / (40,960 / 3 x 0.5 MiB) is exactly 9
-    ([1_000] * 6 + [1_024], 122),    # 7,024 / 7 per request: 122.46 requests, floor 122
-])
+@pytest.mark.parametrize(
+    "lengths, expected",
+    [
+        ([13_654, 13_653, 13_653], 9),  # 40,960 tokens / 3 requests: 61,440 MiB / (40,960 / 3 x 0.5 MiB) is exactly 9
+        ([1_000] * 6 + [1_024], 122),  # 7,024 / 7 per request: 122.46 requests, floor 122
+    ],
+)
 def test_requests_that_fit_are_exact_when_the_mean_is_not_a_binary_fraction(lengths, expected):
     # The mean reserved per request (40,960 / 3) has no exact float; the floor must still land on 9, not 8.
     assert allocation.allocation_table(lengths, [1]).loc[1, "max_num_requests"] == expected
@@ -258,12 +289,12 @@ def test_freed_blocks_are_reused_first_last_block_first():
     to the head of the free queue, its last block first, so the next request reuses the blocks freed last
     (LIFO, for GPU locality) before any never-used block."""
     pool = BlockAllocator(num_blocks=8, block_size=4)
-    pool.allocate("a", 12)            # blocks 1, 2, 3
-    pool.allocate("b", 8)             # blocks 4, 5
-    pool.free("a")                    # queue: 3, 2, 1, then 6, 7, 8
+    pool.allocate("a", 12)  # blocks 1, 2, 3
+    pool.allocate("b", 8)  # blocks 4, 5
+    pool.free("a")  # queue: 3, 2, 1, then 6, 7, 8
     assert pool.free_block_ids() == [3, 2, 1, 6, 7, 8]
     assert pool.allocate("c", 16) == (3, 2, 1, 6)
-    pool.free("b")                    # queue: 5, 4, then 7, 8
+    pool.free("b")  # queue: 5, 4, then 7, 8
     assert pool.allocate("d", 16) == (5, 4, 7, 8)
     assert pool.num_free_blocks == 0
     pool.check_invariants()
@@ -271,9 +302,9 @@ def test_freed_blocks_are_reused_first_last_block_first():
 
 def test_append_token_takes_the_head_of_the_free_queue():
     pool = BlockAllocator(num_blocks=4, block_size=2)
-    pool.allocate("a", 2)             # block 1
-    pool.allocate("b", 2)             # block 2
-    pool.free("a")                    # queue: 1, 3, 4
+    pool.allocate("a", 2)  # block 1
+    pool.allocate("b", 2)  # block 2
+    pool.free("a")  # queue: 1, 3, 4
     assert pool.append_token("b") is True and pool.block_table("b") == (2, 1)
     assert [pool.append_token("b") for _ in range(3)] == [False, True, False]
     assert pool.block_table("b") == (2, 1, 3)

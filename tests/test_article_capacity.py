@@ -1,4 +1,5 @@
 """Section 3 of the article: KV bytes per token, memory per request, requests that fit."""
+
 from fractions import Fraction
 
 import pytest
@@ -39,8 +40,14 @@ def test_every_section3_ledger_row_passes_with_zero_tolerance():
     import pandas as pd
 
     model = pd.DataFrame({"kv_bytes_per_token": [section.ARTICLE_SHAPE.kv_bytes_per_token]}, index=["all"])
-    rows = ledger.compare([ledger.from_table(3, "memory", memory), ledger.from_table(3, "fit", fit),
-                           ledger.from_table(3, "model", model)], section=3)
+    rows = ledger.compare(
+        [
+            ledger.from_table(3, "memory", memory),
+            ledger.from_table(3, "fit", fit),
+            ledger.from_table(3, "model", model),
+        ],
+        section=3,
+    )
     assert (rows["status"] == "pass").all(), rows[rows["status"] != "pass"]
     assert (rows["tolerance"] == "abs 0").all()
 
@@ -53,9 +60,13 @@ def test_gb_and_gib_units_differ():
 
 
 @given(
-    layers=st.integers(1, 128), heads=st.integers(1, 128), head_dim=st.sampled_from([64, 80, 96, 128, 256]),
-    dtype_bytes=st.sampled_from([0.5, 1, 2, 4]), context=st.integers(1, 2_000_000),
-    gpu=st.integers(1, 200), weights_share=st.floats(0, 0.95),
+    layers=st.integers(1, 128),
+    heads=st.integers(1, 128),
+    head_dim=st.sampled_from([64, 80, 96, 128, 256]),
+    dtype_bytes=st.sampled_from([0.5, 1, 2, 4]),
+    context=st.integers(1, 2_000_000),
+    gpu=st.integers(1, 200),
+    weights_share=st.floats(0, 0.95),
 )
 def test_max_num_requests_is_the_floor(layers, heads, head_dim, dtype_bytes, context, gpu, weights_share):
     shape = capacity.KVShape(layers, heads, head_dim, dtype_bytes)
@@ -98,5 +109,7 @@ def test_bad_budget_and_context():
     with pytest.raises(ValueError, match="unit='TB' is not allowed"):
         section.fit_table(section.ARTICLE_SHAPE, 80, 16, CONTEXTS, unit="TB")
     assert capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**8)["max_num_requests"] == 0
-    with pytest.raises(ValueError, match="context_tokens=1000000000 is not allowed: must be an integer from 1 to 100,000,000 tokens"):
+    with pytest.raises(
+        ValueError, match="context_tokens=1000000000 is not allowed: must be an integer from 1 to 100,000,000 tokens"
+    ):
         capacity.capacity(section.ARTICLE_SHAPE, 80, 16, 10**9)

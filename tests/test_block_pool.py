@@ -1,6 +1,8 @@
 """vLLM 0.33's block pool: the null block, the free-queue order, reference counts and the prefix cache."""
+
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab.core.block_pool import BlockPool
 
@@ -59,9 +61,9 @@ def test_the_null_block_is_never_handed_out():
 
 def test_freed_blocks_without_a_hash_are_prepended_last_block_first():
     pool = BlockPool(10)
-    a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)      # [1, 2, 3], [4, 5]
+    a, b = pool.get_new_blocks(3), pool.get_new_blocks(2)  # [1, 2, 3], [4, 5]
     pool.free_blocks(reversed(a))
-    assert pool.free_block_ids() == [3, 2, 1, 6, 7, 8, 9]      # spec: table [1,2,5] freed -> [5,2,1, ...]
+    assert pool.free_block_ids() == [3, 2, 1, 6, 7, 8, 9]  # spec: table [1,2,5] freed -> [5,2,1, ...]
     pool.free_blocks(reversed(b))
     assert pool.free_block_ids()[:2] == [5, 4]
     assert pool.ref_cnt(5) == 0 and pool.ref_cnt(6) == 0 and pool.num_used_blocks == 0
@@ -69,14 +71,14 @@ def test_freed_blocks_without_a_hash_are_prepended_last_block_first():
 
 def test_cached_blocks_go_to_the_tail_and_are_evicted_from_the_head():
     pool = BlockPool(6, enable_caching=True)
-    blocks = pool.get_new_blocks(3)                              # [1, 2, 3]
-    pool.cache_full_blocks(blocks[:2], [b"h1", b"h2"])           # block 3 is partial: no hash
+    blocks = pool.get_new_blocks(3)  # [1, 2, 3]
+    pool.cache_full_blocks(blocks[:2], [b"h1", b"h2"])  # block 3 is partial: no hash
     pool.free_blocks(reversed(blocks))
-    assert pool.free_block_ids() == [3, 4, 5, 2, 1]              # unhashed to the head, hashed to the tail (reversed)
+    assert pool.free_block_ids() == [3, 4, 5, 2, 1]  # unhashed to the head, hashed to the tail (reversed)
     assert pool.get_cached_block(b"h1") == 1
-    pool.touch([1])                                              # a hit takes it out of the queue wherever it is
+    pool.touch([1])  # a hit takes it out of the queue wherever it is
     assert pool.free_block_ids() == [3, 4, 5, 2] and pool.ref_cnt(1) == 1
-    assert pool.get_new_blocks(4) == [3, 4, 5, 2]                # block 2 leaves the cache as it is taken
+    assert pool.get_new_blocks(4) == [3, 4, 5, 2]  # block 2 leaves the cache as it is taken
     assert pool.get_cached_block(b"h2") is None and pool.get_cached_block(b"h1") == 1
     pool.check_invariants()
 
@@ -89,13 +91,18 @@ def test_a_hash_held_by_two_blocks_hits_the_first_cached():
     assert pool.get_cached_block(b"h") == b[0]
 
 
-@given(st.lists(st.tuples(st.sampled_from(["new", "free", "cache", "touch"]), st.integers(0, 6), st.integers(0, 3)),
-                max_size=60), st.integers(2, 12), st.booleans())
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["new", "free", "cache", "touch"]), st.integers(0, 6), st.integers(0, 3)), max_size=60
+    ),
+    st.integers(2, 12),
+    st.booleans(),
+)
 @settings(max_examples=200, deadline=None)
 def test_the_two_part_queue_is_vllms_one_list(ops, num_gpu_blocks, caching):
     """Any sequence of vLLM's operations leaves kvlab's queue, counts and cache as on vLLM's single list."""
     pool, ref = BlockPool(num_gpu_blocks, caching), ListQueuePool(num_gpu_blocks, caching)
-    held = []                                                    # tables: lists of block ids held once each
+    held = []  # tables: lists of block ids held once each
     hashes = iter(range(10**6))
     for op, i, n in ops:
         if op == "new" and n <= pool.num_free_blocks:
@@ -109,7 +116,7 @@ def test_the_two_part_queue_is_vllms_one_list(ops, num_gpu_blocks, caching):
         elif op == "cache" and held and caching:
             table = held[i % len(held)]
             fresh = [b for b in table if b not in ref.hash_of]
-            names = [str(next(hashes) % 3).encode() for _ in fresh]   # few names: duplicates happen
+            names = [str(next(hashes) % 3).encode() for _ in fresh]  # few names: duplicates happen
             pool.cache_full_blocks(fresh, names)
             ref.cache_full_blocks(fresh, names)
         elif op == "touch" and caching:

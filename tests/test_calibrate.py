@@ -1,4 +1,5 @@
 """Calibration: the measured cost model loads and interpolates without torch; the measurement runs on the CPU."""
+
 import math
 import sys
 
@@ -6,11 +7,10 @@ import numpy as np
 import pytest
 
 from kvlab import cli
+from kvlab.core import batching, service_time
 from kvlab.core import calibration as calibrate
-from kvlab.core import batching
-from kvlab.core import service_time
-from kvlab.workloads import synthetic
 from kvlab.sections import s05_calibration as section
+from kvlab.workloads import synthetic
 
 HEADER = "kind,batch_size,context_tokens,prompt_tokens,value,unit\n"
 # decode step (ms) at batch 1, 4, 16 x context 1024, 4096; batch 16 x 4096 did not fit (no row)
@@ -25,7 +25,9 @@ def write(tmp_path, body: str, name: str = "gpu.csv"):
 
 def grid_csv(tmp_path):
     rows = "".join(f"decode_step_ms,{b},{c},,{ms},ms\n" for (b, c), ms in GRID.items())
-    return write(tmp_path, "kv_bytes_per_token,1,4096,,524288,B\n" + rows + "prefill_ms,1,,128,20,ms\nprefill_ms,1,,1024,80,ms\n")
+    return write(
+        tmp_path, "kv_bytes_per_token,1,4096,,524288,B\n" + rows + "prefill_ms,1,,128,20,ms\nprefill_ms,1,,1024,80,ms\n"
+    )
 
 
 # ---------------------------------------------------------------- reading and interpolating (no torch)
@@ -44,7 +46,7 @@ def test_interpolation_at_a_grid_point_is_the_measured_value(tmp_path, point):
 
 def test_between_points_is_bilinear_in_log2_batch_and_context(tmp_path):
     cost = service_time.CalibratedServiceTime.from_csv(grid_csv(tmp_path), batch_size=2)  # halfway from 1 to 4 in log2
-    mid = cost.step_time_ms(2048)[0]                                           # halfway from 1024 to 4096
+    mid = cost.step_time_ms(2048)[0]  # halfway from 1024 to 4096
     assert mid == pytest.approx((10 + 12 + 11 + 16) / 4)
     inside = cost.step_time_ms(np.arange(1024, 4097, 7))
     assert np.all((inside >= 10.0) & (inside <= 16.0)) and np.all(np.diff(inside) >= 0)
@@ -56,7 +58,9 @@ def test_outside_the_grid_clamps_or_refuses(tmp_path):
     assert clamped.step_time_ms([10, 100_000]).tolist() == [10.0, 12.0]
     assert service_time.CalibratedServiceTime.from_csv(path, batch_size=64).step_time_ms(1024)[0] == 14.0
     strict = service_time.CalibratedServiceTime.from_csv(path, batch_size=1, outside="raise")
-    with pytest.raises(ValueError, match=r"^context_tokens=100000 is not allowed: lies outside the measured 1024..4096"):
+    with pytest.raises(
+        ValueError, match=r"^context_tokens=100000 is not allowed: lies outside the measured 1024..4096"
+    ):
         strict.step_time_ms([2048, 100_000])
     with pytest.raises(ValueError, match="^batch_size=64 is not allowed: lies outside"):
         service_time.CalibratedServiceTime.from_csv(path, batch_size=64, outside="raise").step_time_ms(2048)
@@ -79,8 +83,11 @@ def test_service_time_sums_the_steps_of_a_growing_context(tmp_path):
 
 
 def test_a_flat_calibration_serves_exactly_as_the_articles_token_cost(tmp_path):
-    path = write(tmp_path, "decode_step_ms,1,1024,,8,ms\ndecode_step_ms,8,1024,,8,ms\n"
-                           "decode_step_ms,1,2048,,8,ms\ndecode_step_ms,8,2048,,8,ms\n")
+    path = write(
+        tmp_path,
+        "decode_step_ms,1,1024,,8,ms\ndecode_step_ms,8,1024,,8,ms\n"
+        "decode_step_ms,1,2048,,8,ms\ndecode_step_ms,8,2048,,8,ms\n",
+    )
     workload = synthetic.article_s2_workload(200, 11.0, "article", np.random.default_rng(0))
     article = batching.simulate(workload, "static").summary()
     measured = batching.simulate(workload, "static", cost=service_time.CalibratedServiceTime.from_csv(path)).summary()
@@ -89,16 +96,19 @@ def test_a_flat_calibration_serves_exactly_as_the_articles_token_cost(tmp_path):
     assert slower["mean_latency_s"] > article["mean_latency_s"]
 
 
-@pytest.mark.parametrize("body, line, message", [
-    ("decode_step_ms,1,1024,,10,ms\nprefill_ms,1,,128,x,ms\n", 5, "value='x' is not allowed"),
-    ("decode_step_ms,1,1024,,10,ms\ndecode_tok,1,1024,,10,ms\n", 5, "kind='decode_tok' is not allowed"),
-    ("decode_step_ms,1,1024,,10,s\n", 4, "unit='s' is not allowed: decode_step_ms is in ms"),
-    ("decode_step_ms,0,1024,,10,ms\n", 4, "batch_size='0' is not allowed"),
-    ("decode_step_ms,1,1024,10,ms\n", 4, "5 fields are not allowed"),
-    ("decode_step_ms,1,1024,,10,ms\ndecode_step_ms,1,1024,,11,ms\n", 5, "appears twice"),
-    ("decode_step_ms,1,,,10,ms\n", 4, "decode_step_ms needs batch_size and context_tokens"),
-    ("decode_step_ms,1,1024,,-3,ms\n", 4, "must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "body, line, message",
+    [
+        ("decode_step_ms,1,1024,,10,ms\nprefill_ms,1,,128,x,ms\n", 5, "value='x' is not allowed"),
+        ("decode_step_ms,1,1024,,10,ms\ndecode_tok,1,1024,,10,ms\n", 5, "kind='decode_tok' is not allowed"),
+        ("decode_step_ms,1,1024,,10,s\n", 4, "unit='s' is not allowed: decode_step_ms is in ms"),
+        ("decode_step_ms,0,1024,,10,ms\n", 4, "batch_size='0' is not allowed"),
+        ("decode_step_ms,1,1024,10,ms\n", 4, "5 fields are not allowed"),
+        ("decode_step_ms,1,1024,,10,ms\ndecode_step_ms,1,1024,,11,ms\n", 5, "appears twice"),
+        ("decode_step_ms,1,,,10,ms\n", 4, "decode_step_ms needs batch_size and context_tokens"),
+        ("decode_step_ms,1,1024,,-3,ms\n", 4, "must be a finite number > 0"),
+    ],
+)
 def test_a_bad_row_names_the_file_and_line(tmp_path, body, line, message):
     path = write(tmp_path, body)
     with pytest.raises(ValueError) as error:
@@ -153,15 +163,17 @@ def test_without_torch_the_command_prints_the_install_hint_and_exits_2(monkeypat
 def test_the_measurement_runs_on_the_cpu_with_a_tiny_shape(tmp_path, capsys):
     pytest.importorskip("torch", reason="PyTorch is an optional extra (pip install 'kvlab[calibrate]'); CI has none")
     out = tmp_path / "cpu.csv"
-    assert cli.main(["calibrate", "--device", "cpu", "--quick", "--repeats", "2", "--warmup", "1",
-                     "--out", str(out)]) == 0
+    assert (
+        cli.main(["calibrate", "--device", "cpu", "--quick", "--repeats", "2", "--warmup", "1", "--out", str(out)]) == 0
+    )
     assert f"wrote {out}" in capsys.readouterr().out
     calibration = calibrate.read_calibration(out)
     assert calibration.metadata["device"] == "cpu" and calibration.metadata["torch_version"]
     assert [r["value"] for r in calibration.kind("kv_bytes_per_token")] == [calibrate.TINY_SHAPE.kv_bytes_per_token]
     decode = calibration.kind("decode_step_ms")
     assert sorted((r["batch_size"], r["context_tokens"]) for r in decode) == [
-        (b, c) for b in calibrate.QUICK_GRID["batch_sizes"] for c in calibrate.QUICK_GRID["context_tokens"]]
+        (b, c) for b in calibrate.QUICK_GRID["batch_sizes"] for c in calibrate.QUICK_GRID["context_tokens"]
+    ]
     assert [r["prompt_tokens"] for r in calibration.kind("prefill_ms")] == list(calibrate.QUICK_GRID["prompt_tokens"])
     cost = service_time.CalibratedServiceTime.from_csv(out, batch_size=2)
     assert math.isfinite(cost.service_s(np.array([10]), np.array([20]))[0])
@@ -175,17 +187,28 @@ def test_a_bad_flag_is_one_line_in_the_flags_name(capsys):
 
 def test_the_time_limit_skips_the_rest_of_the_grid_and_says_so():
     pytest.importorskip("torch", reason="PyTorch is an optional extra (pip install 'kvlab[calibrate]'); CI has none")
-    metadata, rows = calibrate.measure(calibrate.TINY_SHAPE, device="cpu", batch_sizes=[1], context_tokens=[16],
-                                       prompt_tokens=[16], kv_tokens=8, time_limit_s=1e-9, log=lambda m: None)
+    metadata, rows = calibrate.measure(
+        calibrate.TINY_SHAPE,
+        device="cpu",
+        batch_sizes=[1],
+        context_tokens=[16],
+        prompt_tokens=[16],
+        kv_tokens=8,
+        time_limit_s=1e-9,
+        log=lambda m: None,
+    )
     assert [r["kind"] for r in rows] == ["weights_bytes", "kv_bytes_per_token"]
     assert metadata["skipped"] == "prefill p=16; decode b=1 c=16 (time)"
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0}, "^batch_size=0 is not allowed"),
-    ({"outside": "extrapolate"}, "^outside='extrapolate' is not allowed: must be one of clamp, raise"),
-    ({"include_prefill": True}, "^include_prefill=True is not allowed: .* has no prefill_ms rows"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0}, "^batch_size=0 is not allowed"),
+        ({"outside": "extrapolate"}, "^outside='extrapolate' is not allowed: must be one of clamp, raise"),
+        ({"include_prefill": True}, "^include_prefill=True is not allowed: .* has no prefill_ms rows"),
+    ],
+)
 def test_a_bad_cost_model_setting_is_a_one_line_error(tmp_path, kwargs, message):
     path = write(tmp_path, "decode_step_ms,1,1024,,10,ms\n")
     with pytest.raises(ValueError, match=message):

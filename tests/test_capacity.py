@@ -1,4 +1,5 @@
 """kvlab.core.capacity: the article's arithmetic and vLLM's accounting for real models."""
+
 import math
 from fractions import Fraction
 from math import ceil
@@ -8,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvlab.core import capacity as cap
-from kvlab.core.config import EngineConfig
-from kvlab.sections.s03_capacity import ARTICLE_SHAPE, fit_table
 from kvlab.core import models
+from kvlab.core.config import EngineConfig
 from kvlab.core.models import ModelSpec
+from kvlab.sections.s03_capacity import ARTICLE_SHAPE, fit_table
 
 GIB = 2**30
 
@@ -30,11 +31,16 @@ def test_gqa_needs_a_quarter_of_the_articles_bytes():
     assert cap.kv_bytes_per_token(models.get_model("Llama-2-7b-hf")) == ARTICLE_SHAPE.kv_bytes_per_token
 
 
-@pytest.mark.parametrize("dtype,per_layer", [
-    ("bf16", 2 * 8 * 128 * 2), ("fp16", 2 * 8 * 128 * 2), ("fp8", 2 * 8 * 128),
-    ("int8", 2 * 8 * 128 + 2 * 8 * 4),  # vLLM int8_per_token_head: an fp32 scale per token, head, K and V
-    ("int4", 2 * 8 * (64 + 8)),  # vLLM nvfp4: 128/2 bytes of values + 128/16 fp8 scales per head, K and V
-])
+@pytest.mark.parametrize(
+    "dtype,per_layer",
+    [
+        ("bf16", 2 * 8 * 128 * 2),
+        ("fp16", 2 * 8 * 128 * 2),
+        ("fp8", 2 * 8 * 128),
+        ("int8", 2 * 8 * 128 + 2 * 8 * 4),  # vLLM int8_per_token_head: an fp32 scale per token, head, K and V
+        ("int4", 2 * 8 * (64 + 8)),  # vLLM nvfp4: 128/2 bytes of values + 128/16 fp8 scales per head, K and V
+    ],
+)
 def test_kv_cache_dtypes(dtype, per_layer):
     assert cap.kv_bytes_per_token_per_layer(models.get_model("Meta-Llama-3-8B"), dtype) == per_layer
 
@@ -76,9 +82,15 @@ def _reference_blocks(layers, kv_heads, head_dim, dtype_bytes, block_size, avail
 
 
 @settings(max_examples=80, deadline=None)
-@given(layers=st.integers(1, 128), kv=st.sampled_from([1, 2, 4, 8, 16, 32]), head_dim=st.sampled_from([64, 96, 128, 256]),
-       dtype=st.sampled_from(["bf16", "fp8"]), block_size=st.sampled_from([8, 16, 32, 64]),
-       available=st.integers(0, 200 * GIB), max_model_len=st.integers(1, 262144))
+@given(
+    layers=st.integers(1, 128),
+    kv=st.sampled_from([1, 2, 4, 8, 16, 32]),
+    head_dim=st.sampled_from([64, 96, 128, 256]),
+    dtype=st.sampled_from(["bf16", "fp8"]),
+    block_size=st.sampled_from([8, 16, 32, 64]),
+    available=st.integers(0, 200 * GIB),
+    max_model_len=st.integers(1, 262144),
+)
 def test_uniform_model_matches_reference(layers, kv, head_dim, dtype, block_size, available, max_model_len):
     spec = ModelSpec("m", layers, kv, kv, head_dim, "mha")
     config = EngineConfig().replace(block_size=block_size, kv_cache_dtype=dtype)
@@ -100,7 +112,9 @@ def test_uniform_model_matches_reference(layers, kv, head_dim, dtype, block_size
 def test_fp8_and_tp_never_lose_capacity(gib, tp):
     llama70 = models.get_model("Llama-3.1-70B-Instruct")
     base = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=tp))
-    fp8 = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=tp, kv_cache_dtype="fp8"))
+    fp8 = cap.vllm_capacity(
+        llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=tp, kv_cache_dtype="fp8")
+    )
     assert fp8["num_gpu_blocks"] >= 2 * base["num_gpu_blocks"]
     more = cap.vllm_capacity(llama70, gib * GIB, 8192, EngineConfig().replace(tensor_parallel_size=min(8, 2 * tp)))
     assert more["num_gpu_blocks"] >= base["num_gpu_blocks"]
@@ -153,8 +167,9 @@ def test_budget_that_fits_no_block_is_refused():
     llama70 = models.get_model("Llama-3.1-70B-Instruct")
     result = cap.vllm_capacity(llama70, 1_000_000, 8192)
     assert (result["starts"], result["num_gpu_blocks"], result["max_concurrency"]) == (False, 0, 0.0)
-    assert result["refusal"] == ("no KV-cache memory is left once vLLM keeps one block of 5,242,880 B back "
-                                 "(1,000,000 B available)")
+    assert result["refusal"] == (
+        "no KV-cache memory is left once vLLM keeps one block of 5,242,880 B back (1,000,000 B available)"
+    )
 
 
 def test_bad_cache_settings():
@@ -163,13 +178,16 @@ def test_bad_cache_settings():
     with pytest.raises(ValueError, match="block_size=0 is not allowed"):
         EngineConfig().replace(block_size=0)
     with pytest.raises(ValueError, match="must be one number or one per pipeline stage"):
-        cap.vllm_capacity(models.get_model("Qwen3-14B"), [GIB, GIB, GIB], 1024, EngineConfig().replace(pipeline_parallel_size=2))
+        cap.vllm_capacity(
+            models.get_model("Qwen3-14B"), [GIB, GIB, GIB], 1024, EngineConfig().replace(pipeline_parallel_size=2)
+        )
 
 
 def test_log_lines_use_vllms_wording():
     result = cap.vllm_capacity(models.get_model("Qwen3-14B"), 2666 * 16 * 163840, 32768)  # 2,666 blocks of 40 layers
     assert cap.vllm_log_lines(result) == [
         "Available KV cache memory: 6.51 GiB",
-        "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x"]
+        "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x",
+    ]
     refused = cap.vllm_capacity(models.get_model("Qwen3-14B"), 1280 * 163840, 32768)
     assert cap.vllm_log_lines(refused) == ["Available KV cache memory: 0.2 GiB"]  # vLLM's round(x, 2), then stops

@@ -1,5 +1,6 @@
 """make parity, capacity: the grid asks what issue 12 asks, the comparison sees a difference, and the committed
 result (data/parity/) covers every model kvlab lists and is identical to vLLM 0.33. No vLLM needed."""
+
 import copy
 import importlib.util
 import json
@@ -30,8 +31,10 @@ def test_the_grid_covers_what_the_issue_asks():
     assert {c["max_num_batched_tokens"] < c["max_model_len"] for c in GRID} == {True, False}
     assert {c.get("async_scheduling") for c in GRID} == {None, False}
     assert {c.get("hybrid_kv_cache_manager", True) for c in GRID} == {True, False}
-    assert {json.dumps(c["available_kv_bytes"]) for c in GRID} >= {'{"requests": 1, "plus_blocks": 0}',
-                                                                   '{"requests": 1, "plus_blocks": 1}'}
+    assert {json.dumps(c["available_kv_bytes"]) for c in GRID} >= {
+        '{"requests": 1, "plus_blocks": 0}',
+        '{"requests": 1, "plus_blocks": 1}',
+    }
     assert len({c["id"] for c in GRID}) == len(GRID)
 
 
@@ -42,9 +45,16 @@ def _vllm_result(case: dict, model: dict) -> dict:
     per_stage = available if isinstance(available, list) else [available] * pp
     config = compare_capacity.kvlab_config(case, model["config"])
     r = compare_capacity.vllm_capacity(model["spec"], per_stage, case["max_model_len"], config)
-    return {"id": case["id"], "starts": True, "spec_path": "model", "available_kv_bytes_per_stage": per_stage,
-            "stages": [{"num_blocks": r["num_gpu_blocks"]}] * pp, "num_gpu_blocks": r["num_gpu_blocks"],
-            "gpu_kv_cache_tokens": r["gpu_kv_cache_tokens"], "max_concurrency": r["max_concurrency"]}
+    return {
+        "id": case["id"],
+        "starts": True,
+        "spec_path": "model",
+        "available_kv_bytes_per_stage": per_stage,
+        "stages": [{"num_blocks": r["num_gpu_blocks"]}] * pp,
+        "num_gpu_blocks": r["num_gpu_blocks"],
+        "gpu_kv_cache_tokens": r["gpu_kv_cache_tokens"],
+        "max_concurrency": r["max_concurrency"],
+    }
 
 
 def test_the_comparison_reports_a_difference_with_its_reason():
@@ -62,14 +72,26 @@ def test_the_comparison_reports_a_difference_with_its_reason():
 
 
 def test_parity_table_sums_by_family(tmp_path):
-    pd.DataFrame({"model": ["a", "b", "c"], "family": ["Llama", "Gemma 2", "Llama"],
-                  "kv_cache": ["full attention", "hybrid", "full attention"], "cases": [10, 20, 30],
-                  "refused_by_vllm": [1, 2, 3], "identical": [10, 19, 30]}).to_csv(tmp_path / "capacity_summary.csv")
+    pd.DataFrame(
+        {
+            "model": ["a", "b", "c"],
+            "family": ["Llama", "Gemma 2", "Llama"],
+            "kv_cache": ["full attention", "hybrid", "full attention"],
+            "cases": [10, 20, 30],
+            "refused_by_vllm": [1, 2, 3],
+            "identical": [10, 19, 30],
+        }
+    ).to_csv(tmp_path / "capacity_summary.csv")
     table = section.parity_table(tmp_path)
     assert table.index.tolist() == ["Llama", "Gemma 2", "all"]
     assert table.loc["Llama", ["models", "kv_cache", "cases", "identical"]].tolist() == [2, "full attention", 40, 40]
     assert table.loc["all", ["models", "cases", "refused_by_vllm", "identical", "identical_pct"]].tolist() == [
-        3, 60, 6, 59, 98.33]
+        3,
+        60,
+        6,
+        59,
+        98.33,
+    ]
 
 
 def test_the_committed_parity_covers_every_model_and_is_identical():
@@ -84,12 +106,18 @@ def test_the_committed_parity_covers_every_model_and_is_identical():
     assert section.parity_differences().empty
 
 
-@pytest.mark.parametrize("vllm_error,figures", [
-    ("To serve at least one request with the model's max seq len (4096), (0.5 GiB KV cache is needed, which is "
-     "larger than the available KV cache memory (0.5 GiB). Based on the available memory, the estimated maximum "
-     "model length is 4080. Try increasing `gpu_memory_utilization`", "needs 0.5 GiB, has 0.5 GiB, fits 4080 tokens"),
-    ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", "no memory"),
-])
+@pytest.mark.parametrize(
+    "vllm_error,figures",
+    [
+        (
+            "To serve at least one request with the model's max seq len (4096), (0.5 GiB KV cache is needed, which is "
+            "larger than the available KV cache memory (0.5 GiB). Based on the available memory, the estimated maximum "
+            "model length is 4080. Try increasing `gpu_memory_utilization`",
+            "needs 0.5 GiB, has 0.5 GiB, fits 4080 tokens",
+        ),
+        ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization`", "no memory"),
+    ],
+)
 def test_vllm_refusals_are_read(vllm_error, figures):
     result = {"starts": False, "error": vllm_error, "stages": [{"num_blocks": 256}]}
     assert compare_capacity.vllm_figures(result)["refusal"] == figures

@@ -4,6 +4,7 @@ Every expected figure was computed by vLLM 0.33.0 itself (scripts/parity/vllm_ca
 classes and sizing functions on the CPU, as on an H100); `make parity` recomputes them with the whole grid
 and writes data/parity/. Memory is KV-cache bytes per GPU; block size 16, bf16 unless said.
 """
+
 import json
 from pathlib import Path
 
@@ -29,11 +30,17 @@ MISTRAL = fixture("mistral-7b-v0.1")
 PHI3 = fixture("phi-3-mini-4k-instruct")
 LLAMA = fixture("llama-3.1-8b-instruct")
 # Gemma 2 with 25 layers, 12 sliding and 13 full: no repeating pattern, and under vLLM's 1.5x rule
-GEMMA2_12_13 = fixture("gemma-2-9b-it", num_hidden_layers=25, layer_types=[
-    "sliding_attention" if i % 2 == 0 and i < 24 else "full_attention" for i in range(25)])
+GEMMA2_12_13 = fixture(
+    "gemma-2-9b-it",
+    num_hidden_layers=25,
+    layer_types=["sliding_attention" if i % 2 == 0 and i < 24 else "full_attention" for i in range(25)],
+)
 # Llama 3.1 8B with full attention on layers 0, 4, 8, ... and a 1,024-token window on the others
-LLAMA_1FULL_3SW = fixture("llama-3.1-8b-instruct", sliding_window=1024, layer_types=[
-    "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(32)])
+LLAMA_1FULL_3SW = fixture(
+    "llama-3.1-8b-instruct",
+    sliding_window=1024,
+    layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(32)],
+)
 
 # (what it shows, model, memory, max_model_len, settings,
 #  vLLM's num_gpu_blocks, blocks per request, "GPU KV cache size" tokens, maximum concurrency)
@@ -46,48 +53,158 @@ STARTS = [
     ("tokens: Llama off the block grid", LLAMA, 20 * GIB, 4100, {}, 10240, 257, 163361, 39.8443579766537),
     ("tokens: Llama on the block grid", LLAMA, 20 * GIB, 4096, {}, 10240, 256, 163840, 40.0),
     # ... computed in floats: 5,851 / 1,250 x 20,000 lands just below 93,616 = 5,851 x 16 and truncates
-    ("tokens: float product, Qwen2.5 7B", fixture("qwen2.5-7b-instruct"), 5 * GIB, 20000, {},
-     5851, 1250, 93615, 4.6808),
-    ("tokens: float product, Llama 3.1 70B", models.get_model("Llama-3.1-70B-Instruct"), 60 * GIB, 20000, {},
-     12288, 1250, 196607, 9.8304),
+    (
+        "tokens: float product, Qwen2.5 7B",
+        fixture("qwen2.5-7b-instruct"),
+        5 * GIB,
+        20000,
+        {},
+        5851,
+        1250,
+        93615,
+        4.6808,
+    ),
+    (
+        "tokens: float product, Llama 3.1 70B",
+        models.get_model("Llama-3.1-70B-Instruct"),
+        60 * GIB,
+        20000,
+        {},
+        12288,
+        1250,
+        196607,
+        9.8304,
+    ),
     # a window keeps window - 1 + (PP + 1) x max_num_batched_tokens tokens with async scheduling, PP x without
-    ("in flight: Gemma 2, async", GEMMA2, 20 * GIB, 8192, {"max_num_batched_tokens": 2048},
-     7801, 1025, 62347, 7.610731707317073),
-    ("in flight: Gemma 2, no async", GEMMA2, 20 * GIB, 8192, {"max_num_batched_tokens": 2048, "async_scheduling": False},
-     7801, 897, 71243, 8.696767001114827),
-    ("in flight: Mistral, async", MISTRAL, 20 * GIB, 32768, {"max_num_batched_tokens": 2048},
-     10240, 513, 654082, 19.96101364522417),
-    ("in flight: Mistral, no async", MISTRAL, 20 * GIB, 32768, {"max_num_batched_tokens": 2048, "async_scheduling": False},
-     10240, 385, 871543, 26.5974025974026),
-    ("in flight: Gemma 3, long", GEMMA3, 20 * GIB, 32768, {"max_num_batched_tokens": 2048},
-     16384, 3974, 135095, 4.122798188223452),
+    (
+        "in flight: Gemma 2, async",
+        GEMMA2,
+        20 * GIB,
+        8192,
+        {"max_num_batched_tokens": 2048},
+        7801,
+        1025,
+        62347,
+        7.610731707317073,
+    ),
+    (
+        "in flight: Gemma 2, no async",
+        GEMMA2,
+        20 * GIB,
+        8192,
+        {"max_num_batched_tokens": 2048, "async_scheduling": False},
+        7801,
+        897,
+        71243,
+        8.696767001114827,
+    ),
+    (
+        "in flight: Mistral, async",
+        MISTRAL,
+        20 * GIB,
+        32768,
+        {"max_num_batched_tokens": 2048},
+        10240,
+        513,
+        654082,
+        19.96101364522417,
+    ),
+    (
+        "in flight: Mistral, no async",
+        MISTRAL,
+        20 * GIB,
+        32768,
+        {"max_num_batched_tokens": 2048, "async_scheduling": False},
+        10240,
+        385,
+        871543,
+        26.5974025974026,
+    ),
+    (
+        "in flight: Gemma 3, long",
+        GEMMA3,
+        20 * GIB,
+        32768,
+        {"max_num_batched_tokens": 2048},
+        16384,
+        3974,
+        135095,
+        4.122798188223452,
+    ),
     # pipeline parallelism: the whole model grouped once, each stage's block its largest share of a group
-    ("PP: Gemma 2 at PP 2", GEMMA2, 20 * GIB, 4096, {"max_num_batched_tokens": 2048, "pipeline_parallel_size": 2},
-     14894, 513, 118919, 29.033138401559455),
-    ("PP: Gemma 3 at PP 4", GEMMA3, 20 * GIB, 4096, {"max_num_batched_tokens": 2048, "pipeline_parallel_size": 4},
-     54613, 1798, 124413, 30.374304783092324),
+    (
+        "PP: Gemma 2 at PP 2",
+        GEMMA2,
+        20 * GIB,
+        4096,
+        {"max_num_batched_tokens": 2048, "pipeline_parallel_size": 2},
+        14894,
+        513,
+        118919,
+        29.033138401559455,
+    ),
+    (
+        "PP: Gemma 3 at PP 4",
+        GEMMA3,
+        20 * GIB,
+        4096,
+        {"max_num_batched_tokens": 2048, "pipeline_parallel_size": 4},
+        54613,
+        1798,
+        124413,
+        30.374304783092324,
+    ),
     # one block more than one request's memory: vLLM starts
     ("fit: Llama, one request + one block", LLAMA, 257 * 2 * 2**20, 4096, {}, 257, 256, 4112, 1.00390625),
     # the hybrid manager off (vLLM without CUDA, or --disable-hybrid-kv-cache-manager): one group of full layers
     ("hybrid off: Gemma 2", GEMMA2, 20 * GIB, 4096, {"hybrid_kv_cache": False}, 3900, 256, 62400, 15.234375),
     ("hybrid off: Gemma 3", GEMMA3, 20 * GIB, 32768, {"hybrid_kv_cache": False}, 2642, 2048, 42272, 1.2900390625),
     # group size: the larger bucket (13) when it is under 1.5 x the smaller (12)
-    ("1.5x rule: 12 window + 13 full", GEMMA2_12_13, 20 * GIB, 4096, {"max_num_batched_tokens": 2048},
-     12603, 513, 100627, 24.567251461988302),
+    (
+        "1.5x rule: 12 window + 13 full",
+        GEMMA2_12_13,
+        20 * GIB,
+        4096,
+        {"max_num_batched_tokens": 2048},
+        12603,
+        513,
+        100627,
+        24.567251461988302,
+    ),
     # config.json layer_types with full layers first and no repeating pattern
-    ("layer_types: Llama 1 full : 3 window", LLAMA_1FULL_3SW, 20 * GIB, 32768, {"max_num_batched_tokens": 2048},
-     40960, 3011, 445757, 13.603454001992693),
+    (
+        "layer_types: Llama 1 full : 3 window",
+        LLAMA_1FULL_3SW,
+        20 * GIB,
+        32768,
+        {"max_num_batched_tokens": 2048},
+        40960,
+        3011,
+        445757,
+        13.603454001992693,
+    ),
     # the attention backend: CPU_ATTN's kernel blocks are multiples of 32, so window layers take 32-token blocks
     # and the full layers' blocks grow to match
-    ("backend: Gemma 2 on CPU_ATTN", GEMMA2, 20 * GIB, 8192, {"max_num_batched_tokens": 2048, "attention_backend": "CPU_ATTN"},
-     3900, 513, 62278, 7.60233918128655),
+    (
+        "backend: Gemma 2 on CPU_ATTN",
+        GEMMA2,
+        20 * GIB,
+        8192,
+        {"max_num_batched_tokens": 2048, "attention_backend": "CPU_ATTN"},
+        3900,
+        513,
+        62278,
+        7.60233918128655,
+    ),
 ]
 
 
-@pytest.mark.parametrize("what,model,memory,length,settings,blocks,per_request,tokens,concurrency", STARTS,
-                         ids=[case[0] for case in STARTS])
-def test_kvlab_computes_what_vllm_computes(what, model, memory, length, settings, blocks, per_request, tokens,
-                                           concurrency):
+@pytest.mark.parametrize(
+    "what,model,memory,length,settings,blocks,per_request,tokens,concurrency", STARTS, ids=[case[0] for case in STARTS]
+)
+def test_kvlab_computes_what_vllm_computes(
+    what, model, memory, length, settings, blocks, per_request, tokens, concurrency
+):
     result = cap.vllm_capacity(model, memory, length, EngineConfig().replace(**settings))
     assert result["starts"] and result["refusal"] is None
     assert (result["num_gpu_blocks"], result["blocks_per_request"]) == (blocks, per_request)
@@ -101,7 +218,9 @@ def test_pipeline_stages_share_the_whole_models_groups():
     config = EngineConfig().replace(pipeline_parallel_size=2)
     groups = cap.kv_cache_groups(GEMMA2, config)
     assert [(g.kind, g.layers[:3], len(g.layers)) for g in groups] == [
-        ("sliding_attention", (0, 2, 4), 21), ("full_attention", (1, 3, 5), 21)]
+        ("sliding_attention", (0, 2, 4), 21),
+        ("full_attention", (1, 3, 5), 21),
+    ]
     result = cap.vllm_capacity(GEMMA2, 20 * GIB, 4096, config)
     assert (result["bytes_per_block"], result["layers_per_group"]) == (1441792, 11)
     gemma3 = cap.vllm_capacity(GEMMA3, 20 * GIB, 4096, config.replace(pipeline_parallel_size=4))
@@ -119,17 +238,43 @@ def test_in_flight_tokens_follow_pipeline_and_async_scheduling():
 #  estimated maximum model length)
 REFUSALS = [
     ("exactly one request: Llama", LLAMA, 256 * 2 * 2**20, 4096, {}, "0.5", "0.5", 4080),
-    ("exactly one request: Gemma 2", GEMMA2, 513 * 2752512, 4096, {"max_num_batched_tokens": 2048}, "1.32", "1.31", 4080),
-    ("exactly one request: Llama 2 fp8", models.get_model("Llama-2-7b-hf"), GIB, 4096, {"kv_cache_dtype": "fp8"},
-     "1.0", "1.0", 4080),
+    (
+        "exactly one request: Gemma 2",
+        GEMMA2,
+        513 * 2752512,
+        4096,
+        {"max_num_batched_tokens": 2048},
+        "1.32",
+        "1.31",
+        4080,
+    ),
+    (
+        "exactly one request: Llama 2 fp8",
+        models.get_model("Llama-2-7b-hf"),
+        GIB,
+        4096,
+        {"kv_cache_dtype": "fp8"},
+        "1.0",
+        "1.0",
+        4080,
+    ),
     ("window in flight: Mistral", MISTRAL, GIB, 32768, {"max_num_batched_tokens": 2048}, "1.0", "1.0", 8160),
-    ("window in flight: Gemma 3 fp8", GEMMA3, GIB, 4096, {"max_num_batched_tokens": 2048, "kv_cache_dtype": "fp8"},
-     "1.1", "1.0", 3728),
+    (
+        "window in flight: Gemma 3 fp8",
+        GEMMA3,
+        GIB,
+        4096,
+        {"max_num_batched_tokens": 2048, "kv_cache_dtype": "fp8"},
+        "1.1",
+        "1.0",
+        3728,
+    ),
 ]
 
 
-@pytest.mark.parametrize("what,model,memory,length,settings,needed,available,estimate", REFUSALS,
-                         ids=[case[0] for case in REFUSALS])
+@pytest.mark.parametrize(
+    "what,model,memory,length,settings,needed,available,estimate", REFUSALS, ids=[case[0] for case in REFUSALS]
+)
 def test_vllm_refuses_where_kvlab_refuses(what, model, memory, length, settings, needed, available, estimate):
     """vLLM keeps one block back before checking that one request fits, so exactly one request's memory is
     refused; the refusal names vLLM's figures (its GiB rounding) and its estimated maximum model length."""
@@ -143,7 +288,9 @@ def test_vllm_refuses_where_kvlab_refuses(what, model, memory, length, settings,
 
 
 def test_refusal_names_the_pipeline_stage():
-    result = cap.vllm_capacity(GEMMA2, [20 * GIB, 2 * 2752512 // 2], 4096, EngineConfig().replace(pipeline_parallel_size=2))
+    result = cap.vllm_capacity(
+        GEMMA2, [20 * GIB, 2 * 2752512 // 2], 4096, EngineConfig().replace(pipeline_parallel_size=2)
+    )
     assert not result["starts"] and "on pipeline stage 1" in result["refusal"]
 
 

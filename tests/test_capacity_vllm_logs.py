@@ -7,14 +7,15 @@ to +-0.005 GiB. Each test checks three things:
 2. with that budget kvlab prints exactly vLLM's "GPU KV cache size" and "Maximum concurrency";
 3. from the rounded X alone, kvlab's block count is within the rounding (the report's "how close").
 """
+
 from dataclasses import dataclass, field
 from math import ceil
 
 import pytest
 
 from kvlab.core import capacity as cap
-from kvlab.core.config import EngineConfig
 from kvlab.core import models
+from kvlab.core.config import EngineConfig
 
 GIB = 2**30
 
@@ -35,24 +36,57 @@ class VllmLog:
 
 
 LOGS = [
-    VllmLog("vllm-project/vllm#10517 (RTX 3090, vLLM 0.6, --max-model-len 20000: kv_cache_size=3.81GiB, "
-            "# GPU blocks: 1952, Maximum concurrency for 20000 tokens per request: 1.56x)",
-            "meta-llama/Llama-3.1-8B-Instruct", 20000, 1952, "1.56", available_gib=3.81),
-    VllmLog("vllm-project/vllm#10517 (RTX 3090, vLLM 0.6, --max-model-len 29000: kv_cache_size=2.89GiB, "
-            "# GPU blocks: 1478, 0.82x, 'maximum number of tokens that can be stored in KV cache (23648)')",
-            "meta-llama/Llama-3.1-8B-Instruct", 29000, 1478, "0.82", available_gib=2.89, stored_tokens=23648),
-    VllmLog("LMCache/LMCache#1739 (Qwen3-14B, one GPU, vLLM v1: Available KV cache memory: 6.51 GiB, "
-            "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x)",
-            "Qwen/Qwen3-14B", 32768, 2666, "1.30", available_gib=6.51, tokens=42656),
-    VllmLog("vllm-project/vllm#25350 (--kv-cache-dtype fp8 --max-model-len 100000: Available KV cache memory: "
-            "10.55 GiB, GPU KV cache size: 230,528 tokens, 2.31x; the issue does not name the model: 48 KiB per "
-            "token at fp8 is Qwen3-30B-A3B's 48 layers x 4 KV heads x 128, used here)",
-            "Qwen/Qwen3-30B-A3B", 100000, 14408, "2.31", available_gib=10.55, tokens=230528,
-            config={"kv_cache_dtype": "fp8"}),
-    VllmLog("vllm-project/vllm#15676 (gemma-3-27b-it, --tensor-parallel-size 2, vLLM 0.8.2 before the hybrid "
-            "manager: GPU KV cache size: 54,048 tokens, Maximum concurrency for 4,096 tokens per request: 13.20x)",
-            "google/gemma-3-27b-it", 4096, 3378, "13.20", tokens=54048,
-            config={"tensor_parallel_size": 2, "hybrid_kv_cache": False}),
+    VllmLog(
+        "vllm-project/vllm#10517 (RTX 3090, vLLM 0.6, --max-model-len 20000: kv_cache_size=3.81GiB, "
+        "# GPU blocks: 1952, Maximum concurrency for 20000 tokens per request: 1.56x)",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        20000,
+        1952,
+        "1.56",
+        available_gib=3.81,
+    ),
+    VllmLog(
+        "vllm-project/vllm#10517 (RTX 3090, vLLM 0.6, --max-model-len 29000: kv_cache_size=2.89GiB, "
+        "# GPU blocks: 1478, 0.82x, 'maximum number of tokens that can be stored in KV cache (23648)')",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        29000,
+        1478,
+        "0.82",
+        available_gib=2.89,
+        stored_tokens=23648,
+    ),
+    VllmLog(
+        "LMCache/LMCache#1739 (Qwen3-14B, one GPU, vLLM v1: Available KV cache memory: 6.51 GiB, "
+        "GPU KV cache size: 42,656 tokens, Maximum concurrency for 32,768 tokens per request: 1.30x)",
+        "Qwen/Qwen3-14B",
+        32768,
+        2666,
+        "1.30",
+        available_gib=6.51,
+        tokens=42656,
+    ),
+    VllmLog(
+        "vllm-project/vllm#25350 (--kv-cache-dtype fp8 --max-model-len 100000: Available KV cache memory: "
+        "10.55 GiB, GPU KV cache size: 230,528 tokens, 2.31x; the issue does not name the model: 48 KiB per "
+        "token at fp8 is Qwen3-30B-A3B's 48 layers x 4 KV heads x 128, used here)",
+        "Qwen/Qwen3-30B-A3B",
+        100000,
+        14408,
+        "2.31",
+        available_gib=10.55,
+        tokens=230528,
+        config={"kv_cache_dtype": "fp8"},
+    ),
+    VllmLog(
+        "vllm-project/vllm#15676 (gemma-3-27b-it, --tensor-parallel-size 2, vLLM 0.8.2 before the hybrid "
+        "manager: GPU KV cache size: 54,048 tokens, Maximum concurrency for 4,096 tokens per request: 13.20x)",
+        "google/gemma-3-27b-it",
+        4096,
+        3378,
+        "13.20",
+        tokens=54048,
+        config={"tensor_parallel_size": 2, "hybrid_kv_cache": False},
+    ),
 ]
 
 

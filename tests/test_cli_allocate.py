@@ -1,4 +1,5 @@
 """`kvlab allocate`: figures, JSON keys, and one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from kvlab import workloads
-from kvlab.sections import s01_allocation as allocator
 from kvlab.cli import main
+from kvlab.sections import s01_allocation as allocator
 
 JSON_KEYS = {"reserved_tokens", "used_tokens", "wasted_tokens", "waste_pct", "max_num_requests"}
 
@@ -46,7 +47,13 @@ def test_memory_budget_flags(capsys):
 def test_text_output_has_units(capsys):
     assert main(["allocate", "--block-size", "256", "--num-requests", "1000"]) == 0
     text = capsys.readouterr().out
-    for words in ("reserved", "tokens in blocks of 256", "% of reserved", "requests that fit", "in 60 GB at 0.5 MB per token"):
+    for words in (
+        "reserved",
+        "tokens in blocks of 256",
+        "% of reserved",
+        "requests that fit",
+        "in 60 GB at 0.5 MB per token",
+    ):
         assert words in text
 
 
@@ -59,21 +66,30 @@ def test_help_lists_every_length_family(capsys):
     assert "example: kvlab allocate" in text
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--block-size", "0"], "kvlab allocate: error: --block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
-    (["--block-size", "1.5"], "kvlab allocate: error: argument --block-size: invalid int value: '1.5'"),
-    (["--num-requests", "0"], "kvlab allocate: error: --num-requests=0 is not allowed"),
-    (["--max-len", "-4"], "kvlab allocate: error: --max-len=-4 is not allowed"),
-    (["--lengths", "zipf"], "kvlab allocate: error: --lengths='zipf' is not allowed: must be one of article-s1"),
-    (["--lengths", "article-s2", "--max-len", "500"], "kvlab allocate: error: lengths["),
-    (["--memory-gib", "0"], "kvlab allocate: error: --memory-gib=0.0 is not allowed"),
-    (["--mb-per-token", "-1"], "kvlab allocate: error: --mb-per-token=-1.0 is not allowed"),
-    (["--seed", "-1"], "kvlab allocate: error: --seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--block-size", "0"],
+            "kvlab allocate: error: --block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens",
+        ),
+        (["--block-size", "1.5"], "kvlab allocate: error: argument --block-size: invalid int value: '1.5'"),
+        (["--num-requests", "0"], "kvlab allocate: error: --num-requests=0 is not allowed"),
+        (["--max-len", "-4"], "kvlab allocate: error: --max-len=-4 is not allowed"),
+        (["--lengths", "zipf"], "kvlab allocate: error: --lengths='zipf' is not allowed: must be one of article-s1"),
+        (["--lengths", "article-s2", "--max-len", "500"], "kvlab allocate: error: lengths["),
+        (["--memory-gib", "0"], "kvlab allocate: error: --memory-gib=0.0 is not allowed"),
+        (["--mb-per-token", "-1"], "kvlab allocate: error: --mb-per-token=-1.0 is not allowed"),
+        (
+            ["--seed", "-1"],
+            "kvlab allocate: error: --seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807",
+        ),
+    ],
+)
 def test_bad_flags_are_one_line_errors_with_status_2(capsys, flags, message):
     try:
         code = main(["allocate", *flags])
-    except SystemExit as exit_:   # argparse's own type errors exit from inside parse_args
+    except SystemExit as exit_:  # argparse's own type errors exit from inside parse_args
         code = exit_.code
     assert code == 2
     err = capsys.readouterr().err
@@ -82,6 +98,11 @@ def test_bad_flags_are_one_line_errors_with_status_2(capsys, flags, message):
 
 def test_console_script_runs():
     script = Path(sys.executable).parent / "kvlab"
-    done = subprocess.run([str(script), "allocate", "--num-requests", "1000", "--block-size", "64", "--json"],
-                          capture_output=True, text=True, check=True, timeout=60)
+    done = subprocess.run(
+        [str(script), "allocate", "--num-requests", "1000", "--block-size", "64", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert JSON_KEYS <= set(json.loads(done.stdout))

@@ -1,5 +1,6 @@
 """`kvlab capacity`: the article's flags print the article's figures, vLLM's flags print vLLM's; JSON keys,
 one-line errors with exit status 2, the console script and --help."""
+
 import json
 import subprocess
 import sys
@@ -29,8 +30,14 @@ def test_foundation_flags_print_the_article_figures(capsys):
         "requests that fit    131",
     ]
     code, out, _ = run(capsys, "--context", "128000", "--json")
-    assert json.loads(out) == {"context_tokens": 128000, "unit": "GiB", "kv_bytes_per_token": 524288,
-                               "bytes_per_request": 67108864000, "free_bytes": 68719476736, "max_num_requests": 1}
+    assert json.loads(out) == {
+        "context_tokens": 128000,
+        "unit": "GiB",
+        "kv_bytes_per_token": 524288,
+        "bytes_per_request": 67108864000,
+        "free_bytes": 68719476736,
+        "max_num_requests": 1,
+    }
 
 
 def test_vllm_log_figures_from_the_cli(capsys):
@@ -41,8 +48,18 @@ def test_vllm_log_figures_from_the_cli(capsys):
 
 
 def test_json_has_the_issue_keys(capsys):
-    code, out, _ = run(capsys, "--config", str(CONFIGS / "deepseek-v2-lite.json"), "--tensor-parallel-size", "2",
-                       "--available-kv-gib", "12.13", "--max-model-len", "1024", "--json")
+    code, out, _ = run(
+        capsys,
+        "--config",
+        str(CONFIGS / "deepseek-v2-lite.json"),
+        "--tensor-parallel-size",
+        "2",
+        "--available-kv-gib",
+        "12.13",
+        "--max-model-len",
+        "1024",
+        "--json",
+    )
     result = json.loads(out)
     assert code == 0
     assert result["kv_bytes_per_token"] == 27 * 576 * 2
@@ -52,8 +69,9 @@ def test_json_has_the_issue_keys(capsys):
 
 
 def test_gpu_budget_from_the_catalog(capsys):
-    code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-SXM-80GB", "--max-model-len", "8192",
-                       "--json")
+    code, out, _ = run(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--gpu", "H100-SXM-80GB", "--max-model-len", "8192", "--json"
+    )
     result = json.loads(out)
     weights_gib = 8.03e9 * 2 / 2**30
     assert result["available_kv_cache_gib"] == pytest.approx(80 * 0.9 - weights_gib - 2.0 - 0.4)
@@ -61,50 +79,124 @@ def test_gpu_budget_from_the_catalog(capsys):
 
 
 def test_architecture_flags(capsys):
-    code, out, _ = run(capsys, "--num-layers", "32", "--num-kv-heads", "8", "--head-dim", "128",
-                       "--kv-cache-dtype", "fp8", "--available-kv-gib", "10", "--max-model-len", "4096", "--json")
+    code, out, _ = run(
+        capsys,
+        "--num-layers",
+        "32",
+        "--num-kv-heads",
+        "8",
+        "--head-dim",
+        "128",
+        "--kv-cache-dtype",
+        "fp8",
+        "--available-kv-gib",
+        "10",
+        "--max-model-len",
+        "4096",
+        "--json",
+    )
     result = json.loads(out)
     assert (code, result["attention"], result["kv_bytes_per_token"]) == (0, "mha", 32 * 2 * 8 * 128)
-    code, out, _ = run(capsys, "--attention", "mla", "--num-layers", "61", "--kv-lora-rank", "512",
-                       "--qk-rope-head-dim", "64", "--tensor-parallel-size", "8", "--available-kv-gib", "10", "--json")
+    code, out, _ = run(
+        capsys,
+        "--attention",
+        "mla",
+        "--num-layers",
+        "61",
+        "--kv-lora-rank",
+        "512",
+        "--qk-rope-head-dim",
+        "64",
+        "--tensor-parallel-size",
+        "8",
+        "--available-kv-gib",
+        "10",
+        "--json",
+    )
     assert json.loads(out)["kv_bytes_per_token"] == 61 * 576 * 2
 
 
 def test_concurrency_below_one_is_flagged(capsys):
-    code, out, _ = run(capsys, "--model", "Llama-3.1-8B-Instruct", "--available-kv-gib", "2.89", "--max-model-len", "29000")
+    code, out, _ = run(
+        capsys, "--model", "Llama-3.1-8B-Instruct", "--available-kv-gib", "2.89", "--max-model-len", "29000"
+    )
     assert code == 0 and "# GPU blocks: 1,479 (1,813 per request of 29,000 tokens: 0.82x)" in out
     assert "GPU KV cache size" not in out  # vLLM 0.33 logs no capacity line when it refuses
-    assert ("note: vLLM refuses to start: one request of 29,000 tokens needs 3.54 GiB of KV cache (1,813 blocks of "
-            "2,097,152 B), more than the 2.89 GiB left once vLLM keeps one block back; the longest max_model_len that "
-            "fits is 23,648 tokens") in out
+    assert (
+        "note: vLLM refuses to start: one request of 29,000 tokens needs 3.54 GiB of KV cache (1,813 blocks of "
+        "2,097,152 B), more than the 2.89 GiB left once vLLM keeps one block back; the longest max_model_len that "
+        "fits is 23,648 tokens"
+    ) in out
 
 
 def test_vllm_settings_flags(capsys):
     """--no-async-scheduling, --disable-hybrid-kv-cache-manager and --attention-backend change what vLLM computes
     (vLLM 0.33's figures for Gemma 2 9B, 20 GiB, max_model_len 8192, 2048 tokens per step)."""
-    base = ["--model", "gemma-2-9b-it", "--available-kv-gib", "20", "--max-model-len", "8192",
-            "--max-num-batched-tokens", "2048", "--json"]
+    base = [
+        "--model",
+        "gemma-2-9b-it",
+        "--available-kv-gib",
+        "20",
+        "--max-model-len",
+        "8192",
+        "--max-num-batched-tokens",
+        "2048",
+        "--json",
+    ]
     figures = {}
-    for extra in ([], ["--no-async-scheduling"], ["--disable-hybrid-kv-cache-manager"], ["--attention-backend", "CPU_ATTN"]):
+    for extra in (
+        [],
+        ["--no-async-scheduling"],
+        ["--disable-hybrid-kv-cache-manager"],
+        ["--attention-backend", "CPU_ATTN"],
+    ):
         code, out, _ = run(capsys, *base, *extra)
         result = json.loads(out)
-        figures[" ".join(extra)] = (code, result["num_gpu_blocks"], result["blocks_per_request"],
-                                    result["gpu_kv_cache_tokens"])
-    assert figures == {"": (0, 7801, 1025, 62347), "--no-async-scheduling": (0, 7801, 897, 71243),
-                       "--disable-hybrid-kv-cache-manager": (0, 3900, 512, 62400),
-                       "--attention-backend CPU_ATTN": (0, 3900, 513, 62278)}
+        figures[" ".join(extra)] = (
+            code,
+            result["num_gpu_blocks"],
+            result["blocks_per_request"],
+            result["gpu_kv_cache_tokens"],
+        )
+    assert figures == {
+        "": (0, 7801, 1025, 62347),
+        "--no-async-scheduling": (0, 7801, 897, 71243),
+        "--disable-hybrid-kv-cache-manager": (0, 3900, 512, 62400),
+        "--attention-backend CPU_ATTN": (0, 3900, 513, 62278),
+    }
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--model", "llama-3-8b"], "--model='llama-3-8b' is not allowed: not a model of data/models.csv; did you mean meta-llama/Meta-Llama-3-8B"),
-    (["--gpu", "H100"], "--gpu='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),
-    (["--model", "Qwen3-14B", "--tensor-parallel-size", "3"], "--tensor-parallel-size=3 is not allowed: must divide num_attention_heads (40)"),
-    (["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"], "--gpu='H100-SXM-80GB' is not allowed: meta-llama/Llama-3.1-70B-Instruct on one GPU of 80 GiB leaves no KV memory"),
-    (["--model", "Llama-3.1-70B-Instruct", "--available-kv-gib", "0.001"], "one request of 131,072 tokens needs 40.00 GiB, 40.00 GiB more"),
-    (["--attention", "mla", "--available-kv-gib", "1"], "needs --kv-lora-rank and --qk-rope-head-dim"),
-    (["--kv-cache-dtype", "fp8", "--dtype-bytes", "1"], "--dtype-bytes and --kv-cache-dtype cannot be used together"),
-    (["--num-kv-heads", "6", "--num-attention-heads", "32", "--available-kv-gib", "1"], "--num-kv-heads=6 is not allowed: must divide"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (
+            ["--model", "llama-3-8b"],
+            "--model='llama-3-8b' is not allowed: not a model of data/models.csv; did you mean meta-llama/Meta-Llama-3-8B",
+        ),
+        (["--gpu", "H100"], "--gpu='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),
+        (
+            ["--model", "Qwen3-14B", "--tensor-parallel-size", "3"],
+            "--tensor-parallel-size=3 is not allowed: must divide num_attention_heads (40)",
+        ),
+        (
+            ["--model", "Llama-3.1-70B-Instruct", "--gpu", "H100-SXM-80GB"],
+            "--gpu='H100-SXM-80GB' is not allowed: meta-llama/Llama-3.1-70B-Instruct on one GPU of 80 GiB leaves no KV memory",
+        ),
+        (
+            ["--model", "Llama-3.1-70B-Instruct", "--available-kv-gib", "0.001"],
+            "one request of 131,072 tokens needs 40.00 GiB, 40.00 GiB more",
+        ),
+        (["--attention", "mla", "--available-kv-gib", "1"], "needs --kv-lora-rank and --qk-rope-head-dim"),
+        (
+            ["--kv-cache-dtype", "fp8", "--dtype-bytes", "1"],
+            "--dtype-bytes and --kv-cache-dtype cannot be used together",
+        ),
+        (
+            ["--num-kv-heads", "6", "--num-attention-heads", "32", "--available-kv-gib", "1"],
+            "--num-kv-heads=6 is not allowed: must divide",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
@@ -120,18 +212,30 @@ def test_missing_config_field_is_named(capsys, tmp_path):
     assert code == 2 and "has no field 'num_attention_heads'" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv,message", [
-    # a zero is a value the user gave, not an absent flag: it must not fall back to the article's figures
-    (["--tensor-parallel-size", "0"], "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
-    (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size=0 is not allowed: must be an integer >= 1"),
-    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
-    (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
-    (["--num-attention-heads", "0"], "--num-attention-heads=0 is not allowed: must be an integer >= 1"),
-    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
-    (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization=0.0 is not allowed: must be a number in (0, 1]"),
-    (["--available-kv-gib", "0"], "--available-kv-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB"),
-    (["--model", "Qwen3-14B", "--available-kv-gib", "5", "--max-model-len", "0"], "--max-model-len=0 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        # a zero is a value the user gave, not an absent flag: it must not fall back to the article's figures
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
+        (["--pipeline-parallel-size", "0"], "--pipeline-parallel-size=0 is not allowed: must be an integer >= 1"),
+        (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
+        (["--max-model-len", "0"], "--max-model-len=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
+        (["--num-attention-heads", "0"], "--num-attention-heads=0 is not allowed: must be an integer >= 1"),
+        (
+            ["--max-num-batched-tokens", "0"],
+            "--max-num-batched-tokens=0 is not allowed: must be an integer from 1 to 100,000,000 tokens",
+        ),
+        (["--gpu-memory-utilization", "0"], "--gpu-memory-utilization=0.0 is not allowed: must be a number in (0, 1]"),
+        (
+            ["--available-kv-gib", "0"],
+            "--available-kv-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB",
+        ),
+        (
+            ["--model", "Qwen3-14B", "--available-kv-gib", "5", "--max-model-len", "0"],
+            "--max-model-len=0 is not allowed",
+        ),
+    ],
+)
 def test_zero_valued_flags_are_errors_not_the_defaults(capsys, argv, message):
     code, out, err = run(capsys, *argv)
     assert code == 2 and out == ""
@@ -151,8 +255,20 @@ def test_a_directory_or_binary_file_as_config_is_one_line(capsys, tmp_path):
 
 
 # ---------------------------------------------------------------- the article's accounting
-ARTICLE = ["--num-layers", "32", "--num-kv-heads", "32", "--head-dim", "128", "--dtype-bytes", "2",
-           "--gpu-memory-gib", "80", "--weights-gib", "16"]
+ARTICLE = [
+    "--num-layers",
+    "32",
+    "--num-kv-heads",
+    "32",
+    "--head-dim",
+    "128",
+    "--dtype-bytes",
+    "2",
+    "--gpu-memory-gib",
+    "80",
+    "--weights-gib",
+    "16",
+]
 
 
 @pytest.mark.parametrize("context, fit", [(1000, 131), (4000, 32), (8000, 16), (32000, 4), (128000, 1)])
@@ -170,12 +286,24 @@ def test_text_output_has_units(capsys):
     assert "524,288 B" in text and "0.488 GiB at 1,000 tokens" in text and "requests that fit    131" in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--num-layers", "-1"], "kvlab capacity: error: --num-layers=-1 is not allowed: must be an integer >= 1"),
-    (["--gpu-memory-gib", "0"], "kvlab capacity: error: --gpu-memory-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB"),
-    (["--context", "0"], "kvlab capacity: error: --context=0 is not allowed: must be an integer from 1 to 100,000,000 tokens"),
-    (["--weights-gib", "80"], "kvlab capacity: error: --weights-gib=80.0 is not allowed: must be below the GPU memory (80 GiB)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--num-layers", "-1"], "kvlab capacity: error: --num-layers=-1 is not allowed: must be an integer >= 1"),
+        (
+            ["--gpu-memory-gib", "0"],
+            "kvlab capacity: error: --gpu-memory-gib=0.0 is not allowed: must be a number from 0.001 to 100,000 GiB",
+        ),
+        (
+            ["--context", "0"],
+            "kvlab capacity: error: --context=0 is not allowed: must be an integer from 1 to 100,000,000 tokens",
+        ),
+        (
+            ["--weights-gib", "80"],
+            "kvlab capacity: error: --weights-gib=80.0 is not allowed: must be below the GPU memory (80 GiB)",
+        ),
+    ],
+)
 def test_article_accounting_bad_input_is_one_line_and_exit_2(capsys, args, message):
     assert main(["capacity", *args]) == 2
     err = capsys.readouterr().err
@@ -207,7 +335,9 @@ def test_help_explains(capsys):
     assert "KV bytes per token = 2 (K and V)" in text and "GiB = 2^30 bytes" in text
     text = text.replace("- ", "-")  # argparse wraps lines after a hyphen (--max- model-len)
     assert "'GPU KV cache size' = int(blocks / R x --max-model-len) tokens" in text
-    for setting in ("async scheduling on (--no-async-scheduling)",
-                    "the hybrid KV-cache manager on (--disable-hybrid-kv-cache-manager)",
-                    "the attention backend vLLM picks (--attention-backend)"):
+    for setting in (
+        "async scheduling on (--no-async-scheduling)",
+        "the hybrid KV-cache manager on (--disable-hybrid-kv-cache-manager)",
+        "the attention backend vLLM picks (--attention-backend)",
+    ):
         assert setting in text

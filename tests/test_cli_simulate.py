@@ -1,4 +1,5 @@
 """`kvlab simulate`: the command line over kvlab.core.batching."""
+
 import json
 import subprocess
 import sys
@@ -10,8 +11,17 @@ from kvlab import cli
 from kvlab.core import batching as simulator
 from kvlab.workloads import synthetic
 
-KEYS = ["num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s", "mean_queue_s", "makespan_s",
-        "throughput_rps", "busy_slot_s", "idle_share"]
+KEYS = [
+    "num_requests",
+    "mean_latency_s",
+    "p95_latency_s",
+    "max_latency_s",
+    "mean_queue_s",
+    "makespan_s",
+    "throughput_rps",
+    "busy_slot_s",
+    "idle_share",
+]
 
 
 def run_json(capsys, *flags):
@@ -21,16 +31,44 @@ def run_json(capsys, *flags):
 
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_json_has_the_issue_keys_and_the_librarys_numbers(capsys, policy):
-    out = run_json(capsys, "--policy", policy, "--slots", "8", "--ms-per-token", "8", "--num-requests", "600",
-                   "--arrival-rate", "11", "--lengths", "article", "--seed", "0")
+    out = run_json(
+        capsys,
+        "--policy",
+        policy,
+        "--slots",
+        "8",
+        "--ms-per-token",
+        "8",
+        "--num-requests",
+        "600",
+        "--arrival-rate",
+        "11",
+        "--lengths",
+        "article",
+        "--seed",
+        "0",
+    )
     assert list(out) == KEYS
     workload = synthetic.article_s2_workload(600, 11.0, "article", np.random.default_rng(0))
     assert out == pytest.approx(simulator.simulate(workload, policy).summary())
 
 
 def test_constant_lengths_and_flags_reach_the_model(capsys):
-    out = run_json(capsys, "--policy", "static", "--slots", "4", "--ms-per-token", "10", "--num-requests", "50",
-                   "--lengths", "constant", "--constant-tokens", "100")
+    out = run_json(
+        capsys,
+        "--policy",
+        "static",
+        "--slots",
+        "4",
+        "--ms-per-token",
+        "10",
+        "--num-requests",
+        "50",
+        "--lengths",
+        "constant",
+        "--constant-tokens",
+        "100",
+    )
     assert out["num_requests"] == 50
     assert out["busy_slot_s"] == pytest.approx(50 * 100 * 0.010)
     assert out["max_latency_s"] >= 1.0  # every request holds its slot 1 s
@@ -40,24 +78,37 @@ def test_text_output_names_units(capsys):
     assert cli.main(["simulate", "--policy", "static", "--num-requests", "100"]) == 0
     out = capsys.readouterr().out
     assert "static, 8 slots, 8 ms per output token" in out
-    summary = simulator.simulate(synthetic.article_s2_workload(100, 11.0, "article", np.random.default_rng(0)),
-                                 "static").summary()
+    summary = simulator.simulate(
+        synthetic.article_s2_workload(100, 11.0, "article", np.random.default_rng(0)), "static"
+    ).summary()
     assert f"mean {summary['mean_latency_s']:,.2f} s" in out
     assert f"{100 * summary['idle_share']:.1f}% idle" in out
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--slots", "0"], "--slots=0 is not allowed: must be an integer from 1 to 1,000,000 requests"),
-    (["--slots", "-2"], "--slots=-2 is not allowed"),
-    (["--ms-per-token", "0"], "--ms-per-token=0.0 is not allowed: must be a number from 0.001 to 100,000 ms"),
-    (["--ms-per-token", "-8"], "--ms-per-token=-8.0 is not allowed"),
-    (["--arrival-rate", "0"], "--arrival-rate=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
-    (["--num-requests", "0"], "--num-requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests"),
-    (["--lengths", "constant", "--constant-tokens", "0"], "--constant-tokens=0 is not allowed"),
-    (["--seed", "-1"], "--seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807"),
-    (["--ms-per-token", "nan"], "--ms-per-token=nan is not allowed: must be a number from 0.001 to 100,000 ms"),
-    (["--arrival-rate", "inf"], "--arrival-rate=inf is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--slots", "0"], "--slots=0 is not allowed: must be an integer from 1 to 1,000,000 requests"),
+        (["--slots", "-2"], "--slots=-2 is not allowed"),
+        (["--ms-per-token", "0"], "--ms-per-token=0.0 is not allowed: must be a number from 0.001 to 100,000 ms"),
+        (["--ms-per-token", "-8"], "--ms-per-token=-8.0 is not allowed"),
+        (
+            ["--arrival-rate", "0"],
+            "--arrival-rate=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s",
+        ),
+        (
+            ["--num-requests", "0"],
+            "--num-requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests",
+        ),
+        (["--lengths", "constant", "--constant-tokens", "0"], "--constant-tokens=0 is not allowed"),
+        (["--seed", "-1"], "--seed=-1 is not allowed: must be an integer from 0 to 9,223,372,036,854,775,807"),
+        (["--ms-per-token", "nan"], "--ms-per-token=nan is not allowed: must be a number from 0.001 to 100,000 ms"),
+        (
+            ["--arrival-rate", "inf"],
+            "--arrival-rate=inf is not allowed: must be a number from 0.001 to 1,000,000 requests/s",
+        ),
+    ],
+)
 def test_bad_values_give_one_line_naming_the_flag_and_status_2(capsys, flags, message):
     assert cli.main(["simulate", *flags]) == 2
     err = capsys.readouterr().err
@@ -65,11 +116,14 @@ def test_bad_values_give_one_line_naming_the_flag_and_status_2(capsys, flags, me
     assert err.count("\n") == 1
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--policy", "greedy"], "argument --policy: invalid choice: 'greedy'"),
-    (["--lengths", "zipf"], "argument --lengths: invalid choice: 'zipf'"),
-    (["--slots", "eight"], "argument --slots: invalid int value: 'eight'"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--policy", "greedy"], "argument --policy: invalid choice: 'greedy'"),
+        (["--lengths", "zipf"], "argument --lengths: invalid choice: 'zipf'"),
+        (["--slots", "eight"], "argument --slots: invalid int value: 'eight'"),
+    ],
+)
 def test_unparsable_flags_give_one_line_and_status_2(capsys, flags, message):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["simulate", *flags])
@@ -80,14 +134,26 @@ def test_unparsable_flags_give_one_line_and_status_2(capsys, flags, message):
 
 
 def test_console_script_runs():
-    done = subprocess.run([sys.executable, "-m", "kvlab", "simulate", "--num-requests", "20", "--json"],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "kvlab", "simulate", "--num-requests", "20", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert json.loads(done.stdout)["num_requests"] == 20
 
 
 # ---------------------------------------------------------------- --policy vllm
-VLLM_KEYS = ["mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
-             "mean_running", "output_tokens_per_s"]
+VLLM_KEYS = [
+    "mean_ttft_s",
+    "p95_ttft_s",
+    "mean_tpot_s",
+    "num_preemptions",
+    "num_steps",
+    "peak_kv_blocks",
+    "mean_running",
+    "output_tokens_per_s",
+]
 
 
 def test_vllm_json_has_the_issue_keys_and_the_engines_numbers(capsys):
@@ -95,18 +161,34 @@ def test_vllm_json_has_the_issue_keys_and_the_engines_numbers(capsys):
     from kvlab.core.config import EngineConfig
     from kvlab.core.cost import LinearStepCost
 
-    flags = ["--policy", "vllm", "--num-requests", "300", "--prompt-tokens", "200", "--num-gpu-blocks", "300",
-             "--max-num-seqs", "64", "--step-ms", "5", "--step-ms-per-token", "0.02", "--seed", "1"]
+    flags = [
+        "--policy",
+        "vllm",
+        "--num-requests",
+        "300",
+        "--prompt-tokens",
+        "200",
+        "--num-gpu-blocks",
+        "300",
+        "--max-num-seqs",
+        "64",
+        "--step-ms",
+        "5",
+        "--step-ms-per-token",
+        "0.02",
+        "--seed",
+        "1",
+    ]
     w = synthetic.article_s2_workload(300, 11.0, "article", np.random.default_rng(1))
     w = type(w)(w.arrival_s, np.full(300, 200), w.output_tokens)
-    for extra, mode in (([], True), (["--no-async-scheduling"], False)):   # vLLM's default on a GPU: async
+    for extra, mode in (([], True), (["--no-async-scheduling"], False)):  # vLLM's default on a GPU: async
         out = run_json(capsys, *flags, *extra)
         assert set(VLLM_KEYS) <= set(out) and out["num_gpu_blocks"] == 300 and out["cost"] == "linear"
         assert out["async_scheduling"] is mode
         config = EngineConfig().replace(max_num_seqs=64, max_model_len=8192, async_scheduling=mode)
         summary = engine.simulate(w, config, num_gpu_blocks=300, cost=LinearStepCost(5.0, 0.02)).summary()
         assert {k: out[k] for k in VLLM_KEYS} == pytest.approx({k: summary[k] for k in VLLM_KEYS})
-        assert out["num_preemptions"] > 0     # 299 usable blocks do not hold the load
+        assert out["num_preemptions"] > 0  # 299 usable blocks do not hold the load
 
 
 def test_vllm_text_output_names_units(capsys):
@@ -121,73 +203,140 @@ def test_requests_csv_round_trips_through_trace(tmp_path, capsys):
     path = tmp_path / "requests.csv"
     run_json(capsys, "--policy", "vllm", "--num-requests", "40", "--prompt-tokens", "30", "--requests-csv", str(path))
     lines = path.read_text().splitlines()
-    assert lines[0] == ("request_id,arrival_s,prompt_tokens,output_tokens,first_scheduled_s,first_token_s,finish_s,"
-                        "num_preemptions,scheduling")
+    assert lines[0] == (
+        "request_id,arrival_s,prompt_tokens,output_tokens,first_scheduled_s,first_token_s,finish_s,"
+        "num_preemptions,scheduling"
+    )
     rows = [line.split(",") for line in lines[1:]]
     assert {r[-1] for r in rows} == {"async"}
     assert [int(r[0]) for r in rows] == list(range(40))
     assert all(float(r[4]) >= float(r[1]) and float(r[6]) >= float(r[5]) for r in rows)
     again = run_json(capsys, "--policy", "vllm", "--trace", str(path), "--requests-csv", str(tmp_path / "again.csv"))
     assert again["trace_format"] == "csv" and again["num_requests"] == 40
-    assert (tmp_path / "again.csv").read_text() == path.read_text()   # arrivals start at 0 in both
+    assert (tmp_path / "again.csv").read_text() == path.read_text()  # arrivals start at 0 in both
 
 
 def test_capacity_flags_give_the_pool_vllm_logs(capsys):
-    out = run_json(capsys, "--policy", "vllm", "--num-requests", "20", "--model", "facebook/opt-13b", "--gpu",
-                   "A100-40GB", "--max-model-len", "2048", "--cost", "roofline", "--prompt-tokens", "100")
-    assert cli.main(["capacity", "--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--max-model-len", "2048",
-                     "--json"]) == 0
+    out = run_json(
+        capsys,
+        "--policy",
+        "vllm",
+        "--num-requests",
+        "20",
+        "--model",
+        "facebook/opt-13b",
+        "--gpu",
+        "A100-40GB",
+        "--max-model-len",
+        "2048",
+        "--cost",
+        "roofline",
+        "--prompt-tokens",
+        "100",
+    )
+    assert (
+        cli.main(["capacity", "--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--max-model-len", "2048", "--json"])
+        == 0
+    )
     assert out["num_gpu_blocks"] == json.loads(capsys.readouterr().out)["num_gpu_blocks"]
     assert out["cost"] == "roofline"
 
 
 def test_the_measured_clock_from_the_command_line(capsys):
-    flags = ["--policy", "vllm", "--num-requests", "20", "--model", "meta-llama/Llama-3.1-8B", "--gpu",
-             "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096", "--prompt-tokens", "100"]
+    flags = [
+        "--policy",
+        "vllm",
+        "--num-requests",
+        "20",
+        "--model",
+        "meta-llama/Llama-3.1-8B",
+        "--gpu",
+        "RTX-PRO-6000-Server-96GB",
+        "--max-model-len",
+        "4096",
+        "--prompt-tokens",
+        "100",
+    ]
     out = run_json(capsys, *flags, "--cost", "measured")
     roofline = run_json(capsys, *flags, "--cost", "roofline")
     assert out["cost"] == "measured" and out["num_gpu_blocks"] == roofline["num_gpu_blocks"]
-    assert out["mean_tpot_s"] > roofline["mean_tpot_s"]          # the roofline is a lower bound
+    assert out["mean_tpot_s"] > roofline["mean_tpot_s"]  # the roofline is a lower bound
     assert cli.main(["simulate", *flags, "--cost", "measured"]) == 0
-    assert "step cost            measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1" in \
-        capsys.readouterr().out
+    assert (
+        "step cost            measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+        in capsys.readouterr().out
+    )
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--num-gpu-blocks", "1"], "--num-gpu-blocks=1 is not allowed: must be >= 2: it counts vLLM's null block"),
-    (["--num-gpu-blocks", "0"], "--num-gpu-blocks=0 is not allowed"),
-    (["--max-num-seqs", "0"], "--max-num-seqs=0 is not allowed"),
-    (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
-    (["--long-prefill-token-threshold", "-1"], "--long-prefill-token-threshold=-1 is not allowed: must be an integer >= 0"),
-    (["--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--tensor-parallel-size", "0"],
-     "--tensor-parallel-size=0 is not allowed: must be an integer >= 1"),
-    (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed"),
-    (["--max-num-batched-tokens", "100"], "--max-num-batched-tokens=100 is not allowed: must be >= --max-num-seqs (256)"),
-    (["--no-chunked-prefill", "--max-model-len", "9000"],
-     "--max-num-batched-tokens=8192 is not allowed: is smaller than --max-model-len (9,000) with chunked prefill off"),
-    (["--prompt-tokens", "9000"], "prompt_tokens[0]=9000 is not allowed: must be shorter than --max-model-len=8,192"),
-    (["--prompt-tokens", "5000", "--num-gpu-blocks", "100"],
-     "request 26='5,000 prompt + 983 output tokens' is not allowed: needs 374 blocks of 16 tokens at its longest "
-     "(5,982 tokens) but the pool has 99 usable blocks"),
-    (["--allocation", "max", "--num-gpu-blocks", "100"], "--allocation='max' is not allowed: reserves --max-model-len=8,192 "
-     "token slots a request but the pool holds 1,584"),
-    (["--slots", "4"], "--slots and --policy vllm cannot be used together"),
-    (["--num-gpu-blocks", "10", "--kv-cache-dtype", "fp8"], "--num-gpu-blocks and --kv-cache-dtype cannot be used together"),
-    (["--num-gpu-blocks", "10", "--model", "facebook/opt-13b", "--gpu", "A100-40GB"],
-     "--num-gpu-blocks and --model cannot be used together"),
-    (["--model", "facebook/opt-13b"], "--model needs --gpu too"),
-    (["--step-ms-per-token", "0.1", "--cost", "constant"], "--step-ms-per-token and --cost constant cannot be used together"),
-    (["--step-ms", "0"], "--step-ms=0.0 is not allowed"),
-    (["--cost", "roofline"], "--cost roofline needs --model and --gpu"),
-    (["--cost", "calibrated"], "--cost calibrated needs --calibration FILE"),
-    (["--cost", "measured"], "--cost measured needs --model and --gpu"),
-    (["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "H200-141GB"],
-     "--gpu='H200-141GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
-     "measurements: A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
-     "clock: --cost roofline)"),
-    (["--enable-prefix-caching", "--allocation", "oracle"], "--enable-prefix-caching and --allocation oracle cannot"),
-    (["--num-requests", "10000000000"], "--num-requests=10000000000 is not allowed: needs about"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--num-gpu-blocks", "1"], "--num-gpu-blocks=1 is not allowed: must be >= 2: it counts vLLM's null block"),
+        (["--num-gpu-blocks", "0"], "--num-gpu-blocks=0 is not allowed"),
+        (["--max-num-seqs", "0"], "--max-num-seqs=0 is not allowed"),
+        (["--block-size", "0"], "--block-size=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
+        (
+            ["--long-prefill-token-threshold", "-1"],
+            "--long-prefill-token-threshold=-1 is not allowed: must be an integer >= 0",
+        ),
+        (
+            ["--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--tensor-parallel-size", "0"],
+            "--tensor-parallel-size=0 is not allowed: must be an integer >= 1",
+        ),
+        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens=0 is not allowed"),
+        (
+            ["--max-num-batched-tokens", "100"],
+            "--max-num-batched-tokens=100 is not allowed: must be >= --max-num-seqs (256)",
+        ),
+        (
+            ["--no-chunked-prefill", "--max-model-len", "9000"],
+            "--max-num-batched-tokens=8192 is not allowed: is smaller than --max-model-len (9,000) with chunked prefill off",
+        ),
+        (
+            ["--prompt-tokens", "9000"],
+            "prompt_tokens[0]=9000 is not allowed: must be shorter than --max-model-len=8,192",
+        ),
+        (
+            ["--prompt-tokens", "5000", "--num-gpu-blocks", "100"],
+            "request 26='5,000 prompt + 983 output tokens' is not allowed: needs 374 blocks of 16 tokens at its longest "
+            "(5,982 tokens) but the pool has 99 usable blocks",
+        ),
+        (
+            ["--allocation", "max", "--num-gpu-blocks", "100"],
+            "--allocation='max' is not allowed: reserves --max-model-len=8,192 "
+            "token slots a request but the pool holds 1,584",
+        ),
+        (["--slots", "4"], "--slots and --policy vllm cannot be used together"),
+        (
+            ["--num-gpu-blocks", "10", "--kv-cache-dtype", "fp8"],
+            "--num-gpu-blocks and --kv-cache-dtype cannot be used together",
+        ),
+        (
+            ["--num-gpu-blocks", "10", "--model", "facebook/opt-13b", "--gpu", "A100-40GB"],
+            "--num-gpu-blocks and --model cannot be used together",
+        ),
+        (["--model", "facebook/opt-13b"], "--model needs --gpu too"),
+        (
+            ["--step-ms-per-token", "0.1", "--cost", "constant"],
+            "--step-ms-per-token and --cost constant cannot be used together",
+        ),
+        (["--step-ms", "0"], "--step-ms=0.0 is not allowed"),
+        (["--cost", "roofline"], "--cost roofline needs --model and --gpu"),
+        (["--cost", "calibrated"], "--cost calibrated needs --calibration FILE"),
+        (["--cost", "measured"], "--cost measured needs --model and --gpu"),
+        (
+            ["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "H200-141GB"],
+            "--gpu='H200-141GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
+            "measurements: A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
+            "clock: --cost roofline)",
+        ),
+        (
+            ["--enable-prefix-caching", "--allocation", "oracle"],
+            "--enable-prefix-caching and --allocation oracle cannot",
+        ),
+        (["--num-requests", "10000000000"], "--num-requests=10000000000 is not allowed: needs about"),
+    ],
+)
 def test_vllm_bad_input_is_one_line_naming_the_flag(capsys, flags, message):
     assert cli.main(["simulate", "--policy", "vllm", "--num-requests", "50", *flags]) == 2
     err = capsys.readouterr().err
@@ -202,18 +351,54 @@ def test_engine_flags_need_policy_vllm(capsys, flag):
     assert f"{flag} applies only with --policy vllm" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, source", [
-    ([], "constant, 8 ms a step"),
-    (["--step-ms", "5", "--step-ms-per-token", "0.02"], "linear, 5 ms + 0.02 ms per scheduled token"),
-    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
-      "--cost", "roofline"], "roofline, 15.0 GiB of weights and 131,072 B of KV per token at 1597 GB/s, 503.8 TFLOPS "
-                             "(the GPU's peak figures, data/gpus.csv)"),
-    (["--model", "meta-llama/Llama-3.1-8B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
-      "--cost", "measured"], "measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"),
-    (["--model", "Qwen/Qwen3-14B", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "4096",
-      "--cost", "measured"], "measured, roofline scaled by sustained fractions measured on RTX-PRO-6000-Server-96GB "
-                             "(no profile of Qwen/Qwen3-14B at TP 1): "),
-])
+@pytest.mark.parametrize(
+    "flags, source",
+    [
+        ([], "constant, 8 ms a step"),
+        (["--step-ms", "5", "--step-ms-per-token", "0.02"], "linear, 5 ms + 0.02 ms per scheduled token"),
+        (
+            [
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--gpu",
+                "RTX-PRO-6000-Server-96GB",
+                "--max-model-len",
+                "4096",
+                "--cost",
+                "roofline",
+            ],
+            "roofline, 15.0 GiB of weights and 131,072 B of KV per token at 1597 GB/s, 503.8 TFLOPS "
+            "(the GPU's peak figures, data/gpus.csv)",
+        ),
+        (
+            [
+                "--model",
+                "meta-llama/Llama-3.1-8B",
+                "--gpu",
+                "RTX-PRO-6000-Server-96GB",
+                "--max-model-len",
+                "4096",
+                "--cost",
+                "measured",
+            ],
+            "measured, LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1",
+        ),
+        (
+            [
+                "--model",
+                "Qwen/Qwen3-14B",
+                "--gpu",
+                "RTX-PRO-6000-Server-96GB",
+                "--max-model-len",
+                "4096",
+                "--cost",
+                "measured",
+            ],
+            "measured, roofline scaled by sustained fractions measured on RTX-PRO-6000-Server-96GB "
+            "(no profile of Qwen/Qwen3-14B at TP 1): ",
+        ),
+    ],
+)
 def test_the_output_says_where_the_clocks_numbers_come_from(capsys, flags, source):
     flags = ["--policy", "vllm", "--num-requests", "10", "--prompt-tokens", "50", *flags]
     out = run_json(capsys, *flags)
@@ -227,12 +412,16 @@ def test_the_engine_flags_defaults_are_the_config_objects():
     from kvlab.core.config import CacheConfig, ParallelConfig, SchedulerConfig
 
     cache, parallel, scheduler = CacheConfig(), ParallelConfig(), SchedulerConfig()
-    expected = {"block_size": cache.block_size, "kv_cache_dtype": cache.kv_cache_dtype,
-                "gpu_memory_utilization": cache.gpu_memory_utilization,
-                "tensor_parallel_size": parallel.tensor_parallel_size, "max_num_seqs": scheduler.max_num_seqs,
-                "max_num_batched_tokens": scheduler.max_num_batched_tokens,
-                "long_prefill_token_threshold": scheduler.long_prefill_token_threshold,
-                "async_scheduling": scheduler.async_scheduling}
+    expected = {
+        "block_size": cache.block_size,
+        "kv_cache_dtype": cache.kv_cache_dtype,
+        "gpu_memory_utilization": cache.gpu_memory_utilization,
+        "tensor_parallel_size": parallel.tensor_parallel_size,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "long_prefill_token_threshold": scheduler.long_prefill_token_threshold,
+        "async_scheduling": scheduler.async_scheduling,
+    }
     parser = cli.build_parser()[1]["simulate"]
     assert {name: parser.get_default(name) for name in expected} == expected
 
@@ -244,10 +433,12 @@ def test_the_command_leaves_every_check_of_config_and_workload_to_the_engine(cap
     for name in ("check_scheduler_config", "check_workload"):
         monkeypatch.setattr(engine, name, lambda *args, name=name: calls.append(name), raising=False)
     run_json(capsys, "--policy", "vllm", "--num-requests", "20")
-    assert calls == []     # the engine checks them itself, once, before any step
+    assert calls == []  # the engine checks them itself, once, before any step
     assert cli.main(["simulate", "--policy", "vllm", "--max-num-batched-tokens", "100"]) == 2
-    assert capsys.readouterr().err == ("kvlab simulate: error: --max-num-batched-tokens=100 is not allowed: must be >= "
-                                       "--max-num-seqs (256), as vLLM requires\n")
+    assert capsys.readouterr().err == (
+        "kvlab simulate: error: --max-num-batched-tokens=100 is not allowed: must be >= "
+        "--max-num-seqs (256), as vLLM requires\n"
+    )
 
 
 def test_the_kv_pool_and_the_requests_csv_have_their_homes_below_the_command_line(capsys):

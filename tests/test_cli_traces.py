@@ -1,25 +1,31 @@
 """`kvlab allocate --trace` and `kvlab simulate --trace`: real-trace workloads, bad rows and one-line errors."""
+
 import json
 
 import numpy as np
 import pytest
 
+from kvlab.cli import main
 from kvlab.core import batching as simulator
 from kvlab.core.service_time import TokenServiceTime
 from kvlab.sections import s01_allocation as allocator
-from kvlab.workloads import traces
-from kvlab.cli import main
-from kvlab.workloads import Workload
+from kvlab.workloads import Workload, traces
 
-AZURE = ("TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
-         "2023-11-16 18:15:46.6805900,374,44\r\n"
-         "2023-11-16 18:15:47.1805900,30,300\r\n"
-         "2023-11-16 18:15:49.6805900,1000,20")
-MOONCAKE = ('{"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]}\n'
-            '{"timestamp": 1000, "input_length": 100, "output_length": 90, "hash_ids": [0]}\n'
-            '{"timestamp": 4000, "input_length": 1030, "output_length": 5, "hash_ids": [0, 2, 3]}\n')
-SHAREGPT = ("num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
-            "10,100,110,0.1\n50,7,57,7.1\n300,20,320,15.0\n20,400,420,0.05\n")
+AZURE = (
+    "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"
+    "2023-11-16 18:15:46.6805900,374,44\r\n"
+    "2023-11-16 18:15:47.1805900,30,300\r\n"
+    "2023-11-16 18:15:49.6805900,1000,20"
+)
+MOONCAKE = (
+    '{"timestamp": 1000, "input_length": 600, "output_length": 10, "hash_ids": [0, 1]}\n'
+    '{"timestamp": 1000, "input_length": 100, "output_length": 90, "hash_ids": [0]}\n'
+    '{"timestamp": 4000, "input_length": 1030, "output_length": 5, "hash_ids": [0, 2, 3]}\n'
+)
+SHAREGPT = (
+    "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n"
+    "10,100,110,0.1\n50,7,57,7.1\n300,20,320,15.0\n20,400,420,0.05\n"
+)
 
 
 def write(tmp_path, name, text):
@@ -44,11 +50,14 @@ def run_json(capsys, *argv):
 # ------------------------------------------------------------------------------- kvlab allocate
 
 
-@pytest.mark.parametrize("name, text, lengths", [
-    ("az.csv", AZURE, [418, 330, 1020]),
-    ("moon.jsonl", MOONCAKE, [610, 190, 1035]),
-    ("share.csv", SHAREGPT, [110, 57, 320, 420]),
-])
+@pytest.mark.parametrize(
+    "name, text, lengths",
+    [
+        ("az.csv", AZURE, [418, 330, 1020]),
+        ("moon.jsonl", MOONCAKE, [610, 190, 1035]),
+        ("share.csv", SHAREGPT, [110, 57, 320, 420]),
+    ],
+)
 def test_allocate_counts_prompt_plus_output_of_every_format(tmp_path, capsys, name, text, lengths):
     out = run_json(capsys, "allocate", "--trace", write(tmp_path, name, text), "--block-size", "64")
     row = allocator.allocation_table(np.array(lengths), [64]).iloc[0]
@@ -79,10 +88,24 @@ def test_allocate_text_names_the_trace_and_the_skipped_rows(tmp_path, capsys):
 
 
 def test_simulate_serves_the_trace_arrivals_and_output_lengths(tmp_path, capsys):
-    out = run_json(capsys, "simulate", "--trace", write(tmp_path, "az.csv", AZURE), "--policy", "static",
-                   "--slots", "2", "--ms-per-token", "10")
-    expected = simulator.simulate(Workload(np.array([0.0, 0.5, 3.0]), np.array([374, 30, 1000]),
-                                           np.array([44, 300, 20])), "static", max_num_seqs=2, cost=TokenServiceTime(10))
+    out = run_json(
+        capsys,
+        "simulate",
+        "--trace",
+        write(tmp_path, "az.csv", AZURE),
+        "--policy",
+        "static",
+        "--slots",
+        "2",
+        "--ms-per-token",
+        "10",
+    )
+    expected = simulator.simulate(
+        Workload(np.array([0.0, 0.5, 3.0]), np.array([374, 30, 1000]), np.array([44, 300, 20])),
+        "static",
+        max_num_seqs=2,
+        cost=TokenServiceTime(10),
+    )
     assert out["num_requests"] == 3 and out["poisson_arrivals"] is False
     # static, 2 slots: the first two start at 0.5 s together and hold until 0.5 + 3 s; the third then runs 0.2 s
     assert out["makespan_s"] == pytest.approx(3.7) == pytest.approx(expected.summary()["makespan_s"])
@@ -90,8 +113,9 @@ def test_simulate_serves_the_trace_arrivals_and_output_lengths(tmp_path, capsys)
 
 
 def test_simulate_mooncake_timestamps_are_ms_from_the_first_row(tmp_path, capsys):
-    out = run_json(capsys, "simulate", "--trace", write(tmp_path, "m.jsonl", MOONCAKE), "--slots", "1",
-                   "--ms-per-token", "1")
+    out = run_json(
+        capsys, "simulate", "--trace", write(tmp_path, "m.jsonl", MOONCAKE), "--slots", "1", "--ms-per-token", "1"
+    )
     # one slot: 10 + 90 tokens from 0 s (done 0.1 s), the third arrives at 3 s and takes 0.005 s
     assert out["makespan_s"] == pytest.approx(3.005) and out["trace_format"] == "mooncake"
 
@@ -100,8 +124,10 @@ def test_simulate_sharegpt_needs_a_rate_and_draws_seeded_poisson_arrivals(tmp_pa
     path = write(tmp_path, "s.csv", SHAREGPT)
     status, out, err = run(capsys, "simulate", "--trace", path)
     assert status == 2 and out == ""
-    assert err.strip() == ("kvlab simulate: error: --arrival-rate is needed: the sharegpt trace has no timestamps, "
-                           "so its requests arrive as a Poisson process at a rate you give (requests/s)")
+    assert err.strip() == (
+        "kvlab simulate: error: --arrival-rate is needed: the sharegpt trace has no timestamps, "
+        "so its requests arrive as a Poisson process at a rate you give (requests/s)"
+    )
     first = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "3")
     again = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "3")
     other = run_json(capsys, "simulate", "--trace", path, "--arrival-rate", "2", "--seed", "4")
@@ -121,12 +147,21 @@ BAD_ROWS = [
     ("az.csv", AZURE + "\r\n2023-11-16 18:15:50.0,12", "az.csv:5: 2 columns where the header has 3"),
     ("az.csv", AZURE + "\r\n2023-11-16 18:15:50.0,twelve,3", "az.csv:5: ContextTokens='twelve' is not allowed"),
     ("az.csv", AZURE + "\r\n2023-11-16 18:15:50.0,12,-3", "az.csv:5: GeneratedTokens='-3' is not allowed"),
-    ("az.csv", AZURE + "\r\n2023-11-16 18:15:40.0,12,3", "az.csv:5: timestamp 2023-11-16 18:15:40 is not allowed: "
-                                                          "it goes backwards"),
-    ("m.jsonl", MOONCAKE + '{"timestamp": 5000, "input_length": 5, "hash_ids": [0]}\n',
-     "m.jsonl:4: missing column(s) output_length"),
-    ("m.jsonl", MOONCAKE + '{"timestamp": 2000, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n',
-     "m.jsonl:4: timestamp 2000 is not allowed: it goes backwards"),
+    (
+        "az.csv",
+        AZURE + "\r\n2023-11-16 18:15:40.0,12,3",
+        "az.csv:5: timestamp 2023-11-16 18:15:40 is not allowed: it goes backwards",
+    ),
+    (
+        "m.jsonl",
+        MOONCAKE + '{"timestamp": 5000, "input_length": 5, "hash_ids": [0]}\n',
+        "m.jsonl:4: missing column(s) output_length",
+    ),
+    (
+        "m.jsonl",
+        MOONCAKE + '{"timestamp": 2000, "input_length": 5, "output_length": 1, "hash_ids": [0]}\n',
+        "m.jsonl:4: timestamp 2000 is not allowed: it goes backwards",
+    ),
     ("s.csv", SHAREGPT + "7,-1,6,0.0\n", "s.csv:6: num_decode_tokens='-1' is not allowed"),
 ]
 
@@ -146,12 +181,17 @@ def test_a_bad_row_is_one_line_with_status_2_or_skipped_and_counted(tmp_path, ca
 
 
 @pytest.mark.parametrize("command", ["allocate", "simulate"])
-@pytest.mark.parametrize("text, message", [
-    ("", "empty.csv:1: the file is empty"),
-    ("TIMESTAMP,ContextTokens\n2023-11-16 18:15:50.0,12\n",
-     "empty.csv:1: the header lacks column(s) GeneratedTokens"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "empty.csv: no requests: no data rows"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty.csv:1: the file is empty"),
+        (
+            "TIMESTAMP,ContextTokens\n2023-11-16 18:15:50.0,12\n",
+            "empty.csv:1: the header lacks column(s) GeneratedTokens",
+        ),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "empty.csv: no requests: no data rows"),
+    ],
+)
 def test_empty_or_headless_files_are_one_line_errors(tmp_path, capsys, command, text, message):
     path = write(tmp_path, "empty.csv", text)
     status, out, err = run(capsys, command, "--trace", path, "--trace-format", "azure", "--skip-bad-rows")

@@ -2,6 +2,7 @@
 kvlab.core.cost.vllm_2023) and its fit (kvlab.studies.vllm_2023_fit): the data parse with their provenance, a refit
 gives the committed coefficients and residuals, the per-block term makes small blocks slower, the step grows with
 tokens and context."""
+
 import csv
 
 import numpy as np
@@ -23,15 +24,28 @@ def test_every_data_file_parses_and_says_where_it_comes_from():
     assert [r.throughput_tokens_s for r in runs] == [6121, 3592, 2029, 1898]
     assert [r.max_num_batched_tokens for r in runs] == [8700, 7500, 8100, 8100]
     assert all("llm-continuous-batching-benchmarks#4" in r.source for r in runs)
-    for name in ("anyscale_throughput.csv", "anyscale_latency.csv", "anyscale_output_tokens.csv",
-                 "fig18a_kernel_latency.csv", "paged_kernel_block_size.csv", "coefficients.csv", "fit_residuals.csv"):
+    for name in (
+        "anyscale_throughput.csv",
+        "anyscale_latency.csv",
+        "anyscale_output_tokens.csv",
+        "fig18a_kernel_latency.csv",
+        "paged_kernel_block_size.csv",
+        "coefficients.csv",
+        "fit_residuals.csv",
+    ):
         assert (data.CLOCK_DIR / name).is_file()
         assert f"`{name}`" in (DATA_DIR / "README.md").read_text(encoding="utf-8"), f"{name} is not documented"
     with open(data.CLOCK_DIR / "paged_kernel_block_size.csv", newline="", encoding="utf-8") as f:
         assert all(row["source"].startswith("ROCm/FlyDSL#1066") for row in csv.DictReader(f))
     kernel = data.fig18a()
-    assert list(zip(kernel.batch_size, kernel.context_tokens)) == [(8, 64), (8, 128), (8, 256), (32, 64), (32, 128),
-                                                                    (32, 256)]
+    assert list(zip(kernel.batch_size, kernel.context_tokens)) == [
+        (8, 64),
+        (8, 128),
+        (8, 256),
+        (32, 64),
+        (32, 128),
+        (32, 256),
+    ]
     assert kernel.read_precision_us == 0.02 and kernel.latency_us[-1] == 235.29
     # the paper's "20-26% higher than FasterTransformer" holds at batch 32, as read
     ratio = kernel.latency_us[3:] / data.fig18a("FasterTransformer").latency_us[3:]
@@ -55,16 +69,21 @@ def test_a_step_by_hand():
     k = COEFFICIENTS
     weights_us = 12.85e9 * 2 / (1555 * k["memory_bandwidth_fraction"] * 1e3)
     blocks = 500 / 16 + (1 - 1 / 16) / 2
-    attention_us = (k["attention_launch_us"] + k["attention_us_per_sequence"] + k["attention_us_per_token"] * 500
-                    + k["attention_us_per_block"] * blocks)
+    attention_us = (
+        k["attention_launch_us"]
+        + k["attention_us_per_sequence"]
+        + k["attention_us_per_token"] * 500
+        + k["attention_us_per_block"] * blocks
+    )
     expected_s = (k["step_overhead_ms"] * 1000 + weights_us + 40 * attention_us) / 1e6
     assert c.step_s(1, 500, 1, 500) == pytest.approx(expected_s, rel=1e-12)
     # a prefill of 512 tokens: compute-bound, plus its causal attention pairs
     flops_us = 2 * 12.85e9 * 512 / (312 * k["flop_fraction"] * 1e6)
     pairs_us = 4 * 5120 * (512 * 513 / 2) / (312 * k["flop_fraction"] * 1e6)
     assert c.step_s(512, 512, 0, 0, 1, 512 * 513 // 2) == pytest.approx(
-        (k["step_overhead_ms"] * 1000 + flops_us + 40 * pairs_us) / 1e6, rel=1e-12)
-    assert c.step_s(512, 512) == c.step_s(512, 512, 0, 0, 1, 512 * 513 // 2)   # one chunk without aggregates
+        (k["step_overhead_ms"] * 1000 + flops_us + 40 * pairs_us) / 1e6, rel=1e-12
+    )
+    assert c.step_s(512, 512) == c.step_s(512, 512, 0, 0, 1, 512 * 513 // 2)  # one chunk without aggregates
 
 
 def test_a_decode_run_takes_each_step_as_step_s_does():
@@ -88,12 +107,23 @@ def test_the_step_grows_with_tokens_and_context(num_decodes, context, prefill_to
     c = data.committed_step_cost()
     decode_context = num_decodes * context
     base = c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens, num_decodes, decode_context)
-    assert c.step_s(num_decodes + prefill_tokens + 1, decode_context + prefill_tokens + 1, num_decodes,
-                    decode_context) >= base
-    assert c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens + 1, num_decodes,
-                    decode_context + 1) > base
-    assert c.step_s(num_decodes + 1 + prefill_tokens, decode_context + context + prefill_tokens, num_decodes + 1,
-                    decode_context + context) > base
+    assert (
+        c.step_s(num_decodes + prefill_tokens + 1, decode_context + prefill_tokens + 1, num_decodes, decode_context)
+        >= base
+    )
+    assert (
+        c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens + 1, num_decodes, decode_context + 1)
+        > base
+    )
+    assert (
+        c.step_s(
+            num_decodes + 1 + prefill_tokens,
+            decode_context + context + prefill_tokens,
+            num_decodes + 1,
+            decode_context + context,
+        )
+        > base
+    )
 
 
 def test_a_refit_gives_the_committed_coefficients_and_residuals():
@@ -119,17 +149,22 @@ def test_the_tables():
     assert np.all(np.diff(steps.clock_2023_ms) > 0) and np.all(steps.clock_over_roofline_x > 1.5)
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: Vllm2023StepCost.from_coefficients(*section.spec(), {"flop_fraction": 0.5}),
-     "coefficients='memory_bandwidth_fraction, attention_launch_us"),
-    (lambda: section.step_cost({**COEFFICIENTS, "flop_fraction": 1.5}), "flop_fraction=1.5"),
-    (lambda: section.step_cost(COEFFICIENTS, block_size=0), "block_size=0"),
-    (lambda: data.anyscale_run(64), "max_tokens_cap=64"),
-    (lambda: data.fig18a("Orca"), "system='Orca'"),
-    (lambda: section.per_block_share(20.0), "block_size_ratio=20.0"),
-    (lambda: section.serve_benchmark(data.committed_step_cost(), config="v0"), "config='str'"),
-    (lambda: section.step_times((0,)), "batch_size=0"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: Vllm2023StepCost.from_coefficients(*section.spec(), {"flop_fraction": 0.5}),
+            "coefficients='memory_bandwidth_fraction, attention_launch_us",
+        ),
+        (lambda: section.step_cost({**COEFFICIENTS, "flop_fraction": 1.5}), "flop_fraction=1.5"),
+        (lambda: section.step_cost(COEFFICIENTS, block_size=0), "block_size=0"),
+        (lambda: data.anyscale_run(64), "max_tokens_cap=64"),
+        (lambda: data.fig18a("Orca"), "system='Orca'"),
+        (lambda: section.per_block_share(20.0), "block_size_ratio=20.0"),
+        (lambda: section.serve_benchmark(data.committed_step_cost(), config="v0"), "config='str'"),
+        (lambda: section.step_times((0,)), "batch_size=0"),
+    ],
+)
 def test_bad_input_is_one_line(call, message):
     with pytest.raises(ValueError) as error:
         call()

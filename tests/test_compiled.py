@@ -1,10 +1,12 @@
 """The compiled loop (kvlab.core.engine.fast.compiled, its decode runs too) against the Python engine: the same results,
 bit for bit."""
+
 import numpy as np
 import pytest
-from conftest import draw_requests
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from conftest import draw_requests
 from kvlab.core import models
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
@@ -21,7 +23,7 @@ def assert_identical(python, loop) -> None:
         assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name
     for name in python.steps:
         assert np.array_equal(python.steps[name], loop.steps[name]), name
-    np.testing.assert_equal(python.summary(), loop.summary())     # NaN where both have none
+    np.testing.assert_equal(python.summary(), loop.summary())  # NaN where both have none
 
 
 @st.composite
@@ -36,13 +38,23 @@ def compiled_runs(draw):
     prompt = np.minimum(np.array(prompts), max_model_len - 1)
     output = np.array(outputs)
     need = int((-(-(np.minimum(prompt + output, max_model_len) - 1) // bs)).max())
-    config = EngineConfig().replace(async_scheduling=draw(st.booleans()), block_size=bs, max_model_len=max_model_len,
-                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                    enable_chunked_prefill=chunked, long_prefill_token_threshold=threshold)
+    config = EngineConfig().replace(
+        async_scheduling=draw(st.booleans()),
+        block_size=bs,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=threshold,
+    )
     cost = draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(8.0, 0.01), LinearStepCost(3, 0.37)]))
     workload = Workload(np.cumsum(gaps), prompt, output)
-    return {"workload": workload, "config": config, "cost": cost,
-            "num_gpu_blocks": 1 + need + draw(st.integers(0, 3 * need))}
+    return {
+        "workload": workload,
+        "config": config,
+        "cost": cost,
+        "num_gpu_blocks": 1 + need + draw(st.integers(0, 3 * need)),
+    }
 
 
 @given(compiled_runs())
@@ -62,22 +74,39 @@ def caching_runs(draw):
     bs = draw(st.sampled_from([1, 2, 4, 16]))
     max_model_len = draw(st.sampled_from([64, 160]))
     systems = draw(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=48), min_size=1, max_size=3))
-    ids = [np.array((systems[draw(st.integers(0, len(systems) - 1))] + draw(st.lists(st.integers(0, 1), max_size=12))
-                     )[:max_model_len - 1], dtype=np.int64) for _ in range(n)]
+    ids = [
+        np.array(
+            (systems[draw(st.integers(0, len(systems) - 1))] + draw(st.lists(st.integers(0, 1), max_size=12)))[
+                : max_model_len - 1
+            ],
+            dtype=np.int64,
+        )
+        for _ in range(n)
+    ]
     prompt = np.array([len(x) for x in ids])
     output = np.array(draw(st.lists(st.integers(1, 50), min_size=n, max_size=n)))
     gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.008, 0.02, 0.3]), min_size=n, max_size=n))
     chunked = draw(st.booleans())
     max_num_seqs = draw(st.integers(1, 8))
     budget = draw(st.integers(max(max_num_seqs, 8), 96)) if chunked else max_model_len
-    config = EngineConfig().replace(async_scheduling=draw(st.booleans()), block_size=bs, max_model_len=max_model_len,
-                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                    enable_chunked_prefill=chunked, enable_prefix_caching=True,
-                                    long_prefill_token_threshold=draw(st.sampled_from([0, 5])) if chunked else 0)
+    config = EngineConfig().replace(
+        async_scheduling=draw(st.booleans()),
+        block_size=bs,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=True,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 5])) if chunked else 0,
+    )
     need = int((-(-(np.minimum(prompt + output, max_model_len) - 1) // bs)).max())
-    return {"workload": Workload(np.cumsum(gaps), prompt, output), "config": config, "cost": LinearStepCost(8.0, 0.01),
-            "num_gpu_blocks": 1 + need + draw(st.integers(0, 2 * need)),
-            "prompt_token_ids": ids if draw(st.booleans()) else None}
+    return {
+        "workload": Workload(np.cumsum(gaps), prompt, output),
+        "config": config,
+        "cost": LinearStepCost(8.0, 0.01),
+        "num_gpu_blocks": 1 + need + draw(st.integers(0, 2 * need)),
+        "prompt_token_ids": ids if draw(st.booleans()) else None,
+    }
 
 
 @given(caching_runs())
@@ -92,14 +121,18 @@ def test_chunks_join_into_one_record(monkeypatch):
     rng = np.random.default_rng(7)
     n = 300
     workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
-    args = {"workload": workload, "config": EngineConfig().replace(async_scheduling=False, max_model_len=1024),
-            "num_gpu_blocks": 200, "cost": LinearStepCost(8.0, 0.01)}
+    args = {
+        "workload": workload,
+        "config": EngineConfig().replace(async_scheduling=False, max_model_len=1024),
+        "num_gpu_blocks": 200,
+        "cost": LinearStepCost(8.0, 0.01),
+    }
     whole = Engine(**args, path="compiled").run()
     monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
     assert_identical(whole, Engine(**args, path="compiled").run())
     python = Engine(**args, path="python").run()
     assert_identical(python, whole)
-    assert python.num_preemptions.sum() > 0          # memory that preempts: the victims' path is exercised
+    assert python.num_preemptions.sum() > 0  # memory that preempts: the victims' path is exercised
 
 
 @pytest.mark.parametrize("block_size, num_gpu_blocks, threshold", [(16, 200, 0), (4, 700, 0), (1, 3000, 24)])
@@ -109,8 +142,9 @@ def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_b
     rng = np.random.default_rng(3)
     n = 400
     workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
-    config = EngineConfig().replace(async_scheduling=False, max_model_len=1024, block_size=block_size,
-                                    long_prefill_token_threshold=threshold)
+    config = EngineConfig().replace(
+        async_scheduling=False, max_model_len=1024, block_size=block_size, long_prefill_token_threshold=threshold
+    )
     args = {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": LinearStepCost(8.0, 0.01)}
     python = Engine(**args, path="reference").run()
     assert python.num_preemptions.sum() > 0
@@ -127,8 +161,13 @@ def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_b
 
 def test_no_progress_is_the_python_engines_error():
     """A step that schedules nothing: the compiled loop hands back, and the Python loop raises its one-line error."""
-    config = EngineConfig().replace(async_scheduling=False, max_model_len=64, max_num_batched_tokens=64,
-                                    enable_chunked_prefill=False, max_num_seqs=2)
+    config = EngineConfig().replace(
+        async_scheduling=False,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=False,
+        max_num_seqs=2,
+    )
     workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
     with pytest.raises(NoProgressError, match="no progress possible") as python:
         Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="python").run()
@@ -139,21 +178,22 @@ def test_no_progress_is_the_python_engines_error():
 
 def test_which_runs_take_the_compiled_loop(monkeypatch):
     """None decides by size and kind; True on a run it cannot do is refused in one line naming what it needs."""
-    monkeypatch.setattr(compiled, "loaded", lambda: False)     # a process that has not run the compiled loop yet
+    monkeypatch.setattr(compiled, "loaded", lambda: False)  # a process that has not run the compiled loop yet
     n = compiled.COMPILED_FROM_REQUESTS
     big = Workload(np.arange(n) * 0.01, np.full(n, 10), np.full(n, 5))
     small = Workload(np.zeros(3), np.full(3, 10), np.full(3, 5))
     sync = EngineConfig().replace(async_scheduling=False, max_model_len=64)
     assert Engine(big, sync, num_gpu_blocks=100).compiled
     assert not Engine(small, sync, num_gpu_blocks=100).compiled
-    monkeypatch.setattr(compiled, "loaded", lambda: True)      # once loaded, a small run takes it too
+    monkeypatch.setattr(compiled, "loaded", lambda: True)  # once loaded, a small run takes it too
     assert Engine(small, sync, num_gpu_blocks=100).compiled
     monkeypatch.setattr(compiled, "loaded", lambda: False)
     assert not Engine(big, sync, num_gpu_blocks=100, path="reference").compiled
     assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
     assert Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
-    hashed = Workload(big.arrival_s, big.prompt_tokens, big.output_tokens, prefix_hashes=[np.arange(1)] * n,
-                      prefix_block_tokens=16)
+    hashed = Workload(
+        big.arrival_s, big.prompt_tokens, big.output_tokens, prefix_hashes=[np.arange(1)] * n, prefix_block_tokens=16
+    )
     assert not Engine(hashed, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
     roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))

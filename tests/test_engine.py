@@ -1,18 +1,20 @@
 """The serving engine: vLLM 0.33's own outputs on hand-checked cases, the fast path against the per-step loop,
 invariants, the reservation baselines and the article's model inside the engine."""
+
 import json
 import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT, assert_same, draw_requests
 from kvlab.core import batching
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.engine import Engine, NoProgressError, Recorder, replay, simulate
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.workload import Workload
 
 CASES = json.loads((ROOT / "tests" / "data" / "vllm_scheduler_cases.json").read_text())["cases"]
@@ -28,7 +30,11 @@ def config(**settings) -> EngineConfig:
 @pytest.mark.parametrize("fast", [False, True], ids=["per-step", "fast"])
 def test_hand_checked_cases_equal_vllms_outputs(case, fast):
     """Every request's times and preemptions and every step's batch, blocks (ids too) and queues as vLLM 0.33."""
-    got = replay.to_document(replay.run_document(case["in"], path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, block_ids=not fast)))
+    got = replay.to_document(
+        replay.run_document(
+            case["in"], path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, block_ids=not fast)
+        )
+    )
     want = case["out"]
     for mine, theirs in zip(got["requests"], want["requests"], strict=True):
         assert {k: mine[k] for k in REQUEST_KEYS} == {k: theirs[k] for k in REQUEST_KEYS}, mine["request_id"]
@@ -41,8 +47,11 @@ def test_a_request_that_never_fits_stops_with_vllms_message_or_is_refused_up_fro
     case = next(c for c in CASES if c["name"] == "no_progress_never_fits")
     with pytest.raises(NoProgressError, match=r"at t=0\.030000 s: .* request 1, has 20 tokens = 5 blocks and 4 of 4"):
         replay.run_document(case["in"], check=False)
-    with pytest.raises(ValueError, match=r"request 1='20 prompt \+ 2 output tokens' is not allowed: needs 6 blocks of 4 "
-                                         r"tokens at its longest \(21 tokens\) but the pool has 4 usable blocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"request 1='20 prompt \+ 2 output tokens' is not allowed: needs 6 blocks of 4 "
+        r"tokens at its longest \(21 tokens\) but the pool has 4 usable blocks",
+    ):
         replay.run_document(case["in"])
 
 
@@ -62,26 +71,51 @@ def engine_runs(draw):
     if allocation == "paged":
         least = max(-(-(f - 1) // bs) for f in final) + 1
     else:
-        asked = [max_model_len if allocation == "max" else min(p + (1 << (f - p - 1).bit_length()), max_model_len)
-                 if allocation == "pow2" else f for p, f in zip(prompts, final)]
-        least = -(-(1 << (max(asked) - 1).bit_length()) // bs) + 1     # the largest buddy arena holds its chunk
+        asked = [
+            max_model_len
+            if allocation == "max"
+            else min(p + (1 << (f - p - 1).bit_length()), max_model_len)
+            if allocation == "pow2"
+            else f
+            for p, f in zip(prompts, final)
+        ]
+        least = -(-(1 << (max(asked) - 1).bit_length()) // bs) + 1  # the largest buddy arena holds its chunk
     num_gpu_blocks = least + draw(st.sampled_from([0, 0, 1, 3, 10, 400]))
-    cost = draw(st.sampled_from([ConstantStepCost(8.0), ConstantStepCost(10.0), LinearStepCost(5.0, 0.1),
-                                 LinearStepCost(2.0, 0.013)]))
+    cost = draw(
+        st.sampled_from(
+            [ConstantStepCost(8.0), ConstantStepCost(10.0), LinearStepCost(5.0, 0.1), LinearStepCost(2.0, 0.013)]
+        )
+    )
     ids = None
-    if caching:   # prompts drawn from a few shared stems
+    if caching:  # prompts drawn from a few shared stems
         stems = [list(range(100 * s, 100 * s + 40)) for s in range(3)]
-        ids = [np.array(stems[draw(st.integers(0, 2))][:p - 1] + [draw(st.integers(0, 2))]) for p in prompts]
+        ids = [np.array(stems[draw(st.integers(0, 2))][: p - 1] + [draw(st.integers(0, 2))]) for p in prompts]
     workload = Workload(np.cumsum(gaps) - gaps[0], np.array(prompts), np.array(outputs))
-    settings_ = config(async_scheduling=draw(st.booleans()), block_size=bs, enable_prefix_caching=caching, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=budget, max_model_len=max_model_len, enable_chunked_prefill=chunked,
-                       long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 16])) if max_model_len >= 16 else 0)
-    return dict(workload=workload, config=settings_, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
-                prompt_token_ids=ids)
+    settings_ = config(
+        async_scheduling=draw(st.booleans()),
+        block_size=bs,
+        enable_prefix_caching=caching,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 16])) if max_model_len >= 16 else 0,
+    )
+    return dict(
+        workload=workload,
+        config=settings_,
+        num_gpu_blocks=num_gpu_blocks,
+        cost=cost,
+        allocation=allocation,
+        prompt_token_ids=ids,
+    )
 
 
 def run_both(args):
-    results = [Engine(**args, path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, frees=True)).run() for fast in (False, True)]
+    results = [
+        Engine(**args, path=("auto" if fast else "reference"), recorder=Recorder(scheduled=True, frees=True)).run()
+        for fast in (False, True)
+    ]
     return results
 
 
@@ -122,7 +156,7 @@ def test_invariants_hold(args):
         if not settings_.cache.enable_prefix_caching:
             assert (steps["num_kv_tokens"] <= steps["num_reserved_tokens"]).all()
             running = steps["num_running"]
-            if settings_.scheduler.async_scheduling:   # read after the update, when the next batch has admitted
+            if settings_.scheduler.async_scheduling:  # read after the update, when the next batch has admitted
                 running = np.maximum(running, np.append(running[1:], 0))
             assert (steps["num_reserved_tokens"] - steps["num_kv_tokens"] < bs * np.maximum(running, 1)).all()
     else:
@@ -134,7 +168,7 @@ def test_invariants_hold(args):
         reservation, internal = steps["num_reservation_tokens"], steps["num_internal_frag_tokens"]
         assert (steps["num_kv_tokens"] + reservation + internal == steps["num_reserved_tokens"]).all()
         assert (reservation >= 0).all() and (steps["num_rounding_tokens"] <= internal).all()
-        if args["allocation"] == "oracle":     # it asks exactly its final length: all it wastes is rounding
+        if args["allocation"] == "oracle":  # it asks exactly its final length: all it wastes is rounding
             assert np.array_equal(steps["num_rounding_tokens"], internal)
         external = steps["num_external_frag_tokens"]
         pool = engine.kv_cache_manager.num_tokens_total
@@ -157,7 +191,7 @@ def test_invariants_hold(args):
         computed[finished_waiting] = before_preemption[finished_waiting]
     if not settings_.cache.enable_prefix_caching:
         assert np.array_equal(computed, final - 1)
-    else:   # prefix hits are not computed
+    else:  # prefix hits are not computed
         assert (computed <= final - 1).all() and (computed >= 1).all()
 
 
@@ -170,18 +204,26 @@ def test_preempted_requests_blocks_go_to_the_requester_last_block_first():
 
 # ---------------------------------------------------------------- reservation baselines
 def test_reservations_admit_by_their_size_and_never_preempt():
-    w = Workload(np.zeros(4), np.full(4, 10), np.array([6, 6, 6, 6]))   # each ends at 16 tokens
+    w = Workload(np.zeros(4), np.full(4, 10), np.array([6, 6, 6, 6]))  # each ends at 16 tokens
     blocks = {"oracle": None, "pow2": None, "max": None}
     for allocation in blocks:
-        result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
-                          num_gpu_blocks=17, allocation=allocation)    # 64 token slots
+        result = simulate(
+            w,
+            config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+            num_gpu_blocks=17,
+            allocation=allocation,
+        )  # 64 token slots
         assert result.num_preemptions.sum() == 0
         blocks[allocation] = result.steps["num_running"][0]
     # oracle asks 16 slots each (all 4 fit), pow2 10 + 8 = 18 (a chunk of 32: 2 fit), max 64 (only 1 at a time)
     assert blocks == {"oracle": 4, "pow2": 2, "max": 1}
-    w = Workload(np.zeros(4), np.full(4, 10), np.array([7, 7, 7, 7]))   # 17 tokens: pow2 asks 18, a chunk of 32
-    result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
-                      num_gpu_blocks=17, allocation="pow2")
+    w = Workload(np.zeros(4), np.full(4, 10), np.array([7, 7, 7, 7]))  # 17 tokens: pow2 asks 18, a chunk of 32
+    result = simulate(
+        w,
+        config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+        num_gpu_blocks=17,
+        allocation="pow2",
+    )
     assert result.steps["num_running"][0] == 2 and result.steps["num_reserved_tokens"][0] == 64
 
 
@@ -204,22 +246,29 @@ def test_pow2_reserves_the_prompt_plus_a_power_of_two_of_the_output():
     steps = result.steps
     assert steps["num_reserved_tokens"][0] == 256
     assert steps["num_rounding_tokens"][0] == 256 - 132 and steps["num_internal_frag_tokens"][0] == 256 - 125
-    assert steps["num_reservation_tokens"][0] == 125 - 100    # its prefill computed 100 tokens
+    assert steps["num_reservation_tokens"][0] == 125 - 100  # its prefill computed 100 tokens
 
 
 def test_admission_waits_for_a_chunk_though_enough_slots_are_free():
     """64 slots (one arena): A, B and C take chunks of 16 at 0, 16 and 32; B finishes first and frees 16 at 16, so 32
     slots are free (16 at 16, 16 at 48) but not as one chunk: D (32 slots) waits until A and C finish."""
     w = Workload(np.zeros(4), np.full(4, 8), np.array([8, 2, 8, 24]))
-    result = simulate(w, config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
-                      num_gpu_blocks=17, allocation="oracle", path="reference")
+    result = simulate(
+        w,
+        config(block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64),
+        num_gpu_blocks=17,
+        allocation="oracle",
+        path="reference",
+    )
     steps = result.steps
     b_done = result.finish_s[1]
     refused = (steps["end_s"] >= b_done) & (steps["end_s"] < result.finish_s[0]) & (steps["num_waiting"] == 1)
     assert refused.any()
-    assert (64 - steps["num_reserved_tokens"][refused] == 32).all() and (steps["num_external_frag_tokens"][refused] == 32).all()
+    assert (64 - steps["num_reserved_tokens"][refused] == 32).all() and (
+        steps["num_external_frag_tokens"][refused] == 32
+    ).all()
     assert result.first_scheduled_s[3] >= max(result.finish_s[0], result.finish_s[2])
-    assert steps["num_external_frag_tokens"][0] == 16          # before B finishes: 16 free at 48, D needs 32
+    assert steps["num_external_frag_tokens"][0] == 16  # before B finishes: 16 free at 48, D needs 32
 
 
 def test_paged_allocation_preempts_where_oracle_reservation_waits():
@@ -240,8 +289,11 @@ def article_engine(workload, max_num_seqs=8, ms=8.0):
     return simulate(workload, settings_, num_gpu_blocks=1 << 20, cost=ConstantStepCost(ms))
 
 
-@given(st.lists(st.integers(0, 60), min_size=1, max_size=60), st.lists(st.integers(1, 300), min_size=60, max_size=60),
-       st.integers(1, 8))
+@given(
+    st.lists(st.integers(0, 60), min_size=1, max_size=60),
+    st.lists(st.integers(1, 300), min_size=60, max_size=60),
+    st.integers(1, 8),
+)
 @settings(max_examples=60, deadline=None)
 def test_engine_equals_the_continuous_slot_model_on_step_aligned_arrivals(steps_apart, outputs, slots):
     # A step of 2^-7 s (7.8125 ms): step boundaries and arrivals are then exact binary fractions, so an arrival on a
@@ -252,37 +304,66 @@ def test_engine_equals_the_continuous_slot_model_on_step_aligned_arrivals(steps_
     n = len(arrival)
     w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
     engine = article_engine(w, slots, ms=step_ms)
-    slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
-                                   max_num_seqs=slots, cost=TokenServiceTime(step_ms))
+    slot_model = batching.simulate(
+        Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens),
+        "continuous",
+        max_num_seqs=slots,
+        cost=TokenServiceTime(step_ms),
+    )
     assert np.allclose(engine.finish_s, slot_model.finish_s, rtol=0, atol=1e-9)
     assert np.allclose(engine.first_scheduled_s, slot_model.start_s, rtol=0, atol=1e-9)
 
 
-@given(st.lists(st.floats(0, 0.5), min_size=1, max_size=60), st.lists(st.integers(1, 300), min_size=60, max_size=60),
-       st.integers(1, 8))
+@given(
+    st.lists(st.floats(0, 0.5), min_size=1, max_size=60),
+    st.lists(st.integers(1, 300), min_size=60, max_size=60),
+    st.integers(1, 8),
+)
 @settings(max_examples=60, deadline=None)
 def test_engine_is_within_one_step_of_the_slot_model_otherwise(gaps, outputs, slots):
     arrival = np.cumsum(gaps)
     n = len(arrival)
     w = Workload(arrival, np.ones(n, dtype=np.int64), np.array(outputs[:n]))
     engine = article_engine(w, slots)
-    slot_model = batching.simulate(Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens), "continuous",
-                                   max_num_seqs=slots, cost=TokenServiceTime(8.0))
+    slot_model = batching.simulate(
+        Workload(arrival, np.zeros(n, dtype=np.int64), w.output_tokens),
+        "continuous",
+        max_num_seqs=slots,
+        cost=TokenServiceTime(8.0),
+    )
     late = engine.finish_s - slot_model.finish_s
     assert (late > -1e-9).all() and (late < 0.008 + 1e-9).all()
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("settings_, blocks, message", [
-    (dict(max_model_len=32), 100, r"prompt_tokens\[1\]=40 is not allowed: must be shorter than max_model_len=32"),
-    (dict(max_model_len=128), 3, r"request 1='40 prompt \+ 8 output tokens' is not allowed: needs 3 blocks of 16 "
-                                 r"tokens at its longest \(47 tokens\) but the pool has 2 usable blocks"),
-    (dict(max_model_len=128), 1, r"num_gpu_blocks=1 is not allowed: must be >= 2"),
-    (dict(max_model_len=4096, enable_chunked_prefill=False), 100,
-     r"max_num_batched_tokens=2048 is not allowed: is smaller than max_model_len \(4,096\) with chunked prefill off"),
-    (dict(max_model_len=128, max_num_seqs=4096), 100, r"max_num_batched_tokens=2048 is not allowed: must be >= max_num_seqs"),
-    (dict(max_model_len=128, long_prefill_token_threshold=200), 100, r"long_prefill_token_threshold=200 is not allowed"),
-])
+@pytest.mark.parametrize(
+    "settings_, blocks, message",
+    [
+        (dict(max_model_len=32), 100, r"prompt_tokens\[1\]=40 is not allowed: must be shorter than max_model_len=32"),
+        (
+            dict(max_model_len=128),
+            3,
+            r"request 1='40 prompt \+ 8 output tokens' is not allowed: needs 3 blocks of 16 "
+            r"tokens at its longest \(47 tokens\) but the pool has 2 usable blocks",
+        ),
+        (dict(max_model_len=128), 1, r"num_gpu_blocks=1 is not allowed: must be >= 2"),
+        (
+            dict(max_model_len=4096, enable_chunked_prefill=False),
+            100,
+            r"max_num_batched_tokens=2048 is not allowed: is smaller than max_model_len \(4,096\) with chunked prefill off",
+        ),
+        (
+            dict(max_model_len=128, max_num_seqs=4096),
+            100,
+            r"max_num_batched_tokens=2048 is not allowed: must be >= max_num_seqs",
+        ),
+        (
+            dict(max_model_len=128, long_prefill_token_threshold=200),
+            100,
+            r"long_prefill_token_threshold=200 is not allowed",
+        ),
+    ],
+)
 def test_bad_input_is_refused_in_one_line_before_any_work(settings_, blocks, message):
     w = Workload(np.zeros(2), np.array([10, 40]), np.array([4, 8]))
     settings_ = config(max_num_batched_tokens=2048, **settings_)
@@ -309,15 +390,30 @@ class BackwardsStepCost:
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_step_cost_that_runs_the_clock_backwards_is_refused_in_one_line(fast):
     w = Workload(np.zeros(2), np.array([10, 40]), np.array([40, 30]))
-    with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 50 tokens -0\.001 s: a step lasts "
-                                         r"0 s or more, so its profile or coefficients are wrong there \(fix them, "
-                                         r"or choose another step cost\)$"):
-        simulate(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(50), path=("auto" if fast else "reference"))
-    engine = Engine(w, config(max_model_len=128), num_gpu_blocks=100, cost=BackwardsStepCost(10_000), path=("auto" if fast else "reference"))
-    if fast:                                # a decode run's last step is NaN
+    with pytest.raises(
+        ValueError,
+        match=r"^the backwards step cost gave a step of 50 tokens -0\.001 s: a step lasts "
+        r"0 s or more, so its profile or coefficients are wrong there \(fix them, "
+        r"or choose another step cost\)$",
+    ):
+        simulate(
+            w,
+            config(max_model_len=128),
+            num_gpu_blocks=100,
+            cost=BackwardsStepCost(50),
+            path=("auto" if fast else "reference"),
+        )
+    engine = Engine(
+        w,
+        config(max_model_len=128),
+        num_gpu_blocks=100,
+        cost=BackwardsStepCost(10_000),
+        path=("auto" if fast else "reference"),
+    )
+    if fast:  # a decode run's last step is NaN
         with pytest.raises(ValueError, match=r"^the backwards step cost gave a step of 2 tokens nan s: a step lasts"):
             engine.run()
-    else:                                   # the per-step loop asks step_s only, and every step is right
+    else:  # the per-step loop asks step_s only, and every step is right
         assert np.isfinite(engine.run().finish_s).all()
 
 
@@ -335,8 +431,8 @@ def test_summary_has_the_figures_of_the_command_line():
     summary = result.summary()
     assert summary["num_steps"] == 5 and summary["num_preemptions"] == 0
     assert summary["mean_ttft_s"] == pytest.approx(0.008)
-    assert summary["mean_tpot_s"] == pytest.approx(0.008)            # only request 0 has more than one token
-    assert summary["peak_kv_blocks"] == 4                              # request 0 at 13 tokens (1 finished in step 0)
+    assert summary["mean_tpot_s"] == pytest.approx(0.008)  # only request 0 has more than one token
+    assert summary["peak_kv_blocks"] == 4  # request 0 at 13 tokens (1 finished in step 0)
     assert summary["output_tokens_per_s"] == pytest.approx(6 / 0.040)
     assert math.isclose(summary["mean_running"], (2 + 1 + 1 + 1 + 1) / 5)
 
@@ -352,16 +448,27 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(seed, async_sche
     w = Workload(np.cumsum(rng.exponential(0.05, n)), prompts, outputs)
     caching = seed % 2 == 1
     stems = [rng.integers(0, 50_000, 400) for _ in range(4)]
-    ids = [np.concatenate([stems[rng.integers(4)][:p // 2], rng.integers(0, 50_000, p - p // 2)]) for p in prompts]
-    settings_ = config(async_scheduling=async_scheduling, block_size=16, max_model_len=1024, max_num_seqs=32,
-                       max_num_batched_tokens=512,
-                       enable_prefix_caching=caching, long_prefill_token_threshold=128 if seed >= 2 else 0)
-    args = dict(workload=w, config=settings_, num_gpu_blocks=[90, 160, 400, 120][seed], cost=LinearStepCost(8.0, 0.01),
-                prompt_token_ids=ids if caching else None)
+    ids = [np.concatenate([stems[rng.integers(4)][: p // 2], rng.integers(0, 50_000, p - p // 2)]) for p in prompts]
+    settings_ = config(
+        async_scheduling=async_scheduling,
+        block_size=16,
+        max_model_len=1024,
+        max_num_seqs=32,
+        max_num_batched_tokens=512,
+        enable_prefix_caching=caching,
+        long_prefill_token_threshold=128 if seed >= 2 else 0,
+    )
+    args = dict(
+        workload=w,
+        config=settings_,
+        num_gpu_blocks=[90, 160, 400, 120][seed],
+        cost=LinearStepCost(8.0, 0.01),
+        prompt_token_ids=ids if caching else None,
+    )
     slow = Engine(**args, path="reference", recorder=Recorder(scheduled=True, frees=True)).run()
     engine = Engine(**args, recorder=Recorder(scheduled=True, frees=True))
     fast = engine.run()
-    assert engine.num_decode_runs > 0                   # the fast path jumped
+    assert engine.num_decode_runs > 0  # the fast path jumped
     assert slow.num_preemptions.sum() > 0 or seed == 2
     for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions"):
         assert np.array_equal(getattr(slow, name), getattr(fast, name)), name
@@ -371,16 +478,17 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(seed, async_sche
     assert fast.steps["num_hit_tokens"].sum() > 0 or not caching
 
 
-@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=8),
-       st.sampled_from([1, 4, 16]))
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=8), st.sampled_from([1, 4, 16]))
 @settings(max_examples=60, deadline=None)
 def test_async_scheduling_on_an_idle_engine_gives_the_synchronous_times(requests, bs):
     """One request at a time (each arrives after the last finished): async scheduling changes no time."""
     prompts, outputs = (np.array(x) for x in zip(*requests))
-    arrival = np.arange(len(requests)) * 1.0           # 1 s apart: every request is long done by the next
+    arrival = np.arange(len(requests)) * 1.0  # 1 s apart: every request is long done by the next
     w = Workload(arrival, prompts, outputs)
-    results = [simulate(w, config(async_scheduling=mode, block_size=bs, max_model_len=128), num_gpu_blocks=200)
-               for mode in (False, True)]
+    results = [
+        simulate(w, config(async_scheduling=mode, block_size=bs, max_model_len=128), num_gpu_blocks=200)
+        for mode in (False, True)
+    ]
     for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens"):
         assert np.array_equal(getattr(results[0], name), getattr(results[1], name)), name
 
@@ -388,7 +496,14 @@ def test_async_scheduling_on_an_idle_engine_gives_the_synchronous_times(requests
 def test_async_scheduling_under_load_emits_first_tokens_a_step_later():
     """Busy engine: a request arriving mid-batch is scheduled after the batch queued behind the running one."""
     w = Workload(np.array([0.0, 0.005]), np.array([8, 6]), np.array([4, 2]))
-    sync, async_ = (simulate(w, config(async_scheduling=mode, block_size=4, max_model_len=64), num_gpu_blocks=64,
-                             cost=ConstantStepCost(10.0)) for mode in (False, True))
+    sync, async_ = (
+        simulate(
+            w,
+            config(async_scheduling=mode, block_size=4, max_model_len=64),
+            num_gpu_blocks=64,
+            cost=ConstantStepCost(10.0),
+        )
+        for mode in (False, True)
+    )
     assert sync.first_token_s[1] == pytest.approx(0.020) and async_.first_token_s[1] == pytest.approx(0.030)
-    assert async_.first_scheduled_s[1] == pytest.approx(0.010)     # the schedule() call, at the clock
+    assert async_.first_scheduled_s[1] == pytest.approx(0.010)  # the schedule() call, at the clock

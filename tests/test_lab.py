@@ -1,4 +1,5 @@
 """make lab: JupyterLab starts wherever a user runs it (root included), answers, and lists the notebooks."""
+
 import json
 import os
 import signal
@@ -27,8 +28,15 @@ def get(url: str) -> tuple[int, bytes]:
 def test_make_lab_serves_the_notebooks():
     port = free_port()
     env = {**os.environ, "JUPYTER_TOKEN": TOKEN}
-    server = subprocess.Popen(["make", "-s", "lab", f"LAB_PORT={port}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        ["make", "-s", "lab", f"LAB_PORT={port}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 90
         listing = None

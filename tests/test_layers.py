@@ -1,4 +1,5 @@
 """The architecture: each folder of kvlab is one layer, imports point down only, and there is no cycle."""
+
 import ast
 from pathlib import Path
 
@@ -66,8 +67,10 @@ def test_no_import_cycles():
     known = set(modules())
     graph = {name: kvlab_imports(path, known) - {name} for name, path in modules().items()}
     # package __init__ files re-export their modules: the edge package -> module is not a cycle
-    graph = {n: {t for t in targets if not n.endswith(".__init__") and not t.startswith(n + ".")}
-             for n, targets in graph.items()}
+    graph = {
+        n: {t for t in targets if not n.endswith(".__init__") and not t.startswith(n + ".")}
+        for n, targets in graph.items()
+    }
     state: dict[str, int] = {}
 
     def visit(node, path):
@@ -101,12 +104,17 @@ def test_one_command_line():
 
 # A name a module shares with one in a lower layer, allowed where it is the same concept one level up: each command
 # of the command line over the module it runs.
-SAME_CONCEPT_ONE_LEVEL_UP = {"kvlab.cli.capacity": "kvlab.core.capacity", "kvlab.cli.plan": "kvlab.studies.plan",
-                             "kvlab.cli.traces": "kvlab.workloads.traces", "kvlab.cli.report": "kvlab.report"}
+SAME_CONCEPT_ONE_LEVEL_UP = {
+    "kvlab.cli.capacity": "kvlab.core.capacity",
+    "kvlab.cli.plan": "kvlab.studies.plan",
+    "kvlab.cli.traces": "kvlab.workloads.traces",
+    "kvlab.cli.report": "kvlab.report",
+}
 
 
 def test_no_module_name_repeats_a_lower_layers():
     """A module (or package) is not named like one of a lower layer, unless it is the same concept one level up."""
+
     def short(name):
         return name.removesuffix(".__init__").rsplit(".", 1)[-1]
 

@@ -1,4 +1,5 @@
 """The reproduction ledger: every article figure, rounding as the article rounds, statuses."""
+
 import re
 
 import pandas as pd
@@ -8,9 +9,17 @@ from conftest import SHARED
 from kvlab.sections.shared import ledger
 
 
-@pytest.mark.parametrize("value, decimals, printed", [
-    (31.25, 1, 31.3), (15.625, 2, 15.63), (15.625, 1, 15.6), (0.48828125, 2, 0.49), (2.5, 0, 3.0), (-2.5, 0, -3.0),
-])
+@pytest.mark.parametrize(
+    "value, decimals, printed",
+    [
+        (31.25, 1, 31.3),
+        (15.625, 2, 15.63),
+        (15.625, 1, 15.6),
+        (0.48828125, 2, 0.49),
+        (2.5, 0, 3.0),
+        (-2.5, 0, -3.0),
+    ],
+)
 def test_round_half_up_matches_the_article(value, decimals, printed):
     assert ledger.round_half_up(value, decimals) == printed
 
@@ -90,7 +99,9 @@ def test_every_number_in_the_article_tables_is_in_the_ledger():
     assert checked >= 55
 
 
-@pytest.mark.parametrize("percentile, named", [(28.5, "29th"), (7.5, "8th"), (3.0, "3rd"), (11.5, "12th"), (0.5, "1st")])
+@pytest.mark.parametrize(
+    "percentile, named", [(28.5, "29th"), (7.5, "8th"), (3.0, "3rd"), (11.5, "12th"), (0.5, "1st")]
+)
 def test_a_seed_percentile_is_named_rounded_half_up(percentile, named):
     from kvlab.sections import s02_batching as batching
 

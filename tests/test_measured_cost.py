@@ -1,5 +1,6 @@
 """The measured step cost (kvlab.core.cost.MeasuredStepCost): steps rebuilt from the committed operator profiles,
 piecewise-linear between measured points, decode runs equal to their steps, CUDA-graph padding, coverage."""
+
 import csv
 import dataclasses
 
@@ -16,14 +17,16 @@ from kvlab.core.workload import Workload
 
 RTX_PRO = "RTX-PRO-6000-Server-96GB"
 LLAMA = "meta-llama/Llama-3.1-8B"
-CONFIG = EngineConfig().replace(max_num_seqs=128, max_num_batched_tokens=2048, async_scheduling=False,
-                                max_model_len=8192)
+CONFIG = EngineConfig().replace(
+    max_num_seqs=128, max_num_batched_tokens=2048, async_scheduling=False, max_model_len=8192
+)
 FOLDER = profiles.PROFILES_DIR / "llmservingsim" / "RTXPRO6000" / LLAMA / "bf16" / "tp1"
 
 
 def measured(model=LLAMA, gpu=RTX_PRO, **changes) -> MeasuredStepCost | RooflineStepCost:
-    return make_step_cost("measured", model=models.get_model(model), gpu=models.get_gpu(gpu),
-                          config=CONFIG.replace(**changes))
+    return make_step_cost(
+        "measured", model=models.get_model(model), gpu=models.get_gpu(gpu), config=CONFIG.replace(**changes)
+    )
 
 
 LLAMA_COST = measured()
@@ -32,8 +35,10 @@ LLAMA_COST = measured()
 def read(name: str, *keys: str) -> dict:
     """A committed profile CSV as {(layer or key columns...): time_us}, read with the csv module only."""
     with open(FOLDER / f"{name}.csv", newline="") as f:
-        return {tuple(row[k] if k == "layer" else int(row[k]) for k in keys): float(row["time_us"])
-                for row in csv.DictReader(f)}
+        return {
+            tuple(row[k] if k == "layer" else int(row[k]) for k in keys): float(row["time_us"])
+            for row in csv.DictReader(f)
+        }
 
 
 DENSE, PER_SEQUENCE = read("dense", "layer", "tokens"), read("per_sequence", "layer", "sequences")
@@ -43,9 +48,18 @@ ATTENTION = read("attention", "prefill_chunk", "kv_prefill", "n_decode", "kv_dec
 def expected_step_us(tokens: int, sequences: int, attention_point: tuple) -> float:
     """One step at a measured point, by hand: 32 layers of (2 RMSNorms, qkv, rotary, o, gate_up, act, down) and
     of attention, the embedding and final norm once, lm_head and the sampler once."""
-    layer = sum(calls * DENSE[(op, tokens)] for op, calls in
-                [("layernorm", 2), ("qkv_proj", 1), ("rotary_emb", 1), ("o_proj", 1), ("gate_up_proj", 1),
-                 ("act_fn", 1), ("down_proj", 1)])
+    layer = sum(
+        calls * DENSE[(op, tokens)]
+        for op, calls in [
+            ("layernorm", 2),
+            ("qkv_proj", 1),
+            ("rotary_emb", 1),
+            ("o_proj", 1),
+            ("gate_up_proj", 1),
+            ("act_fn", 1),
+            ("down_proj", 1),
+        ]
+    )
     once = DENSE[("embedding", tokens)] + DENSE[("final_layernorm", tokens)]
     per_sequence = PER_SEQUENCE[("lm_head", sequences)] + PER_SEQUENCE[("sampler", sequences)]
     return 32 * layer + once + per_sequence + 32 * ATTENTION[attention_point]
@@ -55,10 +69,12 @@ def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
     # a 512-token prefill chunk after 1,024 computed tokens (past the CUDA-graph sizes: not padded)
     pairs = 512 * 1024 + 512 * 513 // 2
     assert LLAMA_COST.step_s(512, 1536, 0, 0, 1, pairs) * 1e6 == pytest.approx(
-        expected_step_us(512, 1, (512, 1024, 0, 0)), rel=1e-12)
+        expected_step_us(512, 1, (512, 1024, 0, 0)), rel=1e-12
+    )
     # 64 decodes of 2,048 computed tokens each (64 is a capture size)
     assert LLAMA_COST.step_s(64, 64 * 2049, 64, 64 * 2049) * 1e6 == pytest.approx(
-        expected_step_us(64, 64, (0, 0, 64, 2048)), rel=1e-12)
+        expected_step_us(64, 64, (0, 0, 64, 2048)), rel=1e-12
+    )
     # a 16-token chunk after 1,024 beside 8 decodes of 4,096: 24 tokens, 9 sequences
     step = LLAMA_COST.step_s(24, 1040 + 8 * 4097, 8, 8 * 4097, 1, 16 * 1024 + 16 * 17 // 2)
     assert step * 1e6 == pytest.approx(expected_step_us(24, 9, (16, 1024, 8, 4096)), rel=1e-12)
@@ -88,15 +104,17 @@ def test_the_dense_term_is_linear_between_its_measured_neighbours(tokens, sequen
     low, high = neighbours(LLAMA_COST.dense_tokens, tokens)
     w = (tokens - low) / (high - low)
     at = LLAMA_COST.fixed_us
-    assert at(tokens, sequences) == pytest.approx((1 - w) * at(int(low), sequences) + w * at(int(high), sequences),
-                                                  rel=1e-12)
+    assert at(tokens, sequences) == pytest.approx(
+        (1 - w) * at(int(low), sequences) + w * at(int(high), sequences), rel=1e-12
+    )
     assert min(at(int(low), sequences), at(int(high), sequences)) <= at(tokens, sequences) * (1 + 1e-12)
     assert at(tokens, sequences) <= max(at(int(low), sequences), at(int(high), sequences)) * (1 + 1e-12)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 8), st.integers(0, 10), st.integers(0, 8), st.integers(0, 10),
-       st.floats(0.0, 1.0), st.integers(0, 3))
+@given(
+    st.integers(0, 8), st.integers(0, 10), st.integers(0, 8), st.integers(0, 10), st.floats(0.0, 1.0), st.integers(0, 3)
+)
 def test_attention_is_multilinear_between_grid_points(pc, kp, nd, kv, w, axis):
     """Along any axis of the grid, a point between two measured ones is their blend."""
     axes = LLAMA_COST.attention_axes
@@ -125,9 +143,24 @@ def test_attention_reads_the_measured_grid_and_extrapolates_past_it():
 def test_past_the_dense_axis_a_step_grows_along_its_last_doubling():
     """Past 2,048 tokens the dense term follows the secant from 1,024 to 2,048 tokens, by hand; never the last two
     points, 16 tokens apart, whose slope is noise (Qwen3-32B's falls, and a step of 8,192 tokens came out negative)."""
-    at_1024, at_2048 = (32 * sum(c * DENSE[(op, n)] for op, c in [("layernorm", 2), ("qkv_proj", 1), ("rotary_emb", 1),
-                        ("o_proj", 1), ("gate_up_proj", 1), ("act_fn", 1), ("down_proj", 1)])
-                        + DENSE[("embedding", n)] + DENSE[("final_layernorm", n)] for n in (1024, 2048))
+    at_1024, at_2048 = (
+        32
+        * sum(
+            c * DENSE[(op, n)]
+            for op, c in [
+                ("layernorm", 2),
+                ("qkv_proj", 1),
+                ("rotary_emb", 1),
+                ("o_proj", 1),
+                ("gate_up_proj", 1),
+                ("act_fn", 1),
+                ("down_proj", 1),
+            ]
+        )
+        + DENSE[("embedding", n)]
+        + DENSE[("final_layernorm", n)]
+        for n in (1024, 2048)
+    )
     per_seq = PER_SEQUENCE[("lm_head", 1)] + PER_SEQUENCE[("sampler", 1)]
     assert LLAMA_COST.fixed_us(8192, 1) == pytest.approx(at_2048 + (at_2048 - at_1024) * 6 + per_seq, rel=1e-12)
     for model, tp in ((LLAMA, 1), ("Qwen/Qwen3-32B", 1), ("Qwen/Qwen3-32B", 2)):
@@ -137,14 +170,20 @@ def test_past_the_dense_axis_a_step_grows_along_its_last_doubling():
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.sampled_from(["llama", "qwen3-32b-tp2", "moe", "scaled"]), st.integers(1, 300), st.integers(0, 30_000),
-       st.integers(1, 60))
+@given(
+    st.sampled_from(["llama", "qwen3-32b-tp2", "moe", "scaled"]),
+    st.integers(1, 300),
+    st.integers(0, 30_000),
+    st.integers(1, 60),
+)
 def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history, num_steps):
     cost = {"llama": LLAMA_COST, "qwen3-32b-tp2": QWEN_TP2, "moe": MOE, "scaled": SCALED}[which]
     context = num_decodes * (history + 1)
     durations = np.atleast_1d(cost.run_s(num_decodes, context, num_steps))
-    steps = [cost.step_s(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j)
-             for j in range(num_steps)]
+    steps = [
+        cost.step_s(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j)
+        for j in range(num_steps)
+    ]
     assert durations.tolist() == steps
 
 
@@ -156,7 +195,10 @@ SCALED = measured("Qwen/Qwen3-14B")
 def test_the_engine_with_the_measured_clock_takes_the_same_steps_fast_or_slow():
     rng = np.random.default_rng(1)
     w = Workload(np.cumsum(rng.exponential(0.05, 300)), rng.integers(10, 3000, 300), rng.integers(1, 600, 300))
-    slow, fast = (Engine(w, CONFIG, num_gpu_blocks=3000, cost=LLAMA_COST, path=("auto" if f else "reference")).run() for f in (False, True))
+    slow, fast = (
+        Engine(w, CONFIG, num_gpu_blocks=3000, cost=LLAMA_COST, path=("auto" if f else "reference")).run()
+        for f in (False, True)
+    )
     assert np.array_equal(slow.finish_s, fast.finish_s) and np.array_equal(slow.steps["end_s"], fast.steps["end_s"])
 
 
@@ -164,12 +206,12 @@ def test_decode_batches_are_padded_to_vllms_cudagraph_capture_sizes():
     sizes = cudagraph_capture_sizes(128, 2048)
     assert sizes == (1, 2, 4, *range(8, 256, 8), 256)
     assert cudagraph_capture_sizes(256, 8192)[-3:] == (480, 496, 512)
-    assert cudagraph_capture_sizes(256, 300)[-3:] == (272, 288, 300)   # max_num_batched_tokens is captured
+    assert cudagraph_capture_sizes(256, 300)[-3:] == (272, 288, 300)  # max_num_batched_tokens is captured
     assert cudagraph_capture_sizes(100, 8192)[-2:] == (192, 200)
     assert LLAMA_COST.padded_tokens(3) == 4 and LLAMA_COST.padded_tokens(257) == 257
     # a decode batch of 3 costs what one of 4 costs in the linear (dense) term
     assert LLAMA_COST.fixed_us(3, 1) == LLAMA_COST.fixed_us(4, 1)
-    eager = dataclasses.replace(LLAMA_COST, cudagraph_capture_sizes=())      # no CUDA graphs: 3 tokens as measured
+    eager = dataclasses.replace(LLAMA_COST, cudagraph_capture_sizes=())  # no CUDA graphs: 3 tokens as measured
     assert eager.fixed_us(3, 1) != LLAMA_COST.fixed_us(3, 1) and eager.fixed_us(4, 1) == LLAMA_COST.fixed_us(4, 1)
     three, four = (LLAMA_COST.step_s(n, n * 101, n, n * 101) for n in (3, 4))
     per_sequence = LLAMA_COST.fixed_us(4, 4) - LLAMA_COST.fixed_us(4, 3)
@@ -190,7 +232,7 @@ def test_a_model_without_a_profile_gets_the_roofline_at_the_gpus_sustained_rates
     fractions = profiles.sustained_fractions("H100-SXM-80GB")
     assert 0.5 < fractions.memory_bandwidth_fraction < 1 and 0.5 < fractions.flop_fraction < 1
     cost = measured("Qwen/Qwen3-14B", gpu="H100-SXM-80GB")
-    assert isinstance(cost, RooflineStepCost)       # the roofline itself, its provenance saying why
+    assert isinstance(cost, RooflineStepCost)  # the roofline itself, its provenance saying why
     assert cost.source.startswith("roofline scaled by sustained fractions measured on H100-SXM-80GB")
     roofline = RooflineStepCost.from_specs(models.get_model("Qwen/Qwen3-14B"), models.get_gpu("H100-SXM-80GB"), CONFIG)
     assert cost.memory_bandwidth_gb_s == roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction
@@ -206,12 +248,15 @@ def test_every_profile_names_a_catalog_gpu_and_model_and_is_small():
     assert size < 4e6
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"num_layers": 0}, "num_layers=0 is not allowed: must be an integer >= 1"),
-    ({"step_overhead_ms": -1.0}, "step_overhead_ms=-1.0 is not allowed"),
-    ({"dense_us": np.zeros(3)}, "dense_us=(3,) is not allowed: must have the shape"),
-    ({"cudagraph_capture_sizes": (4, 2)}, "cudagraph_capture_sizes=(4, 2) is not allowed"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"num_layers": 0}, "num_layers=0 is not allowed: must be an integer >= 1"),
+        ({"step_overhead_ms": -1.0}, "step_overhead_ms=-1.0 is not allowed"),
+        ({"dense_us": np.zeros(3)}, "dense_us=(3,) is not allowed: must have the shape"),
+        ({"cudagraph_capture_sizes": (4, 2)}, "cudagraph_capture_sizes=(4, 2) is not allowed"),
+    ],
+)
 def test_bad_tables_are_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         dataclasses.replace(LLAMA_COST, **changes)

@@ -1,4 +1,5 @@
 """Model specs: the catalogs, config.json parsing as vLLM reads it, pipeline stages, one-line errors."""
+
 import json
 import math
 from pathlib import Path
@@ -25,8 +26,18 @@ FIXTURES = {
     "opt-13b.json": "facebook/opt-13b",
     "gpt-neox-20b.json": "EleutherAI/gpt-neox-20b",
 }
-SHAPE = ["num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "attention", "kv_lora_rank",
-         "qk_rope_head_dim", "sliding_window", "sliding_window_pattern", "max_position_embeddings"]
+SHAPE = [
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "attention",
+    "kv_lora_rank",
+    "qk_rope_head_dim",
+    "sliding_window",
+    "sliding_window_pattern",
+    "max_position_embeddings",
+]
 
 
 @pytest.mark.parametrize("fixture,name", FIXTURES.items())
@@ -46,7 +57,9 @@ def test_catalogs_are_large_enough_and_sourced():
         models.get_model(name)
     gpus = models.load_gpus()
     assert len(gpus) >= 10
-    assert all(float(row[k]) > 0 for row in gpus.values() for k in ("memory_gib", "memory_bandwidth_gb_s", "bf16_dense_tflops"))
+    assert all(
+        float(row[k]) > 0 for row in gpus.values() for k in ("memory_gib", "memory_bandwidth_gb_s", "bf16_dense_tflops")
+    )
     assert all(row["source"].startswith("https://") for row in gpus.values())
 
 
@@ -60,9 +73,15 @@ def test_sliding_layers_per_architecture():
 
 
 def test_layer_types_are_read_as_a_pattern():
-    config = {"model_type": "gemma3_text", "num_hidden_layers": 12, "num_attention_heads": 8, "num_key_value_heads": 4,
-              "head_dim": 256, "sliding_window": 512,
-              "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2}
+    config = {
+        "model_type": "gemma3_text",
+        "num_hidden_layers": 12,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "sliding_window": 512,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2,
+    }
     spec = models.from_config(config)
     assert (spec.sliding_window, spec.sliding_window_pattern, spec.num_sliding_layers) == (512, 6, 10)
     config["layer_types"] = ["full_attention"] * 12
@@ -72,13 +91,23 @@ def test_layer_types_are_read_as_a_pattern():
 def test_layer_types_without_a_pattern_are_kept_per_layer():
     """vLLM reads any layout of layer_types (full layers first, uneven counts); kvlab keeps it layer by layer."""
     types = ["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(8)]
-    config = {"model_type": "llama", "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4,
-              "head_dim": 128, "sliding_window": 1024, "layer_types": types}
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "sliding_window": 1024,
+        "layer_types": types,
+    }
     spec = models.from_config(config)
     assert (spec.sliding_window_pattern, spec.layer_types, spec.num_sliding_layers) == (0, tuple(types), 6)
     assert [spec.is_sliding(i) for i in range(5)] == [False, True, True, True, False]
-    with pytest.raises(ValueError, match=r"^config='cfg' is not allowed: layer_types holds linear_attention; "
-                                         "kvlab models full_attention and sliding_attention layers only$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^config='cfg' is not allowed: layer_types holds linear_attention; "
+        "kvlab models full_attention and sliding_attention layers only$",
+    ):
         models.from_config({**config, "layer_types": ["linear_attention"] * 8}, name="cfg")
     with pytest.raises(ValueError, match="layer_types must list num_hidden_layers=8 layers"):
         models.from_config({**config, "layer_types": types[:7]})
@@ -109,11 +138,14 @@ def test_missing_field_is_named(tmp_path):
         models.from_config({"model_type": "deepseek_v3", "num_hidden_layers": 61, "num_attention_heads": 128})
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"num_attention_heads": 32, "num_kv_heads": 6, "attention": "gqa"}, "must divide num_attention_heads"),
-    ({"num_attention_heads": 32, "num_kv_heads": 8, "attention": "mha"}, "must equal num_attention_heads"),
-    ({"num_attention_heads": 32, "num_kv_heads": 2, "attention": "mqa"}, "must be 1 for mqa"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"num_attention_heads": 32, "num_kv_heads": 6, "attention": "gqa"}, "must divide num_attention_heads"),
+        ({"num_attention_heads": 32, "num_kv_heads": 8, "attention": "mha"}, "must equal num_attention_heads"),
+        ({"num_attention_heads": 32, "num_kv_heads": 2, "attention": "mqa"}, "must be 1 for mqa"),
+    ],
+)
 def test_heads_must_divide_as_the_architecture_requires(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ModelSpec(name="x", num_layers=4, head_dim=64, **kwargs)
@@ -121,7 +153,9 @@ def test_heads_must_divide_as_the_architecture_requires(kwargs, message):
 
 def test_config_heads_not_divisible():
     with pytest.raises(ValueError, match="num_key_value_heads=3 must divide num_attention_heads=32"):
-        models.from_config({"num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 3, "head_dim": 64})
+        models.from_config(
+            {"num_hidden_layers": 2, "num_attention_heads": 32, "num_key_value_heads": 3, "head_dim": 64}
+        )
     with pytest.raises(ValueError, match="must be kv_lora_rank \\+ qk_rope_head_dim"):
         ModelSpec("x", 2, 16, 1, 512, "mla", 512, 64)
 
@@ -145,7 +179,12 @@ def test_unreadable_config_paths(tmp_path):
 def test_pipeline_stages_split_as_vllm():
     assert [len(s) for s in models.stage_layers(27, 2)] == [14, 13]
     assert [len(s) for s in models.stage_layers(32, 3)] == [11, 11, 10]
-    assert [len(s) for s in models.stage_layers(61, 4)] == [15, 15, 16, 15]  # vllm get_pp_indices: extra layers before the last stage
+    assert [len(s) for s in models.stage_layers(61, 4)] == [
+        15,
+        15,
+        16,
+        15,
+    ]  # vllm get_pp_indices: extra layers before the last stage
     with pytest.raises(ValueError, match="must be at most num_layers"):
         models.stage_layers(4, 8)
 
@@ -168,10 +207,18 @@ def test_weights_estimate():
         models.weights_bytes_per_gpu(models.from_config(CONFIGS / "opt-13b.json"), 2)
 
 
-@pytest.mark.parametrize("field, value", [("num_hidden_layers", "x"), ("num_key_value_heads", 2.5),
-                                          ("hidden_size", [4096]), ("head_dim", True)])
+@pytest.mark.parametrize(
+    "field, value",
+    [("num_hidden_layers", "x"), ("num_key_value_heads", 2.5), ("hidden_size", [4096]), ("head_dim", True)],
+)
 def test_a_field_that_is_not_a_whole_number_is_named(field, value):
-    config = {"model_type": "llama", "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-              "hidden_size": 4096, field: value}
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+        field: value,
+    }
     with pytest.raises(ValueError, match=rf"^config='cfg' is not allowed: field '{field}' is .*, not a whole number$"):
         models.from_config(config, name="cfg")

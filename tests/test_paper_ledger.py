@@ -1,4 +1,5 @@
 """The vLLM paper as a second source of the ledger: its file, the range and above kinds, counts per source."""
+
 import pandas as pd
 import pytest
 
@@ -42,10 +43,10 @@ def test_rel_and_abs_rows_of_the_paper():
     def status(table, row, column, value):
         return _status(ledger.compare(_row(table, row, column, value), section=6), table, row, column)
 
-    assert status("fig13a", "Orca (Max)", "mean_batched_requests", 7.13) == "pass"     # 1.9% from 7.00
-    assert status("fig13a", "Orca (Max)", "mean_batched_requests", 7.15) == "fail"     # 2.1%
-    assert status("fig2", "vLLM", "token_states_pct", 91.3) == "pass"                  # 5.0 points, as printed
-    assert status("fig2", "vLLM", "token_states_pct", 91.2) == "fail"                  # 5.1 points
+    assert status("fig13a", "Orca (Max)", "mean_batched_requests", 7.13) == "pass"  # 1.9% from 7.00
+    assert status("fig13a", "Orca (Max)", "mean_batched_requests", 7.15) == "fail"  # 2.1%
+    assert status("fig2", "vLLM", "token_states_pct", 91.3) == "pass"  # 5.0 points, as printed
+    assert status("fig2", "vLLM", "token_states_pct", 91.2) == "fail"  # 5.1 points
 
 
 def test_a_figure_the_paper_does_not_publish_is_an_error_naming_its_file():
@@ -59,10 +60,16 @@ def test_collect_counts_each_source_apart(tmp_path):
     both = ledger.collect([path], sources=tuple(ledger.SOURCES))
     assert list(both.columns) == ledger.LEDGER_COLUMNS
     assert len(both) == len(ledger.article_figures()) + len(ledger.paper_figures())
-    assert ledger.summary(both, "vllm-paper") == {"total": 18, "compared": 18, "pass": 1, "fail": 0, "missing": 17,
-                                                 "not_compared": 0}
+    assert ledger.summary(both, "vllm-paper") == {
+        "total": 18,
+        "compared": 18,
+        "pass": 1,
+        "fail": 0,
+        "missing": 17,
+        "not_compared": 0,
+    }
     assert ledger.summary(both, "article")["pass"] == 0
-    article_only = ledger.collect([path])      # the article's figures alone: section 6's rows are not among them
+    article_only = ledger.collect([path])  # the article's figures alone: section 6's rows are not among them
     assert len(article_only) == len(ledger.article_figures()) and set(article_only["source"]) == {"article"}
 
 
@@ -74,16 +81,18 @@ def test_the_front_page_counts_the_article_and_the_paper_separately(tmp_path):
     rows = ledger.collect([path], sources=tuple(ledger.SOURCES))
     index = render.index_body([], rows, build.provenance(), {}, "", {})
     article = len(ledger.article_figures())
-    assert (f"<strong>0 of {article}</strong> figures the article publishes reproduced (0 not within tolerance, "
-            f"{article} missing); <strong>1 of 18</strong> of the vLLM paper's (0 not within tolerance, 17 missing).") \
-        in index
+    assert (
+        f"<strong>0 of {article}</strong> figures the article publishes reproduced (0 not within tolerance, "
+        f"{article} missing); <strong>1 of 18</strong> of the vLLM paper's (0 not within tolerance, 17 missing)."
+    ) in index
     page = render.ledger_body(rows)
     assert "Section 6: the vLLM paper's figures" in page and "1.70 to 2.70" not in page and "1.7 to 2.7" in page
 
 
 def test_a_published_range_shows_as_low_to_high_and_above_as_greater_than():
-    shown = present.ledger(ledger.compare(_row("s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x", 3.0),
-                                          section=6), why=True)
+    shown = present.ledger(
+        ledger.compare(_row("s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x", 3.0), section=6), why=True
+    )
     header = list(shown.header)
     assert "paper" in header and "article" not in header and header[-1] == "why"
     rows = {r[1]: r for r in shown.rows}

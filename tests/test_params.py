@@ -1,4 +1,5 @@
 """params.yaml and the notebooks agree: every value the report passes equals the notebook's own default."""
+
 import ast
 
 import nbformat
@@ -28,12 +29,15 @@ def test_every_notebook_is_in_params_yaml_and_nothing_else():
 def test_params_yaml_equals_the_notebook_defaults(path):
     defaults = parameters_cell(path)
     given = PARAMS[path.stem]
-    assert set(given) <= set(defaults), f"params.yaml names parameters {sorted(set(given) - set(defaults))} " \
-                                        f"that {path.name} does not have"
+    assert set(given) <= set(defaults), (
+        f"params.yaml names parameters {sorted(set(given) - set(defaults))} that {path.name} does not have"
+    )
     missing = set(defaults) - set(given) - {"LEDGER_CSV"}  # LEDGER_CSV is set by the report itself
     assert not missing, f"params.yaml lacks {sorted(missing)} of {path.name}"
     for name, value in given.items():
-        assert value == defaults[name], f"{path.stem}.{name}: params.yaml has {value!r}, the notebook {defaults[name]!r}"
+        assert value == defaults[name], (
+            f"{path.stem}.{name}: params.yaml has {value!r}, the notebook {defaults[name]!r}"
+        )
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -43,7 +47,7 @@ def test_parameters_are_upper_case_with_a_unit_comment(path):
     for node in ast.parse(cell.source).body:
         name = node.targets[0].id
         assert name.isupper(), f"{path.name}: {name} is not UPPER_CASE"
-        span = lines[node.lineno - 1:node.end_lineno]
+        span = lines[node.lineno - 1 : node.end_lineno]
         assert any("#" in line for line in span), f"{path.name}: {name} has no comment giving its unit"
 
 

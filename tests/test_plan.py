@@ -1,5 +1,6 @@
 """`kvlab plan` (kvlab.studies.plan): its prunes are proofs, its twins twins, its recommendations hold when served
 again on their own, and bad objectives are refused in one line."""
+
 import json
 import re
 
@@ -30,8 +31,15 @@ def workload(n=400, rate=12.0, prompt=1500, output=300, seed=1) -> Workload:
 
 
 DEPLOYMENT = plan.Deployment(get_model(MODEL), get_gpu(GPU), 16384)
-SPACE = plan.SearchSpace(tensor_parallel_size=(1, 2, 4), max_num_seqs=(16, 128), max_num_batched_tokens=(512, 4096),
-                         block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True,), num_replicas=(1, 2))
+SPACE = plan.SearchSpace(
+    tensor_parallel_size=(1, 2, 4),
+    max_num_seqs=(16, 128),
+    max_num_batched_tokens=(512, 4096),
+    block_size=(16,),
+    kv_cache_dtype=("bf16",),
+    async_scheduling=(True,),
+    num_replicas=(1, 2),
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +51,7 @@ def test_a_heavy_rate_is_pruned_served_and_dropped_and_the_counts_add_up(heavy_p
     counts = heavy_plan.counts()
     assert sum(counts.values()) == SPACE.size == 24
     kinds = {r.reason.split(":")[0] for r in heavy_plan.results if r.status == "pruned"}
-    assert kinds == {"rate", "clock"}           # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
+    assert kinds == {"rate", "clock"}  # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
     assert counts["misses"] > 0 and counts["dropped"] > 0 and counts["meets"] == 0
     assert all(r.served_requests == 400 for r in heavy_plan.results if r.status in ("meets", "misses"))
 
@@ -56,11 +64,17 @@ def test_every_lower_bound_is_below_what_the_engine_serves():
             continue
         config = candidate.config(DEPLOYMENT.max_model_len)
         cost = plan.step_cost(DEPLOYMENT, config)[0]
-        blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len,
-                               config)["num_gpu_blocks"]
+        blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)[
+            "num_gpu_blocks"
+        ]
         budget = candidate.max_num_batched_tokens
-        bounds = plan.lower_bounds(w, candidate, plan.max_tokens_per_s(cost, budget),
-                                   min(cost.min_step_s(t) for t in range(1, budget + 1)), DEPLOYMENT.max_model_len)
+        bounds = plan.lower_bounds(
+            w,
+            candidate,
+            plan.max_tokens_per_s(cost, budget),
+            min(cost.min_step_s(t) for t in range(1, budget + 1)),
+            DEPLOYMENT.max_model_len,
+        )
         served = plan.serve(w, DEPLOYMENT, candidate, blocks)
         for name, bound in bounds.items():
             assert bound <= served[name] * (1 + 1e-12), (candidate, name, bound, served[name])
@@ -76,8 +90,13 @@ def test_a_pruned_candidate_truly_fails_when_served(heavy_plan):
 
 
 @settings(max_examples=200, deadline=None)
-@given(tokens=st.integers(1, 8192), decodes=st.integers(0, 256), history=st.integers(0, 20000),
-       prefills=st.integers(0, 4), tp=st.sampled_from([1, 2]))
+@given(
+    tokens=st.integers(1, 8192),
+    decodes=st.integers(0, 256),
+    history=st.integers(0, 20000),
+    prefills=st.integers(0, 4),
+    tp=st.sampled_from([1, 2]),
+)
 def test_min_step_s_is_below_every_step_of_that_many_tokens(tokens, decodes, history, prefills, tp):
     config = EngineConfig().replace(tensor_parallel_size=tp)
     cost = make_step_cost("measured", model=DEPLOYMENT.model, gpu=DEPLOYMENT.gpu, config=config)
@@ -88,8 +107,9 @@ def test_min_step_s_is_below_every_step_of_that_many_tokens(tokens, decodes, his
     if prefill and not prefills:
         prefills = 1
     pairs = prefill * history + prefill * (prefill + 1) // 2
-    step = cost.step_s(tokens, decodes * (history + 1) + prefill + history, decodes, decodes * (history + 1),
-                       prefills, pairs)
+    step = cost.step_s(
+        tokens, decodes * (history + 1) + prefill + history, decodes, decodes * (history + 1), prefills, pairs
+    )
     assert cost.min_step_s(tokens) <= step
     roofline = RooflineStepCost.from_specs(DEPLOYMENT.model, DEPLOYMENT.gpu, config)
     assert roofline.min_step_s(tokens) <= roofline.step_s(tokens, history)
@@ -101,9 +121,16 @@ def test_twins_make_the_same_decisions_when_served_apart():
     deployment = plan.Deployment(model, get_gpu(GPU), 4096)
     w = workload(n=300, rate=4.0, prompt=600, output=150)
     w = Workload(w.arrival_s, np.minimum(w.prompt_tokens, 3000), np.minimum(w.output_tokens, 1000))
-    space = plan.SearchSpace(tensor_parallel_size=(1,), max_num_seqs=(32,), max_num_batched_tokens=(4096,),
-                             block_size=(16, 32), gpu_memory_utilization=(0.85, 0.9), kv_cache_dtype=("bf16", "fp8"),
-                             async_scheduling=(False,), num_replicas=(1,))
+    space = plan.SearchSpace(
+        tensor_parallel_size=(1,),
+        max_num_seqs=(32,),
+        max_num_batched_tokens=(4096,),
+        block_size=(16, 32),
+        gpu_memory_utilization=(0.85, 0.9),
+        kv_cache_dtype=("bf16", "fp8"),
+        async_scheduling=(False,),
+        num_replicas=(1,),
+    )
     results = [plan.CandidateResult(c) for c in space.candidates()]
     plan.prune(w, deployment, plan.Objectives(e2e_p95_s=1000.0), results)
     groups = plan.twins(w, deployment, results)
@@ -114,12 +141,12 @@ def test_twins_make_the_same_decisions_when_served_apart():
 
 
 def test_never_binds_at_its_threshold_and_a_binding_pool_is_no_twin():
-    w = Workload(np.arange(10.0), np.full(10, 100), np.full(10, 60))        # 160 tokens: 10 blocks of 16
+    w = Workload(np.arange(10.0), np.full(10, 100), np.full(10, 60))  # 160 tokens: 10 blocks of 16
     four = plan.Candidate(max_num_seqs=4, block_size=16)
-    assert plan.never_binds(w, four, 41, 16384)                # 4 running x 10 blocks, vLLM's null block apart
+    assert plan.never_binds(w, four, 41, 16384)  # 4 running x 10 blocks, vLLM's null block apart
     assert not plan.never_binds(w, four, 40, 16384)
     assert not plan.never_binds(w, plan.Candidate(max_num_seqs=4, block_size=16, num_replicas=2), 20, 16384)
-    assert plan.never_binds(w, plan.Candidate(max_num_seqs=4, block_size=32), 21, 16384)    # 5 blocks of 32
+    assert plan.never_binds(w, plan.Candidate(max_num_seqs=4, block_size=32), 21, 16384)  # 5 blocks of 32
     assert not plan.never_binds(w, plan.Candidate(max_num_seqs=4, enable_prefix_caching=True), 10_000, 16384)
 
 
@@ -130,9 +157,10 @@ def test_lower_bounds_by_hand():
     w = Workload(np.array([0.0, 4.0, 10.0]), np.array([1, 5, 9]), np.array([3, 1, 2]))
     two = plan.Candidate(num_replicas=2)
     assert plan.lower_bounds(w, two, 0.5, 0.02, 100) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
-    assert plan.lower_bounds(w, two, 0.05, 0.02, 100) == pytest.approx({"ttft_p95_s": 50.0, "e2e_p95_s": 70.0,
-                                                                   "tpot_p95_ms": 20.0})
-    caching = plan.Candidate(num_replicas=2, enable_prefix_caching=True)   # prompts may hit: one token each
+    assert plan.lower_bounds(w, two, 0.05, 0.02, 100) == pytest.approx(
+        {"ttft_p95_s": 50.0, "e2e_p95_s": 70.0, "tpot_p95_ms": 20.0}
+    )
+    caching = plan.Candidate(num_replicas=2, enable_prefix_caching=True)  # prompts may hit: one token each
     assert plan.lower_bounds(w, caching, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
     long = Workload(np.array([0.0, 4.0, 10.0]), np.array([2, 2, 2]), np.array([10, 10, 1]))
     assert plan.lower_bounds(long, two, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((2 + 11) / 0.1 - 10)
@@ -147,7 +175,9 @@ def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
     config = c.config(DEPLOYMENT.max_model_len)
     cost = plan.step_cost(DEPLOYMENT, config)[0]
     bound = plan.lower_bounds(w, c, plan.max_tokens_per_s(cost, 8192), cost.min_step_s(1), 16384)["ttft_p95_s"]
-    blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)["num_gpu_blocks"]
+    blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)[
+        "num_gpu_blocks"
+    ]
     served = plan.serve(w, DEPLOYMENT, c, blocks)["ttft_p95_s"]
     assert served / 2 < bound <= served
 
@@ -157,9 +187,15 @@ def test_what_the_plan_recommends_meets_every_objective_served_again_on_its_own(
     deployment = plan.Deployment(model, get_gpu(GPU), 16384)
     w = workload(n=600, rate=6.0, prompt=1000, output=200, seed=2)
     objectives = plan.Objectives(ttft_p95_s=0.5, tpot_p95_ms=25.0)
-    space = plan.SearchSpace(tensor_parallel_size=(1, 2), max_num_seqs=(32, 256), max_num_batched_tokens=(1024, 8192),
-                             block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True, False),
-                             num_replicas=(1, 2))
+    space = plan.SearchSpace(
+        tensor_parallel_size=(1, 2),
+        max_num_seqs=(32, 256),
+        max_num_batched_tokens=(1024, 8192),
+        block_size=(16,),
+        kv_cache_dtype=("bf16",),
+        async_scheduling=(True, False),
+        num_replicas=(1, 2),
+    )
     result = plan.search(w, deployment, objectives, space, scheduler="serial")
     ranked = result.ranked()
     assert ranked and result.counts()["misses"] + result.counts()["dropped"] > 0
@@ -187,10 +223,16 @@ def test_processes_and_dask_give_the_serial_plan():
     from distributed import LocalCluster
 
     w = workload(n=250)
-    space = plan.SearchSpace(tensor_parallel_size=(2,), max_num_seqs=(16, 128), max_num_batched_tokens=(4096,),
-                             block_size=(16,), kv_cache_dtype=("bf16",), async_scheduling=(True, False),
-                             num_replicas=(1, 2))
-    rows = lambda p: [(r["status"], r["reason"], r.get("e2e_p95_s")) for r in p.rows()]   # noqa: E731
+    space = plan.SearchSpace(
+        tensor_parallel_size=(2,),
+        max_num_seqs=(16, 128),
+        max_num_batched_tokens=(4096,),
+        block_size=(16,),
+        kv_cache_dtype=("bf16",),
+        async_scheduling=(True, False),
+        num_replicas=(1, 2),
+    )
+    rows = lambda p: [(r["status"], r["reason"], r.get("e2e_p95_s")) for r in p.rows()]  # noqa: E731
     serial = rows(plan.search(w, DEPLOYMENT, OBJECTIVES, space, scheduler="serial"))
     assert rows(plan.search(w, DEPLOYMENT, OBJECTIVES, space, scheduler="processes", max_workers=2)) == serial
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
@@ -198,10 +240,33 @@ def test_processes_and_dask_give_the_serial_plan():
 
 
 # ---------------------------------------------------------------- the command line
-BASE = ["plan", "--model", "meta-llama/Llama-3.1-8B", "--gpu", GPU, "--arrival-rate", "4", "--num-requests", "300",
-        "--max-model-len", "16384", "--tensor-parallel-size", "1", "--max-num-seqs", "64,256",
-        "--max-num-batched-tokens", "8192", "--block-size", "16", "--kv-cache-dtype", "bf16", "--replicas", "1",
-        "--scheduler", "serial"]
+BASE = [
+    "plan",
+    "--model",
+    "meta-llama/Llama-3.1-8B",
+    "--gpu",
+    GPU,
+    "--arrival-rate",
+    "4",
+    "--num-requests",
+    "300",
+    "--max-model-len",
+    "16384",
+    "--tensor-parallel-size",
+    "1",
+    "--max-num-seqs",
+    "64,256",
+    "--max-num-batched-tokens",
+    "8192",
+    "--block-size",
+    "16",
+    "--kv-cache-dtype",
+    "bf16",
+    "--replicas",
+    "1",
+    "--scheduler",
+    "serial",
+]
 
 
 def test_the_command_prints_the_plan_and_its_json(capsys):
@@ -216,21 +281,28 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
     assert "why the others failed" in text and "clock checked        against a real vLLM run" in text
 
 
-@pytest.mark.parametrize("flags, message", [
-    ([], "kvlab plan needs at least one objective: --slo-ttft-p95-s, --slo-tpot-p95-ms or --slo-e2e-p95-s"),
-    (["--slo-ttft-p95-s", "0"], "--slo-ttft-p95-s 0 is not allowed: an objective must be a finite number > 0"),
-    (["--slo-tpot-p95-ms", "-5"], "--slo-tpot-p95-ms -5 is not allowed: an objective must be a finite number > 0"),
-    (["--slo-e2e-p95-s", "nan"], "--slo-e2e-p95-s nan is not allowed: an objective must be a finite number > 0"),
-    (["--slo-e2e-p95-s", "5", "--max-num-seqs", "64,x"], "--max-num-seqs '64,x' is not allowed: 'x' is not one of "
-                                                         "whole numbers"),
-    (["--slo-e2e-p95-s", "5", "--async-scheduling", "yes"], "--async-scheduling 'yes' is not allowed: 'yes' is not "
-                                                            "one of on or off"),
-    (["--slo-e2e-p95-s", "5", "--replicas", "1,1"], "--replicas '1,1' is not allowed: a value is repeated"),
-    (["--slo-e2e-p95-s", "5", "--replicas", "0"], "--replicas=0 is not allowed: must be an integer >= 1"),
-    (["--slo-e2e-p95-s", "5", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype='fp9' is not allowed: must be one of"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ([], "kvlab plan needs at least one objective: --slo-ttft-p95-s, --slo-tpot-p95-ms or --slo-e2e-p95-s"),
+        (["--slo-ttft-p95-s", "0"], "--slo-ttft-p95-s 0 is not allowed: an objective must be a finite number > 0"),
+        (["--slo-tpot-p95-ms", "-5"], "--slo-tpot-p95-ms -5 is not allowed: an objective must be a finite number > 0"),
+        (["--slo-e2e-p95-s", "nan"], "--slo-e2e-p95-s nan is not allowed: an objective must be a finite number > 0"),
+        (
+            ["--slo-e2e-p95-s", "5", "--max-num-seqs", "64,x"],
+            "--max-num-seqs '64,x' is not allowed: 'x' is not one of whole numbers",
+        ),
+        (
+            ["--slo-e2e-p95-s", "5", "--async-scheduling", "yes"],
+            "--async-scheduling 'yes' is not allowed: 'yes' is not one of on or off",
+        ),
+        (["--slo-e2e-p95-s", "5", "--replicas", "1,1"], "--replicas '1,1' is not allowed: a value is repeated"),
+        (["--slo-e2e-p95-s", "5", "--replicas", "0"], "--replicas=0 is not allowed: must be an integer >= 1"),
+        (["--slo-e2e-p95-s", "5", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype='fp9' is not allowed: must be one of"),
+    ],
+)
 def test_bad_objectives_and_lists_are_one_line(capsys, flags, message):
-    assert cli.main([*BASE, *flags]) == 2     # a flag given again overrides BASE's
+    assert cli.main([*BASE, *flags]) == 2  # a flag given again overrides BASE's
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
@@ -239,19 +311,54 @@ def test_a_prompt_longer_than_max_model_len_is_refused_with_the_fix(capsys):
     argv = [a if a != "16384" else "500" for a in BASE]
     assert cli.main([*argv, "--slo-e2e-p95-s", "5"]) == 2
     err = capsys.readouterr().err
-    assert re.search(r"--max-model-len=500 is not allowed: must exceed the workload's longest prompt, ([\d,]+) tokens "
-                     r"\(vLLM refuses a prompt of 500 tokens or more\); give --max-model-len ([\d,]+) or more", err)
+    assert re.search(
+        r"--max-model-len=500 is not allowed: must exceed the workload's longest prompt, ([\d,]+) tokens "
+        r"\(vLLM refuses a prompt of 500 tokens or more\); give --max-model-len ([\d,]+) or more",
+        err,
+    )
 
 
 def test_a_model_no_profile_measures_is_refused_unless_the_roofline_is_allowed(capsys):
-    argv = ["plan", "--model", MODEL, "--gpu", GPU, "--arrival-rate", "2", "--num-requests", "50", "--slo-e2e-p95-s",
-            "30", "--tensor-parallel-size", "4", "--max-num-seqs", "64", "--max-num-batched-tokens", "2048",
-            "--block-size", "16", "--kv-cache-dtype", "bf16", "--replicas", "1", "--async-scheduling", "on",
-            "--max-model-len", "16384", "--scheduler", "serial"]
+    argv = [
+        "plan",
+        "--model",
+        MODEL,
+        "--gpu",
+        GPU,
+        "--arrival-rate",
+        "2",
+        "--num-requests",
+        "50",
+        "--slo-e2e-p95-s",
+        "30",
+        "--tensor-parallel-size",
+        "4",
+        "--max-num-seqs",
+        "64",
+        "--max-num-batched-tokens",
+        "2048",
+        "--block-size",
+        "16",
+        "--kv-cache-dtype",
+        "bf16",
+        "--replicas",
+        "1",
+        "--async-scheduling",
+        "on",
+        "--max-model-len",
+        "16384",
+        "--scheduler",
+        "serial",
+    ]
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("kvlab plan: error: --model='Qwen/Qwen3-32B' is not allowed: has no operator profile on "
-                          "RTX-PRO-6000-Server-96GB at tensor parallel size 4") and "--allow-roofline" in err
+    assert (
+        err.startswith(
+            "kvlab plan: error: --model='Qwen/Qwen3-32B' is not allowed: has no operator profile on "
+            "RTX-PRO-6000-Server-96GB at tensor parallel size 4"
+        )
+        and "--allow-roofline" in err
+    )
     assert cli.main([*argv, "--allow-roofline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert not out["clock"]["measured"] and out["clock"]["warning"].startswith("planned on the roofline")

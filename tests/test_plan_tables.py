@@ -1,5 +1,6 @@
 """Section 7's tables: the workload planned for, what became of each candidate, the ranking, the halving's check and
 the clock's correction, on hand-made plans whose answers are known."""
+
 import math
 
 import numpy as np
@@ -18,17 +19,30 @@ OBJECTIVES = Objectives(ttft_p95_s=1.0, tpot_p95_ms=40.0)
 
 def served(candidate, status, ttft, tpot, reason="", **kw):
     metrics = {"ttft_p95_s": ttft, "tpot_p95_ms": tpot, "e2e_p95_s": 10.0, "num_preemptions": 0}
-    return CandidateResult(candidate, status, reason, num_gpu_blocks=1000, served_requests=kw.pop("served", 1000),
-                           metrics=metrics, shares=OBJECTIVES.shares(metrics), **kw)
+    return CandidateResult(
+        candidate,
+        status,
+        reason,
+        num_gpu_blocks=1000,
+        served_requests=kw.pop("served", 1000),
+        metrics=metrics,
+        shares=OBJECTIVES.shares(metrics),
+        **kw,
+    )
 
 
 def hand_plan() -> Plan:
-    one, two, six = Candidate(num_replicas=1), Candidate(tensor_parallel_size=2), Candidate(tensor_parallel_size=2,
-                                                                                          num_replicas=3)
+    one, two, six = (
+        Candidate(num_replicas=1),
+        Candidate(tensor_parallel_size=2),
+        Candidate(tensor_parallel_size=2, num_replicas=3),
+    )
     results = [
         CandidateResult(Candidate(gpu_memory_utilization=0.7), "pruned", "capacity: vLLM would not start: too small"),
         CandidateResult(Candidate(tensor_parallel_size=4), "pruned", "clock: no operator profile measures it"),
-        CandidateResult(Candidate(max_num_batched_tokens=2048), "pruned", "rate: 1 replica schedule at most 6 tokens/s"),
+        CandidateResult(
+            Candidate(max_num_batched_tokens=2048), "pruned", "rate: 1 replica schedule at most 6 tokens/s"
+        ),
         served(Candidate(max_num_seqs=64), "dropped", 5.0, 90.0, "on the first 200 requests: slow", served=200),
         served(one, "misses", 3.0, 80.0, "p95 TTFT 3 s > 1"),
         served(six, "meets", 0.5, 39.0),
@@ -40,19 +54,24 @@ def hand_plan() -> Plan:
 
 def test_the_served_table_ranks_fewer_gpus_first_then_the_misses_and_divides_the_rate_by_the_gpus():
     table = plan_tables.served_table(hand_plan())
-    assert list(table["num_gpus"]) == [2, 2, 6, 1]           # meets by GPUs (twins alike), then the miss
+    assert list(table["num_gpus"]) == [2, 2, 6, 1]  # meets by GPUs (twins alike), then the miss
     assert list(table["meets"]) == [True, True, True, False]
     assert list(table["best"]) == [True, False, False, False]
-    assert list(table["requests_per_s_per_gpu"]) == [3.0, 3.0, 1.0, 6.0]   # 6 requests/s over 2, 2, 6 and 1 GPUs
-    assert table.loc[1, "worst_share_pct"] == pytest.approx(90.0)          # TTFT 0.9 of 1 s, TPOT 30 of 40 ms
+    assert list(table["requests_per_s_per_gpu"]) == [3.0, 3.0, 1.0, 6.0]  # 6 requests/s over 2, 2, 6 and 1 GPUs
+    assert table.loc[1, "worst_share_pct"] == pytest.approx(90.0)  # TTFT 0.9 of 1 s, TPOT 30 of 40 ms
     assert len(plan_tables.ranked_table(table)) == 3
 
 
 def test_the_outcome_table_counts_each_kind_once_in_order_with_its_reason():
     outcome = plan_tables.outcome_table(hand_plan())
-    assert list(outcome.index) == ["pruned: capacity", "pruned: clock", "pruned: rate",
-                                   "dropped after the first 200 requests", "served in full: misses p95 TTFT and p95 TPOT",
-                                   "served in full: meets every objective"]
+    assert list(outcome.index) == [
+        "pruned: capacity",
+        "pruned: clock",
+        "pruned: rate",
+        "dropped after the first 200 requests",
+        "served in full: misses p95 TTFT and p95 TPOT",
+        "served in full: meets every objective",
+    ]
     assert list(outcome["num_candidates"]) == [1, 1, 1, 1, 1, 3]
     assert outcome.loc["served in full: meets every objective", "served_as_twin"] == 1
     assert outcome.loc["pruned: capacity", "example"].endswith(": vLLM would not start: too small")
@@ -62,8 +81,9 @@ def test_the_outcome_table_counts_each_kind_once_in_order_with_its_reason():
 def test_the_figures_and_headline_name_the_best_and_the_counts():
     plan = hand_plan()
     table = plan_tables.served_table(plan)
-    f = plan_tables.plan_figures(plan, {"best": {"vllm_serve": "vllm serve x", "num_replicas": 1}}, table,
-                                 plan_tables.outcome_table(plan))
+    f = plan_tables.plan_figures(
+        plan, {"best": {"vllm_serve": "vllm serve x", "num_replicas": 1}}, table, plan_tables.outcome_table(plan)
+    )
     assert (f["meets"], f["misses"], f["dropped"], f["pruned"], f["num_twins"]) == (3, 1, 1, 3, 1)
     assert f["pruned_by"] == {"capacity": 1, "clock": 1, "rate": 1}
     assert (f["best_gpus"], f["best_per_gpu"], f["fewest_gpus"]) == (2, 3.0, 2)
@@ -72,12 +92,14 @@ def test_the_figures_and_headline_name_the_best_and_the_counts():
 
 def test_the_clock_correction_divides_by_one_plus_the_mean_error_of_the_run_at_the_best_tp():
     table = plan_tables.served_table(hand_plan())
-    fidelity = [{"label": "X, TP 1", "mean_ttft_error": 0.5, "mean_tpot_error": 0.5, "mean_e2e_error": 0.5},
-                {"label": "X, TP 2", "mean_ttft_error": -0.1, "mean_tpot_error": -0.25, "mean_e2e_error": -0.2}]
+    fidelity = [
+        {"label": "X, TP 1", "mean_ttft_error": 0.5, "mean_tpot_error": 0.5, "mean_e2e_error": 0.5},
+        {"label": "X, TP 2", "mean_ttft_error": -0.1, "mean_tpot_error": -0.25, "mean_e2e_error": -0.2},
+    ]
     fixed = plan_tables.clock_corrected(table, fidelity, OBJECTIVES)
     assert fixed["run"] == "X, TP 2"
     assert fixed["ttft_p95_s"] == pytest.approx(0.9 / 0.9) and fixed["tpot_p95_ms"] == pytest.approx(30 / 0.75)
-    assert fixed["meets"] and fixed["missed"] == ""            # 1.0 s and 40 ms: on the limits, still met
+    assert fixed["meets"] and fixed["missed"] == ""  # 1.0 s and 40 ms: on the limits, still met
     fidelity[1]["mean_tpot_error"] = -0.3
     assert plan_tables.clock_corrected(table, fidelity, OBJECTIVES)["missed"] == "p95 TPOT"
     assert plan_tables.clock_corrected(table, [], OBJECTIVES) == {}
@@ -100,8 +122,11 @@ def test_without_a_trace_the_plan_serves_a_synthetic_workload_and_says_so(tmp_pa
     workload, note = plan_tables.plan_workload("azure", str(tmp_path), 300, 16384, 4.7, 1155, 211, 0)
     assert workload.num_requests == 300 and workload.name == "synthetic: 4.7 requests/s"
     assert note.startswith("The azure trace is not available") and "a synthetic workload instead, 300 requests" in note
-    with pytest.raises(ValueError, match=r"^MAX_MODEL_LEN=100 is not allowed: must exceed the workload's longest "
-                                         r"prompt, [\d,]+ tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"^MAX_MODEL_LEN=100 is not allowed: must exceed the workload's longest "
+        r"prompt, [\d,]+ tokens",
+    ):
         plan_tables.plan_workload("", "", 300, 100, 4.7, 1155, 211, 0)
 
 
@@ -112,25 +137,52 @@ def test_the_rungs_give_each_prefix_its_share_and_span():
     assert rungs["span_s"].iloc[0] == pytest.approx(w.arrival_s[199]) and list(rungs["num_candidates"]) == [4, 3]
 
 
-DEFAULTS = {"MODEL": "Qwen/Qwen3-32B", "GPU": "RTX-PRO-6000-Server-96GB", "MAX_MODEL_LEN": 16384,
-            "SLO_TTFT_P95_S": 1.0, "SLO_TPOT_P95_MS": 50.0, "SLO_E2E_P95_S": None, "TRACE": "azure", "TRACE_DIR": "",
-            "NUM_REQUESTS": 2000, "SYNTHETIC_RATE_PER_S": 4.7, "SYNTHETIC_PROMPT_TOKENS": 1155,
-            "SYNTHETIC_OUTPUT_TOKENS": 211, "SEED": 0, "TENSOR_PARALLEL_SIZES": [1, 2, 4], "MAX_NUM_SEQS": [64, 256],
-            "MAX_NUM_BATCHED_TOKENS": [2048, 8192], "BLOCK_SIZES": [16], "GPU_MEMORY_UTILIZATIONS": [0.7, 0.9],
-            "KV_CACHE_DTYPES": ["bf16", "fp8"], "ASYNC_SCHEDULING": [True], "NUM_REPLICAS": [1, 2, 3],
-            "HALVING_CHECKS": 2, "SWEEP_SCHEDULER": ""}
+DEFAULTS = {
+    "MODEL": "Qwen/Qwen3-32B",
+    "GPU": "RTX-PRO-6000-Server-96GB",
+    "MAX_MODEL_LEN": 16384,
+    "SLO_TTFT_P95_S": 1.0,
+    "SLO_TPOT_P95_MS": 50.0,
+    "SLO_E2E_P95_S": None,
+    "TRACE": "azure",
+    "TRACE_DIR": "",
+    "NUM_REQUESTS": 2000,
+    "SYNTHETIC_RATE_PER_S": 4.7,
+    "SYNTHETIC_PROMPT_TOKENS": 1155,
+    "SYNTHETIC_OUTPUT_TOKENS": 211,
+    "SEED": 0,
+    "TENSOR_PARALLEL_SIZES": [1, 2, 4],
+    "MAX_NUM_SEQS": [64, 256],
+    "MAX_NUM_BATCHED_TOKENS": [2048, 8192],
+    "BLOCK_SIZES": [16],
+    "GPU_MEMORY_UTILIZATIONS": [0.7, 0.9],
+    "KV_CACHE_DTYPES": ["bf16", "fp8"],
+    "ASYNC_SCHEDULING": [True],
+    "NUM_REPLICAS": [1, 2, 3],
+    "HALVING_CHECKS": 2,
+    "SWEEP_SCHEDULER": "",
+}
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"SLO_TTFT_P95_S": None, "SLO_TPOT_P95_MS": None}, "SLO_TTFT_P95_S=None is not allowed: an objective is needed"),
-    ({"SLO_TPOT_P95_MS": -1.0}, "SLO_TPOT_P95_MS=-1.0 is not allowed: must be a number from 0.001"),
-    ({"KV_CACHE_DTYPES": ["fp8", "fp8"]}, "KV_CACHE_DTYPES=['fp8', 'fp8'] is not allowed: must not repeat a value"),
-    ({"KV_CACHE_DTYPES": ["fp4"]}, "KV_CACHE_DTYPES[0]='fp4' is not allowed: must be one of"),
-    ({"ASYNC_SCHEDULING": [1]}, "ASYNC_SCHEDULING[0]=1 is not allowed: must be True or False"),
-    ({"NUM_REPLICAS": [2, 1]}, "NUM_REPLICAS=[2, 1] is not allowed: must be increasing"),
-    ({"MAX_MODEL_LEN": 65536}, "MAX_MODEL_LEN=65536 is not allowed: must be at most Qwen/Qwen3-32B's context, 40,960"),
-    ({"NUM_REQUESTS": 1}, "NUM_REQUESTS=1 is not allowed: must be at least 2"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"SLO_TTFT_P95_S": None, "SLO_TPOT_P95_MS": None},
+            "SLO_TTFT_P95_S=None is not allowed: an objective is needed",
+        ),
+        ({"SLO_TPOT_P95_MS": -1.0}, "SLO_TPOT_P95_MS=-1.0 is not allowed: must be a number from 0.001"),
+        ({"KV_CACHE_DTYPES": ["fp8", "fp8"]}, "KV_CACHE_DTYPES=['fp8', 'fp8'] is not allowed: must not repeat a value"),
+        ({"KV_CACHE_DTYPES": ["fp4"]}, "KV_CACHE_DTYPES[0]='fp4' is not allowed: must be one of"),
+        ({"ASYNC_SCHEDULING": [1]}, "ASYNC_SCHEDULING[0]=1 is not allowed: must be True or False"),
+        ({"NUM_REPLICAS": [2, 1]}, "NUM_REPLICAS=[2, 1] is not allowed: must be increasing"),
+        (
+            {"MAX_MODEL_LEN": 65536},
+            "MAX_MODEL_LEN=65536 is not allowed: must be at most Qwen/Qwen3-32B's context, 40,960",
+        ),
+        ({"NUM_REQUESTS": 1}, "NUM_REQUESTS=1 is not allowed: must be at least 2"),
+    ],
+)
 def test_bad_parameters_are_one_line_naming_the_parameter(change, message):
     with pytest.raises(ValueError) as error:
         parameters.check("07_plan", DEFAULTS | change)

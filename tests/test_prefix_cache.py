@@ -1,4 +1,5 @@
 """Prefix caching: the LRU replay against a brute-force reference, its invariants, and the Mooncake figures."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,16 +9,19 @@ from hypothesis import strategies as st
 
 from kvlab.core import prefix_cache
 from kvlab.sections import s04_traces as section
-from kvlab.workloads import traces
-from kvlab.workloads import Workload
+from kvlab.workloads import Workload, traces
 
 
 def workload(hash_lists, prompts=None, block_tokens=512) -> Workload:
     prompts = prompts if prompts is not None else [len(h) * block_tokens for h in hash_lists]
     n = len(hash_lists)
-    return Workload(arrival_s=np.arange(n, dtype=float), prompt_tokens=prompts, output_tokens=[1] * n,
-                    prefix_hashes=tuple(np.array(h, dtype=np.int64) for h in hash_lists),
-                    prefix_block_tokens=block_tokens)
+    return Workload(
+        arrival_s=np.arange(n, dtype=float),
+        prompt_tokens=prompts,
+        output_tokens=[1] * n,
+        prefix_hashes=tuple(np.array(h, dtype=np.int64) for h in hash_lists),
+        prefix_block_tokens=block_tokens,
+    )
 
 
 def reference(hash_lists, prompts, block_tokens, capacity):
@@ -91,16 +95,27 @@ def test_hit_rate_curve_table():
     assert curve.loc["unbounded", "prefill_saved_pct"] == 50.0
     with_gib = section.hit_rate_curve(w, [1, 2], kv_bytes_per_token=2**20)  # 1 MiB per token
     assert with_gib["cache_gib"].tolist() == [0.5, 1.0, 1.5]
-    assert with_gib.columns.tolist() == ["cache_tokens", "cache_gib", "hit_rate_pct", "prefill_tokens_saved",
-                                         "prefill_saved_pct"]
+    assert with_gib.columns.tolist() == [
+        "cache_tokens",
+        "cache_gib",
+        "hit_rate_pct",
+        "prefill_tokens_saved",
+        "prefill_saved_pct",
+    ]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda w: prefix_cache.replay(w, 0), "num_cache_blocks=0 is not allowed: must be an integer >= 1"),
-    (lambda w: section.hit_rate_curve(w, []), "cache_sizes_blocks=[] is not allowed: must not be empty"),
-    (lambda w: section.hit_rate_curve(w, [4, -1]), "cache_sizes_blocks=-1 is not allowed: must be an integer >= 1"),
-    (lambda w: section.hit_rate_curve(w, [4], 0.5), "kv_bytes_per_token=0.5 is not allowed: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda w: prefix_cache.replay(w, 0), "num_cache_blocks=0 is not allowed: must be an integer >= 1"),
+        (lambda w: section.hit_rate_curve(w, []), "cache_sizes_blocks=[] is not allowed: must not be empty"),
+        (lambda w: section.hit_rate_curve(w, [4, -1]), "cache_sizes_blocks=-1 is not allowed: must be an integer >= 1"),
+        (
+            lambda w: section.hit_rate_curve(w, [4], 0.5),
+            "kv_bytes_per_token=0.5 is not allowed: must be an integer >= 1",
+        ),
+    ],
+)
 def test_bad_parameters(call, message):
     with pytest.raises(ValueError) as err:
         call(workload([[0]]))
@@ -111,15 +126,19 @@ def test_workload_without_prefix_hashes():
     w = Workload(arrival_s=[0.0], prompt_tokens=[5], output_tokens=[1])
     with pytest.raises(ValueError) as err:
         prefix_cache.replay(w, None)
-    assert str(err.value) == ("workload.prefix_hashes=None is not allowed: prefix caching needs a trace with "
-                              "prefix-block hashes (e.g. the Mooncake trace)")
+    assert str(err.value) == (
+        "workload.prefix_hashes=None is not allowed: prefix caching needs a trace with "
+        "prefix-block hashes (e.g. the Mooncake trace)"
+    )
 
 
 MISSING = traces.missing_traces()
 
 
-@pytest.mark.skipif("mooncake" in MISSING, reason=f"the Mooncake trace is not in {traces.trace_dir()} "
-                    "(set TRACE_DIR or run make traces)")
+@pytest.mark.skipif(
+    "mooncake" in MISSING,
+    reason=f"the Mooncake trace is not in {traces.trace_dir()} (set TRACE_DIR or run make traces)",
+)
 def test_mooncake_unbounded_limit():
     w = traces.load_trace(traces.trace_path("mooncake")).workload
     stats = prefix_cache.replay(w, None)

@@ -1,4 +1,5 @@
 """The one table formatter: what a reader sees does not depend on the machine's last bits, and reads well."""
+
 import json
 import math
 import re
@@ -25,20 +26,40 @@ def test_a_number_shown_never_depends_on_its_last_bits_and_is_never_minus_zero(x
         assert edge < 1e-6 * max(1.0, abs(x) * 10**decimals)
 
 
-@pytest.mark.parametrize("value, decimals, shown", [
-    (-1.8e-14, 3, "0.000"), (31.25, 1, "31.3"), (15.625, 2, "15.63"), (1234567.891, 1, "1,234,567.9"),
-    (81920000, None, "81,920,000"), (float("nan"), 2, ""), (None, 2, ""), (pd.NA, 2, ""), (True, None, "✓"),
-    ("fail", None, "✗ fail"), ("pass", None, "✓ pass"), (float("inf"), 2, "∞"), ("text", None, "text"),
-])
+@pytest.mark.parametrize(
+    "value, decimals, shown",
+    [
+        (-1.8e-14, 3, "0.000"),
+        (31.25, 1, "31.3"),
+        (15.625, 2, "15.63"),
+        (1234567.891, 1, "1,234,567.9"),
+        (81920000, None, "81,920,000"),
+        (float("nan"), 2, ""),
+        (None, 2, ""),
+        (pd.NA, 2, ""),
+        (True, None, "✓"),
+        ("fail", None, "✗ fail"),
+        ("pass", None, "✓ pass"),
+        (float("inf"), 2, "∞"),
+        ("text", None, "text"),
+    ],
+)
 def test_cells(value, decimals, shown):
     assert present.cell(value, decimals) == shown
 
 
-@pytest.mark.parametrize("name, label", [
-    ("mean_latency_s", "mean latency (s)"), ("p95_latency_s", "p95 latency (s)"), ("waste_pct", "waste (%)"),
-    ("prompt_p99_tokens", "prompt p99 (tokens)"), ("available_kv_gib", "available KV (GiB)"),
-    ("max_num_requests", "requests that fit"), ("block_size", "block size (tokens)"),
-])
+@pytest.mark.parametrize(
+    "name, label",
+    [
+        ("mean_latency_s", "mean latency (s)"),
+        ("p95_latency_s", "p95 latency (s)"),
+        ("waste_pct", "waste (%)"),
+        ("prompt_p99_tokens", "prompt p99 (tokens)"),
+        ("available_kv_gib", "available KV (GiB)"),
+        ("max_num_requests", "requests that fit"),
+        ("block_size", "block size (tokens)"),
+    ],
+)
 def test_labels_carry_units(name, label):
     assert present.label(name) == label
 

@@ -1,4 +1,5 @@
 """The report build: parameters checked first, atomic replacement, every ledger row on the index."""
+
 import re
 import shutil
 
@@ -6,9 +7,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from conftest import ROOT
 import kvlab.report.build as report_build
 import kvlab.report.params as report_params
+from conftest import ROOT
 from kvlab.sections.shared import ledger
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -20,31 +21,77 @@ def _params(tmp_path, text):
     return path
 
 
-@pytest.mark.parametrize("text, overrides, message", [
-    ("03_capacity:\n  NUM_LAYERS: -1\n", [], "03_capacity.NUM_LAYERS=-1 is not allowed: must be an integer from 1 to 1,000,000,000 (from params.yaml)"),
-    ("03_capacity:\n  NUM_LAYRES: 32\n", [], "03_capacity.NUM_LAYRES=32 is not allowed: 03_capacity has parameters"),
-    ("99_nothing:\n  X: 1\n", [], "notebook '99_nothing' is not allowed"),
-    ("03_capacity:\n  CONTEXTS: 1000\n", [], "03_capacity.CONTEXTS=1000 is not allowed: must be a list like [1000"),
-    ("02_batching:\n  NUM_REQUESTS: many\n", [], "02_batching.NUM_REQUESTS='many' is not allowed: must be an integer like 600"),
-    ("", ["03_capacity.GPU_MEMORY_GIB=0"], "03_capacity.GPU_MEMORY_GIB=0 is not allowed: must be a number from 0.001 to 100,000 GiB (from --set)"),
-    ("", ["03_capacity.WEIGHTS_GIB=90"], "03_capacity.WEIGHTS_GIB=90 is not allowed: must be below GPU_MEMORY_GIB=80"),
-    ("", ["03_capacity.PLAN_GPU=H100"], "03_capacity.PLAN_GPU='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB"),
-    ("", ["03_capacity.TABLE_MODELS=[Qwen3-14]"], "03_capacity.TABLE_MODELS[0]='Qwen3-14' is not allowed: not a model of data/models.csv; did you mean Qwen/Qwen3-14B"),
-    ("", ["05_calibration.GPUS=[H200]"], "05_calibration.GPUS[0]='H200' is not allowed: not a gpu of data/gpus.csv; did you mean H200-141GB"),
-    ("", ["TRACE_DIR=/no/such/folder"], "01_allocation.TRACE_DIR='/no/such/folder' is not allowed: must be an existing folder"),
-    ("", ["02_batching.SWEEP_RATES=[8, 7]"], "02_batching.SWEEP_RATES=[8, 7] is not allowed: must be increasing"),
-    ("", ["02_batching.ARRIVAL_RATE=1e-300"], "02_batching.ARRIVAL_RATE=1e-300 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
-    ("", ["NO_SUCH_PARAM=3"], "no notebook has a parameter 'NO_SUCH_PARAM'"),
-    ("", ["GPU_MEMORY_GIB"], "must look like NOTEBOOK.NAME=VALUE or NAME=VALUE"),
-])
+@pytest.mark.parametrize(
+    "text, overrides, message",
+    [
+        (
+            "03_capacity:\n  NUM_LAYERS: -1\n",
+            [],
+            "03_capacity.NUM_LAYERS=-1 is not allowed: must be an integer from 1 to 1,000,000,000 (from params.yaml)",
+        ),
+        (
+            "03_capacity:\n  NUM_LAYRES: 32\n",
+            [],
+            "03_capacity.NUM_LAYRES=32 is not allowed: 03_capacity has parameters",
+        ),
+        ("99_nothing:\n  X: 1\n", [], "notebook '99_nothing' is not allowed"),
+        ("03_capacity:\n  CONTEXTS: 1000\n", [], "03_capacity.CONTEXTS=1000 is not allowed: must be a list like [1000"),
+        (
+            "02_batching:\n  NUM_REQUESTS: many\n",
+            [],
+            "02_batching.NUM_REQUESTS='many' is not allowed: must be an integer like 600",
+        ),
+        (
+            "",
+            ["03_capacity.GPU_MEMORY_GIB=0"],
+            "03_capacity.GPU_MEMORY_GIB=0 is not allowed: must be a number from 0.001 to 100,000 GiB (from --set)",
+        ),
+        (
+            "",
+            ["03_capacity.WEIGHTS_GIB=90"],
+            "03_capacity.WEIGHTS_GIB=90 is not allowed: must be below GPU_MEMORY_GIB=80",
+        ),
+        (
+            "",
+            ["03_capacity.PLAN_GPU=H100"],
+            "03_capacity.PLAN_GPU='H100' is not allowed: not a gpu of data/gpus.csv; did you mean H100-SXM-80GB",
+        ),
+        (
+            "",
+            ["03_capacity.TABLE_MODELS=[Qwen3-14]"],
+            "03_capacity.TABLE_MODELS[0]='Qwen3-14' is not allowed: not a model of data/models.csv; did you mean Qwen/Qwen3-14B",
+        ),
+        (
+            "",
+            ["05_calibration.GPUS=[H200]"],
+            "05_calibration.GPUS[0]='H200' is not allowed: not a gpu of data/gpus.csv; did you mean H200-141GB",
+        ),
+        (
+            "",
+            ["TRACE_DIR=/no/such/folder"],
+            "01_allocation.TRACE_DIR='/no/such/folder' is not allowed: must be an existing folder",
+        ),
+        ("", ["02_batching.SWEEP_RATES=[8, 7]"], "02_batching.SWEEP_RATES=[8, 7] is not allowed: must be increasing"),
+        (
+            "",
+            ["02_batching.ARRIVAL_RATE=1e-300"],
+            "02_batching.ARRIVAL_RATE=1e-300 is not allowed: must be a number from 0.001 to 1,000,000 requests/s",
+        ),
+        ("", ["NO_SUCH_PARAM=3"], "no notebook has a parameter 'NO_SUCH_PARAM'"),
+        ("", ["GPU_MEMORY_GIB"], "must look like NOTEBOOK.NAME=VALUE or NAME=VALUE"),
+    ],
+)
 def test_bad_parameters_fail_before_any_notebook_runs(tmp_path, text, overrides, message):
     with pytest.raises(report_params.ReportError, match=re.escape(message)):
         report_params.load_params(_params(tmp_path, text), overrides, NOTEBOOKS)
 
 
 def test_overrides_reach_the_right_notebook(tmp_path):
-    params = report_params.load_params(_params(tmp_path, "03_capacity:\n  WEIGHTS_GIB: 16\n"),
-                                ["03_capacity.GPU_MEMORY_GIB=141", "WEIGHTS_GIB=20"], NOTEBOOKS)
+    params = report_params.load_params(
+        _params(tmp_path, "03_capacity:\n  WEIGHTS_GIB: 16\n"),
+        ["03_capacity.GPU_MEMORY_GIB=141", "WEIGHTS_GIB=20"],
+        NOTEBOOKS,
+    )
     assert params["03_capacity"] == {"WEIGHTS_GIB": 20, "GPU_MEMORY_GIB": 141}
 
 
@@ -56,8 +103,11 @@ def test_the_committed_params_file_is_valid():
 def _notebook(path, source):
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    cells = [nbformat.v4.new_markdown_cell("# A test section"),
-             nbformat.v4.new_code_cell("X = 1  # a number"), nbformat.v4.new_code_cell(source)]
+    cells = [
+        nbformat.v4.new_markdown_cell("# A test section"),
+        nbformat.v4.new_code_cell("X = 1  # a number"),
+        nbformat.v4.new_code_cell(source),
+    ]
     cells[1].metadata["tags"] = ["parameters"]
     nb.cells = cells
     nbformat.write(nb, path)
@@ -85,8 +135,11 @@ def test_a_kernel_that_dies_is_one_line_naming_the_notebook_and_the_likely_cause
     out = tmp_path / "report"
     with pytest.raises(report_params.ReportError) as error:
         report_build.build(_params(tmp_path, ""), [], out, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
-    assert re.fullmatch(r"notebook 01_dies\.ipynb: its kernel died, most likely out of memory \([\d.]+ GiB available "
-                        r"now\); lower its NUM_REQUESTS or NUM_SEEDS", str(error.value)), str(error.value)
+    assert re.fullmatch(
+        r"notebook 01_dies\.ipynb: its kernel died, most likely out of memory \([\d.]+ GiB available "
+        r"now\); lower its NUM_REQUESTS or NUM_SEEDS",
+        str(error.value),
+    ), str(error.value)
     assert not out.exists()
 
 
@@ -97,10 +150,18 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "stale.html").write_text("old")
-    report_build.build(_params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True,
-                 log=lambda *a, **k: None)
-    assert sorted(p.name for p in out.iterdir()) == ["01_ok.html", "index.html", "ledger.csv", "ledger.html", "notebooks",
-                                                     "report-pages.json", "report.pdf"]
+    report_build.build(
+        _params(tmp_path, "01_ok:\n  X: 5\n"), [], out, notebook_dir=notebooks, pdf=True, log=lambda *a, **k: None
+    )
+    assert sorted(p.name for p in out.iterdir()) == [
+        "01_ok.html",
+        "index.html",
+        "ledger.csv",
+        "ledger.html",
+        "notebooks",
+        "report-pages.json",
+        "report.pdf",
+    ]
     index = (out / "index.html").read_text()
     assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X=5" in index
     assert (out / "report.pdf").read_bytes().startswith(b"%PDF")
@@ -115,11 +176,13 @@ def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduc
     rows = ledger.collect([])
     page = render.ledger_body(rows)
     for _, r in rows.iterrows():
-        assert f"<td class=\"\">{r['table']}: {r['row']}, {present.label(r['column'])}</td>" in page
+        assert f'<td class="">{r["table"]}: {r["row"]}, {present.label(r["column"])}</td>' in page
     assert page.count("– missing") == 2 * len(rows)  # each one not reproduced: in the first table and its section's
     index = render.index_body([], rows, report_build.provenance(), {}, "", {})
-    assert f"<strong>0 of {len(rows)}</strong> figures the article publishes reproduced (0 not within tolerance, " \
-           f"{len(rows)} missing)" in index
+    assert (
+        f"<strong>0 of {len(rows)}</strong> figures the article publishes reproduced (0 not within tolerance, "
+        f"{len(rows)} missing)" in index
+    )
     assert "– missing" not in index and 'href="ledger.html"' in index  # the table of misses is on the ledger page
     assert "What the report found" not in index  # nothing was built, so nothing is claimed
 
@@ -127,9 +190,14 @@ def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduc
 def _built(values):
     """The whole ledger, with each key of values reproduced as that value (or (median, band low, band high)) and every
     other figure missing."""
-    reproduced = pd.DataFrame([dict(zip(ledger.KEY, key), reproduced=v[0], band_low=v[1], band_high=v[2])
-                               if isinstance(v, tuple) else dict(zip(ledger.KEY, key), reproduced=v)
-                               for key, v in values.items()])
+    reproduced = pd.DataFrame(
+        [
+            dict(zip(ledger.KEY, key), reproduced=v[0], band_low=v[1], band_high=v[2])
+            if isinstance(v, tuple)
+            else dict(zip(ledger.KEY, key), reproduced=v)
+            for key, v in values.items()
+        ]
+    )
     return ledger.compare(reproduced, sources=tuple(ledger.SOURCES))
 
 
@@ -137,30 +205,43 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
     from kvlab.report import findings, render
     from kvlab.report.render import Section
 
-    values = {(1, "allocation", "16", "waste_pct"): 1.312, (1, "allocation", "4096", "waste_pct"): 86.194,
-              (1, "claims", "16 vs 4096", "fit_ratio"): 7.133, (2, "claims", "static vs continuous", "mean_latency_ratio"): (4.408, 4.05, 4.89),
-              (3, "fit", "1000", "max_num_requests"): 131, (3, "fit", "128000", "max_num_requests"): 1,
-              (6, "s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x"): 4.0,
-              (6, "s6.2", "vLLM over Orca (Oracle)", "sustained_rate_ratio_x"): 1.41}
+    values = {
+        (1, "allocation", "16", "waste_pct"): 1.312,
+        (1, "allocation", "4096", "waste_pct"): 86.194,
+        (1, "claims", "16 vs 4096", "fit_ratio"): 7.133,
+        (2, "claims", "static vs continuous", "mean_latency_ratio"): (4.408, 4.05, 4.89),
+        (3, "fit", "1000", "max_num_requests"): 131,
+        (3, "fit", "128000", "max_num_requests"): 1,
+        (6, "s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x"): 4.0,
+        (6, "s6.2", "vLLM over Orca (Oracle)", "sustained_rate_ratio_x"): 1.41,
+    }
     rows = _built(values)
-    sections = [Section("04_traces", "4. Traces", finding="Real prompts are long."),
-                Section("06_memory_budget", "6. Budget", "headline", finding="vLLM sustains 4.00x.")]
+    sections = [
+        Section("04_traces", "4. Traces", finding="Real prompts are long."),
+        Section("06_memory_budget", "6. Budget", "headline", finding="vLLM sustains 4.00x."),
+    ]
     lines = findings.findings(rows, sections)
-    assert lines[0] == ("The article's three claims hold: blocks of 16 tokens waste 1.3% of reserved KV memory against "
-                        "86.2% for reservations of 4,096, so 7.1x as many requests fit (the article: 1.3%, 86.2%, 7.1x), "
-                        "continuous batching cuts mean latency 4.4x against static batching (the article: 4.4x) and a "
-                        "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
-                        "128,000 (the article: 131 and 1).")
+    assert lines[0] == (
+        "The article's three claims hold: blocks of 16 tokens waste 1.3% of reserved KV memory against "
+        "86.2% for reservations of 4,096, so 7.1x as many requests fit (the article: 1.3%, 86.2%, 7.1x), "
+        "continuous batching cuts mean latency 4.4x against static batching (the article: 4.4x) and a "
+        "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
+        "128,000 (the article: 131 and 1)."
+    )
     assert lines[1] == "What real traces change: Real prompts are long."
-    assert lines[2].startswith("The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) "
-                               "and a clock of its system fitted to independent measurements: vLLM sustains 4.0x Orca "
-                               "(Max)'s request rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 "
-                               "to 2.7x); 1 of")
+    assert lines[2].startswith(
+        "The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) "
+        "and a clock of its system fitted to independent measurements: vLLM sustains 4.0x Orca "
+        "(Max)'s request rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 "
+        "to 2.7x); 1 of"
+    )
     index = render.index_body(sections, rows, report_build.provenance(), {}, "", {})
     assert index.index("What the report found") < index.index("Sections") < index.index("Reproduction ledger")
     assert "<p>vLLM sustains 4.00x.</p>" in index and "<pre>headline</pre>" not in index
     # a claim that misses its tolerance is not said to hold
-    missed = findings.article_finding(_built(values | {(2, "claims", "static vs continuous", "mean_latency_ratio"): (2.0, 1.5, 2.5)}))
+    missed = findings.article_finding(
+        _built(values | {(2, "claims", "static vs continuous", "mean_latency_ratio"): (2.0, 1.5, 2.5)})
+    )
     assert missed.startswith("Of the article's claims, 2 of 3 hold within their tolerances: ")
 
 
@@ -169,7 +250,10 @@ def test_a_section_run_with_other_settings_than_the_articles_is_not_compared():
 
     rows = ledger.set_aside(ledger.collect([]), {3: "GPU_MEMORY_GIB=141 (the article's 80)"})
     summary = ledger.summary(rows)
-    assert summary["not_compared"] == (rows["section"] == 3).sum() and summary["compared"] == len(rows) - summary["not_compared"]
+    assert (
+        summary["not_compared"] == (rows["section"] == 3).sum()
+        and summary["compared"] == len(rows) - summary["not_compared"]
+    )
     index = render.index_body([], rows, report_build.provenance(), {}, "", {3: "GPU_MEMORY_GIB=141 (the article's 80)"})
     assert "section 3 ran with GPU_MEMORY_GIB=141 (the article's 80)" in index
 
@@ -189,8 +273,9 @@ def test_two_builds_give_identical_numbers(tmp_path):
     params = _params(tmp_path, yaml.safe_dump(only_03))
     builds = []
     for name in ("a", "b"):
-        out = report_build.build(params, [], tmp_path / name, notebook_dir=notebooks, pdf=False,
-                           log=lambda *a, **k: None)
+        out = report_build.build(
+            params, [], tmp_path / name, notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None
+        )
         builds.append(out)
     a, b = builds
     assert (a / "ledger.csv").read_bytes() == (b / "ledger.csv").read_bytes()
@@ -208,14 +293,26 @@ def test_papermill_sees_every_parameter(notebook):
     assert set(report_params.notebook_parameters(notebook)) == names
 
 
-@pytest.mark.parametrize("override, message", [
-    ("01_allocation.LENGTHS=zipf", "01_allocation.LENGTHS='zipf' is not allowed: must be one of article-s1"),
-    ("01_allocation.BLOCK_SIZES=[16, 0]", "01_allocation.BLOCK_SIZES[1]=0 is not allowed: must be an integer from 1 to 1,048,576 tokens"),
-    ("02_batching.ARRIVAL_RATE=-2", "02_batching.ARRIVAL_RATE=-2 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
-    ("02_batching.BAND_LOW_PCT=96", "02_batching.BAND_LOW_PCT=96 is not allowed: must be below BAND_HIGH_PCT=95.0"),
-    ("SEED=-1", "SEED=-1 is not allowed: must be an integer from 0 to"),
-    ("03_capacity.GPU_MEMORY_UTILIZATION=1.5", "GPU_MEMORY_UTILIZATION=1.5 is not allowed: must be a number in (0, 1]"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("01_allocation.LENGTHS=zipf", "01_allocation.LENGTHS='zipf' is not allowed: must be one of article-s1"),
+        (
+            "01_allocation.BLOCK_SIZES=[16, 0]",
+            "01_allocation.BLOCK_SIZES[1]=0 is not allowed: must be an integer from 1 to 1,048,576 tokens",
+        ),
+        (
+            "02_batching.ARRIVAL_RATE=-2",
+            "02_batching.ARRIVAL_RATE=-2 is not allowed: must be a number from 0.001 to 1,000,000 requests/s",
+        ),
+        ("02_batching.BAND_LOW_PCT=96", "02_batching.BAND_LOW_PCT=96 is not allowed: must be below BAND_HIGH_PCT=95.0"),
+        ("SEED=-1", "SEED=-1 is not allowed: must be an integer from 0 to"),
+        (
+            "03_capacity.GPU_MEMORY_UTILIZATION=1.5",
+            "GPU_MEMORY_UTILIZATION=1.5 is not allowed: must be a number in (0, 1]",
+        ),
+    ],
+)
 def test_semantic_rules_name_the_parameter(override, message):
     with pytest.raises(report_params.ReportError, match=re.escape(message)):
         report_params.load_params(ROOT / "params.yaml", [override], NOTEBOOKS)
@@ -225,8 +322,9 @@ def test_index_says_whether_traces_were_available(tmp_path):
     rows = ledger.collect([])
     from kvlab.report import render
 
-    absent = render.index_body([], rows, report_build.provenance(), {},
-                               report_build._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}), {})
+    absent = render.index_body(
+        [], rows, report_build.provenance(), {}, report_build._traces_note({"x": {"TRACE_DIR": str(tmp_path)}}), {}
+    )
     assert "Real request traces were not available" in absent and "set TRACE_DIR or run make traces" in absent
 
 
@@ -239,7 +337,9 @@ def test_every_parameter_has_a_rule_and_every_rule_a_parameter(notebook):
 
 
 def test_trace_parameter_is_checked():
-    with pytest.raises(report_params.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"):
+    with pytest.raises(
+        report_params.ReportError, match="TRACE='azur' is not allowed: must be one of azure, mooncake, sharegpt"
+    ):
         report_params.load_params(ROOT / "params.yaml", ["TRACE=azur"], NOTEBOOKS)
     assert report_params.load_params(ROOT / "params.yaml", ["TRACE="], NOTEBOOKS)["01_allocation"]["TRACE"] == ""
 
@@ -247,9 +347,17 @@ def test_trace_parameter_is_checked():
 def test_two_trace_folders_get_one_sentence_each_naming_their_notebooks(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    note = report_build._traces_note({"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)},
-                                      "04_traces": {"TRACE_DIR": str(ROOT / "data")}, "03_capacity": {}})
+    note = report_build._traces_note(
+        {
+            "01_allocation": {"TRACE_DIR": str(empty)},
+            "02_batching": {"TRACE_DIR": str(empty)},
+            "04_traces": {"TRACE_DIR": str(ROOT / "data")},
+            "03_capacity": {},
+        }
+    )
     assert note.count("For ") == 2 and "For 01_allocation, 02_batching: Real request traces were not available" in note
     assert "03_capacity" not in note  # a notebook without traces is not mentioned
-    same = report_build._traces_note({"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)}})
+    same = report_build._traces_note(
+        {"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)}}
+    )
     assert not same.startswith("For ") and same.count("Real request traces") == 1

@@ -2,6 +2,7 @@
 error, no horizontal scrolling at 1,280 pixels) and as a PDF (title, contents, sections on new pages, no page
 mostly empty, headers never broken inside a word). One report is built for the whole module, beside the other tests
 (conftest.py, ReportBuild)."""
+
 import json
 import re
 import urllib.parse
@@ -37,13 +38,19 @@ def test_the_report_in_headless_chromium(report):
         try:
             for name in pages(report):
                 browser.open(served.url + name)
-                images = browser.evaluate("[...document.images].map(i => [i.src.slice(0, 80), i.complete && i.naturalWidth > 0, i.alt])")
+                images = browser.evaluate(
+                    "[...document.images].map(i => [i.src.slice(0, 80), i.complete && i.naturalWidth > 0, i.alt])"
+                )
                 assert all(ok for _, ok, _ in images), f"{name}: an image did not load: {images}"
-                assert all(alt and "No description" not in alt for _, _, alt in images), f"{name}: an image has no alt text"
+                assert all(alt and "No description" not in alt for _, _, alt in images), (
+                    f"{name}: an image has no alt text"
+                )
                 width = browser.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
                 assert width[0] <= width[1], f"{name} scrolls sideways at 1,280 px: {width}"
                 assert browser.console_errors() == [], f"{name}: {browser.console_errors()}"
-                for href in browser.evaluate("[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"):
+                for href in browser.evaluate(
+                    "[...document.querySelectorAll('a[href]')].map(a => a.getAttribute('href'))"
+                ):
                     target = urllib.parse.urljoin(served.url + name, href)
                     path, _, anchor = target.partition("#")
                     assert path.startswith(served.url), f"{name} links outside the report: {href}"
@@ -123,8 +130,9 @@ def test_table_headers_are_never_broken_inside_a_word(report):
 
 def test_long_tables_print_in_parts_of_at_least_three_rows():
     rows = "".join(f"<tr><td>{i}</td></tr>" for i in range(50))
-    document = render.pdf_document(f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>',
-                                   [], "today")
+    document = render.pdf_document(
+        f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>', [], "today"
+    )
     soup = BeautifulSoup(document, "html.parser")
     sizes = [len(t.find("tbody").find_all("tr")) for t in soup.find_all("table")]
     assert sum(sizes) == 50 and all(3 <= s <= render.ROWS_PER_PRINTED_TABLE for s in sizes)

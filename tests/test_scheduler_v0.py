@@ -1,10 +1,12 @@
 """vLLM 0.1.4's scheduler (scheduler_cls="v0-2023"): hand-checked steps, invariants of the per-step loop, its decode
 runs against the per-step loop, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import assert_same, draw_requests
 from kvlab.core.config import EngineConfig
@@ -16,8 +18,15 @@ from kvlab.core.workload import Workload
 
 
 def v0(**settings) -> EngineConfig:
-    return EngineConfig().replace(**{"scheduler_cls": "v0-2023", "async_scheduling": False,
-                                     "enable_chunked_prefill": False, "max_num_seqs": 8, **settings})
+    return EngineConfig().replace(
+        **{
+            "scheduler_cls": "v0-2023",
+            "async_scheduling": False,
+            "enable_chunked_prefill": False,
+            "max_num_seqs": 8,
+            **settings,
+        }
+    )
 
 
 def workload(prompts, outputs, arrivals=None) -> Workload:
@@ -26,7 +35,9 @@ def workload(prompts, outputs, arrivals=None) -> Workload:
 
 
 def run(w, config, num_gpu_blocks, allocation="paged"):
-    return simulate(w, config, num_gpu_blocks=num_gpu_blocks, allocation=allocation, recorder=Recorder(scheduled=True, frees=True))
+    return simulate(
+        w, config, num_gpu_blocks=num_gpu_blocks, allocation=allocation, recorder=Recorder(scheduled=True, frees=True)
+    )
 
 
 # ---------------------------------------------------------------- hand-checked steps (8 ms a step)
@@ -35,14 +46,15 @@ def test_a_prompt_step_then_decode_steps():
     result = run(workload([5], [3]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32), 4)
     assert result.scheduled == [([(0, 5)], []), ([(0, 1)], []), ([(0, 1)], [])]
     assert result.first_token_s.tolist() == [0.008] and result.finish_s.tolist() == [0.024]
-    assert result.steps["num_blocks_in_use"].tolist() == [2, 2, 0]       # 5 and 6 tokens' KV: 2 blocks; then freed
+    assert result.steps["num_blocks_in_use"].tolist() == [2, 2, 0]  # 5 and 6 tokens' KV: 2 blocks; then freed
 
 
 def test_a_prompt_step_pauses_the_running_requests():
     """Request 1 arrives while request 0 decodes: the step that admits it runs its prompt alone."""
-    result = run(workload([4, 4], [4, 2], [0.0, 0.01]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32), 8)
-    assert result.scheduled == [([(0, 4)], []), ([(0, 1)], []), ([(1, 4)], []), ([(0, 1), (1, 1)], []),
-                                ([(0, 1)], [])]
+    result = run(
+        workload([4, 4], [4, 2], [0.0, 0.01]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32), 8
+    )
+    assert result.scheduled == [([(0, 4)], []), ([(0, 1)], []), ([(1, 4)], []), ([(0, 1), (1, 1)], []), ([(0, 1)], [])]
     assert result.finish_s.tolist() == [0.040, 0.032]
 
 
@@ -54,8 +66,11 @@ def test_admission_stops_at_the_token_budget():
 
 
 def test_admission_stops_at_max_num_seqs():
-    result = run(workload([2, 2, 2], [2, 2, 2]), v0(block_size=4, max_model_len=16, max_num_batched_tokens=16,
-                                                    max_num_seqs=2), 10)
+    result = run(
+        workload([2, 2, 2], [2, 2, 2]),
+        v0(block_size=4, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=2),
+        10,
+    )
     assert result.scheduled[:3] == [([(0, 2), (1, 2)], []), ([(0, 1), (1, 1)], []), ([(2, 2)], [])]
 
 
@@ -68,7 +83,11 @@ def test_the_watermark_refuses_an_admission_that_v1_makes():
     old = run(w, v0(**settings_), 101)
     assert old.scheduled == [([(0, 392)], []), ([(0, 1)], []), ([(1, 8)], [])]
     assert old.first_scheduled_s.tolist() == [0.0, 0.016]
-    new = run(w, EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False, max_num_seqs=8, **settings_), 101)
+    new = run(
+        w,
+        EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False, max_num_seqs=8, **settings_),
+        101,
+    )
     assert new.scheduled[0] == ([(0, 392), (1, 8)], [])
 
 
@@ -79,14 +98,23 @@ def test_a_decode_without_a_free_block_preempts_the_latest_request_which_is_reco
     w = workload([5, 6, 3], [4, 3, 5])
     settings_ = dict(block_size=4, max_model_len=32, max_num_batched_tokens=32)
     result = run(w, v0(**settings_), 6)
-    assert result.scheduled == [([(0, 5), (1, 6), (2, 3)], []), ([(0, 1), (1, 1)], [2]), ([(2, 4)], []),
-                                ([(0, 1), (1, 1)], [2]), ([(2, 5)], []), ([(0, 1), (2, 1)], []), ([(2, 1)], [])]
+    assert result.scheduled == [
+        ([(0, 5), (1, 6), (2, 3)], []),
+        ([(0, 1), (1, 1)], [2]),
+        ([(2, 4)], []),
+        ([(0, 1), (1, 1)], [2]),
+        ([(2, 5)], []),
+        ([(0, 1), (2, 1)], []),
+        ([(2, 1)], []),
+    ]
     assert result.num_preemptions.tolist() == [0, 0, 2]
     assert result.num_output_tokens.tolist() == [4, 3, 5]
     assert result.finish_s.tolist() == [0.048, 0.032, 0.056]
     assert [rid for rid, _ in result.freed_tables] == [2, 2, 1, 0, 2]
-    v1 = run(w, EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False, max_num_seqs=8, **settings_), 6)
-    assert v1.scheduled[1] == ([(0, 1), (1, 1), (2, 1)], [])        # it takes a block only when one is opened
+    v1 = run(
+        w, EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False, max_num_seqs=8, **settings_), 6
+    )
+    assert v1.scheduled[1] == ([(0, 1), (1, 1), (2, 1)], [])  # it takes a block only when one is opened
 
 
 def test_a_request_stops_one_token_past_max_model_len():
@@ -94,16 +122,25 @@ def test_a_request_stops_one_token_past_max_model_len():
     max_model_len=16, where vLLM 0.33 stops at 16 tokens (6 output tokens)."""
     w = workload([10], [100])
     assert run(w, v0(block_size=4, max_model_len=16, max_num_batched_tokens=16), 8).num_output_tokens.tolist() == [7]
-    v1 = EngineConfig().replace(async_scheduling=False, block_size=4, max_model_len=16, max_num_batched_tokens=16,
-                                max_num_seqs=8)
+    v1 = EngineConfig().replace(
+        async_scheduling=False, block_size=4, max_model_len=16, max_num_batched_tokens=16, max_num_seqs=8
+    )
     assert run(w, v1, 8).num_output_tokens.tolist() == [6]
 
 
 def test_an_orca_reservation_waits_for_room_and_is_never_preempted():
     """Oracle reservations of 8 slots from a pool of (4 - 1) x 4 = 12: request 1 waits for request 0's 8."""
     result = run(workload([4, 4], [4, 4]), v0(block_size=4, max_model_len=16, max_num_batched_tokens=16), 4, "oracle")
-    assert result.scheduled == [([(0, 4)], []), ([(0, 1)], []), ([(0, 1)], []), ([(0, 1)], []), ([(1, 4)], []),
-                                ([(1, 1)], []), ([(1, 1)], []), ([(1, 1)], [])]
+    assert result.scheduled == [
+        ([(0, 4)], []),
+        ([(0, 1)], []),
+        ([(0, 1)], []),
+        ([(0, 1)], []),
+        ([(1, 4)], []),
+        ([(1, 1)], []),
+        ([(1, 1)], []),
+        ([(1, 1)], []),
+    ]
     assert result.num_preemptions.tolist() == [0, 0]
     assert result.steps["num_reserved_tokens"].tolist() == [8] * 3 + [0] + [8] * 3 + [0]
 
@@ -129,17 +166,22 @@ def v0_runs(draw):
     extra = draw(st.sampled_from([0, 0, 1, 3, 10, "watermark", 400]))
     if allocation == "paged":
         least = int(blocks_to_finish(prompts, final, bs, 0).max())
-        if extra == "watermark":        # 100 to 130 usable blocks: a watermark of 1 under pressure
+        if extra == "watermark":  # 100 to 130 usable blocks: a watermark of 1 under pressure
             extra = max(0, draw(st.integers(100, 130)) - least)
         while int(blocks_to_finish(prompts, final, bs, watermark_blocks(least + extra + 1)).max()) > least + extra:
             least += 1
         num_gpu_blocks = least + extra + 1
     else:
         extra = 100 if extra == "watermark" else extra
-        need = [max_model_len if allocation == "max" else min(int(p) + (1 << (int(f - p) - 1).bit_length()),
-                                                              max_model_len)
-                if allocation == "pow2" else int(f) for p, f in zip(prompts, final)]
-        chunk = 1 << (max(need) - 1).bit_length()      # the buddy allocator's chunk for the largest
+        need = [
+            max_model_len
+            if allocation == "max"
+            else min(int(p) + (1 << (int(f - p) - 1).bit_length()), max_model_len)
+            if allocation == "pow2"
+            else int(f)
+            for p, f in zip(prompts, final)
+        ]
+        chunk = 1 << (max(need) - 1).bit_length()  # the buddy allocator's chunk for the largest
         num_gpu_blocks = -(-chunk // bs) + 1 + extra
     cost = draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(5.0, 0.1), LinearStepCost(2.0, 0.013)]))
     w = Workload(np.cumsum(gaps) - gaps[0], prompts, outputs)
@@ -164,21 +206,21 @@ def checked_engine(args) -> tuple[Engine, list[str]]:
         held = {r.request_id: len(r.block_ids) for r in running}
         out = schedule()
         batch = [r for r, _ in out.scheduled]
-        if out.admitted:        # a prompt step: a prefix of the waiting queue, whole, within the budget
-            check(batch == out.admitted == waiting[:len(batch)] and not out.preempted, "prompt step: not FCFS")
+        if out.admitted:  # a prompt step: a prefix of the waiting queue, whole, within the budget
+            check(batch == out.admitted == waiting[: len(batch)] and not out.preempted, "prompt step: not FCFS")
             check(all(n == r.num_tokens == r.num_computed_tokens for r, n in out.scheduled), "prompt step: partial")
             check(out.num_scheduled_tokens <= scheduler.max_num_batched_tokens, "prompt step: over the budget")
             check(len(scheduler.running) <= scheduler.max_num_seqs, "prompt step: over max_num_seqs")
             if paged:
                 check(kv.num_free_blocks >= scheduler.watermark_blocks, "prompt step: under the watermark")
-        else:                   # a decode step: every running request by arrival, the latest preempted
+        else:  # a decode step: every running request by arrival, the latest preempted
             order = sorted(running, key=lambda r: r.arrival_s)
             check(running == order, "running requests not in arrival order (the decode run relies on it)")
             check(batch + out.preempted[::-1] == order, "decode step: not the running requests by arrival")
             check(all(n == 1 for _, n in out.scheduled), "decode step: more than a token")
-            check(list(scheduler.waiting)[:len(out.preempted)] == out.preempted[::-1], "preempted: not in front")
+            check(list(scheduler.waiting)[: len(out.preempted)] == out.preempted[::-1], "preempted: not in front")
             check(not out.preempted or paged, "a reservation preempted")
-            if paged and not out.preempted:     # can_append_slot: a free block before every decode
+            if paged and not out.preempted:  # can_append_slot: a free block before every decode
                 for request in batch:
                     check(num_free >= 1, "decode step: a decode with no block free")
                     num_free -= len(request.block_ids) - held[request.request_id]
@@ -244,19 +286,22 @@ def test_fast_path_equals_the_per_step_loop(args):
     assert_same(slow, fast)
 
 
-@pytest.mark.parametrize("allocation, num_gpu_blocks", [("paged", 70), ("paged", 130), ("paged", 400), ("oracle", 70),
-                                                        ("pow2", 90), ("max", 200)])
+@pytest.mark.parametrize(
+    "allocation, num_gpu_blocks",
+    [("paged", 70), ("paged", 130), ("paged", 400), ("oracle", 70), ("pow2", 90), ("max", 200)],
+)
 def test_fast_path_equals_the_per_step_loop_on_larger_workloads(allocation, num_gpu_blocks):
     """300 requests, long decode runs across many blocks, arrivals inside runs, preemptions in the tight pools."""
     rng = np.random.default_rng(num_gpu_blocks)
     n = 300
     w = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 400, n), rng.integers(1, 300, n))
     config = v0(block_size=16, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=1024)
-    args = dict(workload=w, config=config, num_gpu_blocks=num_gpu_blocks, cost=LinearStepCost(8.0, 0.01),
-                allocation=allocation)
+    args = dict(
+        workload=w, config=config, num_gpu_blocks=num_gpu_blocks, cost=LinearStepCost(8.0, 0.01), allocation=allocation
+    )
     slow, fast, engine = both(args)
     assert_same(slow, fast)
-    assert engine.num_decode_runs > 100                     # the fast path jumped
+    assert engine.num_decode_runs > 100  # the fast path jumped
     if allocation == "paged" and num_gpu_blocks < 400:
         assert slow.num_preemptions.sum() > 0
         assert engine.scheduler.watermark_blocks == (num_gpu_blocks > 100)
@@ -275,13 +320,18 @@ def brute_steps_with_blocks(phases, num_free_blocks, block_size, v0) -> int:
     raise AssertionError("unreachable: every request crosses a boundary each block_size steps")
 
 
-@given(st.sampled_from([1, 2, 4, 16]).flatmap(lambda bs: st.tuples(
-    st.lists(st.integers(0, bs - 1), min_size=1, max_size=6), st.integers(0, 20), st.just(bs))), st.booleans())
+@given(
+    st.sampled_from([1, 2, 4, 16]).flatmap(
+        lambda bs: st.tuples(st.lists(st.integers(0, bs - 1), min_size=1, max_size=6), st.integers(0, 20), st.just(bs))
+    ),
+    st.booleans(),
+)
 @settings(max_examples=500, deadline=None)
 def test_steps_with_blocks_is_the_step_by_step_count(case, v0_rules):
     phases, num_free_blocks, bs = case
-    assert decode_run.steps_with_blocks(phases, num_free_blocks, bs, v0_rules) == \
-        brute_steps_with_blocks(phases, num_free_blocks, bs, v0_rules)
+    assert decode_run.steps_with_blocks(phases, num_free_blocks, bs, v0_rules) == brute_steps_with_blocks(
+        phases, num_free_blocks, bs, v0_rules
+    )
 
 
 def after_the_prompt_step(w, config, num_gpu_blocks) -> Engine:
@@ -303,8 +353,10 @@ def test_a_decode_run_ends_before_a_decode_that_finds_no_free_block():
     assert decode_run.steps_with_blocks(phases, 2, 4, v0=True) == 3 and decode_run.steps_with_blocks(phases, 2, 4) == 4
     assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
     slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
-    assert slow.scheduled[:6] == [([(0, 5), (1, 4)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [([(0, 1)], [1]),
-                                                                                         ([(1, 8)], [])]
+    assert slow.scheduled[:6] == [([(0, 5), (1, 4)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [
+        ([(0, 1)], [1]),
+        ([(1, 8)], []),
+    ]
     assert_same(slow, fast)
 
 
@@ -317,7 +369,7 @@ def test_a_decode_run_may_take_the_last_free_block_with_its_last_decode():
     phases = [-r.num_computed_tokens % 4 for r in engine.scheduler.running]
     assert phases == [3, 2] and engine.kv_cache_manager.num_free_blocks == 1
     assert decode_run.steps_with_blocks(phases, 1, 4, v0=True) == 3
-    assert decode_run.steps_with_blocks(phases[::-1], 1, 4, v0=True) == 2     # then the last decode would find none
+    assert decode_run.steps_with_blocks(phases[::-1], 1, 4, v0=True) == 2  # then the last decode would find none
     assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
     slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
     assert slow.scheduled[:5] == [([(0, 5), (1, 6)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [([(0, 1)], [1])]
@@ -347,17 +399,38 @@ def test_a_decode_run_ends_where_an_arrival_is_admitted_before_the_steps_decodes
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("changes, message", [
-    (dict(scheduler_cls="v0"), r"scheduler_cls='v0' is not allowed: .*v1.*v0-2023"),
-    (dict(scheduler_cls="v0-2023", enable_chunked_prefill=False),
-     r"async_scheduling=True is not allowed: scheduler_cls='v0-2023' .* set async_scheduling=False"),
-    (dict(scheduler_cls="v0-2023", async_scheduling=False),
-     r"enable_chunked_prefill=True is not allowed: .* set enable_chunked_prefill=False"),
-    (dict(scheduler_cls="v0-2023", async_scheduling=False, enable_chunked_prefill=False,
-          long_prefill_token_threshold=16), r"long_prefill_token_threshold=16 is not allowed: .* set long_prefill"),
-    (dict(scheduler_cls="v0-2023", async_scheduling=False, enable_chunked_prefill=False, enable_prefix_caching=True),
-     r"enable_prefix_caching=True is not allowed: scheduler_cls='v0-2023' .* no prefix cache"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(scheduler_cls="v0"), r"scheduler_cls='v0' is not allowed: .*v1.*v0-2023"),
+        (
+            dict(scheduler_cls="v0-2023", enable_chunked_prefill=False),
+            r"async_scheduling=True is not allowed: scheduler_cls='v0-2023' .* set async_scheduling=False",
+        ),
+        (
+            dict(scheduler_cls="v0-2023", async_scheduling=False),
+            r"enable_chunked_prefill=True is not allowed: .* set enable_chunked_prefill=False",
+        ),
+        (
+            dict(
+                scheduler_cls="v0-2023",
+                async_scheduling=False,
+                enable_chunked_prefill=False,
+                long_prefill_token_threshold=16,
+            ),
+            r"long_prefill_token_threshold=16 is not allowed: .* set long_prefill",
+        ),
+        (
+            dict(
+                scheduler_cls="v0-2023",
+                async_scheduling=False,
+                enable_chunked_prefill=False,
+                enable_prefix_caching=True,
+            ),
+            r"enable_prefix_caching=True is not allowed: scheduler_cls='v0-2023' .* no prefix cache",
+        ),
+    ],
+)
 def test_settings_vllm_0_1_4_did_not_have_are_refused_in_one_line(changes, message):
     with pytest.raises(ValueError, match=message) as error:
         EngineConfig().replace(**changes)
@@ -367,9 +440,13 @@ def test_settings_vllm_0_1_4_did_not_have_are_refused_in_one_line(changes, messa
 def test_a_request_that_cannot_finish_under_the_watermark_is_refused_up_front():
     """100 usable blocks of 4 (watermark 1): a readmission of 400 tokens needs 100 blocks and the watermark's one."""
     w = workload([394], [7])
-    with pytest.raises(ValueError, match=r"request 0='394 prompt \+ 7 output tokens' is not allowed: needs 101 blocks "
-                                         r"of 4 tokens at its longest \(400 tokens\) with scheduler_cls='v0-2023' .* "
-                                         r"100 usable blocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"request 0='394 prompt \+ 7 output tokens' is not allowed: needs 101 blocks "
+        r"of 4 tokens at its longest \(400 tokens\) with scheduler_cls='v0-2023' .* "
+        r"100 usable blocks",
+    ):
         simulate(w, v0(block_size=4, max_model_len=512, max_num_batched_tokens=512), num_gpu_blocks=101)
-    assert simulate(w, v0(block_size=4, max_model_len=512, max_num_batched_tokens=512),
-                    num_gpu_blocks=102).num_output_tokens.tolist() == [7]
+    assert simulate(
+        w, v0(block_size=4, max_model_len=512, max_num_batched_tokens=512), num_gpu_blocks=102
+    ).num_output_tokens.tolist() == [7]

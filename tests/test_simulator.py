@@ -1,16 +1,16 @@
 """kvlab.core.batching: the event-driven batching model against the per-step loop and by hand."""
+
 import numpy as np
 import pytest
+import stepwise
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import stepwise
 from kvlab import workloads
 from kvlab.core import batching as simulator
 from kvlab.core import service_time
 from kvlab.sections import s02_batching as section
-from kvlab.workloads import synthetic
-from kvlab.workloads import Workload
+from kvlab.workloads import Workload, synthetic
 
 
 def workload(arrival_s, output_tokens):
@@ -20,7 +20,9 @@ def workload(arrival_s, output_tokens):
 # ---------------------------------------------------------------- by hand
 def test_continuous_by_hand():
     # 2 slots, 1 s per token: r2 takes the slot r1 frees at 1 s; r3 waits for a slot until 3 s
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, cost=service_time.TokenServiceTime(1000))
+    result = simulator.simulate(
+        workload([0, 0, 0, 1], [3, 1, 2, 1]), "continuous", max_num_seqs=2, cost=service_time.TokenServiceTime(1000)
+    )
     assert result.start_s.tolist() == [0, 0, 1, 3]
     assert result.finish_s.tolist() == [3, 1, 3, 4]
     assert result.latency_s.tolist() == [3, 1, 3, 3]
@@ -28,7 +30,9 @@ def test_continuous_by_hand():
 
 def test_static_by_hand():
     # the first batch takes the first 2 of 3 arrived; r1 (1 token) holds its slot until r0's 3 tokens are done
-    result = simulator.simulate(workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, cost=service_time.TokenServiceTime(1000))
+    result = simulator.simulate(
+        workload([0, 0, 0, 1], [3, 1, 2, 1]), "static", max_num_seqs=2, cost=service_time.TokenServiceTime(1000)
+    )
     assert result.start_s.tolist() == [0, 0, 3, 3]
     assert result.done_s.tolist() == [3, 1, 5, 4]
     assert result.finish_s.tolist() == [3, 3, 5, 5]
@@ -55,7 +59,9 @@ def test_a_policy_object_plugs_in():
         def schedule(self, arrival_s, service_s, max_num_seqs):
             return simulator.Schedule(arrival_s, arrival_s + service_s, np.arange(len(arrival_s)))
 
-    result = simulator.simulate(workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), cost=service_time.TokenServiceTime(1000))
+    result = simulator.simulate(
+        workload([0, 0, 1], [2, 1, 1]), EveryoneAtOnce(), cost=service_time.TokenServiceTime(1000)
+    )
     assert result.policy == "unbounded" and result.latency_s.tolist() == [2, 1, 1]
     with pytest.raises(ValueError, match="^policy=3 is not allowed"):
         simulator.simulate(workload([0], [1]), 3)
@@ -63,13 +69,17 @@ def test_a_policy_object_plugs_in():
 
 def test_static_batch_waits_for_next_arrival_when_none_is_waiting():
     # idle gap: nothing waits at 2 s, so the next batch starts at 10 s with the two that arrived by then
-    result = simulator.simulate(workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, cost=service_time.TokenServiceTime(1000))
+    result = simulator.simulate(
+        workload([0, 10, 10, 11], [2, 1, 1, 1]), "static", max_num_seqs=4, cost=service_time.TokenServiceTime(1000)
+    )
     assert result.start_s.tolist() == [0, 10, 10, 11]
     assert result.finish_s.tolist() == [2, 11, 11, 12]
 
 
 def test_summary_p95_is_numpys_linear_percentile_and_makespan_starts_at_first_arrival():
-    result = simulator.simulate(workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, cost=service_time.TokenServiceTime(500))
+    result = simulator.simulate(
+        workload([5, 5, 6], [1, 2, 4]), "continuous", max_num_seqs=3, cost=service_time.TokenServiceTime(500)
+    )
     summary = result.summary()
     assert summary["p95_latency_s"] == pytest.approx(np.percentile([0.5, 1.0, 2.0], 95))
     assert summary["makespan_s"] == pytest.approx(8.0 - 5.0)
@@ -96,8 +106,12 @@ def small_workloads(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(w=small_workloads(), policy=st.sampled_from(["static", "continuous"]), slots=st.integers(1, 4),
-       ms_per_token=st.sampled_from([125, 250, 500, 1000, 2000]))
+@given(
+    w=small_workloads(),
+    policy=st.sampled_from(["static", "continuous"]),
+    slots=st.integers(1, 4),
+    ms_per_token=st.sampled_from([125, 250, 500, 1000, 2000]),
+)
 def test_event_driven_equals_the_per_step_loop(w, policy, slots, ms_per_token):
     fast = simulator.simulate(w, policy, max_num_seqs=slots, cost=service_time.TokenServiceTime(ms_per_token))
     slow = stepwise.simulate_stepwise(w.arrival_s, w.output_tokens, policy, slots, ms_per_token)
@@ -178,7 +192,11 @@ def test_band_table_band_percentile_and_ledger_rows():
     rows = section.ledger_rows(bands, "mixed")
     assert len(rows) == 10 and set(rows["row"]) == {"static", "continuous"}
     first = rows.set_index(["row", "column"]).loc[("static", "mean_latency_s")]
-    assert (first["band_low"], first["band_high"], first["reproduced"]) == (row["band_low"], row["band_high"], row["median"])
+    assert (first["band_low"], first["band_high"], first["reproduced"]) == (
+        row["band_low"],
+        row["band_high"],
+        row["median"],
+    )
 
 
 def test_ratio_runs_are_static_over_continuous_per_seed():
@@ -207,24 +225,30 @@ def test_variance_sweep_opens_the_gap():
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("kwargs, message", [
-    ({"max_num_seqs": 0}, "max_num_seqs=0 is not allowed: must be an integer >= 1"),
-    ({"max_num_seqs": -3}, "max_num_seqs=-3 is not allowed"),
-    ({"policy": "greedy"}, "policy='greedy' is not allowed: must be one of static, continuous"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"max_num_seqs": 0}, "max_num_seqs=0 is not allowed: must be an integer >= 1"),
+        ({"max_num_seqs": -3}, "max_num_seqs=-3 is not allowed"),
+        ({"policy": "greedy"}, "policy='greedy' is not allowed: must be one of static, continuous"),
+    ],
+)
 def test_bad_parameters_name_themselves(kwargs, message):  # a bad ms_per_token: TokenServiceTime's own check
     with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         simulator.simulate(workload([0], [1]), **kwargs)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: synthetic.article_s2_workload(10, 0, "article", np.random.default_rng(0)), "arrival_rate=0"),
-    (lambda: synthetic.article_s2_workload(10, 11, "zipf", np.random.default_rng(0)), "lengths='zipf'"),
-    (lambda: synthetic.article_s2_workload(0, 11, "article", np.random.default_rng(0)), "num_requests=0"),
-    (lambda: workloads.sample_lengths("constant", 3, np.random.default_rng(0), tokens=0), "tokens=0"),
-    (lambda: workload([0, 1], [5, 0]), r"output_tokens\[1\]=0"),
-    (lambda: workload([], []), "num_requests=0"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: synthetic.article_s2_workload(10, 0, "article", np.random.default_rng(0)), "arrival_rate=0"),
+        (lambda: synthetic.article_s2_workload(10, 11, "zipf", np.random.default_rng(0)), "lengths='zipf'"),
+        (lambda: synthetic.article_s2_workload(0, 11, "article", np.random.default_rng(0)), "num_requests=0"),
+        (lambda: workloads.sample_lengths("constant", 3, np.random.default_rng(0), tokens=0), "tokens=0"),
+        (lambda: workload([0, 1], [5, 0]), r"output_tokens\[1\]=0"),
+        (lambda: workload([], []), "num_requests=0"),
+    ],
+)
 def test_bad_workloads_name_the_parameter(call, message):
     with pytest.raises(ValueError, match="^" + message):
         call()
@@ -234,4 +258,7 @@ def test_the_cost_model_sets_the_service_time():
     w = workload([0, 1], [5, 3])
     by_cost = simulator.simulate(w, "static", cost=service_time.TokenServiceTime(4)).summary()
     assert by_cost["busy_slot_s"] == pytest.approx(8 * 0.004)
-    assert simulator.simulate(w, "static").summary() == simulator.simulate(w, "static", cost=service_time.TokenServiceTime(8.0)).summary()
+    assert (
+        simulator.simulate(w, "static").summary()
+        == simulator.simulate(w, "static", cost=service_time.TokenServiceTime(8.0)).summary()
+    )

@@ -1,4 +1,5 @@
 """Sweeps give the same numbers serially, on local processes and on a Dask cluster; a bad address is one line."""
+
 import time
 
 import pytest
@@ -35,15 +36,20 @@ def test_a_dask_local_cluster_gives_identical_results():
 
 def test_a_dask_address_that_does_not_answer_is_one_line_within_ten_seconds():
     start = time.monotonic()
-    with pytest.raises(ValueError, match=r"^SWEEP_SCHEDULER='tcp://127.0.0.1:9' is not allowed: no Dask scheduler "
-                                         r"answered there within 10 s"):
+    with pytest.raises(
+        ValueError,
+        match=r"^SWEEP_SCHEDULER='tcp://127.0.0.1:9' is not allowed: no Dask scheduler "
+        r"answered there within 10 s",
+    ):
         sweep.run(mean_latency, POINTS, scheduler="tcp://127.0.0.1:9")
     assert time.monotonic() - start < 15
 
 
 def test_a_scheduler_that_is_no_scheduler_is_refused(monkeypatch):
     monkeypatch.setenv("SWEEP_SCHEDULER", "threads")
-    with pytest.raises(ValueError, match="SWEEP_SCHEDULER='threads' is not allowed: must be serial, processes or a Dask"):
+    with pytest.raises(
+        ValueError, match="SWEEP_SCHEDULER='threads' is not allowed: must be serial, processes or a Dask"
+    ):
         sweep.run(mean_latency, POINTS)
 
 
@@ -53,17 +59,23 @@ def test_every_sweep_is_logged_for_the_report(tmp_path, monkeypatch):
     sweep.run(mean_latency, POINTS[:2], scheduler="serial", name="first")
     sweep.run(mean_latency, POINTS[:3], scheduler="serial", name="second")
     runs = sweep.read_log(log)
-    assert [(r.name, r.num_points, r.where) for r in runs] == [("first", 2, "this process"), ("second", 3, "this process")]
+    assert [(r.name, r.num_points, r.where) for r in runs] == [
+        ("first", 2, "this process"),
+        ("second", 3, "this process"),
+    ]
     assert "points on this process in" in str(runs[0])
 
 
 def test_the_report_refuses_an_unreachable_dask_address_before_any_notebook_runs():
-    from conftest import ROOT
     import kvlab.report.params as report_params
+    from conftest import ROOT
 
     start = time.monotonic()
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    with pytest.raises(report_params.ReportError, match=r"SWEEP_SCHEDULER='tcp://127.0.0.1:9' is not allowed: no Dask "
-                                                        r"scheduler answered there within 10 s"):
+    with pytest.raises(
+        report_params.ReportError,
+        match=r"SWEEP_SCHEDULER='tcp://127.0.0.1:9' is not allowed: no Dask "
+        r"scheduler answered there within 10 s",
+    ):
         report_params.load_params(ROOT / "params.yaml", ["SWEEP_SCHEDULER=tcp://127.0.0.1:9"], notebooks)
     assert time.monotonic() - start < 15

@@ -1,5 +1,6 @@
 """No test fails because a program is missing: every program a test runs comes with Python's pinned packages or
 make, or is in tests/conftest.py TOOLS and its test is skipped, with the fix, where it is missing."""
+
 import ast
 import os
 import subprocess
@@ -20,8 +21,14 @@ def programs_started() -> list[tuple[str, int, str]]:
     found = []
     for path in sorted(TESTS.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in RUNS \
-                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess" and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in RUNS
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "subprocess"
+                and node.args
+            ):
                 first = node.args[0]
                 program = first.elts[0] if isinstance(first, ast.List) and first.elts else first
                 found.append((path.name, node.lineno, ast.unparse(program)))
@@ -31,9 +38,11 @@ def programs_started() -> list[tuple[str, int, str]]:
 def test_every_program_a_test_starts_is_provided_or_a_tool_with_its_fix():
     for name, line, program in programs_started():
         provided = program in PROVIDED
-        a_tool = program == "CHROMIUM"   # tests/browser.py: tool_path("chromium"), its tests marked needs_tool
-        assert provided or a_tool, (f"{name}:{line} starts {program}, which neither Python's pinned packages nor make "
-                                    "provide: add it to TOOLS in tests/conftest.py and mark its tests needs_tool")
+        a_tool = program == "CHROMIUM"  # tests/browser.py: tool_path("chromium"), its tests marked needs_tool
+        assert provided or a_tool, (
+            f"{name}:{line} starts {program}, which neither Python's pinned packages nor make "
+            "provide: add it to TOOLS in tests/conftest.py and mark its tests needs_tool"
+        )
 
 
 def test_every_test_that_opens_a_browser_is_marked():
@@ -41,7 +50,8 @@ def test_every_test_that_opens_a_browser_is_marked():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and any(
-                    isinstance(n, ast.Name) and n.id == "Browser" for n in ast.walk(node)):
+                isinstance(n, ast.Name) and n.id == "Browser" for n in ast.walk(node)
+            ):
                 marks = [ast.unparse(d) for d in node.decorator_list]
                 assert "needs_tool('chromium')" in marks, f"{path.name}::{node.name} opens Chromium unmarked"
 
@@ -63,9 +73,26 @@ def hidden_path(tmp_path: Path) -> str:
 
 def test_without_the_tools_their_tests_are_skipped_saying_the_fix(tmp_path):
     env = {**os.environ, "PATH": hidden_path(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_report_output.py", "-k", "chromium"], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_report_output.py",
+            "-k",
+            "chromium",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:]
-    assert "1 skipped" in done.stdout and "chromium is not installed (fix: make setup installs" in done.stdout, \
+    assert "1 skipped" in done.stdout and "chromium is not installed (fix: make setup installs" in done.stdout, (
         done.stdout[-2000:]
+    )

@@ -1,4 +1,5 @@
 """Trace loaders: the three formats, bad rows, trace_dir, the manifest and the download check."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,8 +15,7 @@ from kvlab.sections import s01_allocation as allocation_section
 from kvlab.sections import s02_batching as batching_section
 from kvlab.sections import s04_traces as section
 from kvlab.sections.s02_batching import Experiment
-from kvlab.workloads import download, traces
-from kvlab.workloads import poisson_arrivals
+from kvlab.workloads import download, poisson_arrivals, traces
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 SHAREGPT_HEADER = "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio"
@@ -41,9 +41,18 @@ def moon(t, n_in, n_out, ids=None) -> str:
 
 
 def test_azure_crlf_seven_digits_and_no_last_terminator(tmp_path):
-    path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44",
-                                                 "2023-11-16 18:15:50.9951690,396,109",
-                                                 "2023-11-16 18:16:46.6805909,10,1"]), newline="\r\n")
+    path = write(
+        tmp_path,
+        "az.csv",
+        azure_text(
+            [
+                "2023-11-16 18:15:46.6805900,374,44",
+                "2023-11-16 18:15:50.9951690,396,109",
+                "2023-11-16 18:16:46.6805909,10,1",
+            ]
+        ),
+        newline="\r\n",
+    )
     load = traces.load_trace(path)
     w = load.workload
     assert load.trace_format == "azure" and w.name == "azure" and load.num_rows == 3 and load.bad_rows == ()
@@ -54,8 +63,11 @@ def test_azure_crlf_seven_digits_and_no_last_terminator(tmp_path):
 
 
 def test_mooncake_ms_relative_to_first_and_prefix_hashes(tmp_path):
-    path = write(tmp_path, "m.jsonl", "\n".join([moon(1000, 1025, 5, [0, 1, 2]), moon(1000, 512, 7, [0]),
-                                                 moon(4500, 1, 1, [9])]) + "\n")
+    path = write(
+        tmp_path,
+        "m.jsonl",
+        "\n".join([moon(1000, 1025, 5, [0, 1, 2]), moon(1000, 512, 7, [0]), moon(4500, 1, 1, [9])]) + "\n",
+    )
     w = traces.load_trace(path, name="kimi").workload
     assert w.name == "kimi"
     assert w.arrival_s.tolist() == [0.0, 0.0, 3.5]
@@ -81,12 +93,24 @@ def test_explicit_format_and_max_requests(tmp_path):
     assert load.workload.prompt_tokens.tolist() == [1, 4]
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({}, "arrival_rate_per_s is needed: the sharegpt trace has no timestamps, so its requests arrive as a "
-         "Poisson process at a rate you give (requests/s)"),
-    ({"arrival_rate_per_s": 0.0}, "arrival_rate_per_s=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s"),
-    ({"arrival_rate_per_s": 2.0}, "rng=None is not allowed: a numpy.random.Generator is needed to draw Poisson arrivals"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {},
+            "arrival_rate_per_s is needed: the sharegpt trace has no timestamps, so its requests arrive as a "
+            "Poisson process at a rate you give (requests/s)",
+        ),
+        (
+            {"arrival_rate_per_s": 0.0},
+            "arrival_rate_per_s=0.0 is not allowed: must be a number from 0.001 to 1,000,000 requests/s",
+        ),
+        (
+            {"arrival_rate_per_s": 2.0},
+            "rng=None is not allowed: a numpy.random.Generator is needed to draw Poisson arrivals",
+        ),
+    ],
+)
 def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
     path = write(tmp_path, "s.csv", SHAREGPT_HEADER + "\n1,2,3,0.5\n")
     with pytest.raises(ValueError) as err:
@@ -96,15 +120,24 @@ def test_sharegpt_needs_rate_and_rng(tmp_path, kwargs, message):
 
 def test_timed_trace_refuses_an_arrival_rate(tmp_path):
     path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
-    with pytest.raises(ValueError, match=r"^arrival_rate_per_s=3.0 is not allowed: the azure trace has its own timestamps; leave the rate unset$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^arrival_rate_per_s=3.0 is not allowed: the azure trace has its own timestamps; leave the rate unset$",
+    ):
         traces.load_trace(path, arrival_rate_per_s=3.0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"trace_format": "jsonl"}, "trace_format='jsonl' is not allowed: must be one of auto, azure, mooncake, sharegpt, csv"),
-    ({"on_bad_row": "ignore"}, "on_bad_row='ignore' is not allowed: must be one of raise, skip"),
-    ({"max_requests": 0}, "max_requests=0 is not allowed: must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            {"trace_format": "jsonl"},
+            "trace_format='jsonl' is not allowed: must be one of auto, azure, mooncake, sharegpt, csv",
+        ),
+        ({"on_bad_row": "ignore"}, "on_bad_row='ignore' is not allowed: must be one of raise, skip"),
+        ({"max_requests": 0}, "max_requests=0 is not allowed: must be an integer >= 1"),
+    ],
+)
 def test_bad_parameters(tmp_path, kwargs, message):
     path = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
     with pytest.raises(ValueError) as err:
@@ -116,20 +149,24 @@ def test_unknown_header_and_wrong_explicit_format(tmp_path):
     path = write(tmp_path, "x.csv", "a,b,c\n1,2,3\n")
     with pytest.raises(ValueError) as err:
         traces.load_trace(path)
-    assert str(err.value) == (f"{path}:1: cannot tell the trace format from 'a,b,c': name it with trace_format, "
-                              "one of azure, mooncake, sharegpt, csv")
+    assert str(err.value) == (
+        f"{path}:1: cannot tell the trace format from 'a,b,c': name it with trace_format, "
+        "one of azure, mooncake, sharegpt, csv"
+    )
     az = write(tmp_path, "az.csv", azure_text(["2023-11-16 18:15:46.6805900,374,44"]))
     with pytest.raises(ValueError) as err:
         traces.load_trace(az, "sharegpt", arrival_rate_per_s=1.0, rng=np.random.default_rng(0))
-    assert str(err.value) == (f"{az}:1: the header lacks column(s) num_prefill_tokens, num_decode_tokens that a "
-                              "sharegpt trace needs (found: TIMESTAMP, ContextTokens, GeneratedTokens)")
+    assert str(err.value) == (
+        f"{az}:1: the header lacks column(s) num_prefill_tokens, num_decode_tokens that a "
+        "sharegpt trace needs (found: TIMESTAMP, ContextTokens, GeneratedTokens)"
+    )
 
 
 def test_a_plain_csv_of_arrivals_and_lengths_is_a_workload(tmp_path):
     path = write(tmp_path, "plain.csv", "arrival_s,prompt_tokens,output_tokens\n0.5,10,3\n0.75,20,4\n0.75,5,1\n")
     load = traces.load_trace(path)
     assert load.trace_format == "csv"
-    assert load.workload.arrival_s.tolist() == [0.0, 0.25, 0.25]     # seconds from the first request
+    assert load.workload.arrival_s.tolist() == [0.0, 0.25, 0.25]  # seconds from the first request
     assert load.workload.prompt_tokens.tolist() == [10, 20, 5] and load.workload.output_tokens.tolist() == [3, 4, 1]
     bad = write(tmp_path, "bad.csv", "arrival_s,prompt_tokens,output_tokens\n-1,10,3\n")
     with pytest.raises(ValueError, match=r"bad.csv:2: arrival_s='-1' is not allowed: must be a number of seconds >= 0"):
@@ -143,16 +180,23 @@ LATER = "2023-11-16 18:15:50.0000000,10,2"
 AZURE_BAD_ROWS = [
     ("2023-11-16 18:15:47.0,12", "2 columns where the header has 3 (TIMESTAMP, ContextTokens, GeneratedTokens)"),
     ("2023-11-16 18:15:47.0,abc,3", "ContextTokens='abc' is not allowed: must be a whole number >= 0 (a token count)"),
-    ("2023-11-16 18:15:47.0,5,-3",
-     "GeneratedTokens='-3' is not allowed: must be a whole number >= 1 (a request generates at least one token)"),
+    (
+        "2023-11-16 18:15:47.0,5,-3",
+        "GeneratedTokens='-3' is not allowed: must be a whole number >= 1 (a request generates at least one token)",
+    ),
     ("2023-11-16 18:15:47.0,,3", "ContextTokens='' is not allowed: must be a whole number >= 0 (a token count)"),
     ("2023-11-16 18:15:47.0,4.5,3", "ContextTokens='4.5' is not allowed: must be a whole number >= 0 (a token count)"),
     ("yesterday,5,3", "TIMESTAMP='yesterday' is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff"),
     # an offset cannot be compared with the file's plain times: a bad row, not a TypeError traceback
-    ("2023-11-16 18:15:47+00:00,5,3",
-     "TIMESTAMP='2023-11-16 18:15:47+00:00' is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff"),
-    ("2023-11-16 18:15:40.0000000,5,3", "timestamp 2023-11-16 18:15:40 is not allowed: it goes backwards from "
-                                        "the previous row's 2023-11-16 18:15:46.680590"),
+    (
+        "2023-11-16 18:15:47+00:00,5,3",
+        "TIMESTAMP='2023-11-16 18:15:47+00:00' is not allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff",
+    ),
+    (
+        "2023-11-16 18:15:40.0000000,5,3",
+        "timestamp 2023-11-16 18:15:40 is not allowed: it goes backwards from "
+        "the previous row's 2023-11-16 18:15:46.680590",
+    ),
 ]
 
 
@@ -166,24 +210,36 @@ def test_azure_bad_row_raises_naming_file_and_line_or_is_skipped(tmp_path, bad, 
     assert load.bad_rows == (traces.BadRow(3, reason),)
     assert load.num_rows == 3 and load.num_skipped == 1
     assert load.workload.prompt_tokens.tolist() == [374, 10]
-    assert load.summary() == ("azure trace az.csv: 2 requests from 3 rows, 1 bad rows skipped "
-                              f"(first: line 3: {reason})")
+    assert load.summary() == (
+        f"azure trace az.csv: 2 requests from 3 rows, 1 bad rows skipped (first: line 3: {reason})"
+    )
 
 
-@pytest.mark.parametrize("bad, reason", [
-    ('{"timestamp": 5, "input_length": 3, "output_length": 1}', "missing column(s) hash_ids"),
-    (moon(5, 3, 1).replace('"input_length": 3', '"input_length": "3"'),
-     "input_length='3' is not allowed: must be a whole number >= 0 (a token count)"),
-    (moon(5, -3, 1, []), "input_length=-3 is not allowed: must be a whole number >= 0 (a token count)"),
-    (moon(5, 3, 0), "output_length=0 is not allowed: must be a whole number >= 1 (a request generates at least one token)"),
-    (moon(5, 1025, 1, [0, 1]), "hash_ids has 2 blocks but input_length=1025 needs 3 blocks of 512 tokens"),
-    (moon(5, 3, 1, [-1]), "hash_ids=[-1] is not allowed: must be a list of whole numbers >= 0 and < 2^63"),
-    (moon(5, 3, 1, [2**64]), "hash_ids=[18446744073709551616] is not allowed: must be a list of whole numbers >= 0 and < 2^63"),
-    (moon('"soon"', 3, 1), "timestamp='soon' is not allowed: must be a number of ms"),
-    (moon(1, 3, 1), "timestamp 1 is not allowed: it goes backwards from the previous row's 2"),
-    ('{"timestamp": 5, "input', "not a JSON object (Unterminated string starting at, column 18)"),
-    ("[1, 2]", "not a JSON object: '[1, 2]'"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        ('{"timestamp": 5, "input_length": 3, "output_length": 1}', "missing column(s) hash_ids"),
+        (
+            moon(5, 3, 1).replace('"input_length": 3', '"input_length": "3"'),
+            "input_length='3' is not allowed: must be a whole number >= 0 (a token count)",
+        ),
+        (moon(5, -3, 1, []), "input_length=-3 is not allowed: must be a whole number >= 0 (a token count)"),
+        (
+            moon(5, 3, 0),
+            "output_length=0 is not allowed: must be a whole number >= 1 (a request generates at least one token)",
+        ),
+        (moon(5, 1025, 1, [0, 1]), "hash_ids has 2 blocks but input_length=1025 needs 3 blocks of 512 tokens"),
+        (moon(5, 3, 1, [-1]), "hash_ids=[-1] is not allowed: must be a list of whole numbers >= 0 and < 2^63"),
+        (
+            moon(5, 3, 1, [2**64]),
+            "hash_ids=[18446744073709551616] is not allowed: must be a list of whole numbers >= 0 and < 2^63",
+        ),
+        (moon('"soon"', 3, 1), "timestamp='soon' is not allowed: must be a number of ms"),
+        (moon(1, 3, 1), "timestamp 1 is not allowed: it goes backwards from the previous row's 2"),
+        ('{"timestamp": 5, "input', "not a JSON object (Unterminated string starting at, column 18)"),
+        ("[1, 2]", "not a JSON object: '[1, 2]'"),
+    ],
+)
 def test_mooncake_bad_row(tmp_path, bad, reason):
     path = write(tmp_path, "m.jsonl", "\n".join([moon(2, 10, 1), "", bad, moon(9, 10, 1)]))
     with pytest.raises(ValueError) as err:
@@ -198,7 +254,10 @@ def test_sharegpt_bad_row(tmp_path):
     path = write(tmp_path, "s.csv", SHAREGPT_HEADER + "\n1,2,3,0.5\n-4,5,1,0.8\n")
     with pytest.raises(ValueError) as err:
         traces.load_trace(path, arrival_rate_per_s=1.0, rng=np.random.default_rng(0))
-    assert str(err.value) == f"{path}:3: num_prefill_tokens='-4' is not allowed: must be a whole number >= 0 (a token count)"
+    assert (
+        str(err.value)
+        == f"{path}:3: num_prefill_tokens='-4' is not allowed: must be a whole number >= 0 (a token count)"
+    )
 
 
 def test_a_binary_file_is_one_line_naming_it(tmp_path):
@@ -227,12 +286,22 @@ def test_header_only_and_all_bad(tmp_path):
     path = write(tmp_path, "az2.csv", azure_text(["x,1,1", "y,1,1"]))
     with pytest.raises(ValueError) as err:
         traces.load_trace(path, on_bad_row="skip")
-    assert str(err.value) == (f"{path}: no requests: all 2 rows are bad (first: line 2: TIMESTAMP='x' is not "
-                              "allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff)")
+    assert str(err.value) == (
+        f"{path}: no requests: all 2 rows are bad (first: line 2: TIMESTAMP='x' is not "
+        "allowed: must be a time YYYY-MM-DD HH:MM:SS.ffffff)"
+    )
 
 
-rows_strategy = st.lists(st.tuples(st.integers(0, 5_000_000), st.integers(-3, 9000), st.integers(-3, 2000),
-                                   st.sampled_from(["ok", "ok", "ok", "short", "text"])), min_size=1, max_size=40)
+rows_strategy = st.lists(
+    st.tuples(
+        st.integers(0, 5_000_000),
+        st.integers(-3, 9000),
+        st.integers(-3, 2000),
+        st.sampled_from(["ok", "ok", "ok", "short", "text"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -271,8 +340,11 @@ def test_skip_keeps_exactly_the_good_rows(tmp_path_factory, rows, crlf, terminat
 
 
 def test_summary_tables_and_arrival_rate(tmp_path):
-    path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150), moon(0, 300, 300), moon(30_000, 5000, 500),
-                                                 moon(90_000, 700, 1200)]))
+    path = write(
+        tmp_path,
+        "m.jsonl",
+        "\n".join([moon(0, 100, 150), moon(0, 300, 300), moon(30_000, 5000, 500), moon(90_000, 700, 1200)]),
+    )
     w = traces.load_trace(path).workload
     table = section.summary_table({"m": w})
     assert table.loc["m", "requests"] == 4 and table.loc["m", "duration_s"] == 90.0
@@ -343,7 +415,10 @@ def test_download_fetches_and_checks_the_hash(tmp_path, monkeypatch):
 
     def no_fetch(url, path):
         raise AssertionError("a file with the right hash must not be fetched again")
-    assert download.download(dest, manifest, fetch=no_fetch) == [f"tiny: {dest / 'tiny.csv'} already present, sha256 ok"]
+
+    assert download.download(dest, manifest, fetch=no_fetch) == [
+        f"tiny: {dest / 'tiny.csv'} already present, sha256 ok"
+    ]
 
 
 def test_download_refuses_a_wrong_hash_and_leaves_nothing(tmp_path, capsys):
@@ -352,8 +427,10 @@ def test_download_refuses_a_wrong_hash_and_leaves_nothing(tmp_path, capsys):
     with pytest.raises(ValueError) as err:
         download.download(dest, manifest)
     got = hashlib.sha256(b"tampered").hexdigest()
-    assert str(err.value) == (f"{(tmp_path / 'source.csv').as_uri()}: sha256 {got} is not the manifest's "
-                              f"{'0' * 64} for tiny; nothing was written")
+    assert str(err.value) == (
+        f"{(tmp_path / 'source.csv').as_uri()}: sha256 {got} is not the manifest's "
+        f"{'0' * 64} for tiny; nothing was written"
+    )
     assert list(dest.iterdir()) == []
     assert cli.main(["traces", "download", "--dest", str(dest), "--manifest", str(manifest)]) == 2
     err_text = capsys.readouterr().err
@@ -362,15 +439,20 @@ def test_download_refuses_a_wrong_hash_and_leaves_nothing(tmp_path, capsys):
 
 def test_download_cli_unknown_trace(tmp_path, capsys):
     manifest = local_manifest(tmp_path, b"x")
-    assert cli.main(["traces", "download", "--dest", str(tmp_path / "d"), "--manifest", str(manifest), "--trace", "big"]) == 2
+    assert (
+        cli.main(["traces", "download", "--dest", str(tmp_path / "d"), "--manifest", str(manifest), "--trace", "big"])
+        == 2
+    )
     assert capsys.readouterr().err == "kvlab traces: error: --trace='big' is not allowed: must be one of tiny\n"
 
 
 # ---------------------------------------------------------------------------------- the real files
 
 MISSING = traces.missing_traces()
-real = pytest.mark.skipif(bool(MISSING), reason=f"real trace files {', '.join(MISSING)} not in "
-                          f"{traces.trace_dir()} (set TRACE_DIR or run make traces)")
+real = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"real trace files {', '.join(MISSING)} not in {traces.trace_dir()} (set TRACE_DIR or run make traces)",
+)
 
 
 @real
@@ -405,8 +487,13 @@ def test_real_files_load_clean(name):
 def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     from kvlab.sections.shared import plots
 
-    path = write(tmp_path, "m.jsonl", "\n".join([moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]),
-                                                 moon(5000, 700, 1200, [0, 1]), moon(9000, 80, 3, [0])]))
+    path = write(
+        tmp_path,
+        "m.jsonl",
+        "\n".join(
+            [moon(0, 100, 150, [0]), moon(2000, 600, 30, [0, 1]), moon(5000, 700, 1200, [0, 1]), moon(9000, 80, 3, [0])]
+        ),
+    )
     w = traces.load_trace(path).workload
     fig = plots.length_cdfs({"a": w, "b": w}, "output_tokens", {"mark": 200})
     ax = fig.axes[0]
@@ -421,8 +508,11 @@ def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     assert ax.get_ylabel() == "arrival rate (requests/s)" and len(ax.lines) == 1
     ax = plots.prefix_hit_rate(section.hit_rate_curve(w, [1, 2])).axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "block hit rate", "block hit rate, unbounded cache (66.7%)",  # 4 of 6 blocks
-        "prefill tokens saved", "prefill tokens saved, unbounded cache (87.3%)"]  # 1,292 of 1,480
+        "block hit rate",
+        "block hit rate, unbounded cache (66.7%)",  # 4 of 6 blocks
+        "prefill tokens saved",
+        "prefill tokens saved, unbounded cache (87.3%)",
+    ]  # 1,292 of 1,480
 
 
 def test_download_command_as_make_traces_runs_it(tmp_path):  # make traces: kvlab traces download
@@ -430,8 +520,22 @@ def test_download_command_as_make_traces_runs_it(tmp_path):  # make traces: kvla
     import sys
 
     manifest = local_manifest(tmp_path, b"num_prefill_tokens,num_decode_tokens\n1,2\n")
-    run = subprocess.run([sys.executable, "-m", "kvlab", "traces", "download", "--dest", str(tmp_path / "d"),
-                          "--manifest", str(manifest)], capture_output=True, text=True, timeout=60)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvlab",
+            "traces",
+            "download",
+            "--dest",
+            str(tmp_path / "d"),
+            "--manifest",
+            str(manifest),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert (run.returncode, run.stderr) == (0, "")
     assert run.stdout == f"tiny: downloaded {tmp_path / 'd' / 'tiny.csv'} (41 bytes), sha256 ok\n"
 
@@ -454,8 +558,11 @@ def test_request_lengths_are_prompt_plus_output_and_too_long_ones_an_error_or_dr
     w = traces.load_trace(write(tmp_path, "az.csv", azure_text(AZURE_ROWS))).workload
     lengths, dropped = traces.request_lengths(w)
     assert lengths.tolist() == [418, 330, 5020] and dropped == 0
-    with pytest.raises(ValueError, match=r"^max_len_tokens=4096 is not allowed: 1 of the trace's 3 requests are "
-                                         r"longer \(largest 5,020 tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"^max_len_tokens=4096 is not allowed: 1 of the trace's 3 requests are "
+        r"longer \(largest 5,020 tokens",
+    ):
         traces.request_lengths(w, 4096)
     lengths, dropped = traces.request_lengths(w, 4096, over_max_len="drop")
     assert lengths.tolist() == [418, 330] and dropped == 1
@@ -471,8 +578,12 @@ def test_open_trace_loads_a_window_or_says_plainly_why_not(tmp_path):
     assert set(trace.with_others({"article": 1})) == {"article", "azure"}
     absent = section.open_trace("mooncake", folder)
     assert not absent.available and absent.with_others({"article": 1}) == {"article": 1}
-    assert absent.note.startswith("The mooncake trace is not available (mooncake_conversation_trace.jsonl is not "
-                                  "in the trace folder") and str(tmp_path) not in absent.note
+    assert (
+        absent.note.startswith(
+            "The mooncake trace is not available (mooncake_conversation_trace.jsonl is not in the trace folder"
+        )
+        and str(tmp_path) not in absent.note
+    )
     assert section.open_trace("", folder).note.startswith("No real trace chosen")
     with pytest.raises(ValueError, match="trace='kimi' is not allowed"):
         section.open_trace("kimi", folder)
@@ -481,7 +592,9 @@ def test_open_trace_loads_a_window_or_says_plainly_why_not(tmp_path):
 def test_open_trace_gives_sharegpt_seeded_poisson_arrivals(tmp_path):
     folder = tmp_path / "traces"
     folder.mkdir()
-    (folder / traces.read_manifest()["sharegpt"]["file"]).write_text(SHAREGPT_HEADER + "\n1,2,3,0.5\n4,5,9,0.8\n7,1,8,7\n")
+    (folder / traces.read_manifest()["sharegpt"]["file"]).write_text(
+        SHAREGPT_HEADER + "\n1,2,3,0.5\n4,5,9,0.8\n7,1,8,7\n"
+    )
     trace = section.open_trace("sharegpt", folder, arrival_rate_per_s=2.0, seed=5)
     expected = poisson_arrivals(3, 2.0, np.random.default_rng(5))
     assert np.array_equal(trace.load.workload.arrival_s, expected)
@@ -490,7 +603,9 @@ def test_open_trace_gives_sharegpt_seeded_poisson_arrivals(tmp_path):
 
 def test_trace_tables_for_the_notebooks_and_their_empty_forms(tmp_path):
     trace = section.open_trace("azure", trace_folder(tmp_path, AZURE_ROWS))
-    table = allocation_section.trace_allocation_table(trace, [1024, 16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    table = allocation_section.trace_allocation_table(
+        trace, [1024, 16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5
+    )
     assert table.loc[1024, "reserved_tokens"] == 2048 and table.loc[16, "reserved_tokens"] == 432 + 336
     assert table.loc[16, "used_tokens"] == 748 and (table["dropped_over_max_len"] == 1).all()
     assert (table["num_requests"] == 2).all()
@@ -498,7 +613,9 @@ def test_trace_tables_for_the_notebooks_and_their_empty_forms(tmp_path):
     # one slot: 0.44 s from 0 s, then 3 s from 1.5 s, then 0.2 s from 4.5 s: makespan 4.7 s either way
     assert comparison.loc["continuous", "makespan_s"] == pytest.approx(4.7)
     absent = section.open_trace("mooncake", tmp_path / "traces")
-    empty = allocation_section.trace_allocation_table(absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5)
+    empty = allocation_section.trace_allocation_table(
+        absent, [16], max_len_tokens=4096, memory_gib=60, mib_per_token=0.5
+    )
     assert empty.empty and list(empty.columns) == list(table.columns)
     empty = batching_section.trace_policy_comparison(absent, Experiment(max_num_seqs=1, cost=TokenServiceTime(10)))
     assert empty.empty and list(empty.columns) == list(comparison.columns)
@@ -510,10 +627,13 @@ def test_availability_note_says_which_traces_were_there(tmp_path):
     assert note.startswith("Real request traces were not available (mooncake, sharegpt missing")
     assert "present: azure" in note and str(tmp_path) not in note
     assert section.availability_note(tmp_path / "nowhere").startswith(
-        "Real request traces were not available (azure, mooncake, sharegpt missing")
-    for name, entry in traces.read_manifest().items():
+        "Real request traces were not available (azure, mooncake, sharegpt missing"
+    )
+    for entry in traces.read_manifest().values():
         (folder / entry["file"]).touch()
-    assert section.availability_note(folder).startswith("Real request traces were available (azure, mooncake, sharegpt)")
+    assert section.availability_note(folder).startswith(
+        "Real request traces were available (azure, mooncake, sharegpt)"
+    )
 
 
 def test_file_format_reads_the_first_line(tmp_path):

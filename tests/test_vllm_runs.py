@@ -1,6 +1,7 @@
 """The real vLLM runs kept as checks (data/checks/, kvlab.workloads.vllm_runs) and kvlab's replay of them
 (kvlab.studies.clock_checks.check_run_table). The runs are checks: these tests hold the loading and the
 arithmetic, not kvlab's agreement with vLLM."""
+
 import numpy as np
 import pytest
 
@@ -10,27 +11,37 @@ from kvlab.sections.shared import plots
 from kvlab.studies import clock_checks
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
-RUNS = ["llmservingsim/RTXPRO6000/Llama-3.1-8B", "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
-        "llmservingsim/RTXPRO6000/Qwen3-32B"]
+RUNS = [
+    "llmservingsim/RTXPRO6000/Llama-3.1-8B",
+    "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507",
+    "llmservingsim/RTXPRO6000/Qwen3-32B",
+]
 
 
 def test_the_three_runs_are_committed():
     assert check_runs() == RUNS
 
 
-@pytest.mark.parametrize("name,model,tp,dp,max_model_len", [
-    (RUNS[0], "meta-llama/Llama-3.1-8B", 1, 1, 131072),
-    (RUNS[1], "Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 2, 262144),
-    (RUNS[2], "Qwen/Qwen3-32B", 2, 1, 40960),
-])
+@pytest.mark.parametrize(
+    "name,model,tp,dp,max_model_len",
+    [
+        (RUNS[0], "meta-llama/Llama-3.1-8B", 1, 1, 131072),
+        (RUNS[1], "Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 2, 262144),
+        (RUNS[2], "Qwen/Qwen3-32B", 2, 1, 40960),
+    ],
+)
 def test_a_run_loads_as_a_workload_with_its_settings_and_latencies(name, model, tp, dp, max_model_len):
     run = load_vllm_run(name)
     w = run.workload
     assert w.num_requests == 300 and w.arrival_s[0] == 0 and np.all(np.diff(w.arrival_s) >= 0)
     s = run.settings
     assert (s["model"], s["gpu"], s["vllm_version"]) == (model, "RTX-PRO-6000-Server-96GB", "0.19.0")
-    assert (s["tensor_parallel_size"], s["data_parallel_size"], s["max_num_seqs"], s["max_num_batched_tokens"]) == \
-        (tp, dp, 128, 2048)
+    assert (s["tensor_parallel_size"], s["data_parallel_size"], s["max_num_seqs"], s["max_num_batched_tokens"]) == (
+        tp,
+        dp,
+        128,
+        2048,
+    )
     assert s["max_model_len"] == max_model_len and "max_model_len" in run.assumed
     assert set(run.assumed) >= {"block_size", "gpu_memory_utilization", "enable_prefix_caching", "async_scheduling"}
     assert np.all(run.first_scheduled_s >= w.arrival_s) and np.all(run.first_token_s >= run.first_scheduled_s)
@@ -41,8 +52,11 @@ def test_a_run_loads_as_a_workload_with_its_settings_and_latencies(name, model, 
 
 
 def test_an_unknown_run_is_refused_naming_the_runs():
-    with pytest.raises(ValueError, match=r"run='RTX4090/x' is not allowed: is not a run of .*; runs: "
-                                         r"llmservingsim/RTXPRO6000/Llama-3.1-8B, "):
+    with pytest.raises(
+        ValueError,
+        match=r"run='RTX4090/x' is not allowed: is not a run of .*; runs: "
+        r"llmservingsim/RTXPRO6000/Llama-3.1-8B, ",
+    ):
         load_vllm_run("RTX4090/x")
 
 
@@ -64,22 +78,32 @@ def test_a_replay_schedules_as_the_run_ran():
     assert run.settings["async_scheduling"] is True and "async_scheduling" in run.assumed
     replay = clock_checks.replay_vllm_run(run, "measured")
     assert replay["async_scheduling"] is True
-    assert np.all(replay["first_token_s"] > run.workload.arrival_s) and np.all(replay["finish_s"] >= replay["first_token_s"])
-    assert clock_checks.check_notes(run).startswith("kvlab schedules asynchronously as vLLM ran (vLLM's default; the "
-                                                    "run records no setting, so assumed)")
+    assert np.all(replay["first_token_s"] > run.workload.arrival_s) and np.all(
+        replay["finish_s"] >= replay["first_token_s"]
+    )
+    assert clock_checks.check_notes(run).startswith(
+        "kvlab schedules asynchronously as vLLM ran (vLLM's default; the run records no setting, so assumed)"
+    )
 
 
-@pytest.mark.parametrize("name,clock,words", [
-    (RUNS[0], "roofline", "The roofline is a lower bound"),
-    (RUNS[1], "roofline", "all 128 experts for every token, where a token runs 8; data and expert parallelism are not"),
-    (RUNS[1], "measured", "Data and expert parallelism are not modelled"),
-    (RUNS[2], "roofline", "it has no all-reduce."),
-    (RUNS[2], "measured", "The all-reduce over PCIe 5.0 x16 is a bandwidth bound without latency."),
-    (RUNS[0], "measured", "No cause identified"),
-])
+@pytest.mark.parametrize(
+    "name,clock,words",
+    [
+        (RUNS[0], "roofline", "The roofline is a lower bound"),
+        (
+            RUNS[1],
+            "roofline",
+            "all 128 experts for every token, where a token runs 8; data and expert parallelism are not",
+        ),
+        (RUNS[1], "measured", "Data and expert parallelism are not modelled"),
+        (RUNS[2], "roofline", "it has no all-reduce."),
+        (RUNS[2], "measured", "The all-reduce over PCIe 5.0 x16 is a bandwidth bound without latency."),
+        (RUNS[0], "measured", "No cause identified"),
+    ],
+)
 def test_a_miss_keeps_its_reason_from_the_runs_settings(name, clock, words):
     reason = clock_checks.check_reason(load_vllm_run(name), clock)
-    assert words in reason and reason.endswith(".") and reason.count(". ") == 0   # one sentence
+    assert words in reason and reason.endswith(".") and reason.count(". ") == 0  # one sentence
 
 
 def test_the_check_view_puts_the_clocks_beside_each_other():
@@ -88,21 +112,30 @@ def test_the_check_view_puts_the_clocks_beside_each_other():
     table = clock_checks.check_run_table(requests=requests)
     view = calibration.check_view(table)
     assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4
-    assert list(view.columns) == ["vllm", "kvlab_roofline", "roofline_error_pct", "roofline_within_target",
-                                  "kvlab_measured", "measured_error_pct", "measured_within_target"]
+    assert list(view.columns) == [
+        "vllm",
+        "kvlab_roofline",
+        "roofline_error_pct",
+        "roofline_within_target",
+        "kvlab_measured",
+        "measured_error_pct",
+        "measured_within_target",
+    ]
     e2e = view.iloc[0]
     assert e2e.name[1] == "mean E2E latency (s), target ±5%"
     assert e2e["measured_error_pct"] == pytest.approx(100 * table.loc[(RUNS[0], "measured"), "mean_e2e_error"])
     assert e2e["vllm"] == f"{table.loc[(RUNS[0], 'measured'), 'vllm_mean_e2e_s']:.2f}"
     median = view.iloc[2]
     assert median["vllm"] == "" and median["kvlab_measured"] == ""
-    for clock in clock_checks.CHECK_CLOCKS:   # a row within all four targets has no reason; a miss has one
+    for clock in clock_checks.CHECK_CLOCKS:  # a row within all four targets has no reason; a miss has one
         row = table.loc[(RUNS[0], clock)]
         assert (row["why"] == "") == bool(row["within_targets"]) == bool(view[f"{clock}_within_target"].all())
     words = calibration.check_figures(table)
-    assert words["targets"] == ("mean E2E latency and mean TPOT within 5% of vLLM's, the median per-request E2E "
-                                "error under 8% and mean TTFT within 15%")
+    assert words["targets"] == (
+        "mean E2E latency and mean TPOT within 5% of vLLM's, the median per-request E2E "
+        "error under 8% and mean TTFT within 15%"
+    )
     assert words["scheduling"] == "asynchronously, as vLLM does by default"
-    figure = plots.check_scatter(requests)   # one panel per run, axes with units
+    figure = plots.check_scatter(requests)  # one panel per run, axes with units
     assert [ax.get_xlabel() for ax in figure.axes] == ["vLLM's E2E latency (s)"]
     assert figure.axes[0].get_ylabel() == "kvlab's E2E latency (s)" and figure.png().startswith(b"\x89PNG")

@@ -1,12 +1,13 @@
 """Request-length generators and the fit of the article's section 1 lengths."""
+
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvlab import workloads
 from kvlab.sections import s01_allocation as allocation
-from kvlab.workloads import synthetic
-from kvlab.workloads import LENGTH_DISTRIBUTIONS, sample_lengths
+from kvlab.workloads import LENGTH_DISTRIBUTIONS, sample_lengths, synthetic
 
 
 def rng(seed=0):
@@ -88,7 +89,7 @@ def test_expected_totals_equal_a_direct_sum():
 
 def test_fit_reproduces_the_published_totals_and_the_default_parameters():
     fit = allocation.fit_article_lengths()
-    assert fit.max_relative_error < 0.001          # every published total within 0.1% in expectation
+    assert fit.max_relative_error < 0.001  # every published total within 0.1% in expectation
     for name, value in synthetic.S1_MIXTURE_PARAMS.items():
         assert fit.params[name] == pytest.approx(value, abs=2e-4), name
     assert list(fit.table.index) == ["used_tokens"] + [f"reserved_tokens @ {b}" for b in (4096, 1024, 256, 64, 16)]
@@ -97,32 +98,43 @@ def test_fit_reproduces_the_published_totals_and_the_default_parameters():
 def test_fit_targets_come_from_the_article_figures():
     t = allocation.article_s1_targets()
     assert t["used_tokens"] == 11_336_014 and t["num_requests"] == 20_000
-    assert t["reserved_tokens"] == {4096: 81_920_000, 1024: 26_132_480, 256: 13_992_448,
-                                    64: 11_958_528, 16: 11_486_464}
+    assert t["reserved_tokens"] == {4096: 81_920_000, 1024: 26_132_480, 256: 13_992_448, 64: 11_958_528, 16: 11_486_464}
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: sample_lengths("zipf", 10, rng()), "lengths='zipf' is not allowed: must be one of article-s1"),
-    (lambda: sample_lengths("uniform", 0, rng()), "num_requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests"),
-    (lambda: sample_lengths("exponential", 10, rng(), mean_tokens=-1), "mean_tokens=-1 is not allowed"),
-    (lambda: sample_lengths("exponential", 10, rng(), width=3), "params=['width'] is not allowed"),
-    (lambda: sample_lengths("article-s2", 10, rng(), long_tokens=(900, 400)), "long_tokens=(900, 400) is not allowed"),
-    (lambda: sample_lengths("article-s2", 10, rng(), long_share=1.5), "long_share=1.5 is not allowed"),
-    (lambda: sample_lengths("constant", 10, rng(), tokens=0), "tokens=0 is not allowed"),
-    (lambda: synthetic.article_s1_pmf(5.0, 0.0, 0.1), "log_sigma=0.0 is not allowed"),
-    (lambda: synthetic.article_s1_pmf(float("nan"), 1.0, 0.1), "log_mean=nan is not allowed"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: sample_lengths("zipf", 10, rng()), "lengths='zipf' is not allowed: must be one of article-s1"),
+        (
+            lambda: sample_lengths("uniform", 0, rng()),
+            "num_requests=0 is not allowed: must be an integer from 1 to 10,000,000,000 requests",
+        ),
+        (lambda: sample_lengths("exponential", 10, rng(), mean_tokens=-1), "mean_tokens=-1 is not allowed"),
+        (lambda: sample_lengths("exponential", 10, rng(), width=3), "params=['width'] is not allowed"),
+        (
+            lambda: sample_lengths("article-s2", 10, rng(), long_tokens=(900, 400)),
+            "long_tokens=(900, 400) is not allowed",
+        ),
+        (lambda: sample_lengths("article-s2", 10, rng(), long_share=1.5), "long_share=1.5 is not allowed"),
+        (lambda: sample_lengths("constant", 10, rng(), tokens=0), "tokens=0 is not allowed"),
+        (lambda: synthetic.article_s1_pmf(5.0, 0.0, 0.1), "log_sigma=0.0 is not allowed"),
+        (lambda: synthetic.article_s1_pmf(float("nan"), 1.0, 0.1), "log_mean=nan is not allowed"),
+    ],
+)
 def test_bad_parameters_raise_one_line(call, message):
     with pytest.raises(ValueError) as error:
         call()
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("prompt, output, message", [
-    ([0, 2.5], [1, 1], r"prompt_tokens\[1\]=2.5 is not allowed: must be a whole number of tokens"),
-    ([0, 0], [1, 1.5], r"output_tokens\[1\]=1.5 is not allowed: must be a whole number of tokens"),
-    ([0, 0], [1, float("nan")], r"output_tokens\[1\]=nan is not allowed: must be a whole number of tokens"),
-])
+@pytest.mark.parametrize(
+    "prompt, output, message",
+    [
+        ([0, 2.5], [1, 1], r"prompt_tokens\[1\]=2.5 is not allowed: must be a whole number of tokens"),
+        ([0, 0], [1, 1.5], r"output_tokens\[1\]=1.5 is not allowed: must be a whole number of tokens"),
+        ([0, 0], [1, float("nan")], r"output_tokens\[1\]=nan is not allowed: must be a whole number of tokens"),
+    ],
+)
 def test_a_workload_refuses_fractional_token_counts_instead_of_truncating_them(prompt, output, message):
     with pytest.raises(ValueError, match="^" + message):
         workloads.Workload(np.array([0.0, 1.0]), np.array(prompt), np.array(output))

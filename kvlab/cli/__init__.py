@@ -5,6 +5,7 @@ registers its parser, and the run function that add names. A command module impo
 flag checks need, numpy at most (with the small numpy-free modules of its run); what only a run needs and costs
 more (kvlab.core.allocator, calibration and PyTorch, the report's build, the downloader) is imported inside the run,
 so `kvlab --help` and a refused flag answer at once. kvlab.cli.common holds what the commands share."""
+
 from __future__ import annotations
 
 import argparse

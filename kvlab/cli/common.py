@@ -1,6 +1,7 @@
 """What every `kvlab` command shares: the one-line parser, library errors in flag names, typed flags, JSON output.
 
 Imports nothing beyond the standard library, so building the parser costs no more than argparse."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,9 @@ class OneLineParser(argparse.ArgumentParser):
 MODEL_FIGURES = ("num_layers", "num_kv_heads", "head_dim", "num_attention_heads", "kv_lora_rank", "qk_rope_head_dim")
 
 
-def flag_error(parser: argparse.ArgumentParser, error: ValueError, flags: dict[str, str],
-               given: set[str] = frozenset()) -> int:
+def flag_error(
+    parser: argparse.ArgumentParser, error: ValueError, flags: dict[str, str], given: set[str] = frozenset()
+) -> int:
     """Report a library ValueError in the command's own flag names; exit status 2.
 
     The parameter the message starts with becomes its flag, and so does a setting named elsewhere in it
@@ -36,7 +38,7 @@ def flag_error(parser: argparse.ArgumentParser, error: ValueError, flags: dict[s
     message = str(error)
     name = re.match(r"[\w\[\]]+", message).group(0) if re.match(r"\w", message) else ""
     if name in flags:
-        message = flags[name] + message[len(name):]
+        message = flags[name] + message[len(name) :]
     for library_name, flag in sorted(flags.items(), key=lambda item: -len(item[0])):
         if "_" in library_name and (flag in given or library_name not in MODEL_FIGURES):
             message = re.sub(rf"(?<![\w'-]){library_name}(?![\w'])", flag, message)  # not a quoted field name

@@ -3,6 +3,7 @@
 The parser needs nothing beyond the standard library and kvlab.cli's own modules; the search (kvlab.studies.plan,
 with the engine, the capacity code and the clocks) is imported inside the run, so `kvlab plan --help` and a
 refused flag answer at once."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,15 +14,31 @@ from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace
 from kvlab.studies.plan_space import Objectives, SearchSpace, knob_value
 
 PLAN_FLAGS = {
-    "ttft_p95_s": "--slo-ttft-p95-s", "tpot_p95_ms": "--slo-tpot-p95-ms", "e2e_p95_s": "--slo-e2e-p95-s",
-    "tensor_parallel_size": "--tensor-parallel-size", "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens", "block_size": "--block-size",
-    "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
-    "enable_chunked_prefill": "--chunked-prefill", "enable_prefix_caching": "--prefix-caching",
-    "async_scheduling": "--async-scheduling", "num_replicas": "--replicas", "max_model_len": "--max-model-len",
-    "num_requests": "--num-requests", "arrival_rate": "--arrival-rate", "prompt_tokens": "--prompt-tokens",
-    "output_tokens": "--output-tokens", "seed": "--seed", "model": "--model", "gpu": "--gpu", "trace": "--trace",
-    "num_params_b": "--num-params-b", "top": "--top", "SWEEP_SCHEDULER": "--scheduler",
+    "ttft_p95_s": "--slo-ttft-p95-s",
+    "tpot_p95_ms": "--slo-tpot-p95-ms",
+    "e2e_p95_s": "--slo-e2e-p95-s",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "block_size": "--block-size",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "enable_chunked_prefill": "--chunked-prefill",
+    "enable_prefix_caching": "--prefix-caching",
+    "async_scheduling": "--async-scheduling",
+    "num_replicas": "--replicas",
+    "max_model_len": "--max-model-len",
+    "num_requests": "--num-requests",
+    "arrival_rate": "--arrival-rate",
+    "prompt_tokens": "--prompt-tokens",
+    "output_tokens": "--output-tokens",
+    "seed": "--seed",
+    "model": "--model",
+    "gpu": "--gpu",
+    "trace": "--trace",
+    "num_params_b": "--num-params-b",
+    "top": "--top",
+    "SWEEP_SCHEDULER": "--scheduler",
 }
 # The searched knobs: (flag, SearchSpace field, kind of value, help).
 SPACE_FLAGS = [
@@ -32,8 +49,13 @@ SPACE_FLAGS = [
     ("--gpu-memory-utilization", "gpu_memory_utilization", float, "share of GPU memory vLLM may use"),
     ("--kv-cache-dtype", "kv_cache_dtype", str, "KV cache dtype (bf16, fp16, fp8, ...)"),
     ("--chunked-prefill", "enable_chunked_prefill", bool, "chunked prefill (on, off)"),
-    ("--prefix-caching", "enable_prefix_caching", bool, "prefix caching (on, off; it shares blocks only where the "
-     "trace says which prompts share a prefix: a Mooncake trace's hash ids)"),
+    (
+        "--prefix-caching",
+        "enable_prefix_caching",
+        bool,
+        "prefix caching (on, off; it shares blocks only where the "
+        "trace says which prompts share a prefix: a Mooncake trace's hash ids)",
+    ),
     ("--async-scheduling", "async_scheduling", bool, "asynchronous scheduling (on, off)"),
     ("--replicas", "num_replicas", int, "replicas of the deployment, requests dealt to them in turn"),
 ]
@@ -62,37 +84,59 @@ def add(commands) -> None:
     )
     what = p.add_argument_group("the deployment")
     what.add_argument("--model", help="a model of data/models.csv (e.g. meta-llama/Llama-3.1-8B)")
-    what.add_argument("--config", metavar="PATH", help="a Hugging Face config.json instead of --model (needs "
-                      "--num-params-b; planned on the roofline only, with --allow-roofline: no profile measures it)")
+    what.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a Hugging Face config.json instead of --model (needs "
+        "--num-params-b; planned on the roofline only, with --allow-roofline: no profile measures it)",
+    )
     what.add_argument("--num-params-b", type=float, help="parameters of the --config model, billions (its weights)")
     what.add_argument("--gpu", required=False, help="a GPU of data/gpus.csv (e.g. RTX-PRO-6000-Server-96GB)")
     what.add_argument("--max-model-len", type=int, help="longest request, tokens (default: the model's context)")
-    what.add_argument("--allow-roofline", action="store_true",
-                      help="plan candidates no operator profile measures (that model, GPU and tensor parallel size) "
-                      "on the roofline, with a warning (default: they are pruned)")
+    what.add_argument(
+        "--allow-roofline",
+        action="store_true",
+        help="plan candidates no operator profile measures (that model, GPU and tensor parallel size) "
+        "on the roofline, with a warning (default: they are pruned)",
+    )
     slo = p.add_argument_group("service-level objectives (95th percentile over requests; at least one)")
     slo.add_argument("--slo-ttft-p95-s", type=float, help="p95 time to first token, s")
     slo.add_argument("--slo-tpot-p95-ms", type=float, help="p95 time per output token after the first, ms")
     slo.add_argument("--slo-e2e-p95-s", type=float, help="p95 end-to-end latency, s")
     work = p.add_argument_group("synthetic workload (without --trace)")
-    work.add_argument("--num-requests", type=int, default=None,
-                      help="requests (default 10,000; with --trace its first N, default all)")
+    work.add_argument(
+        "--num-requests",
+        type=int,
+        default=None,
+        help="requests (default 10,000; with --trace its first N, default all)",
+    )
     work.add_argument("--arrival-rate", type=float, help="Poisson arrival rate, requests/s (needed without --trace)")
-    work.add_argument("--prompt-tokens", type=int, default=1000,
-                      help="mean prompt tokens (default 1,000; gamma lengths of CV 1, kvlab's choice)")
-    work.add_argument("--output-tokens", type=int, default=250,
-                      help="mean output tokens (default 250; gamma lengths of CV 1, kvlab's choice)")
+    work.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=1000,
+        help="mean prompt tokens (default 1,000; gamma lengths of CV 1, kvlab's choice)",
+    )
+    work.add_argument(
+        "--output-tokens",
+        type=int,
+        default=250,
+        help="mean output tokens (default 250; gamma lengths of CV 1, kvlab's choice)",
+    )
     work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
     add_trace_flags(p, "arrivals from its timestamps, prompt and output tokens from its rows")
     space = p.add_argument_group("the search space (comma-separated values; every combination is a candidate)")
     defaults = {f.name: f.default for f in dataclasses.fields(SearchSpace)}
-    for flag, name, kind, words in SPACE_FLAGS:
+    for flag, name, _kind, words in SPACE_FLAGS:
         default = ",".join(knob_value(v) for v in defaults[name])
         space.add_argument(flag, default=None, metavar="LIST", help=f"{words} (default {default})")
     run_group = p.add_argument_group("running the search")
-    run_group.add_argument("--scheduler", default=None,
-                           help="where candidates are served: serial, processes (default: one per core) or a Dask "
-                           "scheduler address (tcp://host:8786); default $SWEEP_SCHEDULER, else processes")
+    run_group.add_argument(
+        "--scheduler",
+        default=None,
+        help="where candidates are served: serial, processes (default: one per core) or a Dask "
+        "scheduler address (tcp://host:8786); default $SWEEP_SCHEDULER, else processes",
+    )
     run_group.add_argument("--top", type=int, default=10, help="configurations shown of those that meet (default 10)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run, flags=PLAN_FLAGS)
@@ -112,8 +156,10 @@ def parse_list(flag: str, text: str, kind) -> tuple:
                 out.append(kind(item))
         except ValueError:
             allowed = "on or off" if kind is bool else {int: "whole numbers", float: "numbers"}.get(kind, "names")
-            raise ValueError(f"{flag} {text!r} is not allowed: {item!r} is not one of {allowed}, comma-separated "
-                             f"(e.g. {flag} {'on,off' if kind is bool else '1,2' if kind is int else '0.85,0.9'})") from None
+            raise ValueError(
+                f"{flag} {text!r} is not allowed: {item!r} is not one of {allowed}, comma-separated "
+                f"(e.g. {flag} {'on,off' if kind is bool else '1,2' if kind is int else '0.85,0.9'})"
+            ) from None
     if len(set(out)) != len(out):
         raise ValueError(f"{flag} {text!r} is not allowed: a value is repeated")
     return tuple(out)
@@ -137,8 +183,10 @@ def objectives_of(args):
     """The Objectives of the --slo flags: at least one, each a finite number > 0."""
     given = {"ttft_p95_s": args.slo_ttft_p95_s, "tpot_p95_ms": args.slo_tpot_p95_ms, "e2e_p95_s": args.slo_e2e_p95_s}
     if all(v is None for v in given.values()):
-        raise ValueError("kvlab plan needs at least one objective: --slo-ttft-p95-s, --slo-tpot-p95-ms or "
-                         "--slo-e2e-p95-s (e.g. --slo-ttft-p95-s 1 --slo-tpot-p95-ms 50)")
+        raise ValueError(
+            "kvlab plan needs at least one objective: --slo-ttft-p95-s, --slo-tpot-p95-ms or "
+            "--slo-e2e-p95-s (e.g. --slo-ttft-p95-s 1 --slo-tpot-p95-ms 50)"
+        )
     for name, value in given.items():
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise ValueError(f"{PLAN_FLAGS[name]} {value:g} is not allowed: an objective must be a finite number > 0")
@@ -161,8 +209,10 @@ def workload_of(args, given: set[str]):
         resources.refuse_if_too_big("num_requests", load.workload.num_requests, PEAK_BYTES_PER_REQUEST)
         return load.workload, load
     if args.arrival_rate is None:
-        raise ValueError("kvlab plan needs a workload: --trace FILE, or --arrival-rate R for a synthetic one "
-                         "(with --num-requests, --prompt-tokens and --output-tokens)")
+        raise ValueError(
+            "kvlab plan needs a workload: --trace FILE, or --arrival-rate R for a synthetic one "
+            "(with --num-requests, --prompt-tokens and --output-tokens)"
+        )
     rate = validate.in_range("arrival_rate", args.arrival_rate, "arrival_rate")
     n = 10_000 if args.num_requests is None else args.num_requests
     resources.refuse_if_too_big("num_requests", n, PEAK_BYTES_PER_REQUEST)
@@ -170,8 +220,10 @@ def workload_of(args, given: set[str]):
         validate.in_range(name, getattr(args, name), "tokens")
     rng = np.random.default_rng(validate.in_range("seed", args.seed, "seed"))
     w = synthetic.gamma_workload(n, rate, args.prompt_tokens, args.output_tokens, rng)
-    name = (f"synthetic (Poisson arrivals at {rate:g} requests/s, seed {args.seed}; gamma lengths of CV 1, means "
-            f"{args.prompt_tokens:,} prompt and {args.output_tokens:,} output tokens)")
+    name = (
+        f"synthetic (Poisson arrivals at {rate:g} requests/s, seed {args.seed}; gamma lengths of CV 1, means "
+        f"{args.prompt_tokens:,} prompt and {args.output_tokens:,} output tokens)"
+    )
     return Workload(w.arrival_s, w.prompt_tokens, w.output_tokens, name=name), None
 
 
@@ -189,7 +241,9 @@ def deployment_of(args, given: set[str], workload):
     if args.config is not None:
         if args.num_params_b is None:
             raise ValueError("--config needs --num-params-b: the weights a GPU holds come from the parameter count")
-        model = models.from_config(args.config, num_params_b=validate.positive_number("num_params_b", args.num_params_b))
+        model = models.from_config(
+            args.config, num_params_b=validate.positive_number("num_params_b", args.num_params_b)
+        )
     else:
         model = models.get_model(args.model)
     gpu = models.get_gpu(args.gpu)
@@ -205,14 +259,19 @@ def deployment_of(args, given: set[str], workload):
 
 def run(args, given: set[str]) -> dict:
     """Search, then print the ranking, the best configuration's `vllm serve` command and why the others failed."""
-    check_trace_flags(given, ["--arrival-rate", "--prompt-tokens", "--output-tokens", "--seed"],
-                      "a trace's requests have their own arrivals and lengths")
+    check_trace_flags(
+        given,
+        ["--arrival-rate", "--prompt-tokens", "--output-tokens", "--seed"],
+        "a trace's requests have their own arrivals and lengths",
+    )
     objectives = objectives_of(args)
     space = search_space(args)
     from kvlab.core import validate
+
     top = validate.in_range("top", args.top, "count")
     if args.scheduler is not None:
         from kvlab.studies import sweep
+
         sweep.scheduler_of(args.scheduler)
     workload, load = workload_of(args, given)
     deployment = deployment_of(args, given, workload)

@@ -1,4 +1,5 @@
 """`kvlab report`: execute every notebook with the parameters file, render HTML and one PDF, write the ledger."""
+
 from __future__ import annotations
 
 import sys
@@ -20,13 +21,23 @@ def add(commands) -> None:
         epilog="examples: kvlab report | kvlab report --set 03_capacity.GPU_MEMORY_GIB=141 | kvlab report --set SEED=3",
     )
     p.add_argument("--params", type=Path, default=PARAMS_PATH, help="parameters file (YAML; default params.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="[NOTEBOOK.]NAME=VALUE", dest="overrides",
-                   help="override one parameter (without NOTEBOOK: every notebook that has NAME); repeatable")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="[NOTEBOOK.]NAME=VALUE",
+        dest="overrides",
+        help="override one parameter (without NOTEBOOK: every notebook that has NAME); repeatable",
+    )
     p.add_argument("--out", type=Path, default=REPORT_DIR, help="output folder (default report/)")
     p.add_argument("--no-pdf", action="store_true", help="skip report.pdf (faster)")
-    p.add_argument("--max-minutes", type=float, default=120.0,
-                   help="refuse, before any notebook runs, a report estimated to take longer on this machine, "
-                   "minutes (default 120; the default parameters take about 1)")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=120.0,
+        help="refuse, before any notebook runs, a report estimated to take longer on this machine, "
+        "minutes (default 120; the default parameters take about 1)",
+    )
     p.set_defaults(run=run, flags={"max_minutes": "--max-minutes"})
 
 
@@ -46,8 +57,10 @@ def run(args, given: set[str]) -> dict:
         build_checked(checked, args.out, pdf=not args.no_pdf)
     except ReportError as error:
         print(f"\nreport: error: {error}", file=sys.stderr)
-        print("report: nothing was written; " + ("the previous report is unchanged"
-                                                 if (args.out / "index.html").exists() else "no report exists yet"),
-              file=sys.stderr)
+        print(
+            "report: nothing was written; "
+            + ("the previous report is unchanged" if (args.out / "index.html").exists() else "no report exists yet"),
+            file=sys.stderr,
+        )
         raise SystemExit(1) from None
     return {}

@@ -6,6 +6,7 @@ the per-request CSV written by kvlab.core.requests_csv; the engine refuses a wor
 The parser needs the policies, the engine's allocations and the step costs, so kvlab.core.batching, cost and engine
 (numpy, no more) are imported here at the top, beside the small numpy-free modules the run uses (models, capacity,
 resources)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,10 +27,18 @@ from kvlab.core.workload import Workload
 from kvlab.workloads import synthetic, traces
 
 SIMULATE_FLAGS = {
-    "policy": "--policy", "max_num_seqs": "--slots", "ms_per_token": "--ms-per-token",
-    "num_requests": "--num-requests", "arrival_rate": "--arrival-rate", "lengths": "--lengths",
-    "constant_tokens": "--constant-tokens", "tokens": "--constant-tokens", "seed": "--seed",
-    "trace_format": "--trace-format", "trace": "--trace", "arrival_rate_per_s": "--arrival-rate",
+    "policy": "--policy",
+    "max_num_seqs": "--slots",
+    "ms_per_token": "--ms-per-token",
+    "num_requests": "--num-requests",
+    "arrival_rate": "--arrival-rate",
+    "lengths": "--lengths",
+    "constant_tokens": "--constant-tokens",
+    "tokens": "--constant-tokens",
+    "seed": "--seed",
+    "trace_format": "--trace-format",
+    "trace": "--trace",
+    "arrival_rate_per_s": "--arrival-rate",
 }
 
 
@@ -54,33 +63,68 @@ def add(commands) -> None:
         "--step-ms 8 --step-ms-per-token 0.01 --json | kvlab simulate --policy vllm --model facebook/opt-13b "
         "--gpu A100-40GB --cost roofline --prompt-tokens 500 --max-model-len 2048",
     )
-    p.add_argument("--policy", default="continuous", choices=list(batching.POLICIES) + ["vllm"],
-                   help="static or continuous (section 2's slots) or vllm (vLLM's scheduler; default continuous)")
+    p.add_argument(
+        "--policy",
+        default="continuous",
+        choices=list(batching.POLICIES) + ["vllm"],
+        help="static or continuous (section 2's slots) or vllm (vLLM's scheduler; default continuous)",
+    )
     engine = p.add_argument_group("slot model (--policy static or continuous)")
-    engine.add_argument("--slots", type=int, default=article.MAX_NUM_SEQS,
-                        help=f"requests served at once, vLLM's max_num_seqs (default {article.MAX_NUM_SEQS})")
-    engine.add_argument("--ms-per-token", type=float, default=article.MS_PER_TOKEN,
-                        help=f"time per output token, ms (default {article.MS_PER_TOKEN:g})")
+    engine.add_argument(
+        "--slots",
+        type=int,
+        default=article.MAX_NUM_SEQS,
+        help=f"requests served at once, vLLM's max_num_seqs (default {article.MAX_NUM_SEQS})",
+    )
+    engine.add_argument(
+        "--ms-per-token",
+        type=float,
+        default=article.MS_PER_TOKEN,
+        help=f"time per output token, ms (default {article.MS_PER_TOKEN:g})",
+    )
     work = p.add_argument_group("synthetic workload")
-    work.add_argument("--num-requests", type=int, default=article.NUM_REQUESTS_S2,
-                      help=f"requests (default {article.NUM_REQUESTS_S2})")
-    work.add_argument("--arrival-rate", type=float, default=None,
-                      help=f"Poisson arrival rate, requests/s (default {synthetic.S2_ARRIVAL_RATE_PER_S:g}, kvlab's "
-                      "choice: the article does not give one)")
-    work.add_argument("--lengths", default="article", choices=list(synthetic.S2_LENGTHS),
-                      help="output lengths: article (the article's mix, default) or constant")
-    work.add_argument("--constant-tokens", type=int, default=article.CONSTANT_TOKENS,
-                      help=f"output tokens of every request with --lengths constant (default {article.CONSTANT_TOKENS})")
+    work.add_argument(
+        "--num-requests",
+        type=int,
+        default=article.NUM_REQUESTS_S2,
+        help=f"requests (default {article.NUM_REQUESTS_S2})",
+    )
+    work.add_argument(
+        "--arrival-rate",
+        type=float,
+        default=None,
+        help=f"Poisson arrival rate, requests/s (default {synthetic.S2_ARRIVAL_RATE_PER_S:g}, kvlab's "
+        "choice: the article does not give one)",
+    )
+    work.add_argument(
+        "--lengths",
+        default="article",
+        choices=list(synthetic.S2_LENGTHS),
+        help="output lengths: article (the article's mix, default) or constant",
+    )
+    work.add_argument(
+        "--constant-tokens",
+        type=int,
+        default=article.CONSTANT_TOKENS,
+        help=f"output tokens of every request with --lengths constant (default {article.CONSTANT_TOKENS})",
+    )
     work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
-    work.add_argument("--prompt-tokens", type=int, default=None,
-                      help="prompt tokens of every request, --policy vllm only (default 1: the article's workload "
-                      "has no prompts and vLLM needs one token)")
-    add_trace_flags(p, "arrivals are its timestamps relative to the first row and each request's output length "
-                     "(GeneratedTokens, output_length, num_decode_tokens) sets its service time (with --policy vllm "
-                     "its prompt tokens count too); a ShareGPT file has no timestamps, so it gets Poisson arrivals at "
-                     "--arrival-rate drawn with --seed (pass --arrival-rate only for sharegpt); a plain CSV with the "
-                     "header arrival_s,prompt_tokens,output_tokens is read too; --num-requests keeps its first "
-                     "requests; --lengths and --constant-tokens are not used")
+    work.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="prompt tokens of every request, --policy vllm only (default 1: the article's workload "
+        "has no prompts and vLLM needs one token)",
+    )
+    add_trace_flags(
+        p,
+        "arrivals are its timestamps relative to the first row and each request's output length "
+        "(GeneratedTokens, output_length, num_decode_tokens) sets its service time (with --policy vllm "
+        "its prompt tokens count too); a ShareGPT file has no timestamps, so it gets Poisson arrivals at "
+        "--arrival-rate drawn with --seed (pass --arrival-rate only for sharegpt); a plain CSV with the "
+        "header arrival_s,prompt_tokens,output_tokens is read too; --num-requests keeps its first "
+        "requests; --lengths and --constant-tokens are not used",
+    )
     add_vllm_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.set_defaults(run=run, flags=SIMULATE_FLAGS)
@@ -95,58 +139,118 @@ DEFAULT_MAX_MODEL_LEN = vllm_engine.DEFAULT_CONFIG.scheduler.max_model_len
 def add_vllm_engine_flags(p) -> None:
     """The flags of `kvlab simulate --policy vllm`, in vLLM's names (each applies only with it)."""
     g = p.add_argument_group("vLLM's scheduler (--policy vllm; flags named as vLLM's)")
-    g.add_argument("--num-gpu-blocks", type=int, default=None, metavar="N",
-                   help="KV blocks of the pool, vLLM's null block included, as vLLM logs num_gpu_blocks (default: "
-                   f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token = "
-                   f"{ARTICLE_KV_TOKENS:,} tokens in blocks of --block-size, + 1), or computed from --model and --gpu")
-    g.add_argument("--model", help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
-                   "(weights from its parameter count) and names the model of --cost roofline")
+    g.add_argument(
+        "--num-gpu-blocks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="KV blocks of the pool, vLLM's null block included, as vLLM logs num_gpu_blocks (default: "
+        f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token = "
+        f"{ARTICLE_KV_TOKENS:,} tokens in blocks of --block-size, + 1), or computed from --model and --gpu",
+    )
+    g.add_argument(
+        "--model",
+        help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
+        "(weights from its parameter count) and names the model of --cost roofline",
+    )
     g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
-    cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig   # their fields' defaults: vLLM's
-    g.add_argument("--gpu-memory-utilization", type=float, default=cache.gpu_memory_utilization,
-                   help=f"share of GPU memory vLLM may use, with --model and --gpu (default {cache.gpu_memory_utilization:g})")
-    g.add_argument("--kv-cache-dtype", default=cache.kv_cache_dtype, choices=KV_CACHE_DTYPES,
-                   help=f"KV cache dtype, with --model and --gpu (default {cache.kv_cache_dtype})")
-    g.add_argument("--tensor-parallel-size", type=int, default=parallel.tensor_parallel_size,
-                   help=f"GPUs per model replica, with --model and --gpu (default {parallel.tensor_parallel_size})")
-    g.add_argument("--block-size", type=int, default=cache.block_size,
-                   help=f"tokens per KV block (default {cache.block_size})")
-    g.add_argument("--max-num-seqs", type=int, default=scheduler.max_num_seqs,
-                   help=f"requests running at once, at most (default {scheduler.max_num_seqs})")
-    g.add_argument("--max-num-batched-tokens", type=int, default=scheduler.max_num_batched_tokens,
-                   help=f"tokens per step, decodes and prefill chunks together (default {scheduler.max_num_batched_tokens})")
-    g.add_argument("--max-model-len", type=int, default=None,
-                   help="longest request, tokens: a prompt must be shorter, output stops there (default: --model's "
-                   f"context, else {DEFAULT_MAX_MODEL_LEN})")
-    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=scheduler.async_scheduling,
-                   help="schedule the next batch before this one's output is known, a batch queue of two (default "
-                   f"{'on' if scheduler.async_scheduling else 'off'}: vLLM 0.33's default on a GPU); "
-                   "--no-async-scheduling, vLLM's own flag, for the synchronous engine")
-    g.add_argument("--no-chunked-prefill", action="store_true",
-                   help="admit a prompt only if it fits the step's budget left (vLLM: --no-enable-chunked-prefill)")
-    g.add_argument("--enable-prefix-caching", action="store_true",
-                   help="share full blocks of equal prompt prefixes in the pool (a Mooncake trace's hash ids say which)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=scheduler.long_prefill_token_threshold,
-                   help="tokens one request may compute per step when more than one request runs or waits (default "
-                   f"{scheduler.long_prefill_token_threshold}: no cap)")
-    g.add_argument("--allocation", default="paged", choices=list(vllm_engine.ALLOCATIONS),
-                   help="paged (vLLM, default), or a reservation at admission from a token pool of the same memory "
-                   "that never preempts: max (max_model_len), pow2 (prompt + next power of two of the output), oracle "
-                   "(the final length)")
-    g.add_argument("--cost", default=None, choices=STEP_COSTS,
-                   help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "
-                   "tokens; the default when --step-ms-per-token is given), roofline (weights + KV read at --gpu's "
-                   "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower), "
-                   "calibrated (--calibration FILE), measured (public operator-level GPU profiles of --model on "
-                   "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one) "
-                   "or vllm-2023 (the vLLM of mid-2023 that section 6 runs, its coefficients fitted to measurements of "
-                   "it, data/clock_2023/)")
+    cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig  # their fields' defaults: vLLM's
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=cache.gpu_memory_utilization,
+        help=f"share of GPU memory vLLM may use, with --model and --gpu (default {cache.gpu_memory_utilization:g})",
+    )
+    g.add_argument(
+        "--kv-cache-dtype",
+        default=cache.kv_cache_dtype,
+        choices=KV_CACHE_DTYPES,
+        help=f"KV cache dtype, with --model and --gpu (default {cache.kv_cache_dtype})",
+    )
+    g.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=parallel.tensor_parallel_size,
+        help=f"GPUs per model replica, with --model and --gpu (default {parallel.tensor_parallel_size})",
+    )
+    g.add_argument(
+        "--block-size", type=int, default=cache.block_size, help=f"tokens per KV block (default {cache.block_size})"
+    )
+    g.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=scheduler.max_num_seqs,
+        help=f"requests running at once, at most (default {scheduler.max_num_seqs})",
+    )
+    g.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=scheduler.max_num_batched_tokens,
+        help=f"tokens per step, decodes and prefill chunks together (default {scheduler.max_num_batched_tokens})",
+    )
+    g.add_argument(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="longest request, tokens: a prompt must be shorter, output stops there (default: --model's "
+        f"context, else {DEFAULT_MAX_MODEL_LEN})",
+    )
+    g.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=scheduler.async_scheduling,
+        help="schedule the next batch before this one's output is known, a batch queue of two (default "
+        f"{'on' if scheduler.async_scheduling else 'off'}: vLLM 0.33's default on a GPU); "
+        "--no-async-scheduling, vLLM's own flag, for the synchronous engine",
+    )
+    g.add_argument(
+        "--no-chunked-prefill",
+        action="store_true",
+        help="admit a prompt only if it fits the step's budget left (vLLM: --no-enable-chunked-prefill)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action="store_true",
+        help="share full blocks of equal prompt prefixes in the pool (a Mooncake trace's hash ids say which)",
+    )
+    g.add_argument(
+        "--long-prefill-token-threshold",
+        type=int,
+        default=scheduler.long_prefill_token_threshold,
+        help="tokens one request may compute per step when more than one request runs or waits (default "
+        f"{scheduler.long_prefill_token_threshold}: no cap)",
+    )
+    g.add_argument(
+        "--allocation",
+        default="paged",
+        choices=list(vllm_engine.ALLOCATIONS),
+        help="paged (vLLM, default), or a reservation at admission from a token pool of the same memory "
+        "that never preempts: max (max_model_len), pow2 (prompt + next power of two of the output), oracle "
+        "(the final length)",
+    )
+    g.add_argument(
+        "--cost",
+        default=None,
+        choices=STEP_COSTS,
+        help="step time: constant (--step-ms, default), linear (--step-ms + --step-ms-per-token x scheduled "
+        "tokens; the default when --step-ms-per-token is given), roofline (weights + KV read at --gpu's "
+        "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower), "
+        "calibrated (--calibration FILE), measured (public operator-level GPU profiles of --model on "
+        "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one) "
+        "or vllm-2023 (the vLLM of mid-2023 that section 6 runs, its coefficients fitted to measurements of "
+        "it, data/clock_2023/)",
+    )
     g.add_argument("--step-ms", type=float, default=None, help=f"ms per step (default {article.MS_PER_TOKEN:g})")
-    g.add_argument("--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)")
+    g.add_argument(
+        "--step-ms-per-token", type=float, default=None, help="ms per scheduled token, linear cost (default 0)"
+    )
     g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
-    g.add_argument("--requests-csv", metavar="FILE",
-                   help=f"write one row per request: {', '.join(REQUESTS_CSV_COLUMNS)} (request_id: 0-based input "
-                   "order; scheduling: async or sync)")
+    g.add_argument(
+        "--requests-csv",
+        metavar="FILE",
+        help=f"write one row per request: {', '.join(REQUESTS_CSV_COLUMNS)} (request_id: 0-based input "
+        "order; scheduling: async or sync)",
+    )
 
 
 def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> tuple[Workload, traces.TraceLoad | None]:
@@ -162,14 +266,21 @@ def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> t
             raise ValueError(f"--constant-tokens applies only with --lengths constant, not --lengths {args.lengths}")
         resources.refuse_if_too_big("num_requests", num_requests, peak_bytes_per_request)
         rate = synthetic.S2_ARRIVAL_RATE_PER_S if args.arrival_rate is None else args.arrival_rate
-        workload = synthetic.article_s2_workload(num_requests, rate, args.lengths, np.random.default_rng(seed),
-                                                 constant_tokens=args.constant_tokens)
+        workload = synthetic.article_s2_workload(
+            num_requests, rate, args.lengths, np.random.default_rng(seed), constant_tokens=args.constant_tokens
+        )
         return workload, None
-    load = load_trace_arg(args, arrival_rate_per_s=args.arrival_rate, rng=np.random.default_rng(seed),
-                          max_requests=num_requests if "--num-requests" in given else None)
+    load = load_trace_arg(
+        args,
+        arrival_rate_per_s=args.arrival_rate,
+        rng=np.random.default_rng(seed),
+        max_requests=num_requests if "--num-requests" in given else None,
+    )
     if "--seed" in given and not load.poisson_arrivals:
-        raise ValueError(f"--seed and --trace cannot be used together: the {load.trace_format} trace has its own "
-                         "arrival times (--seed draws Poisson arrivals for a ShareGPT file only)")
+        raise ValueError(
+            f"--seed and --trace cannot be used together: the {load.trace_format} trace has its own "
+            "arrival times (--seed draws Poisson arrivals for a ShareGPT file only)"
+        )
     return load.workload, load
 
 
@@ -191,14 +302,21 @@ def run(args, given: set[str]) -> dict:
         print_json(summary)
         return summary
     if load is not None:
-        arrivals = (f"Poisson arrivals at {args.arrival_rate:g} requests/s, seed {args.seed}"
-                    if load.poisson_arrivals else "arrivals from its timestamps")
-        print(f"trace                {summary['trace_format']} {summary['trace']}: {summary['num_rows']:,} rows read, "
-              f"{summary['num_skipped_rows']:,} bad rows skipped; {arrivals}")
+        arrivals = (
+            f"Poisson arrivals at {args.arrival_rate:g} requests/s, seed {args.seed}"
+            if load.poisson_arrivals
+            else "arrivals from its timestamps"
+        )
+        print(
+            f"trace                {summary['trace_format']} {summary['trace']}: {summary['num_rows']:,} rows read, "
+            f"{summary['num_skipped_rows']:,} bad rows skipped; {arrivals}"
+        )
     print(f"policy               {args.policy}, {args.slots} slots, {args.ms_per_token:g} ms per output token")
     print(f"requests             {summary['num_requests']:,}")
-    print(f"latency              mean {summary['mean_latency_s']:,.2f} s, p95 {summary['p95_latency_s']:,.2f} s, "
-          f"max {summary['max_latency_s']:,.2f} s")
+    print(
+        f"latency              mean {summary['mean_latency_s']:,.2f} s, p95 {summary['p95_latency_s']:,.2f} s, "
+        f"max {summary['max_latency_s']:,.2f} s"
+    )
     print(f"queueing delay       mean {summary['mean_queue_s']:,.2f} s")
     print(f"makespan             {summary['makespan_s']:,.1f} s ({summary['throughput_rps']:,.2f} requests/s)")
     print(f"slot time            {summary['busy_slot_s']:,.1f} s busy, {100 * summary['idle_share']:.1f}% idle")
@@ -208,25 +326,62 @@ def run(args, given: set[str]) -> dict:
 # ---------------------------------------------------------------- kvlab simulate --policy vllm
 VLLM_SIMULATE_FLAGS = {
     **{k: v for k, v in SIMULATE_FLAGS.items() if k != "max_num_seqs"},
-    "num_gpu_blocks": "--num-gpu-blocks", "model": "--model", "gpu": "--gpu",
-    "gpu_memory_utilization": "--gpu-memory-utilization", "kv_cache_dtype": "--kv-cache-dtype",
-    "tensor_parallel_size": "--tensor-parallel-size", "block_size": "--block-size", "max_num_seqs": "--max-num-seqs",
-    "max_num_batched_tokens": "--max-num-batched-tokens", "max_model_len": "--max-model-len",
-    "enable_chunked_prefill": "--no-chunked-prefill", "enable_prefix_caching": "--enable-prefix-caching",
-    "long_prefill_token_threshold": "--long-prefill-token-threshold", "allocation": "--allocation", "cost": "--cost",
+    "num_gpu_blocks": "--num-gpu-blocks",
+    "model": "--model",
+    "gpu": "--gpu",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "block_size": "--block-size",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "enable_chunked_prefill": "--no-chunked-prefill",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "allocation": "--allocation",
+    "cost": "--cost",
     "async_scheduling": "--async-scheduling",
-    "step_ms": "--step-ms", "step_ms_per_token": "--step-ms-per-token", "calibration": "--calibration",
+    "step_ms": "--step-ms",
+    "step_ms_per_token": "--step-ms-per-token",
+    "calibration": "--calibration",
     "requests_csv": "--requests-csv",
 }
-VLLM_ENGINE_FLAGS = ["--num-gpu-blocks", "--model", "--gpu", "--gpu-memory-utilization", "--kv-cache-dtype",
-                     "--tensor-parallel-size", "--block-size", "--max-num-seqs", "--max-num-batched-tokens",
-                     "--max-model-len", "--no-chunked-prefill", "--enable-prefix-caching",
-                     "--long-prefill-token-threshold", "--allocation", "--cost", "--step-ms", "--step-ms-per-token",
-                     "--calibration", "--requests-csv", "--async-scheduling", "--no-async-scheduling"]
+VLLM_ENGINE_FLAGS = [
+    "--num-gpu-blocks",
+    "--model",
+    "--gpu",
+    "--gpu-memory-utilization",
+    "--kv-cache-dtype",
+    "--tensor-parallel-size",
+    "--block-size",
+    "--max-num-seqs",
+    "--max-num-batched-tokens",
+    "--max-model-len",
+    "--no-chunked-prefill",
+    "--enable-prefix-caching",
+    "--long-prefill-token-threshold",
+    "--allocation",
+    "--cost",
+    "--step-ms",
+    "--step-ms-per-token",
+    "--calibration",
+    "--requests-csv",
+    "--async-scheduling",
+    "--no-async-scheduling",
+]
 # Flags that only size the KV pool from a model and a GPU.
 SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
-VLLM_SUMMARY_KEYS = ("mean_ttft_s", "p95_ttft_s", "mean_tpot_s", "num_preemptions", "num_steps", "peak_kv_blocks",
-                     "mean_running", "output_tokens_per_s")
+VLLM_SUMMARY_KEYS = (
+    "mean_ttft_s",
+    "p95_ttft_s",
+    "mean_tpot_s",
+    "num_preemptions",
+    "num_steps",
+    "peak_kv_blocks",
+    "mean_running",
+    "output_tokens_per_s",
+)
 
 
 def requires_vllm(given: set[str], flag: str) -> None:
@@ -238,28 +393,47 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
     """Flags that contradict each other or would be ignored with --policy vllm: one line naming both."""
     for flag in ("--slots", "--ms-per-token"):
         if flag in given:
-            raise ValueError(f"{flag} and --policy vllm cannot be used together: {flag} is section 2's slot model; "
-                             "vLLM's scheduler takes --max-num-seqs and --step-ms")
-    exclusive(given, "--num-gpu-blocks", SIZING_FLAGS, "--num-gpu-blocks is the KV pool itself; the sizing flags "
-              "compute it from --model and --gpu")
+            raise ValueError(
+                f"{flag} and --policy vllm cannot be used together: {flag} is section 2's slot model; "
+                "vLLM's scheduler takes --max-num-seqs and --step-ms"
+            )
+    exclusive(
+        given,
+        "--num-gpu-blocks",
+        SIZING_FLAGS,
+        "--num-gpu-blocks is the KV pool itself; the sizing flags compute it from --model and --gpu",
+    )
     if "--num-gpu-blocks" in given and cost not in HARDWARE_STEP_COSTS:
-        exclusive(given, "--num-gpu-blocks", ["--model", "--gpu", "--tensor-parallel-size"], "--num-gpu-blocks is "
-                  "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)")
+        exclusive(
+            given,
+            "--num-gpu-blocks",
+            ["--model", "--gpu", "--tensor-parallel-size"],
+            "--num-gpu-blocks is "
+            "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)",
+        )
     sizing = given & {"--model", "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
     if sizing and not {"--model", "--gpu"} <= given:
         missing = "--gpu" if "--model" in given else "--model"
-        raise ValueError(f"{sorted(sizing)[0]} needs {missing} too: the KV pool (and --cost roofline) is computed from "
-                         "a model on a GPU")
-    for flag, costs in (("--step-ms", ("constant", "linear")), ("--step-ms-per-token", ("linear",)),
-                        ("--calibration", ("calibrated",))):
+        raise ValueError(
+            f"{sorted(sizing)[0]} needs {missing} too: the KV pool (and --cost roofline) is computed from "
+            "a model on a GPU"
+        )
+    for flag, costs in (
+        ("--step-ms", ("constant", "linear")),
+        ("--step-ms-per-token", ("linear",)),
+        ("--calibration", ("calibrated",)),
+    ):
         if flag in given and cost not in costs:
-            raise ValueError(f"{flag} and --cost {cost} cannot be used together: {flag} applies to --cost "
-                             f"{' or '.join(costs)}")
+            raise ValueError(
+                f"{flag} and --cost {cost} cannot be used together: {flag} applies to --cost {' or '.join(costs)}"
+            )
     if cost == "calibrated" and not args.calibration:
         raise ValueError("--cost calibrated needs --calibration FILE (a CSV of kvlab calibrate)")
     if args.enable_prefix_caching and args.allocation != "paged":
-        raise ValueError(f"--enable-prefix-caching and --allocation {args.allocation} cannot be used together: "
-                         "prefix caching shares the paged pool's blocks")
+        raise ValueError(
+            f"--enable-prefix-caching and --allocation {args.allocation} cannot be used together: "
+            "prefix caching shares the paged pool's blocks"
+        )
     if args.prompt_tokens is not None:
         exclusive(given, "--prompt-tokens", ["--trace"], "a trace's requests have their own prompts")
 
@@ -269,15 +443,25 @@ def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
     --max-model-len, else the model's context, else the engine's default. Each config checks its own values."""
     max_model_len = args.max_model_len
     if max_model_len is None:
-        max_model_len = (model.max_position_embeddings if model is not None and model.max_position_embeddings
-                         else DEFAULT_MAX_MODEL_LEN)
-    cache = CacheConfig(block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype,
-                        gpu_memory_utilization=args.gpu_memory_utilization,
-                        enable_prefix_caching=args.enable_prefix_caching)
-    scheduler = SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                max_model_len=max_model_len, enable_chunked_prefill=not args.no_chunked_prefill,
-                                long_prefill_token_threshold=args.long_prefill_token_threshold,
-                                async_scheduling=args.async_scheduling)
+        max_model_len = (
+            model.max_position_embeddings
+            if model is not None and model.max_position_embeddings
+            else DEFAULT_MAX_MODEL_LEN
+        )
+    cache = CacheConfig(
+        block_size=args.block_size,
+        kv_cache_dtype=args.kv_cache_dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enable_prefix_caching=args.enable_prefix_caching,
+    )
+    scheduler = SchedulerConfig(
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        async_scheduling=args.async_scheduling,
+    )
     return EngineConfig(cache, ParallelConfig(tensor_parallel_size=args.tensor_parallel_size), scheduler)
 
 
@@ -296,8 +480,11 @@ def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config:
         return make_step_cost(cost, step_ms=validate.in_range("step_ms", step_ms, "ms_per_token"))
     if cost == "linear":
         per_token = ENGINE_DEFAULTS["step_ms_per_token"] if args.step_ms_per_token is None else args.step_ms_per_token
-        return make_step_cost(cost, step_ms=validate.in_range("step_ms", step_ms, "step_ms"),
-                              step_ms_per_token=validate.in_range("step_ms_per_token", per_token, "step_ms"))
+        return make_step_cost(
+            cost,
+            step_ms=validate.in_range("step_ms", step_ms, "step_ms"),
+            step_ms_per_token=validate.in_range("step_ms_per_token", per_token, "step_ms"),
+        )
     if cost in HARDWARE_STEP_COSTS:
         if model is None:
             raise ValueError(f"--cost {cost} needs --model and --gpu ({HARDWARE_NEEDS[cost]})")
@@ -309,9 +496,11 @@ def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config:
 
 
 # What a step cost of a model on a GPU reads from them, for the line that asks for --model and --gpu.
-HARDWARE_NEEDS = {"roofline": "weights, KV bytes, bandwidth and FLOPS",
-                  "measured": "the operator profile of the model on the GPU",
-                  "vllm-2023": "its weights and layers, the GPU's bandwidth and FLOPS"}
+HARDWARE_NEEDS = {
+    "roofline": "weights, KV bytes, bandwidth and FLOPS",
+    "measured": "the operator profile of the model on the GPU",
+    "vllm-2023": "its weights and layers, the GPU's bandwidth and FLOPS",
+}
 
 
 def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | None]:
@@ -319,8 +508,9 @@ def vllm_workload(args, given: set[str]) -> tuple[Workload, traces.TraceLoad | N
     if args.trace is None:
         prompt = 1 if args.prompt_tokens is None else validate.in_range("prompt_tokens", args.prompt_tokens, "tokens")
         workload, load = simulate_workload(args, given, vllm_engine.PEAK_BYTES_PER_REQUEST)
-        return Workload(workload.arrival_s, np.full(workload.num_requests, prompt), workload.output_tokens,
-                        name=workload.name), None
+        return Workload(
+            workload.arrival_s, np.full(workload.num_requests, prompt), workload.output_tokens, name=workload.name
+        ), None
     workload, load = simulate_workload(args, given, vllm_engine.PEAK_BYTES_PER_REQUEST)
     resources.refuse_if_too_big("num_requests", workload.num_requests, vllm_engine.PEAK_BYTES_PER_REQUEST)
     return workload, load
@@ -336,26 +526,37 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
-    try:    # the engine refuses its config, pool and workload in one line before any step
-        result = vllm_engine.simulate(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost,
-                                      allocation=args.allocation)
-    except vllm_engine.NoProgressError as err:   # a run that cannot go on stops with why, in one line
+    try:  # the engine refuses its config, pool and workload in one line before any step
+        result = vllm_engine.simulate(
+            workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation
+        )
+    except vllm_engine.NoProgressError as err:  # a run that cannot go on stops with why, in one line
         raise ValueError(str(err)) from None
     if args.requests_csv:
         write_requests_csv(args.requests_csv, result, config.scheduler.async_scheduling)
     summary = result.summary()
     scheduler = config.scheduler
     capped = int((result.num_output_tokens < workload.output_tokens).sum())
-    out = {"policy": "vllm", "async_scheduling": scheduler.async_scheduling, "allocation": args.allocation,
-           "num_gpu_blocks": num_gpu_blocks,
-           "block_size": config.cache.block_size, "max_num_seqs": scheduler.max_num_seqs,
-           "max_num_batched_tokens": scheduler.max_num_batched_tokens, "max_model_len": scheduler.max_model_len,
-           "enable_chunked_prefill": scheduler.enable_chunked_prefill,
-           "enable_prefix_caching": config.cache.enable_prefix_caching, "cost": cost_name,
-           "cost_source": describe_cost(cost, cost_name),
-           "num_requests": summary["num_requests"], **{k: summary[k] for k in VLLM_SUMMARY_KEYS},
-           "num_output_tokens": summary["num_output_tokens"], "num_capped_by_max_model_len": capped,
-           "makespan_s": summary["makespan_s"], "mean_kv_token_share": summary["mean_kv_token_share"]}
+    out = {
+        "policy": "vllm",
+        "async_scheduling": scheduler.async_scheduling,
+        "allocation": args.allocation,
+        "num_gpu_blocks": num_gpu_blocks,
+        "block_size": config.cache.block_size,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_model_len": scheduler.max_model_len,
+        "enable_chunked_prefill": scheduler.enable_chunked_prefill,
+        "enable_prefix_caching": config.cache.enable_prefix_caching,
+        "cost": cost_name,
+        "cost_source": describe_cost(cost, cost_name),
+        "num_requests": summary["num_requests"],
+        **{k: summary[k] for k in VLLM_SUMMARY_KEYS},
+        "num_output_tokens": summary["num_output_tokens"],
+        "num_capped_by_max_model_len": capped,
+        "makespan_s": summary["makespan_s"],
+        "mean_kv_token_share": summary["mean_kv_token_share"],
+    }
     if load is not None:
         out |= trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
     if args.json:
@@ -363,25 +564,38 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         return out
     usable = num_gpu_blocks - 1
     if load is not None:
-        print(f"trace                {out['trace_format']} {out['trace']}: {out['num_rows']:,} rows read, "
-              f"{out['num_skipped_rows']:,} bad rows skipped")
-    mode = ("asynchronous: the next batch is scheduled before this one's output, vLLM's default"
-            if scheduler.async_scheduling else "synchronous: --no-async-scheduling")
-    print(f"engine               vLLM 0.33's scheduler ({mode}), {args.allocation} allocation, "
-          f"{num_gpu_blocks:,} GPU blocks of {config.cache.block_size} tokens ({usable:,} usable + vLLM's null block; "
-          f"{pool_source})")
-    print(f"limits               max_num_seqs {scheduler.max_num_seqs:,}, max_num_batched_tokens "
-          f"{scheduler.max_num_batched_tokens:,}, max_model_len {scheduler.max_model_len:,}, chunked prefill "
-          f"{'on' if scheduler.enable_chunked_prefill else 'off'}, prefix caching "
-          f"{'on' if config.cache.enable_prefix_caching else 'off'}")
+        print(
+            f"trace                {out['trace_format']} {out['trace']}: {out['num_rows']:,} rows read, "
+            f"{out['num_skipped_rows']:,} bad rows skipped"
+        )
+    mode = (
+        "asynchronous: the next batch is scheduled before this one's output, vLLM's default"
+        if scheduler.async_scheduling
+        else "synchronous: --no-async-scheduling"
+    )
+    print(
+        f"engine               vLLM 0.33's scheduler ({mode}), {args.allocation} allocation, "
+        f"{num_gpu_blocks:,} GPU blocks of {config.cache.block_size} tokens ({usable:,} usable + vLLM's null block; "
+        f"{pool_source})"
+    )
+    print(
+        f"limits               max_num_seqs {scheduler.max_num_seqs:,}, max_num_batched_tokens "
+        f"{scheduler.max_num_batched_tokens:,}, max_model_len {scheduler.max_model_len:,}, chunked prefill "
+        f"{'on' if scheduler.enable_chunked_prefill else 'off'}, prefix caching "
+        f"{'on' if config.cache.enable_prefix_caching else 'off'}"
+    )
     print(f"step cost            {out['cost_source']}")
-    print(f"requests             {out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
-          + (f" ({capped:,} stopped at max_model_len)" if capped else ""))
+    print(
+        f"requests             {out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
+        + (f" ({capped:,} stopped at max_model_len)" if capped else "")
+    )
     print(f"TTFT                 mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s")
     print(f"TPOT                 mean {1e3 * out['mean_tpot_s']:,.2f} ms")
     print(f"preemptions          {out['num_preemptions']:,}")
-    print(f"steps                {out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {usable:,}; "
-          f"mean running {out['mean_running']:,.1f} requests")
+    print(
+        f"steps                {out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {usable:,}; "
+        f"mean running {out['mean_running']:,.1f} requests"
+    )
     print(f"throughput           {out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")
     return out
 

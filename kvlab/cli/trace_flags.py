@@ -1,4 +1,5 @@
 """The --trace flags of `kvlab allocate` and `kvlab simulate`: a real request trace instead of a synthetic workload."""
+
 from __future__ import annotations
 
 from kvlab.cli.common import exclusive, requires
@@ -9,21 +10,31 @@ from kvlab.workloads import traces
 def add_trace_flags(p, lengths_text: str):
     """--trace, --trace-format and --skip-bad-rows, in their own group; returns the group."""
     group = p.add_argument_group("real request trace (replaces the synthetic workload)")
-    group.add_argument("--trace", metavar="PATH",
-                       help=f"an Azure LLM inference CSV, a Mooncake JSONL or a ShareGPT length CSV; {lengths_text}")
-    group.add_argument("--trace-format", default="auto", choices=("auto",) + traces.TRACE_FORMATS,
-                       help="format of --trace (default auto: told from the header or first row)")
-    group.add_argument("--skip-bad-rows", action="store_true",
-                       help="skip malformed rows of --trace and print how many (default: the first is an error "
-                       "naming file and line)")
+    group.add_argument(
+        "--trace",
+        metavar="PATH",
+        help=f"an Azure LLM inference CSV, a Mooncake JSONL or a ShareGPT length CSV; {lengths_text}",
+    )
+    group.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=("auto",) + traces.TRACE_FORMATS,
+        help="format of --trace (default auto: told from the header or first row)",
+    )
+    group.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed rows of --trace and print how many (default: the first is an error naming file and line)",
+    )
     return group
 
 
 def load_trace_arg(args, **kwargs) -> traces.TraceLoad:
     """The --trace file as a TraceLoad; an unreadable file is a one-line ValueError naming --trace."""
     try:
-        return traces.load_trace(args.trace, args.trace_format, on_bad_row="skip" if args.skip_bad_rows else "raise",
-                                 **kwargs)
+        return traces.load_trace(
+            args.trace, args.trace_format, on_bad_row="skip" if args.skip_bad_rows else "raise", **kwargs
+        )
     except OSError as err:
         validate.fail("trace", args.trace, f"cannot be read ({err.strerror or err})")
 
@@ -38,8 +49,12 @@ def file_format(path: str) -> str:
 
 def trace_note(load: traces.TraceLoad) -> dict:
     """The JSON keys a trace adds to a command's result."""
-    return {"trace": load.path, "trace_format": load.trace_format, "num_rows": load.num_rows,
-            "num_skipped_rows": load.num_skipped}
+    return {
+        "trace": load.path,
+        "trace_format": load.trace_format,
+        "num_rows": load.num_rows,
+        "num_skipped_rows": load.num_skipped,
+    }
 
 
 TRACE_ONLY_FLAGS = ["--trace-format", "--skip-bad-rows", "--drop-over-max-len"]

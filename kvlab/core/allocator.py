@@ -17,6 +17,7 @@ request that ends holding L tokens, counted at its end (when it holds the most):
   reservation here is counted as if it fit exactly.
 Waste = reserved - held = internal fragmentation. Block-table entries (bookkeeping) per request = ceil(L / B).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -27,9 +28,9 @@ import numpy as np
 from kvlab.core import article, validate
 from kvlab.core.block_pool import BlockPool
 from kvlab.core.capacity import max_num_requests as _requests_that_fit
-from kvlab.core.units import MIB, GIB, as_written, cdiv
+from kvlab.core.units import GIB, MIB, as_written, cdiv
 
-POWERS_OF_TWO = tuple(2**k for k in range(13))          # 1 .. 4,096 tokens
+POWERS_OF_TWO = tuple(2**k for k in range(13))  # 1 .. 4,096 tokens
 # Bytes held at the peak per request drawn and counted (lengths and their draws; make bench measures 8-25 B).
 PEAK_BYTES_PER_REQUEST = 32
 
@@ -41,8 +42,11 @@ def check_lengths(lengths, max_len_tokens: int | None = None) -> np.ndarray:
     if array.ndim != 1 or array.size == 0:
         validate.fail("lengths", f"{array.size} values", "must be a non-empty 1-D list of token counts")
     if not np.issubdtype(array.dtype, np.integer):
-        if not np.issubdtype(array.dtype, np.floating) or not np.all(np.isfinite(array)) \
-                or not np.all(array == np.floor(array)):
+        if (
+            not np.issubdtype(array.dtype, np.floating)
+            or not np.all(np.isfinite(array))
+            or not np.all(array == np.floor(array))
+        ):
             validate.fail("lengths", array.dtype, "must be whole token counts")
     array = array.astype(np.int64, copy=False)
     if array.min() < 1:
@@ -70,8 +74,9 @@ def reserved_per_request(lengths, block_size: int) -> np.ndarray:
     return cdiv(lengths, block_size) * block_size
 
 
-def max_num_requests(mean_reserved_tokens, memory_gib: float = article.MEMORY_GIB,
-                     mib_per_token: float = article.MIB_PER_TOKEN) -> int:
+def max_num_requests(
+    mean_reserved_tokens, memory_gib: float = article.MEMORY_GIB, mib_per_token: float = article.MIB_PER_TOKEN
+) -> int:
     """Requests that fit: floor(memory (GiB) / (mean reserved tokens per request x memory per token (MiB))).
 
     Exact rational arithmetic (kvlab.core.capacity.max_num_requests); pass the mean as a Fraction
@@ -80,16 +85,29 @@ def max_num_requests(mean_reserved_tokens, memory_gib: float = article.MEMORY_GI
     validate.in_range("memory_gib", memory_gib, "memory_gib")
     validate.in_range("mib_per_token", mib_per_token, "mib_per_token")
     validate.positive_number("mean_reserved_tokens", mean_reserved_tokens)
-    return _requests_that_fit(as_written(memory_gib) * GIB,
-                              as_written(mean_reserved_tokens) * as_written(mib_per_token) * MIB)
+    return _requests_that_fit(
+        as_written(memory_gib) * GIB, as_written(mean_reserved_tokens) * as_written(mib_per_token) * MIB
+    )
 
 
-ALLOCATION_COLUMNS = ("reserved_tokens", "used_tokens", "wasted_tokens", "waste_pct", "max_num_requests",
-                      "block_table_entries")
+ALLOCATION_COLUMNS = (
+    "reserved_tokens",
+    "used_tokens",
+    "wasted_tokens",
+    "waste_pct",
+    "max_num_requests",
+    "block_table_entries",
+)
 
 
-def allocation_counts(lengths, block_sizes=article.BLOCK_SIZES, *, max_len_tokens: int | None = None,
-                      memory_gib: float = article.MEMORY_GIB, mib_per_token: float = article.MIB_PER_TOKEN) -> dict:
+def allocation_counts(
+    lengths,
+    block_sizes=article.BLOCK_SIZES,
+    *,
+    max_len_tokens: int | None = None,
+    memory_gib: float = article.MEMORY_GIB,
+    mib_per_token: float = article.MIB_PER_TOKEN,
+) -> dict:
     """Reserved, used and wasted tokens, waste %, requests that fit and block-table entries, per block size.
 
     Returns block_size and each of ALLOCATION_COLUMNS as an array with one entry per block size:
@@ -100,7 +118,7 @@ def allocation_counts(lengths, block_sizes=article.BLOCK_SIZES, *, max_len_token
     """
     sizes = check_block_sizes(block_sizes)
     lengths = check_lengths(lengths, max_len_tokens)
-    counts = np.bincount(lengths)                       # counts[l] = requests of length l
+    counts = np.bincount(lengths)  # counts[l] = requests of length l
     values = np.arange(len(counts), dtype=np.int64)
     used = int(counts @ values)
     n = len(lengths)
@@ -159,8 +177,13 @@ def policy_split(lengths, policy: str, *, max_len_tokens: int, block_size: int =
     over = int((reserved - last_block_end).sum())
     total = held + internal + over
     assert total == int(reserved.sum()), "the three parts must add up to what is reserved"
-    return {"held_tokens": held, "unused_in_last_block_tokens": internal, "unused_beyond_last_block_tokens": over,
-            "reserved_tokens": total, "waste_pct": 100.0 * (internal + over) / total}
+    return {
+        "held_tokens": held,
+        "unused_in_last_block_tokens": internal,
+        "unused_beyond_last_block_tokens": over,
+        "reserved_tokens": total,
+        "waste_pct": 100.0 * (internal + over) / total,
+    }
 
 
 # ---------------------------------------------------------------- the paged block allocator
@@ -193,9 +216,9 @@ class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int):
         spec = PoolSpec(num_blocks, block_size)
         self.num_blocks, self.block_size = spec.num_blocks, spec.block_size
-        self._pool = BlockPool(spec.num_blocks + 1)      # + vLLM's null block
-        self._tables: dict = {}          # request_id -> list of block ids
-        self._num_tokens: dict = {}      # request_id -> tokens held
+        self._pool = BlockPool(spec.num_blocks + 1)  # + vLLM's null block
+        self._tables: dict = {}  # request_id -> list of block ids
+        self._num_tokens: dict = {}  # request_id -> tokens held
 
     # -- the pool
     @property
@@ -231,8 +254,10 @@ class BlockAllocator:
     def _take(self, request_id, count: int) -> list:
         free = self._pool.num_free_blocks
         if count > free:
-            raise NoFreeBlocksError(f"request_id={request_id!r} needs {count} block(s) of {self.block_size} "
-                                    f"tokens but only {free} of {self.num_blocks} are free")
+            raise NoFreeBlocksError(
+                f"request_id={request_id!r} needs {count} block(s) of {self.block_size} "
+                f"tokens but only {free} of {self.num_blocks} are free"
+            )
         return self._pool.get_new_blocks(count)
 
     # -- requests
@@ -298,5 +323,9 @@ def run_through_allocator(lengths, block_size: int, *, prompt_tokens: int = 1) -
             allocator.append_token(request_id)
     reserved = allocator.num_used_blocks * block_size
     used = sum(allocator.num_tokens(r) for r in range(len(lengths)))
-    return {"reserved_tokens": reserved, "used_tokens": used, "wasted_tokens": reserved - used,
-            "num_free_blocks": allocator.num_free_blocks}
+    return {
+        "reserved_tokens": reserved,
+        "used_tokens": used,
+        "wasted_tokens": reserved - used,
+        "num_free_blocks": allocator.num_free_blocks,
+    }

@@ -18,6 +18,7 @@ measured decode step times of a calibration file at a fixed batch size) and the 
 ``schedule(arrival_s, service_s, max_num_seqs) -> Schedule``). A KV-memory budget, prefill costs or a
 batch-dependent step time replace these two objects, not ``simulate``.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -32,8 +33,17 @@ from kvlab.core.workload import Workload
 
 # Bytes held at the peak per request served, its workload included (make bench measures about 144 B).
 PEAK_BYTES_PER_REQUEST = 192
-SUMMARY_KEYS = ("num_requests", "mean_latency_s", "p95_latency_s", "max_latency_s", "mean_queue_s",
-                "makespan_s", "throughput_rps", "busy_slot_s", "idle_share")
+SUMMARY_KEYS = (
+    "num_requests",
+    "mean_latency_s",
+    "p95_latency_s",
+    "max_latency_s",
+    "mean_queue_s",
+    "makespan_s",
+    "throughput_rps",
+    "busy_slot_s",
+    "idle_share",
+)
 
 
 @dataclass(frozen=True)
@@ -146,8 +156,9 @@ class SimulationResult:
         }
 
 
-def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = article.MAX_NUM_SEQS,
-             cost=None) -> SimulationResult:
+def simulate(
+    workload: Workload, policy="continuous", *, max_num_seqs: int = article.MAX_NUM_SEQS, cost=None
+) -> SimulationResult:
     """Serve workload on max_num_seqs slots; policy: "static", "continuous" or a policy object.
 
     cost: the service time of each request (default TokenServiceTime(): the article's 8 ms per output token;
@@ -160,9 +171,20 @@ def simulate(workload: Workload, policy="continuous", *, max_num_seqs: int = art
     max_num_seqs = validate.positive_int("max_num_seqs", max_num_seqs)
     cost = TokenServiceTime() if cost is None else cost
     if not callable(getattr(cost, "service_s", None)):
-        validate.fail("cost", type(cost).__name__, "must be TokenServiceTime, CalibratedServiceTime or an object "
-                      "with a service_s() method")
+        validate.fail(
+            "cost",
+            type(cost).__name__,
+            "must be TokenServiceTime, CalibratedServiceTime or an object with a service_s() method",
+        )
     service = cost.service_s(workload.output_tokens, workload.prompt_tokens)
     plan = scheduler.schedule(workload.arrival_s, service, max_num_seqs)
-    return SimulationResult(scheduler.name, max_num_seqs, workload.arrival_s, workload.output_tokens,
-                            plan.start_s, plan.start_s + service, plan.finish_s, plan.slot)
+    return SimulationResult(
+        scheduler.name,
+        max_num_seqs,
+        workload.arrival_s,
+        workload.output_tokens,
+        plan.start_s,
+        plan.start_s + service,
+        plan.finish_s,
+        plan.slot,
+    )

@@ -18,6 +18,7 @@ list used as a stack (the queue's head is the list's end, so taking or returning
 the tail part an insertion-ordered dict (O(1) removal of a hit block). free_block_ids() gives the whole
 queue in vLLM's order.
 """
+
 from __future__ import annotations
 
 from itertools import islice
@@ -31,8 +32,11 @@ def check_num_gpu_blocks(num_gpu_blocks: int) -> int:
     """num_gpu_blocks if the pool holds at least one block besides vLLM's null block."""
     num_gpu_blocks = validate.positive_int("num_gpu_blocks", num_gpu_blocks)
     if num_gpu_blocks < 2:
-        validate.fail("num_gpu_blocks", num_gpu_blocks, "must be >= 2: it counts vLLM's null block, so the pool "
-                      "would hold no block for a token")
+        validate.fail(
+            "num_gpu_blocks",
+            num_gpu_blocks,
+            "must be >= 2: it counts vLLM's null block, so the pool would hold no block for a token",
+        )
     return num_gpu_blocks
 
 
@@ -49,8 +53,8 @@ class BlockPool:
         # Reference counts are kept only with prefix caching: without it no block is shared, so a block's
         # count is 1 while a request holds it and 0 while it is free (ref_cnt() answers either way).
         self._ref_cnt = [0] * num_gpu_blocks if self.enable_caching else None
-        self._hash_of: dict[int, bytes] = {}                # cached block id -> its content hash
-        self._cached: dict[bytes, dict[int, None]] = {}     # content hash -> cached block ids, first inserted first
+        self._hash_of: dict[int, bytes] = {}  # cached block id -> its content hash
+        self._cached: dict[bytes, dict[int, None]] = {}  # content hash -> cached block ids, first inserted first
 
     # ---------------------------------------------------------------- counts
     @property
@@ -117,7 +121,7 @@ class BlockPool:
     def free_table(self, block_ids: list[int]) -> None:
         """Free a request's block table as vLLM does, last block first (free_blocks of it reversed)."""
         if self._ref_cnt is None:
-            self._head.extend(block_ids)            # reversed, then prepended: the table's own order at the head
+            self._head.extend(block_ids)  # reversed, then prepended: the table's own order at the head
         else:
             self.free_blocks(reversed(block_ids))
 
@@ -145,7 +149,7 @@ class BlockPool:
         ref = self._ref_cnt
         for block in block_ids:
             if ref[block] == 0:
-                del self._tail[block]      # a cached free block is always in the tail part
+                del self._tail[block]  # a cached free block is always in the tail part
             ref[block] += 1
 
     # ---------------------------------------------------------------- the prefix cache

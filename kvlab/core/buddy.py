@@ -13,6 +13,7 @@ Each order keeps a set of its free offsets (membership, O(1)) and a heap of them
 no longer in the set are dropped lazily, and the heap is rebuilt when mostly stale); allocate and free are
 O(log num_slots) amortized.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -31,7 +32,7 @@ class BuddyAllocator:
 
     def __init__(self, num_slots: int):
         self.num_slots = validate.positive_int("num_slots", num_slots)
-        self.arenas: list[tuple[int, int]] = []         # (offset, order), largest first
+        self.arenas: list[tuple[int, int]] = []  # (offset, order), largest first
         offset = 0
         for order in range(num_slots.bit_length() - 1, -1, -1):
             if num_slots >> order & 1:
@@ -39,20 +40,20 @@ class BuddyAllocator:
                 offset += 1 << order
         self._arena_starts = [o for o, _ in self.arenas]
         self.max_order = self.arenas[0][1]
-        self._free = [set() for _ in range(self.max_order + 1)]        # order -> free offsets
-        self._heaps = [[] for _ in range(self.max_order + 1)]          # order -> offsets, lazily pruned
+        self._free = [set() for _ in range(self.max_order + 1)]  # order -> free offsets
+        self._heaps = [[] for _ in range(self.max_order + 1)]  # order -> offsets, lazily pruned
         for offset, order in self.arenas:
             self._push(offset, order)
-        self._used: dict[int, tuple[int, int]] = {}                    # offset -> (order, size asked)
+        self._used: dict[int, tuple[int, int]] = {}  # offset -> (order, size asked)
         self.num_free_slots = num_slots
-        self.num_rounding_slots = 0                                    # handed out beyond the sizes asked
+        self.num_rounding_slots = 0  # handed out beyond the sizes asked
 
     # ---------------------------------------------------------------- free lists
     def _push(self, offset: int, order: int) -> None:
         free, heap = self._free[order], self._heaps[order]
         free.add(offset)
         heapq.heappush(heap, offset)
-        if len(heap) > 2 * len(free) + 16:      # mostly stale entries: rebuild (amortized O(1) a push)
+        if len(heap) > 2 * len(free) + 16:  # mostly stale entries: rebuild (amortized O(1) a push)
             heap[:] = sorted(free)
 
     def _pop_lowest(self, order: int) -> int:
@@ -77,7 +78,7 @@ class BuddyAllocator:
         if found is None:
             return None
         offset = self._pop_lowest(found)
-        while found > order:                    # split: keep the lower half, free the upper one
+        while found > order:  # split: keep the lower half, free the upper one
             found -= 1
             self._push(offset + (1 << found), found)
         self._used[offset] = (order, size_tokens)
@@ -98,7 +99,7 @@ class BuddyAllocator:
             buddy = offset ^ (1 << order)
             if buddy not in self._free[order]:
                 break
-            self._free[order].remove(buddy)     # its heap entry is dropped when it comes up
+            self._free[order].remove(buddy)  # its heap entry is dropped when it comes up
             offset &= ~(1 << order)
             order += 1
         self._push(offset, order)

@@ -16,6 +16,7 @@ shape, date), then the columns kind, batch_size, context_tokens, prompt_tokens, 
   context_tokens tokens each (the step attends context_tokens + 1 tokens);
 - prefill_ms (ms): median time of the prefill of one prompt of prompt_tokens tokens.
 """
+
 from __future__ import annotations
 
 import csv
@@ -40,9 +41,11 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 INSTALL_HINT = "PyTorch is not installed: pip install 'kvlab[calibrate]' (or pip install torch) to measure"
 
 # The full grid (a GPU run) and the tiny one (--quick, the CPU tests).
-FULL_GRID = {"batch_sizes": (1, 2, 4, 8, 16, 32, 64, 128, 256),
-             "context_tokens": (1024, 2048, 4096, 8192, 16384, 32768),
-             "prompt_tokens": (128, 512, 1024, 2048, 4096, 8192, 16384, 32768)}
+FULL_GRID = {
+    "batch_sizes": (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    "context_tokens": (1024, 2048, 4096, 8192, 16384, 32768),
+    "prompt_tokens": (128, 512, 1024, 2048, 4096, 8192, 16384, 32768),
+}
 QUICK_GRID = {"batch_sizes": (1, 2, 4), "context_tokens": (16, 32, 64), "prompt_tokens": (16, 64)}
 
 
@@ -66,14 +69,22 @@ class DecoderShape:
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token: 2 x layers x heads x head dim x bytes per value (kvlab.core.capacity's formula)."""
-        return capacity.KVShape(self.num_layers, self.num_heads, self.head_dim, DTYPE_BYTES[self.dtype]).kv_bytes_per_token
+        return capacity.KVShape(
+            self.num_layers, self.num_heads, self.head_dim, DTYPE_BYTES[self.dtype]
+        ).kv_bytes_per_token
 
     @property
     def num_params(self) -> int:
         """Parameters: per layer QKV, output, gate/up and down projections and two norms; embedding and head."""
-        attention = self.hidden_size * 3 * self.num_heads * self.head_dim + self.num_heads * self.head_dim * self.hidden_size
+        attention = (
+            self.hidden_size * 3 * self.num_heads * self.head_dim + self.num_heads * self.head_dim * self.hidden_size
+        )
         mlp = 3 * self.hidden_size * self.intermediate_size
-        return self.num_layers * (attention + mlp + 2 * self.hidden_size) + 2 * self.vocab_size * self.hidden_size + self.hidden_size
+        return (
+            self.num_layers * (attention + mlp + 2 * self.hidden_size)
+            + 2 * self.vocab_size * self.hidden_size
+            + self.hidden_size
+        )
 
     @property
     def weights_bytes(self) -> int:
@@ -81,8 +92,9 @@ class DecoderShape:
         return self.num_params * DTYPE_BYTES[self.dtype]
 
 
-TINY_SHAPE = DecoderShape(num_layers=2, num_heads=4, head_dim=16, hidden_size=64, intermediate_size=128,
-                          vocab_size=256, dtype="float32")
+TINY_SHAPE = DecoderShape(
+    num_layers=2, num_heads=4, head_dim=16, hidden_size=64, intermediate_size=128, vocab_size=256, dtype="float32"
+)
 
 
 def decode_bytes_per_step(shape: DecoderShape, batch_size, context_tokens):
@@ -166,10 +178,17 @@ def read_calibration(path) -> Calibration:
                 number_value = math.nan
             if not math.isfinite(number_value) or number_value <= 0:
                 _bad(path, number, f"value={value!r} is not allowed: must be a finite number > 0")
-            rows.append({"kind": kind, "batch_size": _cell_int(path, number, "batch_size", batch),
-                         "context_tokens": _cell_int(path, number, "context_tokens", context),
-                         "prompt_tokens": _cell_int(path, number, "prompt_tokens", prompt),
-                         "value": number_value, "unit": unit, "line": number})
+            rows.append(
+                {
+                    "kind": kind,
+                    "batch_size": _cell_int(path, number, "batch_size", batch),
+                    "context_tokens": _cell_int(path, number, "context_tokens", context),
+                    "prompt_tokens": _cell_int(path, number, "prompt_tokens", prompt),
+                    "value": number_value,
+                    "unit": unit,
+                    "line": number,
+                }
+            )
     if header is None:
         _bad(path, 1, f"no header row: the file must have the columns {','.join(COLUMNS)}")
     for kind, keys in (("decode_step_ms", ["batch_size", "context_tokens"]), ("prefill_ms", ["prompt_tokens"])):
@@ -213,11 +232,23 @@ def _init_weights(torch, shape: DecoderShape, device: str) -> dict:
     def randn(*size):
         return torch.empty(*size, device=device, dtype=dtype).normal_(0.0, 0.02)
 
-    layers = [{"norm1": torch.ones(h, device=device, dtype=dtype), "wqkv": randn(3 * qkv, h), "wo": randn(h, qkv),
-               "norm2": torch.ones(h, device=device, dtype=dtype), "w_gate_up": randn(2 * i, h), "w_down": randn(h, i)}
-              for _ in range(shape.num_layers)]
-    return {"embed": randn(shape.vocab_size, h), "layers": layers,
-            "norm": torch.ones(h, device=device, dtype=dtype), "head": randn(shape.vocab_size, h)}
+    layers = [
+        {
+            "norm1": torch.ones(h, device=device, dtype=dtype),
+            "wqkv": randn(3 * qkv, h),
+            "wo": randn(h, qkv),
+            "norm2": torch.ones(h, device=device, dtype=dtype),
+            "w_gate_up": randn(2 * i, h),
+            "w_down": randn(h, i),
+        }
+        for _ in range(shape.num_layers)
+    ]
+    return {
+        "embed": randn(shape.vocab_size, h),
+        "layers": layers,
+        "norm": torch.ones(h, device=device, dtype=dtype),
+        "head": randn(shape.vocab_size, h),
+    }
 
 
 def _rms_norm(torch, x, weight):
@@ -233,9 +264,9 @@ def _forward(torch, shape: DecoderShape, weights: dict, tokens, cache: list, sta
     for layer, (k_cache, v_cache) in zip(weights["layers"], cache):
         y = _rms_norm(torch, x, layer["norm1"]) @ layer["wqkv"].T
         q, k, v = y.view(batch, n, 3, shape.num_heads, shape.head_dim).permute(2, 0, 3, 1, 4)
-        k_cache[:, :, start:start + n] = k
-        v_cache[:, :, start:start + n] = v
-        keys, values = k_cache[:, :, :start + n], v_cache[:, :, :start + n]
+        k_cache[:, :, start : start + n] = k
+        v_cache[:, :, start : start + n] = v
+        keys, values = k_cache[:, :, : start + n], v_cache[:, :, : start + n]
         attn = F.scaled_dot_product_attention(q, keys, values, is_causal=(n > 1 and start == 0))
         x = x + attn.transpose(1, 2).reshape(batch, n, -1) @ layer["wo"].T
         gate, up = (_rms_norm(torch, x, layer["norm2"]) @ layer["w_gate_up"].T).chunk(2, dim=-1)
@@ -246,8 +277,10 @@ def _forward(torch, shape: DecoderShape, weights: dict, tokens, cache: list, sta
 def _new_cache(torch, shape: DecoderShape, batch_size: int, tokens: int, device: str) -> list:
     dtype = getattr(torch, shape.dtype)
     size = (batch_size, shape.num_heads, tokens, shape.head_dim)
-    return [(torch.zeros(size, device=device, dtype=dtype), torch.zeros(size, device=device, dtype=dtype))
-            for _ in range(shape.num_layers)]
+    return [
+        (torch.zeros(size, device=device, dtype=dtype), torch.zeros(size, device=device, dtype=dtype))
+        for _ in range(shape.num_layers)
+    ]
 
 
 def _graphed(torch, device: str, run):
@@ -293,20 +326,40 @@ def _time_ms(torch, device: str, run, warmup: int, repeats: int) -> float:
 
 
 def _device_metadata(torch, device: str, shape: DecoderShape) -> dict:
-    meta = {"device": device, "gpu_name": "cpu", "driver": "none", "torch_version": torch.__version__,
-            "cuda_version": str(torch.version.cuda or "none")}
+    meta = {
+        "device": device,
+        "gpu_name": "cpu",
+        "driver": "none",
+        "torch_version": torch.__version__,
+        "cuda_version": str(torch.version.cuda or "none"),
+    }
     if device == "cuda":
         meta["gpu_name"] = torch.cuda.get_device_name(0)
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
-            meta["driver"] = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
+            meta["driver"] = (
+                out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+            )
         except (OSError, subprocess.SubprocessError):
             meta["driver"] = "unknown"
-    meta.update({"dtype": shape.dtype, "num_layers": shape.num_layers, "num_heads": shape.num_heads,
-                 "num_kv_heads": shape.num_heads, "head_dim": shape.head_dim, "hidden_size": shape.hidden_size,
-                 "intermediate_size": shape.intermediate_size, "vocab_size": shape.vocab_size,
-                 "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    meta.update(
+        {
+            "dtype": shape.dtype,
+            "num_layers": shape.num_layers,
+            "num_heads": shape.num_heads,
+            "num_kv_heads": shape.num_heads,
+            "head_dim": shape.head_dim,
+            "hidden_size": shape.hidden_size,
+            "intermediate_size": shape.intermediate_size,
+            "vocab_size": shape.vocab_size,
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+    )
     return meta
 
 
@@ -329,17 +382,32 @@ def _kv_bytes_per_token(torch, shape, weights, device: str, batch_size: int, tok
     return held / (batch_size * tokens), method
 
 
-def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch_sizes=FULL_GRID["batch_sizes"],
-            context_tokens=FULL_GRID["context_tokens"], prompt_tokens=FULL_GRID["prompt_tokens"],
-            kv_tokens: int = 4096, warmup: int = 3, repeats: int = 10, memory_fraction: float = 0.85,
-            time_limit_s: float = 300.0, seed: int = 0, log=None) -> tuple[dict, list[dict]]:
+def measure(
+    shape: DecoderShape = DecoderShape(),
+    *,
+    device: str = "cuda",
+    batch_sizes=FULL_GRID["batch_sizes"],
+    context_tokens=FULL_GRID["context_tokens"],
+    prompt_tokens=FULL_GRID["prompt_tokens"],
+    kv_tokens: int = 4096,
+    warmup: int = 3,
+    repeats: int = 10,
+    memory_fraction: float = 0.85,
+    time_limit_s: float = 300.0,
+    seed: int = 0,
+    log=None,
+) -> tuple[dict, list[dict]]:
     """Measure shape on device: (metadata, rows with COLUMNS). Grid points whose cache would not fit in
     memory_fraction of free GPU memory are skipped; so is the rest of the grid once time_limit_s is spent."""
     torch = import_torch()
     validate.one_of("device", device, ("cuda", "cpu"))
     if device == "cuda" and not torch.cuda.is_available():
         validate.fail("device", device, "torch.cuda.is_available() is False on this machine; use --device cpu")
-    for name, values in (("batch_sizes", batch_sizes), ("context_tokens", context_tokens), ("prompt_tokens", prompt_tokens)):
+    for name, values in (
+        ("batch_sizes", batch_sizes),
+        ("context_tokens", context_tokens),
+        ("prompt_tokens", prompt_tokens),
+    ):
         for v in validate.non_empty(name, values):
             validate.positive_int(name, v)
     validate.positive_int("kv_tokens", kv_tokens)
@@ -351,8 +419,14 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
     torch.manual_seed(seed)
     start = time.perf_counter()
     metadata = _device_metadata(torch, device, shape)
-    metadata.update({"warmup": warmup, "repeats": repeats, "statistic": "median",
-                     "timer": "CUDA events" if device == "cuda" else "time.perf_counter"})
+    metadata.update(
+        {
+            "warmup": warmup,
+            "repeats": repeats,
+            "statistic": "median",
+            "timer": "CUDA events" if device == "cuda" else "time.perf_counter",
+        }
+    )
     rows, skipped, launches = [], [], set()
     with torch.inference_mode():
         weights = _init_weights(torch, shape, device)
@@ -361,7 +435,9 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
         _forward(torch, shape, weights, first, _new_cache(torch, shape, 1, 8, device), 0)  # library start-up, untimed
         kv, method = _kv_bytes_per_token(torch, shape, weights, device, 1, kv_tokens)
         metadata["kv_method"] = method
-        rows.append({"kind": "kv_bytes_per_token", "batch_size": 1, "context_tokens": kv_tokens, "value": kv, "unit": "B"})
+        rows.append(
+            {"kind": "kv_bytes_per_token", "batch_size": 1, "context_tokens": kv_tokens, "value": kv, "unit": "B"}
+        )
         log(f"KV bytes per token {kv:,.1f} B ({method}); analytic {shape.kv_bytes_per_token:,} B")
 
         def fits(tokens: int) -> bool:
@@ -377,7 +453,7 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
                 continue
             cache = _new_cache(torch, shape, 1, p, device)
             prompt = torch.randint(0, shape.vocab_size, (1, p), device=device)
-            ms = _time_ms(torch, device, lambda: _forward(torch, shape, weights, prompt, cache, 0), warmup, repeats)
+            ms = _time_ms(torch, device, lambda: _forward(torch, shape, weights, prompt, cache, 0), warmup, repeats)  # noqa: B023 (timed at once)
             del cache
             rows.append({"kind": "prefill_ms", "batch_size": 1, "prompt_tokens": p, "value": ms, "unit": "ms"})
             log(f"prefill      prompt {p:>6}: {ms:8.3f} ms")
@@ -392,7 +468,7 @@ def measure(shape: DecoderShape = DecoderShape(), *, device: str = "cuda", batch
                 try:
                     cache = _new_cache(torch, shape, b, c + 1, device)
                     step = torch.randint(0, shape.vocab_size, (b, 1), device=device)
-                    run, launch = _graphed(torch, device, lambda: _forward(torch, shape, weights, step, cache, c))
+                    run, launch = _graphed(torch, device, lambda: _forward(torch, shape, weights, step, cache, c))  # noqa: B023
                     ms = _time_ms(torch, device, run, warmup, repeats)
                 except torch.cuda.OutOfMemoryError:
                     skipped.append(f"decode b={b} c={c} (out of memory)")
@@ -429,7 +505,14 @@ def write_csv(path, metadata: dict, rows: list[dict]) -> Path:
         writer.writerow(COLUMNS)
         for row in rows:
             value = row["value"]
-            writer.writerow([row["kind"], row.get("batch_size", ""), row.get("context_tokens", ""),
-                             row.get("prompt_tokens", ""), value if isinstance(value, int) else f"{value:.6g}",
-                             row["unit"]])
+            writer.writerow(
+                [
+                    row["kind"],
+                    row.get("batch_size", ""),
+                    row.get("context_tokens", ""),
+                    row.get("prompt_tokens", ""),
+                    value if isinstance(value, int) else f"{value:.6g}",
+                    row["unit"],
+                ]
+            )
     return path

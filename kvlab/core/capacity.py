@@ -4,14 +4,15 @@ Two accountings: the article's (KV bytes per token x context against GPU memory 
 and vLLM's (per-layer pages, whole blocks of a memory budget, layer groups of hybrid models), the
 latter computing what vLLM logs at start-up.
 """
+
 from __future__ import annotations
 
 import bisect
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Iterable
 
 from kvlab.core import validate
 from kvlab.core.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, CacheConfig, EngineConfig
@@ -99,14 +100,16 @@ def kv_heads_per_gpu(model, tensor_parallel_size: int = 1) -> int:
     """K/V heads one GPU caches: max(1, kv_heads // TP), heads replicated when TP > kv_heads; 1 for MLA."""
     tp = validate.positive_int("tensor_parallel_size", tensor_parallel_size)
     if model.num_attention_heads % tp:
-        validate.fail("tensor_parallel_size", tp,
-                      f"must divide num_attention_heads ({model.num_attention_heads}) of {model.name}")
+        validate.fail(
+            "tensor_parallel_size", tp, f"must divide num_attention_heads ({model.num_attention_heads}) of {model.name}"
+        )
     if model.attention == "mla":
         return 1  # the latent is not split by tensor parallelism: every GPU holds all of it
     kv = model.num_kv_heads
     if (kv >= tp and kv % tp) or (kv < tp and tp % kv):
-        validate.fail("tensor_parallel_size", tp,
-                      f"must divide num_kv_heads ({kv}) or be a multiple of it ({model.name})")
+        validate.fail(
+            "tensor_parallel_size", tp, f"must divide num_kv_heads ({kv}) or be a multiple of it ({model.name})"
+        )
     return max(1, kv // tp)
 
 
@@ -129,24 +132,31 @@ def kv_bytes_per_token_per_layer(model, kv_cache_dtype: str = "bf16", tensor_par
 
 def page_size_bytes(model, config: EngineConfig = EngineConfig()) -> int:
     """Bytes of one block of one layer on one GPU (vLLM's page_size_bytes)."""
-    return int(config.cache.block_size * kv_bytes_per_token_per_layer(
-        model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size))
+    return int(
+        config.cache.block_size
+        * kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
+    )
 
 
 def kv_bytes_per_token(model, config: EngineConfig = EngineConfig()) -> int | float:
     """KV bytes per token on one GPU of the stage with the most layers, every layer counted (bytes)."""
     layers = max(len(s) for s in stage_layers(model.num_layers, config.parallel.pipeline_parallel_size))
-    return exact(layers * kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype,
-                                                       config.parallel.tensor_parallel_size))
+    return exact(
+        layers * kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
+    )
 
 
-def available_kv_cache_bytes(gpu_memory_gib: float, weights_gib: float,
-                             gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
-                             activation_peak_gib: float = ACTIVATION_PEAK_GIB,
-                             non_torch_gib: float = NON_TORCH_GIB) -> float:
+def available_kv_cache_bytes(
+    gpu_memory_gib: float,
+    weights_gib: float,
+    gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION,
+    activation_peak_gib: float = ACTIVATION_PEAK_GIB,
+    non_torch_gib: float = NON_TORCH_GIB,
+) -> float:
     """vLLM's KV budget per GPU: memory x gpu_memory_utilization - weights - activation peak - non-torch (bytes)."""
-    return MemoryBudget(gpu_memory_gib, weights_gib, gpu_memory_utilization, activation_peak_gib,
-                        non_torch_gib).available_kv_bytes
+    return MemoryBudget(
+        gpu_memory_gib, weights_gib, gpu_memory_utilization, activation_peak_gib, non_torch_gib
+    ).available_kv_bytes
 
 
 @dataclass(frozen=True)
@@ -190,8 +200,15 @@ class MemoryBudget:
 def estimated_weights_gib(model, weight_dtype: str = "bf16", config: EngineConfig = EngineConfig()) -> float:
     """Weights one GPU holds: parameters x bytes per parameter of weight_dtype / (TP x PP) (GiB)."""
     validate.one_of("weight_dtype", weight_dtype, WEIGHT_DTYPE_BYTES)
-    return weights_bytes_per_gpu(model, WEIGHT_DTYPE_BYTES[weight_dtype], config.parallel.tensor_parallel_size,
-                                 config.parallel.pipeline_parallel_size) / GIB
+    return (
+        weights_bytes_per_gpu(
+            model,
+            WEIGHT_DTYPE_BYTES[weight_dtype],
+            config.parallel.tensor_parallel_size,
+            config.parallel.pipeline_parallel_size,
+        )
+        / GIB
+    )
 
 
 def format_gib(num_bytes: float) -> str:
@@ -246,19 +263,26 @@ def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCach
         blocks = {kind: largest if largest % b == 0 else b for kind, b in blocks.items()}  # else it is padded
     sizes = [len(layers) for layers in buckets.values()]
     size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
-    return [KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]))
-            for kind, layers in buckets.items() for n in [cdiv(len(layers), size)] for i in range(n)]
+    return [
+        KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]))
+        for kind, layers in buckets.items()
+        for n in [cdiv(len(layers), size)]
+        for i in range(n)
+    ]
 
 
 def _estimated_max_model_len(groups, model, config: EngineConfig, max_model_len: int, blocks: int) -> int:
     """The longest max_model_len whose request needs at most blocks blocks, 0 if none (vLLM's binary search)."""
+
     def needed(length: int) -> int:
         return sum(g.blocks_per_request(length, model.sliding_window, config.max_in_flight_tokens) for g in groups)
+
     return bisect.bisect_right(range(1, max_model_len + 1), blocks, key=needed)
 
 
-def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_len: int,
-                  config: EngineConfig = EngineConfig()) -> dict:
+def vllm_capacity(
+    model, available_kv_bytes: float | Iterable[float], max_model_len: int, config: EngineConfig = EngineConfig()
+) -> dict:
     """What vLLM 0.33 computes at start-up for this model and per-GPU KV budget (vllm/v1/core/kv_cache_planning.py
     get_kv_cache_configs, kv_cache_utils.py get_kv_cache_capacity), in the order vllm/v1/engine/core.py calls it.
 
@@ -281,10 +305,12 @@ def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_
     budgets = [math.floor(validate.non_negative_number("available_kv_bytes", b)) for b in budgets]
     max_model_len = validate.in_range("max_model_len", max_model_len, "tokens")
     groups = kv_cache_groups(model, config)
-    page = max(g.block_size for g in groups) * int(kv_bytes_per_token_per_layer(
-        model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size))
-    per_request = sum(g.blocks_per_request(max_model_len, model.sliding_window, config.max_in_flight_tokens)
-                      for g in groups)
+    page = max(g.block_size for g in groups) * int(
+        kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
+    )
+    per_request = sum(
+        g.blocks_per_request(max_model_len, model.sliding_window, config.max_in_flight_tokens) for g in groups
+    )
     stages, refusal, estimate = [], None, None
     for s, layers in enumerate(stage_layers(model.num_layers, pp)):
         available = budgets[s]
@@ -293,14 +319,18 @@ def vllm_capacity(model, available_kv_bytes: float | Iterable[float], max_model_
         check = available - bytes_per_block  # vLLM keeps one block back: the block pool's null block
         where = f" on pipeline stage {s}" if pp > 1 else ""
         if refusal is None and check <= 0:
-            refusal = (f"no KV-cache memory is left{where} once vLLM keeps one block of {bytes_per_block:,} B back "
-                       f"({available:,} B available)")
+            refusal = (
+                f"no KV-cache memory is left{where} once vLLM keeps one block of {bytes_per_block:,} B back "
+                f"({available:,} B available)"
+            )
         elif refusal is None and per_request * bytes_per_block > check:
             estimate = _estimated_max_model_len(groups, model, config, max_model_len, check // bytes_per_block)
-            refusal = (f"one request of {max_model_len:,} tokens needs {format_gib(per_request * bytes_per_block)} GiB"
-                       f" of KV cache ({per_request:,} blocks of {bytes_per_block:,} B), more than the "
-                       f"{format_gib(check)} GiB{where} left once vLLM keeps one block back"
-                       + (f"; the longest max_model_len that fits is {estimate:,} tokens" if estimate else ""))
+            refusal = (
+                f"one request of {max_model_len:,} tokens needs {format_gib(per_request * bytes_per_block)} GiB"
+                f" of KV cache ({per_request:,} blocks of {bytes_per_block:,} B), more than the "
+                f"{format_gib(check)} GiB{where} left once vLLM keeps one block back"
+                + (f"; the longest max_model_len that fits is {estimate:,} tokens" if estimate else "")
+            )
     num_blocks, bytes_per_block, available = min(stages)
     return {
         "kv_bytes_per_token": kv_bytes_per_token(model, config),
@@ -326,20 +356,33 @@ def vllm_log_lines(result: dict) -> list[str]:
     it refuses to start."""
     lines = [f"Available KV cache memory: {format_gib(result['available_kv_cache_bytes'])} GiB"]
     if result["starts"]:
-        lines.append(f"GPU KV cache size: {result['gpu_kv_cache_tokens']:,} tokens, Maximum concurrency for "
-                     f"{result['max_model_len']:,} tokens per request: {result['max_concurrency']:.2f}x")
+        lines.append(
+            f"GPU KV cache size: {result['gpu_kv_cache_tokens']:,} tokens, Maximum concurrency for "
+            f"{result['max_model_len']:,} tokens per request: {result['max_concurrency']:.2f}x"
+        )
     return lines
 
 
-def plan_capacity(model, gpu_memory_gib: float, max_model_len: int, config: EngineConfig = EngineConfig(),
-                  weight_bytes_per_param: float = 2, activation_peak_gib: float = ACTIVATION_PEAK_GIB,
-                  non_torch_gib: float = NON_TORCH_GIB) -> dict | None:
+def plan_capacity(
+    model,
+    gpu_memory_gib: float,
+    max_model_len: int,
+    config: EngineConfig = EngineConfig(),
+    weight_bytes_per_param: float = 2,
+    activation_peak_gib: float = ACTIVATION_PEAK_GIB,
+    non_torch_gib: float = NON_TORCH_GIB,
+) -> dict | None:
     """vllm_capacity on one GPU model (config.cache.gpu_memory_utilization of gpu_memory_gib), weights
     estimated from the parameter count; None when no block fits."""
-    weights_gib = weights_bytes_per_gpu(model, weight_bytes_per_param, config.parallel.tensor_parallel_size,
-                                        config.parallel.pipeline_parallel_size) / GIB
-    available = available_kv_cache_bytes(gpu_memory_gib, weights_gib, config.cache.gpu_memory_utilization,
-                                         activation_peak_gib, non_torch_gib)
+    weights_gib = (
+        weights_bytes_per_gpu(
+            model, weight_bytes_per_param, config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
+        )
+        / GIB
+    )
+    available = available_kv_cache_bytes(
+        gpu_memory_gib, weights_gib, config.cache.gpu_memory_utilization, activation_peak_gib, non_torch_gib
+    )
     result = vllm_capacity(model, max(available, 0), max_model_len, config)
     return result if result["num_gpu_blocks"] else None
 
@@ -348,8 +391,9 @@ PARALLEL_SIZES = (1, 2, 4, 8, 16)
 MAX_PIPELINE_SIZE = 16
 
 
-def _layout_fits(model, budget: MemoryBudget, max_model_len: int, config: EngineConfig, weight_dtype, tp: int,
-                 pp: int) -> bool:
+def _layout_fits(
+    model, budget: MemoryBudget, max_model_len: int, config: EngineConfig, weight_dtype, tp: int, pp: int
+) -> bool:
     if pp > model.num_layers:
         return False
     try:
@@ -365,8 +409,13 @@ def _layout_fits(model, budget: MemoryBudget, max_model_len: int, config: Engine
     return available > 0 and vllm_capacity(model, available, max_model_len, setting)["starts"]
 
 
-def layouts_that_fit(model, budget: MemoryBudget, max_model_len: int, config: EngineConfig = EngineConfig(),
-                     weight_dtype: str | None = "bf16") -> list[tuple[int, int]]:
+def layouts_that_fit(
+    model,
+    budget: MemoryBudget,
+    max_model_len: int,
+    config: EngineConfig = EngineConfig(),
+    weight_dtype: str | None = "bf16",
+) -> list[tuple[int, int]]:
     """The ways to hold one request of max_model_len on more GPUs, as (tensor_parallel_size, pipeline_parallel_size):
     the smallest tensor parallelism alone, the smallest pipeline parallelism alone, and, when neither alone
     does, the fewest GPUs of both. Empty when up to 16 x 16 GPUs do not.
@@ -374,14 +423,19 @@ def layouts_that_fit(model, budget: MemoryBudget, max_model_len: int, config: En
     With weight_dtype the weights are re-estimated from the parameter count for each layout; with None
     budget.weights_gib is taken as the whole model's weights and divided by TP x PP.
     """
+
     def fits(tp, pp):
         return _layout_fits(model, budget, max_model_len, config, weight_dtype, tp, pp)
 
-    found = [next(((tp, 1) for tp in PARALLEL_SIZES if fits(tp, 1)), None),
-             next(((1, pp) for pp in range(1, MAX_PIPELINE_SIZE + 1) if fits(1, pp)), None)]
+    found = [
+        next(((tp, 1) for tp in PARALLEL_SIZES if fits(tp, 1)), None),
+        next(((1, pp) for pp in range(1, MAX_PIPELINE_SIZE + 1) if fits(1, pp)), None),
+    ]
     found = [layout for layout in dict.fromkeys(found) if layout is not None]
     if not found:
-        both = sorted(((tp, pp) for tp in PARALLEL_SIZES for pp in range(2, MAX_PIPELINE_SIZE + 1)),
-                      key=lambda layout: (layout[0] * layout[1], -layout[0]))
+        both = sorted(
+            ((tp, pp) for tp in PARALLEL_SIZES for pp in range(2, MAX_PIPELINE_SIZE + 1)),
+            key=lambda layout: (layout[0] * layout[1], -layout[0]),
+        )
         found = [next((layout for layout in both if fits(*layout)), None)]
     return [layout for layout in found if layout is not None]

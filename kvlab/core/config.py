@@ -4,6 +4,7 @@ Each is a frozen dataclass validated on construction (a ValueError naming the fi
 what is allowed). Defaults are vLLM 0.33's where vLLM has one; the article's settings are built
 from kvlab.core.article where a section reproduces the article.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,8 +21,13 @@ SCHEDULER_CLASSES = {
     "v1": "vLLM 0.33's v1 scheduler: prefill chunks and decodes share one token budget per step",
     "v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the vLLM paper's): prompt-only steps, a watermark, recompute",
 }
-ATTENTION_BACKENDS = {"FLASH_ATTN": 16, "TRITON_ATTN": 16, "FLEX_ATTENTION": 16, "FLASHINFER": (16, 32, 64),
-                      "CPU_ATTN": 32}
+ATTENTION_BACKENDS = {
+    "FLASH_ATTN": 16,
+    "TRITON_ATTN": 16,
+    "FLEX_ATTENTION": 16,
+    "FLASHINFER": (16, 32, 64),
+    "CPU_ATTN": 32,
+}
 
 
 @dataclass(frozen=True)
@@ -32,16 +38,17 @@ class CacheConfig:
 
     block_size: int = 16
     kv_cache_dtype: str = "bf16"
-    gpu_memory_utilization: float = 0.9     # fraction of GPU memory vLLM may use
-    hybrid_kv_cache: bool = True            # vLLM's hybrid KV-cache manager (off: --disable-hybrid-kv-cache-manager)
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory vLLM may use
+    hybrid_kv_cache: bool = True  # vLLM's hybrid KV-cache manager (off: --disable-hybrid-kv-cache-manager)
     enable_prefix_caching: bool = False
-    attention_backend: str | None = None    # vLLM's --attention-backend
+    attention_backend: str | None = None  # vLLM's --attention-backend
 
     @property
     def backend(self) -> str:
         """The attention backend in use: attention_backend, else vLLM's pick on an H100 for kv_cache_dtype."""
-        return self.attention_backend or {"int4": "FLASHINFER", "int8": "TRITON_ATTN"}.get(self.kv_cache_dtype,
-                                                                                          "FLASH_ATTN")
+        return self.attention_backend or {"int4": "FLASHINFER", "int8": "TRITON_ATTN"}.get(
+            self.kv_cache_dtype, "FLASH_ATTN"
+        )
 
     def __post_init__(self):
         validate.in_range("block_size", self.block_size, "block_size")
@@ -72,11 +79,11 @@ class SchedulerConfig:
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
-    max_model_len: int | None = None           # None: the model's own (max_position_embeddings)
+    max_model_len: int | None = None  # None: the model's own (max_position_embeddings)
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0       # 0: no cap on one request's prefill chunk
-    async_scheduling: bool = True               # vLLM 0.33's default on a GPU
-    scheduler_cls: str = "v1"                   # "v1" (vLLM 0.33) or "v0-2023" (vLLM 0.1.4, the paper's)
+    long_prefill_token_threshold: int = 0  # 0: no cap on one request's prefill chunk
+    async_scheduling: bool = True  # vLLM 0.33's default on a GPU
+    scheduler_cls: str = "v1"  # "v1" (vLLM 0.33) or "v0-2023" (vLLM 0.1.4, the paper's)
 
     def __post_init__(self):
         validate.in_range("max_num_seqs", self.max_num_seqs, "max_num_seqs")
@@ -88,11 +95,11 @@ class SchedulerConfig:
         validate.one_of("async_scheduling", self.async_scheduling, [True, False])
         validate.one_of("scheduler_cls", self.scheduler_cls, SCHEDULER_CLASSES)
         if self.scheduler_cls == "v0-2023":
-            for name, value, fix in (("async_scheduling", self.async_scheduling, "async_scheduling=False"),
-                                     ("enable_chunked_prefill", self.enable_chunked_prefill,
-                                      "enable_chunked_prefill=False"),
-                                     ("long_prefill_token_threshold", self.long_prefill_token_threshold,
-                                      "long_prefill_token_threshold=0")):
+            for name, value, fix in (
+                ("async_scheduling", self.async_scheduling, "async_scheduling=False"),
+                ("enable_chunked_prefill", self.enable_chunked_prefill, "enable_chunked_prefill=False"),
+                ("long_prefill_token_threshold", self.long_prefill_token_threshold, "long_prefill_token_threshold=0"),
+            ):
                 if value:
                     validate.fail(name, value, f"scheduler_cls='v0-2023' (vLLM 0.1.4) had no such mode: set {fix}")
 
@@ -110,8 +117,11 @@ class EngineConfig:
             if not isinstance(getattr(self, name), kind):
                 validate.fail(name, getattr(self, name), f"must be a kvlab.core.config.{kind.__name__}")
         if self.scheduler.scheduler_cls == "v0-2023" and self.cache.enable_prefix_caching:
-            validate.fail("enable_prefix_caching", True, "scheduler_cls='v0-2023' (vLLM 0.1.4) had no prefix cache: "
-                          "set enable_prefix_caching=False")
+            validate.fail(
+                "enable_prefix_caching",
+                True,
+                "scheduler_cls='v0-2023' (vLLM 0.1.4) had no prefix cache: set enable_prefix_caching=False",
+            )
 
     @property
     def max_concurrent_batches(self) -> int:
@@ -124,16 +134,22 @@ class EngineConfig:
         """Tokens scheduled but not yet settled: max_num_batched_tokens per batch in flight (vLLM's name)."""
         return self.max_concurrent_batches * self.scheduler.max_num_batched_tokens
 
-    def replace(self, **changes) -> "EngineConfig":
+    def replace(self, **changes) -> EngineConfig:
         """A copy with settings changed by their vLLM names, whichever part holds them
         (e.g. replace(kv_cache_dtype="fp8", tensor_parallel_size=2))."""
         parts = {name: getattr(self, name) for name in ("cache", "parallel", "scheduler")}
         updates: dict[str, dict] = {name: {} for name in parts}
         for key, value in changes.items():
-            owner = next((name for name, part in parts.items() if key in {f.name for f in dataclasses.fields(part)}), None)
+            owner = next(
+                (name for name, part in parts.items() if key in {f.name for f in dataclasses.fields(part)}), None
+            )
             if owner is None:
                 known = sorted(f.name for part in parts.values() for f in dataclasses.fields(part))
                 validate.fail(key, value, "is not a setting of the engine; settings: " + ", ".join(known))
             updates[owner][key] = value
-        return EngineConfig(**{name: dataclasses.replace(part, **updates[name]) if updates[name] else part
-                               for name, part in parts.items()})
+        return EngineConfig(
+            **{
+                name: dataclasses.replace(part, **updates[name]) if updates[name] else part
+                for name, part in parts.items()
+            }
+        )

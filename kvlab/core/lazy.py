@@ -1,4 +1,5 @@
 """Packages whose modules load on first use: the module __getattr__ and __dir__ of a package's __init__ (PEP 562)."""
+
 from __future__ import annotations
 
 import sys

@@ -4,6 +4,7 @@ A ModelSpec holds what the KV cache depends on: layers, heads, head dim, the att
 (mha, gqa, mqa, mla) and which layers use a sliding window. `from_config` reads it from a Hugging
 Face config.json (a local path, no hub access) the way vLLM reads it.
 """
+
 from __future__ import annotations
 
 import csv
@@ -71,24 +72,32 @@ class ModelSpec:
             if kv != 1:
                 validate.fail("num_kv_heads", kv, "must be 1 for mla (one latent per token and layer)")
             if self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim:
-                validate.fail("head_dim", self.head_dim, "must be kv_lora_rank + qk_rope_head_dim for mla "
-                              f"({self.kv_lora_rank + self.qk_rope_head_dim})")
+                validate.fail(
+                    "head_dim",
+                    self.head_dim,
+                    f"must be kv_lora_rank + qk_rope_head_dim for mla ({self.kv_lora_rank + self.qk_rope_head_dim})",
+                )
         if self.layer_types:
             self._check_layer_types()
         elif (self.sliding_window == 0) != (self.sliding_window_pattern == 0):
-            validate.fail("sliding_window_pattern", self.sliding_window_pattern,
-                          "must be 0 exactly when sliding_window is 0")
+            validate.fail(
+                "sliding_window_pattern", self.sliding_window_pattern, "must be 0 exactly when sliding_window is 0"
+            )
 
     def _check_layer_types(self):
         types = self.layer_types
         if len(types) != self.num_layers or not set(types) <= set(LAYER_TYPES):
-            validate.fail("layer_types", types, f"must name each of the {self.num_layers} layers "
-                          f"{' or '.join(LAYER_TYPES)}")
+            validate.fail(
+                "layer_types", types, f"must name each of the {self.num_layers} layers {' or '.join(LAYER_TYPES)}"
+            )
         if self.sliding_window_pattern:
             validate.fail("sliding_window_pattern", self.sliding_window_pattern, "must be 0 beside layer_types")
         if (self.sliding_window == 0) == ("sliding_attention" in types):
-            validate.fail("sliding_window", self.sliding_window,
-                          "must be 0 exactly when layer_types has no sliding_attention layer")
+            validate.fail(
+                "sliding_window",
+                self.sliding_window,
+                "must be 0 exactly when layer_types has no sliding_attention layer",
+            )
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer (0-based) attends over a sliding window."""
@@ -153,17 +162,35 @@ def _lookup(kind: str, name: str, table: dict[str, dict]) -> dict:
 def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
     """The ModelSpec of one catalog model (full name or the part after '/'); close matches on a miss."""
     row = _lookup("model", name, load_models(path))
-    ints = ["num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "kv_lora_rank",
-            "qk_rope_head_dim", "sliding_window", "sliding_window_pattern", "max_position_embeddings"]
-    return ModelSpec(name=row["name"], attention=row["attention"], num_params_b=float(row["num_params_b"]),
-                     **{k: int(row[k]) for k in ints})
+    ints = [
+        "num_layers",
+        "num_attention_heads",
+        "num_kv_heads",
+        "head_dim",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "sliding_window",
+        "sliding_window_pattern",
+        "max_position_embeddings",
+    ]
+    return ModelSpec(
+        name=row["name"],
+        attention=row["attention"],
+        num_params_b=float(row["num_params_b"]),
+        **{k: int(row[k]) for k in ints},
+    )
 
 
 def get_gpu(name: str, path: str | Path = GPUS_CSV) -> GpuSpec:
     """One GPU of data/gpus.csv (memory_gib, memory_bandwidth_gb_s, bf16_dense_tflops); close matches on a miss."""
     row = _lookup("gpu", name, load_gpus(path))
-    return GpuSpec(row["name"], float(row["memory_gib"]), float(row["memory_bandwidth_gb_s"]),
-                   float(row["bf16_dense_tflops"]), row.get("source", ""))
+    return GpuSpec(
+        row["name"],
+        float(row["memory_gib"]),
+        float(row["memory_bandwidth_gb_s"]),
+        float(row["bf16_dense_tflops"]),
+        row.get("source", ""),
+    )
 
 
 # ---------------------------------------------------------------- config.json
@@ -193,8 +220,11 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
             validate.fail("config", source, f"layer_types must list num_hidden_layers={num_layers} layers")
         unknown = sorted({str(t) for t in layer_types} - set(LAYER_TYPES))
         if unknown:
-            validate.fail("config", source, f"layer_types holds {', '.join(unknown)}; kvlab models "
-                          f"{' and '.join(LAYER_TYPES)} layers only")
+            validate.fail(
+                "config",
+                source,
+                f"layer_types holds {', '.join(unknown)}; kvlab models {' and '.join(LAYER_TYPES)} layers only",
+            )
         sliding = [t == "sliding_attention" for t in layer_types]
         if not any(sliding):
             return 0, 0, ()
@@ -245,8 +275,9 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         _field(config, "kv_lora_rank", source, "the MLA latent size")
         _field(config, "qk_rope_head_dim", source, "the MLA latent size")
         rank, rope = _whole(config, "kv_lora_rank", source), _whole(config, "qk_rope_head_dim", source)
-        return ModelSpec(label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b,
-                         layer_types)
+        return ModelSpec(
+            label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b, layer_types
+        )
     kv = _whole(config, "num_key_value_heads", source, default=1 if config.get("multi_query") else heads)
     head_dim = config.get("head_dim")
     if head_dim is None:
@@ -259,8 +290,9 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         validate.fail("config", source, f"num_key_value_heads={kv} must divide num_attention_heads={heads}")
     attention = "mha" if kv == heads else ("mqa" if kv == 1 else "gqa")
     head_dim = _whole(config, "head_dim", source, default=head_dim)
-    return ModelSpec(label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b,
-                     layer_types)
+    return ModelSpec(
+        label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b, layer_types
+    )
 
 
 def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:
@@ -276,14 +308,27 @@ def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:
     return [range(starts[i], starts[i + 1]) for i in range(pp)]
 
 
-def weights_bytes_per_gpu(model: ModelSpec, weight_bytes_per_param: float, tensor_parallel_size: int = 1,
-                          pipeline_parallel_size: int = 1) -> float:
+def weights_bytes_per_gpu(
+    model: ModelSpec, weight_bytes_per_param: float, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
+) -> float:
     """Weights one GPU holds: parameters x bytes per parameter / (TP x PP) (bytes; embeddings split alike)."""
     if model.num_params_b <= 0:
-        validate.fail("num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead")
+        validate.fail(
+            "num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead"
+        )
     validate.positive_number("weight_bytes_per_param", weight_bytes_per_param)
     return model.num_params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
 
 
-__all__ = ["ModelSpec", "GpuSpec", "ATTENTIONS", "load_models", "load_gpus", "get_model", "get_gpu", "from_config",
-           "stage_layers", "weights_bytes_per_gpu"]
+__all__ = [
+    "ModelSpec",
+    "GpuSpec",
+    "ATTENTIONS",
+    "load_models",
+    "load_gpus",
+    "get_model",
+    "get_gpu",
+    "from_config",
+    "stage_layers",
+    "weights_bytes_per_gpu",
+]

@@ -1,5 +1,6 @@
 """The engine's KV pool, num_gpu_blocks (vLLM's null block included), when it is not given: a model on a GPU as
 vLLM sizes it (kvlab.core.capacity.plan_capacity), else the article's KV memory."""
+
 from __future__ import annotations
 
 from kvlab.core import article, capacity, models, validate
@@ -14,15 +15,25 @@ def size_kv_pool(config: EngineConfig, model: ModelSpec | None = None, gpu: str 
     """num_gpu_blocks of blocks of config's block_size, vLLM's null block included, and where it comes from in words:
     model on the GPU named gpu (data/gpus.csv) at config's max_model_len, else the article's KV memory."""
     if model is None:
-        return (ARTICLE_KV_TOKENS // config.cache.block_size + 1,
-                f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token "
-                f"({ARTICLE_KV_TOKENS:,} tokens)")
+        return (
+            ARTICLE_KV_TOKENS // config.cache.block_size + 1,
+            f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token "
+            f"({ARTICLE_KV_TOKENS:,} tokens)",
+        )
     if model.sliding_window:
-        validate.fail("model", model.name, "has sliding-window layers: the engine models one full-attention KV "
-                      "cache group (give num_gpu_blocks for a plain decoder)")
+        validate.fail(
+            "model",
+            model.name,
+            "has sliding-window layers: the engine models one full-attention KV "
+            "cache group (give num_gpu_blocks for a plain decoder)",
+        )
     spec = models.get_gpu(gpu)
     planned = capacity.plan_capacity(model, spec.memory_gib, config.scheduler.max_model_len, config)
     if planned is None:
-        validate.fail("gpu", gpu, f"leaves no KV memory for {model.name} at gpu_memory_utilization="
-                      f"{config.cache.gpu_memory_utilization:g} (see kvlab capacity --model {model.name} --gpu {gpu})")
+        validate.fail(
+            "gpu",
+            gpu,
+            f"leaves no KV memory for {model.name} at gpu_memory_utilization="
+            f"{config.cache.gpu_memory_utilization:g} (see kvlab capacity --model {model.name} --gpu {gpu})",
+        )
     return planned["num_gpu_blocks"], f"{model.name} on {spec.name} as vLLM sizes it"

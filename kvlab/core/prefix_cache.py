@@ -7,6 +7,7 @@ used ones, the first block last, as vLLM frees a finished request's blocks tail 
 is evicted before its shared head. The cache then evicts least recently used blocks down to its size.
 Not modelled: blocks pinned by running requests, and vLLM recomputing the last prompt token on a full hit.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -23,10 +24,10 @@ class PrefixCacheStats:
     """Prefix-cache hits over a replayed trace; num_cache_blocks None means an unbounded cache."""
 
     num_cache_blocks: int | None
-    num_blocks: int                 # prefix blocks looked up, all requests
-    num_hit_blocks: int             # blocks found (leading run of each request)
-    prompt_tokens: int              # prefill tokens without a cache
-    prefill_tokens_saved: int       # prompt tokens served from the cache
+    num_blocks: int  # prefix blocks looked up, all requests
+    num_hit_blocks: int  # blocks found (leading run of each request)
+    prompt_tokens: int  # prefill tokens without a cache
+    prefill_tokens_saved: int  # prompt tokens served from the cache
 
     @property
     def hit_rate(self) -> float:
@@ -41,8 +42,11 @@ class PrefixCacheStats:
 
 def _hashes(workload: Workload) -> tuple[np.ndarray, ...]:
     if workload.prefix_hashes is None:
-        validate.fail("workload.prefix_hashes", None, "prefix caching needs a trace with prefix-block hashes "
-                      "(e.g. the Mooncake trace)")
+        validate.fail(
+            "workload.prefix_hashes",
+            None,
+            "prefix caching needs a trace with prefix-block hashes (e.g. the Mooncake trace)",
+        )
     return workload.prefix_hashes
 
 

@@ -15,6 +15,7 @@ not hold (hidden and MLP sizes, experts). A folder holds some of:
 Times are microseconds of GPU kernels, one decoder layer (LLMServingSim runs vLLM with one layer), as the
 sources measured them; data/README.md gives each file's origin. Nothing here interpolates: kvlab.core.cost does.
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,8 +35,16 @@ INTERCONNECTS_CSV = PROFILES_DIR / "interconnects.csv"
 SOURCES = {"llmservingsim": "LLMServingSim profile", "vidur": "vidur profile"}
 # Calls of each dense operator in one decoder layer as vLLM's Llama and Qwen3 models run them (input and
 # post-attention RMSNorm; Qwen3's q_norm and k_norm), and once per step (before and after the layers).
-LAYER_CALLS = {"layernorm": 2, "qkv_proj": 1, "qk_norm": 2, "rotary_emb": 1, "o_proj": 1, "gate_up_proj": 1,
-               "act_fn": 1, "down_proj": 1}
+LAYER_CALLS = {
+    "layernorm": 2,
+    "qkv_proj": 1,
+    "qk_norm": 2,
+    "rotary_emb": 1,
+    "o_proj": 1,
+    "gate_up_proj": 1,
+    "act_fn": 1,
+    "down_proj": 1,
+}
 STEP_CALLS = {"embedding": 1, "final_layernorm": 1}
 LINEAR_LAYERS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2}
@@ -45,17 +54,17 @@ WEIGHT_BYTES = {"bf16": 2, "fp16": 2}
 class ProfileEntry:
     """One row of data/profiles/index.csv: which GPU, model, dtype and TP a folder of operator times measures."""
 
-    source: str                   # llmservingsim or vidur
-    gpu: str                      # kvlab's GPU name (data/gpus.csv)
-    source_gpu: str               # the source's folder name for the GPU
-    model: str                    # Hugging Face name (data/models.csv)
+    source: str  # llmservingsim or vidur
+    gpu: str  # kvlab's GPU name (data/gpus.csv)
+    source_gpu: str  # the source's folder name for the GPU
+    model: str  # Hugging Face name (data/models.csv)
     dtype: str
     tensor_parallel_size: int
-    path: str                     # folder under data/profiles/
+    path: str  # folder under data/profiles/
     hidden_size: int
-    intermediate_size: int        # MLP size (dense models; unused by an MoE's layers)
+    intermediate_size: int  # MLP size (dense models; unused by an MoE's layers)
     vocab_size: int
-    num_experts: int = 0          # MoE: experts per layer, experts per token, one expert's MLP size
+    num_experts: int = 0  # MoE: experts per layer, experts per token, one expert's MLP size
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     vllm_version: str = ""
@@ -75,10 +84,19 @@ class ProfileEntry:
 @lru_cache(maxsize=4)
 def load_index(path: str | Path = INDEX_CSV) -> tuple[ProfileEntry, ...]:
     """Every profile of data/profiles/index.csv."""
-    ints = ("tensor_parallel_size", "hidden_size", "intermediate_size", "vocab_size", "num_experts",
-            "num_experts_per_tok", "moe_intermediate_size")
+    ints = (
+        "tensor_parallel_size",
+        "hidden_size",
+        "intermediate_size",
+        "vocab_size",
+        "num_experts",
+        "num_experts_per_tok",
+        "moe_intermediate_size",
+    )
     with open(path, newline="", encoding="utf-8") as f:
-        return tuple(ProfileEntry(**{k: int(v) if k in ints else v for k, v in row.items()}) for row in csv.DictReader(f))
+        return tuple(
+            ProfileEntry(**{k: int(v) if k in ints else v for k, v in row.items()}) for row in csv.DictReader(f)
+        )
 
 
 def measured_gpus(entries=None) -> list[str]:
@@ -115,8 +133,10 @@ def attention_grid(path: Path) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     than the first measured one takes that one's time; and n_decode=256 beside a prefill chunk (257
     sequences, past the profile's max_num_seqs) is extrapolated linearly from n_decode 64 and 128."""
     rows = _rows(path)
-    points = {(int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])):
-              float(r["time_us"]) for r in rows}
+    points = {
+        (int(r["prefill_chunk"]), int(r["kv_prefill"]), int(r["n_decode"]), int(r["kv_decode"])): float(r["time_us"])
+        for r in rows
+    }
     axes = tuple(_doubling_axis(k[i] for k in points) for i in range(4))
     if 0 not in axes[0] or 0 not in axes[2]:
         validate.fail("profile", str(path), "must measure decode-only and prefill-only batches")
@@ -124,10 +144,10 @@ def attention_grid(path: Path) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     index = [{int(v): i for i, v in enumerate(a)} for a in axes]
     for (pc, kp, nd, kv), us in points.items():
         grid[index[0][pc], index[1][kp], index[2][nd], index[3][kv]] = us
-    grid[0] = grid[0, 0]                      # no prefill: its history does not matter
-    grid[:, :, 0] = grid[:, :, 0, :1]         # no decode: nor does theirs
+    grid[0] = grid[0, 0]  # no prefill: its history does not matter
+    grid[:, :, 0] = grid[:, :, 0, :1]  # no decode: nor does theirs
     grid[0, :, 0] = 0.0
-    grid[:, :, 1:, 0] = grid[:, :, 1:, 1]     # below the first measured decode history: its time
+    grid[:, :, 1:, 0] = grid[:, :, 1:, 1]  # below the first measured decode history: its time
     if np.isnan(grid[..., -1, :]).any() and len(axes[2]) >= 3:
         n = axes[2]
         low, high = grid[..., -3, :], grid[..., -2, :]
@@ -135,8 +155,11 @@ def attention_grid(path: Path) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         grid[..., -1, :] = np.where(np.isnan(grid[..., -1, :]), extrapolated, grid[..., -1, :])
     if np.isnan(grid).any():
         at = tuple(int(axes[i][j]) for i, j in enumerate(np.argwhere(np.isnan(grid))[0]))
-        validate.fail("profile", str(path), f"has no attention time at (prefill_chunk, kv_prefill, n_decode, "
-                      f"kv_decode)={at}, which the grid needs")
+        validate.fail(
+            "profile",
+            str(path),
+            f"has no attention time at (prefill_chunk, kv_prefill, n_decode, kv_decode)={at}, which the grid needs",
+        )
     return axes, grid
 
 
@@ -150,18 +173,19 @@ def moe_grid(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     experts = _doubling_axis(r["activated_experts"] for r in rows)
     grid = np.full((len(tokens), len(experts)), np.nan)
     for r in rows:
-        grid[np.searchsorted(tokens, int(r["tokens"])), np.searchsorted(experts, int(r["activated_experts"]))] = \
-            float(r["time_us"])
+        grid[np.searchsorted(tokens, int(r["tokens"])), np.searchsorted(experts, int(r["activated_experts"]))] = float(
+            r["time_us"]
+        )
     for i, row in enumerate(grid):
         known = np.flatnonzero(~np.isnan(row))
         if len(known) == 0:
             validate.fail("profile", str(path), f"has no MoE time at {int(tokens[i])} tokens")
         if len(known) == 1:
-            row[known[-1] + 1:] = row[known[-1]]
+            row[known[-1] + 1 :] = row[known[-1]]
             continue
         a, b = known[-2], known[-1]
         slope = (row[b] - row[a]) / (experts[b] - experts[a])
-        row[b + 1:] = row[b] + slope * (experts[b + 1:] - experts[b])
+        row[b + 1 :] = row[b] + slope * (experts[b + 1 :] - experts[b])
     return tokens, experts, grid
 
 
@@ -178,8 +202,12 @@ class OperatorProfile:
     @property
     def complete(self) -> bool:
         """Whether it measures every operator of a step: dense, per-sequence, attention (and MoE for an MoE)."""
-        return (self.dense is not None and self.per_sequence is not None and self.attention is not None
-                and (self.moe is not None or self.entry.num_experts == 0))
+        return (
+            self.dense is not None
+            and self.per_sequence is not None
+            and self.attention is not None
+            and (self.moe is not None or self.entry.num_experts == 0)
+        )
 
 
 @lru_cache(maxsize=32)
@@ -194,7 +222,8 @@ def load_profile(entry: ProfileEntry) -> OperatorProfile:
         _by_layer(folder / "dense.csv", "tokens") if found["dense"] else None,
         _by_layer(folder / "per_sequence.csv", "sequences") if found["per_sequence"] else None,
         attention_grid(folder / "attention.csv") if found["attention"] else None,
-        moe_grid(folder / "moe.csv") if found["moe"] else None)
+        moe_grid(folder / "moe.csv") if found["moe"] else None,
+    )
 
 
 def find_profile(gpu: str, model: str, tensor_parallel_size: int) -> OperatorProfile | None:
@@ -212,8 +241,12 @@ def linear_weights_bytes(entry: ProfileEntry) -> dict[str, float]:
     spec = get_model(entry.model)
     h, tp = entry.hidden_size, entry.tensor_parallel_size
     q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    params = {"qkv_proj": h * (q + 2 * kv), "o_proj": q * h, "gate_up_proj": 2 * h * entry.intermediate_size,
-              "down_proj": entry.intermediate_size * h}
+    params = {
+        "qkv_proj": h * (q + 2 * kv),
+        "o_proj": q * h,
+        "gate_up_proj": 2 * h * entry.intermediate_size,
+        "down_proj": entry.intermediate_size * h,
+    }
     return {name: p * WEIGHT_BYTES[entry.dtype] / tp for name, p in params.items()}
 
 
@@ -222,14 +255,16 @@ class SustainedFractions:
     """What share of a GPU's datasheet memory bandwidth and dense bf16 FLOP/s its linear layers sustain."""
 
     gpu: str
-    memory_bandwidth_fraction: float    # weights bytes / time at the fewest tokens measured, over the datasheet's
-    flop_fraction: float                # 2 x parameters x tokens / time at the most tokens measured, over the peak
-    sources: tuple[str, ...]            # the profiles they are the median of
+    memory_bandwidth_fraction: float  # weights bytes / time at the fewest tokens measured, over the datasheet's
+    flop_fraction: float  # 2 x parameters x tokens / time at the most tokens measured, over the peak
+    sources: tuple[str, ...]  # the profiles they are the median of
 
     def describe(self) -> str:
         """In words, e.g. "91% of the bandwidth and 80% of the FLOP/s (median of 5 profiles)"."""
-        return (f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of "
-                f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator profiles sustain them")
+        return (
+            f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of "
+            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator profiles sustain them"
+        )
 
 
 def profile_fractions(profile: OperatorProfile) -> tuple[float, float]:
@@ -242,8 +277,10 @@ def profile_fractions(profile: OperatorProfile) -> tuple[float, float]:
     read_s = sum(times[n][0] for n in names) / 1e6
     compute_s = sum(times[n][-1] for n in names) / 1e6
     flops = 2.0 * total_bytes / WEIGHT_BYTES[profile.entry.dtype] * tokens[-1]
-    return (float(total_bytes / read_s / (gpu.memory_bandwidth_gb_s * 1e9)),
-            float(flops / compute_s / (gpu.bf16_dense_tflops * 1e12)))
+    return (
+        float(total_bytes / read_s / (gpu.memory_bandwidth_gb_s * 1e9)),
+        float(flops / compute_s / (gpu.bf16_dense_tflops * 1e12)),
+    )
 
 
 @lru_cache(maxsize=16)
@@ -253,8 +290,12 @@ def sustained_fractions(gpu: str) -> SustainedFractions:
     if not entries:
         validate.fail("gpu", gpu, f"has no operator profile; GPUs with measurements: {', '.join(measured_gpus())}")
     fractions = [profile_fractions(load_profile(e)) for e in entries]
-    return SustainedFractions(gpu, statistics.median(f[0] for f in fractions),
-                              statistics.median(f[1] for f in fractions), tuple(e.label for e in entries))
+    return SustainedFractions(
+        gpu,
+        statistics.median(f[0] for f in fractions),
+        statistics.median(f[1] for f in fractions),
+        tuple(e.label for e in entries),
+    )
 
 
 @lru_cache(maxsize=4)
@@ -266,7 +307,23 @@ def interconnect_gb_s(gpu: str, path: str | Path = INTERCONNECTS_CSV) -> tuple[f
     return None
 
 
-__all__ = ["INDEX_CSV", "LAYER_CALLS", "LINEAR_LAYERS", "OperatorProfile", "PROFILES_DIR", "ProfileEntry",
-           "STEP_CALLS", "SustainedFractions", "attention_grid", "find_profile", "interconnect_gb_s",
-           "linear_weights_bytes", "load_index", "load_profile", "measured_gpus", "moe_grid", "profile_fractions",
-           "sustained_fractions"]
+__all__ = [
+    "INDEX_CSV",
+    "LAYER_CALLS",
+    "LINEAR_LAYERS",
+    "OperatorProfile",
+    "PROFILES_DIR",
+    "ProfileEntry",
+    "STEP_CALLS",
+    "SustainedFractions",
+    "attention_grid",
+    "find_profile",
+    "interconnect_gb_s",
+    "linear_weights_bytes",
+    "load_index",
+    "load_profile",
+    "measured_gpus",
+    "moe_grid",
+    "profile_fractions",
+    "sustained_fractions",
+]

@@ -1,13 +1,23 @@
 """The per-request CSV of an engine run (kvlab simulate --requests-csv): its columns and its writer.
 
 A file of it reads back as a trace (kvlab.workloads.traces' plain CSV: arrival_s, prompt_tokens, output_tokens)."""
+
 from __future__ import annotations
 
 from kvlab.core import validate
 
 # The columns of EngineResult.requests_table (request_id: 0-based input order; times in s), then the scheduling mode.
-REQUESTS_CSV_COLUMNS = ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s",
-                        "first_token_s", "finish_s", "num_preemptions", "scheduling")
+REQUESTS_CSV_COLUMNS = (
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "first_scheduled_s",
+    "first_token_s",
+    "finish_s",
+    "num_preemptions",
+    "scheduling",
+)
 
 
 def write_requests_csv(path: str, result, async_scheduling: bool) -> None:

@@ -5,6 +5,7 @@ Each engine states what one request costs it (bytes held at the peak, seconds of
 interpreter and libraries), with one line naming the input, the estimate, the memory available and the
 largest size that fits.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ class Estimate:
     peak_bytes: float
     seconds: float
 
-    def __add__(self, other: "Estimate") -> "Estimate":
+    def __add__(self, other: Estimate) -> Estimate:
         # Parts of one run that happen one after another: memory is the larger peak, time adds up.
         return Estimate(max(self.peak_bytes, other.peak_bytes), self.seconds + other.seconds)
 
@@ -52,13 +53,24 @@ def _gib(x: float) -> str:
     return f"{x / GIB:,.1f} GiB" if x >= GIB / 10 else f"{x / MIB:,.0f} MiB"
 
 
-def refuse_if_too_big(name: str, value: int, bytes_per_unit: float, *, fixed_bytes: float = 0.0,
-                      unit: str = "requests", available_bytes: int | None = None) -> None:
+def refuse_if_too_big(
+    name: str,
+    value: int,
+    bytes_per_unit: float,
+    *,
+    fixed_bytes: float = 0.0,
+    unit: str = "requests",
+    available_bytes: int | None = None,
+) -> None:
     """Raise the one-line ValueError when value units of bytes_per_unit (plus fixed_bytes) do not fit in memory."""
     available = available_memory_bytes() if available_bytes is None else available_bytes
     usable = USABLE_SHARE * available
     needed = fixed_bytes + value * bytes_per_unit
     if needed > usable:
         largest = max(0, int((usable - fixed_bytes) // bytes_per_unit))
-        validate.fail(name, value, f"needs about {_gib(needed)} of memory and this machine has {_gib(available)} "
-                      f"available; at most {largest:,} {unit} fit")
+        validate.fail(
+            name,
+            value,
+            f"needs about {_gib(needed)} of memory and this machine has {_gib(available)} "
+            f"available; at most {largest:,} {unit} fit",
+        )

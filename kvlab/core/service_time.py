@@ -4,6 +4,7 @@ Not a step cost (kvlab.core.cost: the serving engine's time of one step of a bat
 request its whole time at once, from its output tokens (TokenServiceTime, the article's) or from a calibration
 file's decode step times at a fixed batch size (CalibratedServiceTime).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -55,13 +56,13 @@ class CalibratedServiceTime:
     whose cache did not fit the GPU) always refuses.
     """
 
-    batch_sizes: np.ndarray       # measured batch sizes, increasing
-    context_tokens: np.ndarray    # measured contexts, tokens, increasing
-    step_ms: np.ndarray           # [batch, context] decode step time, ms (NaN: not measured)
+    batch_sizes: np.ndarray  # measured batch sizes, increasing
+    context_tokens: np.ndarray  # measured contexts, tokens, increasing
+    step_ms: np.ndarray  # [batch, context] decode step time, ms (NaN: not measured)
     batch_size: int = MAX_NUM_SEQS  # requests decoded together at every step
     outside: str = "clamp"
     prompt_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # measured prompts, tokens (empty: none)
-    prefill_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))     # prefill time of one prompt, ms
+    prefill_ms: np.ndarray = field(default_factory=lambda: np.zeros(0))  # prefill time of one prompt, ms
     include_prefill: bool = False
     source: str = ""
 
@@ -70,7 +71,9 @@ class CalibratedServiceTime:
         validate.one_of("outside", self.outside, ("clamp", "raise"))
         shape = (len(self.batch_sizes), len(self.context_tokens))
         if np.shape(self.step_ms) != shape or 0 in shape:
-            validate.fail("step_ms", np.shape(self.step_ms), f"must have the shape {shape} of (batch_sizes, context_tokens)")
+            validate.fail(
+                "step_ms", np.shape(self.step_ms), f"must have the shape {shape} of (batch_sizes, context_tokens)"
+            )
         for name in ("batch_sizes", "context_tokens", "prompt_tokens"):
             values = np.asarray(getattr(self, name))
             if np.any(values <= 0) or np.any(np.diff(values) <= 0):
@@ -79,7 +82,9 @@ class CalibratedServiceTime:
             validate.fail("include_prefill", True, f"{self.source or 'the calibration'} has no prefill_ms rows")
 
     @classmethod
-    def from_csv(cls, path, *, batch_size: int = 8, outside: str = "clamp", include_prefill: bool = False) -> "CalibratedServiceTime":
+    def from_csv(
+        cls, path, *, batch_size: int = 8, outside: str = "clamp", include_prefill: bool = False
+    ) -> CalibratedServiceTime:
         """The service time of a calibration file (kvlab calibrate's CSV); no torch needed."""
         from kvlab.core.calibration import read_calibration
 
@@ -93,15 +98,27 @@ class CalibratedServiceTime:
         for r in decode:
             grid[batches.index(r["batch_size"]), contexts.index(r["context_tokens"])] = r["value"]
         prefill = sorted(calibration.kind("prefill_ms"), key=lambda r: r["prompt_tokens"])
-        return cls(np.array(batches, dtype=np.float64), np.array(contexts, dtype=np.float64), grid, batch_size,
-                   outside, np.array([r["prompt_tokens"] for r in prefill], dtype=np.float64),
-                   np.array([r["value"] for r in prefill], dtype=np.float64), include_prefill, str(path))
+        return cls(
+            np.array(batches, dtype=np.float64),
+            np.array(contexts, dtype=np.float64),
+            grid,
+            batch_size,
+            outside,
+            np.array([r["prompt_tokens"] for r in prefill], dtype=np.float64),
+            np.array([r["value"] for r in prefill], dtype=np.float64),
+            include_prefill,
+            str(path),
+        )
 
     def _inside(self, name: str, values: np.ndarray, grid: np.ndarray) -> None:
         if self.outside == "raise" and (values.min() < grid[0] or values.max() > grid[-1]):
             bad = values.min() if values.min() < grid[0] else values.max()
-            validate.fail(name, int(bad), f"lies outside the measured {grid[0]:g}..{grid[-1]:g} of {self.source or 'the calibration'} "
-                          "(outside='clamp' uses the nearest edge)")
+            validate.fail(
+                name,
+                int(bad),
+                f"lies outside the measured {grid[0]:g}..{grid[-1]:g} of {self.source or 'the calibration'} "
+                "(outside='clamp' uses the nearest edge)",
+            )
 
     def step_time_ms(self, context_tokens, batch_size: int | None = None) -> np.ndarray:
         """Decode step time (ms) at each context (tokens) for batch_size (default: the model's) requests."""
@@ -113,8 +130,12 @@ class CalibratedServiceTime:
         ms = lerp_clamped(np.log2(self.context_tokens), row, np.log2(np.maximum(context, 1.0)))
         if np.isnan(ms).any():
             at = int(context[np.isnan(ms)][0])
-            validate.fail("context_tokens", at, f"at batch size {batch:g} falls in a cell of {self.source or 'the calibration'} "
-                          "with an unmeasured corner (its cache did not fit the GPU)")
+            validate.fail(
+                "context_tokens",
+                at,
+                f"at batch size {batch:g} falls in a cell of {self.source or 'the calibration'} "
+                "with an unmeasured corner (its cache did not fit the GPU)",
+            )
         return ms
 
     def prefill_time_ms(self, prompt_tokens) -> np.ndarray:

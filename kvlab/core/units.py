@@ -1,4 +1,5 @@
 """Units and exact arithmetic shared by every layer: bytes per unit, ceiling division, exact numbers."""
+
 from __future__ import annotations
 
 from fractions import Fraction

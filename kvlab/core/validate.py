@@ -3,12 +3,13 @@
 Every numeric input of kvlab has a documented sane range (RANGES): values outside it are an error, not
 float noise in a result (an arrival rate of 1e-300 requests/s is a typo, not a workload).
 """
+
 from __future__ import annotations
 
 import difflib
 import math
 import numbers
-from typing import Iterable
+from collections.abc import Iterable
 
 # quantity -> (lowest, highest, unit): the sane range of every kind of numeric input.
 RANGES = {

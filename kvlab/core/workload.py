@@ -1,4 +1,5 @@
 """A workload: which requests arrive when, with how many prompt and output tokens (the engines' input)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,14 +32,20 @@ class Workload:
         if n == 0:
             validate.fail("num_requests", 0, "a workload needs at least one request")
         if len(prompt) != n or len(output) != n:
-            validate.fail("prompt_tokens", f"{len(prompt)} values", f"must match the {n} arrival times "
-                          f"(output_tokens has {len(output)})")
+            validate.fail(
+                "prompt_tokens",
+                f"{len(prompt)} values",
+                f"must match the {n} arrival times (output_tokens has {len(output)})",
+            )
         if not np.all(np.isfinite(arrival)) or arrival.min() < 0:
             validate.fail("arrival_s", float(arrival.min()), "arrival times must be finite and >= 0")
         if n > 1 and np.any(np.diff(arrival) < 0):
             i = int(np.argmax(np.diff(arrival) < 0)) + 1
-            validate.fail(f"arrival_s[{i}]", float(arrival[i]), f"must not be before arrival_s[{i - 1}]="
-                          f"{float(arrival[i - 1])} (requests come in arrival order)")
+            validate.fail(
+                f"arrival_s[{i}]",
+                float(arrival[i]),
+                f"must not be before arrival_s[{i - 1}]={float(arrival[i - 1])} (requests come in arrival order)",
+            )
         if prompt.min() < 0:
             i = int(np.argmin(prompt))
             validate.fail(f"prompt_tokens[{i}]", int(prompt[i]), "must be >= 0")

@@ -5,18 +5,19 @@
 Parameters are checked before any notebook runs. The build happens in a temporary folder that
 replaces report/ only when every notebook succeeded, so a failed build leaves the last report intact.
 """
+
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import importlib.metadata
 import json
 import os
-import importlib.metadata
 import platform
 import shutil
 import subprocess
 import tempfile
 import time
-import base64
 from pathlib import Path
 
 from kvlab.core import resources
@@ -29,10 +30,20 @@ from kvlab.sections.shared import parameters
 from kvlab.studies import sweep
 from kvlab.workloads import traces
 
-PACKAGES = ["kvlab", "numpy", "pandas", "scipy", "matplotlib", "papermill", "nbconvert", "nbclient", "ipykernel",
-            "weasyprint"]
-KEY_FIGURE_TAG = "key-figure"   # the cell whose figure stands for its section on the front page
-FINDING_TAG = "finding"         # the cell whose one sentence stands for its section on the front page
+PACKAGES = [
+    "kvlab",
+    "numpy",
+    "pandas",
+    "scipy",
+    "matplotlib",
+    "papermill",
+    "nbconvert",
+    "nbclient",
+    "ipykernel",
+    "weasyprint",
+]
+KEY_FIGURE_TAG = "key-figure"  # the cell whose figure stands for its section on the front page
+FINDING_TAG = "finding"  # the cell whose one sentence stands for its section on the front page
 
 
 # ---------------------------------------------------------------- execution
@@ -66,8 +77,12 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
     start = time.perf_counter()
     try:
         papermill.execute_notebook(
-            str(notebook), str(executed), parameters=run_params, kernel_name="python3",
-            cwd=str(notebook.parent), progress_bar=False,
+            str(notebook),
+            str(executed),
+            parameters=run_params,
+            kernel_name="python3",
+            cwd=str(notebook.parent),
+            progress_bar=False,
         )
     except PapermillExecutionError as error:
         raise ReportError(
@@ -77,8 +92,10 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
         if type(error).__name__ != "DeadKernelError":
             raise
         available = resources.available_memory_bytes() / 2**30
-        raise ReportError(f"notebook {notebook.name}: its kernel died, most likely out of memory ({available:.1f} GiB "
-                          "available now); lower its NUM_REQUESTS or NUM_SEEDS") from None
+        raise ReportError(
+            f"notebook {notebook.name}: its kernel died, most likely out of memory ({available:.1f} GiB "
+            "available now); lower its NUM_REQUESTS or NUM_SEEDS"
+        ) from None
     seconds = time.perf_counter() - start
     nb = nbformat.read(executed, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
@@ -120,8 +137,13 @@ def provenance() -> dict:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
-    return {"commit": commit, "dirty": dirty, "python": platform.python_version(), "packages": versions,
-            "built": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "python": platform.python_version(),
+        "packages": versions,
+        "built": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
 
 
 def _traces_note(merged: dict[str, dict]) -> str:
@@ -145,14 +167,24 @@ def skipped_sections(checked: CheckedParams) -> dict[str, str]:
         if "traces" in needs(nb):
             missing = traces.missing_traces(checked.merged[nb.stem].get("TRACE_DIR") or None)
             if missing:
-                skipped[nb.stem] = (f"not built: it needs the real request traces, and {', '.join(missing)} "
-                                    f"{'is' if len(missing) == 1 else 'are'} not in the trace folder "
-                                    "(run make traces or set TRACE_DIR)")
+                skipped[nb.stem] = (
+                    f"not built: it needs the real request traces, and {', '.join(missing)} "
+                    f"{'is' if len(missing) == 1 else 'are'} not in the trace folder "
+                    "(run make traces or set TRACE_DIR)"
+                )
     return skipped
 
 
-def build(params_path: Path, overrides: list[str], out: Path = REPORT_DIR, *, notebook_dir: Path = NOTEBOOK_DIR,
-          pdf: bool = True, max_minutes: float = MAX_MINUTES, log=print) -> Path:
+def build(
+    params_path: Path,
+    overrides: list[str],
+    out: Path = REPORT_DIR,
+    *,
+    notebook_dir: Path = NOTEBOOK_DIR,
+    pdf: bool = True,
+    max_minutes: float = MAX_MINUTES,
+    log=print,
+) -> Path:
     """Build the whole report into out atomically; raise ReportError on bad parameters or a failed notebook."""
     return build_checked(check_params(params_path, overrides, notebook_dir, max_minutes, log), out, pdf=pdf, log=log)
 
@@ -186,13 +218,17 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
                 key_figure(tmp / "notebooks" / nb.name, tmp, sec)
             (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             sections.append(sec)
-        set_aside = {int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))}
-        ledger = ledger_mod.set_aside(ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")),
-                                                         sources=tuple(ledger_mod.SOURCES)), set_aside)
+        set_aside = {
+            int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))
+        }
+        ledger = ledger_mod.set_aside(
+            ledger_mod.collect(sorted((tmp / "ledger").glob("*.csv")), sources=tuple(ledger_mod.SOURCES)), set_aside
+        )
         for sec in sections:  # a section that was not built says why its figures are missing
             if sec.skipped:
-                ledger.loc[(ledger["section"] == sec.number) & (ledger["status"] == "missing"), "why"] = \
+                ledger.loc[(ledger["section"] == sec.number) & (ledger["status"] == "missing"), "why"] = (
                     f"section {sec.number} was {sec.skipped}"
+                )
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
         info = provenance() | {"sweeps": [str(run) for run in sweep.read_log(sweep_log)]}
@@ -225,11 +261,15 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
     for source, name in ledger_mod.SOURCE_NAMES.items():
         s = ledger_mod.summary(ledger, source)
         if s["total"]:
-            counts.append(f"{name}: {s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within "
-                          f"tolerance, {s['missing']} missing"
-                          + (f", {s['not_compared']} not compared: other parameters than its" if s["not_compared"] else ""))
-    log(f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, "
-        f"{'report.pdf, ' if pdf else ''}ledger.csv ({'; '.join(counts)})")
+            counts.append(
+                f"{name}: {s['pass']} of {s['compared']} figures reproduced, {s['fail']} not within "
+                f"tolerance, {s['missing']} missing"
+                + (f", {s['not_compared']} not compared: other parameters than its" if s["not_compared"] else "")
+            )
+    log(
+        f"report: done in {time.perf_counter() - total_start:.1f} s: {out}/index.html, "
+        f"{'report.pdf, ' if pdf else ''}ledger.csv ({'; '.join(counts)})"
+    )
     return out
 
 
@@ -252,7 +292,9 @@ def key_figure(executed: Path, out_dir: Path, section: Section) -> None:
             for output in cell.get("outputs", []):
                 if "image/png" in output.get("data", {}):
                     (out_dir / "figures").mkdir(exist_ok=True)
-                    (out_dir / "figures" / f"{section.stem}.png").write_bytes(base64.b64decode(output["data"]["image/png"]))
+                    (out_dir / "figures" / f"{section.stem}.png").write_bytes(
+                        base64.b64decode(output["data"]["image/png"])
+                    )
                     section.key_figure = f"figures/{section.stem}.png"
                     section.key_caption = output.get("metadata", {}).get("image/png", {}).get("alt", "")
                     return

@@ -1,5 +1,6 @@
 """The front page's findings: a few sentences of what the report found, each number read from the ledger (kvlab's
 value beside its source's) or from a section's own finding sentence (its cell tagged finding)."""
+
 from __future__ import annotations
 
 from kvlab.sections.shared import ledger as ledger_mod
@@ -7,13 +8,19 @@ from kvlab.sections.shared import present
 
 # The figures that state each of the article's three claims (section, table, row, column), in the order told.
 ARTICLE_CLAIMS = {
-    1: [(1, "allocation", "16", "waste_pct"), (1, "allocation", "4096", "waste_pct"), (1, "claims", "16 vs 4096", "fit_ratio")],
+    1: [
+        (1, "allocation", "16", "waste_pct"),
+        (1, "allocation", "4096", "waste_pct"),
+        (1, "claims", "16 vs 4096", "fit_ratio"),
+    ],
     2: [(2, "claims", "static vs continuous", "mean_latency_ratio")],
     3: [(3, "fit", "1000", "max_num_requests"), (3, "fit", "128000", "max_num_requests")],
 }
 # The vLLM paper's figures that say what its experiment shows: vLLM's lead in sustained rate over each baseline.
-PAPER_CLAIMS = [(6, "s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x"),
-                (6, "s6.2", "vLLM over Orca (Oracle)", "sustained_rate_ratio_x")]
+PAPER_CLAIMS = [
+    (6, "s6.2", "vLLM over Orca (Max)", "sustained_rate_ratio_x"),
+    (6, "s6.2", "vLLM over Orca (Oracle)", "sustained_rate_ratio_x"),
+]
 
 
 def _figures(ledger, keys) -> list[dict] | None:
@@ -27,8 +34,13 @@ def _figures(ledger, keys) -> list[dict] | None:
             return None
         row, figure = indexed.loc[key], published.loc[key]
         decimals = int(figure["decimals"])
-        found.append({"kvlab": present.cell(row["reproduced"], decimals), "source": present.published(figure, decimals),
-                      "pass": row["status"] == "pass"})
+        found.append(
+            {
+                "kvlab": present.cell(row["reproduced"], decimals),
+                "source": present.published(figure, decimals),
+                "pass": row["status"] == "pass",
+            }
+        )
     return found
 
 
@@ -38,25 +50,34 @@ def article_finding(ledger) -> str:
     s1 = _figures(ledger, ARTICLE_CLAIMS[1])
     if s1:
         small, large = (int(key[2]) for key in ARTICLE_CLAIMS[1][:2])
-        clauses.append(f"blocks of {small} tokens waste {s1[0]['kvlab']}% of reserved KV memory against {s1[1]['kvlab']}% "
-                       f"for reservations of {large:,}, so {s1[2]['kvlab']}x as many requests fit (the article: "
-                       f"{s1[0]['source']}%, {s1[1]['source']}%, {s1[2]['source']}x)")
+        clauses.append(
+            f"blocks of {small} tokens waste {s1[0]['kvlab']}% of reserved KV memory against {s1[1]['kvlab']}% "
+            f"for reservations of {large:,}, so {s1[2]['kvlab']}x as many requests fit (the article: "
+            f"{s1[0]['source']}%, {s1[1]['source']}%, {s1[2]['source']}x)"
+        )
         held.append(all(f["pass"] for f in s1))
     s2 = _figures(ledger, ARTICLE_CLAIMS[2])
     if s2:
-        clauses.append(f"continuous batching cuts mean latency {s2[0]['kvlab']}x against static batching (the article: "
-                       f"{s2[0]['source']}x)")
+        clauses.append(
+            f"continuous batching cuts mean latency {s2[0]['kvlab']}x against static batching (the article: "
+            f"{s2[0]['source']}x)"
+        )
         held.append(s2[0]["pass"])
     s3 = _figures(ledger, ARTICLE_CLAIMS[3])
     if s3:
         short, long = (int(key[2]) for key in ARTICLE_CLAIMS[3])
-        clauses.append(f"a request's KV memory grows with its context, so {s3[0]['kvlab']} requests fit at {short:,} "
-                       f"tokens and {s3[1]['kvlab']} at {long:,} (the article: {s3[0]['source']} and {s3[1]['source']})")
+        clauses.append(
+            f"a request's KV memory grows with its context, so {s3[0]['kvlab']} requests fit at {short:,} "
+            f"tokens and {s3[1]['kvlab']} at {long:,} (the article: {s3[0]['source']} and {s3[1]['source']})"
+        )
         held.append(all(f["pass"] for f in s3))
     if not clauses:
         return ""
-    lead = ("The article's three claims hold" if len(held) == 3 and all(held) else
-            f"Of the article's claims, {sum(held)} of {len(held)} hold within their tolerances")
+    lead = (
+        "The article's three claims hold"
+        if len(held) == 3 and all(held)
+        else f"Of the article's claims, {sum(held)} of {len(held)} hold within their tolerances"
+    )
     return f"{lead}: {present.joined(clauses)}."
 
 
@@ -67,11 +88,13 @@ def paper_finding(ledger) -> str:
     if not counted["total"] or figures is None:
         return ""
     over_max, over_oracle = figures
-    return (f"The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) and a clock of "
-            f"its system fitted to independent measurements: vLLM sustains {over_max['kvlab']}x Orca (Max)'s request "
-            f"rate (the paper: {over_max['source']}x) and {over_oracle['kvlab']}x Orca (Oracle)'s (the paper: "
-            f"{over_oracle['source']}x); {counted['pass']} of the paper's {counted['compared']} figures are within "
-            "tolerance.")
+    return (
+        f"The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) and a clock of "
+        f"its system fitted to independent measurements: vLLM sustains {over_max['kvlab']}x Orca (Max)'s request "
+        f"rate (the paper: {over_max['source']}x) and {over_oracle['kvlab']}x Orca (Oracle)'s (the paper: "
+        f"{over_oracle['source']}x); {counted['pass']} of the paper's {counted['compared']} figures are within "
+        "tolerance."
+    )
 
 
 def findings(ledger, sections) -> list[str]:
@@ -79,7 +102,9 @@ def findings(ledger, sections) -> list[str]:
     vLLM paper's experiment shows; a sentence is left out when what it needs was not built."""
     by_number = {s.number: s for s in sections}
     traces = by_number.get(4)
-    lines = [article_finding(ledger),
-             f"What real traces change: {traces.finding}" if traces is not None and traces.finding else "",
-             paper_finding(ledger)]
+    lines = [
+        article_finding(ledger),
+        f"What real traces change: {traces.finding}" if traces is not None and traces.finding else "",
+        paper_finding(ledger),
+    ]
     return [line for line in lines if line]

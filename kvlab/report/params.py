@@ -2,6 +2,7 @@
 
 Every check runs here, before the report's build imports papermill, nbconvert or WeasyPrint: a bad parameter is
 refused in well under a second (yaml, numpy and kvlab's own rules only; the notebooks are read as JSON)."""
+
 from __future__ import annotations
 
 import ast
@@ -55,8 +56,10 @@ def _parse_value(item: str, text: str):
                 pass
         return value
     except yaml.YAMLError as error:
-        raise ParamsError(f"--set {item!r} is not allowed: its value {text!r} is not valid YAML ({error.problem}); "
-                          "give a number, true or false, text, or a list like [1, 2]") from None
+        raise ParamsError(
+            f"--set {item!r} is not allowed: its value {text!r} is not valid YAML ({error.problem}); "
+            "give a number, true or false, text, or a list like [1, 2]"
+        ) from None
 
 
 def _kind(default) -> str:
@@ -95,8 +98,10 @@ def _yaml_problem(name: str, error: yaml.YAMLError) -> str:
     context, start = getattr(error, "context", None), getattr(error, "context_mark", None)
     if context:
         problem += f" ({context}" + (f" from {start.line + 1}:{start.column + 1}" if start else "") + ")"
-    return (f"{where}: {problem}: not valid YAML; the file maps each notebook's name to its NAME: VALUE lines, "
-            "indented below it with spaces")
+    return (
+        f"{where}: {problem}: not valid YAML; the file maps each notebook's name to its NAME: VALUE lines, "
+        "indented below it with spaces"
+    )
 
 
 def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) -> dict[str, dict]:
@@ -104,16 +109,18 @@ def load_params(params_path: Path, overrides: list[str], notebooks: list[Path]) 
     return _load_params(params_path, overrides, notebooks)[0]
 
 
-def _load_params(params_path: Path, overrides: list[str],
-                 notebooks: list[Path]) -> tuple[dict[str, dict], dict[str, dict]]:
+def _load_params(
+    params_path: Path, overrides: list[str], notebooks: list[Path]
+) -> tuple[dict[str, dict], dict[str, dict]]:
     """load_params, and the parameters each notebook declares with its defaults (notebook_parameters)."""
     if not params_path.exists():
         raise ParamsError(f"--params={str(params_path)!r} is not allowed: the file does not exist")
     try:
         raw = _read_yaml(params_path.read_text()) or {}
     except OSError as error:
-        raise ParamsError(f"--params={str(params_path)!r} is not allowed: cannot be read ({error.strerror or error})"
-                          ) from None
+        raise ParamsError(
+            f"--params={str(params_path)!r} is not allowed: cannot be read ({error.strerror or error})"
+        ) from None
     except yaml.YAMLError as error:
         raise ParamsError(_yaml_problem(params_path.name, error)) from None
     if not isinstance(raw, dict):
@@ -124,10 +131,14 @@ def _load_params(params_path: Path, overrides: list[str],
     from_command_line: set[str] = set()
     for stem, values in raw.items():
         if stem not in stems:
-            raise ParamsError(f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}")
+            raise ParamsError(
+                f"{params_path.name}: notebook {stem!r} is not allowed: must be one of {', '.join(stems)}"
+            )
         if not isinstance(values or {}, dict):
-            raise ParamsError(f"{params_path.name}: {stem}={values!r} is not allowed: must map its parameter names "
-                              "to values, as NAME: VALUE lines indented below it")
+            raise ParamsError(
+                f"{params_path.name}: {stem}={values!r} is not allowed: must map its parameter names "
+                "to values, as NAME: VALUE lines indented below it"
+            )
         params[stem].update(values or {})
     for item in overrides:
         name, sep, text = item.partition("=")
@@ -177,8 +188,13 @@ class CheckedParams:
     merged: dict[str, dict]
 
 
-def check_params(params_path: Path, overrides: list[str], notebook_dir: Path = NOTEBOOK_DIR,
-                 max_minutes: float = MAX_MINUTES, log=print) -> CheckedParams:
+def check_params(
+    params_path: Path,
+    overrides: list[str],
+    notebook_dir: Path = NOTEBOOK_DIR,
+    max_minutes: float = MAX_MINUTES,
+    log=print,
+) -> CheckedParams:
     """Every check before any notebook runs: each parameter (load_params: name, kind, range, catalogs, memory) and
     the whole report's estimated time, refused past max_minutes (minutes)."""
     notebooks = report_notebooks(notebook_dir)
@@ -187,8 +203,10 @@ def check_params(params_path: Path, overrides: list[str], notebook_dir: Path = N
     seconds = sum(parameters.estimate(stem, values).seconds for stem, values in merged.items())
     if seconds > 60 * max_minutes:
         heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
-        raise ParamsError(f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
-                          f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS")
+        raise ParamsError(
+            f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
+            f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS"
+        )
     if seconds > 120:
         log(f"report: about {seconds / 60:,.0f} min on this machine")
     return CheckedParams(notebooks, given, merged)

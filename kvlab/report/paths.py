@@ -1,4 +1,5 @@
 """Where the report's inputs and outputs live: the checkout, its notebooks, params.yaml and report/."""
+
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -4,6 +4,7 @@ HTML for a browser (a column of readable width, tables that scroll inside their 
 for print (A4 portrait: a title page, contents with page numbers, each section on a new page, figures and
 tables kept whole and small enough that a page is never left mostly empty before them).
 """
+
 from __future__ import annotations
 
 import html
@@ -18,8 +19,8 @@ from kvlab.sections.shared import ledger as ledger_mod
 from kvlab.sections.shared import present
 
 TITLE = "kvlab: KV-cache memory in LLM serving"
-ROWS_PER_PRINTED_TABLE = 24   # a longer table is printed as parts of at most this many rows, each kept whole
-CHARS_PER_PRINTED_LINE = 70   # a cell of long text wraps at about this many characters in print (counted as more rows)
+ROWS_PER_PRINTED_TABLE = 24  # a longer table is printed as parts of at most this many rows, each kept whole
+CHARS_PER_PRINTED_LINE = 70  # a cell of long text wraps at about this many characters in print (counted as more rows)
 
 CSS = """
 :root { --ink: #1d2327; --muted: #5b6670; --line: #d6dbe0; --pass: #176b2c; --fail: #b00020; --accent: #1f5fa8; }
@@ -97,11 +98,11 @@ class Section:
     headline: str = ""
     seconds: float = 0.0
     params: dict = field(default_factory=dict)
-    skipped: str = ""           # why the notebook was not run (empty when it ran)
-    key_figure: str = ""        # path of the section's key figure, relative to the report (empty: none)
+    skipped: str = ""  # why the notebook was not run (empty when it ran)
+    key_figure: str = ""  # path of the section's key figure, relative to the report (empty: none)
     key_caption: str = ""
-    finding: str = ""           # the section's one sentence for the front page (its cell tagged finding)
-    body: str = ""              # the rendered notebook, for the PDF
+    finding: str = ""  # the section's one sentence for the front page (its cell tagged finding)
+    body: str = ""  # the rendered notebook, for the PDF
 
     @property
     def number(self) -> int:
@@ -111,11 +112,13 @@ class Section:
 
 def page(title: str, body: str) -> str:
     """A whole HTML page with the report's style."""
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<link rel=\"icon\" href=\"data:,\">"  # no icon: the browser asks for no /favicon.ico that 404s
-            f"<title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="icon" href="data:,">'  # no icon: the browser asks for no /favicon.ico that 404s
+        f"<title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 NAV = '<nav><a href="index.html">&larr; the report</a></nav>'
@@ -126,8 +129,9 @@ def section_body(executed: Path, section: Section) -> str:
     import nbformat
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter(template_name="basic", exclude_input=True, exclude_input_prompt=True,
-                            exclude_output_prompt=True)
+    exporter = HTMLExporter(
+        template_name="basic", exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
+    )
     body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
     soup = BeautifulSoup(body, "html.parser")
     for number, img in enumerate(soup.find_all("img"), 1):
@@ -150,7 +154,9 @@ def section_page(section: Section) -> str:
 
 def skipped_body(section: Section) -> str:
     """The body of a section that was not built: its title and why."""
-    return f"<h1>{html.escape(section.title)}</h1><p class=\"skipped\">This section was {html.escape(section.skipped)}.</p>"
+    return (
+        f'<h1>{html.escape(section.title)}</h1><p class="skipped">This section was {html.escape(section.skipped)}.</p>'
+    )
 
 
 def ledger_table(rows, *, with_section: bool = True) -> str:
@@ -164,12 +170,20 @@ def ledger_table(rows, *, with_section: bool = True) -> str:
         figure = published_figures.loc[key] if key in published_figures.index else None
         d = int(figure["decimals"]) if figure is not None else 2
         figure_text = f"{r['table']}: {r['row']}, {present.label(r['column'])}"
-        tolerance = (f"band {present.cell(r['band_low'], d)} to {present.cell(r['band_high'], d)}"
-                     if str(r["tolerance"]).startswith("band") and r["band_low"] == r["band_low"] else str(r["tolerance"]))
+        tolerance = (
+            f"band {present.cell(r['band_low'], d)} to {present.cell(r['band_high'], d)}"
+            if str(r["tolerance"]).startswith("band") and r["band_low"] == r["band_low"]
+            else str(r["tolerance"])
+        )
         value = present.published(figure, d) if figure is not None else present.cell(r["article"], d)
         cells = ([str(r["section"])] if with_section else []) + [
-            figure_text, value, present.cell(r["reproduced"], d), tolerance,
-            present.MARKS.get(r["status"], r["status"]), "" if str(r["why"]) == "nan" else str(r["why"])]
+            figure_text,
+            value,
+            present.cell(r["reproduced"], d),
+            tolerance,
+            present.MARKS.get(r["status"], r["status"]),
+            "" if str(r["why"]) == "nan" else str(r["why"]),
+        ]
         kinds = ([""] if with_section else []) + ["", "num", "num", "", r["status"].replace(" ", "-"), ""]
         body.append("<tr>" + "".join(f'<td class="{k}">{html.escape(c)}</td>' for k, c in zip(kinds, cells)) + "</tr>")
     header = "".join(f'<th class="{"num" if h in ("published", "kvlab") else ""}">{h}</th>' for h in head)
@@ -178,11 +192,14 @@ def ledger_table(rows, *, with_section: bool = True) -> str:
 
 def ledger_body(ledger) -> str:
     """Every published figure: first those not reproduced, each with why, then every figure by section."""
-    parts = ["<h1>The reproduction ledger</h1>",
-             "<p>Every figure the article publishes (sections 1-3) and the vLLM paper's figures that section 6 "
-             "reproduces (Kwon et al., SOSP 2023, arXiv 2309.06180), against kvlab's value. Machine-readable: "
-             "<a href=\"ledger.csv\">ledger.csv</a> (its column <em>source</em> says whose figure a row is; "
-             "<em>article</em> holds the published value).</p>", TOLERANCES]
+    parts = [
+        "<h1>The reproduction ledger</h1>",
+        "<p>Every figure the article publishes (sections 1-3) and the vLLM paper's figures that section 6 "
+        "reproduces (Kwon et al., SOSP 2023, arXiv 2309.06180), against kvlab's value. Machine-readable: "
+        '<a href="ledger.csv">ledger.csv</a> (its column <em>source</em> says whose figure a row is; '
+        "<em>article</em> holds the published value).</p>",
+        TOLERANCES,
+    ]
     open_rows = ledger[ledger["status"].isin(["fail", "missing"])]
     if len(open_rows):
         parts.append("<h2>Figures not reproduced, and why</h2>" + ledger_table(open_rows))
@@ -192,42 +209,51 @@ def ledger_body(ledger) -> str:
     return "\n".join(parts)
 
 
-TOLERANCES = ("<p>How a figure passes: <em>abs N</em>, kvlab's value rounded to the digits the source prints is "
-              "within N of the published one (abs 0: the same printed digits); <em>rel x</em>, it differs by at most "
-              "x times the published value; <em>band</em>, the article's value lies inside kvlab's 5-95% band over "
-              "seeds (section 2, where kvlab's value is the median over seeds); <em>range a..b</em>, kvlab's value "
-              "lies inside a range the vLLM paper publishes; <em>above x</em>, kvlab's value is above x. The "
-              "tolerances of the vLLM paper's figures were chosen before kvlab's values were seen. A figure is "
-              "<em>not compared</em> when its section ran with other settings than its source's.</p>")
+TOLERANCES = (
+    "<p>How a figure passes: <em>abs N</em>, kvlab's value rounded to the digits the source prints is "
+    "within N of the published one (abs 0: the same printed digits); <em>rel x</em>, it differs by at most "
+    "x times the published value; <em>band</em>, the article's value lies inside kvlab's 5-95% band over "
+    "seeds (section 2, where kvlab's value is the median over seeds); <em>range a..b</em>, kvlab's value "
+    "lies inside a range the vLLM paper publishes; <em>above x</em>, kvlab's value is above x. The "
+    "tolerances of the vLLM paper's figures were chosen before kvlab's values were seen. A figure is "
+    "<em>not compared</em> when its section ran with other settings than its source's.</p>"
+)
 
 
 def _counts(summary: dict) -> str:
-    return (f" ({summary['fail']} not within tolerance, {summary['missing']} missing)"
-            if summary["fail"] or summary["missing"] else "")
+    return (
+        f" ({summary['fail']} not within tolerance, {summary['missing']} missing)"
+        if summary["fail"] or summary["missing"]
+        else ""
+    )
 
 
 def _headline(ledger, set_aside: dict[int, str]) -> str:
     """The ledger's summary, each source counted apart: 'N of M figures the article publishes reproduced; K of L
     of the vLLM paper's'."""
     article = ledger_mod.summary(ledger[ledger["source"] == "article"] if "source" in ledger else ledger)
-    text = (f"<p class=\"headline\"><strong>{article['pass']} of {article['compared']}</strong> figures the article "
-            f"publishes reproduced" + _counts(article))
+    text = (
+        f'<p class="headline"><strong>{article["pass"]} of {article["compared"]}</strong> figures the article '
+        f"publishes reproduced" + _counts(article)
+    )
     if "source" in ledger and (ledger["source"] == "vllm-paper").any():
         paper = ledger_mod.summary(ledger, "vllm-paper")
         text += f"; <strong>{paper['pass']} of {paper['compared']}</strong> of the vLLM paper's" + _counts(paper)
     text += ".</p>"
     if set_aside:
         not_compared = ledger_mod.summary(ledger)["not_compared"]
-        whose = ("the article's" if all(ledger_mod.source_of(n) == "article" for n in set_aside)
-                 else "their sources'")
-        text += ("<p>With the parameters of this build, " + "; ".join(
-            f"section {n} ran with {why}" for n, why in sorted(set_aside.items()))
-            + f": its {not_compared} figures are not compared with {whose}.</p>")
+        whose = "the article's" if all(ledger_mod.source_of(n) == "article" for n in set_aside) else "their sources'"
+        text += (
+            "<p>With the parameters of this build, "
+            + "; ".join(f"section {n} ran with {why}" for n, why in sorted(set_aside.items()))
+            + f": its {not_compared} figures are not compared with {whose}.</p>"
+        )
     return text
 
 
-def index_body(sections: list[Section], ledger, info: dict, params: dict, traces_note: str,
-               set_aside: dict[int, str]) -> str:
+def index_body(
+    sections: list[Section], ledger, info: dict, params: dict, traces_note: str, set_aside: dict[int, str]
+) -> str:
     """The front page: what the report is, what it found (from the ledger and the sections' findings), one sentence
     and one figure per section, the ledger's summary (its page lists every figure not reproduced and why), the
     reproducibility footer."""
@@ -242,21 +268,37 @@ def index_body(sections: list[Section], ledger, info: dict, params: dict, traces
     ]
     found = findings(ledger, sections)
     if found:
-        parts.append("<h2>What the report found</h2><ul class=\"findings\">"
-                     + "".join(f"<li>{html.escape(line)}</li>" for line in found) + "</ul>")
-    parts.append("<h2 class=\"sections-heading\">Sections</h2>")
+        parts.append(
+            '<h2>What the report found</h2><ul class="findings">'
+            + "".join(f"<li>{html.escape(line)}</li>" for line in found)
+            + "</ul>"
+        )
+    parts.append('<h2 class="sections-heading">Sections</h2>')
     cards = []
     for sec in sections:
-        figure = (f"<a href=\"{sec.stem}.html\"><img src=\"{sec.key_figure}\" alt=\"{html.escape(sec.key_caption)}\" "
-                  f"width=\"700\" height=\"420\"></a>" if sec.key_figure else "")
-        body = (f"<p class=\"skipped\">{html.escape(sec.skipped[0].upper() + sec.skipped[1:])}.</p>" if sec.skipped
-                else f"<p>{html.escape(sec.finding)}</p>" if sec.finding else f"<pre>{html.escape(sec.headline)}</pre>")
-        cards.append(f"<div class=\"card\"><h3><a href=\"{sec.stem}.html\">{html.escape(sec.title)}</a></h3>"
-                     f"{body}{figure}</div>")
-    parts.append("<div class=\"cards\">" + "".join(cards) + "</div>")
-    parts += ["<h2>Reproduction ledger</h2>", _headline(ledger, set_aside),
-              "<p>Every figure, and each one not reproduced with why: <a href=\"ledger.html\">the ledger</a> "
-              "(<a href=\"ledger.csv\">ledger.csv</a>).</p>"]
+        figure = (
+            f'<a href="{sec.stem}.html"><img src="{sec.key_figure}" alt="{html.escape(sec.key_caption)}" '
+            f'width="700" height="420"></a>'
+            if sec.key_figure
+            else ""
+        )
+        body = (
+            f'<p class="skipped">{html.escape(sec.skipped[0].upper() + sec.skipped[1:])}.</p>'
+            if sec.skipped
+            else f"<p>{html.escape(sec.finding)}</p>"
+            if sec.finding
+            else f"<pre>{html.escape(sec.headline)}</pre>"
+        )
+        cards.append(
+            f'<div class="card"><h3><a href="{sec.stem}.html">{html.escape(sec.title)}</a></h3>{body}{figure}</div>'
+        )
+    parts.append('<div class="cards">' + "".join(cards) + "</div>")
+    parts += [
+        "<h2>Reproduction ledger</h2>",
+        _headline(ledger, set_aside),
+        '<p>Every figure, and each one not reproduced with why: <a href="ledger.html">the ledger</a> '
+        '(<a href="ledger.csv">ledger.csv</a>).</p>',
+    ]
     if traces_note:
         parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
     parts.append(footer(info, params))
@@ -266,16 +308,21 @@ def index_body(sections: list[Section], ledger, info: dict, params: dict, traces
 def footer(info: dict, params: dict) -> str:
     """Versions, commit, build date, and the parameters and seeds the notebooks ran with."""
     pkgs = ", ".join(f"{k} {v}" for k, v in info["packages"].items())
-    return ("<footer><h2>Reproducibility</h2>"
-            f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
-            f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
-            f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
-            + ("<p>Sweeps: " + html.escape("; ".join(info["sweeps"])) + ".</p>" if info.get("sweeps") else "")
-            + "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
-            + "".join(f"<p class=\"params\"><strong>{html.escape(stem)}</strong>: "
-                      + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items())) or "its defaults")
-                      + "</p>" for stem, values in sorted(params.items()))
-            + "</footer>")
+    return (
+        "<footer><h2>Reproducibility</h2>"
+        f"<p>kvlab {info['packages'].get('kvlab', '?')}; commit {info['commit']}"
+        f"{' (working tree has uncommitted changes)' if info['dirty'] else ''}; Python {info['python']}; "
+        f"built {info['built']}.</p><p>Packages: {html.escape(pkgs)}.</p>"
+        + ("<p>Sweeps: " + html.escape("; ".join(info["sweeps"])) + ".</p>" if info.get("sweeps") else "")
+        + "<p>Parameters and seeds given to papermill (the rest are each notebook's defaults):</p>"
+        + "".join(
+            f'<p class="params"><strong>{html.escape(stem)}</strong>: '
+            + html.escape(", ".join(f"{k}={v!r}" for k, v in sorted(values.items())) or "its defaults")
+            + "</p>"
+            for stem, values in sorted(params.items())
+        )
+        + "</footer>"
+    )
 
 
 def _printed_lines(row) -> int:
@@ -296,7 +343,7 @@ def _printable_tables(soup: BeautifulSoup) -> None:
         cuts, done, part = [], 0, 1
         for i, n in enumerate(lines[:-1]):
             done += n
-            if done * parts >= part * sum(lines):      # this part has its share of the lines: the next row starts one
+            if done * parts >= part * sum(lines):  # this part has its share of the lines: the next row starts one
                 cuts.append(i + 1)
                 part += 1
         head = table.find("thead")
@@ -319,12 +366,14 @@ def pdf_document(index: str, sections: list[Section], built: str) -> str:
     ends with its own rows)."""
     chapters = [("overview", "Overview: the ledger and the sections", index)]
     chapters += [(f"sec-{s.stem}", s.title, s.body if not s.skipped else skipped_body(s)) for s in sections]
-    contents = "".join(f"<li><a href=\"#{anchor}\">{html.escape(title)}</a></li>" for anchor, title, _ in chapters)
-    body = (f"<div class=\"title-page\"><h1>{TITLE}</h1><p>A reproducible report on KV-cache memory in LLM "
-            f"serving: the article's figures reproduced, and what real models, traces and vLLM's own accounting "
-            f"add.</p><p>Built {html.escape(built)}.</p></div>"
-            f"<div class=\"contents\"><h2>Contents</h2><ul>{contents}</ul></div>"
-            + "".join(f"<section class=\"chapter\" id=\"{anchor}\">{content}</section>" for anchor, _, content in chapters))
+    contents = "".join(f'<li><a href="#{anchor}">{html.escape(title)}</a></li>' for anchor, title, _ in chapters)
+    body = (
+        f'<div class="title-page"><h1>{TITLE}</h1><p>A reproducible report on KV-cache memory in LLM '
+        f"serving: the article's figures reproduced, and what real models, traces and vLLM's own accounting "
+        f"add.</p><p>Built {html.escape(built)}.</p></div>"
+        f'<div class="contents"><h2>Contents</h2><ul>{contents}</ul></div>'
+        + "".join(f'<section class="chapter" id="{anchor}">{content}</section>' for anchor, _, content in chapters)
+    )
     soup = BeautifulSoup(body, "html.parser")
     _printable_tables(soup)
     for link in soup.find_all("a", href=re.compile(r"^[0-9][0-9]_\w+\.html$")):

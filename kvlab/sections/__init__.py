@@ -6,9 +6,20 @@ rows. shared: the reproduction ledger, the figures, the one table formatter and 
 What they compute on (the planner's search, sweeps, the vLLM paper's setting, fits) is kvlab.studies. DataFrames
 live here, at the edge.
 """
+
 from kvlab.core.lazy import submodules
 
-__all__ = ["s01_allocation", "s02_batching", "s03_capacity", "s04_traces", "s05_calibration", "s06_memory_budget",
-           "s07_plan", "shared"]
+__all__ = [
+    "s01_allocation",
+    "s02_batching",
+    "s03_capacity",
+    "s04_traces",
+    "s05_calibration",
+    "s06_memory_budget",
+    "s07_plan",
+    "shared",
+]
 
-__getattr__, __dir__ = submodules(__name__, __all__)  # each loads on first use: the report's checks need no pandas or matplotlib
+__getattr__, __dir__ = submodules(
+    __name__, __all__
+)  # each loads on first use: the report's checks need no pandas or matplotlib

@@ -3,6 +3,7 @@
 The mechanism (block accounting, reservation policies, the block allocator) is kvlab.core.allocator;
 this module turns it into the section's tables.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,11 +20,18 @@ from kvlab.workloads import synthetic, traces
 ARTICLE_COLUMNS = ["reserved_tokens", "wasted_tokens", "waste_pct", "max_num_requests"]
 
 
-def allocation_table(lengths, block_sizes=article.BLOCK_SIZES, *, max_len_tokens: int | None = None,
-                     memory_gib: float = article.MEMORY_GIB, mib_per_token: float = article.MIB_PER_TOKEN) -> pd.DataFrame:
+def allocation_table(
+    lengths,
+    block_sizes=article.BLOCK_SIZES,
+    *,
+    max_len_tokens: int | None = None,
+    memory_gib: float = article.MEMORY_GIB,
+    mib_per_token: float = article.MIB_PER_TOKEN,
+) -> pd.DataFrame:
     """kvlab.core.allocator.allocation_counts as a table: one row per block size (tokens)."""
-    counts = allocator.allocation_counts(lengths, block_sizes, max_len_tokens=max_len_tokens,
-                                         memory_gib=memory_gib, mib_per_token=mib_per_token)
+    counts = allocator.allocation_counts(
+        lengths, block_sizes, max_len_tokens=max_len_tokens, memory_gib=memory_gib, mib_per_token=mib_per_token
+    )
     index = pd.Index(counts.pop("block_size").tolist(), name="block_size")
     return pd.DataFrame(counts, index=index)
 
@@ -31,17 +39,22 @@ def allocation_table(lengths, block_sizes=article.BLOCK_SIZES, *, max_len_tokens
 def workload_table(lengths) -> pd.DataFrame:
     """Used tokens in total and per request (mean), as the article's one-row workload summary."""
     lengths = allocator.check_lengths(lengths)
-    return pd.DataFrame({"used_tokens": [int(lengths.sum())], "mean_tokens": [float(lengths.mean())]},
-                        index=pd.Index(["all"], name="workload"))
+    return pd.DataFrame(
+        {"used_tokens": [int(lengths.sum())], "mean_tokens": [float(lengths.mean())]},
+        index=pd.Index(["all"], name="workload"),
+    )
 
 
-def fit_ratio(table: pd.DataFrame, fine: int = article.FINE_BLOCK_SIZE, coarse: int = article.COARSE_BLOCK_SIZE) -> float:
+def fit_ratio(
+    table: pd.DataFrame, fine: int = article.FINE_BLOCK_SIZE, coarse: int = article.COARSE_BLOCK_SIZE
+) -> float:
     """How many times more requests fit with block size fine than with coarse (the article's 7.1x)."""
     return table.loc[fine, "max_num_requests"] / table.loc[coarse, "max_num_requests"]
 
 
-def policy_breakdown(lengths, policies=tuple(allocator.POLICIES), *, max_len_tokens: int,
-                     block_size: int = 16) -> pd.DataFrame:
+def policy_breakdown(
+    lengths, policies=tuple(allocator.POLICIES), *, max_len_tokens: int, block_size: int = 16
+) -> pd.DataFrame:
     """Tokens held, internal fragmentation and over-reservation (tokens, totals) per policy, and shares of reserved."""
     rows, labels = [], []
     for policy in validate.non_empty("policies", policies):
@@ -51,8 +64,16 @@ def policy_breakdown(lengths, policies=tuple(allocator.POLICIES), *, max_len_tok
 
 
 # ---------------------------------------------------------------- seed robustness
-def allocation_band(name: str, num_requests: int, seeds, block_sizes=article.BLOCK_SIZES, *,
-                    low_pct: float = 5, high_pct: float = 95, **table_kwargs) -> tuple[pd.DataFrame, pd.DataFrame]:
+def allocation_band(
+    name: str,
+    num_requests: int,
+    seeds,
+    block_sizes=article.BLOCK_SIZES,
+    *,
+    low_pct: float = 5,
+    high_pct: float = 95,
+    **table_kwargs,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """allocation_table over many seeds of a length family: (all seeds long, band of (low, high) per cell).
 
     The band holds the low_pct and high_pct percentiles over seeds (numpy's linear interpolation).
@@ -80,9 +101,15 @@ MEAN_567_FAMILIES = {
 }
 
 
-def family_table(families: dict = MEAN_567_FAMILIES, num_requests: int = article.NUM_REQUESTS_S1, seed: int = 0,
-                 block_sizes=article.BLOCK_SIZES, *, max_len_tokens: int = article.MAX_LEN_TOKENS,
-                 **table_kwargs) -> pd.DataFrame:
+def family_table(
+    families: dict = MEAN_567_FAMILIES,
+    num_requests: int = article.NUM_REQUESTS_S1,
+    seed: int = 0,
+    block_sizes=article.BLOCK_SIZES,
+    *,
+    max_len_tokens: int = article.MAX_LEN_TOKENS,
+    **table_kwargs,
+) -> pd.DataFrame:
     """Waste % and requests that fit per block size (tokens) for several length families, same seed.
 
     families maps a kvlab.workloads length family to its parameters. One row per family: the mean
@@ -90,8 +117,9 @@ def family_table(families: dict = MEAN_567_FAMILIES, num_requests: int = article
     """
     rows = {}
     for name, params in validate.non_empty("families", families.items()):
-        lengths = synthetic.sample_lengths(name, num_requests, np.random.default_rng(seed),
-                                           max_len_tokens=max_len_tokens, **params)
+        lengths = synthetic.sample_lengths(
+            name, num_requests, np.random.default_rng(seed), max_len_tokens=max_len_tokens, **params
+        )
         table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens, **table_kwargs)
         row = {"mean_tokens": float(lengths.mean())}
         row.update({f"waste_at_{b}_pct": table.loc[b, "waste_pct"] for b in table.index})
@@ -108,7 +136,7 @@ class LengthFit:
     """The article-s1 parameters that best reproduce the published section 1 totals, and how well."""
 
     params: dict
-    table: pd.DataFrame   # per published figure: article, expected under the fit, relative difference
+    table: pd.DataFrame  # per published figure: article, expected under the fit, relative difference
     max_relative_error: float
 
 
@@ -117,8 +145,11 @@ def article_s1_targets() -> dict:
     figures = ledger.article_figures(1)
     used = figures.query("table == 'workload' and column == 'used_tokens'")["value"].iloc[0]
     reserved = figures.query("table == 'allocation' and column == 'reserved_tokens'")
-    return {"num_requests": article.NUM_REQUESTS_S1, "used_tokens": int(used),
-            "reserved_tokens": {int(r): int(v) for r, v in zip(reserved["row"], reserved["value"])}}
+    return {
+        "num_requests": article.NUM_REQUESTS_S1,
+        "used_tokens": int(used),
+        "reserved_tokens": {int(r): int(v) for r, v in zip(reserved["row"], reserved["value"])},
+    }
 
 
 def expected_totals(pmf: np.ndarray, num_requests: int, block_sizes) -> np.ndarray:
@@ -144,16 +175,23 @@ def fit_article_lengths(targets: dict | None = None, start=(5.5, 1.0, 0.1)) -> L
     max_len = max(blocks)
 
     def params_of(x):
-        return {"log_mean": float(x[0]), "log_sigma": abs(float(x[1])) + 1e-9,
-                "uniform_share": float(np.clip(x[2], 0.0, 1.0))}
+        return {
+            "log_mean": float(x[0]),
+            "log_sigma": abs(float(x[1])) + 1e-9,
+            "uniform_share": float(np.clip(x[2], 0.0, 1.0)),
+        }
 
     def loss(x):
         got = expected_totals(synthetic.article_s1_pmf(max_len_tokens=max_len, **params_of(x)), n, blocks)
         return float(np.sum(((got - goal) / goal) ** 2))
 
     simplex = np.array(start, dtype=np.float64) + np.vstack([np.zeros(3), np.diag([0.3, 0.2, 0.05])])
-    best = minimize(loss, np.array(start, dtype=np.float64), method="Nelder-Mead",
-                    options={"initial_simplex": simplex, "xatol": 1e-8, "fatol": 1e-16, "maxiter": 4000}).x
+    best = minimize(
+        loss,
+        np.array(start, dtype=np.float64),
+        method="Nelder-Mead",
+        options={"initial_simplex": simplex, "xatol": 1e-8, "fatol": 1e-16, "maxiter": 4000},
+    ).x
     params = {k: round(v, 4) for k, v in params_of(best).items()}
     got = expected_totals(synthetic.article_s1_pmf(max_len_tokens=max_len, **params), n, blocks)
     labels = ["used_tokens"] + [f"reserved_tokens @ {b}" for b in blocks]
@@ -176,7 +214,7 @@ def claims_table(table: pd.DataFrame) -> pd.DataFrame:
     when BLOCK_SIZES leaves either out (the ledger then lists the claim as missing)."""
     present = {article.FINE_BLOCK_SIZE, article.COARSE_BLOCK_SIZE} <= set(table.index)
     ratios = [fit_ratio(table)] if present else []
-    return pd.DataFrame({"fit_ratio": ratios}, index=pd.Index(["16 vs 4096"][:len(ratios)], name="claim"))
+    return pd.DataFrame({"fit_ratio": ratios}, index=pd.Index(["16 vs 4096"][: len(ratios)], name="claim"))
 
 
 def band_check(band: pd.DataFrame, article_figures: pd.DataFrame) -> pd.DataFrame:
@@ -187,36 +225,57 @@ def band_check(band: pd.DataFrame, article_figures: pd.DataFrame) -> pd.DataFram
         for column in article_figures.columns:
             low, high = band.loc[block_size, column]
             value = article_figures.loc[block_size, column]
-            rows.append({"block_size": block_size, "figure": column, "article": value,  # column: its name, e.g. waste_pct
-                         "band_low": low, "band_high": high, "inside": bool(low <= value <= high)})
+            rows.append(
+                {
+                    "block_size": block_size,
+                    "figure": column,
+                    "article": value,  # column: its name, e.g. waste_pct
+                    "band_low": low,
+                    "band_high": high,
+                    "inside": bool(low <= value <= high),
+                }
+            )
     columns = ["block_size", "figure", "article", "band_low", "band_high", "inside"]
     return pd.DataFrame(rows, columns=columns).set_index(["block_size", "figure"])
 
 
 def ledger_rows(workload: pd.DataFrame, table: pd.DataFrame, band: pd.DataFrame) -> pd.DataFrame:
     """Section 1's rows of the reproduction ledger: the workload, the allocation table with its band, the claim."""
-    return ledger.compare([
-        ledger.from_table(1, "workload", workload),
-        ledger.from_table(1, "allocation", table[ARTICLE_COLUMNS], band=band[ARTICLE_COLUMNS]),
-        ledger.from_table(1, "claims", claims_table(table)),
-    ], section=1)
+    return ledger.compare(
+        [
+            ledger.from_table(1, "workload", workload),
+            ledger.from_table(1, "allocation", table[ARTICLE_COLUMNS], band=band[ARTICLE_COLUMNS]),
+            ledger.from_table(1, "claims", claims_table(table)),
+        ],
+        section=1,
+    )
 
 
 # ---------------------------------------------------------------- the same table on a real trace
-def trace_allocation_table(trace: NotebookTrace, block_sizes, *, max_len_tokens: int,
-                           memory_gib: float, mib_per_token: float) -> pd.DataFrame:
+def trace_allocation_table(
+    trace: NotebookTrace, block_sizes, *, max_len_tokens: int, memory_gib: float, mib_per_token: float
+) -> pd.DataFrame:
     """Section 1's waste table on the trace's lengths (prompt + output, those over max_len_tokens dropped).
 
     Empty (same columns) when the trace is not available. Columns as allocation_table plus
     num_requests and dropped_over_max_len.
     """
-    columns = ["num_requests", "dropped_over_max_len", "reserved_tokens", "used_tokens", "wasted_tokens",
-               "waste_pct", "max_num_requests", "block_table_entries"]
+    columns = [
+        "num_requests",
+        "dropped_over_max_len",
+        "reserved_tokens",
+        "used_tokens",
+        "wasted_tokens",
+        "waste_pct",
+        "max_num_requests",
+        "block_table_entries",
+    ]
     if trace.load is None:
         return pd.DataFrame(columns=columns, index=pd.Index([], name="block_size"))
     lengths, dropped = traces.request_lengths(trace.load.workload, max_len_tokens, over_max_len="drop")
-    table = allocation_table(lengths, block_sizes, max_len_tokens=max_len_tokens,
-                             memory_gib=memory_gib, mib_per_token=mib_per_token)
+    table = allocation_table(
+        lengths, block_sizes, max_len_tokens=max_len_tokens, memory_gib=memory_gib, mib_per_token=mib_per_token
+    )
     table.insert(0, "dropped_over_max_len", dropped)
     table.insert(0, "num_requests", len(lengths))
     return table
@@ -237,9 +296,15 @@ def fit_figures(fit: LengthFit) -> dict:
     """The fitted mixture in words: the lognormal's median (tokens) and share (%), the uniform share (%), the
     largest relative error over the published totals (%) and how many totals there are."""
     p = fit.params
-    return {"median_tokens": float(np.exp(p["log_mean"])), "log_mean": p["log_mean"], "log_sigma": p["log_sigma"],
-            "lognormal_pct": 100 * (1 - p["uniform_share"]), "uniform_pct": 100 * p["uniform_share"],
-            "max_error_pct": 100 * fit.max_relative_error, "num_totals": len(fit.table)}
+    return {
+        "median_tokens": float(np.exp(p["log_mean"])),
+        "log_mean": p["log_mean"],
+        "log_sigma": p["log_sigma"],
+        "lognormal_pct": 100 * (1 - p["uniform_share"]),
+        "uniform_pct": 100 * p["uniform_share"],
+        "max_error_pct": 100 * fit.max_relative_error,
+        "num_totals": len(fit.table),
+    }
 
 
 def match_figures(table: pd.DataFrame, article_figures: pd.DataFrame) -> dict:
@@ -249,14 +314,20 @@ def match_figures(table: pd.DataFrame, article_figures: pd.DataFrame) -> dict:
     units = [b for b in article_figures.index if b in table.index]
     mine = ledger.as_printed(table.loc[units, ARTICLE_COLUMNS], 1, "allocation")
     theirs = ledger.as_printed(article_figures.loc[units], 1, "allocation")
-    fit_differs = [f"{mine.loc[b, 'max_num_requests']} against the article's {theirs.loc[b, 'max_num_requests']} "
-                   f"at {b:,} tokens" for b in units if mine.loc[b, "max_num_requests"] != theirs.loc[b, "max_num_requests"]]
+    fit_differs = [
+        f"{mine.loc[b, 'max_num_requests']} against the article's {theirs.loc[b, 'max_num_requests']} at {b:,} tokens"
+        for b in units
+        if mine.loc[b, "max_num_requests"] != theirs.loc[b, "max_num_requests"]
+    ]
     totals = table.loc[units, ["reserved_tokens", "wasted_tokens"]].astype(float)
     article_totals = article_figures.loc[units, ["reserved_tokens", "wasted_tokens"]].astype(float)
-    return {"units": len(units), "waste_same": int((mine["waste_pct"] == theirs["waste_pct"]).sum()),
-            "fit_same": int((mine["max_num_requests"] == theirs["max_num_requests"]).sum()),
-            "fit_differs": "; ".join(fit_differs) or "none",
-            "max_total_difference_pct": float((100 * (totals - article_totals).abs() / article_totals).to_numpy().max())}
+    return {
+        "units": len(units),
+        "waste_same": int((mine["waste_pct"] == theirs["waste_pct"]).sum()),
+        "fit_same": int((mine["max_num_requests"] == theirs["max_num_requests"]).sum()),
+        "fit_differs": "; ".join(fit_differs) or "none",
+        "max_total_difference_pct": float((100 * (totals - article_totals).abs() / article_totals).to_numpy().max()),
+    }
 
 
 def block_size_figures(powers: pd.DataFrame) -> dict:
@@ -265,16 +336,22 @@ def block_size_figures(powers: pd.DataFrame) -> dict:
     entries at a few sizes, the requests that fit at 4,096, 256, 64 and 16 tokens, and the share of the gain
     from 4,096 to 16 tokens already there at 256 (%)."""
     waste = [_at(powers, b // 2, "waste_pct") / _at(powers, b, "waste_pct") for b in (256, 128, 64, 32)]
-    entries = [_at(powers, b // 2, "block_table_entries") / _at(powers, b, "block_table_entries") for b in (128, 64, 32)]
+    entries = [
+        _at(powers, b // 2, "block_table_entries") / _at(powers, b, "block_table_entries") for b in (128, 64, 32)
+    ]
     fit = {b: _at(powers, b, "max_num_requests") for b in (4096, 256, 64, 16)}
-    return {"waste_halving_low": min(waste), "waste_halving_high": max(waste),
-            "entries_doubling_low": min(entries), "entries_doubling_high": max(entries),
-            **{f"entries_{b}": _at(powers, b, "block_table_entries") for b in (4096, 2048, 1024, 128, 64, 16)},
-            **{f"waste_{b}_pct": _at(powers, b, "waste_pct") for b in (4096, 256, 16)},
-            **{f"fit_{b}": v for b, v in fit.items()},
-            "fit_gain_64_to_16_pct": 100 * (fit[16] / fit[64] - 1),
-            "fit_ratio": fit[16] / fit[4096],
-            "gain_at_256_pct": 100 * (fit[256] - fit[4096]) / (fit[16] - fit[4096])}
+    return {
+        "waste_halving_low": min(waste),
+        "waste_halving_high": max(waste),
+        "entries_doubling_low": min(entries),
+        "entries_doubling_high": max(entries),
+        **{f"entries_{b}": _at(powers, b, "block_table_entries") for b in (4096, 2048, 1024, 128, 64, 16)},
+        **{f"waste_{b}_pct": _at(powers, b, "waste_pct") for b in (4096, 256, 16)},
+        **{f"fit_{b}": v for b, v in fit.items()},
+        "fit_gain_64_to_16_pct": 100 * (fit[16] / fit[64] - 1),
+        "fit_ratio": fit[16] / fit[4096],
+        "gain_at_256_pct": 100 * (fit[256] - fit[4096]) / (fit[16] - fit[4096]),
+    }
 
 
 def policy_figures(breakdown: pd.DataFrame) -> dict:
@@ -289,20 +366,29 @@ def band_figures(checked: pd.DataFrame, num_requests: int, block_size: int = 64)
     that whole-token lengths spread smoothly over many blocks waste on average."""
     from kvlab.sections.shared.present import label
 
-    outside = [f"{label(figure).split(' (')[0]} at {b:,}-token blocks" for (b, figure), row in checked.iterrows()
-               if not row["inside"]]
+    outside = [
+        f"{label(figure).split(' (')[0]} at {b:,}-token blocks"
+        for (b, figure), row in checked.iterrows()
+        if not row["inside"]
+    ]
     key = (block_size, "wasted_tokens")
     found = key in checked.index
-    return {"inside": int(checked["inside"].sum()), "total": len(checked), "outside": ", ".join(outside) or "none",
-            "num_outside": len(outside), "block_size": block_size,
-            "article_wasted": checked.loc[key, "article"] if found else float("nan"),
-            "band_low": checked.loc[key, "band_low"] if found else float("nan"),
-            "band_high": checked.loc[key, "band_high"] if found else float("nan"),
-            "article_per_request": checked.loc[key, "article"] / num_requests if found else float("nan"),
-            "band_low_per_request": checked.loc[key, "band_low"] / num_requests if found else float("nan"),
-            "smooth_per_request": (block_size - 1) / 2,
-            "article_waste_pct": checked.loc[(block_size, "waste_pct"), "article"]
-            if (block_size, "waste_pct") in checked.index else float("nan")}
+    return {
+        "inside": int(checked["inside"].sum()),
+        "total": len(checked),
+        "outside": ", ".join(outside) or "none",
+        "num_outside": len(outside),
+        "block_size": block_size,
+        "article_wasted": checked.loc[key, "article"] if found else float("nan"),
+        "band_low": checked.loc[key, "band_low"] if found else float("nan"),
+        "band_high": checked.loc[key, "band_high"] if found else float("nan"),
+        "article_per_request": checked.loc[key, "article"] / num_requests if found else float("nan"),
+        "band_low_per_request": checked.loc[key, "band_low"] / num_requests if found else float("nan"),
+        "smooth_per_request": (block_size - 1) / 2,
+        "article_waste_pct": checked.loc[(block_size, "waste_pct"), "article"]
+        if (block_size, "waste_pct") in checked.index
+        else float("nan"),
+    }
 
 
 def family_figures(families: pd.DataFrame) -> dict:
@@ -315,20 +401,26 @@ def family_figures(families: pd.DataFrame) -> dict:
     def column(frame, name):
         return frame[name] if name in frame else pd.Series([float("nan")])
 
-    spreads = [float(column(smooth, f"waste_at_{b}_pct").max() - column(smooth, f"waste_at_{b}_pct").min())
-               for b in (256, 64, 16)]
+    spreads = [
+        float(column(smooth, f"waste_at_{b}_pct").max() - column(smooth, f"waste_at_{b}_pct").min())
+        for b in (256, 64, 16)
+    ]
     means = families["mean_tokens"]
-    return {"mean_low": float(means.min()), "mean_high": float(means.max()),
-            "mean_spread_pct": float(100 * (means.max() - means.min()) / means.min()),
-            "waste_4096_low": float(column(families, "waste_at_4096_pct").min()),
-            "waste_4096_high": float(column(families, "waste_at_4096_pct").max()),
-            "fine_spread_points": max(spreads),
-            "waste_1024_low": float(column(smooth, "waste_at_1024_pct").min()),
-            "waste_1024_high": float(column(smooth, "waste_at_1024_pct").max()),
-            "fit_16_low": float(column(smooth, "requests_that_fit_at_16").min()),
-            "fit_16_high": float(column(smooth, "requests_that_fit_at_16").max()),
-            "constant_tail_16": -article.MEAN_TOKENS % 16, "constant_tail_64": -article.MEAN_TOKENS % 64,
-            "uniform_high_tokens": MEAN_567_FAMILIES["uniform"]["high_tokens"]}
+    return {
+        "mean_low": float(means.min()),
+        "mean_high": float(means.max()),
+        "mean_spread_pct": float(100 * (means.max() - means.min()) / means.min()),
+        "waste_4096_low": float(column(families, "waste_at_4096_pct").min()),
+        "waste_4096_high": float(column(families, "waste_at_4096_pct").max()),
+        "fine_spread_points": max(spreads),
+        "waste_1024_low": float(column(smooth, "waste_at_1024_pct").min()),
+        "waste_1024_high": float(column(smooth, "waste_at_1024_pct").max()),
+        "fit_16_low": float(column(smooth, "requests_that_fit_at_16").min()),
+        "fit_16_high": float(column(smooth, "requests_that_fit_at_16").max()),
+        "constant_tail_16": -article.MEAN_TOKENS % 16,
+        "constant_tail_64": -article.MEAN_TOKENS % 64,
+        "uniform_high_tokens": MEAN_567_FAMILIES["uniform"]["high_tokens"],
+    }
 
 
 def trace_figures(trace: NotebookTrace, trace_table: pd.DataFrame, table: pd.DataFrame, *, max_len_tokens: int) -> dict:
@@ -342,18 +434,24 @@ def trace_figures(trace: NotebookTrace, trace_table: pd.DataFrame, table: pd.Dat
         return {}
     coarse, fine = max(trace_table.index), min(trace_table.index)
     lengths, _ = traces.request_lengths(trace.load.workload)
-    return {"name": TRACE_NAMES.get(trace.name, trace.name), "requests": int(trace_table["num_requests"].iloc[0]),
-            "fine_fit_fitted": _at(table, fine, "max_num_requests"),
-            "dropped": int(trace_table["dropped_over_max_len"].iloc[0]), "max_len_tokens": max_len_tokens,
-            "mean_tokens": float(trace_table["used_tokens"].iloc[0] / trace_table["num_requests"].iloc[0]),
-            "article_mean_tokens": article.MEAN_TOKENS, "article_max_tokens": article.MAX_LEN_TOKENS,
-            "coarse": coarse, "fine": fine,
-            "coarse_waste_pct": float(trace_table.loc[coarse, "waste_pct"]),
-            "fine_waste_pct": float(trace_table.loc[fine, "waste_pct"]),
-            "coarse_fit": int(trace_table.loc[coarse, "max_num_requests"]),
-            "fine_fit": int(trace_table.loc[fine, "max_num_requests"]),
-            "over_article_max_pct": 100 * float((lengths > article.MAX_LEN_TOKENS).mean()),
-            "shape": TRACE_SHAPES.get(trace.name, "")}
+    return {
+        "name": TRACE_NAMES.get(trace.name, trace.name),
+        "requests": int(trace_table["num_requests"].iloc[0]),
+        "fine_fit_fitted": _at(table, fine, "max_num_requests"),
+        "dropped": int(trace_table["dropped_over_max_len"].iloc[0]),
+        "max_len_tokens": max_len_tokens,
+        "mean_tokens": float(trace_table["used_tokens"].iloc[0] / trace_table["num_requests"].iloc[0]),
+        "article_mean_tokens": article.MEAN_TOKENS,
+        "article_max_tokens": article.MAX_LEN_TOKENS,
+        "coarse": coarse,
+        "fine": fine,
+        "coarse_waste_pct": float(trace_table.loc[coarse, "waste_pct"]),
+        "fine_waste_pct": float(trace_table.loc[fine, "waste_pct"]),
+        "coarse_fit": int(trace_table.loc[coarse, "max_num_requests"]),
+        "fine_fit": int(trace_table.loc[fine, "max_num_requests"]),
+        "over_article_max_pct": 100 * float((lengths > article.MAX_LEN_TOKENS).mean()),
+        "shape": TRACE_SHAPES.get(trace.name, ""),
+    }
 
 
 # What the request-length figure shows for a trace, read off the figure (empty: nothing said).

@@ -2,10 +2,11 @@
 
 The mechanism (bytes per token, vLLM's budget, blocks and layer groups) is kvlab.core.capacity.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pandas as pd
@@ -19,8 +20,9 @@ ARTICLE_SHAPE = capacity.KVShape(article.NUM_LAYERS, article.NUM_KV_HEADS, artic
 PARITY_DIR = Path(__file__).resolve().parents[2] / "data" / "parity"  # written by make parity
 
 
-def memory_table(shape: capacity.KVShape, contexts: Iterable[int], concurrency: Iterable[int],
-                 unit: str = "GiB") -> pd.DataFrame:
+def memory_table(
+    shape: capacity.KVShape, contexts: Iterable[int], concurrency: Iterable[int], unit: str = "GiB"
+) -> pd.DataFrame:
     """KV memory (in unit) for each context length, for one request and for each concurrency level."""
     contexts = validate.non_empty("contexts", contexts)
     concurrency = [validate.positive_int("concurrency", c) for c in validate.non_empty("concurrency", concurrency)]
@@ -35,8 +37,9 @@ def memory_table(shape: capacity.KVShape, contexts: Iterable[int], concurrency: 
     return table
 
 
-def fit_table(shape: capacity.KVShape, gpu_memory: float, weights: float, contexts: Iterable[int],
-              unit: str = "GiB") -> pd.DataFrame:
+def fit_table(
+    shape: capacity.KVShape, gpu_memory: float, weights: float, contexts: Iterable[int], unit: str = "GiB"
+) -> pd.DataFrame:
     """Requests that fit in gpu_memory less weights (both in unit), for each context length."""
     contexts = validate.non_empty("contexts", contexts)
     free = capacity.free_bytes(gpu_memory, weights, unit)
@@ -54,9 +57,13 @@ def model_table(names: Iterable[str], config: EngineConfig = EngineConfig()) -> 
         spec = get_model(name)
         per_token = capacity.kv_bytes_per_token(spec, config)
         rows[spec.name] = {
-            "attention": spec.attention, "num_layers": spec.num_layers, "num_kv_heads": spec.num_kv_heads,
-            "head_dim": spec.head_dim, "sliding_layers": spec.num_sliding_layers,
-            "sliding_window": spec.sliding_window, "kv_kib_per_token": per_token / KIB,
+            "attention": spec.attention,
+            "num_layers": spec.num_layers,
+            "num_kv_heads": spec.num_kv_heads,
+            "head_dim": spec.head_dim,
+            "sliding_layers": spec.num_sliding_layers,
+            "sliding_window": spec.sliding_window,
+            "kv_kib_per_token": per_token / KIB,
             "vs_article": per_token / ARTICLE_SHAPE.kv_bytes_per_token,
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -64,9 +71,14 @@ def model_table(names: Iterable[str], config: EngineConfig = EngineConfig()) -> 
     return table
 
 
-def concurrency_table(names: Iterable[str], gpu_memory_gib: float, contexts: Iterable[int],
-                      kv_cache_dtypes: Iterable[str], tensor_parallel_sizes: Iterable[int],
-                      config: EngineConfig = EngineConfig()) -> pd.DataFrame:
+def concurrency_table(
+    names: Iterable[str],
+    gpu_memory_gib: float,
+    contexts: Iterable[int],
+    kv_cache_dtypes: Iterable[str],
+    tensor_parallel_sizes: Iterable[int],
+    config: EngineConfig = EngineConfig(),
+) -> pd.DataFrame:
     """vLLM's maximum concurrency for every model x KV dtype x TP x context (NaN where the weights leave no block)."""
     rows = []
     for name in validate.non_empty("names", names):
@@ -76,9 +88,15 @@ def concurrency_table(names: Iterable[str], gpu_memory_gib: float, contexts: Ite
                 setting = config.replace(kv_cache_dtype=dtype, tensor_parallel_size=tp)
                 for ctx in validate.non_empty("contexts", contexts):
                     result = capacity.plan_capacity(spec, gpu_memory_gib, ctx, setting)
-                    rows.append({"model": spec.name, "kv_cache_dtype": dtype, "tensor_parallel_size": tp,
-                                 "max_model_len": ctx,
-                                 "max_concurrency": float("nan") if result is None else result["max_concurrency"]})
+                    rows.append(
+                        {
+                            "model": spec.name,
+                            "kv_cache_dtype": dtype,
+                            "tensor_parallel_size": tp,
+                            "max_model_len": ctx,
+                            "max_concurrency": float("nan") if result is None else result["max_concurrency"],
+                        }
+                    )
     return pd.DataFrame(rows)
 
 
@@ -108,9 +126,13 @@ def log_headline(log_table: pd.DataFrame) -> str:
     return "; ".join(parts) or "no model"
 
 
-def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: int,
-                   tensor_parallel_sizes: Iterable[int] = (1, 2, 4, 8),
-                   config: EngineConfig = EngineConfig()) -> pd.DataFrame:
+def vllm_log_table(
+    names: Iterable[str],
+    gpu_memory_gib: float,
+    max_model_len: int,
+    tensor_parallel_sizes: Iterable[int] = (1, 2, 4, 8),
+    config: EngineConfig = EngineConfig(),
+) -> pd.DataFrame:
     """vLLM's log figures per model at the smallest TP whose KV cache holds one request of max_model_len.
 
     max_model_len is capped, as vLLM caps it, at the model's max_position_embeddings.
@@ -119,15 +141,25 @@ def vllm_log_table(names: Iterable[str], gpu_memory_gib: float, max_model_len: i
     for name in validate.non_empty("names", names):
         spec = get_model(name)
         length = min(max_model_len, spec.max_position_embeddings or max_model_len)
-        row = {"max_model_len": length, "tensor_parallel_size": float("nan"), "available_kv_gib": float("nan"),
-               "num_gpu_blocks": float("nan"), "gpu_kv_cache_tokens": float("nan"), "max_concurrency": float("nan")}
+        row = {
+            "max_model_len": length,
+            "tensor_parallel_size": float("nan"),
+            "available_kv_gib": float("nan"),
+            "num_gpu_blocks": float("nan"),
+            "gpu_kv_cache_tokens": float("nan"),
+            "max_concurrency": float("nan"),
+        }
         for tp in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes):
             result = capacity.plan_capacity(spec, gpu_memory_gib, length, config.replace(tensor_parallel_size=tp))
             if result is not None and result["starts"]:
-                row = {"max_model_len": length, "tensor_parallel_size": tp,
-                       "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
-                       "num_gpu_blocks": result["num_gpu_blocks"], "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
-                       "max_concurrency": round(result["max_concurrency"], 2)}
+                row = {
+                    "max_model_len": length,
+                    "tensor_parallel_size": tp,
+                    "available_kv_gib": round(result["available_kv_cache_bytes"] / GIB, 2),
+                    "num_gpu_blocks": result["num_gpu_blocks"],
+                    "gpu_kv_cache_tokens": result["gpu_kv_cache_tokens"],
+                    "max_concurrency": round(result["max_concurrency"], 2),
+                }
                 break
         rows[spec.name] = row
     table = pd.DataFrame.from_dict(rows, orient="index")
@@ -142,8 +174,12 @@ def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
     (num_gpu_blocks, the token figure, the concurrency, whether it starts and why not); a last row for all."""
     summary = pd.read_csv(Path(folder) / "capacity_summary.csv")
     table = summary.groupby("family", sort=False).agg(
-        models=("model", "size"), kv_cache=("kv_cache", lambda kinds: ", ".join(dict.fromkeys(kinds))),
-        cases=("cases", "sum"), refused_by_vllm=("refused_by_vllm", "sum"), identical=("identical", "sum"))
+        models=("model", "size"),
+        kv_cache=("kv_cache", lambda kinds: ", ".join(dict.fromkeys(kinds))),
+        cases=("cases", "sum"),
+        refused_by_vllm=("refused_by_vllm", "sum"),
+        identical=("identical", "sum"),
+    )
     table.loc["all"] = [len(summary), "", *table[["cases", "refused_by_vllm", "identical"]].sum()]
     table["identical_pct"] = (100 * table["identical"] / table["cases"]).round(2)
     return table
@@ -163,19 +199,32 @@ def fit_figures(shape: capacity.KVShape, fit: pd.DataFrame, gpu_memory_gib: floa
     free = float(capacity.free_bytes(gpu_memory_gib, weights_gib, "GiB"))
     shortest, longest = fit.index.min(), fit.index.max()
     most, fewest = int(fit.loc[shortest, "max_num_requests"]), int(fit.loc[longest, "max_num_requests"])
-    return {"free_gib": free / GIB, "gpu_gib": gpu_memory_gib, "weights_gib": weights_gib,
-            "shortest": shortest, "longest": longest, "context_ratio": longest / shortest,
-            "most": most, "fewest": fewest, "requests_ratio": most / fewest if fewest else float("nan"),
-            "exact_at_longest": free / capacity.bytes_per_request(shape, longest)}
+    return {
+        "free_gib": free / GIB,
+        "gpu_gib": gpu_memory_gib,
+        "weights_gib": weights_gib,
+        "shortest": shortest,
+        "longest": longest,
+        "context_ratio": longest / shortest,
+        "most": most,
+        "fewest": fewest,
+        "requests_ratio": most / fewest if fewest else float("nan"),
+        "exact_at_longest": free / capacity.bytes_per_request(shape, longest),
+    }
 
 
 # The models the prose names, whatever TABLE_MODELS holds.
-EXAMPLES = {"llama3": "meta-llama/Llama-3.1-8B-Instruct", "llama70b": "meta-llama/Llama-3.1-70B-Instruct",
-            "gemma3": "google/gemma-3-27b-it", "deepseek_v3": "deepseek-ai/DeepSeek-V3"}
+EXAMPLES = {
+    "llama3": "meta-llama/Llama-3.1-8B-Instruct",
+    "llama70b": "meta-llama/Llama-3.1-70B-Instruct",
+    "gemma3": "google/gemma-3-27b-it",
+    "deepseek_v3": "deepseek-ai/DeepSeek-V3",
+}
 
 
-def example_figures(config: EngineConfig, gpu_name: str, tensor_parallel_sizes: Iterable[int],
-                    kv_cache_dtypes: Iterable[str]) -> dict:
+def example_figures(
+    config: EngineConfig, gpu_name: str, tensor_parallel_sizes: Iterable[int], kv_cache_dtypes: Iterable[str]
+) -> dict:
     """What the prose says about the models it names (EXAMPLES): KV bytes per token against the article's shape
     (x and %), heads and layers, parameters (billions) and bf16 weights (GiB); Gemma 3's sliding-window layers, and
     the tokens in flight (config's batches in flight x max_num_batched_tokens) where its lines bend, and that plus
@@ -183,22 +232,36 @@ def example_figures(config: EngineConfig, gpu_name: str, tensor_parallel_sizes: 
     (in words) and the most GPUs tried."""
     sizes = [str(n) for n in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes)]
     dtypes = list(validate.non_empty("kv_cache_dtypes", kv_cache_dtypes))
-    out = {"gpu_gib": get_gpu(gpu_name).memory_gib, "max_gpus": max(int(n) for n in sizes),
-           "gpu_counts": sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}",
-           "kv_dtypes": " or ".join(dtypes), "gpu_memory_utilization": config.cache.gpu_memory_utilization,
-           "activation_peak_gib": capacity.ACTIVATION_PEAK_GIB, "non_torch_gib": capacity.NON_TORCH_GIB,
-           "block_size": config.cache.block_size, "batches_in_flight": config.max_concurrent_batches,
-           "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
-           "in_flight_tokens": config.max_in_flight_tokens}
+    out = {
+        "gpu_gib": get_gpu(gpu_name).memory_gib,
+        "max_gpus": max(int(n) for n in sizes),
+        "gpu_counts": sizes[0] if len(sizes) == 1 else f"{', '.join(sizes[:-1])} or {sizes[-1]}",
+        "kv_dtypes": " or ".join(dtypes),
+        "gpu_memory_utilization": config.cache.gpu_memory_utilization,
+        "activation_peak_gib": capacity.ACTIVATION_PEAK_GIB,
+        "non_torch_gib": capacity.NON_TORCH_GIB,
+        "block_size": config.cache.block_size,
+        "batches_in_flight": config.max_concurrent_batches,
+        "max_num_batched_tokens": config.scheduler.max_num_batched_tokens,
+        "in_flight_tokens": config.max_in_flight_tokens,
+    }
     for key, name in EXAMPLES.items():
         spec = get_model(name)
         ratio = capacity.kv_bytes_per_token(spec, config) / ARTICLE_SHAPE.kv_bytes_per_token
-        out.update({f"{key}_vs_article": ratio, f"{key}_vs_article_pct": 100 * ratio,
-                    f"{key}_heads": spec.num_attention_heads, f"{key}_kv_heads": spec.num_kv_heads,
-                    f"{key}_layers": spec.num_layers, f"{key}_sliding_layers": spec.num_sliding_layers,
-                    f"{key}_global_layers": spec.num_layers - spec.num_sliding_layers,
-                    f"{key}_window": spec.sliding_window, f"{key}_params_b": spec.num_params_b,
-                    f"{key}_weights_gib": spec.num_params_b * 1e9 * 2 / GIB})
+        out.update(
+            {
+                f"{key}_vs_article": ratio,
+                f"{key}_vs_article_pct": 100 * ratio,
+                f"{key}_heads": spec.num_attention_heads,
+                f"{key}_kv_heads": spec.num_kv_heads,
+                f"{key}_layers": spec.num_layers,
+                f"{key}_sliding_layers": spec.num_sliding_layers,
+                f"{key}_global_layers": spec.num_layers - spec.num_sliding_layers,
+                f"{key}_window": spec.sliding_window,
+                f"{key}_params_b": spec.num_params_b,
+                f"{key}_weights_gib": spec.num_params_b * 1e9 * 2 / GIB,
+            }
+        )
     out["gemma3_beyond_tokens"] = out["in_flight_tokens"] + out["gemma3_window"]
     return out
 
@@ -207,16 +270,25 @@ def model_range(models: pd.DataFrame) -> dict:
     """From model_table: the most and the least KV per token against the article's shape (x), the least as a
     fraction 1/N, and which models they are."""
     ratio = models["vs_article"]
-    return {"most": float(ratio.max()), "least": float(ratio.min()), "least_one_in": float(1 / ratio.min()),
-            "most_model": ratio.idxmax(), "least_model": ratio.idxmin()}
+    return {
+        "most": float(ratio.max()),
+        "least": float(ratio.min()),
+        "least_one_in": float(1 / ratio.min()),
+        "most_model": ratio.idxmax(),
+        "least_model": ratio.idxmin(),
+    }
 
 
 def fp8_range(concurrency: pd.DataFrame) -> dict:
     """fp8 over bf16 maximum concurrency for every model, TP and context where both start: the lowest and highest
     ratio (x), and the ratio in words ("2.00 times", or "1.98 to 2.00 times" where they differ at 2 decimals)."""
-    wide = concurrency.pivot_table(index=["model", "tensor_parallel_size", "max_model_len"], columns="kv_cache_dtype",
-                                   values="max_concurrency")
+    wide = concurrency.pivot_table(
+        index=["model", "tensor_parallel_size", "max_model_len"], columns="kv_cache_dtype", values="max_concurrency"
+    )
     ratio = (wide["fp8"] / wide["bf16"]).dropna() if {"fp8", "bf16"} <= set(wide.columns) else pd.Series([np.nan])
     low, high = f"{ratio.min():.2f}", f"{ratio.max():.2f}"
-    return {"fp8_low": float(ratio.min()), "fp8_high": float(ratio.max()),
-            "fp8_ratio": f"{low} times" if low == high else f"{low} to {high} times"}
+    return {
+        "fp8_low": float(ratio.min()),
+        "fp8_high": float(ratio.max()),
+        "fp8_ratio": f"{low} times" if low == high else f"{low} to {high} times",
+    }

@@ -2,6 +2,7 @@
 and measurements, and kvlab's clocks against real vLLM runs (replayed by kvlab.studies.clock_checks, shown here).
 Measuring and reading calibration files is kvlab.core.calibration.
 """
+
 from __future__ import annotations
 
 import math
@@ -10,14 +11,20 @@ from pathlib import Path
 import pandas as pd
 
 from kvlab.core import article, validate
-from kvlab.core.calibration import (CALIBRATION_DIR, DTYPE_BYTES, ROOT, Calibration, DecoderShape,
-                                    decode_bound_ms, decode_bytes_per_step)
+from kvlab.core.calibration import (
+    CALIBRATION_DIR,
+    DTYPE_BYTES,
+    ROOT,
+    Calibration,
+    DecoderShape,
+    decode_bound_ms,
+    decode_bytes_per_step,
+)
 from kvlab.core.models import get_gpu
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
-from kvlab.studies.clock_checks import CHECK_TARGETS, check_label, check_notes
-from kvlab.studies.clock_checks import check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
+from kvlab.studies.clock_checks import CHECK_TARGETS, check_label, check_notes, check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
 from kvlab.workloads.vllm_runs import load_vllm_run
 
 
@@ -26,26 +33,48 @@ def status_line(calibrations: list[Calibration], directory=None) -> str:
     where = CALIBRATION_DIR if directory in (None, "") else Path(directory)
     where = where.relative_to(ROOT) if where.is_relative_to(ROOT) else where
     if not calibrations:
-        return (f"No GPU measurement is available yet: {where}/ holds no calibration file. Make one on a "
-                "GPU machine with `bash scripts/gpu_calibration.sh` (or `kvlab calibrate --device cuda`), "
-                "commit the CSV it writes to data/calibration/ and re-run this notebook.")
-    names = ", ".join(f"{c.name} ({c.metadata.get('device', '?')}, {c.metadata.get('date', '?')})" for c in calibrations)
+        return (
+            f"No GPU measurement is available yet: {where}/ holds no calibration file. Make one on a "
+            "GPU machine with `bash scripts/gpu_calibration.sh` (or `kvlab calibrate --device cuda`), "
+            "commit the CSV it writes to data/calibration/ and re-run this notebook."
+        )
+    names = ", ".join(
+        f"{c.name} ({c.metadata.get('device', '?')}, {c.metadata.get('date', '?')})" for c in calibrations
+    )
     return f"{len(calibrations)} calibration file(s): {names}."
 
 
-def kv_table(shape: DecoderShape, calibrations: list[Calibration], article_mib_per_token: float = article.MIB_PER_TOKEN, *,
-             free_gib: float = 64, context_tokens: int = 1000) -> pd.DataFrame:
+def kv_table(
+    shape: DecoderShape,
+    calibrations: list[Calibration],
+    article_mib_per_token: float = article.MIB_PER_TOKEN,
+    *,
+    free_gib: float = 64,
+    context_tokens: int = 1000,
+) -> pd.DataFrame:
     """KV bytes per token from the article, from shape's arithmetic and from each file, with the requests of
     context_tokens tokens that free_gib GiB of KV memory holds at each (section 3's memory budget)."""
     validate.positive_number("article_mib_per_token", article_mib_per_token)
     free_bytes = validate.positive_number("free_gib", free_gib) * GIB
     validate.positive_int("context_tokens", context_tokens)
-    rows = [{"source": "article (assumed)", "kind": "assumption", "kv_bytes_per_token": article_mib_per_token * MIB},
-            {"source": f"2 x {shape.num_layers} layers x {shape.num_heads} heads x {shape.head_dim} x "
-                       f"{DTYPE_BYTES[shape.dtype]} B", "kind": "arithmetic", "kv_bytes_per_token": float(shape.kv_bytes_per_token)}]
+    rows = [
+        {"source": "article (assumed)", "kind": "assumption", "kv_bytes_per_token": article_mib_per_token * MIB},
+        {
+            "source": f"2 x {shape.num_layers} layers x {shape.num_heads} heads x {shape.head_dim} x "
+            f"{DTYPE_BYTES[shape.dtype]} B",
+            "kind": "arithmetic",
+            "kv_bytes_per_token": float(shape.kv_bytes_per_token),
+        },
+    ]
     for c in calibrations:
         for value in (row["value"] for row in c.kind("kv_bytes_per_token")):
-            rows.append({"source": f"{c.name} ({c.metadata.get('dtype', '?')})", "kind": "measured", "kv_bytes_per_token": value})
+            rows.append(
+                {
+                    "source": f"{c.name} ({c.metadata.get('dtype', '?')})",
+                    "kind": "measured",
+                    "kv_bytes_per_token": value,
+                }
+            )
     table = pd.DataFrame(rows).set_index("source")
     table["kv_kib_per_token"] = table["kv_bytes_per_token"] / KIB
     table["max_num_requests"] = (free_bytes // (table["kv_bytes_per_token"] * context_tokens)).astype(int)
@@ -57,11 +86,18 @@ def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> 
     (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
     NaN where the weights and the batch's cache do not fit in the GPU's memory."""
     gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
-    columns = pd.MultiIndex.from_tuples([(b, c) for b in batch_sizes for c in context_tokens],
-                                        names=["batch_size", "context_tokens"])
-    values = [[decode_bound_ms(shape, gpu.memory_bandwidth_gb_s, b, c)
-               if decode_bytes_per_step(shape, b, c) <= gpu.memory_gib * GIB else math.nan  # does not fit
-               for b, c in columns] for gpu in gpus]
+    columns = pd.MultiIndex.from_tuples(
+        [(b, c) for b in batch_sizes for c in context_tokens], names=["batch_size", "context_tokens"]
+    )
+    values = [
+        [
+            decode_bound_ms(shape, gpu.memory_bandwidth_gb_s, b, c)
+            if decode_bytes_per_step(shape, b, c) <= gpu.memory_gib * GIB
+            else math.nan  # does not fit
+            for b, c in columns
+        ]
+        for gpu in gpus
+    ]
     return pd.DataFrame(values, index=pd.Index([gpu.name for gpu in gpus], name="gpu"), columns=columns)
 
 
@@ -83,9 +119,9 @@ def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
     return table[["device", "batch_size", "context_tokens", "decode_step_ms"]]
 
 
-
-
-def section2_table(calibrations: list[Calibration], experiment: Experiment = Experiment(), seed: int = 0) -> pd.DataFrame:
+def section2_table(
+    calibrations: list[Calibration], experiment: Experiment = Experiment(), seed: int = 0
+) -> pd.DataFrame:
     """Section 2's run (the experiment's workload of one seed) with the experiment's cost (the article's 8 ms per
     token) and with each file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row
     per cost and policy."""
@@ -93,8 +129,10 @@ def section2_table(calibrations: list[Calibration], experiment: Experiment = Exp
     costs = {f"article: {experiment.cost.ms_per_token:g} ms per token": experiment.cost}
     for c in calibrations:
         costs[f"measured: {c.name}"] = CalibratedServiceTime.from_csv(c.path, batch_size=experiment.max_num_seqs)
-    frames = [compare_policies(workload, max_num_seqs=experiment.max_num_seqs, cost=cost).reset_index().assign(cost=name)
-              for name, cost in costs.items()]
+    frames = [
+        compare_policies(workload, max_num_seqs=experiment.max_num_seqs, cost=cost).reset_index().assign(cost=name)
+        for name, cost in costs.items()
+    ]
     table = pd.concat(frames, ignore_index=True).set_index(["cost", "policy"])
     return table[["mean_latency_s", "p95_latency_s", "makespan_s", "throughput_rps", "idle_pct"]]
 
@@ -103,15 +141,26 @@ def section2_table(calibrations: list[Calibration], experiment: Experiment = Exp
 def shape_figures(shape: DecoderShape) -> dict:
     """The decoder's shape in words: KV bytes per token (B, KiB, MiB), the bytes per value, the parameters
     (billions) and their weights (GiB), beside the article's assumed MiB per token."""
-    return {"layers": shape.num_layers, "heads": shape.num_heads, "head_dim": shape.head_dim,
-            "hidden": shape.hidden_size, "intermediate": shape.intermediate_size, "vocab": shape.vocab_size,
-            "dtype_bytes": DTYPE_BYTES[shape.dtype], "kv_bytes": shape.kv_bytes_per_token,
-            "kv_kib": shape.kv_bytes_per_token / KIB, "kv_mib": shape.kv_bytes_per_token / MIB,
-            "article_mib": article.MIB_PER_TOKEN, "params_b": shape.num_params / 1e9, "weights_gib": shape.weights_bytes / GIB}
+    return {
+        "layers": shape.num_layers,
+        "heads": shape.num_heads,
+        "head_dim": shape.head_dim,
+        "hidden": shape.hidden_size,
+        "intermediate": shape.intermediate_size,
+        "vocab": shape.vocab_size,
+        "dtype_bytes": DTYPE_BYTES[shape.dtype],
+        "kv_bytes": shape.kv_bytes_per_token,
+        "kv_kib": shape.kv_bytes_per_token / KIB,
+        "kv_mib": shape.kv_bytes_per_token / MIB,
+        "article_mib": article.MIB_PER_TOKEN,
+        "params_b": shape.num_params / 1e9,
+        "weights_gib": shape.weights_bytes / GIB,
+    }
 
 
-def bound_figures(shape: DecoderShape, gpu_names, batch_size: int, context_tokens: int,
-                  ms_per_token: float = article.MS_PER_TOKEN) -> dict:
+def bound_figures(
+    shape: DecoderShape, gpu_names, batch_size: int, context_tokens: int, ms_per_token: float = article.MS_PER_TOKEN
+) -> dict:
     """The decode-step lower bound (ms) for batch_size requests of context_tokens on each GPU (keys by GPU name);
     in words, the GPUs where the article's ms_per_token lies above it and those where it lies below, with their
     bounds; and the lowest and highest bound for one request of context_tokens over the GPUs."""
@@ -122,19 +171,27 @@ def bound_figures(shape: DecoderShape, gpu_names, batch_size: int, context_token
     def listed(names):
         return "none" if not names else names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
-    return {"batch": batch_size, "context": context_tokens, "ms_per_token": ms_per_token, **bounds,
-            "above": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token >= b]),
-            "below": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token < b]),
-            "one_low": min(one), "one_high": max(one)}
+    return {
+        "batch": batch_size,
+        "context": context_tokens,
+        "ms_per_token": ms_per_token,
+        **bounds,
+        "above": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token >= b]),
+        "below": listed([f"the {n} ({b:.2f} ms)" for n, b in bounds.items() if ms_per_token < b]),
+        "one_low": min(one),
+        "one_high": max(one),
+    }
 
 
 # ---------------------------------------------------------------- real vLLM runs as checks of the clock
 # The four figures of a check, in check_view's order: words (unit), vLLM's and kvlab's columns of check_run_table
 # (none for the median per-request error, itself an error) and the decimals they are shown with.
-CHECK_FIGURES = {"mean_e2e_error": ("mean E2E latency (s)", "mean_e2e_s", 2),
-                 "mean_tpot_error": ("mean TPOT (ms)", "mean_tpot_ms", 1),
-                 "median_request_e2e_error": ("median per-request E2E error", None, 1),
-                 "mean_ttft_error": ("mean TTFT (s)", "mean_ttft_s", 2)}
+CHECK_FIGURES = {
+    "mean_e2e_error": ("mean E2E latency (s)", "mean_e2e_s", 2),
+    "mean_tpot_error": ("mean TPOT (ms)", "mean_tpot_ms", 1),
+    "median_request_e2e_error": ("median per-request E2E error", None, 1),
+    "mean_ttft_error": ("mean TTFT (s)", "mean_ttft_s", 2),
+}
 
 
 def check_view(table: pd.DataFrame) -> pd.DataFrame:
@@ -150,8 +207,11 @@ def check_view(table: pd.DataFrame) -> pd.DataFrame:
             limit = 100 * CHECK_TARGETS[key]
             target = f"under {limit:g}%" if key == "median_request_e2e_error" else f"±{limit:g}%"
             first = table.loc[(name, clocks[0])]
-            row = {"run": first["label"], "figure": f"{words}, target {target}",
-                   "vllm": cell(first[f"vllm_{column}"], decimals) if column else ""}
+            row = {
+                "run": first["label"],
+                "figure": f"{words}, target {target}",
+                "vllm": cell(first[f"vllm_{column}"], decimals) if column else "",
+            }
             for clock in clocks:
                 r = table.loc[(name, clock)]
                 row[f"kvlab_{clock}"] = cell(r[f"kvlab_{column}"], decimals) if column else ""
@@ -172,20 +232,34 @@ def check_figures(table: pd.DataFrame) -> dict:
     counts = sorted({r.workload.num_requests for r in runs})
     t = {k: f"{100 * v:g}%" for k, v in CHECK_TARGETS.items()}
     within = [f"{r['label']} with the {clock} clock" for (_, clock), r in table.iterrows() if r["within_targets"]]
-    misses = [f"- {r['label']}, {clock} clock: {r['why']}" for (_, clock), r in table.iterrows()
-              if not r["within_targets"]]
-    return {"num_runs": len(runs), "vllm_versions": " and ".join(versions), "gpus": " and ".join(gpus),
-            "num_requests": " to ".join(f"{n:,}" for n in counts), "num_replays": len(table),
-            "clocks": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
-            "targets": (f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"
-                        if t["mean_e2e_error"] == t["mean_tpot_error"] else
-                        f"mean E2E latency within {t['mean_e2e_error']} of vLLM's, mean TPOT within {t['mean_tpot_error']}")
-                       + f", the median per-request E2E error under {t['median_request_e2e_error']} and mean TTFT "
-                         f"within {t['mean_ttft_error']}",
-            "sources": "\n".join(f"- {clock}: {source}" for clock, r in table.groupby(level="clock", sort=False)
-                                  for source in dict.fromkeys(r["cost_source"])),
-            "num_within": len(within), "within": " and ".join(within) or "none",
-            "misses": "\n".join(misses) or "- none",
-            "notes": "\n".join(f"- {check_label(r)}: {check_notes(r)}." for r in runs),
-            "scheduling": {frozenset({True}): "asynchronously, as vLLM does by default",
-                           frozenset({False}): "synchronously"}.get(frozenset(modes), "each in the mode it ran")}
+    misses = [
+        f"- {r['label']}, {clock} clock: {r['why']}" for (_, clock), r in table.iterrows() if not r["within_targets"]
+    ]
+    return {
+        "num_runs": len(runs),
+        "vllm_versions": " and ".join(versions),
+        "gpus": " and ".join(gpus),
+        "num_requests": " to ".join(f"{n:,}" for n in counts),
+        "num_replays": len(table),
+        "clocks": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
+        "targets": (
+            f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"
+            if t["mean_e2e_error"] == t["mean_tpot_error"]
+            else f"mean E2E latency within {t['mean_e2e_error']} of vLLM's, mean TPOT within {t['mean_tpot_error']}"
+        )
+        + f", the median per-request E2E error under {t['median_request_e2e_error']} and mean TTFT "
+        f"within {t['mean_ttft_error']}",
+        "sources": "\n".join(
+            f"- {clock}: {source}"
+            for clock, r in table.groupby(level="clock", sort=False)
+            for source in dict.fromkeys(r["cost_source"])
+        ),
+        "num_within": len(within),
+        "within": " and ".join(within) or "none",
+        "misses": "\n".join(misses) or "- none",
+        "notes": "\n".join(f"- {check_label(r)}: {check_notes(r)}." for r in runs),
+        "scheduling": {
+            frozenset({True}): "asynchronously, as vLLM does by default",
+            frozenset({False}): "synchronously",
+        }.get(frozenset(modes), "each in the mode it ran"),
+    }

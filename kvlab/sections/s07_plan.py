@@ -1,5 +1,6 @@
 """Section 7 (notebook 07_plan): one deployment planned end to end: the workload it is planned for, and the plan's
 tables and figures (kvlab.studies.plan searches, kvlab.sections.shared.plots draws)."""
+
 from __future__ import annotations
 
 import math
@@ -11,26 +12,52 @@ from kvlab.core.workload import Workload
 from kvlab.sections.s04_traces import open_trace
 from kvlab.sections.shared.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
 from kvlab.studies import plan as planning
-from kvlab.studies.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Objectives, SearchSpace, arrival_rate_per_s,
-                                       check_max_model_len, knob_value)
+from kvlab.studies.plan_space import (
+    OBJECTIVE_UNITS,
+    OBJECTIVE_WORDS,
+    Objectives,
+    SearchSpace,
+    arrival_rate_per_s,
+    check_max_model_len,
+    knob_value,
+)
 from kvlab.workloads.synthetic import gamma_workload
 
 METRICS = ("ttft_p95_s", "tpot_p95_ms", "e2e_p95_s")
 # Each metric's error in section 5's check of the clock (plan.clock_fidelity) that scales it.
 CLOCK_ERRORS = {"ttft_p95_s": "mean_ttft_error", "tpot_p95_ms": "mean_tpot_error", "e2e_p95_s": "mean_e2e_error"}
 # The notebook's column headers.
-LABELS = {"num_gpus": "GPUs", "num_replicas": "replicas", "max_num_seqs": "max_num_seqs",
-          "max_num_batched_tokens": "max_num_batched_tokens", "gpu_memory_utilization": "GPU memory share",
-          "async_scheduling": "async", "requests_per_s_per_gpu": "requests/s per GPU", "ttft_p95_s": "p95 TTFT (s)",
-          "tpot_p95_ms": "p95 TPOT (ms)", "e2e_p95_s": "p95 E2E (s)", "num_preemptions": "preemptions",
-          "worst_share_pct": "worst objective (% of its limit)", "num_candidates": "candidates",
-          "served_as_twin": "of them twins", "label": "configuration"}
+LABELS = {
+    "num_gpus": "GPUs",
+    "num_replicas": "replicas",
+    "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "gpu_memory_utilization": "GPU memory share",
+    "async_scheduling": "async",
+    "requests_per_s_per_gpu": "requests/s per GPU",
+    "ttft_p95_s": "p95 TTFT (s)",
+    "tpot_p95_ms": "p95 TPOT (ms)",
+    "e2e_p95_s": "p95 E2E (s)",
+    "num_preemptions": "preemptions",
+    "worst_share_pct": "worst objective (% of its limit)",
+    "num_candidates": "candidates",
+    "served_as_twin": "of them twins",
+    "label": "configuration",
+}
 DECIMALS = {"requests_per_s_per_gpu": 2, "ttft_p95_s": 3, "tpot_p95_ms": 1, "e2e_p95_s": 1, "worst_share_pct": 0}
 
 
 # ---------------------------------------------------------------- the question
-def plan_workload(trace: str, trace_dir: str, num_requests: int, max_model_len: int, rate_per_s: float,
-                  prompt_tokens: float, output_tokens: float, seed: int) -> tuple[Workload, str]:
+def plan_workload(
+    trace: str,
+    trace_dir: str,
+    num_requests: int,
+    max_model_len: int,
+    rate_per_s: float,
+    prompt_tokens: float,
+    output_tokens: float,
+    seed: int,
+) -> tuple[Workload, str]:
     """The workload planned for and a sentence saying which: the trace's first num_requests requests, or, with no
     trace chosen or its file missing, a synthetic one of as many requests (Poisson arrivals at rate_per_s
     requests/s, gamma prompt and output lengths of those means in tokens, CV 1, from default_rng(seed))."""
@@ -40,9 +67,11 @@ def plan_workload(trace: str, trace_dir: str, num_requests: int, max_model_len: 
     else:
         workload = gamma_workload(num_requests, rate_per_s, prompt_tokens, output_tokens, np.random.default_rng(seed))
         why = opened.note.split(": the real-trace")[0]
-        note = (f"{why}: the plan serves a synthetic workload instead, {num_requests:,} requests with Poisson "
-                f"arrivals at {rate_per_s:g} requests/s and gamma lengths (CV 1) of {prompt_tokens:,.0f} prompt and "
-                f"{output_tokens:,.0f} output tokens on average (seed {seed}).")
+        note = (
+            f"{why}: the plan serves a synthetic workload instead, {num_requests:,} requests with Poisson "
+            f"arrivals at {rate_per_s:g} requests/s and gamma lengths (CV 1) of {prompt_tokens:,.0f} prompt and "
+            f"{output_tokens:,.0f} output tokens on average (seed {seed})."
+        )
     check_max_model_len("MAX_MODEL_LEN", max_model_len, workload.prompt_tokens.max())
     return workload, note
 
@@ -50,8 +79,7 @@ def plan_workload(trace: str, trace_dir: str, num_requests: int, max_model_len: 
 def workload_table(workload: Workload) -> pd.DataFrame:
     """The workload in numbers: requests, span of arrivals (s), rate (requests/s), mean and p95 prompt and output."""
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
-    row = {"num_requests": workload.num_requests, "span_s": span,
-           "rate_per_s": arrival_rate_per_s(workload.arrival_s)}
+    row = {"num_requests": workload.num_requests, "span_s": span, "rate_per_s": arrival_rate_per_s(workload.arrival_s)}
     for name in ("prompt", "output"):
         tokens = getattr(workload, f"{name}_tokens")
         row[f"{name}_mean_tokens"] = float(tokens.mean())
@@ -62,15 +90,23 @@ def workload_table(workload: Workload) -> pd.DataFrame:
 
 def space_table(space: SearchSpace) -> pd.DataFrame:
     """The knobs searched and their values, one row each (a knob of one value is fixed, not searched)."""
-    rows = [{"knob": name, "values": ", ".join(knob_value(v) for v in getattr(space, name)),
-             "num_values": len(getattr(space, name))} for name in space.__dataclass_fields__]
+    rows = [
+        {
+            "knob": name,
+            "values": ", ".join(knob_value(v) for v in getattr(space, name)),
+            "num_values": len(getattr(space, name)),
+        }
+        for name in space.__dataclass_fields__
+    ]
     return pd.DataFrame(rows).set_index("knob")
 
 
 # ---------------------------------------------------------------- the outcome
 def _label(c) -> str:
-    return (f"TP {c.tensor_parallel_size} x {c.num_replicas}, {c.max_num_seqs} seqs, {c.max_num_batched_tokens:,} "
-            f"tokens, {c.gpu_memory_utilization:g}, {c.kv_cache_dtype}, {'async' if c.async_scheduling else 'sync'}")
+    return (
+        f"TP {c.tensor_parallel_size} x {c.num_replicas}, {c.max_num_seqs} seqs, {c.max_num_batched_tokens:,} "
+        f"tokens, {c.gpu_memory_utilization:g}, {c.kv_cache_dtype}, {'async' if c.async_scheduling else 'sync'}"
+    )
 
 
 def served_table(plan) -> pd.DataFrame:
@@ -78,40 +114,79 @@ def served_table(plan) -> pd.DataFrame:
     order), then those that miss by their worst objective; requests/s per GPU is the workload's rate over the GPUs
     (goodput where it meets)."""
     ranked = plan.ranked()
-    misses = sorted((r for r in plan.results if r.status == "misses"), key=lambda r: (r.worst_share, r.candidate.num_gpus))
+    misses = sorted(
+        (r for r in plan.results if r.status == "misses"), key=lambda r: (r.worst_share, r.candidate.num_gpus)
+    )
     rows = []
     for r in ranked + misses:
         c = r.candidate
-        rows.append({"label": _label(c), "num_gpus": c.num_gpus, "tensor_parallel_size": c.tensor_parallel_size,
-                     "num_replicas": c.num_replicas, "max_num_seqs": c.max_num_seqs,
-                     "max_num_batched_tokens": c.max_num_batched_tokens,
-                     "gpu_memory_utilization": c.gpu_memory_utilization, "kv_cache_dtype": c.kv_cache_dtype,
-                     "async_scheduling": c.async_scheduling, "num_gpu_blocks": r.num_gpu_blocks,
-                     "requests_per_s_per_gpu": plan.rate_per_s / c.num_gpus,
-                     **{m: r.metrics.get(m, math.nan) for m in METRICS},
-                     "num_preemptions": r.metrics.get("num_preemptions", 0),
-                     "worst_share_pct": 100 * r.worst_share if r.shares else math.nan,
-                     "meets": r.status == "meets", "best": bool(ranked) and r is ranked[0]})
-    frame = pd.DataFrame(rows, columns=["label", "num_gpus", "tensor_parallel_size", "num_replicas", "max_num_seqs",
-                                        "max_num_batched_tokens", "gpu_memory_utilization", "kv_cache_dtype",
-                                        "async_scheduling", "num_gpu_blocks", "requests_per_s_per_gpu", *METRICS,
-                                        "num_preemptions", "worst_share_pct", "meets", "best"])
+        rows.append(
+            {
+                "label": _label(c),
+                "num_gpus": c.num_gpus,
+                "tensor_parallel_size": c.tensor_parallel_size,
+                "num_replicas": c.num_replicas,
+                "max_num_seqs": c.max_num_seqs,
+                "max_num_batched_tokens": c.max_num_batched_tokens,
+                "gpu_memory_utilization": c.gpu_memory_utilization,
+                "kv_cache_dtype": c.kv_cache_dtype,
+                "async_scheduling": c.async_scheduling,
+                "num_gpu_blocks": r.num_gpu_blocks,
+                "requests_per_s_per_gpu": plan.rate_per_s / c.num_gpus,
+                **{m: r.metrics.get(m, math.nan) for m in METRICS},
+                "num_preemptions": r.metrics.get("num_preemptions", 0),
+                "worst_share_pct": 100 * r.worst_share if r.shares else math.nan,
+                "meets": r.status == "meets",
+                "best": bool(ranked) and r is ranked[0],
+            }
+        )
+    frame = pd.DataFrame(
+        rows,
+        columns=[
+            "label",
+            "num_gpus",
+            "tensor_parallel_size",
+            "num_replicas",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "gpu_memory_utilization",
+            "kv_cache_dtype",
+            "async_scheduling",
+            "num_gpu_blocks",
+            "requests_per_s_per_gpu",
+            *METRICS,
+            "num_preemptions",
+            "worst_share_pct",
+            "meets",
+            "best",
+        ],
+    )
     frame.index = pd.RangeIndex(1, len(frame) + 1, name="rank")
     return frame
 
 
 def ranked_table(served: pd.DataFrame) -> pd.DataFrame:
     """The configurations that meet every objective, best first, with the columns a reader compares."""
-    keep = ["num_gpus", "tensor_parallel_size", "num_replicas", "max_num_seqs", "max_num_batched_tokens",
-            "gpu_memory_utilization", "kv_cache_dtype", "async_scheduling", "requests_per_s_per_gpu", *METRICS,
-            "worst_share_pct"]
+    keep = [
+        "num_gpus",
+        "tensor_parallel_size",
+        "num_replicas",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "gpu_memory_utilization",
+        "kv_cache_dtype",
+        "async_scheduling",
+        "requests_per_s_per_gpu",
+        *METRICS,
+        "worst_share_pct",
+    ]
     return served.loc[served["meets"], keep]
 
 
 def outcome_table(plan) -> pd.DataFrame:
     """What became of the candidates, by kind (pruned by proof, dropped at a rung, served in full and missing or
     meeting), with how many and one reason of each kind in words."""
-    kinds: dict = {}          # kind -> (its place in the table, its candidates)
+    kinds: dict = {}  # kind -> (its place in the table, its candidates)
     for r in plan.results:
         if r.status == "pruned":
             kind, place = "pruned: " + r.reason.split(":")[0], (0, 0)
@@ -120,13 +195,22 @@ def outcome_table(plan) -> pd.DataFrame:
         elif r.status == "misses" and not r.shares:
             kind, place = "served: the engine stopped", (2, 0)
         elif r.status == "misses":
-            kind, place = "served in full: misses " + " and ".join(
-                OBJECTIVE_WORDS[k] for k, s in r.shares.items() if s > 1), (2, 0)
+            kind, place = (
+                "served in full: misses " + " and ".join(OBJECTIVE_WORDS[k] for k, s in r.shares.items() if s > 1),
+                (2, 0),
+            )
         else:
             kind, place = "served in full: meets every objective", (3, 0)
         kinds.setdefault(kind, (place, []))[1].append(r)
-    rows = [{"outcome": k, "num_candidates": len(rs), "served_as_twin": sum(r.twin_of is not None for r in rs),
-             "example": _example(rs[0])} for k, (_, rs) in sorted(kinds.items(), key=lambda item: (item[1][0], item[0]))]
+    rows = [
+        {
+            "outcome": k,
+            "num_candidates": len(rs),
+            "served_as_twin": sum(r.twin_of is not None for r in rs),
+            "example": _example(rs[0]),
+        }
+        for k, (_, rs) in sorted(kinds.items(), key=lambda item: (item[1][0], item[0]))
+    ]
     return pd.DataFrame(rows).set_index("outcome")
 
 
@@ -138,9 +222,15 @@ def _example(r) -> str:
 def rung_table(plan, workload: Workload) -> pd.DataFrame:
     """The successive halving's rungs: the prefix served (requests, share of the workload, its span of arrivals in s)
     and the candidates served on it (twins once)."""
-    rows = [{"num_requests": n, "workload_pct": 100 * n / workload.num_requests,
-             "span_s": float(workload.arrival_s[n - 1] - workload.arrival_s[0]), "num_candidates": k}
-            for n, k, _ in plan.rungs]
+    rows = [
+        {
+            "num_requests": n,
+            "workload_pct": 100 * n / workload.num_requests,
+            "span_s": float(workload.arrival_s[n - 1] - workload.arrival_s[0]),
+            "num_candidates": k,
+        }
+        for n, k, _ in plan.rungs
+    ]
     return pd.DataFrame(rows, columns=["num_requests", "workload_pct", "span_s", "num_candidates"])
 
 
@@ -148,13 +238,28 @@ def clock_table(fidelity: list[dict]) -> pd.DataFrame:
     """Section 5's check of the measured clock on this model and GPU (plan.clock_fidelity, as plan.summary's clock
     gives it): kvlab's error on each real vLLM run, % (negative: kvlab is faster), and whether all lie within
     section 5's targets."""
-    rows = [{"run": f["label"], "mean_e2e_error_pct": 100 * f["mean_e2e_error"],
-             "mean_tpot_error_pct": 100 * f["mean_tpot_error"],
-             "median_request_e2e_error_pct": 100 * f["median_request_e2e_error"],
-             "mean_ttft_error_pct": 100 * f["mean_ttft_error"], "within_targets": f["within_targets"]}
-            for f in fidelity]
-    return pd.DataFrame(rows, columns=["run", "mean_e2e_error_pct", "mean_tpot_error_pct",
-                                       "median_request_e2e_error_pct", "mean_ttft_error_pct", "within_targets"])
+    rows = [
+        {
+            "run": f["label"],
+            "mean_e2e_error_pct": 100 * f["mean_e2e_error"],
+            "mean_tpot_error_pct": 100 * f["mean_tpot_error"],
+            "median_request_e2e_error_pct": 100 * f["median_request_e2e_error"],
+            "mean_ttft_error_pct": 100 * f["mean_ttft_error"],
+            "within_targets": f["within_targets"],
+        }
+        for f in fidelity
+    ]
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run",
+            "mean_e2e_error_pct",
+            "mean_tpot_error_pct",
+            "median_request_e2e_error_pct",
+            "mean_ttft_error_pct",
+            "within_targets",
+        ],
+    )
 
 
 # ---------------------------------------------------------------- the halving's risk, measured
@@ -162,17 +267,35 @@ def halving_check(plan, workload: Workload, num_checks: int) -> pd.DataFrame:
     """The num_checks dropped candidates (twins once) that came closest to their objectives on their prefix, served
     now on the whole workload: their worst objective's share of its limit (%) on the prefix and in full, and whether
     they meet every objective in full (a configuration the halving lost)."""
-    dropped = sorted((r for r in plan.results if r.status == "dropped" and r.twin_of is None),
-                     key=lambda r: (r.worst_share, r.candidate.num_gpus))[:num_checks]
+    dropped = sorted(
+        (r for r in plan.results if r.status == "dropped" and r.twin_of is None),
+        key=lambda r: (r.worst_share, r.candidate.num_gpus),
+    )[:num_checks]
     rows = []
     for r in dropped:
         metrics = planning.serve(workload, plan.deployment, r.candidate, r.num_gpu_blocks)
         full = plan.objectives.shares(metrics)
-        rows.append({"label": _label(r.candidate), "num_gpus": r.candidate.num_gpus,
-                     "dropped_after_requests": r.served_requests, "prefix_worst_share_pct": 100 * r.worst_share,
-                     "full_worst_share_pct": 100 * max(full.values()), "meets_in_full": max(full.values()) <= 1})
-    return pd.DataFrame(rows, columns=["label", "num_gpus", "dropped_after_requests", "prefix_worst_share_pct",
-                                       "full_worst_share_pct", "meets_in_full"])
+        rows.append(
+            {
+                "label": _label(r.candidate),
+                "num_gpus": r.candidate.num_gpus,
+                "dropped_after_requests": r.served_requests,
+                "prefix_worst_share_pct": 100 * r.worst_share,
+                "full_worst_share_pct": 100 * max(full.values()),
+                "meets_in_full": max(full.values()) <= 1,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "label",
+            "num_gpus",
+            "dropped_after_requests",
+            "prefix_worst_share_pct",
+            "full_worst_share_pct",
+            "meets_in_full",
+        ],
+    )
 
 
 def clock_error_words(fidelity: list[dict], key: str) -> str:
@@ -216,30 +339,43 @@ def plan_figures(plan, summary: dict, served: pd.DataFrame, outcome: pd.DataFram
     best = served[served["best"]].iloc[0] if served["best"].any() else None
     fewest = int(served.loc[served["meets"], "num_gpus"].min()) if served["meets"].any() else None
     pruned = {k.split(": ")[1]: int(v) for k, v in outcome["num_candidates"].items() if k.startswith("pruned: ")}
-    return {"num_candidates": len(plan.results), **counts, "pruned_by": pruned,
-            "num_served": int(len(served)), "num_twins": sum(r.twin_of is not None for r in plan.results),
-            "rate_per_s": round(plan.rate_per_s, 2), "best_label": None if best is None else best["label"],
-            "best_gpus": None if best is None else int(best["num_gpus"]),
-            "best_per_gpu": None if best is None else round(float(best["requests_per_s_per_gpu"]), 2),
-            "fewest_gpus": fewest, "best_command": summary["best"]["vllm_serve"] if summary["best"] else None,
-            "best_replicas": summary["best"]["num_replicas"] if summary["best"] else None,
-            "objectives": objectives_words(plan.objectives)}
+    return {
+        "num_candidates": len(plan.results),
+        **counts,
+        "pruned_by": pruned,
+        "num_served": int(len(served)),
+        "num_twins": sum(r.twin_of is not None for r in plan.results),
+        "rate_per_s": round(plan.rate_per_s, 2),
+        "best_label": None if best is None else best["label"],
+        "best_gpus": None if best is None else int(best["num_gpus"]),
+        "best_per_gpu": None if best is None else round(float(best["requests_per_s_per_gpu"]), 2),
+        "fewest_gpus": fewest,
+        "best_command": summary["best"]["vllm_serve"] if summary["best"] else None,
+        "best_replicas": summary["best"]["num_replicas"] if summary["best"] else None,
+        "objectives": objectives_words(plan.objectives),
+    }
 
 
 def headline(plan, summary: dict, served: pd.DataFrame) -> list[str]:
     """The plan's headline numbers, one line each, at fixed precision."""
     f = plan_figures(plan, summary, served, outcome_table(plan))
-    lines = [f"deployment      {plan.deployment.model.name} on {plan.deployment.gpu.name}, {f['objectives']}",
-             f"workload        {plan.num_requests:,} requests at {f['rate_per_s']:.2f} requests/s",
-             f"candidates      {f['num_candidates']:,}: {f['pruned']:,} pruned, {f['dropped']:,} dropped on a prefix, "
-             f"{f['misses']:,} served in full miss, {f['meets']:,} meet"]
+    lines = [
+        f"deployment      {plan.deployment.model.name} on {plan.deployment.gpu.name}, {f['objectives']}",
+        f"workload        {plan.num_requests:,} requests at {f['rate_per_s']:.2f} requests/s",
+        f"candidates      {f['num_candidates']:,}: {f['pruned']:,} pruned, {f['dropped']:,} dropped on a prefix, "
+        f"{f['misses']:,} served in full miss, {f['meets']:,} meet",
+    ]
     if f["best_label"] is None:
         lines.append("best            none meets every objective")
     else:
         row = served[served["best"]].iloc[0]
-        lines.append(f"best            {f['best_label']}: {f['best_per_gpu']:.2f} requests/s per GPU on {f['best_gpus']} "
-                     f"GPUs, " + ", ".join(f"{OBJECTIVE_WORDS[m]} {row[m]:.3g} {OBJECTIVE_UNITS[m]}" for m in METRICS))
+        lines.append(
+            f"best            {f['best_label']}: {f['best_per_gpu']:.2f} requests/s per GPU on {f['best_gpus']} "
+            f"GPUs, " + ", ".join(f"{OBJECTIVE_WORDS[m]} {row[m]:.3g} {OBJECTIVE_UNITS[m]}" for m in METRICS)
+        )
     for fid in summary["clock"]["fidelity"]:
-        lines.append(f"clock checked   {fid['label']}: mean E2E {100 * fid['mean_e2e_error']:+.0f}%, mean TPOT "
-                     f"{100 * fid['mean_tpot_error']:+.0f}% against real vLLM")
+        lines.append(
+            f"clock checked   {fid['label']}: mean E2E {100 * fid['mean_e2e_error']:+.0f}%, mean TPOT "
+            f"{100 * fid['mean_tpot_error']:+.0f}% against real vLLM"
+        )
     return lines

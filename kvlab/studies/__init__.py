@@ -6,6 +6,7 @@ it (paper_workloads, built from kvlab.workloads.paper_datasets); vllm_2023_fit (
 coefficients, kvlab.core.cost.vllm_2023) and clock_checks (kvlab's clocks replaying real vLLM runs). The command line
 imports these, never a section's tables.
 """
+
 from kvlab.core.lazy import submodules
 
 __all__ = ["clock_checks", "paper_setting", "paper_workloads", "plan", "plan_space", "sweep", "vllm_2023_fit"]

@@ -1,6 +1,7 @@
 """kvlab's clocks checked against real vLLM runs (data/checks/): each run's workload replayed by kvlab's engine with
 the roofline or the measured clock, kvlab's figures against vLLM's and the targets they must lie within. Checks only:
 nothing is fitted. Section 5 shows them; `kvlab plan` gives them for the model and GPU it plans."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,8 +16,12 @@ from kvlab.core.workload import Workload
 from kvlab.workloads.vllm_runs import VllmRun, check_runs, load_vllm_run
 
 # What the measured clock is checked against (issue 21): kvlab's figure within this share of vLLM's.
-CHECK_TARGETS = {"mean_e2e_error": 0.05, "mean_tpot_error": 0.05, "median_request_e2e_error": 0.08,
-                 "mean_ttft_error": 0.15}
+CHECK_TARGETS = {
+    "mean_e2e_error": 0.05,
+    "mean_tpot_error": 0.05,
+    "median_request_e2e_error": 0.08,
+    "mean_ttft_error": 0.15,
+}
 CHECK_CLOCKS = ("roofline", "measured")
 
 
@@ -45,9 +50,14 @@ def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
         part = Workload(w.arrival_s[mine], w.prompt_tokens[mine], w.output_tokens[mine], name=w.name)
         result = simulate(part, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost)
         first_token[mine], finish[mine] = result.first_token_s, result.finish_s
-    return {"first_token_s": first_token, "finish_s": finish, "num_gpu_blocks": planned["num_gpu_blocks"],
-            "cost_source": cost.source,
-            "data_parallel_engines": ranks, "async_scheduling": config.scheduler.async_scheduling}
+    return {
+        "first_token_s": first_token,
+        "finish_s": finish,
+        "num_gpu_blocks": planned["num_gpu_blocks"],
+        "cost_source": cost.source,
+        "data_parallel_engines": ranks,
+        "async_scheduling": config.scheduler.async_scheduling,
+    }
 
 
 def check_label(run: VllmRun) -> str:
@@ -65,13 +75,17 @@ def check_notes(run: VllmRun) -> str:
     """What kvlab's replay of a run leaves out or assumes, in words."""
     s = run.settings
     mode = "asynchronously" if s["async_scheduling"] else "synchronously"
-    notes = [f"kvlab schedules {mode} as vLLM ran"
-             + (" (vLLM's default; the run records no setting, so assumed)" if "async_scheduling" in run.assumed else "")
-             + f", making vLLM 0.33's decisions where the run is vLLM {s['vllm_version']}'s"]
+    notes = [
+        f"kvlab schedules {mode} as vLLM ran"
+        + (" (vLLM's default; the run records no setting, so assumed)" if "async_scheduling" in run.assumed else "")
+        + f", making vLLM 0.33's decisions where the run is vLLM {s['vllm_version']}'s"
+    ]
     if s["data_parallel_size"] > 1:
-        notes.append(f"data parallel {s['data_parallel_size']}"
-                     + (" with expert parallelism" if s["enable_expert_parallel"] else "")
-                     + f": {s['data_parallel_size']} kvlab engines, requests dealt in turn, each GPU reading every expert")
+        notes.append(
+            f"data parallel {s['data_parallel_size']}"
+            + (" with expert parallelism" if s["enable_expert_parallel"] else "")
+            + f": {s['data_parallel_size']} kvlab engines, requests dealt in turn, each GPU reading every expert"
+        )
     if s["tensor_parallel_size"] > 1:
         notes.append("the all-reduce is a bandwidth bound, its latency left out")
     return "; ".join(notes)
@@ -96,15 +110,20 @@ def check_reason(run: VllmRun, clock: str) -> str:
     reasons = []
     if clock == "roofline":
         experts, per_token = _experts(s["model"])
-        reasons.append(f"the roofline counts 2 FLOPs per parameter of all {experts} experts for every token, where a "
-                       f"token runs {per_token}" if experts else
-                       "the roofline is a lower bound (every kernel at the datasheet's bandwidth or FLOPS, no time "
-                       "outside them)")
+        reasons.append(
+            f"the roofline counts 2 FLOPs per parameter of all {experts} experts for every token, where a "
+            f"token runs {per_token}"
+            if experts
+            else "the roofline is a lower bound (every kernel at the datasheet's bandwidth or FLOPS, no time "
+            "outside them)"
+        )
         if tp > 1:
             reasons.append("it has no all-reduce")
     if dp > 1 and s["enable_expert_parallel"]:
-        reasons.append("data and expert parallelism are not modelled (each kvlab engine serves its share of the "
-                       "requests alone, reading every expert)")
+        reasons.append(
+            "data and expert parallelism are not modelled (each kvlab engine serves its share of the "
+            "requests alone, reading every expert)"
+        )
     elif dp > 1:
         reasons.append("data parallelism is not modelled (each kvlab engine serves its share of the requests alone)")
     if clock == "measured" and tp > 1:
@@ -122,20 +141,36 @@ def check_requests(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
     request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for one output token), with the
     replay's cost source, KV pool, label, notes and the reason a miss would have (check_reason)."""
     frames = []
-    for name in (check_runs() if names is None else validate.non_empty("names", names)):
+    for name in check_runs() if names is None else validate.non_empty("names", names):
         run = load_vllm_run(name)
         arrival, outputs = run.workload.arrival_s, run.workload.output_tokens
         for clock in clocks:
             kv = replay_vllm_run(run, clock)
             with np.errstate(invalid="ignore", divide="ignore"):
-                tpot = np.where(outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan)
-            frames.append(pd.DataFrame({
-                "run": name, "clock": clock, "request": np.arange(run.workload.num_requests),
-                "output_tokens": outputs, "vllm_ttft_s": run.ttft_s, "kvlab_ttft_s": kv["first_token_s"] - arrival,
-                "vllm_e2e_s": run.e2e_s, "kvlab_e2e_s": kv["finish_s"] - arrival,
-                "vllm_tpot_ms": 1e3 * run.tpot_s, "kvlab_tpot_ms": 1e3 * tpot,
-                "cost_source": kv["cost_source"], "num_gpu_blocks": kv["num_gpu_blocks"], "label": check_label(run),
-                "notes": check_notes(run), "reason": check_reason(run, clock)}))
+                tpot = np.where(
+                    outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan
+                )
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "run": name,
+                        "clock": clock,
+                        "request": np.arange(run.workload.num_requests),
+                        "output_tokens": outputs,
+                        "vllm_ttft_s": run.ttft_s,
+                        "kvlab_ttft_s": kv["first_token_s"] - arrival,
+                        "vllm_e2e_s": run.e2e_s,
+                        "kvlab_e2e_s": kv["finish_s"] - arrival,
+                        "vllm_tpot_ms": 1e3 * run.tpot_s,
+                        "kvlab_tpot_ms": 1e3 * tpot,
+                        "cost_source": kv["cost_source"],
+                        "num_gpu_blocks": kv["num_gpu_blocks"],
+                        "label": check_label(run),
+                        "notes": check_notes(run),
+                        "reason": check_reason(run, clock),
+                    }
+                )
+            )
     return pd.concat(frames, ignore_index=True).set_index(["run", "clock", "request"])
 
 
@@ -148,12 +183,20 @@ def check_run_table(names=None, clocks=CHECK_CLOCKS, *, requests: pd.DataFrame |
     rows = []
     for (name, clock), r in requests.groupby(level=["run", "clock"], sort=False):
         first = r.iloc[0]
-        row = {"run": name, "clock": clock, "label": first["label"], "cost_source": first["cost_source"],
-               "num_gpu_blocks": int(first["num_gpu_blocks"]),
-               "vllm_mean_e2e_s": r["vllm_e2e_s"].mean(), "kvlab_mean_e2e_s": r["kvlab_e2e_s"].mean(),
-               "vllm_mean_tpot_ms": np.nanmean(r["vllm_tpot_ms"]), "kvlab_mean_tpot_ms": np.nanmean(r["kvlab_tpot_ms"]),
-               "median_request_e2e_error": float(np.median(np.abs(r["kvlab_e2e_s"] / r["vllm_e2e_s"] - 1))),
-               "vllm_mean_ttft_s": r["vllm_ttft_s"].mean(), "kvlab_mean_ttft_s": r["kvlab_ttft_s"].mean()}
+        row = {
+            "run": name,
+            "clock": clock,
+            "label": first["label"],
+            "cost_source": first["cost_source"],
+            "num_gpu_blocks": int(first["num_gpu_blocks"]),
+            "vllm_mean_e2e_s": r["vllm_e2e_s"].mean(),
+            "kvlab_mean_e2e_s": r["kvlab_e2e_s"].mean(),
+            "vllm_mean_tpot_ms": np.nanmean(r["vllm_tpot_ms"]),
+            "kvlab_mean_tpot_ms": np.nanmean(r["kvlab_tpot_ms"]),
+            "median_request_e2e_error": float(np.median(np.abs(r["kvlab_e2e_s"] / r["vllm_e2e_s"] - 1))),
+            "vllm_mean_ttft_s": r["vllm_ttft_s"].mean(),
+            "kvlab_mean_ttft_s": r["kvlab_ttft_s"].mean(),
+        }
         row["mean_e2e_error"] = row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1
         row["mean_tpot_error"] = row["kvlab_mean_tpot_ms"] / row["vllm_mean_tpot_ms"] - 1
         row["mean_ttft_error"] = row["kvlab_mean_ttft_s"] / row["vllm_mean_ttft_s"] - 1

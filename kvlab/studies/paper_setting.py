@@ -1,6 +1,7 @@
 """Section 6's setting: the vLLM paper's model, GPU and KV cache (or another), checked as the engine needs it.
 
 NumPy only (no pandas), so that the report's checks (kvlab.sections.shared.parameters) can import it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,14 +17,18 @@ from kvlab.core.units import GIB, cdiv
 PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
 # The step costs a setting may use: the vLLM of 2023 fitted to measurements of it (kvlab.studies.vllm_2023_fit), or
 # kvlab's roofline of the model on the GPU (a lower bound).
-CLOCKS = {"vllm-2023": "vLLM 2023's step, fitted to Anyscale's June 2023 benchmark and the paper's Fig. 18a",
-          "roofline": "kvlab's roofline of the model on the GPU (a lower bound on the step)"}
+CLOCKS = {
+    "vllm-2023": "vLLM 2023's step, fitted to Anyscale's June 2023 benchmark and the paper's Fig. 18a",
+    "roofline": "kvlab's roofline of the model on the GPU (a lower bound on the step)",
+}
 # vLLM 0.33's scheduler and its default step budget (the engine's own, beside the paper's of 2023).
 TODAY = {"scheduler_cls": "v1", "max_num_batched_tokens": 8192}
 # The measured GPU whose sustained fractions today's clock of the paper's A100-40GB borrows (the same GA100 chip).
 TODAY_FRACTIONS_GPU = {"A100-40GB": "A100-SXM-80GB"}
-SCHEDULERS = {"v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the paper's): prefill steps apart from decode steps",
-              "v1": "vLLM 0.33's scheduler, synchronous: prefill chunks and decodes share a step's token budget"}
+SCHEDULERS = {
+    "v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the paper's): prefill steps apart from decode steps",
+    "v1": "vLLM 0.33's scheduler, synchronous: prefill chunks and decodes share a step's token budget",
+}
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class PaperSetting:
     block_size: int = PAPER_BLOCK_SIZE
     max_model_len: int = 2048
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2560          # vLLM 0.1.4's default (0.33's: 8192)
+    max_num_batched_tokens: int = 2560  # vLLM 0.1.4's default (0.33's: 8192)
     scheduler_cls: str = "v0-2023"
     clock: str = "vllm-2023"
 
@@ -49,11 +54,14 @@ class PaperSetting:
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("max_model_len", self.max_model_len, "tokens")
         if spec.max_position_embeddings and self.max_model_len > spec.max_position_embeddings:
-            validate.fail("max_model_len", self.max_model_len, f"must be at most {spec.name}'s max_position_embeddings "
-                          f"({spec.max_position_embeddings:,})")
-        self.config()     # the scheduler's own checks
+            validate.fail(
+                "max_model_len",
+                self.max_model_len,
+                f"must be at most {spec.name}'s max_position_embeddings ({spec.max_position_embeddings:,})",
+            )
+        self.config()  # the scheduler's own checks
 
-    def replace(self, **changes) -> "PaperSetting":
+    def replace(self, **changes) -> PaperSetting:
         """A copy with some settings changed."""
         return dataclasses.replace(self, **changes)
 
@@ -71,11 +79,16 @@ class PaperSetting:
         """The engine's settings: synchronous scheduling by scheduler_cls (v0-2023: without chunked prefill, which
         the vLLM of 2023 did not have)."""
         v0 = self.scheduler_cls == "v0-2023"
-        return EngineConfig().replace(async_scheduling=False, block_size=block_size or self.block_size,
-                                      max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                                      max_num_batched_tokens=self.max_num_batched_tokens,
-                                      enable_prefix_caching=enable_prefix_caching, scheduler_cls=self.scheduler_cls,
-                                      enable_chunked_prefill=not v0)
+        return EngineConfig().replace(
+            async_scheduling=False,
+            block_size=block_size or self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            scheduler_cls=self.scheduler_cls,
+            enable_chunked_prefill=not v0,
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -105,15 +118,23 @@ class PaperSetting:
         chunk = 1 << chunk_order(self.max_model_len)
         if self.pool_tokens(kv_cache_gib=gib) < chunk:
             need = (cdiv(chunk, self.block_size) + 1) * self.block_size * self.kv_bytes_per_token / GIB
-            validate.fail(name, gib, f"holds {self.pool_tokens(kv_cache_gib=gib):,} token slots, fewer than one "
-                          f"request of max_model_len={self.max_model_len:,} tokens needs (a buddy chunk of {chunk:,}; "
-                          f"at least {need:.2f} GiB)")
+            validate.fail(
+                name,
+                gib,
+                f"holds {self.pool_tokens(kv_cache_gib=gib):,} token slots, fewer than one "
+                f"request of max_model_len={self.max_model_len:,} tokens needs (a buddy chunk of {chunk:,}; "
+                f"at least {need:.2f} GiB)",
+            )
 
     @property
     def is_papers(self) -> bool:
         """True when the model, GPU, KV cache and block size are the paper's (its figures can be compared)."""
         return (self.model, self.gpu, self.kv_cache_gib, self.block_size) == (
-            PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE)
+            PAPER_MODEL,
+            PAPER_GPU,
+            PAPER_KV_CACHE_GIB,
+            PAPER_BLOCK_SIZE,
+        )
 
 
 def prefix_setting(model: str, gpu: str) -> tuple[EngineConfig, EngineConfig, int, RooflineStepCost]:
@@ -124,7 +145,14 @@ def prefix_setting(model: str, gpu: str) -> tuple[EngineConfig, EngineConfig, in
     off = EngineConfig().replace(async_scheduling=False, max_model_len=max_len)
     planned = capacity.plan_capacity(spec, device.memory_gib, max_len, off)
     if planned is None or not planned["starts"]:
-        validate.fail("PREFIX_GPU", gpu, f"cannot hold one request of {max_len:,} tokens of {spec.name} "
-                      "(kvlab.core.capacity.plan_capacity)")
-    return off, off.replace(enable_prefix_caching=True), planned["num_gpu_blocks"], \
-        RooflineStepCost.from_specs(spec, device, off)
+        validate.fail(
+            "PREFIX_GPU",
+            gpu,
+            f"cannot hold one request of {max_len:,} tokens of {spec.name} (kvlab.core.capacity.plan_capacity)",
+        )
+    return (
+        off,
+        off.replace(enable_prefix_caching=True),
+        planned["num_gpu_blocks"],
+        RooflineStepCost.from_specs(spec, device, off),
+    )

@@ -1,5 +1,6 @@
 """Section 6's requests: the vLLM paper's datasets as kvlab builds them (kvlab.workloads.paper_datasets) and the real
 traces (kvlab.workloads.traces) kept at a model's maximum length. NumPy only, like paper_setting."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,13 +13,16 @@ from kvlab.studies.paper_setting import PaperSetting
 from kvlab.workloads import paper_datasets, traces
 
 
-def datasets(setting: PaperSetting, trace_dir=None, sharegpt_inputs: str = "turn",
-             alpaca_lengths: str = "geometric") -> dict:
+def datasets(
+    setting: PaperSetting, trace_dir=None, sharegpt_inputs: str = "turn", alpaca_lengths: str = "geometric"
+) -> dict:
     """ShareGPT (from the processed file in the trace folder; requests longer than max_model_len dropped) and
     synthetic Alpaca, as the runs draw them: {"ShareGPT": LengthPool, "Alpaca": SyntheticLengths}."""
     prefill, decode = sharegpt_counts(trace_dir)
-    return {"ShareGPT": paper_datasets.sharegpt_pool(prefill, decode, sharegpt_inputs, setting.max_model_len),
-            "Alpaca": paper_datasets.alpaca_lengths(alpaca_lengths)}
+    return {
+        "ShareGPT": paper_datasets.sharegpt_pool(prefill, decode, sharegpt_inputs, setting.max_model_len),
+        "Alpaca": paper_datasets.alpaca_lengths(alpaca_lengths),
+    }
 
 
 def sharegpt_counts(trace_dir=None) -> tuple[np.ndarray, np.ndarray]:
@@ -48,10 +52,16 @@ def conversation_figures(trace_dir=None) -> dict:
     prefill, decode = sharegpt_counts(trace_dir)
     turns = paper_datasets.turn_inputs(prefill, decode)
     per = np.bincount(turns.conversation)
-    return {"rows": len(prefill), "conversations": turns.num_conversations, "turns_mean": float(per.mean()),
-            "turns_max": int(per.max()), "prefill_mean": float(prefill.mean()),
-            "input_mean": float(turns.input_tokens.mean()), "input_p50": float(np.median(turns.input_tokens)),
-            "first_turn_input_mean": float(turns.input_tokens[turns.turn == 0].mean())}
+    return {
+        "rows": len(prefill),
+        "conversations": turns.num_conversations,
+        "turns_mean": float(per.mean()),
+        "turns_max": int(per.max()),
+        "prefill_mean": float(prefill.mean()),
+        "input_mean": float(turns.input_tokens.mean()),
+        "input_p50": float(np.median(turns.input_tokens)),
+        "first_turn_input_mean": float(turns.input_tokens[turns.turn == 0].mean()),
+    }
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,8 +77,9 @@ class TraceWorkload:
         """The trace with its arrival rate scaled: timestamps divided by rate_scale (1: its own timestamps)."""
         scale = validate.positive_number("rate_scale", rate_scale)
         w = self.workload
-        return Workload(w.arrival_s / scale, w.prompt_tokens, w.output_tokens, w.prefix_hashes, w.prefix_block_tokens,
-                        name=w.name)
+        return Workload(
+            w.arrival_s / scale, w.prompt_tokens, w.output_tokens, w.prefix_hashes, w.prefix_block_tokens, name=w.name
+        )
 
 
 def trace_workload(name: str, max_model_len: int, trace_dir=None, max_requests: int | None = None) -> TraceWorkload:
@@ -82,8 +93,14 @@ def trace_workload(name: str, max_model_len: int, trace_dir=None, max_requests: 
     index = np.flatnonzero(keep)
     hashes = tuple(w.prefix_hashes[i] for i in index) if w.prefix_hashes is not None else None
     arrival = w.arrival_s[keep]
-    kept = Workload(arrival - arrival[0], w.prompt_tokens[keep], w.output_tokens[keep], hashes,
-                    w.prefix_block_tokens if hashes is not None else None, name=name)
+    kept = Workload(
+        arrival - arrival[0],
+        w.prompt_tokens[keep],
+        w.output_tokens[keep],
+        hashes,
+        w.prefix_block_tokens if hashes is not None else None,
+        name=name,
+    )
     return TraceWorkload(name, kept, w.num_requests, int((~keep).sum()))
 
 

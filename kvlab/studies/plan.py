@@ -29,6 +29,7 @@ The search is not a grid:
 The ranking: the configurations served in full that meet every objective, by requests/s per GPU (the
 workload's rate over the GPUs it uses: goodput, since every request is served), then by that worst share.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,15 +45,23 @@ from kvlab.core.cost import MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
-from kvlab.studies.plan_space import (OBJECTIVE_UNITS, OBJECTIVE_WORDS, Candidate, Deployment, Objectives,  # noqa: F401
-                                       SearchSpace, arrival_rate_per_s, figure)
+from kvlab.studies.plan_space import (  # noqa: F401
+    OBJECTIVE_UNITS,
+    OBJECTIVE_WORDS,
+    Candidate,
+    Deployment,
+    Objectives,
+    SearchSpace,
+    arrival_rate_per_s,
+    figure,
+)
 
 PERCENTILE = 95
-RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)   # the workload's prefixes the rungs serve
-RUNG_KEEP = 0.25                          # the share of a rung's candidates the next rung serves
-MIN_RUNG_REQUESTS = 200                   # a rung serves at least this many requests (or the whole workload)
-MIN_KEEP = 2                              # a rung keeps at least this many candidates of each GPU count
-CHUNKS_PER_WORKER = 4                     # a rung's candidates in about this many chunks per worker
+RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)  # the workload's prefixes the rungs serve
+RUNG_KEEP = 0.25  # the share of a rung's candidates the next rung serves
+MIN_RUNG_REQUESTS = 200  # a rung serves at least this many requests (or the whole workload)
+MIN_KEEP = 2  # a rung keeps at least this many candidates of each GPU count
+CHUNKS_PER_WORKER = 4  # a rung's candidates in about this many chunks per worker
 
 
 # ---------------------------------------------------------------- one candidate's clock, pool and serving
@@ -64,7 +73,7 @@ def step_cost(deployment: Deployment, config: EngineConfig):
     hardware = {"model": deployment.model, "gpu": deployment.gpu, "config": config}
     try:
         cost = make_step_cost("measured", **hardware)
-    except ValueError:          # a GPU no profile measures
+    except ValueError:  # a GPU no profile measures
         cost = make_step_cost("roofline", **hardware)
         return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator profile of this GPU)"
     return cost, isinstance(cost, MeasuredStepCost), cost.source
@@ -82,15 +91,16 @@ def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, m
     so every allocation and every admission's whole-length check then passes, and the run's decisions are those
     of any larger pool, of any block size."""
     if candidate.enable_prefix_caching:
-        return False                # hits depend on the blocks
+        return False  # hits depend on the blocks
     final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
     longest_blocks = -(-int(final.max()) // candidate.block_size)
     running = min(candidate.max_num_seqs, -(-workload.num_requests // candidate.num_replicas))
     return running * longest_blocks <= num_gpu_blocks - 1
 
 
-def lower_bounds(workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float,
-                 max_model_len: int) -> dict:
+def lower_bounds(
+    workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float, max_model_len: int
+) -> dict:
     """Lower bounds on the candidate's p95 TTFT (s), TPOT (ms) and E2E latency (s) over the workload that hold
     for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each, a step lasts at
     least min_step_s, and a request ends at max_model_len tokens."""
@@ -98,26 +108,34 @@ def lower_bounds(workload: Workload, candidate: Candidate, tokens_per_s: float, 
     k = math.floor(PERCENTILE / 100 * (n - 1)) + 1
     prompt = workload.prompt_tokens.astype(np.int64)
     final = np.minimum(prompt + workload.output_tokens, max_model_len)
-    first = np.ones(n, np.int64) if candidate.enable_prefix_caching else prompt   # scheduled before the first token
-    whole = first + (final - prompt) - 1                                # every token but the last sampled one
+    first = np.ones(n, np.int64) if candidate.enable_prefix_caching else prompt  # scheduled before the first token
+    whole = first + (final - prompt) - 1  # every token but the last sampled one
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     fleet = candidate.num_replicas * tokens_per_s
-    smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())   # noqa: E731
-    return {"ttft_p95_s": max(0.0, smallest(first) / fleet - span),
-            "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
-            "tpot_p95_ms": 1e3 * min_step_s if (final - prompt > 1).any() else 0.0}  # a step between two tokens
+    smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())  # noqa: E731
+    return {
+        "ttft_p95_s": max(0.0, smallest(first) / fleet - span),
+        "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
+        "tpot_p95_ms": 1e3 * min_step_s if (final - prompt > 1).any() else 0.0,
+    }  # a step between two tokens
 
 
-def percentile_metrics(arrival_s: np.ndarray, num_output_tokens: np.ndarray, first_token_s: np.ndarray,
-                       finish_s: np.ndarray) -> dict:
+def percentile_metrics(
+    arrival_s: np.ndarray, num_output_tokens: np.ndarray, first_token_s: np.ndarray, finish_s: np.ndarray
+) -> dict:
     """p95 TTFT (s), TPOT (ms; over requests of more than one output token) and E2E latency (s), and their means."""
     ttft, e2e = first_token_s - arrival_s, finish_s - arrival_s
     many = num_output_tokens > 1
     tpot_ms = 1e3 * (finish_s[many] - first_token_s[many]) / (num_output_tokens[many] - 1)
     tpot_p95 = float(np.percentile(tpot_ms, PERCENTILE)) if len(tpot_ms) else 0.0
-    return {"ttft_p95_s": float(np.percentile(ttft, PERCENTILE)), "tpot_p95_ms": tpot_p95,
-            "e2e_p95_s": float(np.percentile(e2e, PERCENTILE)), "mean_ttft_s": float(ttft.mean()),
-            "mean_tpot_ms": float(tpot_ms.mean()) if len(tpot_ms) else 0.0, "mean_e2e_s": float(e2e.mean())}
+    return {
+        "ttft_p95_s": float(np.percentile(ttft, PERCENTILE)),
+        "tpot_p95_ms": tpot_p95,
+        "e2e_p95_s": float(np.percentile(e2e, PERCENTILE)),
+        "mean_ttft_s": float(ttft.mean()),
+        "mean_tpot_ms": float(tpot_ms.mean()) if len(tpot_ms) else 0.0,
+        "mean_e2e_s": float(e2e.mean()),
+    }
 
 
 def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int) -> dict:
@@ -130,14 +148,21 @@ def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_
     preemptions = steps = 0
     for rank in range(replicas):
         mine = np.arange(rank, n, replicas)
-        part = Workload(workload.arrival_s[mine], workload.prompt_tokens[mine], workload.output_tokens[mine],
-                        None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
-                        workload.prefix_block_tokens)
+        part = Workload(
+            workload.arrival_s[mine],
+            workload.prompt_tokens[mine],
+            workload.output_tokens[mine],
+            None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
+            workload.prefix_block_tokens,
+        )
         result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost)
         first_token[mine], finish[mine], outputs[mine] = result.first_token_s, result.finish_s, result.num_output_tokens
         preemptions += int(np.sum(result.num_preemptions))
         steps += result.num_steps
-    return percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {"num_preemptions": preemptions, "num_steps": steps}
+    return percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {
+        "num_preemptions": preemptions,
+        "num_steps": steps,
+    }
 
 
 def serve_chunk(point: tuple) -> list:
@@ -160,11 +185,11 @@ class CandidateResult:
     """What became of one candidate: pruned (why), dropped at a rung, or served in full (meets or misses)."""
 
     candidate: Candidate
-    status: str = "pending"           # pruned, dropped, meets, misses
+    status: str = "pending"  # pruned, dropped, meets, misses
     reason: str = ""
     num_gpu_blocks: int = 0
     measured_clock: bool = True
-    served_requests: int = 0          # the prefix it was last served on
+    served_requests: int = 0  # the prefix it was last served on
     metrics: dict = field(default_factory=dict)
     shares: dict = field(default_factory=dict)
     twin_of: Candidate | None = None  # served as this candidate (twins: the same decisions at the same times)
@@ -176,11 +201,18 @@ class CandidateResult:
     def row(self, rate_per_s: float) -> dict:
         """One flat row (the candidate's knobs, its outcome, its figures)."""
         c = self.candidate
-        return {**asdict(c), "num_gpus": c.num_gpus, "status": self.status, "reason": self.reason,
-                "num_gpu_blocks": self.num_gpu_blocks, "measured_clock": self.measured_clock,
-                "served_requests": self.served_requests,
-                "requests_per_s_per_gpu": rate_per_s / c.num_gpus if self.status == "meets" else 0.0,
-                **self.metrics, "worst_share": self.worst_share if self.shares else None}
+        return {
+            **asdict(c),
+            "num_gpus": c.num_gpus,
+            "status": self.status,
+            "reason": self.reason,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "measured_clock": self.measured_clock,
+            "served_requests": self.served_requests,
+            "requests_per_s_per_gpu": rate_per_s / c.num_gpus if self.status == "meets" else 0.0,
+            **self.metrics,
+            "worst_share": self.worst_share if self.shares else None,
+        }
 
 
 @dataclass
@@ -193,7 +225,7 @@ class Plan:
     num_requests: int
     rate_per_s: float
     results: list
-    rungs: list                       # (requests served, candidates served, seconds) per rung
+    rungs: list  # (requests served, candidates served, seconds) per rung
     clock_source: str
     seconds: float
 
@@ -215,8 +247,13 @@ class Plan:
 
 def _arrays(workload: Workload, n: int) -> tuple:
     hashes = None if workload.prefix_hashes is None else workload.prefix_hashes[:n]
-    return (workload.arrival_s[:n], workload.prompt_tokens[:n], workload.output_tokens[:n], hashes,
-            workload.prefix_block_tokens)
+    return (
+        workload.arrival_s[:n],
+        workload.prompt_tokens[:n],
+        workload.output_tokens[:n],
+        hashes,
+        workload.prefix_block_tokens,
+    )
 
 
 def prefix(workload: Workload, n: int) -> Workload:
@@ -232,8 +269,13 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
         config = c.config(deployment.max_model_len)
         planned = plan_capacity(deployment.model, deployment.gpu.memory_gib, deployment.max_model_len, config)
         if planned is None or not planned["starts"]:
-            r.status, r.reason = "pruned", ("capacity: vLLM would not start: " + (
-                planned["refusal"] if planned else "no KV-cache memory is left after the weights"))
+            r.status, r.reason = (
+                "pruned",
+                (
+                    "capacity: vLLM would not start: "
+                    + (planned["refusal"] if planned else "no KV-cache memory is left after the weights")
+                ),
+            )
             continue
         r.num_gpu_blocks = planned["num_gpu_blocks"]
         try:
@@ -244,21 +286,36 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
         cost, measured, source = step_cost(deployment, config)
         r.measured_clock = measured
         if not measured and not deployment.allow_roofline:
-            r.status, r.reason = "pruned", f"clock: no operator profile measures it ({source}); allow the roofline to plan it"
+            r.status, r.reason = (
+                "pruned",
+                f"clock: no operator profile measures it ({source}); allow the roofline to plan it",
+            )
             continue
-        key = (c.tensor_parallel_size, c.max_num_batched_tokens, cost.__class__, source,
-               getattr(cost, "cudagraph_capture_sizes", ()))
+        key = (
+            c.tensor_parallel_size,
+            c.max_num_batched_tokens,
+            cost.__class__,
+            source,
+            getattr(cost, "cudagraph_capture_sizes", ()),
+        )
         if key not in rates:
-            rates[key] = (max_tokens_per_s(cost, c.max_num_batched_tokens),
-                          min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)))
+            rates[key] = (
+                max_tokens_per_s(cost, c.max_num_batched_tokens),
+                min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)),
+            )
         tokens_per_s, shortest_s = rates[key]
         bounds = lower_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
-        over = [f"{OBJECTIVE_WORDS[name]} is at least {figure(bounds[name])} {OBJECTIVE_UNITS[name]} > {limit:g}"
-                for name, limit in objectives.given().items() if bounds[name] > limit]
+        over = [
+            f"{OBJECTIVE_WORDS[name]} is at least {figure(bounds[name])} {OBJECTIVE_UNITS[name]} > {limit:g}"
+            for name, limit in objectives.given().items()
+            if bounds[name] > limit
+        ]
         if over:
             r.status = "pruned"
-            r.reason = (f"rate: {c.num_replicas} replica{'s' * (c.num_replicas > 1)} schedule at most "
-                        f"{c.num_replicas * tokens_per_s:,.0f} tokens/s, so " + "; ".join(over))
+            r.reason = (
+                f"rate: {c.num_replicas} replica{'s' * (c.num_replicas > 1)} schedule at most "
+                f"{c.num_replicas * tokens_per_s:,.0f} tokens/s, so " + "; ".join(over)
+            )
 
 
 def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]:
@@ -270,17 +327,32 @@ def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]
     for r in alive:
         c = r.candidate
         if never_binds(workload, c, r.num_gpu_blocks, deployment.max_model_len):
-            key = (c.tensor_parallel_size, c.max_num_seqs, c.max_num_batched_tokens, c.enable_chunked_prefill,
-                   c.async_scheduling, c.num_replicas, r.measured_clock or c.kv_cache_dtype)
+            key = (
+                c.tensor_parallel_size,
+                c.max_num_seqs,
+                c.max_num_batched_tokens,
+                c.enable_chunked_prefill,
+                c.async_scheduling,
+                c.num_replicas,
+                r.measured_clock or c.kv_cache_dtype,
+            )
         else:
             key = c
         groups.setdefault(key, []).append(r)
     return list(groups.values())
 
 
-def search(workload: Workload, deployment: Deployment, objectives: Objectives, space: SearchSpace = SearchSpace(),
-           *, scheduler: str | None = None, max_workers: int | None = None, progress: bool | None = None,
-           rung_fractions: tuple = RUNG_FRACTIONS) -> Plan:
+def search(
+    workload: Workload,
+    deployment: Deployment,
+    objectives: Objectives,
+    space: SearchSpace = SearchSpace(),
+    *,
+    scheduler: str | None = None,
+    max_workers: int | None = None,
+    progress: bool | None = None,
+    rung_fractions: tuple = RUNG_FRACTIONS,
+) -> Plan:
     """Prune, then serve the candidates left on growing prefixes of the workload, keeping the best RUNG_KEEP of
     each rung (the module's docstring; twins served once); every candidate's outcome and the ranking."""
     import os
@@ -288,14 +360,20 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
 
     start = time.perf_counter()
     if workload.num_requests < 2:
-        validate.fail("num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)")
+        validate.fail(
+            "num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)"
+        )
     results = [CandidateResult(c) for c in space.candidates()]
     prune(workload, deployment, objectives, results)
     if all(r.reason.startswith("clock") for r in results):
-        validate.fail("model", deployment.model.name, f"has no operator profile on {deployment.gpu.name} at tensor "
-                      f"parallel size {', '.join(map(str, space.tensor_parallel_size))} for the measured clock (see "
-                      "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
-                      "warning")
+        validate.fail(
+            "model",
+            deployment.model.name,
+            f"has no operator profile on {deployment.gpu.name} at tensor "
+            f"parallel size {', '.join(map(str, space.tensor_parallel_size))} for the measured clock (see "
+            "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
+            "warning",
+        )
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
     alive = [g[0] for g in groups]
     n = workload.num_requests
@@ -310,13 +388,24 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
         num_chunks = min(len(alive), CHUNKS_PER_WORKER * workers)
         chunks = [alive[i::num_chunks] for i in range(num_chunks)]
         points = [(arrays, deployment, [(r.candidate, r.num_gpu_blocks) for r in chunk]) for chunk in chunks]
-        served, _ = sweep.run(serve_chunk, points, scheduler=scheduler, max_workers=max_workers, progress=progress,
-                              name=f"plan: {len(alive)} candidates on {size:,} requests")
+        served, _ = sweep.run(
+            serve_chunk,
+            points,
+            scheduler=scheduler,
+            max_workers=max_workers,
+            progress=progress,
+            name=f"plan: {len(alive)} candidates on {size:,} requests",
+        )
         for chunk, outcomes in zip(chunks, served):
             for r, metrics in zip(chunk, outcomes):
                 r.served_requests = size
                 if "error" in metrics:
-                    r.status, r.reason, r.metrics, r.shares = "misses", f"the engine stopped: {metrics['error']}", {}, {}
+                    r.status, r.reason, r.metrics, r.shares = (
+                        "misses",
+                        f"the engine stopped: {metrics['error']}",
+                        {},
+                        {},
+                    )
                     continue
                 r.metrics, r.shares = metrics, objectives.shares(metrics)
         rungs.append((size, len(alive), time.perf_counter() - rung_start))
@@ -338,22 +427,43 @@ def search(workload: Workload, deployment: Deployment, objectives: Objectives, s
             for r in ranked[keep:]:
                 missed = objectives.misses(r.metrics)
                 r.status = "dropped"
-                r.reason = (f"on the first {size:,} requests: " + ("; ".join(missed) if missed else
-                            f"met every objective, but ranked below the {keep} kept of the {len(ranked)} candidates "
-                            f"of {gpus} GPUs (its worst objective at {100 * r.worst_share:.0f}% of its limit, the "
-                            f"last kept's at {100 * last_kept:.0f}%" + ("; a tie, broken in the candidates' order)"
-                                                                        if r.worst_share == last_kept else ")")))
+                r.reason = f"on the first {size:,} requests: " + (
+                    "; ".join(missed)
+                    if missed
+                    else f"met every objective, but ranked below the {keep} kept of the {len(ranked)} candidates "
+                    f"of {gpus} GPUs (its worst objective at {100 * r.worst_share:.0f}% of its limit, the "
+                    f"last kept's at {100 * last_kept:.0f}%"
+                    + ("; a tie, broken in the candidates' order)" if r.worst_share == last_kept else ")")
+                )
     for group in groups:
         first = group[0]
         for r in group[1:]:
-            r.status, r.served_requests, r.metrics, r.shares = first.status, first.served_requests, first.metrics, first.shares
+            r.status, r.served_requests, r.metrics, r.shares = (
+                first.status,
+                first.served_requests,
+                first.metrics,
+                first.shares,
+            )
             r.reason = first.reason
             r.twin_of = first.candidate
-    sources = sorted({step_cost(deployment, r.candidate.config(deployment.max_model_len))[2]
-                      for r in results if r.status in ("meets", "misses")})
-    return Plan(deployment, objectives, workload.name, n, arrival_rate_per_s(workload.arrival_s), results, rungs,
-                "; ".join(sources), time.perf_counter() - start)
-
+    sources = sorted(
+        {
+            step_cost(deployment, r.candidate.config(deployment.max_model_len))[2]
+            for r in results
+            if r.status in ("meets", "misses")
+        }
+    )
+    return Plan(
+        deployment,
+        objectives,
+        workload.name,
+        n,
+        arrival_rate_per_s(workload.arrival_s),
+        results,
+        rungs,
+        "; ".join(sources),
+        time.perf_counter() - start,
+    )
 
 
 # ---------------------------------------------------------------- what the plan says
@@ -364,13 +474,25 @@ def clock_fidelity(deployment: Deployment) -> list[dict]:
     from kvlab.studies import clock_checks
     from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
-    names = [name for name in check_runs() if (lambda s: s["model"] == deployment.model.name
-                                               and s["gpu"] == deployment.gpu.name)(load_vllm_run(name).settings)]
+    names = [
+        name
+        for name in check_runs()
+        if (lambda s: s["model"] == deployment.model.name and s["gpu"] == deployment.gpu.name)(
+            load_vllm_run(name).settings
+        )
+    ]
     if not names:
         return []
     table = clock_checks.check_run_table(names, clocks=("measured",))
-    return [{"run": run, "label": r["label"], **{k: round(float(r[k]), 4) for k in clock_checks.CHECK_TARGETS},
-             "within_targets": bool(r["within_targets"])} for (run, _), r in table.iterrows()]
+    return [
+        {
+            "run": run,
+            "label": r["label"],
+            **{k: round(float(r[k]), 4) for k in clock_checks.CHECK_TARGETS},
+            "within_targets": bool(r["within_targets"]),
+        }
+        for (run, _), r in table.iterrows()
+    ]
 
 
 def summary(plan: Plan, top: int = 10) -> dict:
@@ -389,24 +511,48 @@ def summary(plan: Plan, top: int = 10) -> dict:
     closest = sorted((r for r in failed if r.shares), key=lambda r: r.worst_share)[:top]
     best = ranked[0] if ranked else None
     out = {
-        "model": d.model.name, "gpu": d.gpu.name, "max_model_len": d.max_model_len,
+        "model": d.model.name,
+        "gpu": d.gpu.name,
+        "max_model_len": d.max_model_len,
         "objectives": plan.objectives.given(),
-        "workload": {"name": plan.workload_name, "num_requests": plan.num_requests,
-                     "rate_per_s": round(plan.rate_per_s, 4)},
-        "clock": {"measured": measured, "source": plan.clock_source, "fidelity": fidelity,
-                  "warning": "" if measured else "planned on the roofline (--allow-roofline): no operator profile "
-                  "measures some candidates; the roofline is a lower bound on step times"},
-        "search": {"num_candidates": len(plan.results), "counts": plan.counts(),
-                   "rungs": [{"num_requests": n, "num_candidates": c, "seconds": round(s, 2)} for n, c, s in plan.rungs],
-                   "seconds": round(plan.seconds, 2)},
+        "workload": {
+            "name": plan.workload_name,
+            "num_requests": plan.num_requests,
+            "rate_per_s": round(plan.rate_per_s, 4),
+        },
+        "clock": {
+            "measured": measured,
+            "source": plan.clock_source,
+            "fidelity": fidelity,
+            "warning": ""
+            if measured
+            else "planned on the roofline (--allow-roofline): no operator profile "
+            "measures some candidates; the roofline is a lower bound on step times",
+        },
+        "search": {
+            "num_candidates": len(plan.results),
+            "counts": plan.counts(),
+            "rungs": [{"num_requests": n, "num_candidates": c, "seconds": round(s, 2)} for n, c, s in plan.rungs],
+            "seconds": round(plan.seconds, 2),
+        },
         "ranked": [rows[id(r)] for r in ranked[:top]],
         "num_meeting": len(ranked),
-        "best": None if best is None else {**rows[id(best)], "vllm_serve": best.candidate.serve_command(
-            d.model.name, d.max_model_len), "num_replicas": best.candidate.num_replicas},
-        "failed": {"by_kind": by_kind, "closest": [rows[id(r)] for r in closest],
-                   "pruned_examples": {k: next(r.reason for r in failed if r.status == "pruned"
-                                               and r.reason.startswith(k.split(": ")[1]))
-                                       for k in by_kind if k.startswith("pruned: ")}},
+        "best": None
+        if best is None
+        else {
+            **rows[id(best)],
+            "vllm_serve": best.candidate.serve_command(d.model.name, d.max_model_len),
+            "num_replicas": best.candidate.num_replicas,
+        },
+        "failed": {
+            "by_kind": by_kind,
+            "closest": [rows[id(r)] for r in closest],
+            "pruned_examples": {
+                k: next(r.reason for r in failed if r.status == "pruned" and r.reason.startswith(k.split(": ")[1]))
+                for k in by_kind
+                if k.startswith("pruned: ")
+            },
+        },
     }
     for row in out["ranked"] + out["failed"]["closest"] + ([out["best"]] if best else []):
         for key, value in row.items():
@@ -420,35 +566,48 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
     w, s, clock = out["workload"], out["search"], out["clock"]
     objectives = ", ".join(f"{OBJECTIVE_WORDS[k]} <= {v:g} {OBJECTIVE_UNITS[k]}" for k, v in out["objectives"].items())
     c = s["counts"]
-    lines = [f"deployment           {out['model']} on {out['gpu']}, max_model_len {out['max_model_len']:,}",
-             f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
-             "requests/s",
-             f"objectives           {objectives}",
-             f"clock                {clock['source']}"]
+    lines = [
+        f"deployment           {out['model']} on {out['gpu']}, max_model_len {out['max_model_len']:,}",
+        f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
+        "requests/s",
+        f"objectives           {objectives}",
+        f"clock                {clock['source']}",
+    ]
     if clock["warning"]:
         lines.append(f"warning              {clock['warning']}")
     for f in clock["fidelity"]:
-        lines.append(f"clock checked        against a real vLLM run ({f['label']}, section 5): mean E2E "
-                     f"{100 * f['mean_e2e_error']:+.1f}%, mean TPOT {100 * f['mean_tpot_error']:+.1f}%, median request "
-                     f"E2E error {100 * f['median_request_e2e_error']:.1f}%, mean TTFT {100 * f['mean_ttft_error']:+.1f}%"
-                     f" ({'within' if f['within_targets'] else 'outside'} section 5's targets)")
+        lines.append(
+            f"clock checked        against a real vLLM run ({f['label']}, section 5): mean E2E "
+            f"{100 * f['mean_e2e_error']:+.1f}%, mean TPOT {100 * f['mean_tpot_error']:+.1f}%, median request "
+            f"E2E error {100 * f['median_request_e2e_error']:.1f}%, mean TTFT {100 * f['mean_ttft_error']:+.1f}%"
+            f" ({'within' if f['within_targets'] else 'outside'} section 5's targets)"
+        )
     if not clock["fidelity"] and clock["measured"]:
         lines.append("clock checked        no real vLLM run of this model on this GPU checks it (data/checks/)")
-    rungs = "; ".join(f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)"
-                      for r in s["rungs"])
-    lines.append(f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {rungs}; "
-                 f"{s['seconds']:.0f} s")
-    lines.append(f"outcome              {c['meets']:,} meet every objective, {c['misses']:,} served in full miss, "
-                 f"{c['dropped']:,} dropped on a prefix, {c['pruned']:,} pruned")
+    rungs = "; ".join(
+        f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]
+    )
+    lines.append(
+        f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {rungs}; "
+        f"{s['seconds']:.0f} s"
+    )
+    lines.append(
+        f"outcome              {c['meets']:,} meet every objective, {c['misses']:,} served in full miss, "
+        f"{c['dropped']:,} dropped on a prefix, {c['pruned']:,} pruned"
+    )
     if out["ranked"]:
         lines.append("")
-        lines.append(f"{'rank':>4}  {'GPUs':>4}  {'req/s/GPU':>9}  {'TTFT p95 s':>10}  {'TPOT p95 ms':>11}  "
-                     f"{'E2E p95 s':>9}  configuration")
+        lines.append(
+            f"{'rank':>4}  {'GPUs':>4}  {'req/s/GPU':>9}  {'TTFT p95 s':>10}  {'TPOT p95 ms':>11}  "
+            f"{'E2E p95 s':>9}  configuration"
+        )
         for i, row in enumerate(out["ranked"], 1):
             cand = Candidate(**{f: row[f] for f in Candidate.__dataclass_fields__})
-            lines.append(f"{i:>4}  {row['num_gpus']:>4}  {row['requests_per_s_per_gpu']:>9.3f}  "
-                         f"{row['ttft_p95_s']:>10.3f}  {row['tpot_p95_ms']:>11.1f}  {row['e2e_p95_s']:>9.2f}  "
-                         f"{cand.label()}")
+            lines.append(
+                f"{i:>4}  {row['num_gpus']:>4}  {row['requests_per_s_per_gpu']:>9.3f}  "
+                f"{row['ttft_p95_s']:>10.3f}  {row['tpot_p95_ms']:>11.1f}  {row['e2e_p95_s']:>9.2f}  "
+                f"{cand.label()}"
+            )
         if out["num_meeting"] > len(out["ranked"]):
             lines.append(f"      ... and {out['num_meeting'] - len(out['ranked']):,} more that meet (--top, --json)")
         best = out["best"]
@@ -456,8 +615,10 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         lines.append(f"best                 {best['num_replicas']} x: {best['vllm_serve']}")
     else:
         lines.append("")
-        lines.append("best                 none: no configuration meets every objective (see why below; more replicas, "
-                     "a larger --tensor-parallel-size or looser objectives)")
+        lines.append(
+            "best                 none: no configuration meets every objective (see why below; more replicas, "
+            "a larger --tensor-parallel-size or looser objectives)"
+        )
     lines.append("")
     lines.append("why the others failed")
     for kind, count in out["failed"]["by_kind"].items():

@@ -1,6 +1,7 @@
 """What `kvlab plan` searches and against what: the objectives, a candidate configuration, the search space and
 the deployment it does not search (kvlab.studies.plan searches). No numpy: the command's parser reads its
 defaults here."""
+
 from __future__ import annotations
 
 import itertools
@@ -43,19 +44,32 @@ class Objectives:
         for name, limit in self.given().items():
             value = metrics[name]
             if value > limit:
-                out.append(f"{OBJECTIVE_WORDS[name]} {figure(value)} {OBJECTIVE_UNITS[name]} > {limit:g} "
-                           f"({value / limit:.2f}x the objective)")
+                out.append(
+                    f"{OBJECTIVE_WORDS[name]} {figure(value)} {OBJECTIVE_UNITS[name]} > {limit:g} "
+                    f"({value / limit:.2f}x the objective)"
+                )
         return out
 
 
 # kvlab's KV cache dtypes in vLLM 0.33's --kv-cache-dtype names (vllm/config/cache.py CacheDType).
-VLLM_KV_CACHE_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "fp8", "int8": "int8_per_token_head",
-                        "int4": "nvfp4"}
+VLLM_KV_CACHE_DTYPES = {
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "fp8",
+    "int8": "int8_per_token_head",
+    "int4": "nvfp4",
+}
 
 
 def knob_value(value) -> str:
     """A knob's value as the command line writes it: on/off, 0.9, 8192, bf16."""
-    return ("on" if value else "off") if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+    return (
+        ("on" if value else "off")
+        if isinstance(value, bool)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def arrival_rate_per_s(arrival_s) -> float:
@@ -69,8 +83,12 @@ def check_max_model_len(name: str, max_model_len: int, longest_prompt_tokens: in
     the workload reaches: vLLM refuses a prompt of max_model_len tokens or more."""
     longest = int(longest_prompt_tokens)
     if longest >= max_model_len:
-        validate.fail(name, max_model_len, f"must exceed the workload's longest prompt, {longest:,} tokens (vLLM "
-                      f"refuses a prompt of {max_model_len:,} tokens or more); give {name} {longest + 1:,} or more")
+        validate.fail(
+            name,
+            max_model_len,
+            f"must exceed the workload's longest prompt, {longest:,} tokens (vLLM "
+            f"refuses a prompt of {max_model_len:,} tokens or more); give {name} {longest + 1:,} or more",
+        )
 
 
 def figure(value: float) -> str:
@@ -87,7 +105,7 @@ OBJECTIVE_UNITS = {"ttft_p95_s": "s", "tpot_p95_ms": "ms", "e2e_p95_s": "s"}
 class Candidate:
     """One configuration of vLLM and the number of replicas serving the workload."""
 
-    tensor_parallel_size: int = ParallelConfig.tensor_parallel_size          # vLLM's defaults (kvlab.core.config)
+    tensor_parallel_size: int = ParallelConfig.tensor_parallel_size  # vLLM's defaults (kvlab.core.config)
     max_num_seqs: int = SchedulerConfig.max_num_seqs
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     block_size: int = CacheConfig.block_size
@@ -109,24 +127,31 @@ class Candidate:
 
     def serve_command(self, model_name: str, max_model_len: int) -> str:
         """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server)."""
-        flags = [f"vllm serve {model_name}", f"--tensor-parallel-size {self.tensor_parallel_size}",
-                 f"--max-model-len {max_model_len}", f"--max-num-seqs {self.max_num_seqs}",
-                 f"--max-num-batched-tokens {self.max_num_batched_tokens}", f"--block-size {self.block_size}",
-                 f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
-                 f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPES[self.kv_cache_dtype]}",
-                 "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
-                 "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
-                 "--async-scheduling" if self.async_scheduling else "--no-async-scheduling"]
+        flags = [
+            f"vllm serve {model_name}",
+            f"--tensor-parallel-size {self.tensor_parallel_size}",
+            f"--max-model-len {max_model_len}",
+            f"--max-num-seqs {self.max_num_seqs}",
+            f"--max-num-batched-tokens {self.max_num_batched_tokens}",
+            f"--block-size {self.block_size}",
+            f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
+            f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPES[self.kv_cache_dtype]}",
+            "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
+            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
+            "--async-scheduling" if self.async_scheduling else "--no-async-scheduling",
+        ]
         return " ".join(flags)
 
     def label(self) -> str:
         """The candidate in a few words."""
-        return (f"TP {self.tensor_parallel_size} x {self.num_replicas} replica{'s' * (self.num_replicas > 1)}, "
-                f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens {self.max_num_batched_tokens}, "
-                f"block_size {self.block_size}, gpu_memory_utilization {self.gpu_memory_utilization:g}, "
-                f"kv_cache_dtype {self.kv_cache_dtype}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}"
-                f", prefix caching {'on' if self.enable_prefix_caching else 'off'}, "
-                f"{'async' if self.async_scheduling else 'sync'} scheduling")
+        return (
+            f"TP {self.tensor_parallel_size} x {self.num_replicas} replica{'s' * (self.num_replicas > 1)}, "
+            f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens {self.max_num_batched_tokens}, "
+            f"block_size {self.block_size}, gpu_memory_utilization {self.gpu_memory_utilization:g}, "
+            f"kv_cache_dtype {self.kv_cache_dtype}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}"
+            f", prefix caching {'on' if self.enable_prefix_caching else 'off'}, "
+            f"{'async' if self.async_scheduling else 'sync'} scheduling"
+        )
 
 
 @dataclass(frozen=True)
@@ -162,7 +187,9 @@ class SearchSpace:
     def candidates(self) -> list[Candidate]:
         """Every combination, in a fixed order (each Candidate validated as its EngineConfig is built)."""
         names = [f.name for f in fields(self)]
-        return [Candidate(**dict(zip(names, values))) for values in itertools.product(*(getattr(self, n) for n in names))]
+        return [
+            Candidate(**dict(zip(names, values))) for values in itertools.product(*(getattr(self, n) for n in names))
+        ]
 
 
 @dataclass(frozen=True)
@@ -170,8 +197,8 @@ class Deployment:
     """What the plan does not search: the model, the GPU, max_model_len, and whether a (model, GPU, TP) without an
     operator profile may be planned on the roofline."""
 
-    model: object            # kvlab.core.models.ModelSpec
-    gpu: object              # kvlab.core.models.GpuSpec
+    model: object  # kvlab.core.models.ModelSpec
+    gpu: object  # kvlab.core.models.GpuSpec
     max_model_len: int
     allow_roofline: bool = False
 

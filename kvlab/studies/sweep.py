@@ -6,6 +6,7 @@ local processes (the default) and on a Dask cluster (`SWEEP_SCHEDULER=tcp://host
 argument). Long sweeps show a progress bar on a terminal. Every run is recorded (where it ran, how many
 points, how long) for the report's footer: when $KVLAB_SWEEP_LOG names a file, one JSON line per sweep.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -13,8 +14,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence
 
 from kvlab.core import validate
 
@@ -41,8 +42,9 @@ def scheduler_of(scheduler: str | None) -> str:
     """The scheduler to use: the argument, else $SWEEP_SCHEDULER, else local processes; checked."""
     chosen = scheduler or os.environ.get(SCHEDULER_ENV) or "processes"
     if chosen not in SCHEDULERS and not chosen.startswith(("tcp://", "tls://", "inproc://")):
-        validate.fail("SWEEP_SCHEDULER", chosen, "must be serial, processes or a Dask scheduler address such as "
-                      "tcp://host:8786")
+        validate.fail(
+            "SWEEP_SCHEDULER", chosen, "must be serial, processes or a Dask scheduler address such as tcp://host:8786"
+        )
     return chosen
 
 
@@ -58,9 +60,11 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         with socket.create_connection((parsed.hostname, parsed.port or 8786), timeout=timeout_s):
             pass
     except OSError as error:
-        raise ValueError(f"SWEEP_SCHEDULER={address!r} is not allowed: no Dask scheduler answered there within "
-                         f"{timeout_s:g} s ({type(error).__name__}); start one (dask scheduler) or unset it to "
-                         "use local processes") from None
+        raise ValueError(
+            f"SWEEP_SCHEDULER={address!r} is not allowed: no Dask scheduler answered there within "
+            f"{timeout_s:g} s ({type(error).__name__}); start one (dask scheduler) or unset it to "
+            "use local processes"
+        ) from None
 
 
 def _dask_executor(address: str):
@@ -72,15 +76,24 @@ def _dask_executor(address: str):
     try:
         client = Client(address, timeout=f"{CONNECT_TIMEOUT_S}s", set_as_default=False)
     except (OSError, TimeoutError) as error:
-        raise ValueError(f"SWEEP_SCHEDULER={address!r} is not allowed: no Dask scheduler answered there within "
-                         f"{CONNECT_TIMEOUT_S} s ({type(error).__name__}); start one (dask scheduler) or unset it "
-                         "to use local processes") from None
+        raise ValueError(
+            f"SWEEP_SCHEDULER={address!r} is not allowed: no Dask scheduler answered there within "
+            f"{CONNECT_TIMEOUT_S} s ({type(error).__name__}); start one (dask scheduler) or unset it "
+            "to use local processes"
+        ) from None
     workers = len(client.scheduler_info().get("workers", {}))
     return client, client.get_executor(), f"the Dask cluster at {address} ({workers} workers)"
 
 
-def run(function: Callable, points: Sequence, *, scheduler: str | None = None, max_workers: int | None = None,
-        name: str = "sweep", progress: bool | None = None) -> tuple[list, SweepRun]:
+def run(
+    function: Callable,
+    points: Sequence,
+    *,
+    scheduler: str | None = None,
+    max_workers: int | None = None,
+    name: str = "sweep",
+    progress: bool | None = None,
+) -> tuple[list, SweepRun]:
     """function(point) for every point, in the points' order, and where and how fast it ran.
 
     scheduler: "serial" (this process), "processes" (local processes, max_workers of them, default one per

@@ -16,6 +16,7 @@ kvlab.core.cost.vllm_2023) has MeasuredStepCost's terms in closed form. Its coef
 Never fitted to a figure section 6 reproduces (Fig. 13, Fig. 2, §6.2's rates, Fig. 18b, Fig. 11). The fit's
 coefficients are committed (data/clock_2023/coefficients.csv, fit_residuals.csv); write_fit() refits them.
 """
+
 from __future__ import annotations
 
 import csv
@@ -34,20 +35,31 @@ from kvlab.core.engine import simulate
 from kvlab.studies.paper_setting import PaperSetting
 
 COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
-load_coefficients = data.load_coefficients        # the notebook's
+load_coefficients = data.load_coefficients  # the notebook's
 RESIDUALS_CSV = data.CLOCK_DIR / "fit_residuals.csv"
-FIT_BLOCK_SIZE = 16                 # Fig. 18a's and the benchmark's (vLLM's default)
+FIT_BLOCK_SIZE = 16  # Fig. 18a's and the benchmark's (vLLM's default)
 # The benchmark's scheduler: the vLLM of June 2023 put prompts into decode steps under one token budget (0.1.0-0.1.2;
 # prompt-only steps came with 0.1.3), which vLLM 0.33's v1 scheduler, synchronous, without chunked prefill, follows.
-STAND_IN_CONFIG = EngineConfig().replace(async_scheduling=False, enable_chunked_prefill=False,
-                                         max_num_batched_tokens=2560, max_num_seqs=256, max_model_len=2048,
-                                         block_size=FIT_BLOCK_SIZE)
+STAND_IN_CONFIG = EngineConfig().replace(
+    async_scheduling=False,
+    enable_chunked_prefill=False,
+    max_num_batched_tokens=2560,
+    max_num_seqs=256,
+    max_model_len=2048,
+    block_size=FIT_BLOCK_SIZE,
+)
 # least_squares' tolerances (xtol, ftol, gtol): a refit agrees with the committed coefficients to about 1e-9
 # relative; the tests allow 1e-6.
 TOLERANCE = 1e-12
-COEFFICIENT_UNITS = {"memory_bandwidth_fraction": "fraction", "flop_fraction": "fraction",
-                     "attention_launch_us": "us", "attention_us_per_sequence": "us", "attention_us_per_token": "us",
-                     "attention_us_per_block": "us", "step_overhead_ms": "ms"}
+COEFFICIENT_UNITS = {
+    "memory_bandwidth_fraction": "fraction",
+    "flop_fraction": "fraction",
+    "attention_launch_us": "us",
+    "attention_us_per_sequence": "us",
+    "attention_us_per_token": "us",
+    "attention_us_per_block": "us",
+    "step_overhead_ms": "ms",
+}
 
 
 def spec() -> tuple[models.ModelSpec, models.GpuSpec]:
@@ -71,11 +83,20 @@ def step_cost(coefficients: dict, block_size: int = FIT_BLOCK_SIZE) -> Vllm2023S
 # ---------------------------------------------------------------- Fig. 18a: the attention kernel
 def kernel_us(coefficients: dict, batch_size, context_tokens, block_size: int = FIT_BLOCK_SIZE) -> np.ndarray:
     """The step cost's attention term for one layer: batch_size decodes of context_tokens tokens each (us, an array)."""
-    b, ctx = np.broadcast_arrays(np.atleast_1d(np.asarray(batch_size, dtype=np.float64)),
-                                 np.atleast_1d(np.asarray(context_tokens, dtype=np.float64)))
+    b, ctx = np.broadcast_arrays(
+        np.atleast_1d(np.asarray(batch_size, dtype=np.float64)),
+        np.atleast_1d(np.asarray(context_tokens, dtype=np.float64)),
+    )
     c = coefficients
-    return paged_attention_us(c["attention_launch_us"], c["attention_us_per_sequence"], c["attention_us_per_token"],
-                              c["attention_us_per_block"], block_size, b, b * ctx)
+    return paged_attention_us(
+        c["attention_launch_us"],
+        c["attention_us_per_sequence"],
+        c["attention_us_per_token"],
+        c["attention_us_per_block"],
+        block_size,
+        b,
+        b * ctx,
+    )
 
 
 def fit_kernel(kernel: data.KernelLatency | None = None, ratio: float | None = None) -> dict:
@@ -84,12 +105,21 @@ def fit_kernel(kernel: data.KernelLatency | None = None, ratio: float | None = N
     share = per_block_share(data.block_size_ratio() if ratio is None else ratio)
 
     def coefficients(x) -> dict:
-        return {"attention_launch_us": float(x[0]), "attention_us_per_sequence": float(x[1]),
-                "attention_us_per_token": float(x[2]), "attention_us_per_block": share * float(x[2])}
+        return {
+            "attention_launch_us": float(x[0]),
+            "attention_us_per_sequence": float(x[1]),
+            "attention_us_per_token": float(x[2]),
+            "attention_us_per_block": share * float(x[2]),
+        }
 
-    fit = least_squares(lambda x: kernel_us(coefficients(x), kernel.batch_size, kernel.context_tokens)
-                        / kernel.latency_us - 1.0, x0=[10.0, 1.0, 0.02], bounds=(0.0, np.inf),
-                        xtol=TOLERANCE, ftol=TOLERANCE, gtol=TOLERANCE)
+    fit = least_squares(
+        lambda x: kernel_us(coefficients(x), kernel.batch_size, kernel.context_tokens) / kernel.latency_us - 1.0,
+        x0=[10.0, 1.0, 0.02],
+        bounds=(0.0, np.inf),
+        xtol=TOLERANCE,
+        ftol=TOLERANCE,
+        gtol=TOLERANCE,
+    )
     return coefficients(fit.x)
 
 
@@ -99,8 +129,12 @@ def benchmark_config(run: data.AnyscaleRun, config: EngineConfig, benchmark_batc
     return config.replace(max_num_batched_tokens=run.max_num_batched_tokens) if benchmark_batched_tokens else config
 
 
-def serve_benchmark(cost, config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True,
-                    num_gpu_blocks: int | None = None) -> np.ndarray:
+def serve_benchmark(
+    cost,
+    config: EngineConfig = STAND_IN_CONFIG,
+    benchmark_batched_tokens: bool = True,
+    num_gpu_blocks: int | None = None,
+) -> np.ndarray:
     """Throughput (prompt + output tokens per second, as the benchmark counts it) kvlab's engine gives each cap
     of Anyscale's benchmark with this step cost: all requests at t=0, the paper's pool by default."""
     if not isinstance(config, EngineConfig):
@@ -109,8 +143,9 @@ def serve_benchmark(cost, config: EngineConfig = STAND_IN_CONFIG, benchmark_batc
     out = []
     for run in data.anyscale_runs():
         workload = data.anyscale_workload(run.max_tokens_cap)
-        result = simulate(workload, benchmark_config(run, config, benchmark_batched_tokens), num_gpu_blocks=blocks,
-                          cost=cost)
+        result = simulate(
+            workload, benchmark_config(run, config, benchmark_batched_tokens), num_gpu_blocks=blocks, cost=cost
+        )
         tokens = int(workload.prompt_tokens.sum() + result.num_output_tokens.sum())
         out.append(tokens / float(np.max(result.finish_s)))
     return np.array(out)
@@ -141,8 +176,10 @@ class StepCostFit:
 def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool = True) -> StepCostFit:
     """Fit the step cost: the kernel to Fig. 18a, then step_overhead_ms and flop_fraction to Anyscale's throughputs
     served by kvlab's engine under config."""
-    fixed = {"memory_bandwidth_fraction": profiles.sustained_fractions("A100-SXM-80GB").memory_bandwidth_fraction,
-             **fit_kernel()}
+    fixed = {
+        "memory_bandwidth_fraction": profiles.sustained_fractions("A100-SXM-80GB").memory_bandwidth_fraction,
+        **fit_kernel(),
+    }
     runs = data.anyscale_runs()
     measured = np.array([r.throughput_tokens_s for r in runs])
 
@@ -152,23 +189,39 @@ def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool =
     def residuals(x):
         return serve_benchmark(step_cost(coefficients(x)), config, benchmark_batched_tokens) / measured - 1.0
 
-    result = least_squares(residuals, x0=[10.0, 0.6], bounds=([0.0, 0.05], [100.0, 1.0]), x_scale=[10.0, 0.5],
-                           xtol=TOLERANCE, ftol=TOLERANCE, gtol=TOLERANCE)
+    result = least_squares(
+        residuals,
+        x0=[10.0, 0.6],
+        bounds=([0.0, 0.05], [100.0, 1.0]),
+        x_scale=[10.0, 0.5],
+        xtol=TOLERANCE,
+        ftol=TOLERANCE,
+        gtol=TOLERANCE,
+    )
     best = coefficients(result.x)
     kernel = data.fig18a()
-    return StepCostFit(best, np.array([r.max_tokens_cap for r in runs]), measured,
-                    serve_benchmark(step_cost(best), config, benchmark_batched_tokens), kernel.latency_us,
-                    kernel_us(best, kernel.batch_size, kernel.context_tokens))
+    return StepCostFit(
+        best,
+        np.array([r.max_tokens_cap for r in runs]),
+        measured,
+        serve_benchmark(step_cost(best), config, benchmark_batched_tokens),
+        kernel.latency_us,
+        kernel_us(best, kernel.batch_size, kernel.context_tokens),
+    )
 
 
 # ---------------------------------------------------------------- the committed fit
 def write_fit(result: StepCostFit, directory: str | Path = data.CLOCK_DIR) -> None:
     """Write a fit's coefficients and residuals (coefficients.csv, fit_residuals.csv)."""
-    roles = {"memory_bandwidth_fraction": "fixed: vidur A100 linear layers (kvlab.core.profiles.sustained_fractions)",
-             "attention_launch_us": "fitted: Fig. 18a", "attention_us_per_sequence": "fitted: Fig. 18a",
-             "attention_us_per_token": "fitted: Fig. 18a",
-             "attention_us_per_block": "tied: per token x (R - 1) / (1 - R/16), R from paged_kernel_block_size.csv",
-             "step_overhead_ms": "fitted: Anyscale throughputs", "flop_fraction": "fitted: Anyscale throughputs"}
+    roles = {
+        "memory_bandwidth_fraction": "fixed: vidur A100 linear layers (kvlab.core.profiles.sustained_fractions)",
+        "attention_launch_us": "fitted: Fig. 18a",
+        "attention_us_per_sequence": "fitted: Fig. 18a",
+        "attention_us_per_token": "fitted: Fig. 18a",
+        "attention_us_per_block": "tied: per token x (R - 1) / (1 - R/16), R from paged_kernel_block_size.csv",
+        "step_overhead_ms": "fitted: Anyscale throughputs",
+        "flop_fraction": "fitted: Anyscale throughputs",
+    }
     directory = Path(directory)
     with open(directory / "coefficients.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
@@ -179,11 +232,17 @@ def write_fit(result: StepCostFit, directory: str | Path = data.CLOCK_DIR) -> No
     with open(directory / "fit_residuals.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(["measurement", "point", "measured", "fitted", "unit", "residual_pct"])
-        for cap, m, v, r in zip(result.caps, result.measured_tokens_s, result.fitted_tokens_s,
-                                result.throughput_residual_pct):
+        for cap, m, v, r in zip(
+            result.caps, result.measured_tokens_s, result.fitted_tokens_s, result.throughput_residual_pct
+        ):
             writer.writerow(["anyscale_throughput", f"cap {cap}", f"{m:g}", f"{v:.2f}", "tokens/s", f"{r:.3f}"])
-        for b, ctx, m, v, r in zip(kernel.batch_size, kernel.context_tokens, result.kernel_measured_us,
-                                   result.kernel_fitted_us, result.kernel_residual_pct):
+        for b, ctx, m, v, r in zip(
+            kernel.batch_size,
+            kernel.context_tokens,
+            result.kernel_measured_us,
+            result.kernel_fitted_us,
+            result.kernel_residual_pct,
+        ):
             writer.writerow(["fig18a_vllm", f"batch {b} context {ctx}", f"{m:g}", f"{v:.3f}", "us", f"{r:.3f}"])
 
 
@@ -197,10 +256,17 @@ def fit_table(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: 
     """Anyscale's throughput per cap against the committed step cost's (served by kvlab's engine under config)."""
     runs = data.anyscale_runs()
     fitted = serve_benchmark(data.committed_step_cost(), config, benchmark_batched_tokens)
-    rows = [{"max_tokens_cap": r.max_tokens_cap, "output_tokens": r.output_tokens_total,
-             "measured_tokens_s": r.throughput_tokens_s, "clock_tokens_s": round(float(v), 1),
-             "residual_pct": round(100.0 * (v / r.throughput_tokens_s - 1.0), 2),
-             "rerun_vllm_0_1_2_tokens_s": r.reproduced_tokens_s} for r, v in zip(runs, fitted)]
+    rows = [
+        {
+            "max_tokens_cap": r.max_tokens_cap,
+            "output_tokens": r.output_tokens_total,
+            "measured_tokens_s": r.throughput_tokens_s,
+            "clock_tokens_s": round(float(v), 1),
+            "residual_pct": round(100.0 * (v / r.throughput_tokens_s - 1.0), 2),
+            "rerun_vllm_0_1_2_tokens_s": r.reproduced_tokens_s,
+        }
+        for r, v in zip(runs, fitted)
+    ]
     return pd.DataFrame(rows)
 
 
@@ -208,10 +274,16 @@ def kernel_table() -> pd.DataFrame:
     """Fig. 18a (vLLM's kernel, FasterTransformer's beside it) against the committed step cost's attention term."""
     vllm, ft = data.fig18a("vLLM"), data.fig18a("FasterTransformer")
     fitted = kernel_us(load_coefficients(), vllm.batch_size, vllm.context_tokens)
-    return pd.DataFrame({"batch_size": vllm.batch_size, "context_tokens": vllm.context_tokens,
-                         "vllm_kernel_us": vllm.latency_us, "clock_attention_us": np.round(fitted, 2),
-                         "residual_pct": np.round(100.0 * (fitted / vllm.latency_us - 1.0), 2),
-                         "fastertransformer_us": ft.latency_us})
+    return pd.DataFrame(
+        {
+            "batch_size": vllm.batch_size,
+            "context_tokens": vllm.context_tokens,
+            "vllm_kernel_us": vllm.latency_us,
+            "clock_attention_us": np.round(fitted, 2),
+            "residual_pct": np.round(100.0 * (fitted / vllm.latency_us - 1.0), 2),
+            "fastertransformer_us": ft.latency_us,
+        }
+    )
 
 
 def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.DataFrame:
@@ -223,11 +295,36 @@ def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.Dat
         b = validate.positive_int("batch_size", b)
         context = b * validate.positive_int("context_tokens", context_tokens)
         clock_ms, roofline_ms = vllm.step_s(b, context, b, context) * 1e3, roofline.step_s(b, context, b, context) * 1e3
-        rows.append({"batch_size": b, "context_tokens": context_tokens, "clock_2023_ms": round(clock_ms, 2),
-                     "roofline_ms": round(roofline_ms, 2), "clock_over_roofline_x": round(clock_ms / roofline_ms, 2)})
+        rows.append(
+            {
+                "batch_size": b,
+                "context_tokens": context_tokens,
+                "clock_2023_ms": round(clock_ms, 2),
+                "roofline_ms": round(roofline_ms, 2),
+                "clock_over_roofline_x": round(clock_ms / roofline_ms, 2),
+            }
+        )
     return pd.DataFrame(rows)
 
 
-__all__ = ["COEFFICIENTS_CSV", "FIT_BLOCK_SIZE", "RESIDUALS_CSV", "STAND_IN_CONFIG", "TOLERANCE", "StepCostFit", "fit",
-           "fit_kernel", "fit_table", "kernel_table", "kernel_us", "load_coefficients", "load_residuals",
-           "per_block_share", "serve_benchmark", "spec", "step_cost", "step_times", "write_fit"]
+__all__ = [
+    "COEFFICIENTS_CSV",
+    "FIT_BLOCK_SIZE",
+    "RESIDUALS_CSV",
+    "STAND_IN_CONFIG",
+    "TOLERANCE",
+    "StepCostFit",
+    "fit",
+    "fit_kernel",
+    "fit_table",
+    "kernel_table",
+    "kernel_us",
+    "load_coefficients",
+    "load_residuals",
+    "per_block_share",
+    "serve_benchmark",
+    "spec",
+    "step_cost",
+    "step_times",
+    "write_fit",
+]

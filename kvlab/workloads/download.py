@@ -1,4 +1,5 @@
 """Download the public request traces that data/traces.toml lists, checking each file's sha256 (make traces)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -26,8 +27,9 @@ def _fetch(url: str, dest: Path) -> None:
             out.write(chunk)
 
 
-def download(dest: str | os.PathLike, manifest: str | os.PathLike = MANIFEST_PATH,
-             names: list[str] | None = None, fetch=_fetch) -> list[str]:
+def download(
+    dest: str | os.PathLike, manifest: str | os.PathLike = MANIFEST_PATH, names: list[str] | None = None, fetch=_fetch
+) -> list[str]:
     """Fetch the manifest's traces into dest and check their sha256; a file already there with the right hash is kept.
 
     Returns one status line per trace. A hash mismatch leaves no file behind and raises a one-line ValueError.
@@ -51,8 +53,10 @@ def download(dest: str | os.PathLike, manifest: str | os.PathLike = MANIFEST_PAT
             fetch(entry["url"], Path(tmp))
             got = sha256_of(tmp)
             if got != entry["sha256"]:
-                raise ValueError(f"{entry['url']}: sha256 {got} is not the manifest's {entry['sha256']} "
-                                 f"for {name}; nothing was written")
+                raise ValueError(
+                    f"{entry['url']}: sha256 {got} is not the manifest's {entry['sha256']} "
+                    f"for {name}; nothing was written"
+                )
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):

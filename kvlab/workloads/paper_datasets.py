@@ -15,6 +15,7 @@ paper used it:
 A Dataset gives request lengths from a numpy Generator; workload() adds Poisson arrivals: lengths are drawn
 first, then unit-rate gaps, so one seed gives the same requests at every rate (the gaps divided by the rate).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ SHAREGPT_MEAN_TOKENS = {"input": 161.31, "output": 337.99}
 ALPACA_MEAN_TOKENS = {"input": 19.31, "output": 58.45}
 SHAREGPT_INPUTS = {
     "turn": "each turn's new input: its prefill less the previous turn's prefill and output (conversations found "
-            "by the history growing)",
+    "by the history growing)",
     "processed": "the file's prefill as it is: the whole conversation so far",
 }
 ALPACA_FAMILIES = {
@@ -64,11 +65,17 @@ def turn_inputs(prefill_tokens, decode_tokens) -> Turns:
     prefill = np.asarray(prefill_tokens, dtype=np.int64)
     decode = np.asarray(decode_tokens, dtype=np.int64)
     if prefill.shape != decode.shape or prefill.ndim != 1 or len(prefill) == 0:
-        validate.fail("prefill_tokens", f"{prefill.shape} values", f"must be one or more, as many as decode_tokens "
-                      f"({decode.shape})")
+        validate.fail(
+            "prefill_tokens",
+            f"{prefill.shape} values",
+            f"must be one or more, as many as decode_tokens ({decode.shape})",
+        )
     if prefill.min() < 1 or decode.min() < 1:
-        validate.fail("prefill_tokens", int(min(prefill.min(), decode.min())), "every turn needs at least one prefill "
-                      "and one decode token")
+        validate.fail(
+            "prefill_tokens",
+            int(min(prefill.min(), decode.min())),
+            "every turn needs at least one prefill and one decode token",
+        )
     history = np.concatenate([[0], (prefill + decode)[:-1]])
     continues = np.concatenate([[False], prefill[1:] > history[1:]])
     inputs = np.where(continues, prefill - history, prefill)
@@ -143,12 +150,14 @@ class SyntheticLengths:
 
     def lengths(self, num_requests: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """num_requests (input, output) lengths: inputs drawn first, then outputs."""
-        return (self._draw(self.mean_input_tokens, num_requests, rng),
-                self._draw(self.mean_output_tokens, num_requests, rng))
+        return (
+            self._draw(self.mean_input_tokens, num_requests, rng),
+            self._draw(self.mean_output_tokens, num_requests, rng),
+        )
 
     def _draw(self, mean: float, n: int, rng: np.random.Generator) -> np.ndarray:
         if self.family == "geometric":
-            return rng.geometric(1.0 / mean, size=n).astype(np.int64)   # support 1, 2, ...; mean exactly `mean`
+            return rng.geometric(1.0 / mean, size=n).astype(np.int64)  # support 1, 2, ...; mean exactly `mean`
         return synthetic.sample_lengths("gamma", n, rng, mean_tokens=mean, cv=0.5)
 
     def mean_tokens(self) -> dict:

@@ -1,4 +1,5 @@
 """Synthetic workloads: Poisson arrivals and request-length families, drawn from a numpy Generator."""
+
 from __future__ import annotations
 
 import math
@@ -26,12 +27,16 @@ def poisson_arrivals(num_requests: int, rate_per_s: float, rng: np.random.Genera
 # kvlab.sections.s01_allocation.fit_article_lengths() to the article's section 1 totals (see there).
 S1_MIXTURE_PARAMS = {"log_mean": 5.2081, "log_sigma": 0.8259, "uniform_share": 0.1728}
 # Section 2's output lengths, as the article states them: 85% in [40, 200], 15% in [400, 1,000] tokens.
-S2_OUTPUT_PARAMS = {"short_tokens": article.SHORT_OUTPUT_TOKENS, "long_tokens": article.LONG_OUTPUT_TOKENS,
-                    "long_share": article.LONG_OUTPUT_SHARE}
+S2_OUTPUT_PARAMS = {
+    "short_tokens": article.SHORT_OUTPUT_TOKENS,
+    "long_tokens": article.LONG_OUTPUT_TOKENS,
+    "long_share": article.LONG_OUTPUT_SHARE,
+}
 
 
-def article_s1_pmf(log_mean: float, log_sigma: float, uniform_share: float,
-                   max_len_tokens: int = article.MAX_LEN_TOKENS) -> np.ndarray:
+def article_s1_pmf(
+    log_mean: float, log_sigma: float, uniform_share: float, max_len_tokens: int = article.MAX_LEN_TOKENS
+) -> np.ndarray:
     """P(length = l) for l = 1..max_len_tokens (index l - 1) of the article-s1 mixture.
 
     With probability 1 - uniform_share a length is ceil(X), X lognormal(log_mean, log_sigma) conditioned
@@ -122,8 +127,11 @@ def _gamma(num_requests, rng, *, mean_tokens=article.MEAN_OUTPUT_TOKENS, cv=1.0,
 
 # name -> (generator, one-line description). Add a family here and `kvlab allocate --lengths` lists it.
 LENGTH_DISTRIBUTIONS = {
-    "article-s1": (_article_s1, "section 1 default: lognormal(5.208, 0.826) with 17.3% uniform on 1..max, "
-                                "fitted to the article's totals (mean ~567 tokens)"),
+    "article-s1": (
+        _article_s1,
+        "section 1 default: lognormal(5.208, 0.826) with 17.3% uniform on 1..max, "
+        "fitted to the article's totals (mean ~567 tokens)",
+    ),
     "article-s2": (_article_s2, "section 2 outputs: 85% uniform 40-200, 15% uniform 400-1,000 tokens"),
     "exponential": (_exponential, "exponential, mean 567 tokens, conditioned on <= max"),
     "uniform": (_uniform, "uniform on 1..max tokens"),
@@ -155,8 +163,14 @@ S2_LENGTHS = ("article", "constant")
 S2_ARRIVAL_RATE_PER_S = 11.0
 
 
-def article_s2_workload(num_requests: int, arrival_rate: float, lengths: str, rng: np.random.Generator,
-                        *, constant_tokens: int = article.CONSTANT_TOKENS) -> Workload:
+def article_s2_workload(
+    num_requests: int,
+    arrival_rate: float,
+    lengths: str,
+    rng: np.random.Generator,
+    *,
+    constant_tokens: int = article.CONSTANT_TOKENS,
+) -> Workload:
     """Poisson arrivals at arrival_rate (requests/s) with the article's section 2 output lengths, no prompts.
 
     lengths: "article" (85% uniform 40-200, 15% uniform 400-1,000 tokens) or "constant"
@@ -172,8 +186,15 @@ def article_s2_workload(num_requests: int, arrival_rate: float, lengths: str, rn
 
 
 # ---------------------------------------------------------------- a plain serving workload
-def gamma_workload(num_requests: int, rate_per_s: float, prompt_tokens: float, output_tokens: float,
-                   rng: np.random.Generator, *, cv: float = 1.0) -> Workload:
+def gamma_workload(
+    num_requests: int,
+    rate_per_s: float,
+    prompt_tokens: float,
+    output_tokens: float,
+    rng: np.random.Generator,
+    *,
+    cv: float = 1.0,
+) -> Workload:
     """Poisson arrivals at rate_per_s (requests/s), then gamma prompt and output lengths of those means (tokens) and
     coefficient of variation cv, each at least 1 token: kvlab's stand-in for a real trace."""
     arrival = poisson_arrivals(num_requests, rate_per_s, rng)

@@ -5,6 +5,7 @@ and returns a TraceLoad: the Workload plus the rows it skipped. A bad row is a o
 "<file>:<line>: ..." unless on_bad_row="skip" asks to skip and count it. `trace_dir()` finds the
 folder holding the files that data/traces.toml lists; `kvlab traces download` fetches them.
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -54,9 +55,9 @@ class TraceLoad:
     workload: Workload
     path: str
     trace_format: str
-    num_rows: int                       # data rows read (header and blank lines not counted)
-    bad_rows: tuple[BadRow, ...] = ()   # skipped rows, only with on_bad_row="skip"
-    poisson_arrivals: bool = False      # True when the file has no timestamps and arrivals were drawn
+    num_rows: int  # data rows read (header and blank lines not counted)
+    bad_rows: tuple[BadRow, ...] = ()  # skipped rows, only with on_bad_row="skip"
+    poisson_arrivals: bool = False  # True when the file has no timestamps and arrivals were drawn
 
     @property
     def num_skipped(self) -> int:
@@ -65,8 +66,10 @@ class TraceLoad:
 
     def summary(self) -> str:
         """One line: format, file name, requests kept, rows skipped and the first skipped line."""
-        text = (f"{self.trace_format} trace {Path(self.path).name}: {self.workload.num_requests:,} requests "
-                f"from {self.num_rows:,} rows, {self.num_skipped:,} bad rows skipped")
+        text = (
+            f"{self.trace_format} trace {Path(self.path).name}: {self.workload.num_requests:,} requests "
+            f"from {self.num_rows:,} rows, {self.num_skipped:,} bad rows skipped"
+        )
         if self.bad_rows:
             text += f" (first: line {self.bad_rows[0].line}: {self.bad_rows[0].reason})"
         if self.poisson_arrivals:
@@ -114,9 +117,16 @@ def missing_traces(directory: str | os.PathLike | None = None) -> list[str]:
 # Loading
 
 
-def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_row: str = "raise",
-               arrival_rate_per_s: float | None = None, rng: np.random.Generator | None = None,
-               max_requests: int | None = None, name: str | None = None) -> TraceLoad:
+def load_trace(
+    path: str | os.PathLike,
+    trace_format: str = "auto",
+    *,
+    on_bad_row: str = "raise",
+    arrival_rate_per_s: float | None = None,
+    rng: np.random.Generator | None = None,
+    max_requests: int | None = None,
+    name: str | None = None,
+) -> TraceLoad:
     """Load an Azure, Mooncake or ShareGPT trace file as a Workload (arrivals in s from the first request).
 
     trace_format: "auto" (tell by content) or one of FILE_FORMATS. on_bad_row: "raise" (ValueError
@@ -133,8 +143,10 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
         with open(path, encoding="utf-8", newline=None) as f:  # newline=None: CRLF and LF alike
             lines = f.read().split("\n")
     except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
-                         "a trace is a CSV or JSONL text file") from None
+        raise ValueError(
+            f"{path}: is not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+            "a trace is a CSV or JSONL text file"
+        ) from None
     first = next((i for i, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}:1: the file is empty: a trace needs a header or JSON rows")
@@ -146,12 +158,17 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
         parse, start = _csv_parser(path, first + 1, lines[first], trace_format), first + 1
     has_time = trace_format != "sharegpt"
     if has_time and arrival_rate_per_s is not None:
-        validate.fail("arrival_rate_per_s", arrival_rate_per_s,
-                      f"the {trace_format} trace has its own timestamps; leave the rate unset")
+        validate.fail(
+            "arrival_rate_per_s",
+            arrival_rate_per_s,
+            f"the {trace_format} trace has its own timestamps; leave the rate unset",
+        )
     if not has_time:
         if arrival_rate_per_s is None:
-            raise ValueError(f"arrival_rate_per_s is needed: the {trace_format} trace has no timestamps, so its "
-                             "requests arrive as a Poisson process at a rate you give (requests/s)")
+            raise ValueError(
+                f"arrival_rate_per_s is needed: the {trace_format} trace has no timestamps, so its "
+                "requests arrive as a Poisson process at a rate you give (requests/s)"
+            )
         validate.in_range("arrival_rate_per_s", arrival_rate_per_s, "arrival_rate")
         if not isinstance(rng, np.random.Generator):
             validate.fail("rng", rng, "a numpy.random.Generator is needed to draw Poisson arrivals")
@@ -189,11 +206,13 @@ def load_trace(path: str | os.PathLike, trace_format: str = "auto", *, on_bad_ro
     else:
         arrival_s = poisson_arrivals(len(prompts), arrival_rate_per_s, rng)
     workload = Workload(
-        arrival_s=arrival_s, prompt_tokens=np.array(prompts, dtype=np.int64),
+        arrival_s=arrival_s,
+        prompt_tokens=np.array(prompts, dtype=np.int64),
         output_tokens=np.array(outputs, dtype=np.int64),
         prefix_hashes=tuple(np.array(ids, dtype=np.int64) for ids in hashes) if hashes else None,
         prefix_block_tokens=MOONCAKE_HASH_BLOCK_TOKENS if hashes else None,
-        name=name if name is not None else trace_format)
+        name=name if name is not None else trace_format,
+    )
     return TraceLoad(workload, path, trace_format, num_rows, tuple(bad), poisson_arrivals=not has_time)
 
 
@@ -213,8 +232,10 @@ def _detect_format(path: str, line_no: int, header: str) -> str:
     for fmt, needed in _CSV_COLUMNS.items():
         if {c for c in needed if c} <= columns:
             return fmt
-    raise ValueError(f"{path}:{line_no}: cannot tell the trace format from {header.strip()[:80]!r}: "
-                     f"name it with trace_format, one of {', '.join(FILE_FORMATS)}")
+    raise ValueError(
+        f"{path}:{line_no}: cannot tell the trace format from {header.strip()[:80]!r}: "
+        f"name it with trace_format, one of {', '.join(FILE_FORMATS)}"
+    )
 
 
 def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
@@ -223,8 +244,10 @@ def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
     needed = _CSV_COLUMNS[trace_format]
     missing = [c for c in needed if c and c not in columns]
     if missing:
-        raise ValueError(f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)} that a "
-                         f"{trace_format} trace needs (found: {', '.join(columns)[:80]})")
+        raise ValueError(
+            f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)} that a "
+            f"{trace_format} trace needs (found: {', '.join(columns)[:80]})"
+        )
     time_col, prompt_col, output_col = needed
     i_time = columns.index(time_col) if time_col else None
     i_prompt, i_output = columns.index(prompt_col), columns.index(output_col)
@@ -234,7 +257,13 @@ def _csv_parser(path: str, line_no: int, header: str, trace_format: str):
         fields = line.split(",")
         if len(fields) < width:
             raise _Bad(f"{len(fields)} columns where the header has {width} ({', '.join(columns)})")
-        t = None if i_time is None else _seconds(fields[i_time]) if trace_format == "csv" else _azure_time(fields[i_time])
+        t = (
+            None
+            if i_time is None
+            else _seconds(fields[i_time])
+            if trace_format == "csv"
+            else _azure_time(fields[i_time])
+        )
         prompt = _count(prompt_col, _int_or_none(fields[i_prompt]), 0, fields[i_prompt])
         return t, prompt, _count(output_col, _int_or_none(fields[i_output]), 1, fields[i_output]), None
 
@@ -274,8 +303,10 @@ def _count(column: str, value, minimum: int, shown=None) -> int:
     """value if it is a whole number >= minimum (a token count); shown is the CSV text it came from."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         why = "a request generates at least one token" if minimum == 1 else "a token count"
-        raise _Bad(f"{column}={value if shown is None else shown!r} is not allowed: must be a whole number "
-                   f">= {minimum} ({why})")
+        raise _Bad(
+            f"{column}={value if shown is None else shown!r} is not allowed: must be a whole number "
+            f">= {minimum} ({why})"
+        )
     return value
 
 
@@ -295,12 +326,15 @@ def _mooncake_row(line: str):
     prompt = _count("input_length", row["input_length"], 0)
     output = _count("output_length", row["output_length"], 1)
     ids = row["hash_ids"]
-    if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63
-                                            for h in ids):  # they are kept as int64
+    if not isinstance(ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and 0 <= h < 2**63 for h in ids
+    ):  # they are kept as int64
         raise _Bad(f"hash_ids={str(ids)[:40]} is not allowed: must be a list of whole numbers >= 0 and < 2^63")
     if len(ids) != cdiv(prompt, MOONCAKE_HASH_BLOCK_TOKENS):
-        raise _Bad(f"hash_ids has {len(ids)} blocks but input_length={prompt} needs "
-                   f"{cdiv(prompt, MOONCAKE_HASH_BLOCK_TOKENS)} blocks of {MOONCAKE_HASH_BLOCK_TOKENS} tokens")
+        raise _Bad(
+            f"hash_ids has {len(ids)} blocks but input_length={prompt} needs "
+            f"{cdiv(prompt, MOONCAKE_HASH_BLOCK_TOKENS)} blocks of {MOONCAKE_HASH_BLOCK_TOKENS} tokens"
+        )
     return t, prompt, output, ids
 
 
@@ -321,8 +355,9 @@ def _seconds_from_first(times: list, trace_format: str) -> np.ndarray:
 OVER_MAX_LEN = ("error", "drop")
 
 
-def request_lengths(workload: Workload, max_len_tokens: int | None = None, *,
-                    over_max_len: str = "error") -> tuple[np.ndarray, int]:
+def request_lengths(
+    workload: Workload, max_len_tokens: int | None = None, *, over_max_len: str = "error"
+) -> tuple[np.ndarray, int]:
     """Each request's length for section 1 (prompt + output tokens) and how many were dropped as too long.
 
     over_max_len: "error" (a ValueError naming how many requests exceed max_len_tokens and the largest)
@@ -336,11 +371,17 @@ def request_lengths(workload: Workload, max_len_tokens: int | None = None, *,
     too_long = lengths > max_len_tokens
     num_over = int(too_long.sum())
     if num_over and over_max_len == "error":
-        validate.fail("max_len_tokens", max_len_tokens,
-                      f"{num_over:,} of the trace's {len(lengths):,} requests are longer (largest "
-                      f"{int(lengths.max()):,} tokens = prompt + output); raise it, or drop them "
-                      "(over_max_len=drop, kvlab allocate --drop-over-max-len)")
+        validate.fail(
+            "max_len_tokens",
+            max_len_tokens,
+            f"{num_over:,} of the trace's {len(lengths):,} requests are longer (largest "
+            f"{int(lengths.max()):,} tokens = prompt + output); raise it, or drop them "
+            "(over_max_len=drop, kvlab allocate --drop-over-max-len)",
+        )
     if num_over == len(lengths):
-        validate.fail("max_len_tokens", max_len_tokens, f"every request of the trace is longer (shortest "
-                      f"{int(lengths.min()):,} tokens); nothing would be left")
+        validate.fail(
+            "max_len_tokens",
+            max_len_tokens,
+            f"every request of the trace is longer (shortest {int(lengths.min()):,} tokens); nothing would be left",
+        )
     return lengths[~too_long], num_over

@@ -6,6 +6,7 @@ vLLM's engine-core queued time), the settings in vLLM's names (those meta.json d
 defaults, listed in `assumed`), and per request the first-scheduled, first-token and finish times on the same
 clock. data/README.md gives the origin of each file.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,8 +25,13 @@ CHECKS_DIR = DATA_DIR / "checks"
 # The runs' GPUs by the source's folder name -> kvlab's name (data/gpus.csv).
 GPUS = {"RTXPRO6000": "RTX-PRO-6000-Server-96GB"}
 # What meta.json leaves out: vLLM 0.19.0's defaults, as kvlab assumes them.
-DEFAULTS = {"block_size": 16, "gpu_memory_utilization": 0.9, "enable_chunked_prefill": True,
-            "enable_prefix_caching": True, "async_scheduling": True}
+DEFAULTS = {
+    "block_size": 16,
+    "gpu_memory_utilization": 0.9,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "async_scheduling": True,
+}
 KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16"}
 
 
@@ -33,10 +39,10 @@ KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16"}
 class VllmRun:
     """One real vLLM run: its workload, settings and the per-request times vLLM measured (s, the run's clock)."""
 
-    name: str                       # e.g. "llmservingsim/RTXPRO6000/Llama-3.1-8B"
+    name: str  # e.g. "llmservingsim/RTXPRO6000/Llama-3.1-8B"
     workload: Workload
-    settings: dict                  # vLLM's names: model, gpu, tensor_parallel_size, max_num_seqs, ...
-    assumed: tuple[str, ...]        # settings meta.json does not record (vLLM's defaults)
+    settings: dict  # vLLM's names: model, gpu, tensor_parallel_size, max_num_seqs, ...
+    assumed: tuple[str, ...]  # settings meta.json does not record (vLLM's defaults)
     request_ids: tuple[str, ...]
     first_scheduled_s: np.ndarray
     first_token_s: np.ndarray
@@ -63,13 +69,22 @@ class VllmRun:
     def engine_config(self, **changes) -> EngineConfig:
         """kvlab's EngineConfig of the run's settings (a data-parallel rank's: TP only), with changes by vLLM name."""
         s = self.settings
-        return EngineConfig().replace(
-            block_size=s["block_size"], gpu_memory_utilization=s["gpu_memory_utilization"],
-            kv_cache_dtype=s["kv_cache_dtype"], enable_prefix_caching=s["enable_prefix_caching"],
-            tensor_parallel_size=s["tensor_parallel_size"], max_num_seqs=s["max_num_seqs"],
-            max_num_batched_tokens=s["max_num_batched_tokens"], max_model_len=s["max_model_len"],
-            enable_chunked_prefill=s["enable_chunked_prefill"], async_scheduling=s["async_scheduling"]) \
+        return (
+            EngineConfig()
+            .replace(
+                block_size=s["block_size"],
+                gpu_memory_utilization=s["gpu_memory_utilization"],
+                kv_cache_dtype=s["kv_cache_dtype"],
+                enable_prefix_caching=s["enable_prefix_caching"],
+                tensor_parallel_size=s["tensor_parallel_size"],
+                max_num_seqs=s["max_num_seqs"],
+                max_num_batched_tokens=s["max_num_batched_tokens"],
+                max_model_len=s["max_model_len"],
+                enable_chunked_prefill=s["enable_chunked_prefill"],
+                async_scheduling=s["async_scheduling"],
+            )
             .replace(**changes)
+        )
 
 
 def check_runs(directory: str | Path = CHECKS_DIR) -> list[str]:
@@ -84,15 +99,20 @@ def _settings(meta: dict, folder: Path) -> tuple[dict, tuple[str, ...]]:
     hardware = meta.get("hardware")
     if hardware not in GPUS:
         validate.fail("hardware", hardware, f"of {folder} must be one of {', '.join(GPUS)}")
-    settings = {"model": model.name, "gpu": GPUS[hardware], "vllm_version": meta["vllm_version"],
-                "dtype": kwargs.get("dtype", "auto"),
-                "kv_cache_dtype": KV_CACHE_DTYPES.get(kwargs.get("kv_cache_dtype", "auto"), kwargs.get("kv_cache_dtype")),
-                "tensor_parallel_size": kwargs.get("tensor_parallel_size", 1),
-                "data_parallel_size": kwargs.get("data_parallel_size", 1),
-                "enable_expert_parallel": kwargs.get("enable_expert_parallel", False),
-                "max_num_seqs": kwargs["max_num_seqs"], "max_num_batched_tokens": kwargs["max_num_batched_tokens"],
-                # None: vLLM takes the model's max_position_embeddings
-                "max_model_len": kwargs.get("max_model_len") or model.max_position_embeddings}
+    settings = {
+        "model": model.name,
+        "gpu": GPUS[hardware],
+        "vllm_version": meta["vllm_version"],
+        "dtype": kwargs.get("dtype", "auto"),
+        "kv_cache_dtype": KV_CACHE_DTYPES.get(kwargs.get("kv_cache_dtype", "auto"), kwargs.get("kv_cache_dtype")),
+        "tensor_parallel_size": kwargs.get("tensor_parallel_size", 1),
+        "data_parallel_size": kwargs.get("data_parallel_size", 1),
+        "enable_expert_parallel": kwargs.get("enable_expert_parallel", False),
+        "max_num_seqs": kwargs["max_num_seqs"],
+        "max_num_batched_tokens": kwargs["max_num_batched_tokens"],
+        # None: vLLM takes the model's max_position_embeddings
+        "max_model_len": kwargs.get("max_model_len") or model.max_position_embeddings,
+    }
     assumed = [name for name in DEFAULTS if name not in kwargs]
     settings |= {name: kwargs.get(name, default) for name, default in DEFAULTS.items()}
     if kwargs.get("max_model_len") is None:
@@ -113,12 +133,21 @@ def load_vllm_run(name: str, directory: str | Path = CHECKS_DIR) -> VllmRun:
     def column(key: str, kind=float) -> np.ndarray:
         return np.array([kind(r[key]) for r in rows])
 
-    workload = Workload(column("arrival_s"), column("prompt_tokens", int), column("output_tokens", int),
-                        name=f"vLLM run {name}")
-    return VllmRun(name, workload, settings, assumed, tuple(r["request_id"] for r in rows),
-                   column("first_scheduled_s"), column("first_token_s"), column("finish_s"),
-                   f"{meta['model']} on {settings['gpu']}, vLLM {meta['vllm_version']} "
-                   f"({meta['num_requests']} requests of {meta['dataset_path']}, {meta['started_at']})")
+    workload = Workload(
+        column("arrival_s"), column("prompt_tokens", int), column("output_tokens", int), name=f"vLLM run {name}"
+    )
+    return VllmRun(
+        name,
+        workload,
+        settings,
+        assumed,
+        tuple(r["request_id"] for r in rows),
+        column("first_scheduled_s"),
+        column("first_token_s"),
+        column("finish_s"),
+        f"{meta['model']} on {settings['gpu']}, vLLM {meta['vllm_version']} "
+        f"({meta['num_requests']} requests of {meta['dataset_path']}, {meta['started_at']})",
+    )
 
 
 __all__ = ["CHECKS_DIR", "VllmRun", "check_runs", "load_vllm_run"]

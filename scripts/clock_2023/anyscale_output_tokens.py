@@ -12,6 +12,7 @@ written. The draw is re-done here step by step (no tokenizer is needed: it consu
 Check: the cap-32 column sums to 15,610, the response_token_count of the run logged in the benchmark's
 issue #4.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,14 +24,18 @@ import numpy as np
 
 CAPS = (32, 128, 512, 1536)
 NUM_REQUESTS, PROMPT_TOKENS, MEAN_OUTPUT_TOKENS = 1000, 512, 128
-OUT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                   "data", "clock_2023", "anyscale_output_tokens.csv")
+OUT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "data",
+    "clock_2023",
+    "anyscale_output_tokens.csv",
+)
 
 
 def output_tokens(cap: int) -> list[int]:
     """The max_tokens vLLM was asked for, per request, at one cap."""
     random.seed(0xCADE)
-    for _ in range(NUM_REQUESTS):                 # prompt lengths: randint(512, 512) still draws
+    for _ in range(NUM_REQUESTS):  # prompt lengths: randint(512, 512) still draws
         random.randint(PROMPT_TOKENS, PROMPT_TOKENS)
     for _ in range(NUM_REQUESTS * PROMPT_TOKENS):  # the prompts' random token ids
         random.randint(10, 50000)

@@ -10,6 +10,7 @@ y=142.867 pt, 250 us at y=91.729 pt; the PDF gives coordinates to 0.001 pt, so +
 Colours tell the systems apart (blue vLLM, orange FasterTransformer); the legend gives both batch sizes the
 same marker, so the lower line of each colour is taken as batch 8, the upper as batch 32.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,7 +18,7 @@ import sys
 import pdfplumber
 
 ZERO_PT, TOP_PT, TOP_US = 142.867, 91.729, 250.0
-CONTEXTS = {345.5: 64, 370.35: 128, 420.05: 256}     # x of the axis's ticks (pt) -> context length
+CONTEXTS = {345.5: 64, 370.35: 128, 420.05: 256}  # x of the axis's ticks (pt) -> context length
 SYSTEMS = {(0.1215686275, 0.4666666667, 0.7058823529): "vLLM", (1.0, 0.4980392157, 0.0549019608): "FasterTransformer"}
 
 
@@ -27,7 +28,7 @@ def main(path: str) -> None:
     rows = []
     for system in SYSTEMS.values():
         mine = [c for c in lines if SYSTEMS.get(tuple(round(v, 10) for v in c["stroking_color"])) == system]
-        mine.sort(key=lambda c: -c["top"])                     # lower line (larger y) first: batch 8
+        mine.sort(key=lambda c: -c["top"])  # lower line (larger y) first: batch 8
         for batch, curve in zip((8, 32), mine):
             for x, y in curve["pts"]:
                 us = (ZERO_PT - y) * TOP_US / (ZERO_PT - TOP_PT)

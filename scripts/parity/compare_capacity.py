@@ -23,6 +23,7 @@
 Exit status 0 only when every case is identical. --vllm-output OUT.json compares an earlier vLLM run
 instead of running vLLM (for checking kvlab changes quickly); --keep DIR keeps vLLM's IN/OUT.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,15 +50,33 @@ GIB = 2**30
 
 # ---------------------------------------------------------------- models
 ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-    "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration",
-    "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
-    "opt": "OPTForCausalLM", "gpt_neox": "GPTNeoXForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "opt": "OPTForCausalLM",
+    "gpt_neox": "GPTNeoXForCausalLM",
 }
-FAMILIES = (("gemma-2", "Gemma 2"), ("gemma2", "Gemma 2"), ("gemma-3", "Gemma 3"), ("llama", "Llama"),
-            ("mistral", "Mistral"), ("mixtral", "Mistral"), ("qwen", "Qwen"), ("phi", "Phi"),
-            ("deepseek", "DeepSeek"), ("opt", "OPT"), ("neox", "GPT-NeoX"))
+FAMILIES = (
+    ("gemma-2", "Gemma 2"),
+    ("gemma2", "Gemma 2"),
+    ("gemma-3", "Gemma 3"),
+    ("llama", "Llama"),
+    ("mistral", "Mistral"),
+    ("mixtral", "Mistral"),
+    ("qwen", "Qwen"),
+    ("phi", "Phi"),
+    ("deepseek", "DeepSeek"),
+    ("opt", "OPT"),
+    ("neox", "GPT-NeoX"),
+)
 
 
 def catalog_config(row: dict) -> dict:
@@ -66,10 +85,19 @@ def catalog_config(row: dict) -> dict:
     kind = row["model_type"]
     heads, head_dim = int(row["num_attention_heads"]), int(row["head_dim"])
     hidden = heads * head_dim if row["attention"] != "mla" else 128 * heads
-    config = {"architectures": [ARCHITECTURES[kind]], "model_type": kind, "num_hidden_layers": int(row["num_layers"]),
-              "num_attention_heads": heads, "num_key_value_heads": int(row["num_kv_heads"]), "hidden_size": hidden,
-              "intermediate_size": 4 * hidden, "max_position_embeddings": int(row["max_position_embeddings"]),
-              "vocab_size": 32768, "torch_dtype": "bfloat16", "head_dim": head_dim}
+    config = {
+        "architectures": [ARCHITECTURES[kind]],
+        "model_type": kind,
+        "num_hidden_layers": int(row["num_layers"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(row["num_kv_heads"]),
+        "hidden_size": hidden,
+        "intermediate_size": 4 * hidden,
+        "max_position_embeddings": int(row["max_position_embeddings"]),
+        "vocab_size": 32768,
+        "torch_dtype": "bfloat16",
+        "head_dim": head_dim,
+    }
     window = int(row["sliding_window"])
     if kind in ("opt", "gpt_neox"):  # these derive head_dim = hidden_size / heads
         del config["head_dim"]
@@ -86,18 +114,37 @@ def catalog_config(row: dict) -> dict:
     if kind == "gemma2":
         config.update(sliding_window=window, query_pre_attn_scalar=head_dim)
     if kind.startswith("deepseek"):
-        config.update(kv_lora_rank=int(row["kv_lora_rank"]), qk_rope_head_dim=int(row["qk_rope_head_dim"]),
-                      qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=None if kind == "deepseek_v2" else 1536,
-                      n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=1024, n_shared_experts=2,
-                      first_k_dense_replace=1, n_group=1, topk_group=1, num_key_value_heads=heads)
+        config.update(
+            kv_lora_rank=int(row["kv_lora_rank"]),
+            qk_rope_head_dim=int(row["qk_rope_head_dim"]),
+            qk_nope_head_dim=128,
+            v_head_dim=128,
+            q_lora_rank=None if kind == "deepseek_v2" else 1536,
+            n_routed_experts=64,
+            num_experts_per_tok=6,
+            moe_intermediate_size=1024,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            num_key_value_heads=heads,
+        )
         del config["head_dim"]
     if kind == "gemma3":
         text = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
-        text.update(model_type="gemma3_text", sliding_window=window, query_pre_attn_scalar=head_dim,
-                    sliding_window_pattern=int(row["sliding_window_pattern"]))
-        config = {"architectures": [ARCHITECTURES[kind]], "model_type": "gemma3", "text_config": text,
-                  "vision_config": {"model_type": "siglip_vision_model", "num_attention_heads": 16},
-                  "torch_dtype": "bfloat16"}
+        text.update(
+            model_type="gemma3_text",
+            sliding_window=window,
+            query_pre_attn_scalar=head_dim,
+            sliding_window_pattern=int(row["sliding_window_pattern"]),
+        )
+        config = {
+            "architectures": [ARCHITECTURES[kind]],
+            "model_type": "gemma3",
+            "text_config": text,
+            "vision_config": {"model_type": "siglip_vision_model", "num_attention_heads": 16},
+            "torch_dtype": "bfloat16",
+        }
     return config
 
 
@@ -110,21 +157,33 @@ def synthetic_configs() -> dict[str, dict]:
     gemma = json.loads((FIXTURES / "gemma-2-9b-it.json").read_text())
     llama = json.loads((FIXTURES / "llama-3.1-8b-instruct.json").read_text())
     return {
-        "gemma2-12sw-13full": dict(gemma, num_hidden_layers=25, layer_types=[
-            "sliding_attention" if i % 2 == 0 and i < 24 else "full_attention" for i in range(25)]),
-        "llama-1full-3sw": dict(llama, sliding_window=1024, layer_types=[
-            "full_attention" if i % 4 == 0 else "sliding_attention" for i in range(32)]),
+        "gemma2-12sw-13full": dict(
+            gemma,
+            num_hidden_layers=25,
+            layer_types=["sliding_attention" if i % 2 == 0 and i < 24 else "full_attention" for i in range(25)],
+        ),
+        "llama-1full-3sw": dict(
+            llama,
+            sliding_window=1024,
+            layer_types=["full_attention" if i % 4 == 0 else "sliding_attention" for i in range(32)],
+        ),
     }
 
 
 def models() -> list[dict]:
     """[{name, config, spec (kvlab's ModelSpec)}]: fixtures, catalog rows, synthetic layouts."""
-    out = [{"name": f"fixture:{p.stem}", "config": json.loads(p.read_text()), "spec": from_config(p)}
-           for p in sorted(FIXTURES.glob("*.json"))]
-    out += [{"name": f"catalog:{name}", "config": catalog_config(row), "spec": get_model(name)}
-            for name, row in load_models().items()]
-    out += [{"name": f"synthetic:{name}", "config": config, "spec": from_config(config, name=name)}
-            for name, config in synthetic_configs().items()]
+    out = [
+        {"name": f"fixture:{p.stem}", "config": json.loads(p.read_text()), "spec": from_config(p)}
+        for p in sorted(FIXTURES.glob("*.json"))
+    ]
+    out += [
+        {"name": f"catalog:{name}", "config": catalog_config(row), "spec": get_model(name)}
+        for name, row in load_models().items()
+    ]
+    out += [
+        {"name": f"synthetic:{name}", "config": config, "spec": from_config(config, name=name)}
+        for name, config in synthetic_configs().items()
+    ]
     return out
 
 
@@ -168,7 +227,9 @@ def lengths(max_pos: int) -> list[int]:
 def tensor_sizes(spec) -> list[int]:
     """Tensor sizes vLLM accepts: they divide the heads, and divide or are multiples of the KV heads."""
     kv = 1 if spec.attention == "mla" else spec.num_kv_heads
-    return [tp for tp in (1, 2, 4, 8) if spec.num_attention_heads % tp == 0 and (kv % tp == 0 if kv >= tp else tp % kv == 0)]
+    return [
+        tp for tp in (1, 2, 4, 8) if spec.num_attention_heads % tp == 0 and (kv % tp == 0 if kv >= tp else tp % kv == 0)
+    ]
 
 
 def cases_for(model: dict, full: bool) -> list[dict]:
@@ -177,9 +238,17 @@ def cases_for(model: dict, full: bool) -> list[dict]:
 
     def add(tag: str, memory, **settings):
         label = memory if isinstance(memory, (list, dict)) else f"{memory / GIB:g}GiB"
-        out.append({"id": f"{model['name']}|{tag}|mem={json.dumps(label, separators=(',', ':'))}",
-                    "model": model["name"], "config_ref": model["name"], "available_kv_bytes": memory,
-                    "block_size": 16, "max_num_batched_tokens": 2048, **settings})
+        out.append(
+            {
+                "id": f"{model['name']}|{tag}|mem={json.dumps(label, separators=(',', ':'))}",
+                "model": model["name"],
+                "config_ref": model["name"],
+                "available_kv_bytes": memory,
+                "block_size": 16,
+                "max_num_batched_tokens": 2048,
+                **settings,
+            }
+        )
 
     lens = lengths(spec.max_position_embeddings)
     memories = [int(m * GIB) for m in MEMORY_GIB] + list(BOUNDARY)
@@ -187,8 +256,14 @@ def cases_for(model: dict, full: bool) -> list[dict]:
         for length in lens:
             for mnbt, async_ in BATCHING if full else BATCHING[:2]:
                 for memory in memories:
-                    add(f"tp1pp1|{dtype}|len={length}|mnbt={mnbt}|async={ASYNC[async_]}", memory, kv_cache_dtype=dtype,
-                        max_model_len=length, max_num_batched_tokens=mnbt, async_scheduling=async_)
+                    add(
+                        f"tp1pp1|{dtype}|len={length}|mnbt={mnbt}|async={ASYNC[async_]}",
+                        memory,
+                        kv_cache_dtype=dtype,
+                        max_model_len=length,
+                        max_num_batched_tokens=mnbt,
+                        async_scheduling=async_,
+                    )
     if spec.max_position_embeddings >= 20000:  # on the block grid, 1,250 blocks: vLLM's float product truncates
         for memory in memories:
             add("tp1pp1|auto|len=20000", memory, max_model_len=20000)
@@ -199,40 +274,76 @@ def cases_for(model: dict, full: bool) -> list[dict]:
         for dtype in ("auto", "fp8") if tp == tps[-1] else ("auto",):
             for length in lens[:2]:
                 for memory in (5 * GIB, 20 * GIB, *BOUNDARY):
-                    add(f"tp{tp}pp1|{dtype}|len={length}", memory, kv_cache_dtype=dtype, tensor_parallel_size=tp,
-                        max_model_len=length)
+                    add(
+                        f"tp{tp}pp1|{dtype}|len={length}",
+                        memory,
+                        kv_cache_dtype=dtype,
+                        tensor_parallel_size=tp,
+                        max_model_len=length,
+                    )
     for pp in (2, 3, 4):
         for length in lens[:2]:
             for async_ in (None, False):
                 for memory in (5 * GIB, 20 * GIB, [(20 - s) * GIB for s in range(pp)], *BOUNDARY):
-                    add(f"tp1pp{pp}|auto|len={length}|async={ASYNC[async_]}", memory, pipeline_parallel_size=pp,
-                        max_model_len=length, async_scheduling=async_)
+                    add(
+                        f"tp1pp{pp}|auto|len={length}|async={ASYNC[async_]}",
+                        memory,
+                        pipeline_parallel_size=pp,
+                        max_model_len=length,
+                        async_scheduling=async_,
+                    )
     if 2 in tps:
         for async_ in (None, False):
             for memory in (20 * GIB, *BOUNDARY):
-                add(f"tp2pp2|auto|len={lens[0]}|async={ASYNC[async_]}", memory, tensor_parallel_size=2,
-                    pipeline_parallel_size=2, max_model_len=lens[0], async_scheduling=async_)
+                add(
+                    f"tp2pp2|auto|len={lens[0]}|async={ASYNC[async_]}",
+                    memory,
+                    tensor_parallel_size=2,
+                    pipeline_parallel_size=2,
+                    max_model_len=lens[0],
+                    async_scheduling=async_,
+                )
     if spec.num_sliding_layers:
         for pp in (1, 2):
             for length in (lens[0], lens[-1]):
                 for memory in (20 * GIB, *BOUNDARY):
-                    add(f"tp1pp{pp}|auto|len={length}|hybrid=off", memory, pipeline_parallel_size=pp,
-                        max_model_len=length, hybrid_kv_cache_manager=False)
-                    add(f"tp1pp{pp}|auto|len={length}|CPU_ATTN", memory, pipeline_parallel_size=pp,
-                        max_model_len=length, attention_backend="CPU_ATTN")
+                    add(
+                        f"tp1pp{pp}|auto|len={length}|hybrid=off",
+                        memory,
+                        pipeline_parallel_size=pp,
+                        max_model_len=length,
+                        hybrid_kv_cache_manager=False,
+                    )
+                    add(
+                        f"tp1pp{pp}|auto|len={length}|CPU_ATTN",
+                        memory,
+                        pipeline_parallel_size=pp,
+                        max_model_len=length,
+                        attention_backend="CPU_ATTN",
+                    )
     for block in (32, 64):
         for length in lens[:2]:
             for memory in (20 * GIB, *BOUNDARY):
                 add(f"tp1pp1|auto|len={length}|block={block}", memory, block_size=block, max_model_len=length)
     if spec.num_sliding_layers:  # FLASHINFER's kernel blocks are 16, 32, 64: at 48, window pages are padded
         for memory in (20 * GIB, *BOUNDARY):
-            add(f"tp1pp1|auto|len={lens[-1]}|block=48|FLASHINFER", memory, block_size=48, max_model_len=lens[-1],
-                attention_backend="FLASHINFER")
+            add(
+                f"tp1pp1|auto|len={lens[-1]}|block=48|FLASHINFER",
+                memory,
+                block_size=48,
+                max_model_len=lens[-1],
+                attention_backend="FLASHINFER",
+            )
     if spec.attention != "mla" and model["name"].startswith("fixture:"):
         for dtype, backend in (("int8_per_token_head", None), ("nvfp4", "FLASHINFER")):
             for memory in (20 * GIB, *BOUNDARY):
-                add(f"tp1pp1|{dtype}|len={lens[0]}", memory, kv_cache_dtype=dtype, max_model_len=lens[0],
-                    **({"attention_backend": backend} if backend else {}))
+                add(
+                    f"tp1pp1|{dtype}|len={lens[0]}",
+                    memory,
+                    kv_cache_dtype=dtype,
+                    max_model_len=lens[0],
+                    **({"attention_backend": backend} if backend else {}),
+                )
     return out
 
 
@@ -258,19 +369,24 @@ def kvlab_config(case: dict, config_json: dict) -> EngineConfig:
         dtype = "fp16" if model_dtype == "float16" else "bf16"
     else:
         dtype = KV_DTYPES[dtype]
-    settings = {"kv_cache_dtype": dtype, "block_size": case["block_size"],
-                "tensor_parallel_size": case.get("tensor_parallel_size", 1),
-                "pipeline_parallel_size": case.get("pipeline_parallel_size", 1),
-                "max_num_batched_tokens": case["max_num_batched_tokens"],
-                "hybrid_kv_cache": case.get("hybrid_kv_cache_manager", True),
-                "attention_backend": case.get("attention_backend")}
+    settings = {
+        "kv_cache_dtype": dtype,
+        "block_size": case["block_size"],
+        "tensor_parallel_size": case.get("tensor_parallel_size", 1),
+        "pipeline_parallel_size": case.get("pipeline_parallel_size", 1),
+        "max_num_batched_tokens": case["max_num_batched_tokens"],
+        "hybrid_kv_cache": case.get("hybrid_kv_cache_manager", True),
+        "attention_backend": case.get("attention_backend"),
+    }
     if case.get("async_scheduling") is not None:
         settings["async_scheduling"] = case["async_scheduling"]
     return EngineConfig().replace(**settings)
 
 
-VLLM_REFUSAL = re.compile(r"\(([\d.]+) GiB KV cache is needed, .* memory \(([\d.]+) GiB\)\. "
-                          r"(?:Based on the available memory, the estimated maximum model length is (\d+)\. )?")
+VLLM_REFUSAL = re.compile(
+    r"\(([\d.]+) GiB KV cache is needed, .* memory \(([\d.]+) GiB\)\. "
+    r"(?:Based on the available memory, the estimated maximum model length is (\d+)\. )?"
+)
 KVLAB_REFUSAL = re.compile(r"needs ([\d.]+) GiB .* than the ([\d.]+) GiB")
 
 
@@ -294,19 +410,24 @@ def vllm_figures(result: dict) -> dict:
     if refused:
         match = VLLM_REFUSAL.search(result["error"])
         estimate = match.group(3) if match else None
-    return {"starts": result["starts"],
-            "num_gpu_blocks": min(s["num_blocks"] for s in result["stages"]) if "stages" in result else None,
-            "gpu_kv_cache_tokens": result.get("gpu_kv_cache_tokens"),
-            "max_concurrency": result.get("max_concurrency"),
-            "refusal": refusal_figures(result.get("error") if refused else None, VLLM_REFUSAL, estimate)}
+    return {
+        "starts": result["starts"],
+        "num_gpu_blocks": min(s["num_blocks"] for s in result["stages"]) if "stages" in result else None,
+        "gpu_kv_cache_tokens": result.get("gpu_kv_cache_tokens"),
+        "max_concurrency": result.get("max_concurrency"),
+        "refusal": refusal_figures(result.get("error") if refused else None, VLLM_REFUSAL, estimate),
+    }
 
 
 def kvlab_figures(spec, case: dict, config_json: dict, available: list[int]) -> dict:
     r = vllm_capacity(spec, available, case["max_model_len"], kvlab_config(case, config_json))
-    return {"starts": r["starts"], "num_gpu_blocks": r["num_gpu_blocks"],
-            "gpu_kv_cache_tokens": r["gpu_kv_cache_tokens"] if r["starts"] else None,
-            "max_concurrency": r["max_concurrency"] if r["starts"] else None,
-            "refusal": refusal_figures(r["refusal"], KVLAB_REFUSAL, r["estimated_max_model_len"])}
+    return {
+        "starts": r["starts"],
+        "num_gpu_blocks": r["num_gpu_blocks"],
+        "gpu_kv_cache_tokens": r["gpu_kv_cache_tokens"] if r["starts"] else None,
+        "max_concurrency": r["max_concurrency"] if r["starts"] else None,
+        "refusal": refusal_figures(r["refusal"], KVLAB_REFUSAL, r["estimated_max_model_len"]),
+    }
 
 
 # Why a difference remains, by a predicate on (case, vLLM's result). Empty: kvlab computes what vLLM does.
@@ -342,20 +463,34 @@ def compare(all_models: list[dict], cases: list[dict], vllm_out: dict) -> tuple[
         count["identical"] += not differ
         for figure in differ:
             count[f"{figure} differs"] += 1
-            differences.append({"case": case["id"], "figure": figure, "vllm": theirs.get(figure),
-                                "kvlab": ours.get(figure), "reason": why})
+            differences.append(
+                {
+                    "case": case["id"],
+                    "figure": figure,
+                    "vllm": theirs.get(figure),
+                    "kvlab": ours.get(figure),
+                    "reason": why,
+                }
+            )
     summary = []
     for model in all_models:
         count = tally[model["name"]]
         kind, name = model["name"].split(":", 1)
-        summary.append({
-            "source": kind, "model": name, "family": family(model["name"]), "kv_cache": kv_cache(model["spec"]),
-            "kv_layout": kv_layout(model["spec"]),
-            "cases": count["cases"], "identical": count["identical"], "refused_by_vllm": count["refused by vLLM"],
-            **{f"{f}_differs": count[f"{f} differs"] for f in FIGURES},
-            "specs_from_layer_classes": count["specs from layer classes"],
-            "specs_from_spec_classes": count["specs from spec classes"],
-        })
+        summary.append(
+            {
+                "source": kind,
+                "model": name,
+                "family": family(model["name"]),
+                "kv_cache": kv_cache(model["spec"]),
+                "kv_layout": kv_layout(model["spec"]),
+                "cases": count["cases"],
+                "identical": count["identical"],
+                "refused_by_vllm": count["refused by vLLM"],
+                **{f"{f}_differs": count[f"{f} differs"] for f in FIGURES},
+                "specs_from_layer_classes": count["specs from layer classes"],
+                "specs_from_spec_classes": count["specs from spec classes"],
+            }
+        )
     return summary, differences
 
 
@@ -401,15 +536,24 @@ def main(argv=None) -> int:
     write_csv(opts.out / "capacity_summary.csv", summary, list(summary[0]))
     write_csv(opts.out / "capacity_differences.csv", differences, ["case", "figure", "vllm", "kvlab", "reason"])
     identical = sum(row["identical"] for row in summary)
-    run = {"vllm_version": vllm_out["vllm_version"], "torch_version": vllm_out["torch_version"],
-           "cases": len(cases), "identical": identical, "models": len(summary), "differences": len(differences),
-           "figures": list(FIGURES), "attention_backends": vllm_out["attention_backends"],
-           "vllm_seconds": None if vllm_seconds is None else round(vllm_seconds, 1),
-           "total_seconds": round(time.perf_counter() - started, 1)}
+    run = {
+        "vllm_version": vllm_out["vllm_version"],
+        "torch_version": vllm_out["torch_version"],
+        "cases": len(cases),
+        "identical": identical,
+        "models": len(summary),
+        "differences": len(differences),
+        "figures": list(FIGURES),
+        "attention_backends": vllm_out["attention_backends"],
+        "vllm_seconds": None if vllm_seconds is None else round(vllm_seconds, 1),
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
     (opts.out / "capacity_run.json").write_text(json.dumps(run, indent=1) + "\n")
-    print(f"compare_capacity: {identical:,} of {len(cases):,} cases identical ({identical / len(cases):.2%}) "
-          f"over {len(summary)} models; {len(differences)} differing figures in "
-          f"{opts.out / 'capacity_differences.csv'}; {run['total_seconds']} s")
+    print(
+        f"compare_capacity: {identical:,} of {len(cases):,} cases identical ({identical / len(cases):.2%}) "
+        f"over {len(summary)} models; {len(differences)} differing figures in "
+        f"{opts.out / 'capacity_differences.csv'}; {run['total_seconds']} s"
+    )
     return 0 if identical == len(cases) else 1
 
 

@@ -16,6 +16,7 @@ Writes data/parity/scheduler.csv (one row per run) and exits 1 unless every run 
 
     .venv/bin/python scripts/parity/compare_scheduler.py --vllm-python .venv-vllm/bin/python [--runs NAME ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,17 +33,39 @@ ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
 import scheduler_workloads  # noqa: E402  (beside this script)
+
 from kvlab.core.engine import Engine, Recorder, replay  # noqa: E402
 from kvlab.core.engine.fast import compiled  # noqa: E402
 
 VLLM_SCRIPT = HERE / "vllm_scheduler.py"
 SUMMARY_CSV = ROOT / "data" / "parity" / "scheduler.csv"
 REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions")
-STEP_FIELDS = ("start_s", "end_s", "num_scheduled_tokens", "num_blocks_in_use", "num_running", "num_waiting",
-               "scheduled", "preempted")
-COLUMNS = ("run", "requests", "steps", "preemptions", "identical_requests_pct", "identical_steps_pct",
-           "kvlab_req_per_s", "vllm_req_per_s", "speed_ratio", "first_difference", "compiled_identical_pct",
-           "compiled_req_per_s", "compiled_speed_ratio", "description")
+STEP_FIELDS = (
+    "start_s",
+    "end_s",
+    "num_scheduled_tokens",
+    "num_blocks_in_use",
+    "num_running",
+    "num_waiting",
+    "scheduled",
+    "preempted",
+)
+COLUMNS = (
+    "run",
+    "requests",
+    "steps",
+    "preemptions",
+    "identical_requests_pct",
+    "identical_steps_pct",
+    "kvlab_req_per_s",
+    "vllm_req_per_s",
+    "speed_ratio",
+    "first_difference",
+    "compiled_identical_pct",
+    "compiled_req_per_s",
+    "compiled_speed_ratio",
+    "description",
+)
 # The compiled loop keeps no batch lists (kvlab.core.engine.fast.compiled): its steps are compared on the other fields.
 COMPILED_STEP_FIELDS = tuple(f for f in STEP_FIELDS if f not in ("scheduled", "preempted"))
 
@@ -80,8 +103,11 @@ def compiled_row(doc: dict, theirs: dict) -> dict:
     n, steps = len(theirs["requests"]), len(theirs["steps"])
     identical = not (first or first_step) and same_requests == n and same_steps == steps
     seconds = time_kvlab(doc, path="compiled")
-    return {"compiled_identical_pct": 100.0 if identical else round(100 * min(same_requests / n, same_steps / steps), 3),
-            "compiled_req_per_s": round(n / seconds), "compiled_speed_ratio": round(theirs["wall_s_scheduler"] / seconds, 1)}
+    return {
+        "compiled_identical_pct": 100.0 if identical else round(100 * min(same_requests / n, same_steps / steps), 3),
+        "compiled_req_per_s": round(n / seconds),
+        "compiled_speed_ratio": round(theirs["wall_s_scheduler"] / seconds, 1),
+    }
 
 
 def _same(mine: list, theirs: list, fields: tuple, label: str) -> tuple[int, str]:
@@ -108,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", required=True, help="python of the environment with vllm==0.33.0")
     parser.add_argument("--runs", nargs="*", choices=list(scheduler_workloads.RUNS), help="runs to do (default all)")
-    parser.add_argument("--out", default=str(SUMMARY_CSV), help=f"summary CSV (default {SUMMARY_CSV.relative_to(ROOT)})")
+    parser.add_argument(
+        "--out", default=str(SUMMARY_CSV), help=f"summary CSV (default {SUMMARY_CSV.relative_to(ROOT)})"
+    )
     parser.add_argument("--keep", metavar="DIR", help="keep every IN/OUT document in DIR")
     args = parser.parse_args(argv)
     names = args.runs or list(scheduler_workloads.RUNS)
@@ -116,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kvlab-parity-") as tmp:
         folder = Path(args.keep or tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        print(f"{'run':<24}{'requests':>9}{'steps':>9}{'same req':>10}{'same step':>10}{'kvlab req/s':>13}"
-              f"{'vLLM req/s':>12}{'ratio':>8}", flush=True)
+        print(
+            f"{'run':<24}{'requests':>9}{'steps':>9}{'same req':>10}{'same step':>10}{'kvlab req/s':>13}"
+            f"{'vLLM req/s':>12}{'ratio':>8}",
+            flush=True,
+        )
         for name in names:
             description, build = scheduler_workloads.RUNS[name]
             doc = build()
@@ -132,19 +163,32 @@ def main(argv: list[str] | None = None) -> int:
             kvlab_s = time_kvlab(doc, path="python")
             fast = compiled_row(doc, theirs)
             all_identical &= fast["compiled_identical_pct"] in ("", 100.0)
-            row = {"run": name, "requests": n, "steps": steps,
-                   "preemptions": sum(r["num_preemptions"] for r in theirs["requests"]),
-                   "identical_requests_pct": round(100 * same_requests / n, 3),
-                   "identical_steps_pct": round(100 * same_steps / max(steps, 1), 3),
-                   "kvlab_req_per_s": round(n / kvlab_s), "vllm_req_per_s": round(n / theirs["wall_s_scheduler"]),
-                   "speed_ratio": round(theirs["wall_s_scheduler"] / kvlab_s, 1), "first_difference": first,
-                   **fast, "description": description}
+            row = {
+                "run": name,
+                "requests": n,
+                "steps": steps,
+                "preemptions": sum(r["num_preemptions"] for r in theirs["requests"]),
+                "identical_requests_pct": round(100 * same_requests / n, 3),
+                "identical_steps_pct": round(100 * same_steps / max(steps, 1), 3),
+                "kvlab_req_per_s": round(n / kvlab_s),
+                "vllm_req_per_s": round(n / theirs["wall_s_scheduler"]),
+                "speed_ratio": round(theirs["wall_s_scheduler"] / kvlab_s, 1),
+                "first_difference": first,
+                **fast,
+                "description": description,
+            }
             rows.append(row)
-            print(f"{name:<24}{n:>9,}{steps:>9,}{row['identical_requests_pct']:>9.3f}%{row['identical_steps_pct']:>9.3f}%"
-                  f"{row['kvlab_req_per_s']:>13,}{row['vllm_req_per_s']:>12,}{row['speed_ratio']:>7.1f}x"
-                  + (f"  compiled: {fast['compiled_identical_pct']:.3f}% identical, {fast['compiled_req_per_s']:,} "
-                     f"req/s, {fast['compiled_speed_ratio']:.1f}x" if fast["compiled_req_per_s"] != "" else ""),
-                  flush=True)
+            print(
+                f"{name:<24}{n:>9,}{steps:>9,}{row['identical_requests_pct']:>9.3f}%{row['identical_steps_pct']:>9.3f}%"
+                f"{row['kvlab_req_per_s']:>13,}{row['vllm_req_per_s']:>12,}{row['speed_ratio']:>7.1f}x"
+                + (
+                    f"  compiled: {fast['compiled_identical_pct']:.3f}% identical, {fast['compiled_req_per_s']:,} "
+                    f"req/s, {fast['compiled_speed_ratio']:.1f}x"
+                    if fast["compiled_req_per_s"] != ""
+                    else ""
+                ),
+                flush=True,
+            )
             if first:
                 print(f"  first difference: {first}", flush=True)
     out = Path(args.out)

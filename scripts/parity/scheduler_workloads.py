@@ -10,6 +10,7 @@ prefix caching over shared system prompts (tight memory, so cached blocks are ev
 preempted); and a long-prompt, short-output workload. Each in both of vLLM's scheduling modes: synchronous
 (NAME) and asynchronous, vLLM's default on a GPU (NAME-async).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,15 +20,25 @@ CONSTANT = {"kind": "constant", "step_ms": 8.0}
 
 
 def _config(**settings) -> dict:
-    base = {"num_gpu_blocks": 2000, "block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
-            "max_model_len": 16384, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-            "enable_prefix_caching": False, "async_scheduling": False}
+    base = {
+        "num_gpu_blocks": 2000,
+        "block_size": 16,
+        "max_num_seqs": 256,
+        "max_num_batched_tokens": 8192,
+        "max_model_len": 16384,
+        "enable_chunked_prefill": True,
+        "long_prefill_token_threshold": 0,
+        "enable_prefix_caching": False,
+        "async_scheduling": False,
+    }
     return base | settings
 
 
 def _requests(arrival_s, prompt_tokens, output_tokens, prompt_token_ids=None) -> list[dict]:
-    requests = [{"arrival_s": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}
-                for a, p, o in zip(arrival_s, prompt_tokens, output_tokens)]
+    requests = [
+        {"arrival_s": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}
+        for a, p, o in zip(arrival_s, prompt_tokens, output_tokens)
+    ]
     if prompt_token_ids is not None:
         for request, ids in zip(requests, prompt_token_ids):
             request["prompt_token_ids"] = [int(t) for t in ids]
@@ -40,8 +51,11 @@ def azure(num_gpu_blocks: int, num_requests: int | None = None) -> dict:
 
     load = traces.load_trace(traces.trace_path("azure"), max_requests=num_requests)
     w = load.workload
-    return {"config": _config(num_gpu_blocks=num_gpu_blocks), "cost": LINEAR,
-            "requests": _requests(w.arrival_s, w.prompt_tokens, w.output_tokens)}
+    return {
+        "config": _config(num_gpu_blocks=num_gpu_blocks),
+        "cost": LINEAR,
+        "requests": _requests(w.arrival_s, w.prompt_tokens, w.output_tokens),
+    }
 
 
 def _azure_like(rng, n: int, rate_per_s: float, max_prompt: int = 14_000):
@@ -55,17 +69,29 @@ def _azure_like(rng, n: int, rate_per_s: float, max_prompt: int = 14_000):
 def chunked_prefill_off(n: int = 3000) -> dict:
     """Chunked prefill off (a prompt waits for a step with room for all of it), memory that preempts."""
     arrival, prompt, output = _azure_like(np.random.default_rng(1), n, 6.0, max_prompt=7000)
-    return {"config": _config(num_gpu_blocks=900, max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=64,
-                              enable_chunked_prefill=False), "cost": CONSTANT,
-            "requests": _requests(arrival, prompt, output)}
+    return {
+        "config": _config(
+            num_gpu_blocks=900,
+            max_model_len=8192,
+            max_num_batched_tokens=8192,
+            max_num_seqs=64,
+            enable_chunked_prefill=False,
+        ),
+        "cost": CONSTANT,
+        "requests": _requests(arrival, prompt, output),
+    }
 
 
 def long_prefill_threshold(n: int = 3000) -> dict:
     """A small step budget shared by long prompts capped at 256 tokens a step, memory that preempts."""
     arrival, prompt, output = _azure_like(np.random.default_rng(2), n, 5.0)
-    return {"config": _config(num_gpu_blocks=1200, max_num_batched_tokens=1024, max_num_seqs=128,
-                              long_prefill_token_threshold=256), "cost": LINEAR,
-            "requests": _requests(arrival, prompt, output)}
+    return {
+        "config": _config(
+            num_gpu_blocks=1200, max_num_batched_tokens=1024, max_num_seqs=128, long_prefill_token_threshold=256
+        ),
+        "cost": LINEAR,
+        "requests": _requests(arrival, prompt, output),
+    }
 
 
 def prefix_caching(n: int = 2000) -> dict:
@@ -77,8 +103,11 @@ def prefix_caching(n: int = 2000) -> dict:
     questions = [rng.integers(1000, 30_000, int(q)) for q in np.clip(rng.lognormal(np.log(150), 0.8, n), 1, 2000)]
     ids = [np.concatenate([systems[s], q]) for s, q in zip(which, questions)]
     output = np.clip(rng.lognormal(np.log(100), 1.0, n), 1, 800).astype(np.int64)
-    return {"config": _config(num_gpu_blocks=700, enable_prefix_caching=True), "cost": LINEAR,
-            "requests": _requests(arrival - arrival[0], [len(x) for x in ids], output, ids)}
+    return {
+        "config": _config(num_gpu_blocks=700, enable_prefix_caching=True),
+        "cost": LINEAR,
+        "requests": _requests(arrival - arrival[0], [len(x) for x in ids], output, ids),
+    }
 
 
 def long_prompt_short_output(n: int = 2000) -> dict:
@@ -87,19 +116,28 @@ def long_prompt_short_output(n: int = 2000) -> dict:
     prompt = rng.integers(2000, 8001, n)
     output = rng.integers(16, 129, n)
     arrival = np.cumsum(rng.exponential(1 / 6.0, n))
-    return {"config": _config(num_gpu_blocks=6000), "cost": LINEAR,
-            "requests": _requests(arrival - arrival[0], prompt, output)}
+    return {
+        "config": _config(num_gpu_blocks=6000),
+        "cost": LINEAR,
+        "requests": _requests(arrival - arrival[0], prompt, output),
+    }
 
 
 # name -> (what it shows, the document's builder)
 RUNS = {
-    "azure-preempt": ("Azure conversation trace, all 19,366 requests, 1,100 blocks: memory forces preemption",
-                      lambda: azure(1100)),
-    "azure-ample": ("Azure conversation trace, all 19,366 requests, 40,000 blocks: ample memory",
-                    lambda: azure(40_000)),
+    "azure-preempt": (
+        "Azure conversation trace, all 19,366 requests, 1,100 blocks: memory forces preemption",
+        lambda: azure(1100),
+    ),
+    "azure-ample": (
+        "Azure conversation trace, all 19,366 requests, 40,000 blocks: ample memory",
+        lambda: azure(40_000),
+    ),
     "chunked-prefill-off": ("synthetic, chunked prefill off, 900 blocks", chunked_prefill_off),
-    "long-prefill-threshold": ("synthetic, long_prefill_token_threshold 256, budget 1,024 tokens, 1,200 blocks",
-                               long_prefill_threshold),
+    "long-prefill-threshold": (
+        "synthetic, long_prefill_token_threshold 256, budget 1,024 tokens, 1,200 blocks",
+        long_prefill_threshold,
+    ),
     "prefix-caching": ("synthetic, prefix caching over 8 shared system prompts, 700 blocks", prefix_caching),
     "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
 }
@@ -108,15 +146,19 @@ SYNC_RUNS = dict(RUNS)
 
 def asynchronous(build):
     """The same document with vLLM's asynchronous scheduling (its default on a GPU)."""
+
     def build_async() -> dict:
         doc = build()
         doc["config"]["async_scheduling"] = True
         return doc
+
     return build_async
 
 
 # Every run in both scheduling modes: NAME (synchronous) and NAME-async.
-RUNS |= {f"{name}-async": (f"{what}; asynchronous scheduling", asynchronous(build))
-         for name, (what, build) in SYNC_RUNS.items()}
+RUNS |= {
+    f"{name}-async": (f"{what}; asynchronous scheduling", asynchronous(build))
+    for name, (what, build) in SYNC_RUNS.items()
+}
 # The two runs make bench measures the speed ratio on (the issue's targets).
 SPEED_RUNS = ("azure-preempt", "long-prompt", "azure-preempt-async", "long-prompt-async")

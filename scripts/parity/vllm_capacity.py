@@ -57,6 +57,7 @@ sliding-window block sizes) and the device name in the log line.
 
 Only vLLM is imported (no kvlab, no pandas); a bad case is recorded and the next one runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -222,8 +223,13 @@ def _model_runner_env(runner: str):
 # Settings vLLM resolves in VllmConfig.__post_init__ that the CPU platform's
 # check_and_update_config (run at its end) may change for the CPU's sake.
 # (The hybrid KV cache manager is resolved after the hook; the CPU platform supports it.)
-_WATCHED = (("scheduler_config", "async_scheduling"), ("scheduler_config", "max_num_batched_tokens"),
-            ("cache_config", "block_size"), ("cache_config", "cache_dtype"), ("model_config", "max_model_len"))
+_WATCHED = (
+    ("scheduler_config", "async_scheduling"),
+    ("scheduler_config", "max_num_batched_tokens"),
+    ("cache_config", "block_size"),
+    ("cache_config", "cache_dtype"),
+    ("model_config", "max_model_len"),
+)
 
 
 @contextlib.contextmanager
@@ -325,8 +331,12 @@ def _init_distributed():
     # (it is skipped for dense models, and MoE layers ask for it).
     with set_current_vllm_config(VllmConfig()):
         parallel_state.init_distributed_environment(
-            world_size=1, rank=0, local_rank=0,
-            distributed_init_method=f"file://{_SCRATCH / 'dist_init'}", backend="gloo")
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"file://{_SCRATCH / 'dist_init'}",
+            backend="gloo",
+        )
         parallel_state.initialize_model_parallel(1, 1)
     _DIST_READY = True
 
@@ -404,8 +414,7 @@ def specs_from_model(config, backend, pp_rank: int) -> dict:
     parallel = config.parallel_config
     config.compilation_config.static_forward_context.clear()
     with _as_rank(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, pp_rank):
-        with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), \
-                torch.device("meta"):
+        with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
             initialize_model(config)
         for layer in config.compilation_config.static_forward_context.values():
             if issubclass(getattr(layer, "attn_backend", object), backend):
@@ -439,8 +448,7 @@ def specs_constructed(config, backend, pp_rank: int) -> dict:
     applies customize_attention_spec. Layer names follow vLLM's decoder models.
     """
     model_config, cache_config, parallel = config.model_config, config.cache_config, config.parallel_config
-    start, end = get_pp_indices(model_config.get_total_num_hidden_layers(), pp_rank,
-                                parallel.pipeline_parallel_size)
+    start, end = get_pp_indices(model_config.get_total_num_hidden_layers(), pp_rank, parallel.pipeline_parallel_size)
     dtype_str = cache_config.cache_dtype
     dtype = kv_cache_dtype_str_to_dtype(dtype_str, model_config)
     head = model_config.get_head_size()
@@ -450,21 +458,42 @@ def specs_constructed(config, backend, pp_rank: int) -> dict:
     for i, window in _layer_windows(model_config, start, end).items():
         name = f"model.layers.{i}.self_attn.attn"
         if model_config.use_mla:
-            spec = MLAAttentionSpec(block_size=block, num_kv_heads=1, max_tp_shards=1, head_size=head,
-                                    dtype=dtype, cache_dtype_str=dtype_str, kv_quant_mode=quant)
+            spec = MLAAttentionSpec(
+                block_size=block,
+                num_kv_heads=1,
+                max_tp_shards=1,
+                head_size=head,
+                dtype=dtype,
+                cache_dtype_str=dtype_str,
+                kv_quant_mode=quant,
+            )
         else:
             heads = model_config.get_num_kv_heads(parallel)
             if window is None:
-                spec = FullAttentionSpec(block_size=block, num_kv_heads=heads, head_size=head,
-                                         dtype=dtype, kv_quant_mode=quant)
+                spec = FullAttentionSpec(
+                    block_size=block, num_kv_heads=heads, head_size=head, dtype=dtype, kv_quant_mode=quant
+                )
             else:
-                one = backend.customize_spec(SlidingWindowSpec(
-                    block_size=1, num_kv_heads=heads, head_size=head, dtype=dtype,
-                    kv_quant_mode=quant, sliding_window=window))
+                one = backend.customize_spec(
+                    SlidingWindowSpec(
+                        block_size=1,
+                        num_kv_heads=heads,
+                        head_size=head,
+                        dtype=dtype,
+                        kv_quant_mode=quant,
+                        sliding_window=window,
+                    )
+                )
                 per_token = one.real_page_size_bytes
                 sw_block = _largest_kernel_block_within(backend, per_token, per_token * block, block, one)
-                spec = SlidingWindowSpec(block_size=sw_block, num_kv_heads=heads, head_size=head,
-                                         dtype=dtype, kv_quant_mode=quant, sliding_window=window)
+                spec = SlidingWindowSpec(
+                    block_size=sw_block,
+                    num_kv_heads=heads,
+                    head_size=head,
+                    dtype=dtype,
+                    kv_quant_mode=quant,
+                    sliding_window=window,
+                )
         specs[name] = customize_attention_spec(backend, spec)
     return specs
 
@@ -475,9 +504,15 @@ _SPEC_CACHE: dict[tuple, tuple] = {}
 def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict], str, list[str], bool | None]:
     """Per-stage layer specs ([stage 0, stage 1, ...]), the path used, notes on a fallback, and
     whether the constructed specs equal the model class's (None where only one path ran)."""
-    key = (_model_dir(case), settings["tensor_parallel_size"], settings["pipeline_parallel_size"],
-           config.cache_config.cache_dtype, settings["block_size"], backend.get_name(),
-           settings["spec_source"])
+    key = (
+        _model_dir(case),
+        settings["tensor_parallel_size"],
+        settings["pipeline_parallel_size"],
+        config.cache_config.cache_dtype,
+        settings["block_size"],
+        backend.get_name(),
+        settings["spec_source"],
+    )
     if key in _SPEC_CACHE:
         stages, path, notes, agree = _SPEC_CACHE[key]
         return [dict(s) for s in stages], path, list(notes), agree
@@ -492,8 +527,10 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
         except Exception as error:  # noqa: BLE001 - recorded, then the constructed path
             if settings["spec_source"] == "model":
                 raise
-            notes.append(f"model class failed ({type(error).__name__}: {str(error)[:300]}); "
-                         "specs constructed from vLLM's spec classes")
+            notes.append(
+                f"model class failed ({type(error).__name__}: {str(error)[:300]}); "
+                "specs constructed from vLLM's spec classes"
+            )
             config.compilation_config.static_forward_context.clear()
     agree = None
     if stages is None:
@@ -516,8 +553,11 @@ def _memory_per_worker(spec, stages, config, builder, global_groups, tp: int) ->
             groups = planning._project_kv_cache_groups_to_worker(global_groups, worker_spec)
             one_request = planning._max_memory_usage_bytes_from_groups(builder, config, groups)
             block = planning._pool_bytes_per_block_from_builder(builder, config, groups)
-            per_stage.append(int(spec.get("requests", 1)) * one_request
-                             + int(spec.get("plus_blocks", 0)) * block + int(spec.get("plus_bytes", 0)))
+            per_stage.append(
+                int(spec.get("requests", 1)) * one_request
+                + int(spec.get("plus_blocks", 0)) * block
+                + int(spec.get("plus_bytes", 0))
+            )
         return [m for m in per_stage for _ in range(tp)]
     if isinstance(spec, list):
         if len(spec) == pp:
@@ -588,8 +628,10 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
             # vllm/v1/engine/core.py, EngineCore._initialize_kv_caches, in its order:
             register_all_kvcache_specs(config)
             layout = resolve_kv_cache_layout(
-                config, [[x.name for x in get_supported_kv_cache_layouts([backend])]] * len(kv_cache_specs),
-                [s for specs in kv_cache_specs for s in specs.values()])
+                config,
+                [[x.name for x in get_supported_kv_cache_layouts([backend])]] * len(kv_cache_specs),
+                [s for specs in kv_cache_specs for s in specs.values()],
+            )
             result["resolved"]["kv_cache_layout"] = layout.name
             global_groups = planning.get_global_kv_cache_groups(config, kv_cache_specs)
             config.adjust_dcp_kv_cache_interleave_size(global_groups)
@@ -600,12 +642,14 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
             for worker_spec, avail in zip(stages, memory[::tp]):
                 groups = planning._project_kv_cache_groups_to_worker(global_groups, worker_spec)
                 block = planning._pool_bytes_per_block_from_builder(builder, config, groups)
-                per_stage.append({
-                    "num_layers": len(worker_spec),
-                    "bytes_per_block": block,
-                    "num_blocks": avail // block if groups else 1,
-                    "one_request_bytes": planning._max_memory_usage_bytes_from_groups(builder, config, groups),
-                })
+                per_stage.append(
+                    {
+                        "num_layers": len(worker_spec),
+                        "bytes_per_block": block,
+                        "num_blocks": avail // block if groups else 1,
+                        "one_request_bytes": planning._max_memory_usage_bytes_from_groups(builder, config, groups),
+                    }
+                )
             result["stages"] = per_stage
             result["num_kv_cache_groups"] = len(global_groups)
             result["kv_cache_groups"] = [_group_summary(g, config) for g in global_groups]
@@ -631,7 +675,9 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
             result["max_concurrency"] = config.cache_config.kv_cache_max_concurrency
             result["blocks_per_request"] = sum(
                 -(-g.kv_cache_spec.max_memory_usage_bytes(config) // g.kv_cache_spec.page_size_bytes)
-                for g in groups if not g.host_resident)
+                for g in groups
+                if not g.host_resident
+            )
             return result
     except Exception as error:  # noqa: BLE001 - one bad case must not stop the grid
         # vLLM itself rejects the settings (config) or the memory (planning): it would not start.
@@ -670,13 +716,18 @@ def main(argv=None) -> int:
         results.append(size_case(case, capture))
         if opts.verbose or n % 500 == 0:
             r = results[-1]
-            print(f"[{n}/{len(cases)}] {r['id']}: starts={r.get('starts')} blocks={r.get('num_gpu_blocks')} "
-                  f"{r.get('error', '')[:120]}", file=sys.stderr)
+            print(
+                f"[{n}/{len(cases)}] {r['id']}: starts={r.get('starts')} blocks={r.get('num_gpu_blocks')} "
+                f"{r.get('error', '')[:120]}",
+                file=sys.stderr,
+            )
     out = {
         "vllm_version": vllm.__version__,
         "torch_version": torch.__version__,
-        "platform": ("vLLM's CPU platform; each case's emulation lists the settings set back to what vLLM "
-                     "resolves on a CUDA GPU, as [CPU platform's value, value used]"),
+        "platform": (
+            "vLLM's CPU platform; each case's emulation lists the settings set back to what vLLM "
+            "resolves on a CUDA GPU, as [CPU platform's value, value used]"
+        ),
         "attention_backends": BACKEND_NOTES,
         "seconds": round(time.perf_counter() - started, 2),
         "num_cases": len(results),
@@ -688,9 +739,12 @@ def main(argv=None) -> int:
     Path(opts.output).write_text(f'{head}, "cases": [\n{lines}\n]}}\n')
     refused = sum(1 for r in results if r.get("starts") is False)
     unknown = sum(1 for r in results if r.get("starts") is None)
-    print(f"{len(results)} cases in {out['seconds']} s: {len(results) - refused - unknown} start, "
-          f"{refused} refused or rejected by vLLM, {unknown} not sized (spec errors); "
-          f"output {opts.output}", file=sys.stderr)
+    print(
+        f"{len(results)} cases in {out['seconds']} s: {len(results) - refused - unknown} start, "
+        f"{refused} refused or rejected by vLLM, {unknown} not sized (spec errors); "
+        f"output {opts.output}",
+        file=sys.stderr,
+    )
     return 0
 
 

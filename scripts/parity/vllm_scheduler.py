@@ -190,13 +190,13 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
     if unknown:
         raise BadInputError(f"unknown config keys: {sorted(unknown)}")
     config = {**DEFAULT_CONFIG, **doc.get("config", {})}
-    for key in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens",
-                "max_model_len"):
+    for key in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
         config[key] = _as_int(config[key], f"config.{key}", 1)
     if config["num_gpu_blocks"] < 2:
         raise BadInputError("config.num_gpu_blocks counts vLLM's null block; it must be >= 2")
     config["long_prefill_token_threshold"] = _as_int(
-        config["long_prefill_token_threshold"] or 0, "config.long_prefill_token_threshold", 0)
+        config["long_prefill_token_threshold"] or 0, "config.long_prefill_token_threshold", 0
+    )
     for key in ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"):
         if not isinstance(config[key], bool):
             raise BadInputError(f"config.{key} must be true or false")
@@ -215,19 +215,18 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
         if not math.isfinite(arrival):
             raise BadInputError(f"request {i}: arrival_s must be finite")
         ids = raw.get("prompt_token_ids")
-        prompt = _as_int(raw.get("prompt_tokens", len(ids) if ids else 0),
-                         f"request {i}: prompt_tokens", 1)
+        prompt = _as_int(raw.get("prompt_tokens", len(ids) if ids else 0), f"request {i}: prompt_tokens", 1)
         if ids is not None:
             if len(ids) != prompt or not all(isinstance(t, int) for t in ids):
-                raise BadInputError(
-                    f"request {i}: prompt_token_ids must be {prompt} ints (prompt_tokens)")
+                raise BadInputError(f"request {i}: prompt_token_ids must be {prompt} ints (prompt_tokens)")
             ids = list(ids)
         output = _as_int(raw["output_tokens"], f"request {i}: output_tokens", 1)
         if prompt >= config["max_model_len"]:
             # vLLM's input processor rejects these before they reach the scheduler.
             raise BadInputError(
                 f"request {i}: prompt_tokens={prompt} >= max_model_len="
-                f"{config['max_model_len']}; vLLM rejects such prompts at the API")
+                f"{config['max_model_len']}; vLLM rejects such prompts at the API"
+            )
         requests.append(RequestSpec(i, arrival, prompt, output, ids))
     if not requests:
         raise BadInputError("no requests")
@@ -367,13 +366,14 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
     kv_cache_config = v.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[v.KVCacheGroupSpec(
-            ["layer.0"], v.FullAttentionSpec(
-                block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.float32))],
+        kv_cache_groups=[
+            v.KVCacheGroupSpec(
+                ["layer.0"], v.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.float32)
+            )
+        ],
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
-    scheduler_block_size, hash_block_size = v.resolve_kv_cache_block_sizes(
-        kv_cache_config, vllm_config)
+    scheduler_block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
     scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
     scheduler = scheduler_cls(
         vllm_config=vllm_config,
@@ -388,8 +388,7 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
     if config["enable_prefix_caching"]:
         hash_fn = v.get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
         v.init_none_hash(hash_fn)
-        block_hasher = v.get_request_block_hasher(
-            hash_block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
+        block_hasher = v.get_request_block_hasher(hash_block_size, hash_fn, vllm_config.num_hash_lookahead_tokens)
     return scheduler, block_hasher
 
 
@@ -418,12 +417,15 @@ def _check_effective_config(vllm_config: Any, config: dict[str, Any]) -> None:
         "speculative_config": vllm_config.speculative_config,
     }
     expected_extra = {
-        "max_num_scheduled_tokens": None, "max_num_active_seqs": None, "watermark": 0.0,
-        "prefill_schedule_interval": 1, "scheduler_reserve_full_isl": True,
-        "policy": "fcfs", "speculative_config": None,
+        "max_num_scheduled_tokens": None,
+        "max_num_active_seqs": None,
+        "watermark": 0.0,
+        "prefill_schedule_interval": 1,
+        "scheduler_reserve_full_isl": True,
+        "policy": "fcfs",
+        "speculative_config": None,
     }
-    changed.update({k: (expected_extra[k], got) for k, got in extra.items()
-                    if got != expected_extra[k]})
+    changed.update({k: (expected_extra[k], got) for k, got in extra.items() if got != expected_extra[k]})
     if changed:
         raise RuntimeError(f"vLLM changed the scheduler config (wanted, got): {changed}")
 
@@ -457,8 +459,9 @@ class StepRecord:
 class Replay:
     """Drive one vLLM scheduler through a workload in simulated time."""
 
-    def __init__(self, v: SimpleNamespace, workload: Workload, scheduler: Any,
-                 block_hasher: Any, record_block_ids: bool = False) -> None:
+    def __init__(
+        self, v: SimpleNamespace, workload: Workload, scheduler: Any, block_hasher: Any, record_block_ids: bool = False
+    ) -> None:
         self.v = v
         self.record_block_ids = record_block_ids
         self.workload = workload
@@ -469,8 +472,7 @@ class Replay:
         self.num_usable_blocks = self.block_pool.num_gpu_blocks - 1  # minus the null block
         self.wall_s = 0.0
         # vLLM Request objects by input index (kept after vLLM forgets finished ones).
-        self.vllm_requests = [self._make_request(spec, block_hasher)
-                              for spec in workload.requests]
+        self.vllm_requests = [self._make_request(spec, block_hasher) for spec in workload.requests]
         self.records = [RequestRecord(spec.arrival_s) for spec in workload.requests]
         self.steps: list[StepRecord] = []
         # Arrival order, ties in input order (sorted() is stable).
@@ -489,9 +491,9 @@ class Replay:
         else:
             # Request-unique first token + filler: no block is shared with any request.
             prompt = [UNIQUE_PROMPT_BASE + spec.index] + [
-                PROMPT_FILLER_BASE + (j % 1000) for j in range(1, spec.prompt_tokens)]
-        sampling_params = self.v.SamplingParams(
-            max_tokens=spec.output_tokens, ignore_eos=True, detokenize=False)
+                PROMPT_FILLER_BASE + (j % 1000) for j in range(1, spec.prompt_tokens)
+            ]
+        sampling_params = self.v.SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True, detokenize=False)
         return self.v.Request(
             request_id=str(spec.index),
             prompt_token_ids=prompt,
@@ -523,8 +525,11 @@ class Replay:
         model_output = self._model_output(out)
         num_running, num_waiting = self.scheduler.get_request_counts()
         step = StepRecord(
-            start_s=clock, end_s=clock, num_scheduled_tokens=out.total_num_scheduled_tokens,
-            num_running=num_running, num_waiting=num_waiting,
+            start_s=clock,
+            end_s=clock,
+            num_scheduled_tokens=out.total_num_scheduled_tokens,
+            num_running=num_running,
+            num_waiting=num_waiting,
             # num_scheduled_tokens is filled in scheduling order: running requests in
             # running-queue order, then newly admitted / resumed ones in admission order.
             scheduled=[(int(rid), n) for rid, n in out.num_scheduled_tokens.items()],
@@ -533,8 +538,7 @@ class Replay:
         if self.record_block_ids:
             # Block table of every scheduled request right after schedule().
             manager = self.scheduler.kv_cache_manager
-            step.block_ids = [(rid, manager.get_block_ids(str(rid))[0])
-                              for rid, _ in step.scheduled]
+            step.block_ids = [(rid, manager.get_block_ids(str(rid))[0]) for rid, _ in step.scheduled]
         return out, step, model_output
 
     def _model_output(self, out: Any) -> Any:
@@ -547,8 +551,7 @@ class Replay:
         sampled = []
         for rid in req_ids:
             request = self.vllm_requests[int(rid)]
-            sampled.append([] if request.is_prefill_chunk
-                           else [SAMPLED_TOKEN_BASE + int(rid)])
+            sampled.append([] if request.is_prefill_chunk else [SAMPLED_TOKEN_BASE + int(rid)])
         return self.v.ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
@@ -557,8 +560,7 @@ class Replay:
 
     def _update(self, out: Any, step: StepRecord, model_output: Any) -> None:
         """Feed the fabricated output back and record emitted tokens and finishes."""
-        counts_before = {rid: self.vllm_requests[rid].num_output_tokens
-                         for rid, _ in step.scheduled}
+        counts_before = {rid: self.vllm_requests[rid].num_output_tokens for rid, _ in step.scheduled}
         t0 = time.perf_counter()
         self.scheduler.update_from_output(out, model_output)
         self.wall_s += time.perf_counter() - t0
@@ -570,8 +572,7 @@ class Replay:
             if record.finish_s is None and request.is_finished():
                 record.finish_s = step.end_s
                 self.num_finished += 1
-        step.num_blocks_in_use = (
-            self.num_usable_blocks - self.block_pool.get_num_free_blocks())
+        step.num_blocks_in_use = self.num_usable_blocks - self.block_pool.get_num_free_blocks()
 
     def _admitted_at(self, step: StepRecord, clock: float) -> None:
         """First-scheduled times of the requests a schedule() call at clock scheduled."""
@@ -582,8 +583,9 @@ class Replay:
 
     def _start_step(self, step: StepRecord, start_s: float) -> None:
         step.start_s = start_s
-        step.end_s = start_s + self.cost.duration_s(step.num_scheduled_tokens) \
-            if step.num_scheduled_tokens else start_s  # a batch of no tokens takes no time
+        step.end_s = (
+            start_s + self.cost.duration_s(step.num_scheduled_tokens) if step.num_scheduled_tokens else start_s
+        )  # a batch of no tokens takes no time
         self._admitted_at(step, start_s)
         self.steps.append(step)
         if len(self.steps) > self.max_steps:
@@ -595,16 +597,19 @@ class Replay:
         detail = ""
         if head is not None:
             need = math.ceil(head.num_tokens / self.config["block_size"])
-            detail = (f"; head of the waiting queue is request {head.request_id} "
-                      f"({head.num_tokens} tokens = {need} blocks, "
-                      f"{self.block_pool.get_num_free_blocks()} of "
-                      f"{self.num_usable_blocks} usable blocks free)")
+            detail = (
+                f"; head of the waiting queue is request {head.request_id} "
+                f"({head.num_tokens} tokens = {need} blocks, "
+                f"{self.block_pool.get_num_free_blocks()} of "
+                f"{self.num_usable_blocks} usable blocks free)"
+            )
         return NoProgressError(
             f"no progress possible at t={clock:.6f}s: schedule() scheduled nothing with "
             f"{len(sched.running)} running, {len(sched.waiting)} waiting and "
             f"{len(self.pending)} not yet arrived requests{detail}. vLLM would wait "
             f"forever: the waiting queue is FCFS, and a request whose current length "
-            f"needs more blocks than the KV cache has can never be admitted.")
+            f"needs more blocks than the KV cache has can never be admitted."
+        )
 
     # -- main loops ------------------------------------------------------------------
 
@@ -639,7 +644,7 @@ class Replay:
         clock = self.pending[0].arrival_s
         queue: deque[tuple[Any, StepRecord, Any]] = deque()
         gpu_free_at = clock  # when the device has run every batch queued so far
-        num_empty = 0        # schedule() calls in a row that scheduled nothing
+        num_empty = 0  # schedule() calls in a row that scheduled nothing
         while True:
             self._add_arrivals(clock)
             if self.scheduler.has_requests():
@@ -653,8 +658,7 @@ class Replay:
                     step.start_s = step.end_s = max(clock, gpu_free_at)
                 queue.append((out, step, model_output))
                 num_empty = 0 if tokens > 0 else num_empty + 1
-                if num_empty >= 2 and self._unfinished() and not any(
-                        o.total_num_scheduled_tokens for o, _, _ in queue):
+                if num_empty >= 2 and self._unfinished() and not any(o.total_num_scheduled_tokens for o, _, _ in queue):
                     if not self.pending:
                         raise self._no_progress(clock)
                     clock = self.pending[0].arrival_s  # nothing changes before it arrives
@@ -674,20 +678,21 @@ class Replay:
 
     def result(self) -> dict[str, Any]:
         requests = []
-        for spec, record, request in zip(self.workload.requests, self.records,
-                                         self.vllm_requests, strict=True):
-            requests.append({
-                "request_id": spec.index,
-                "arrival_s": record.arrival_s,
-                "prompt_tokens": spec.prompt_tokens,
-                "output_tokens": spec.output_tokens,
-                "first_scheduled_s": record.first_scheduled_s,
-                "first_token_s": record.first_token_s,
-                "finish_s": record.finish_s,
-                "num_output_tokens": request.num_output_tokens,
-                "num_preemptions": request.num_preemptions,
-                "finish_reason": str(request.get_finished_reason() or ""),
-            })
+        for spec, record, request in zip(self.workload.requests, self.records, self.vllm_requests, strict=True):
+            requests.append(
+                {
+                    "request_id": spec.index,
+                    "arrival_s": record.arrival_s,
+                    "prompt_tokens": spec.prompt_tokens,
+                    "output_tokens": spec.output_tokens,
+                    "first_scheduled_s": record.first_scheduled_s,
+                    "first_token_s": record.first_token_s,
+                    "finish_s": record.finish_s,
+                    "num_output_tokens": request.num_output_tokens,
+                    "num_preemptions": request.num_preemptions,
+                    "finish_reason": str(request.get_finished_reason() or ""),
+                }
+            )
         steps = []
         for s in self.steps:
             step = {
@@ -706,8 +711,11 @@ class Replay:
         return {
             "vllm_version": self.v.version,
             "config": self.config,
-            "cost": {"kind": self.cost.kind, "step_ms": self.cost.step_ms,
-                     "step_ms_per_token": self.cost.step_ms_per_token},
+            "cost": {
+                "kind": self.cost.kind,
+                "step_ms": self.cost.step_ms,
+                "step_ms_per_token": self.cost.step_ms_per_token,
+            },
             "num_requests": len(requests),
             "num_steps": len(steps),
             "wall_s_scheduler": self.wall_s,
@@ -754,8 +762,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("input", help="IN.json: config, cost model and requests")
     parser.add_argument("output", help="OUT.json to write")
-    parser.add_argument("--block-ids", action="store_true",
-                        help="also record each scheduled request's KV block ids per step")
+    parser.add_argument(
+        "--block-ids", action="store_true", help="also record each scheduled request's KV block ids per step"
+    )
     args = parser.parse_args(argv)
     with open(args.input) as f:
         doc = json.load(f)
@@ -769,9 +778,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_NO_PROGRESS
     with open(args.output, "w") as f:
         write_result(result, f)
-    print(f"vLLM {result['vllm_version']}: {result['num_requests']} requests, "
-          f"{result['num_steps']} steps, scheduler wall {result['wall_s_scheduler']:.3f}s "
-          f"-> {args.output}")
+    print(
+        f"vLLM {result['vllm_version']}: {result['num_requests']} requests, "
+        f"{result['num_steps']} steps, scheduler wall {result['wall_s_scheduler']:.3f}s "
+        f"-> {args.output}"
+    )
     return 0
 
 

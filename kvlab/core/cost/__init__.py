@@ -6,6 +6,7 @@ of mid-2023, fitted to measurements of it). make_step_cost is the one factory: t
 the planner build their step costs with it. The slot model's service times (section 2) are not step costs:
 kvlab.core.service_time.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
@@ -50,16 +51,32 @@ class StepCost(Protocol):
 
     def describe(self) -> str: ...
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float: ...
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float: ...
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float | np.ndarray: ...
 
     def min_step_s(self, num_tokens: int) -> float: ...
 
 
-def make_step_cost(name: str, *, model=None, gpu=None, config=None, step_ms: float | None = None,
-                   step_ms_per_token: float | None = None, calibration=None, fractions_gpu: str | None = None):
+def make_step_cost(
+    name: str,
+    *,
+    model=None,
+    gpu=None,
+    config=None,
+    step_ms: float | None = None,
+    step_ms_per_token: float | None = None,
+    calibration=None,
+    fractions_gpu: str | None = None,
+):
     """The step cost of a family (STEP_COSTS): constant (step_ms, default 8 ms) or linear (step_ms + step_ms_per_token
     x scheduled tokens); roofline, measured (its operator profile, else the roofline at the GPU's sustained
     figures: kvlab.core.cost.measured.measured_step_cost) or vllm-2023 (the committed fit, its PagedAttention at
@@ -75,8 +92,9 @@ def make_step_cost(name: str, *, model=None, gpu=None, config=None, step_ms: flo
             validate.fail("calibration", None, "must be a calibration file's path for the calibrated step cost")
         return CalibratedStepCost.from_csv(calibration)
     if model is None or gpu is None:
-        validate.fail("model" if model is None else "gpu", None, f"must be given: the {name} step cost needs a model "
-                      "and a GPU")
+        validate.fail(
+            "model" if model is None else "gpu", None, f"must be given: the {name} step cost needs a model and a GPU"
+        )
     if name == "roofline":
         return RooflineStepCost.from_specs(model, gpu, config)
     if name == "measured":
@@ -91,12 +109,28 @@ def checked_s(cost, seconds, num_tokens: int):
     otherwise run the clock backwards unseen."""
     least = seconds if isinstance(seconds, float) else float(np.min(seconds))
     if not least >= 0.0:
-        raise ValueError(f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {least:.6g} s: a step "
-                         "lasts 0 s or more, so its profile or coefficients are wrong there (fix them, or choose "
-                         "another step cost)")
+        raise ValueError(
+            f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {least:.6g} s: a step "
+            "lasts 0 s or more, so its profile or coefficients are wrong there (fix them, or choose "
+            "another step cost)"
+        )
     return seconds
 
 
-__all__ = ["HARDWARE_STEP_COSTS", "STEP_COSTS", "CalibratedStepCost", "ConstantStepCost", "LinearStepCost",
-           "MeasuredStepCost", "RooflineStepCost", "StepCost", "Vllm2023StepCost", "checked_s", "committed_step_cost",
-           "cudagraph_capture_sizes", "make_step_cost", "measured_step_cost", "paged_attention_us"]
+__all__ = [
+    "HARDWARE_STEP_COSTS",
+    "STEP_COSTS",
+    "CalibratedStepCost",
+    "ConstantStepCost",
+    "LinearStepCost",
+    "MeasuredStepCost",
+    "RooflineStepCost",
+    "StepCost",
+    "Vllm2023StepCost",
+    "checked_s",
+    "committed_step_cost",
+    "cudagraph_capture_sizes",
+    "make_step_cost",
+    "measured_step_cost",
+    "paged_attention_us",
+]

@@ -1,4 +1,5 @@
 """The calibrated step cost: step times read from a calibration file of kvlab calibrate (kvlab.core.calibration)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,18 +16,21 @@ class CalibratedStepCost:
     step time of its decoding requests (batch = their number, context = their mean context, interpolated
     as CalibratedServiceTime does) plus the prefill time of its other tokens as one prompt."""
 
-    calibration: CalibratedServiceTime   # the file's decode and prefill grids
+    calibration: CalibratedServiceTime  # the file's decode and prefill grids
     name = "calibrated"
 
     def __post_init__(self):
         if not isinstance(self.calibration, CalibratedServiceTime):
-            validate.fail("calibration", type(self.calibration).__name__,
-                          "must be a kvlab.core.service_time.CalibratedServiceTime")
+            validate.fail(
+                "calibration",
+                type(self.calibration).__name__,
+                "must be a kvlab.core.service_time.CalibratedServiceTime",
+            )
         if len(self.calibration.prompt_tokens) == 0:
             validate.fail("calibration", self.calibration.source, "has no prefill_ms rows, which the engine needs")
 
     @classmethod
-    def from_csv(cls, path, outside: str = "clamp") -> "CalibratedStepCost":
+    def from_csv(cls, path, outside: str = "clamp") -> CalibratedStepCost:
         """The step cost of a calibration file."""
         return cls(CalibratedServiceTime.from_csv(path, outside=outside))
 
@@ -39,8 +43,15 @@ class CalibratedStepCost:
             ms = ms + self.calibration.prefill_time_ms(num_tokens - num_decodes)
         return ms
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step (see the class)."""
         return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
 
@@ -59,7 +70,7 @@ class CalibratedStepCost:
             if num_tokens > num_decodes:
                 prompt = np.log2(np.array([float(num_tokens - num_decodes)]))
                 ms += float(lerp_clamped(np.log2(grid.prompt_tokens), grid.prefill_ms, prompt)[0])
-            if num_decodes:   # piecewise linear along the contexts: its least value is at a measured one
+            if num_decodes:  # piecewise linear along the contexts: its least value is at a measured one
                 batch = np.log2(np.array([float(num_decodes)]))
                 row = lerp_clamped(np.log2(grid.batch_sizes), grid.step_ms, batch)[0]
                 if np.isnan(row).all():

@@ -1,4 +1,5 @@
 """The measured step cost: a step composed from public operator-level GPU measurements of vLLM's layers."""
+
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
@@ -10,8 +11,9 @@ from kvlab.core import validate
 from kvlab.core.cost.roofline import RooflineStepCost
 
 
-def cudagraph_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int,
-                            max_capture_size: int = 512) -> tuple[int, ...]:
+def cudagraph_capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, max_capture_size: int = 512
+) -> tuple[int, ...]:
     """vLLM 0.33's default CUDA-graph capture sizes (tokens), as VllmConfig._set_cudagraph_sizes builds them
     (vllm/config/vllm.py; the pattern documented at CompilationConfig.max_cudagraph_capture_size in
     vllm/config/compilation.py) for one token per decode: [1, 2, 4] + range(8, 256, 8) + range(256, M + 1, 16)
@@ -110,23 +112,23 @@ class MeasuredStepCost:
     operator-level measurements; end-to-end vLLM runs are checks."""
 
     num_layers: int
-    dense_tokens: np.ndarray          # tokens measured, increasing
-    dense_us: np.ndarray              # the step's dense operators (us)
-    sequences: np.ndarray             # sequences measured, increasing
-    per_sequence_us: np.ndarray       # lm_head + sampler (us)
-    attention_axes: tuple             # (prefill chunk tokens, their history, decodes, decode history), from 0
-    attention_us: np.ndarray          # one layer's (us)
-    cudagraph_capture_sizes: tuple = ()   # tokens; () = no CUDA graphs
-    moe_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))        # MoE grid: tokens, experts active
+    dense_tokens: np.ndarray  # tokens measured, increasing
+    dense_us: np.ndarray  # the step's dense operators (us)
+    sequences: np.ndarray  # sequences measured, increasing
+    per_sequence_us: np.ndarray  # lm_head + sampler (us)
+    attention_axes: tuple  # (prefill chunk tokens, their history, decodes, decode history), from 0
+    attention_us: np.ndarray  # one layer's (us)
+    cudagraph_capture_sizes: tuple = ()  # tokens; () = no CUDA graphs
+    moe_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # MoE grid: tokens, experts active
     moe_experts: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    moe_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))       # one layer's MoE block (us)
+    moe_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # one layer's MoE block (us)
     num_experts: int = 0
     num_experts_per_tok: int = 0
-    all_reduce_bytes_per_token: float = 0.0   # bytes one all-reduce sums per token (0: no all-reduce)
-    all_reduce_gb_s: float = 0.0              # the link's bandwidth each way, GB/s
+    all_reduce_bytes_per_token: float = 0.0  # bytes one all-reduce sums per token (0: no all-reduce)
+    all_reduce_gb_s: float = 0.0  # the link's bandwidth each way, GB/s
     tensor_parallel_size: int = 1
     step_overhead_ms: float = 0.0
-    source: str = ""                          # the profile it was read from, in words
+    source: str = ""  # the profile it was read from, in words
     name = "measured"
 
     def __post_init__(self):
@@ -138,8 +140,11 @@ class MeasuredStepCost:
         self._check_values("dense_us", self.dense_us, (len(self.dense_tokens),))
         self._check_values("per_sequence_us", self.per_sequence_us, (len(self.sequences),))
         if len(self.attention_axes) != 4:
-            validate.fail("attention_axes", len(self.attention_axes), "must be the 4 axes (prefill chunk tokens, "
-                          "their history, decodes, decode history)")
+            validate.fail(
+                "attention_axes",
+                len(self.attention_axes),
+                "must be the 4 axes (prefill chunk tokens, their history, decodes, decode history)",
+            )
         for name, axis in zip(("prefill_chunk", "kv_prefill", "n_decode", "kv_decode"), self.attention_axes):
             self._check_axis(f"attention_axes[{name}]", axis, 0)
         self._check_values("attention_us", self.attention_us, tuple(len(a) for a in self.attention_axes))
@@ -158,16 +163,27 @@ class MeasuredStepCost:
         decode = np.asarray(self.attention_us)[0, 0]
         ring = 2.0 * (self.tensor_parallel_size - 1) / self.tensor_parallel_size
         num_all_reduces = 2 * self.num_layers + 1
-        per_token_us = (num_all_reduces * ring * self.all_reduce_bytes_per_token / (self.all_reduce_gb_s * 1e3)
-                        if self.all_reduce_bytes_per_token else 0.0)
-        fast = {"_tokens": self.dense_tokens.tolist(), "_dense": self.dense_us.tolist(),
-                "_sequences": self.sequences.tolist(), "_per_sequence": self.per_sequence_us.tolist(),
-                "_axes": [np.asarray(a, dtype=np.float64).tolist() for a in self.attention_axes],
-                "_attention": np.asarray(self.attention_us).tolist(),
-                "_decode_grid": decode, "_decode_rows": {}, "_kv_axis": np.asarray(self.attention_axes[3], dtype=np.float64),
-                "_layers": float(self.num_layers), "_sizes": sizes,
-                "_all_reduce_us_per_token": per_token_us, "_overhead_us": self.step_overhead_ms * 1000.0,
-                "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist())}
+        per_token_us = (
+            num_all_reduces * ring * self.all_reduce_bytes_per_token / (self.all_reduce_gb_s * 1e3)
+            if self.all_reduce_bytes_per_token
+            else 0.0
+        )
+        fast = {
+            "_tokens": self.dense_tokens.tolist(),
+            "_dense": self.dense_us.tolist(),
+            "_sequences": self.sequences.tolist(),
+            "_per_sequence": self.per_sequence_us.tolist(),
+            "_axes": [np.asarray(a, dtype=np.float64).tolist() for a in self.attention_axes],
+            "_attention": np.asarray(self.attention_us).tolist(),
+            "_decode_grid": decode,
+            "_decode_rows": {},
+            "_kv_axis": np.asarray(self.attention_axes[3], dtype=np.float64),
+            "_layers": float(self.num_layers),
+            "_sizes": sizes,
+            "_all_reduce_us_per_token": per_token_us,
+            "_overhead_us": self.step_overhead_ms * 1000.0,
+            "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist()),
+        }
         for key, value in fast.items():
             object.__setattr__(self, key, value)
 
@@ -183,11 +199,13 @@ class MeasuredStepCost:
         if values.shape != shape:
             validate.fail(name, values.shape, f"must have the shape {shape} of its axes")
         if not np.all(np.isfinite(values)) or values.min() < 0:
-            validate.fail(name, float(values[~np.isfinite(values) | (values < 0)].flat[0]), "must be finite times >= 0 us")
+            validate.fail(
+                name, float(values[~np.isfinite(values) | (values < 0)].flat[0]), "must be finite times >= 0 us"
+            )
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_profile(cls, profile, model, config=None, step_overhead_ms: float = 0.0) -> "MeasuredStepCost":
+    def from_profile(cls, profile, model, config=None, step_overhead_ms: float = 0.0) -> MeasuredStepCost:
         """The measured step cost of a complete kvlab.core.profiles.OperatorProfile for model (its layers) under
         config's scheduler (CUDA-graph sizes) and tensor parallelism (the all-reduce)."""
         from kvlab.core import profiles
@@ -211,16 +229,31 @@ class MeasuredStepCost:
         source, link = entry.label, None
         if tp > 1:
             link = profiles.interconnect_gb_s(entry.gpu)
-            source += (f"; all-reduce: ring bound at {link[1]} {link[0]:g} GB/s" if link else
-                       "; all-reduce left out (no interconnect figure for the GPU)")
+            source += (
+                f"; all-reduce: ring bound at {link[1]} {link[0]:g} GB/s"
+                if link
+                else "; all-reduce left out (no interconnect figure for the GPU)"
+            )
         moe = profile.moe if entry.num_experts else (np.zeros(0), np.zeros(0), np.zeros((0, 0)))
         scheduler = config.scheduler
-        return cls(model.num_layers, tokens, model.num_layers * layer_us + step_us, sequences,
-                   sum(per_sequence.values()), axes, attention,
-                   cudagraph_capture_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens),
-                   *moe, entry.num_experts, entry.num_experts_per_tok,
-                   float(entry.hidden_size * 2) if link else 0.0, link[0] if link else 0.0, tp, step_overhead_ms,
-                   source)
+        return cls(
+            model.num_layers,
+            tokens,
+            model.num_layers * layer_us + step_us,
+            sequences,
+            sum(per_sequence.values()),
+            axes,
+            attention,
+            cudagraph_capture_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens),
+            *moe,
+            entry.num_experts,
+            entry.num_experts_per_tok,
+            float(entry.hidden_size * 2) if link else 0.0,
+            link[0] if link else 0.0,
+            tp,
+            step_overhead_ms,
+            source,
+        )
 
     # ---------------------------------------------------------------- terms (us)
     def padded_tokens(self, num_tokens: int) -> int:
@@ -274,14 +307,17 @@ class MeasuredStepCost:
         j, w = _bracket(self._axes[3], history_tokens)
         return _blend(values[j], values[j + 1], w)
 
-    def mixed_attention_us(self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int,
-                     decode_history_tokens: float) -> float:
+    def mixed_attention_us(
+        self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int, decode_history_tokens: float
+    ) -> float:
         """One layer's attention for a prefill chunk of prefill_tokens after prefill_history_tokens beside
         num_decodes decodes of decode_history_tokens each (us): multilinear on the measured grid."""
         if not prefill_tokens:
             return self.decode_attention_us(num_decodes, decode_history_tokens)
-        brackets = [_bracket(axis, x) for axis, x in
-                    zip(self._axes, (prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens))]
+        brackets = [
+            _bracket(axis, x)
+            for axis, x in zip(self._axes, (prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens))
+        ]
         (a, wa), (b, wb), (c, wc), (d, wd) = brackets
         grid = self._attention
 
@@ -298,8 +334,15 @@ class MeasuredStepCost:
         return _blend(along_history(a), along_history(a + 1), wa)
 
     # ---------------------------------------------------------------- the engine's interface
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step (see the class)."""
         prefill_tokens = num_tokens - num_decodes
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
@@ -308,7 +351,7 @@ class MeasuredStepCost:
             return (us + self._layers * self.decode_attention_us(num_decodes, decode_history)) / 1e6
         if num_prefills:
             history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
-        else:   # a caller without the prefill aggregates: one chunk
+        else:  # a caller without the prefill aggregates: one chunk
             history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
         us = self.fixed_us(num_tokens, num_decodes + max(num_prefills, 1))
         return (us + self._layers * self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)) / 1e6
@@ -331,8 +374,9 @@ class MeasuredStepCost:
         return self.source
 
 
-def measured_step_cost(model, gpu, config=None, step_overhead_ms: float = 0.0,
-                       fractions_gpu: str | None = None) -> MeasuredStepCost | RooflineStepCost:
+def measured_step_cost(
+    model, gpu, config=None, step_overhead_ms: float = 0.0, fractions_gpu: str | None = None
+) -> MeasuredStepCost | RooflineStepCost:
     """The measured step cost of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
     data/profiles has one (same model, GPU and tensor_parallel_size, no pipeline parallelism), else the roofline
     at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions), a RooflineStepCost
@@ -345,9 +389,13 @@ def measured_step_cost(model, gpu, config=None, step_overhead_ms: float = 0.0,
     if fractions_gpu is not None:
         validate.one_of("fractions_gpu", fractions_gpu, profiles.measured_gpus())
     elif gpu.name not in profiles.measured_gpus():
-        validate.fail("gpu", gpu.name, f"has no operator-level measurement for the measured clock; GPUs with "
-                      f"measurements: {', '.join(profiles.measured_gpus())} (or use the roofline clock: "
-                      "--cost roofline)")
+        validate.fail(
+            "gpu",
+            gpu.name,
+            f"has no operator-level measurement for the measured clock; GPUs with "
+            f"measurements: {', '.join(profiles.measured_gpus())} (or use the roofline clock: "
+            "--cost roofline)",
+        )
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     profile = profiles.find_profile(gpu.name, model.name, tp) if pp == 1 else None
     if profile is not None:
@@ -355,8 +403,12 @@ def measured_step_cost(model, gpu, config=None, step_overhead_ms: float = 0.0,
     fractions = profiles.sustained_fractions(fractions_gpu or gpu.name)
     roofline = RooflineStepCost.from_specs(model, gpu, config)
     why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
-    return RooflineStepCost(roofline.weights_bytes, roofline.kv_bytes_per_token, roofline.num_params,
-                            roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
-                            roofline.bf16_dense_tflops * fractions.flop_fraction,
-                            f"roofline scaled by sustained fractions measured on {fractions_gpu or gpu.name} ({why}): "
-                            f"{fractions.describe()}")
+    return RooflineStepCost(
+        roofline.weights_bytes,
+        roofline.kv_bytes_per_token,
+        roofline.num_params,
+        roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
+        roofline.bf16_dense_tflops * fractions.flop_fraction,
+        f"roofline scaled by sustained fractions measured on {fractions_gpu or gpu.name} ({why}): "
+        f"{fractions.describe()}",
+    )

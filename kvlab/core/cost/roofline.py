@@ -1,4 +1,5 @@
 """The roofline step cost: a bound for dense models, the slower of reading the weights and KV and the FLOPs."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class RooflineStepCost:
     num_params: float
     memory_bandwidth_gb_s: float
     bf16_dense_tflops: float
-    provenance: str = ""      # empty: the GPU's datasheet (data/gpus.csv)
+    provenance: str = ""  # empty: the GPU's datasheet (data/gpus.csv)
     name = "roofline"
 
     def __post_init__(self):
@@ -37,7 +38,7 @@ class RooflineStepCost:
         validate.positive_number("bf16_dense_tflops", self.bf16_dense_tflops)
 
     @classmethod
-    def from_specs(cls, model, gpu, config=None, weight_bytes_per_param: float = 2.0) -> "RooflineStepCost":
+    def from_specs(cls, model, gpu, config=None, weight_bytes_per_param: float = 2.0) -> RooflineStepCost:
         """The roofline of a ModelSpec (num_params_b > 0) on a GpuSpec, per GPU of config's parallelism."""
         from kvlab.core.capacity import kv_bytes_per_token
         from kvlab.core.config import EngineConfig
@@ -47,16 +48,28 @@ class RooflineStepCost:
         if model.num_params_b <= 0:
             validate.fail("model", model.name, "has no parameter count (num_params_b) for the roofline's weights")
         tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
-        return cls(weights_bytes_per_gpu(model, weight_bytes_per_param, tp, pp), kv_bytes_per_token(model, config),
-                   model.num_params_b * 1e9 / (tp * pp), gpu.memory_bandwidth_gb_s, gpu.bf16_dense_tflops)
+        return cls(
+            weights_bytes_per_gpu(model, weight_bytes_per_param, tp, pp),
+            kv_bytes_per_token(model, config),
+            model.num_params_b * 1e9 / (tp * pp),
+            gpu.memory_bandwidth_gb_s,
+            gpu.bf16_dense_tflops,
+        )
 
     def _seconds(self, num_tokens, context_tokens):
         memory_s = (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / (self.memory_bandwidth_gb_s * 1e9)
         compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
         return np.maximum(memory_s, compute_s)
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step (see the class)."""
         return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
 
@@ -73,12 +86,14 @@ class RooflineStepCost:
     @property
     def source(self) -> str:
         """Where the figures come from, in words."""
-        return self.provenance or (f"roofline at {self.memory_bandwidth_gb_s:g} GB/s and {self.bf16_dense_tflops:g} "
-                                   "TFLOPS (datasheet)")
+        return self.provenance or (
+            f"roofline at {self.memory_bandwidth_gb_s:g} GB/s and {self.bf16_dense_tflops:g} TFLOPS (datasheet)"
+        )
 
     def describe(self) -> str:
         """The step cost in words, with units and where its figures come from."""
         return self.provenance or (
             f"{self.weights_bytes / GIB:.1f} GiB of weights and {self.kv_bytes_per_token:,.0f} B of KV per token at "
             f"{self.memory_bandwidth_gb_s:g} GB/s, {self.bf16_dense_tflops:g} TFLOPS (the GPU's peak figures, "
-            "data/gpus.csv)")
+            "data/gpus.csv)"
+        )

@@ -1,4 +1,5 @@
 """Step costs in closed form with no hardware: a constant step, and a step linear in its scheduled tokens."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,15 @@ class ConstantStepCost:
     def __post_init__(self):
         validate.in_range("step_ms", self.step_ms, "ms_per_token")
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step: step_ms / 1000."""
         return self.step_ms / 1000.0
 
@@ -51,8 +59,15 @@ class LinearStepCost:
         if self.step_ms == 0 and self.step_ms_per_token == 0:
             validate.fail("step_ms", 0.0, "and step_ms_per_token cannot both be 0: a step must take time")
 
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step: (step_ms + step_ms_per_token x num_tokens) / 1000."""
         return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
 

@@ -1,5 +1,5 @@
 """vLLM of mid-2023 (v0.1) as a step cost, and the measurements it is fitted to (data/clock_2023/, data/README.md
-gives their origin): the one home of the 2023 family. kvlab.sections.clock_2023 fits the coefficients (it serves
+gives their origin): the one home of the 2023 family. kvlab.studies.vllm_2023_fit fits the coefficients (it serves
 Anyscale's benchmark with the engine) and writes COEFFICIENTS_CSV, which committed_step_cost reads.
 
 The measurements: Anyscale's continuous-batching benchmark of June 2023 (OPT-13B on one A100-40GB, 1,000 requests
@@ -8,6 +8,7 @@ benchmark's own output lengths (anyscale_workload); the vLLM paper's Fig. 18a (P
 batch and context, read from the PDF's vector graphics); one public measurement of a paged attention kernel at
 block sizes 1 and 16 (the per-block cost). Read with the csv module; nothing is downloaded.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,12 +24,13 @@ from kvlab.core.workload import Workload
 CLOCK_DIR = DATA_DIR / "clock_2023"
 COEFFICIENTS_CSV = CLOCK_DIR / "coefficients.csv"
 CAPS = (32, 128, 512, 1536)
-MODEL, GPU = "facebook/opt-13b", "A100-40GB"   # the benchmark's and Fig. 18a's setting
+MODEL, GPU = "facebook/opt-13b", "A100-40GB"  # the benchmark's and Fig. 18a's setting
 
 
 # ---------------------------------------------------------------- the step cost
-def paged_attention_us(launch_us, us_per_sequence, us_per_token, us_per_block, block_size: int, num_decodes,
-                       decode_context_tokens):
+def paged_attention_us(
+    launch_us, us_per_sequence, us_per_token, us_per_block, block_size: int, num_decodes, decode_context_tokens
+):
     """One layer's PagedAttention kernel (us): launch + per sequence x decodes + per token x context tokens + per block
     x blocks, blocks = context tokens / block_size + decodes x (1 - 1/block_size) / 2; 0 without decodes. Floats or
     arrays alike."""
@@ -42,7 +44,7 @@ def paged_attention_us(launch_us, us_per_sequence, us_per_token, us_per_block, b
 @dataclass(frozen=True)
 class Vllm2023StepCost:
     """vLLM of mid-2023 (v0.1: eager PyTorch, no CUDA graphs, its first PagedAttention kernel) serving one model on
-    one GPU: MeasuredStepCost's terms, each in closed form with a few coefficients (kvlab.sections.clock_2023
+    one GPU: MeasuredStepCost's terms, each in closed form with a few coefficients (kvlab.studies.vllm_2023_fit
     fits them to Anyscale's June 2023 benchmark and to the vLLM paper's Fig. 18a; COEFFICIENTS_CSV holds the fit). A
     step is the sum of
 
@@ -60,8 +62,8 @@ class Vllm2023StepCost:
     hidden_size: int
     weights_bytes: float
     num_params: float
-    memory_bandwidth_gb_s: float      # sustained
-    dense_tflops: float               # sustained
+    memory_bandwidth_gb_s: float  # sustained
+    dense_tflops: float  # sustained
     attention_launch_us: float
     attention_us_per_sequence: float
     attention_us_per_token: float
@@ -76,21 +78,32 @@ class Vllm2023StepCost:
         validate.positive_int("hidden_size", self.hidden_size)
         for name in ("weights_bytes", "num_params", "memory_bandwidth_gb_s", "dense_tflops"):
             validate.positive_number(name, getattr(self, name))
-        for name in ("attention_launch_us", "attention_us_per_sequence", "attention_us_per_token",
-                     "attention_us_per_block"):
+        for name in (
+            "attention_launch_us",
+            "attention_us_per_sequence",
+            "attention_us_per_token",
+            "attention_us_per_block",
+        ):
             validate.non_negative_number(name, getattr(self, name))
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("step_overhead_ms", self.step_overhead_ms, "step_ms")
 
     @classmethod
-    def from_coefficients(cls, model, gpu, coefficients: dict, block_size: int = 16) -> "Vllm2023StepCost":
+    def from_coefficients(cls, model, gpu, coefficients: dict, block_size: int = 16) -> Vllm2023StepCost:
         """The step cost of a ModelSpec (num_params_b > 0) on a GpuSpec from named coefficients: memory_bandwidth_fraction
         and flop_fraction (of the GPU's datasheet bandwidth and dense bf16 FLOP/s), attention_launch_us,
         attention_us_per_sequence, attention_us_per_token, attention_us_per_block, step_overhead_ms."""
         from kvlab.core.models import weights_bytes_per_gpu
 
-        need = ("memory_bandwidth_fraction", "flop_fraction", "attention_launch_us", "attention_us_per_sequence",
-                "attention_us_per_token", "attention_us_per_block", "step_overhead_ms")
+        need = (
+            "memory_bandwidth_fraction",
+            "flop_fraction",
+            "attention_launch_us",
+            "attention_us_per_sequence",
+            "attention_us_per_token",
+            "attention_us_per_block",
+            "step_overhead_ms",
+        )
         missing = [name for name in need if name not in coefficients]
         if missing:
             validate.fail("coefficients", ", ".join(missing), f"are missing; the step cost needs {', '.join(need)}")
@@ -99,11 +112,21 @@ class Vllm2023StepCost:
         c = {name: float(coefficients[name]) for name in need}
         validate.fraction("memory_bandwidth_fraction", c["memory_bandwidth_fraction"])
         validate.fraction("flop_fraction", c["flop_fraction"])
-        return cls(model.num_layers, model.num_attention_heads * model.head_dim, weights_bytes_per_gpu(model, 2.0, 1, 1),
-                   model.num_params_b * 1e9, gpu.memory_bandwidth_gb_s * c["memory_bandwidth_fraction"],
-                   gpu.bf16_dense_tflops * c["flop_fraction"], c["attention_launch_us"],
-                   c["attention_us_per_sequence"], c["attention_us_per_token"], c["attention_us_per_block"],
-                   block_size, c["step_overhead_ms"], f"vLLM 2023 step cost of {model.name} on {gpu.name}")
+        return cls(
+            model.num_layers,
+            model.num_attention_heads * model.head_dim,
+            weights_bytes_per_gpu(model, 2.0, 1, 1),
+            model.num_params_b * 1e9,
+            gpu.memory_bandwidth_gb_s * c["memory_bandwidth_fraction"],
+            gpu.bf16_dense_tflops * c["flop_fraction"],
+            c["attention_launch_us"],
+            c["attention_us_per_sequence"],
+            c["attention_us_per_token"],
+            c["attention_us_per_block"],
+            block_size,
+            c["step_overhead_ms"],
+            f"vLLM 2023 step cost of {model.name} on {gpu.name}",
+        )
 
     # ---------------------------------------------------------------- terms (us)
     def dense_us(self, num_tokens):
@@ -115,31 +138,54 @@ class Vllm2023StepCost:
     def decode_attention_us(self, num_decodes: int, decode_context_tokens):
         """One layer's PagedAttention kernel for num_decodes decodes attending decode_context_tokens tokens in all
         (us; 0 without decodes; a float, or an array for an array of contexts)."""
-        return paged_attention_us(self.attention_launch_us, self.attention_us_per_sequence, self.attention_us_per_token,
-                                  self.attention_us_per_block, self.block_size, num_decodes, decode_context_tokens)
+        return paged_attention_us(
+            self.attention_launch_us,
+            self.attention_us_per_sequence,
+            self.attention_us_per_token,
+            self.attention_us_per_block,
+            self.block_size,
+            num_decodes,
+            decode_context_tokens,
+        )
 
     def prefill_attention_us(self, prefill_attention_pairs: float) -> float:
         """One layer's prefill attention over that many query-key pairs (us): 4 x hidden_size FLOPs a pair."""
         return 4.0 * self.hidden_size * prefill_attention_pairs / (self.dense_tflops * 1e6)
 
     # ---------------------------------------------------------------- the engine's interface
-    def step_s(self, num_tokens: int, context_tokens: int = 0, num_decodes: int = 0, decode_context_tokens: int = 0,
-               num_prefills: int = 0, prefill_attention_pairs: int = 0) -> float:
+    def step_s(
+        self,
+        num_tokens: int,
+        context_tokens: int = 0,
+        num_decodes: int = 0,
+        decode_context_tokens: int = 0,
+        num_prefills: int = 0,
+        prefill_attention_pairs: int = 0,
+    ) -> float:
         """Seconds of one step (see the class)."""
         prefill_tokens = num_tokens - num_decodes
-        if prefill_tokens and not num_prefills:    # a caller without the prefill aggregates: one chunk
+        if prefill_tokens and not num_prefills:  # a caller without the prefill aggregates: one chunk
             history = max(0, context_tokens - decode_context_tokens - prefill_tokens)
             prefill_attention_pairs = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
-        us = (self.step_overhead_ms * 1000.0 + float(self.dense_us(np.float64(num_tokens)))
-              + self.num_layers * (self.decode_attention_us(num_decodes, np.float64(decode_context_tokens))
-                                   + self.prefill_attention_us(float(prefill_attention_pairs))))
+        us = (
+            self.step_overhead_ms * 1000.0
+            + float(self.dense_us(np.float64(num_tokens)))
+            + self.num_layers
+            * (
+                self.decode_attention_us(num_decodes, np.float64(decode_context_tokens))
+                + self.prefill_attention_us(float(prefill_attention_pairs))
+            )
+        )
         return float(us) / 1e6
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Seconds of each step of a decode run: the context grows by num_decodes tokens a step."""
         context = (context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
-        us = (self.step_overhead_ms * 1000.0 + self.dense_us(np.float64(num_decodes))
-              + self.num_layers * (self.decode_attention_us(num_decodes, context) + self.prefill_attention_us(0.0)))
+        us = (
+            self.step_overhead_ms * 1000.0
+            + self.dense_us(np.float64(num_decodes))
+            + self.num_layers * (self.decode_attention_us(num_decodes, context) + self.prefill_attention_us(0.0))
+        )
         return us / 1e6
 
     def min_step_s(self, num_tokens: int) -> float:
@@ -154,7 +200,7 @@ class Vllm2023StepCost:
 
 # ---------------------------------------------------------------- its coefficients and the measurements they fit
 def load_coefficients(path: str | Path = COEFFICIENTS_CSV) -> dict:
-    """The committed coefficients of the fit (name -> value; kvlab.sections.clock_2023 writes them)."""
+    """The committed coefficients of the fit (name -> value; kvlab.studies.vllm_2023_fit writes them)."""
     with open(path, newline="", encoding="utf-8") as f:
         return {r["name"]: float(r["value"]) for r in csv.DictReader(f)}
 
@@ -162,8 +208,9 @@ def load_coefficients(path: str | Path = COEFFICIENTS_CSV) -> dict:
 def committed_step_cost(block_size: int = 16, model: str = MODEL, gpu: str = GPU) -> Vllm2023StepCost:
     """The vLLM 2023 step cost of the committed coefficients, its PagedAttention at block_size (fitted for OPT-13B on
     the A100-40GB; another model or GPU gets the same coefficients on its own sizes and datasheet)."""
-    return Vllm2023StepCost.from_coefficients(models.get_model(model), models.get_gpu(gpu), load_coefficients(),
-                                              block_size)
+    return Vllm2023StepCost.from_coefficients(
+        models.get_model(model), models.get_gpu(gpu), load_coefficients(), block_size
+    )
 
 
 def _rows(name: str, directory: str | Path = CLOCK_DIR) -> list[dict]:
@@ -176,20 +223,22 @@ class AnyscaleRun:
     """One cap of Anyscale's benchmark: its settings and vLLM's throughput (tokens/s, prompt + output tokens)."""
 
     max_tokens_cap: int
-    max_num_batched_tokens: int        # the benchmark's setting for this cap (benchmark_configs/vllm_variable_size)
+    max_num_batched_tokens: int  # the benchmark's setting for this cap (benchmark_configs/vllm_variable_size)
     num_requests: int
-    prompt_tokens: int                 # every request's
+    prompt_tokens: int  # every request's
     output_tokens_total: int
-    throughput_tokens_s: float         # the blog's
-    reproduced_tokens_s: float         # the benchmark's issue #4 rerun (vLLM 0.1.2): a check, not a fit input
+    throughput_tokens_s: float  # the blog's
+    reproduced_tokens_s: float  # the benchmark's issue #4 rerun (vLLM 0.1.2): a check, not a fit input
     source: str
 
 
 def anyscale_runs(directory: str | Path = CLOCK_DIR) -> tuple[AnyscaleRun, ...]:
     """The four caps of anyscale_throughput.csv, in increasing cap."""
     ints = ("max_tokens_cap", "max_num_batched_tokens", "num_requests", "prompt_tokens", "output_tokens_total")
-    runs = [AnyscaleRun(**{k: int(v) if k in ints else (v if k == "source" else float(v)) for k, v in r.items()})
-            for r in _rows("anyscale_throughput.csv", directory)]
+    runs = [
+        AnyscaleRun(**{k: int(v) if k in ints else (v if k == "source" else float(v)) for k, v in r.items()})
+        for r in _rows("anyscale_throughput.csv", directory)
+    ]
     return tuple(sorted(runs, key=lambda r: r.max_tokens_cap))
 
 
@@ -207,11 +256,18 @@ def anyscale_workload(cap: int, directory: str | Path = CLOCK_DIR) -> Workload:
     run = anyscale_run(cap, directory)
     output = np.array([int(r[f"cap_{cap}"]) for r in _rows("anyscale_output_tokens.csv", directory)], dtype=np.int64)
     if len(output) != run.num_requests or int(output.sum()) != run.output_tokens_total:
-        validate.fail("anyscale_output_tokens.csv", f"{len(output)} requests, {int(output.sum())} tokens at cap {cap}",
-                      f"must match anyscale_throughput.csv ({run.num_requests} requests, {run.output_tokens_total})")
+        validate.fail(
+            "anyscale_output_tokens.csv",
+            f"{len(output)} requests, {int(output.sum())} tokens at cap {cap}",
+            f"must match anyscale_throughput.csv ({run.num_requests} requests, {run.output_tokens_total})",
+        )
     n = run.num_requests
-    return Workload(np.zeros(n), np.full(n, run.prompt_tokens, dtype=np.int64), output,
-                    name=f"Anyscale 2023 benchmark, max_tokens cap {cap}")
+    return Workload(
+        np.zeros(n),
+        np.full(n, run.prompt_tokens, dtype=np.int64),
+        output,
+        name=f"Anyscale 2023 benchmark, max_tokens cap {cap}",
+    )
 
 
 @dataclass(frozen=True)
@@ -234,8 +290,13 @@ def fig18a(system: str = "vLLM", directory: str | Path = CLOCK_DIR) -> KernelLat
     def column(key: str, kind=float) -> np.ndarray:
         return np.array([kind(r[key]) for r in rows])
 
-    return KernelLatency(system, column("batch_size", int), column("context_tokens", int), column("latency_us"),
-                         max(float(r["read_precision_us"]) for r in rows))
+    return KernelLatency(
+        system,
+        column("batch_size", int),
+        column("context_tokens", int),
+        column("latency_us"),
+        max(float(r["read_precision_us"]) for r in rows),
+    )
 
 
 def block_size_ratio(directory: str | Path = CLOCK_DIR) -> float:

@@ -7,9 +7,9 @@ checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, 
 paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
 loop, calling the same rules).
 """
+
 from kvlab.core.engine.async_scheduler import AsyncScheduler
-from kvlab.core.engine.checks import (ALLOCATIONS, PATHS, NoProgressError, check_scheduler_config,
-                                      check_workload)
+from kvlab.core.engine.checks import ALLOCATIONS, PATHS, NoProgressError, check_scheduler_config, check_workload
 from kvlab.core.engine.engine import DEFAULT_CONFIG, PEAK_BYTES_PER_REQUEST, Engine, simulate
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
 from kvlab.core.engine.records import STEP_FIELDS, EngineResult, Recorder
@@ -18,6 +18,24 @@ from kvlab.core.engine.reservation import ReservationManager
 from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.core.engine.scheduler_v0 import SchedulerV0
 
-__all__ = ["ALLOCATIONS", "DEFAULT_CONFIG", "PATHS", "PEAK_BYTES_PER_REQUEST", "STEP_FIELDS", "AsyncScheduler",
-           "Engine", "EngineResult", "KVCacheManager", "NoProgressError", "Recorder", "Request", "ReservationManager",
-           "Scheduler", "SchedulerOutput", "SchedulerV0", "check_scheduler_config", "check_workload", "simulate"]
+__all__ = [
+    "ALLOCATIONS",
+    "DEFAULT_CONFIG",
+    "PATHS",
+    "PEAK_BYTES_PER_REQUEST",
+    "STEP_FIELDS",
+    "AsyncScheduler",
+    "Engine",
+    "EngineResult",
+    "KVCacheManager",
+    "NoProgressError",
+    "Recorder",
+    "Request",
+    "ReservationManager",
+    "Scheduler",
+    "SchedulerOutput",
+    "SchedulerV0",
+    "check_scheduler_config",
+    "check_workload",
+    "simulate",
+]

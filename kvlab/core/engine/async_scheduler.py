@@ -12,6 +12,7 @@ fill (prefix caching). A request preempted with a batch in flight keeps that bat
 (vLLM's stale output: the token is appended, which may finish the request in the waiting queue, but no counter of
 the reset request moves).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -61,7 +62,7 @@ class AsyncScheduler(Scheduler):
                     kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if is_finished(request.num_tokens, request.max_num_tokens):
                 request.status = FINISHED
-                kv.free(request)                # preempted, it holds none: its stale token finished it waiting
+                kv.free(request)  # preempted, it holds none: its stale token finished it waiting
                 finished_waiting |= not running
                 finished.append(request)
         if finished:

@@ -26,6 +26,7 @@ finish before the run's last step -- decode_run does k steps at once in closed f
 plain per-step loop: the reference the tests hold the fast paths to (PATHS). The scheduler is SchedulerConfig.scheduler_cls's
 (SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -36,7 +37,7 @@ from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
-from kvlab.core.engine.checks import ALLOCATIONS, PATHS, NoProgressError, check_engine, no_progress_message
+from kvlab.core.engine.checks import NoProgressError, check_engine, no_progress_message
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
@@ -57,9 +58,18 @@ SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023"
 
 def step_s(cost, out) -> float:
     """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
-    return checked_s(cost, cost.step_s(out.num_scheduled_tokens, out.context_tokens, out.num_decodes,
-                                       out.decode_context_tokens, out.num_prefills, out.prefill_attention_pairs),
-                     out.num_scheduled_tokens)
+    return checked_s(
+        cost,
+        cost.step_s(
+            out.num_scheduled_tokens,
+            out.context_tokens,
+            out.num_decodes,
+            out.decode_context_tokens,
+            out.num_prefills,
+            out.prefill_attention_pairs,
+        ),
+        out.num_scheduled_tokens,
+    )
 
 
 def _config(config: EngineConfig | None) -> EngineConfig:
@@ -73,14 +83,25 @@ def _config(config: EngineConfig | None) -> EngineConfig:
 class Engine:
     """vLLM's scheduler, a KV-cache manager and a step cost, driven through a workload in simulated time."""
 
-    def __init__(self, workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int,
-                 cost=None, allocation: str = "paged", prompt_token_ids=None, path: str = "auto",
-                 recorder: Recorder | None = None, check: bool = True):
+    def __init__(
+        self,
+        workload: Workload,
+        config: EngineConfig | None = None,
+        *,
+        num_gpu_blocks: int,
+        cost=None,
+        allocation: str = "paged",
+        prompt_token_ids=None,
+        path: str = "auto",
+        recorder: Recorder | None = None,
+        check: bool = True,
+    ):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
-        num_gpu_blocks, max_model_len = check_engine(workload, config, num_gpu_blocks, allocation, path,
-                                                     prompt_token_ids, check)
+        num_gpu_blocks, max_model_len = check_engine(
+            workload, config, num_gpu_blocks, allocation, path, prompt_token_ids, check
+        )
         caching = config.cache.enable_prefix_caching
         bs = config.cache.block_size
         if allocation == "paged":
@@ -101,11 +122,11 @@ class Engine:
         self.reserving = allocation != "paged"
         self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist()
-        self.next_arrival = 0           # index of the next request to arrive
+        self.next_arrival = 0  # index of the next request to arrive
         self._arrived: Request | None = None
-        self.num_kv_tokens = 0          # computed tokens of the running requests
-        self.all_decoding = False       # every running request was scheduled in the last step and sampled
-        self.num_decode_runs = 0        # decode runs done at once (the fast path)
+        self.num_kv_tokens = 0  # computed tokens of the running requests
+        self.all_decoding = False  # every running request was scheduled in the last step and sampled
+        self.num_decode_runs = 0  # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
         self.compiled = compiled_loop.chosen(self, path)
 
@@ -119,8 +140,16 @@ class Engine:
                 ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
             elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
                 blocks = w.prefix_hashes[i]
-            self._arrived = Request(i, float(w.arrival_s[i]), int(w.prompt_tokens[i]), int(w.output_tokens[i]),
-                                    self.scheduler.max_request_tokens, ids, blocks, w.prefix_block_tokens or 0)
+            self._arrived = Request(
+                i,
+                float(w.arrival_s[i]),
+                int(w.prompt_tokens[i]),
+                int(w.output_tokens[i]),
+                self.scheduler.max_request_tokens,
+                ids,
+                blocks,
+                w.prefix_block_tokens or 0,
+            )
         return self._arrived
 
     def add_arrivals(self) -> None:
@@ -137,7 +166,7 @@ class Engine:
         if self.compiled:
             served = compiled_loop.serve(self)
             if served is not None:
-                return self.adopt(served)   # else a step scheduled nothing: the Python loop below says why
+                return self.adopt(served)  # else a step scheduled nothing: the Python loop below says why
         if self.scheduler.async_scheduling:
             return self.run_async()
         scheduler = self.scheduler
@@ -147,7 +176,7 @@ class Engine:
             if not (scheduler.running or scheduler.waiting):
                 if self.next_arrival == n:
                     break
-                self.clock = float(self.arrival_s[self.next_arrival])   # idle: jump to the next arrival
+                self.clock = float(self.arrival_s[self.next_arrival])  # idle: jump to the next arrival
                 continue
             if self.fast and self.all_decoding and scheduler.running and decode_run.advance(self):
                 self.num_decode_runs += 1
@@ -180,8 +209,17 @@ class Engine:
             num_kv_tokens -= request.num_computed_tokens
             self.requests.finished(request, end)
         self.num_kv_tokens = num_kv_tokens
-        self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, self.kv_cache_manager.num_held,
-                          num_kv_tokens, len(out.preempted), out.num_hit_tokens)
+        self.steps.append(
+            start,
+            end,
+            out.num_scheduled_tokens,
+            num_running,
+            num_waiting,
+            self.kv_cache_manager.num_held,
+            num_kv_tokens,
+            len(out.preempted),
+            out.num_hit_tokens,
+        )
         if self.reserving:
             self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
@@ -192,10 +230,10 @@ class Engine:
         """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
         scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
         n = len(self.arrival_list)
-        queue = deque()                 # batches scheduled, not yet processed: (out, start, end, running, waiting,
-                                        # whether it scheduled decodes only)
-        gpu_free_s = self.clock         # when the GPU has run every batch queued so far
-        num_empty = 0                   # schedule() calls in a row that scheduled nothing
+        queue = deque()  # batches scheduled, not yet processed: (out, start, end, running, waiting,
+        # whether it scheduled decodes only)
+        gpu_free_s = self.clock  # when the GPU has run every batch queued so far
+        num_empty = 0  # schedule() calls in a row that scheduled nothing
         fast, arrival = self.fast, self.arrival_list
         recorder = self.recorder
         while True:
@@ -225,31 +263,42 @@ class Engine:
                 if recorder is not None and step:
                     recorder.step(out)
                 num_empty = 0 if tokens else num_empty + 1
-                if num_empty >= 2 and scheduler.has_unfinished_requests() and not any(
-                        batch[0].num_scheduled_tokens for batch in queue):
+                if (
+                    num_empty >= 2
+                    and scheduler.has_unfinished_requests()
+                    and not any(batch[0].num_scheduled_tokens for batch in queue)
+                ):
                     if self.next_arrival == n:
                         raise NoProgressError(no_progress_message(self))
-                    self.clock = self.arrival_list[self.next_arrival]   # nothing changes before it arrives
+                    self.clock = self.arrival_list[self.next_arrival]  # nothing changes before it arrives
                     num_empty = 0
                 if len(queue) < 2 and (tokens or scheduler.has_requests()):
                     continue
             elif not queue:
                 if self.next_arrival == n:
                     break
-                self.clock = self.arrival_list[self.next_arrival]       # idle: jump to the next arrival
+                self.clock = self.arrival_list[self.next_arrival]  # idle: jump to the next arrival
                 continue
             out, start, end, num_running, num_waiting, _ = queue.popleft()
             if end > self.clock:
-                self.clock = end                                         # wait for the oldest batch's output
+                self.clock = end  # wait for the oldest batch's output
             num_sampled, first_tokens, finished = scheduler.update_from_output(out)
             for request in first_tokens:
                 request.first_token_s = end
             for request in finished:
                 self.requests.finished(request, end)
             if out.num_scheduled_tokens or out.preempted:
-                self.steps.append(start, end, out.num_scheduled_tokens, num_running, num_waiting, kv.num_held,
-                                  sum(r.num_computed_tokens for r in scheduler.running), len(out.preempted),
-                                  out.num_hit_tokens)
+                self.steps.append(
+                    start,
+                    end,
+                    out.num_scheduled_tokens,
+                    num_running,
+                    num_waiting,
+                    kv.num_held,
+                    sum(r.num_computed_tokens for r in scheduler.running),
+                    len(out.preempted),
+                    out.num_hit_tokens,
+                )
                 if self.reserving:
                     self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         return self.result()
@@ -268,14 +317,30 @@ class Engine:
     def result(self) -> EngineResult:
         """The run's records as an EngineResult."""
         w, rec = self.workload, self.recorder
-        return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s, w.prompt_tokens,
-                            w.output_tokens, *self.requests.columns(), StepRecords(self.steps),
-                            *((rec.scheduled, rec.block_ids, rec.freed_tables) if rec else ()))
+        return EngineResult(
+            self.allocation,
+            self.num_gpu_blocks,
+            self.block_size,
+            w.arrival_s,
+            w.prompt_tokens,
+            w.output_tokens,
+            *self.requests.columns(),
+            StepRecords(self.steps),
+            *((rec.scheduled, rec.block_ids, rec.freed_tables) if rec else ()),
+        )
 
 
-def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_blocks: int, cost=None,
-             allocation: str = "paged", prompt_token_ids=None, path: str = "auto",
-             recorder: Recorder | None = None) -> EngineResult:
+def simulate(
+    workload: Workload,
+    config: EngineConfig | None = None,
+    *,
+    num_gpu_blocks: int,
+    cost=None,
+    allocation: str = "paged",
+    prompt_token_ids=None,
+    path: str = "auto",
+    recorder: Recorder | None = None,
+) -> EngineResult:
     """Serve workload with vLLM 0.33's scheduler over num_gpu_blocks KV blocks (vLLM's null block included).
 
     config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
@@ -289,5 +354,13 @@ def simulate(workload: Workload, config: EngineConfig | None = None, *, num_gpu_
     ("reference": the plain per-step loop). recorder: a Recorder, to keep each step's batch, each step's block
     tables (per-step loop only) and every freed block table, in order, in the result.
     """
-    return Engine(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=allocation,
-                  prompt_token_ids=prompt_token_ids, path=path, recorder=recorder).run()
+    return Engine(
+        workload,
+        config,
+        num_gpu_blocks=num_gpu_blocks,
+        cost=cost,
+        allocation=allocation,
+        prompt_token_ids=prompt_token_ids,
+        path=path,
+        recorder=recorder,
+    ).run()

@@ -7,6 +7,7 @@ blocks for its whole current length are free (scheduler_reserve_full_isl, on by 
 
 Recorder.freed sees every block table freed, when the engine records frees.
 """
+
 from __future__ import annotations
 
 from kvlab.core.block_pool import BlockPool
@@ -19,8 +20,9 @@ class KVCacheManager:
 
     allocation = "paged"
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = False,
-                 recorder=None):
+    def __init__(
+        self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = False, recorder=None
+    ):
         self.pool = BlockPool(num_gpu_blocks, enable_caching)
         self.block_size = block_size
         self.max_model_len = max_model_len
@@ -57,23 +59,42 @@ class KVCacheManager:
         """Hit blocks no request holds (still in the free queue)."""
         return sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0) if hit_blocks else 0
 
-    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks: list[int], num_blocks_taken: int = 0) -> bool:
+    def can_admit(
+        self, request: Request, num_new_tokens: int, hit_blocks: list[int], num_blocks_taken: int = 0
+    ) -> bool:
         """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free than now (side-effect
         free: rules.admission_num_new_blocks)."""
-        return admission_num_new_blocks(request.num_tokens, len(hit_blocks), self.num_evictable(hit_blocks),
-                                        num_new_tokens, self.pool.num_free_blocks - num_blocks_taken, self.block_size,
-                                        self.max_model_len) >= 0
+        return (
+            admission_num_new_blocks(
+                request.num_tokens,
+                len(hit_blocks),
+                self.num_evictable(hit_blocks),
+                num_new_tokens,
+                self.pool.num_free_blocks - num_blocks_taken,
+                self.block_size,
+                self.max_model_len,
+            )
+            >= 0
+        )
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (),
-                       full_sequence_must_fit: bool = False) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (), full_sequence_must_fit: bool = False
+    ) -> bool:
         """Blocks for num_new_tokens more computed tokens (after the hit blocks, on admission:
         full_sequence_must_fit); False, with nothing changed, when the pool has too few free blocks (vLLM's
         allocate_slots returning None)."""
         pool, bs, table = self.pool, self.block_size, request.block_ids
         num_free = len(pool._head) + len(pool._tail)
-        if full_sequence_must_fit:                  # admission: a waiting request holds no block
-            new = admission_num_new_blocks(request.num_tokens, len(hit_blocks), self.num_evictable(hit_blocks),
-                                           num_new_tokens, num_free, bs, self.max_model_len)
+        if full_sequence_must_fit:  # admission: a waiting request holds no block
+            new = admission_num_new_blocks(
+                request.num_tokens,
+                len(hit_blocks),
+                self.num_evictable(hit_blocks),
+                num_new_tokens,
+                num_free,
+                bs,
+                self.max_model_len,
+            )
             if new < 0:
                 return False
             if hit_blocks:
@@ -81,7 +102,7 @@ class KVCacheManager:
                 table.extend(hit_blocks)
                 request.num_cached_blocks = len(table)
             computed = len(hit_blocks) * bs
-        else:                                       # a running request
+        else:  # a running request
             computed = request.num_computed_tokens
             new = num_blocks_to_allocate(computed, num_new_tokens, len(table), bs, self.max_model_len)
             if new > num_free:

@@ -1,4 +1,5 @@
 """What the engine records: per request (times, preemptions) and per step (what section 6 plots)."""
+
 from __future__ import annotations
 
 import math
@@ -10,22 +11,23 @@ import numpy as np
 
 # Per step, read after the step's update (vLLM's num_running / num_waiting are read right after schedule()):
 STEP_FIELDS = (
-    "start_s", "end_s",
-    "num_scheduled_tokens",   # tokens computed in the step (prefill chunks + decodes)
-    "num_running",            # requests in the running list after schedule()
-    "num_waiting",            # requests waiting after schedule() (arrived, not running)
-    "num_blocks_in_use",      # blocks requests hold after the step (reservations: reserved slots / block_size, up)
-    "num_reserved_tokens",    # token slots held for the running requests: blocks x block_size, or reservations
-    "num_kv_tokens",          # tokens whose KV the running requests hold (their computed tokens, prefix hits
-                              # included: a shared block counts once per request holding it) after the step
-    "num_preemptions",        # requests preempted in the step
-    "num_hit_tokens",         # prompt tokens the step's admissions found in the prefix cache
+    "start_s",
+    "end_s",
+    "num_scheduled_tokens",  # tokens computed in the step (prefill chunks + decodes)
+    "num_running",  # requests in the running list after schedule()
+    "num_waiting",  # requests waiting after schedule() (arrived, not running)
+    "num_blocks_in_use",  # blocks requests hold after the step (reservations: reserved slots / block_size, up)
+    "num_reserved_tokens",  # token slots held for the running requests: blocks x block_size, or reservations
+    "num_kv_tokens",  # tokens whose KV the running requests hold (their computed tokens, prefix hits
+    # included: a shared block counts once per request holding it) after the step
+    "num_preemptions",  # requests preempted in the step
+    "num_hit_tokens",  # prompt tokens the step's admissions found in the prefix cache
     # The vLLM paper's Fig. 2 split of num_reserved_tokens - num_kv_tokens (reservations: from the buddy allocator;
     # paged: every slot held beyond the token states is internal fragmentation, the empty end of a last block):
-    "num_reservation_tokens",     # slots held for the requests' future tokens within their final lengths
-    "num_internal_frag_tokens",   # slots held beyond the requests' final lengths, the buddy's rounding included
-    "num_rounding_tokens",        # of those, the buddy's: chunk slots beyond the size asked
-    "num_external_frag_tokens",   # free slots in buddy chunks too small for the waiting queue's head (0: none waits)
+    "num_reservation_tokens",  # slots held for the requests' future tokens within their final lengths
+    "num_internal_frag_tokens",  # slots held beyond the requests' final lengths, the buddy's rounding included
+    "num_rounding_tokens",  # of those, the buddy's: chunk slots beyond the size asked
+    "num_external_frag_tokens",  # free slots in buddy chunks too small for the waiting queue's head (0: none waits)
 )
 
 
@@ -42,7 +44,7 @@ class RequestLog:
         self.num_output_tokens = array("q", [0]) * num_requests
 
     @classmethod
-    def of(cls, first_scheduled_s, first_token_s, finish_s, num_preemptions, num_output_tokens) -> "RequestLog":
+    def of(cls, first_scheduled_s, first_token_s, finish_s, num_preemptions, num_output_tokens) -> RequestLog:
         """A log of whole columns (float64 and int64 arrays, one entry a request)."""
         log = cls(0)
         log.first_scheduled_s = array("d", first_scheduled_s.tobytes())
@@ -64,9 +66,13 @@ class RequestLog:
     def columns(self) -> tuple:
         """num_output_tokens, first_scheduled_s, first_token_s, finish_s and num_preemptions as arrays (EngineResult's
         order)."""
-        return (np.frombuffer(self.num_output_tokens, "i8"), np.frombuffer(self.first_scheduled_s, "f8"),
-                np.frombuffer(self.first_token_s, "f8"), np.frombuffer(self.finish_s, "f8"),
-                np.frombuffer(self.num_preemptions, "i8"))
+        return (
+            np.frombuffer(self.num_output_tokens, "i8"),
+            np.frombuffer(self.first_scheduled_s, "f8"),
+            np.frombuffer(self.first_token_s, "f8"),
+            np.frombuffer(self.finish_s, "f8"),
+            np.frombuffer(self.num_preemptions, "i8"),
+        )
 
 
 class Recorder:
@@ -75,15 +81,16 @@ class Recorder:
     freed block table, in order (frees)."""
 
     def __init__(self, scheduled: bool = False, block_ids: bool = False, frees: bool = False):
-        self.scheduled: list | None = [] if scheduled else None       # [([(request_id, tokens)], [preempted ids])]
-        self.block_ids: list | None = [] if block_ids else None       # [[(request_id, block table)]]
-        self.freed_tables: list | None = [] if frees else None        # [(request_id, block table)]
+        self.scheduled: list | None = [] if scheduled else None  # [([(request_id, tokens)], [preempted ids])]
+        self.block_ids: list | None = [] if block_ids else None  # [[(request_id, block table)]]
+        self.freed_tables: list | None = [] if frees else None  # [(request_id, block table)]
 
     def step(self, out) -> None:
         """Keep a step's batch (a SchedulerOutput) and its block tables, as asked."""
         if self.scheduled is not None:
-            self.scheduled.append(([(r.request_id, n) for r, n in out.scheduled],
-                                   sorted(r.request_id for r in out.preempted)))
+            self.scheduled.append(
+                ([(r.request_id, n) for r, n in out.scheduled], sorted(r.request_id for r in out.preempted))
+            )
         if self.block_ids is not None:
             self.block_ids.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
 
@@ -134,7 +141,7 @@ class StepLog:
     def __init__(self, block_size: int, paged: bool):
         self.block_size, self.paged = block_size, paged
         self.end_s = array("d")
-        self.starts: list[tuple[int, float]] = []     # (step, start_s) where a step does not start at the last end
+        self.starts: list[tuple[int, float]] = []  # (step, start_s) where a step does not start at the last end
         self.held, self.num_kv_tokens = array("q"), array("q")
         self.num_scheduled_tokens, self.num_running, self.num_waiting = Runs(), Runs(), Runs()
         self.preemptions: list[tuple[int, int]] = []
@@ -146,8 +153,18 @@ class StepLog:
     def __len__(self) -> int:
         return len(self.end_s)
 
-    def append(self, start_s: float, end_s: float, num_tokens: int, num_running: int, num_waiting: int, held: int,
-               num_kv_tokens: int, num_preemptions: int = 0, num_hit_tokens: int = 0) -> None:
+    def append(
+        self,
+        start_s: float,
+        end_s: float,
+        num_tokens: int,
+        num_running: int,
+        num_waiting: int,
+        held: int,
+        num_kv_tokens: int,
+        num_preemptions: int = 0,
+        num_hit_tokens: int = 0,
+    ) -> None:
         """Add one step."""
         ends = self.end_s
         if not ends or ends[-1] != start_s:
@@ -163,15 +180,22 @@ class StepLog:
         self.num_running.add(num_running)
         self.num_waiting.add(num_waiting)
 
-    def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int,
-                  count: int = 1) -> None:
+    def add_split(
+        self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int, count: int = 1
+    ) -> None:
         """Add a reservation pool's Fig. 2 counts for the last count steps added."""
         self.num_final_tokens.add(num_final_tokens, count)
         self.num_rounding_tokens.add(num_rounding_tokens, count)
         self.num_external_frag_tokens.add(num_external_frag_tokens, count)
 
-    def extend(self, times: list[float], num_running: int, num_waiting: list[int] | int, held: list[int],
-               num_kv_tokens: list[int]) -> None:
+    def extend(
+        self,
+        times: list[float],
+        num_running: int,
+        num_waiting: list[int] | int,
+        held: list[int],
+        num_kv_tokens: list[int],
+    ) -> None:
         """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step,
         num_waiting one count or one a step."""
         k = len(times) - 1
@@ -189,7 +213,7 @@ class StepLog:
                 self.num_waiting.add(waiting)
 
 
-SLICE_STEPS = 1 << 20     # steps a slice when a summary reads a long column piece by piece
+SLICE_STEPS = 1 << 20  # steps a slice when a summary reads a long column piece by piece
 
 
 class StepRecords(Mapping):
@@ -219,9 +243,9 @@ class StepRecords(Mapping):
         n = len(self._log)
         if name in self._columns or name not in ("num_reserved_tokens", "num_blocks_in_use"):
             column = self[name]
-            return (column[low:low + size] for low in range(0, n, size))
+            return (column[low : low + size] for low in range(0, n, size))
         held = np.frombuffer(self._log.held, dtype="i8") if n else np.zeros(0, dtype=np.int64)
-        return (self._from_held(name, held[low:low + size]) for low in range(0, n, size))
+        return (self._from_held(name, held[low : low + size]) for low in range(0, n, size))
 
     def column_sum(self, name: str) -> int:
         """The sum of a column of STEP_FIELDS kept as runs of equal values (exact; the column is not expanded)."""
@@ -258,8 +282,12 @@ class StepRecords(Mapping):
         if name == "num_kv_tokens":
             return view(log.num_kv_tokens, "i8")
         held = view(log.held, "i8")
-        if name in ("num_reservation_tokens", "num_internal_frag_tokens", "num_rounding_tokens",
-                    "num_external_frag_tokens"):
+        if name in (
+            "num_reservation_tokens",
+            "num_internal_frag_tokens",
+            "num_rounding_tokens",
+            "num_external_frag_tokens",
+        ):
             return self._split(name, held)
         if name in ("num_blocks_in_use", "num_reserved_tokens"):
             return self._from_held(name, held)
@@ -273,7 +301,7 @@ class StepRecords(Mapping):
         beyond the token states is internal fragmentation."""
         log = self._log
         if log.paged:
-            if name == "num_internal_frag_tokens":   # a prefix hit shared by requests counts once per holder in
+            if name == "num_internal_frag_tokens":  # a prefix hit shared by requests counts once per holder in
                 # num_kv_tokens, so token states may exceed the slots held: then no slot is wasted
                 return np.maximum(self["num_reserved_tokens"] - self["num_kv_tokens"], 0)
             return np.zeros(len(held), dtype=np.int64)
@@ -292,16 +320,16 @@ class EngineResult:
     block_size: int
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
-    output_tokens: np.ndarray           # asked for
-    num_output_tokens: np.ndarray       # produced (fewer when prompt + output exceeds max_model_len)
-    first_scheduled_s: np.ndarray       # start of the first step that scheduled it
-    first_token_s: np.ndarray           # end of the step that sampled its first token
-    finish_s: np.ndarray                # end of the step that sampled its last token
+    output_tokens: np.ndarray  # asked for
+    num_output_tokens: np.ndarray  # produced (fewer when prompt + output exceeds max_model_len)
+    first_scheduled_s: np.ndarray  # start of the first step that scheduled it
+    first_token_s: np.ndarray  # end of the step that sampled its first token
+    finish_s: np.ndarray  # end of the step that sampled its last token
     num_preemptions: np.ndarray
-    steps: Mapping                      # STEP_FIELDS -> array, one entry per step (StepRecords)
-    scheduled: list | None = None       # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
-    block_ids: list | None = None       # per step [(request_id, block table)] after schedule() (Recorder.block_ids)
-    freed_tables: list | None = None    # [(request_id, block table)] at every free, in order (Recorder.freed_tables)
+    steps: Mapping  # STEP_FIELDS -> array, one entry per step (StepRecords)
+    scheduled: list | None = None  # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
+    block_ids: list | None = None  # per step [(request_id, block table)] after schedule() (Recorder.block_ids)
+    freed_tables: list | None = None  # [(request_id, block table)] at every free, in order (Recorder.freed_tables)
 
     @property
     def num_requests(self) -> int:
@@ -342,7 +370,7 @@ class EngineResult:
         n = self.num_steps
         share_sum = share_steps = 0.0
         kv_tokens, reserved_tokens = steps.slices("num_kv_tokens"), steps.slices("num_reserved_tokens")
-        for kv, reserved in zip(kv_tokens, reserved_tokens):     # a million-request run has 20 million steps
+        for kv, reserved in zip(kv_tokens, reserved_tokens):  # a million-request run has 20 million steps
             held = reserved > 0
             share_sum += float((kv[held] / reserved[held]).sum())
             share_steps += int(held.sum())
@@ -363,7 +391,13 @@ class EngineResult:
 
     def requests_table(self) -> dict[str, np.ndarray]:
         """One row per request (request_id = 0-based input order): the columns of kvlab simulate --requests-csv."""
-        return {"request_id": np.arange(self.num_requests), "arrival_s": self.arrival_s,
-                "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
-                "first_scheduled_s": self.first_scheduled_s, "first_token_s": self.first_token_s,
-                "finish_s": self.finish_s, "num_preemptions": self.num_preemptions}
+        return {
+            "request_id": np.arange(self.num_requests),
+            "arrival_s": self.arrival_s,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "first_scheduled_s": self.first_scheduled_s,
+            "first_token_s": self.first_token_s,
+            "finish_s": self.finish_s,
+            "num_preemptions": self.num_preemptions,
+        }

@@ -5,6 +5,7 @@ way vLLM's side of the parity run does; to_document writes the engine's result w
 two can be compared request by request and step by step (scripts/parity/compare_scheduler.py, the tests of
 the hand-checked cases).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,9 +17,17 @@ from kvlab.core.engine.records import EngineResult
 from kvlab.core.workload import Workload
 
 # vLLM's side's defaults (scripts/parity/vllm_scheduler.py DEFAULT_CONFIG).
-DOCUMENT_DEFAULTS = {"num_gpu_blocks": 2000, "block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192,
-                     "max_model_len": 8192, "enable_chunked_prefill": True, "long_prefill_token_threshold": 0,
-                     "enable_prefix_caching": False, "async_scheduling": False}
+DOCUMENT_DEFAULTS = {
+    "num_gpu_blocks": 2000,
+    "block_size": 16,
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "max_model_len": 8192,
+    "enable_chunked_prefill": True,
+    "long_prefill_token_threshold": 0,
+    "enable_prefix_caching": False,
+    "async_scheduling": False,
+}
 
 
 def from_document(doc: dict) -> dict:
@@ -28,27 +37,39 @@ def from_document(doc: dict) -> dict:
     order = sorted(range(len(requests)), key=lambda i: requests[i]["arrival_s"])
     if order != list(range(len(requests))):
         raise ValueError("requests must be given in arrival order (the engine's request_id is the input position)")
-    workload = Workload(np.array([r["arrival_s"] for r in requests], dtype=np.float64),
-                        np.array([r.get("prompt_tokens", len(r.get("prompt_token_ids") or ())) for r in requests]),
-                        np.array([r["output_tokens"] for r in requests]), name="parity")
+    workload = Workload(
+        np.array([r["arrival_s"] for r in requests], dtype=np.float64),
+        np.array([r.get("prompt_tokens", len(r.get("prompt_token_ids") or ())) for r in requests]),
+        np.array([r["output_tokens"] for r in requests]),
+        name="parity",
+    )
     ids = None
     if any("prompt_token_ids" in r for r in requests):
         ids = [np.asarray(r["prompt_token_ids"], dtype=np.int64) if "prompt_token_ids" in r else None for r in requests]
         if any(x is None for x in ids):
             raise ValueError("give prompt_token_ids for every request or for none")
     config = EngineConfig().replace(
-        block_size=settings["block_size"], enable_prefix_caching=settings["enable_prefix_caching"],
-        max_num_seqs=settings["max_num_seqs"], max_num_batched_tokens=settings["max_num_batched_tokens"],
-        max_model_len=settings["max_model_len"], enable_chunked_prefill=settings["enable_chunked_prefill"],
+        block_size=settings["block_size"],
+        enable_prefix_caching=settings["enable_prefix_caching"],
+        max_num_seqs=settings["max_num_seqs"],
+        max_num_batched_tokens=settings["max_num_batched_tokens"],
+        max_model_len=settings["max_model_len"],
+        enable_chunked_prefill=settings["enable_chunked_prefill"],
         long_prefill_token_threshold=settings["long_prefill_token_threshold"],
-        async_scheduling=settings["async_scheduling"])
+        async_scheduling=settings["async_scheduling"],
+    )
     cost_doc = doc.get("cost", {"kind": "constant", "step_ms": 8.0})
     if cost_doc["kind"] == "constant":
         cost = ConstantStepCost(float(cost_doc["step_ms"]))
     else:
         cost = LinearStepCost(float(cost_doc["step_ms"]), float(cost_doc.get("step_ms_per_token", 0.0)))
-    return {"workload": workload, "config": config, "num_gpu_blocks": settings["num_gpu_blocks"], "cost": cost,
-            "prompt_token_ids": ids}
+    return {
+        "workload": workload,
+        "config": config,
+        "num_gpu_blocks": settings["num_gpu_blocks"],
+        "cost": cost,
+        "prompt_token_ids": ids,
+    }
 
 
 def run_document(doc: dict, **engine_options) -> EngineResult:
@@ -62,17 +83,31 @@ def _time(x: float) -> float | None:
 
 def to_document(result: EngineResult) -> dict:
     """The result as OUT.json's requests and steps (steps carry scheduled / preempted with Recorder(scheduled=True))."""
-    requests = [{"request_id": i, "arrival_s": float(result.arrival_s[i]),
-                 "prompt_tokens": int(result.prompt_tokens[i]), "output_tokens": int(result.output_tokens[i]),
-                 "first_scheduled_s": _time(result.first_scheduled_s[i]), "first_token_s": _time(result.first_token_s[i]),
-                 "finish_s": _time(result.finish_s[i]), "num_output_tokens": int(result.num_output_tokens[i]),
-                 "num_preemptions": int(result.num_preemptions[i])} for i in range(result.num_requests)]
+    requests = [
+        {
+            "request_id": i,
+            "arrival_s": float(result.arrival_s[i]),
+            "prompt_tokens": int(result.prompt_tokens[i]),
+            "output_tokens": int(result.output_tokens[i]),
+            "first_scheduled_s": _time(result.first_scheduled_s[i]),
+            "first_token_s": _time(result.first_token_s[i]),
+            "finish_s": _time(result.finish_s[i]),
+            "num_output_tokens": int(result.num_output_tokens[i]),
+            "num_preemptions": int(result.num_preemptions[i]),
+        }
+        for i in range(result.num_requests)
+    ]
     s = result.steps
     steps = []
     for j in range(result.num_steps):
-        step = {"start_s": float(s["start_s"][j]), "end_s": float(s["end_s"][j]),
-                "num_scheduled_tokens": int(s["num_scheduled_tokens"][j]), "num_running": int(s["num_running"][j]),
-                "num_waiting": int(s["num_waiting"][j]), "num_blocks_in_use": int(s["num_blocks_in_use"][j])}
+        step = {
+            "start_s": float(s["start_s"][j]),
+            "end_s": float(s["end_s"][j]),
+            "num_scheduled_tokens": int(s["num_scheduled_tokens"][j]),
+            "num_running": int(s["num_running"][j]),
+            "num_waiting": int(s["num_waiting"][j]),
+            "num_blocks_in_use": int(s["num_blocks_in_use"][j]),
+        }
         if result.scheduled is not None:
             batch, preempted = result.scheduled[j]
             step["scheduled"] = [list(pair) for pair in batch]

@@ -8,6 +8,7 @@ allocation algorithm, and so does kvlab (kvlab.core.buddy): the chunk is the nex
 asked, and a request whose chunk is not free waits even when enough slots are free in all (external
 fragmentation).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,8 +29,8 @@ class ReservationManager:
         self.max_model_len = max_model_len
         self.num_tokens_total = (num_gpu_blocks - 1) * block_size
         self.buddy = BuddyAllocator(self.num_tokens_total)
-        self.offsets: dict[int, int] = {}       # request_id -> offset of its chunk
-        self.num_final_tokens = 0               # final lengths of the requests holding a chunk
+        self.offsets: dict[int, int] = {}  # request_id -> offset of its chunk
+        self.num_final_tokens = 0  # final lengths of the requests holding a chunk
 
     @property
     def num_free_tokens(self) -> int:
@@ -58,7 +59,9 @@ class ReservationManager:
         if self.allocation == "max":
             return np.full(len(final_tokens), self.max_model_len, dtype=np.int64)
         if self.allocation == "pow2":
-            bits = np.frexp(np.asarray(final_tokens - prompt_tokens, dtype=np.int64) - 1)[1]   # (output - 1).bit_length()
+            bits = np.frexp(np.asarray(final_tokens - prompt_tokens, dtype=np.int64) - 1)[
+                1
+            ]  # (output - 1).bit_length()
             return np.minimum(prompt_tokens + np.left_shift(1, bits.astype(np.int64)), self.max_model_len)
         return np.asarray(final_tokens, dtype=np.int64)
 
@@ -84,8 +87,9 @@ class ReservationManager:
         """No prefix cache."""
         return []
 
-    def allocate_slots(self, request: Request, num_new_tokens: int, hit_blocks=(),
-                       full_sequence_must_fit: bool = False) -> bool:
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, hit_blocks=(), full_sequence_must_fit: bool = False
+    ) -> bool:
         """Reserve the request's chunk on admission (False if no free chunk is large enough, however many slots
         are free in all: external fragmentation); later steps need nothing."""
         if request.reserved_tokens:

@@ -5,12 +5,24 @@ compiled loop (fast/) all call these functions; numba compiles the same function
 (fast/_kernels.py), so a rule has one home. Each docstring names the vLLM file and function it follows
 (paths under vllm/v1/core/). Tokens and blocks are counts; block_size is tokens a block.
 """
+
 from __future__ import annotations
 
 # Every rule, in the order a step meets them (fast/_kernels.py compiles each).
-RULES = ("step_token_cap", "running_num_new_tokens", "allocation_is_noop", "num_blocks_to_allocate",
-         "num_lookup_blocks", "admission_num_new_tokens", "blocks_to_admit", "admission_num_new_blocks",
-         "preemption_victim", "samples", "is_finished", "settles_placeholder")
+RULES = (
+    "step_token_cap",
+    "running_num_new_tokens",
+    "allocation_is_noop",
+    "num_blocks_to_allocate",
+    "num_lookup_blocks",
+    "admission_num_new_tokens",
+    "blocks_to_admit",
+    "admission_num_new_blocks",
+    "preemption_victim",
+    "samples",
+    "is_finished",
+    "settles_placeholder",
+)
 
 
 def step_token_cap(long_prefill_token_threshold: int, num_running: int, num_waiting: int) -> int:
@@ -20,8 +32,15 @@ def step_token_cap(long_prefill_token_threshold: int, num_running: int, num_wait
     return long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
 
-def running_num_new_tokens(num_tokens: int, num_output_placeholders: int, num_computed_tokens: int,
-                           max_tokens_total: int, token_cap: int, token_budget: int, max_model_len: int) -> int:
+def running_num_new_tokens(
+    num_tokens: int,
+    num_output_placeholders: int,
+    num_computed_tokens: int,
+    max_tokens_total: int,
+    token_cap: int,
+    token_budget: int,
+    max_model_len: int,
+) -> int:
     """Tokens the running loop schedules for a running request, or 0 to pass over it (sched/scheduler.py,
     Scheduler.schedule, the running loop): its known tokens (placeholders included) not yet computed, at most
     token_cap and the budget left. Asynchronous only (placeholders > 0, added by AsyncScheduler): the early stop
@@ -42,16 +61,21 @@ def running_num_new_tokens(num_tokens: int, num_output_placeholders: int, num_co
     return n
 
 
-def allocation_is_noop(num_new_tokens: int, num_computed_tokens: int, num_tokens: int, block_size: int,
-                       enable_caching: bool) -> bool:
+def allocation_is_noop(
+    num_new_tokens: int, num_computed_tokens: int, num_tokens: int, block_size: int, enable_caching: bool
+) -> bool:
     """Whether allocate_slots would change nothing: one new token inside the last block that does not fill a
     block (with prefix caching, a token that completes a block caches it). kvlab's shortcut, not a vLLM rule."""
-    return (num_new_tokens == 1 and num_computed_tokens % block_size != 0
-            and not (enable_caching and min(num_computed_tokens + 1, num_tokens) % block_size == 0))
+    return (
+        num_new_tokens == 1
+        and num_computed_tokens % block_size != 0
+        and not (enable_caching and min(num_computed_tokens + 1, num_tokens) % block_size == 0)
+    )
 
 
-def num_blocks_to_allocate(num_computed_tokens: int, num_new_tokens: int, num_table_blocks: int, block_size: int,
-                           max_model_len: int) -> int:
+def num_blocks_to_allocate(
+    num_computed_tokens: int, num_new_tokens: int, num_table_blocks: int, block_size: int, max_model_len: int
+) -> int:
     """New blocks a request needs to hold its computed tokens plus num_new_tokens, at most max_model_len, beyond
     the num_table_blocks it holds (<= 0: none; single_type_kv_cache_manager.py, get_num_blocks_to_allocate)."""
     num_slots = num_computed_tokens + num_new_tokens
@@ -66,8 +90,9 @@ def num_lookup_blocks(num_tokens: int, block_size: int) -> int:
     return (num_tokens - 1) // block_size
 
 
-def admission_num_new_tokens(num_tokens: int, num_hit_tokens: int, token_cap: int, token_budget: int,
-                             enable_chunked_prefill: bool) -> int:
+def admission_num_new_tokens(
+    num_tokens: int, num_hit_tokens: int, token_cap: int, token_budget: int, enable_chunked_prefill: bool
+) -> int:
     """Tokens the waiting loop schedules for the waiting queue's head, or 0: refused, the scan stops
     (sched/scheduler.py, Scheduler.schedule, the waiting loop): its tokens past the prefix-cache hit, at most
     token_cap; with chunked prefill off they must fit the budget left, else they are cut to it."""
@@ -81,23 +106,30 @@ def admission_num_new_tokens(num_tokens: int, num_hit_tokens: int, token_cap: in
     return n
 
 
-def blocks_to_admit(num_tokens: int, num_hit_blocks: int, num_evictable_hits: int, block_size: int,
-                    max_model_len: int) -> int:
+def blocks_to_admit(
+    num_tokens: int, num_hit_blocks: int, num_evictable_hits: int, block_size: int, max_model_len: int
+) -> int:
     """Free blocks admission needs: blocks for the request's whole current length less its hit blocks, a hit block
     still in the free queue counting once more (taking it leaves one free block fewer; kv_cache_manager.py,
     allocate_slots with the scheduler's reserve-full-length check, on by default in 0.33)."""
     return num_blocks_to_allocate(0, num_tokens, num_hit_blocks, block_size, max_model_len) + num_evictable_hits
 
 
-def admission_num_new_blocks(num_tokens: int, num_hit_blocks: int, num_evictable_hits: int, num_new_tokens: int,
-                             num_free_blocks: int, block_size: int, max_model_len: int) -> int:
+def admission_num_new_blocks(
+    num_tokens: int,
+    num_hit_blocks: int,
+    num_evictable_hits: int,
+    num_new_tokens: int,
+    num_free_blocks: int,
+    block_size: int,
+    max_model_len: int,
+) -> int:
     """New blocks allocate_slots takes to admit a request of num_tokens (num_hit_blocks found in the prefix cache,
     num_evictable_hits of them free) computing num_new_tokens, or -1: too few free blocks, refused
     (kv_cache_manager.py, KVCacheManager.allocate_slots)."""
     if blocks_to_admit(num_tokens, num_hit_blocks, num_evictable_hits, block_size, max_model_len) > num_free_blocks:
         return -1
-    new = num_blocks_to_allocate(num_hit_blocks * block_size, num_new_tokens, num_hit_blocks, block_size,
-                                 max_model_len)
+    new = num_blocks_to_allocate(num_hit_blocks * block_size, num_new_tokens, num_hit_blocks, block_size, max_model_len)
     if new < 0:
         new = 0
     if new + num_evictable_hits > num_free_blocks:

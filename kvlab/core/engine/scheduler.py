@@ -22,45 +22,64 @@ decoding, LoRA, structured output, connectors or pipeline parallelism: pause sta
 deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, Mamba alignment, the
 watermark (0), drop-mode stale output (reset_prefix_cache and connectors only).
 """
+
 from __future__ import annotations
 
 from collections import deque
 
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
-from kvlab.core.engine.rules import (admission_num_new_tokens, allocation_is_noop, is_finished, preemption_victim,
-                                     running_num_new_tokens, samples, step_token_cap)
+from kvlab.core.engine.rules import (
+    admission_num_new_tokens,
+    allocation_is_noop,
+    is_finished,
+    preemption_victim,
+    running_num_new_tokens,
+    samples,
+    step_token_cap,
+)
 
 
 class SchedulerOutput:
     """One step's decisions: (request, tokens) in vLLM's batch order, preempted requests, and cost inputs."""
 
-    __slots__ = ("scheduled", "samples", "preempted", "admitted", "num_scheduled_tokens", "context_tokens",
-                 "num_decodes", "decode_context_tokens", "num_prefills", "prefill_attention_pairs", "num_hit_tokens")
+    __slots__ = (
+        "scheduled",
+        "samples",
+        "preempted",
+        "admitted",
+        "num_scheduled_tokens",
+        "context_tokens",
+        "num_decodes",
+        "decode_context_tokens",
+        "num_prefills",
+        "prefill_attention_pairs",
+        "num_hit_tokens",
+    )
 
     def __init__(self):
-        self.scheduled: list = []          # [(Request, num_new_tokens)]: running first, then admitted
-        self.samples: list = []            # per scheduled request: whether its chunk reaches its end (samples)
-        self.preempted: list = []          # requests preempted in this step, in order
-        self.admitted: list = []           # requests admitted (or resumed) in this step, in order
+        self.scheduled: list = []  # [(Request, num_new_tokens)]: running first, then admitted
+        self.samples: list = []  # per scheduled request: whether its chunk reaches its end (samples)
+        self.preempted: list = []  # requests preempted in this step, in order
+        self.admitted: list = []  # requests admitted (or resumed) in this step, in order
         self.num_scheduled_tokens = 0
-        self.context_tokens = 0            # sum over scheduled requests of tokens attended (computed + new)
-        self.num_decodes = 0               # scheduled requests computing exactly their last known token
-        self.decode_context_tokens = 0     # context_tokens of those
-        self.num_prefills = 0              # scheduled requests that are not decodes (prefill chunks)
-        self.prefill_attention_pairs = 0   # sum over those of n x c + n (n + 1) / 2: causal query-key pairs
-        self.num_hit_tokens = 0            # prompt tokens admitted requests found in the prefix cache
+        self.context_tokens = 0  # sum over scheduled requests of tokens attended (computed + new)
+        self.num_decodes = 0  # scheduled requests computing exactly their last known token
+        self.decode_context_tokens = 0  # context_tokens of those
+        self.num_prefills = 0  # scheduled requests that are not decodes (prefill chunks)
+        self.prefill_attention_pairs = 0  # sum over those of n x c + n (n + 1) / 2: causal query-key pairs
+        self.num_hit_tokens = 0  # prompt tokens admitted requests found in the prefix cache
 
 
 class Scheduler:
     """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output(), synchronous."""
 
-    admits_before_decodes = False       # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
-    async_scheduling = False            # AsyncScheduler: the next batch is scheduled before this one's output
+    admits_before_decodes = False  # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
+    async_scheduling = False  # AsyncScheduler: the next batch is scheduled before this one's output
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
-        self.max_model_len = max_model_len             # checked by checks.check_scheduler_config
-        self.max_request_tokens = self.max_model_len   # a request finishes when it reaches these many tokens
+        self.max_model_len = max_model_len  # checked by checks.check_scheduler_config
+        self.max_request_tokens = self.max_model_len  # a request finishes when it reaches these many tokens
         self.max_num_seqs = scheduler.max_num_seqs
         self.max_num_batched_tokens = scheduler.max_num_batched_tokens
         self.enable_chunked_prefill = scheduler.enable_chunked_prefill
@@ -68,7 +87,7 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.has_finished = False          # vLLM's finished_req_ids not yet sent: schedule() clears it
+        self.has_finished = False  # vLLM's finished_req_ids not yet sent: schedule() clears it
 
     def add_request(self, request: Request) -> None:
         """A request that has arrived joins the back of the waiting queue."""
@@ -103,9 +122,16 @@ class Scheduler:
         while i < len(running) and budget > 0:
             request = running[i]
             computed = request.num_computed_tokens
-            n = new_tokens(request.num_tokens, request.num_output_placeholders, computed,
-                           request.num_prompt_tokens + request.max_tokens, cap, budget, max_model_len)
-            if n == 0:                          # async: its last token is in flight, or it is at max_model_len
+            n = new_tokens(
+                request.num_tokens,
+                request.num_output_placeholders,
+                computed,
+                request.num_prompt_tokens + request.max_tokens,
+                cap,
+                budget,
+                max_model_len,
+            )
+            if n == 0:  # async: its last token is in flight, or it is at max_model_len
                 i += 1
                 continue
             if n == 1 and noop(1, computed, request.num_tokens, bs, caching):
@@ -120,12 +146,12 @@ class Scheduler:
                 if victim is request:
                     break
             if request.status == PREEMPTED:
-                break                           # it preempted itself: no more running requests this step
+                break  # it preempted itself: no more running requests this step
             scheduled.append((request, n))
             budget -= n
             i += 1
 
-        if not preempted:                       # no admission in a step that preempted
+        if not preempted:  # no admission in a step that preempted
             chunked = self.enable_chunked_prefill
             while budget > 0 and waiting:
                 if len(running) >= self.max_num_seqs:
@@ -135,7 +161,7 @@ class Scheduler:
                 num_hit_tokens = len(hits) * bs
                 n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget, chunked)
                 if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
-                    break                       # the scan stops at the first request that does not fit
+                    break  # the scan stops at the first request that does not fit
                 waiting.popleft()
                 running.append(request)
                 request.status = RUNNING

@@ -40,6 +40,7 @@ so no waiting request, preempted ones included, is ever that long), CPU blocks, 
 and EOS. kvlab's engine jumps over its decode runs as over vLLM 0.33's (decode_run, under its two rules: admission
 before a step's decodes, a free block before every decode); tests/test_scheduler_v0.py holds it to the per-step loop.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,7 +51,7 @@ from kvlab.core.engine.rules import blocks_to_admit
 from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.core.units import cdiv
 
-WATERMARK = 0.01        # vllm/core/block_manager.py: BlockSpaceManager(watermark=0.01)
+WATERMARK = 0.01  # vllm/core/block_manager.py: BlockSpaceManager(watermark=0.01)
 
 
 def watermark_blocks(num_gpu_blocks: int) -> int:
@@ -58,8 +59,9 @@ def watermark_blocks(num_gpu_blocks: int) -> int:
     return int(WATERMARK * (num_gpu_blocks - 1))
 
 
-def blocks_to_finish(prompt_tokens: np.ndarray, final_tokens: np.ndarray, block_size: int,
-                     num_watermark_blocks: int) -> np.ndarray:
+def blocks_to_finish(
+    prompt_tokens: np.ndarray, final_tokens: np.ndarray, block_size: int, num_watermark_blocks: int
+) -> np.ndarray:
     """Usable blocks each request alone in the pool needs to finish: its longest readmission (all but its last
     token, plus the watermark) and, if it decodes, its last decode (its blocks and one free)."""
     admit = cdiv(final_tokens - 1, block_size) + num_watermark_blocks
@@ -74,7 +76,7 @@ class SchedulerV0(Scheduler):
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
         super().__init__(scheduler, kv_cache_manager, max_model_len)
-        self.max_request_tokens = self.max_model_len + 1    # finished once get_len() > max_model_len
+        self.max_request_tokens = self.max_model_len + 1  # finished once get_len() > max_model_len
         self.paged = kv_cache_manager.allocation == "paged"
         self.watermark_blocks = watermark_blocks(kv_cache_manager.pool.num_gpu_blocks) if self.paged else 0
 
@@ -87,7 +89,7 @@ class SchedulerV0(Scheduler):
             request = waiting.popleft()
             n = request.num_tokens
             allocated = kv.allocate_slots(request, n, full_sequence_must_fit=True)
-            assert allocated                    # can_admit checked its blocks or its reservation
+            assert allocated  # can_admit checked its blocks or its reservation
             running.append(request)
             request.status = RUNNING
             out.admitted.append(request)
@@ -107,27 +109,29 @@ class SchedulerV0(Scheduler):
             return False
         kv = self.kv_cache_manager
         if not self.paged:
-            return kv.can_reserve(request)         # a buddy chunk is free
+            return kv.can_reserve(request)  # a buddy chunk is free
         num_free = kv.num_free_blocks - num_blocks_taken
-        return num_free - cdiv(n, kv.block_size) >= self.watermark_blocks and \
-            blocks_to_admit(n, 0, 0, kv.block_size, self.max_model_len) <= num_free
+        return (
+            num_free - cdiv(n, kv.block_size) >= self.watermark_blocks
+            and blocks_to_admit(n, 0, 0, kv.block_size, self.max_model_len) <= num_free
+        )
 
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
         kv, running = self.kv_cache_manager, self.running
-        running.sort(key=_arrival_s)            # a no-op: FCFS keeps them in arrival order (tests check it)
+        running.sort(key=_arrival_s)  # a no-op: FCFS keeps them in arrival order (tests check it)
         i = 0
         while i < len(running):
             request = running[i]
             while self.paged and kv.num_free_blocks < 1:
-                victim = running.pop()          # the latest arrival, or the request itself when it is the last
+                victim = running.pop()  # the latest arrival, or the request itself when it is the last
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is request:
                     break
             if request.status == PREEMPTED:
                 break
-            kv.allocate_slots(request, 1)       # a block is free: it cannot fail
+            kv.allocate_slots(request, 1)  # a block is free: it cannot fail
             out.scheduled.append((request, 1))
             i += 1
 

@@ -3,6 +3,7 @@ engine. Modules by job, each importing only those before it: runs (the grids and
 tables (each grid reduced to the table the notebook shows), prose (the figures its sentences state) and ledger_rows
 (its rows of the reproduction ledger). The setting and its requests are kvlab.studies.paper_setting and
 paper_workloads."""
+
 from kvlab.core.lazy import submodules
 
 __all__ = ["ledger_rows", "prose", "runs", "tables"]

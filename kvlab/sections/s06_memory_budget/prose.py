@@ -1,5 +1,6 @@
 """Section 6's figures in words: the numbers the notebook's prose states, each read from the table it is about, and
 the section's headline lines."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,17 +8,28 @@ import pandas as pd
 
 from kvlab.core import capacity
 from kvlab.core.units import GIB
-from kvlab.sections.s06_memory_budget.runs import (ARTICLE_KV_GIB, ARTICLE_MAX_LEN, ARTICLE_MIB_PER_TOKEN, DATASETS,
-                                                  MODE_LABELS, MODES)
-from kvlab.sections.s06_memory_budget.tables import (MEMORY_DECIMALS, SCHEDULING_LABELS, SECTION, best_block_size,
-                                                    setting_table)
+from kvlab.sections.s06_memory_budget.runs import (
+    ARTICLE_KV_GIB,
+    ARTICLE_MAX_LEN,
+    ARTICLE_MIB_PER_TOKEN,
+    DATASETS,
+    MODE_LABELS,
+    MODES,
+)
+from kvlab.sections.s06_memory_budget.tables import (
+    MEMORY_DECIMALS,
+    SCHEDULING_LABELS,
+    SECTION,
+    best_block_size,
+    setting_table,
+)
 from kvlab.sections.shared import ledger
 from kvlab.sections.shared.ledger import round_half_up
 from kvlab.sections.shared.present import joined, label
 from kvlab.studies.paper_setting import PaperSetting, prefix_setting
 from kvlab.studies.paper_workloads import TraceWorkload
 
-PAPER_TOKEN_SLOTS = 15_700            # Table 1: "15.7K" token slots for OPT-13B's 12 GB of KV cache
+PAPER_TOKEN_SLOTS = 15_700  # Table 1: "15.7K" token slots for OPT-13B's 12 GB of KV cache
 
 
 def grid_figures(rates: dict, num_requests: int, num_seeds: int) -> dict:
@@ -27,8 +39,12 @@ def grid_figures(rates: dict, num_requests: int, num_seeds: int) -> dict:
     for name, grid in rates.items():
         grid = np.asarray(grid, dtype=float)
         key = name.lower()
-        out |= {f"{key}_low": grid.min(), f"{key}_high": grid.max(), f"{key}_points": len(grid),
-                f"{key}_step": float(np.max(grid[1:] / grid[:-1])) if len(grid) > 1 else float("nan")}
+        out |= {
+            f"{key}_low": grid.min(),
+            f"{key}_high": grid.max(),
+            f"{key}_points": len(grid),
+            f"{key}_step": float(np.max(grid[1:] / grid[:-1])) if len(grid) > 1 else float("nan"),
+        }
     return out
 
 
@@ -38,19 +54,33 @@ def setting_figures(setting: PaperSetting) -> dict:
     for activations and other memory (GiB)."""
     table = setting_table(setting)
     paper = table.iloc[0]
-    out = {"kv_kib": setting.kv_bytes_per_token / 1024, "blocks": setting.num_gpu_blocks(),
-           "slots": setting.pool_tokens(), "paper_slots": PAPER_TOKEN_SLOTS, "kv_gib": setting.kv_cache_gib,
-           "max_requests": int(paper["max_length_requests"]), "model": setting.model, "gpu": setting.gpu,
-           "block_size": setting.block_size, "max_model_len": setting.max_model_len,
-           "weights_gib": setting.model_spec.num_params_b * 1e9 * 2 / GIB, "gpu_gib": setting.gpu_spec.memory_gib,
-           "other_gib": capacity.ACTIVATION_PEAK_GIB + capacity.NON_TORCH_GIB,
-           "layers": setting.model_spec.num_layers, "kv_heads": setting.model_spec.num_kv_heads,
-           "head_dim": setting.model_spec.head_dim, "bandwidth": setting.gpu_spec.memory_bandwidth_gb_s,
-           "tflops": setting.gpu_spec.bf16_dense_tflops}
+    out = {
+        "kv_kib": setting.kv_bytes_per_token / 1024,
+        "blocks": setting.num_gpu_blocks(),
+        "slots": setting.pool_tokens(),
+        "paper_slots": PAPER_TOKEN_SLOTS,
+        "kv_gib": setting.kv_cache_gib,
+        "max_requests": int(paper["max_length_requests"]),
+        "model": setting.model,
+        "gpu": setting.gpu,
+        "block_size": setting.block_size,
+        "max_model_len": setting.max_model_len,
+        "weights_gib": setting.model_spec.num_params_b * 1e9 * 2 / GIB,
+        "gpu_gib": setting.gpu_spec.memory_gib,
+        "other_gib": capacity.ACTIVATION_PEAK_GIB + capacity.NON_TORCH_GIB,
+        "layers": setting.model_spec.num_layers,
+        "kv_heads": setting.model_spec.num_kv_heads,
+        "head_dim": setting.model_spec.head_dim,
+        "bandwidth": setting.gpu_spec.memory_bandwidth_gb_s,
+        "tflops": setting.gpu_spec.bf16_dense_tflops,
+    }
     if len(table) > 1:
         vllm = table.iloc[1]
-        out |= {"vllm_gib": float(vllm["kv_cache_gib"]), "vllm_slots": int(vllm["token_slots_tokens"]),
-                "vllm_requests": int(vllm["max_length_requests"])}
+        out |= {
+            "vllm_gib": float(vllm["kv_cache_gib"]),
+            "vllm_slots": int(vllm["token_slots_tokens"]),
+            "vllm_requests": int(vllm["max_length_requests"]),
+        }
     else:
         out |= {"vllm_gib": float("nan"), "vllm_slots": 0, "vllm_requests": 0}
     return out
@@ -71,28 +101,39 @@ def fig13_figures(fig13: pd.DataFrame, fig2: pd.DataFrame) -> dict:
             continue
         mine, theirs = fig13[f"{name}: kvlab"], fig13[f"{name}: paper"]
         key = name.lower()
-        out |= {f"{key}_vllm": mine["vLLM"], f"{key}_paper_vllm": theirs["vLLM"],
-                f"{key}_max": mine["Orca (Max)"], f"{key}_oracle": mine["Orca (Oracle)"],
-                f"{key}_pow2": mine["Orca (Pow2)"], f"{key}_paper_oracle": theirs["Orca (Oracle)"],
-                f"{key}_paper_pow2": theirs["Orca (Pow2)"],
-                f"{key}_over_oracle": mine["vLLM"] / mine["Orca (Oracle)"],
-                f"{key}_paper_over_oracle": theirs["vLLM"] / theirs["Orca (Oracle)"],
-                f"{key}_over_max": mine["vLLM"] / mine["Orca (Max)"],
-                f"{key}_paper_over_max": theirs["vLLM"] / theirs["Orca (Max)"],
-                f"{key}_pow2_words": _more(mine["Orca (Pow2)"], theirs["Orca (Pow2)"]),
-                f"{key}_oracle_words": _more(mine["Orca (Oracle)"], theirs["Orca (Oracle)"])}
+        out |= {
+            f"{key}_vllm": mine["vLLM"],
+            f"{key}_paper_vllm": theirs["vLLM"],
+            f"{key}_max": mine["Orca (Max)"],
+            f"{key}_oracle": mine["Orca (Oracle)"],
+            f"{key}_pow2": mine["Orca (Pow2)"],
+            f"{key}_paper_oracle": theirs["Orca (Oracle)"],
+            f"{key}_paper_pow2": theirs["Orca (Pow2)"],
+            f"{key}_over_oracle": mine["vLLM"] / mine["Orca (Oracle)"],
+            f"{key}_paper_over_oracle": theirs["vLLM"] / theirs["Orca (Oracle)"],
+            f"{key}_over_max": mine["vLLM"] / mine["Orca (Max)"],
+            f"{key}_paper_over_max": theirs["vLLM"] / theirs["Orca (Max)"],
+            f"{key}_pow2_words": _more(mine["Orca (Pow2)"], theirs["Orca (Pow2)"]),
+            f"{key}_oracle_words": _more(mine["Orca (Oracle)"], theirs["Orca (Oracle)"]),
+        }
     if "sharegpt_pow2_words" in out:
         same = out["sharegpt_pow2_words"] == out["sharegpt_oracle_words"]
-        out["sharegpt_orca_words"] = (f"both batch {out['sharegpt_pow2_words']} requests than the paper's" if same else
-                                      f"batch {out['sharegpt_pow2_words']} and {out['sharegpt_oracle_words']} "
-                                      "requests than the paper's")
+        out["sharegpt_orca_words"] = (
+            f"both batch {out['sharegpt_pow2_words']} requests than the paper's"
+            if same
+            else f"batch {out['sharegpt_pow2_words']} and {out['sharegpt_oracle_words']} requests than the paper's"
+        )
     for m, key in (("vLLM", "vllm"), ("Orca (Max)", "max"), ("Orca (Pow2)", "pow2"), ("Orca (Oracle)", "oracle")):
-        out |= {f"{key}_token_pct": fig2.loc[m, "token_states_pct"], f"{key}_held_pct": fig2.loc[m, "held_pct"],
-                f"{key}_of_held_pct": fig2.loc[m, "token_states_of_held_pct"],
-                f"{key}_waiting": fig2.loc[m, "mean_waiting_requests"],
-                f"{key}_paper_pct": fig2.loc[m, "paper_token_states_pct"]}
-    out["vllm_limit"] = ("memory is the limit" if out["vllm_waiting"] >= 1 else
-                         "memory is not what limits it at this rate")
+        out |= {
+            f"{key}_token_pct": fig2.loc[m, "token_states_pct"],
+            f"{key}_held_pct": fig2.loc[m, "held_pct"],
+            f"{key}_of_held_pct": fig2.loc[m, "token_states_of_held_pct"],
+            f"{key}_waiting": fig2.loc[m, "mean_waiting_requests"],
+            f"{key}_paper_pct": fig2.loc[m, "paper_token_states_pct"],
+        }
+    out["vllm_limit"] = (
+        "memory is the limit" if out["vllm_waiting"] >= 1 else "memory is not what limits it at this rate"
+    )
     return out
 
 
@@ -124,17 +165,26 @@ def sustained_figures(sustained: pd.DataFrame, bound_s: float, dataset: str = "S
         low, high = ranges.loc[row, "value"], ranges.loc[row, "tolerance"]
         return "within" if low <= value <= high else "below" if value < low else "above" if value > high else "not in"
 
-    return {"max_words": against(row["vllm_over_max_x"], "vLLM over Orca (Max)"),
-            "oracle_words": against(row["vllm_over_oracle_x"], "vLLM over Orca (Oracle)"),
-            "other": others[0] if others else "", "other_note": (other["note"] or "every mode crosses the bound inside "
-                                                                 "the grid") if other is not None else "",
-            "other_vllm": other["vLLM"] if other is not None else float("nan"),
-            "other_max": other["Orca (Max)"] if other is not None else float("nan"),
-            "bound": bound_s, "vllm": row["vLLM"], "oracle": row["Orca (Oracle)"], "pow2": row["Orca (Pow2)"],
-            "max": row["Orca (Max)"], "over_oracle": row["vllm_over_oracle_x"], "over_max": row["vllm_over_max_x"],
-            "over_oracle_low": part["vllm_over_oracle_x"].min(), "over_oracle_high": part["vllm_over_oracle_x"].max(),
-            "over_max_low": part["vllm_over_max_x"].min(), "over_max_high": part["vllm_over_max_x"].max(),
-            "note": row["note"] or "every mode crosses the bound inside the grid"}
+    return {
+        "max_words": against(row["vllm_over_max_x"], "vLLM over Orca (Max)"),
+        "oracle_words": against(row["vllm_over_oracle_x"], "vLLM over Orca (Oracle)"),
+        "other": others[0] if others else "",
+        "other_note": (other["note"] or "every mode crosses the bound inside the grid") if other is not None else "",
+        "other_vllm": other["vLLM"] if other is not None else float("nan"),
+        "other_max": other["Orca (Max)"] if other is not None else float("nan"),
+        "bound": bound_s,
+        "vllm": row["vLLM"],
+        "oracle": row["Orca (Oracle)"],
+        "pow2": row["Orca (Pow2)"],
+        "max": row["Orca (Max)"],
+        "over_oracle": row["vllm_over_oracle_x"],
+        "over_max": row["vllm_over_max_x"],
+        "over_oracle_low": part["vllm_over_oracle_x"].min(),
+        "over_oracle_high": part["vllm_over_oracle_x"].max(),
+        "over_max_low": part["vllm_over_max_x"].min(),
+        "over_max_high": part["vllm_over_max_x"].max(),
+        "note": row["note"] or "every mode crosses the bound inside the grid",
+    }
 
 
 def saturation_figures(runs: pd.DataFrame, fig13: pd.DataFrame) -> dict:
@@ -146,14 +196,19 @@ def saturation_figures(runs: pd.DataFrame, fig13: pd.DataFrame) -> dict:
         top = part[part["rate"] == part["rate"].max()]
         mean = top.groupby("mode")["mean_batched_requests"].mean()
         key = name.lower()
-        out |= {f"{key}_top_rate": float(part["rate"].max()),
-                **{f"{key}_{m}": float(mean[m]) for m in MODES},
-                f"{key}_over_oracle": float(mean["paged"] / mean["oracle"]),
-                f"{key}_over_max": float(mean["paged"] / mean["max"])}
+        out |= {
+            f"{key}_top_rate": float(part["rate"].max()),
+            **{f"{key}_{m}": float(mean[m]) for m in MODES},
+            f"{key}_over_oracle": float(mean["paged"] / mean["oracle"]),
+            f"{key}_over_max": float(mean["paged"] / mean["max"]),
+        }
         if f"{name}: paper" in fig13:
             paper = fig13[f"{name}: paper"]
-            out |= {f"{key}_paper_vllm": paper["vLLM"], f"{key}_paper_over_oracle": paper["vLLM"] / paper["Orca (Oracle)"],
-                    f"{key}_paper_over_max": paper["vLLM"] / paper["Orca (Max)"]}
+            out |= {
+                f"{key}_paper_vllm": paper["vLLM"],
+                f"{key}_paper_over_oracle": paper["vLLM"] / paper["Orca (Oracle)"],
+                f"{key}_paper_over_max": paper["vLLM"] / paper["Orca (Max)"],
+            }
     return out
 
 
@@ -167,62 +222,86 @@ def block_figures(sharegpt: pd.DataFrame, alpaca: pd.DataFrame, busy: pd.DataFra
     out = {}
     if busy is not None and len(busy):
         b_best, b_ties = best_block_size(busy)
-        out = {"busy_best": b_best, "busy_ties": ", ".join(map(str, b_ties)),
-               "busy_latency_small": busy.loc[small, "normalized_latency_s"],
-               "busy_latency_16": busy.loc[16, "normalized_latency_s"] if 16 in busy.index else float("nan"),
-               "busy_latency_large": busy.loc[large, "normalized_latency_s"],
-               "busy_batched_small": busy.loc[small, "mean_batched_requests"],
-               "busy_batched_large": busy.loc[large, "mean_batched_requests"],
-               "busy_preemptions_small": int(round(busy.loc[small, "num_preemptions"])),
-               "busy_preemptions_large": int(round(busy.loc[large, "num_preemptions"]))}
-    return out | {"best": best, "ties": ", ".join(map(str, ties)), "alpaca_best": a_best,
-            "alpaca_ties": ", ".join(map(str, a_ties)), "small": small, "large": large,
-            "latency_small": sharegpt.loc[small, "normalized_latency_s"],
-            "latency_large": sharegpt.loc[large, "normalized_latency_s"],
-            "alpaca_latency_small": alpaca.loc[small, "normalized_latency_s"],
-            "alpaca_latency_large": alpaca.loc[large, "normalized_latency_s"],
-            "alpaca_ratio": alpaca.loc[large, "normalized_latency_s"] / alpaca.loc[16, "normalized_latency_s"]
-            if 16 in alpaca.index else float("nan"),
-            "of_held_16": sharegpt.loc[16, "token_states_of_held_pct"] if 16 in sharegpt.index else float("nan"),
-            "of_held_large": sharegpt.loc[large, "token_states_of_held_pct"],
-            "alpaca_of_held_large": alpaca.loc[large, "token_states_of_held_pct"],
-            "alpaca_batched_16": alpaca.loc[16, "mean_batched_requests"] if 16 in alpaca.index else float("nan"),
-            "alpaca_batched_large": alpaca.loc[large, "mean_batched_requests"],
-            "entries_small": sharegpt.loc[small, "block_table_entries"],
-            "entries_large": sharegpt.loc[large, "block_table_entries"],
-            "preemptions_large": int(round(sharegpt.loc[large, "num_preemptions"])),
-            "alpaca_preemptions_large": int(round(alpaca.loc[large, "num_preemptions"]))}
+        out = {
+            "busy_best": b_best,
+            "busy_ties": ", ".join(map(str, b_ties)),
+            "busy_latency_small": busy.loc[small, "normalized_latency_s"],
+            "busy_latency_16": busy.loc[16, "normalized_latency_s"] if 16 in busy.index else float("nan"),
+            "busy_latency_large": busy.loc[large, "normalized_latency_s"],
+            "busy_batched_small": busy.loc[small, "mean_batched_requests"],
+            "busy_batched_large": busy.loc[large, "mean_batched_requests"],
+            "busy_preemptions_small": int(round(busy.loc[small, "num_preemptions"])),
+            "busy_preemptions_large": int(round(busy.loc[large, "num_preemptions"])),
+        }
+    return out | {
+        "best": best,
+        "ties": ", ".join(map(str, ties)),
+        "alpaca_best": a_best,
+        "alpaca_ties": ", ".join(map(str, a_ties)),
+        "small": small,
+        "large": large,
+        "latency_small": sharegpt.loc[small, "normalized_latency_s"],
+        "latency_large": sharegpt.loc[large, "normalized_latency_s"],
+        "alpaca_latency_small": alpaca.loc[small, "normalized_latency_s"],
+        "alpaca_latency_large": alpaca.loc[large, "normalized_latency_s"],
+        "alpaca_ratio": alpaca.loc[large, "normalized_latency_s"] / alpaca.loc[16, "normalized_latency_s"]
+        if 16 in alpaca.index
+        else float("nan"),
+        "of_held_16": sharegpt.loc[16, "token_states_of_held_pct"] if 16 in sharegpt.index else float("nan"),
+        "of_held_large": sharegpt.loc[large, "token_states_of_held_pct"],
+        "alpaca_of_held_large": alpaca.loc[large, "token_states_of_held_pct"],
+        "alpaca_batched_16": alpaca.loc[16, "mean_batched_requests"] if 16 in alpaca.index else float("nan"),
+        "alpaca_batched_large": alpaca.loc[large, "mean_batched_requests"],
+        "entries_small": sharegpt.loc[small, "block_table_entries"],
+        "entries_large": sharegpt.loc[large, "block_table_entries"],
+        "preemptions_large": int(round(sharegpt.loc[large, "num_preemptions"])),
+        "alpaca_preemptions_large": int(round(alpaca.loc[large, "num_preemptions"])),
+    }
 
 
 def memory_figures(table: pd.DataFrame) -> dict:
     """The memory table in numbers: the smallest and largest KV cache, vLLM's preemptions per request at each, and
     its latency over Orca (Oracle)'s at the smallest."""
     small, large = table.index.min(), table.index.max()
-    return {"small_gib": small, "large_gib": large,
-            "preempt_small": table.loc[small, "vLLM: preemptions per request"],
-            # rounded as the table rounds it (half up), so the prose and the table print the same digits
-            "preempted_pct_small": round_half_up(table.loc[small, "vLLM: requests preempted (%)"],
-                                                 MEMORY_DECIMALS["vLLM: requests preempted (%)"]),
-            "preempt_large": table.loc[large, "vLLM: preemptions per request"],
-            "vllm_small": table.loc[small, "vLLM: latency (s/token)"],
-            "oracle_small": table.loc[small, "Orca (Oracle): latency (s/token)"],
-            "max_small": table.loc[small, "Orca (Max): latency (s/token)"],
-            "vllm_large": table.loc[large, "vLLM: latency (s/token)"],
-            "oracle_large": table.loc[large, "Orca (Oracle): latency (s/token)"]}
+    return {
+        "small_gib": small,
+        "large_gib": large,
+        "preempt_small": table.loc[small, "vLLM: preemptions per request"],
+        # rounded as the table rounds it (half up), so the prose and the table print the same digits
+        "preempted_pct_small": round_half_up(
+            table.loc[small, "vLLM: requests preempted (%)"], MEMORY_DECIMALS["vLLM: requests preempted (%)"]
+        ),
+        "preempt_large": table.loc[large, "vLLM: preemptions per request"],
+        "vllm_small": table.loc[small, "vLLM: latency (s/token)"],
+        "oracle_small": table.loc[small, "Orca (Oracle): latency (s/token)"],
+        "max_small": table.loc[small, "Orca (Max): latency (s/token)"],
+        "vllm_large": table.loc[large, "vLLM: latency (s/token)"],
+        "oracle_large": table.loc[large, "Orca (Oracle): latency (s/token)"],
+    }
 
 
 def trace_figures(trace: TraceWorkload, table: pd.DataFrame) -> dict:
     """The Azure runs in numbers: rows read, requests dropped as too long, requests and rate kept, and at its own
     timestamps (scale 1, or the largest scale run) each mode's requests batched and normalized latency."""
     w = trace.workload
-    scale = 1.0 if 1.0 in table.index.get_level_values("rate_scale") else table.index.get_level_values("rate_scale").max()
+    scale = (
+        1.0 if 1.0 in table.index.get_level_values("rate_scale") else table.index.get_level_values("rate_scale").max()
+    )
     own = table.xs(scale, level="rate_scale")
-    return {"rows": trace.num_rows, "dropped": trace.num_dropped, "requests": w.num_requests,
-            "duration_min": float(w.arrival_s[-1]) / 60, "rate": w.num_requests / float(w.arrival_s[-1]),
-            "prompt_mean": float(w.prompt_tokens.mean()), "output_mean": float(w.output_tokens.mean()),
-            "scale": scale, **{f"{m}_batched": own.loc[MODE_LABELS[m], "mean_batched_requests"] for m in MODES},
-            **{f"{m}_latency": own.loc[MODE_LABELS[m], "normalized_latency_s"] for m in MODES},
-            "vllm_token_pct": own.loc["vLLM", "token_states_pct"], "max_token_pct": own.loc["Orca (Max)", "token_states_pct"]}
+    return {
+        "rows": trace.num_rows,
+        "dropped": trace.num_dropped,
+        "requests": w.num_requests,
+        "duration_min": float(w.arrival_s[-1]) / 60,
+        "rate": w.num_requests / float(w.arrival_s[-1]),
+        "prompt_mean": float(w.prompt_tokens.mean()),
+        "output_mean": float(w.output_tokens.mean()),
+        "scale": scale,
+        **{f"{m}_batched": own.loc[MODE_LABELS[m], "mean_batched_requests"] for m in MODES},
+        **{f"{m}_latency": own.loc[MODE_LABELS[m], "normalized_latency_s"] for m in MODES},
+        "vllm_token_pct": own.loc["vLLM", "token_states_pct"],
+        "max_token_pct": own.loc["Orca (Max)", "token_states_pct"],
+    }
 
 
 def article_workload_figures(table: pd.DataFrame, arrival_rate: float) -> dict:
@@ -231,20 +310,25 @@ def article_workload_figures(table: pd.DataFrame, arrival_rate: float) -> dict:
     Little's law (arrival_rate in requests/s x mean latency in s), which is what sets the batch."""
     seqs = sorted(set(table.index.get_level_values("max_num_seqs")))
     small, large = seqs[0], seqs[-1]
+
     def alike(seqs: int, column: str) -> str:
         values = table.xs(seqs, level="max_num_seqs")[column]
         return "the same for every allocation mode" if values.nunique() == 1 else "different across allocation modes"
 
-    return {"slots": small, "many": large, "alike_small": alike(small, "mean_latency_s"),
-            "alike_many": alike(large, "mean_batched_requests"),
-            "engine_latency": table.loc[(small, "vLLM"), "mean_latency_s"],
-            "slot_latency": table.loc[(small, "vLLM"), "slot_model_mean_latency_s"],
-            "max_latency": table.loc[(small, "Orca (Max)"), "mean_latency_s"],
-            **{f"{m}_batched_many": table.loc[(large, MODE_LABELS[m]), "mean_batched_requests"] for m in MODES},
-            "vllm_latency_many": table.loc[(large, "vLLM"), "mean_latency_s"],
-            "in_system_many": arrival_rate * table.loc[(large, "vLLM"), "mean_latency_s"],
-            "max_latency_many": table.loc[(large, "Orca (Max)"), "mean_latency_s"],
-            "max_fit": int(ARTICLE_KV_GIB * 1024 / ARTICLE_MIB_PER_TOKEN) // ARTICLE_MAX_LEN}
+    return {
+        "slots": small,
+        "many": large,
+        "alike_small": alike(small, "mean_latency_s"),
+        "alike_many": alike(large, "mean_batched_requests"),
+        "engine_latency": table.loc[(small, "vLLM"), "mean_latency_s"],
+        "slot_latency": table.loc[(small, "vLLM"), "slot_model_mean_latency_s"],
+        "max_latency": table.loc[(small, "Orca (Max)"), "mean_latency_s"],
+        **{f"{m}_batched_many": table.loc[(large, MODE_LABELS[m]), "mean_batched_requests"] for m in MODES},
+        "vllm_latency_many": table.loc[(large, "vLLM"), "mean_latency_s"],
+        "in_system_many": arrival_rate * table.loc[(large, "vLLM"), "mean_latency_s"],
+        "max_latency_many": table.loc[(large, "Orca (Max)"), "mean_latency_s"],
+        "max_fit": int(ARTICLE_KV_GIB * 1024 / ARTICLE_MIB_PER_TOKEN) // ARTICLE_MAX_LEN,
+    }
 
 
 def prefix_setting_figures(model: str, gpu: str, rate_scales) -> dict:
@@ -253,9 +337,16 @@ def prefix_setting_figures(model: str, gpu: str, rate_scales) -> dict:
     (num_gpu_blocks x block_size, section 3's figure) and the rate scales run."""
     off, _, blocks, _ = prefix_setting(model, gpu)
     scales = [f"{s:g}x" for s in rate_scales]
-    return {"model": model, "gpu": gpu, "max_len": off.scheduler.max_model_len, "num_gpu_blocks": blocks,
-            "block_size": off.cache.block_size, "pool_tokens": (blocks - 1) * off.cache.block_size,
-            "logged_tokens": blocks * off.cache.block_size, "scales": joined(scales)}
+    return {
+        "model": model,
+        "gpu": gpu,
+        "max_len": off.scheduler.max_model_len,
+        "num_gpu_blocks": blocks,
+        "block_size": off.cache.block_size,
+        "pool_tokens": (blocks - 1) * off.cache.block_size,
+        "logged_tokens": blocks * off.cache.block_size,
+        "scales": joined(scales),
+    }
 
 
 def prefix_figures(trace: TraceWorkload, table: pd.DataFrame, model: str, gpu: str) -> dict:
@@ -264,16 +355,28 @@ def prefix_figures(trace: TraceWorkload, table: pd.DataFrame, model: str, gpu: s
     off, on, blocks, cost = prefix_setting(model, gpu)
     w = trace.workload
     first, last = table.index.min(), table.index.max()
-    return {"requests": w.num_requests, "minutes": float(w.arrival_s[-1]) / 60, "prompt_mean": float(w.prompt_tokens.mean()),
-            "pool_tokens": (blocks - 1) * off.cache.block_size, "model": model, "gpu": gpu,
-            "dropped": trace.num_dropped, "max_len": off.scheduler.max_model_len,
-            "low": first, "high": last,
-            "hit_low": table.loc[first, "hit_pct"], "hit_high": table.loc[last, "hit_pct"],
-            "saved_low": table.loc[first, "ttft_saved_s"], "saved_low_pct": table.loc[first, "ttft_saved_pct"],
-            "saved_high": table.loc[last, "ttft_saved_s"], "saved_high_pct": table.loc[last, "ttft_saved_pct"],
-            "ttft_off_low": table.loc[first, "mean_ttft_off_s"], "ttft_off_high": table.loc[last, "mean_ttft_off_s"],
-            "lru_same": table.loc[first, "lru_same_size_saved_pct"],
-            "lru_unbounded": table.loc[first, "lru_unbounded_saved_pct"]}
+    return {
+        "requests": w.num_requests,
+        "minutes": float(w.arrival_s[-1]) / 60,
+        "prompt_mean": float(w.prompt_tokens.mean()),
+        "pool_tokens": (blocks - 1) * off.cache.block_size,
+        "model": model,
+        "gpu": gpu,
+        "dropped": trace.num_dropped,
+        "max_len": off.scheduler.max_model_len,
+        "low": first,
+        "high": last,
+        "hit_low": table.loc[first, "hit_pct"],
+        "hit_high": table.loc[last, "hit_pct"],
+        "saved_low": table.loc[first, "ttft_saved_s"],
+        "saved_low_pct": table.loc[first, "ttft_saved_pct"],
+        "saved_high": table.loc[last, "ttft_saved_s"],
+        "saved_high_pct": table.loc[last, "ttft_saved_pct"],
+        "ttft_off_low": table.loc[first, "mean_ttft_off_s"],
+        "ttft_off_high": table.loc[last, "mean_ttft_off_s"],
+        "lru_same": table.loc[first, "lru_same_size_saved_pct"],
+        "lru_unbounded": table.loc[first, "lru_unbounded_saved_pct"],
+    }
 
 
 def scheduling_figures(table: pd.DataFrame) -> dict:
@@ -282,12 +385,21 @@ def scheduling_figures(table: pd.DataFrame) -> dict:
     scale = min(table.index.get_level_values("rate_scale"))
     sync, async_ = (table.loc[(scale, SCHEDULING_LABELS[mode])] for mode in (False, True))
     delay_ms = 1e3 * (async_["mean_ttft_s"] - sync["mean_ttft_s"])
-    return {"scale": scale, "ttft_delay_ms": delay_ms, "ttft_delay_steps": delay_ms / sync["mean_tpot_ms"],
-            "sync_ttft_ms": 1e3 * sync["mean_ttft_s"], "async_ttft_ms": 1e3 * async_["mean_ttft_s"],
-            "sync_tpot": sync["mean_tpot_ms"], "async_tpot": async_["mean_tpot_ms"],
-            "sync_held": sync["held_pct"], "async_held": async_["held_pct"],
-            "sync_throughput": sync["output_tokens_per_s"], "async_throughput": async_["output_tokens_per_s"],
-            "sync_preemptions": int(sync["num_preemptions"]), "async_preemptions": int(async_["num_preemptions"])}
+    return {
+        "scale": scale,
+        "ttft_delay_ms": delay_ms,
+        "ttft_delay_steps": delay_ms / sync["mean_tpot_ms"],
+        "sync_ttft_ms": 1e3 * sync["mean_ttft_s"],
+        "async_ttft_ms": 1e3 * async_["mean_ttft_s"],
+        "sync_tpot": sync["mean_tpot_ms"],
+        "async_tpot": async_["mean_tpot_ms"],
+        "sync_held": sync["held_pct"],
+        "async_held": async_["held_pct"],
+        "sync_throughput": sync["output_tokens_per_s"],
+        "async_throughput": async_["output_tokens_per_s"],
+        "sync_preemptions": int(sync["num_preemptions"]),
+        "async_preemptions": int(async_["num_preemptions"]),
+    }
 
 
 def ledger_figures(section_ledger: pd.DataFrame) -> dict:
@@ -297,31 +409,47 @@ def ledger_figures(section_ledger: pd.DataFrame) -> dict:
     pairs = list(zip(section_ledger["table"], section_ledger["row"]))
 
     def listed(rows):
-        names = [f"{r['table']} {r['row']}" + (f" {label(r['column'])}" if pairs.count((r["table"], r["row"])) > 1
-                                                else "") for _, r in rows.iterrows()]
+        names = [
+            f"{r['table']} {r['row']}" + (f" {label(r['column'])}" if pairs.count((r["table"], r["row"])) > 1 else "")
+            for _, r in rows.iterrows()
+        ]
         return ", ".join(names) if names else "none"
 
-    return {"passed": int((section_ledger["status"] == "pass").sum()), "total": len(section_ledger),
-            "within": listed(section_ledger[section_ledger["status"] == "pass"]),
-            "outside": listed(section_ledger[section_ledger["status"] == "fail"])}
+    return {
+        "passed": int((section_ledger["status"] == "pass").sum()),
+        "total": len(section_ledger),
+        "within": listed(section_ledger[section_ledger["status"] == "pass"]),
+        "outside": listed(section_ledger[section_ledger["status"] == "fail"]),
+    }
 
 
 def headline(fig13: pd.DataFrame, knee: pd.DataFrame, bound_s: float, section_ledger: pd.DataFrame) -> list[str]:
     """The section's headline lines, fixed precision (the sustained rates refined at the knee: knee_sustained)."""
     row = knee.loc[("ShareGPT", float(bound_s))]
-    f = {"vllm": row["vLLM"], "oracle": row["Orca (Oracle)"], "max": row["Orca (Max)"],
-         "over_oracle": row["vllm_over_oracle_x"], "over_max": row["vllm_over_max_x"]}
+    f = {
+        "vllm": row["vLLM"],
+        "oracle": row["Orca (Oracle)"],
+        "max": row["Orca (Max)"],
+        "over_oracle": row["vllm_over_oracle_x"],
+        "over_max": row["vllm_over_max_x"],
+    }
     counts = section_ledger["status"].value_counts()
     lines = []
     for name in DATASETS:
         if f"{name}: kvlab" in fig13:
-            lines.append(f"{name}, requests batched: vLLM {fig13.loc['vLLM', f'{name}: kvlab']:.2f} (paper "
-                         f"{fig13.loc['vLLM', f'{name}: paper']:.2f}), Orca (Oracle) "
-                         f"{fig13.loc['Orca (Oracle)', f'{name}: kvlab']:.2f} (paper "
-                         f"{fig13.loc['Orca (Oracle)', f'{name}: paper']:.2f}), Orca (Max) "
-                         f"{fig13.loc['Orca (Max)', f'{name}: kvlab']:.2f} (paper {fig13.loc['Orca (Max)', f'{name}: paper']:.2f})")
-    lines.append(f"ShareGPT, sustained under {bound_s:g} s/token: vLLM {f['vllm']:.2f}/s, Orca (Oracle) {f['oracle']:.2f}/s "
-                 f"({f['over_oracle']:.2f}x; paper 1.7-2.7x), Orca (Max) {f['max']:.2f}/s ({f['over_max']:.2f}x; paper 2.7-8x)")
-    lines.append(f"ledger (the vLLM paper's figures): {counts.get('pass', 0)} pass, {counts.get('fail', 0)} fail, "
-                 f"{counts.get('missing', 0)} missing of {len(section_ledger)}")
+            lines.append(
+                f"{name}, requests batched: vLLM {fig13.loc['vLLM', f'{name}: kvlab']:.2f} (paper "
+                f"{fig13.loc['vLLM', f'{name}: paper']:.2f}), Orca (Oracle) "
+                f"{fig13.loc['Orca (Oracle)', f'{name}: kvlab']:.2f} (paper "
+                f"{fig13.loc['Orca (Oracle)', f'{name}: paper']:.2f}), Orca (Max) "
+                f"{fig13.loc['Orca (Max)', f'{name}: kvlab']:.2f} (paper {fig13.loc['Orca (Max)', f'{name}: paper']:.2f})"
+            )
+    lines.append(
+        f"ShareGPT, sustained under {bound_s:g} s/token: vLLM {f['vllm']:.2f}/s, Orca (Oracle) {f['oracle']:.2f}/s "
+        f"({f['over_oracle']:.2f}x; paper 1.7-2.7x), Orca (Max) {f['max']:.2f}/s ({f['over_max']:.2f}x; paper 2.7-8x)"
+    )
+    lines.append(
+        f"ledger (the vLLM paper's figures): {counts.get('pass', 0)} pass, {counts.get('fail', 0)} fail, "
+        f"{counts.get('missing', 0)} missing of {len(section_ledger)}"
+    )
     return lines

@@ -2,6 +2,7 @@
 serve(), which runs one. kvlab.studies.sweep.run serves a grid on local processes or a Dask cluster; serve() is
 deterministic, so the numbers do not depend on where it ran. The allocation modes are the paper's: vLLM's paged
 memory and its Orca reservation baselines."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +13,8 @@ import pandas as pd
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost, make_step_cost
-from kvlab.core.profiles import measured_gpus
 from kvlab.core.engine import ALLOCATIONS, simulate
+from kvlab.core.profiles import measured_gpus
 from kvlab.core.units import GIB, MIB
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
@@ -21,7 +22,7 @@ from kvlab.studies.paper_setting import PAPER_BLOCK_SIZE, TODAY, TODAY_FRACTIONS
 from kvlab.studies.paper_workloads import TraceWorkload, variants
 from kvlab.workloads import paper_datasets, synthetic
 
-MODES = ("max", "pow2", "oracle", "paged")     # the order the paper shows them in
+MODES = ("max", "pow2", "oracle", "paged")  # the order the paper shows them in
 MODE_LABELS = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "vLLM"}
 DATASETS = ("ShareGPT", "Alpaca")
 # The article's section 2 and its memory (section 1: 60 GiB at 0.5 MiB a token; requests up to 4,096 tokens).
@@ -32,8 +33,13 @@ def serve(point: dict) -> dict:
     """One engine run of a sweep point: its labels and what the run measured (see metrics). A point holds the
     workload, the engine config, num_gpu_blocks, the step cost, the allocation and labels (plain values)."""
     config = point["config"]
-    result = simulate(point["workload"], config, num_gpu_blocks=point["num_gpu_blocks"], cost=point["cost"],
-                      allocation=point["allocation"])
+    result = simulate(
+        point["workload"],
+        config,
+        num_gpu_blocks=point["num_gpu_blocks"],
+        cost=point["cost"],
+        allocation=point["allocation"],
+    )
     return dict(point["labels"]) | metrics(result, (point["num_gpu_blocks"] - 1) * config.cache.block_size)
 
 
@@ -90,8 +96,14 @@ def run_grid(name: str, points: list[dict], scheduler: str | None = None) -> pd.
 
 def _point(workload: Workload, config: EngineConfig, num_gpu_blocks: int, cost, allocation: str, **labels) -> dict:
     validate.one_of("allocation", allocation, ALLOCATIONS)
-    return {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": cost,
-            "allocation": allocation, "labels": labels}
+    return {
+        "workload": workload,
+        "config": config,
+        "num_gpu_blocks": num_gpu_blocks,
+        "cost": cost,
+        "allocation": allocation,
+        "labels": labels,
+    }
 
 
 def seeds_of(seed: int, num_seeds: int) -> list[int]:
@@ -100,8 +112,9 @@ def seeds_of(seed: int, num_seeds: int) -> list[int]:
     return list(range(seed, seed + validate.positive_int("num_seeds", num_seeds)))
 
 
-def paper_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int,
-                 modes=MODES, **labels) -> list[dict]:
+def paper_points(
+    setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int, modes=MODES, **labels
+) -> list[dict]:
     """One point per dataset, rate (requests/s), seed and allocation mode: sets name -> dataset, rates name ->
     a rate or a list of rates. A seed's workload is the same for every mode and, its gaps divided by the rate,
     every rate."""
@@ -112,8 +125,21 @@ def paper_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int
             for seed in seeds:
                 workload = paper_datasets.workload(dataset, num_requests, rate, seed)
                 for mode in modes:
-                    points.append(_point(workload, config, blocks, cost, mode, dataset=name, variant=dataset.name,
-                                         mode=mode, rate=float(rate), seed=seed, **labels))
+                    points.append(
+                        _point(
+                            workload,
+                            config,
+                            blocks,
+                            cost,
+                            mode,
+                            dataset=name,
+                            variant=dataset.name,
+                            mode=mode,
+                            rate=float(rate),
+                            seed=seed,
+                            **labels,
+                        )
+                    )
     return points
 
 
@@ -127,8 +153,20 @@ def fig13_points(setting: PaperSetting, trace_dir, rates: dict, seeds: list[int]
         for seed in seeds:
             workload = paper_datasets.workload(dataset, num_requests, rate, seed)
             for mode in MODES:
-                points.append(_point(workload, config, blocks, cost, mode, dataset=dataset_name, variant=name,
-                                     mode=mode, rate=float(rate), seed=seed))
+                points.append(
+                    _point(
+                        workload,
+                        config,
+                        blocks,
+                        cost,
+                        mode,
+                        dataset=dataset_name,
+                        variant=name,
+                        mode=mode,
+                        rate=float(rate),
+                        seed=seed,
+                    )
+                )
     return points
 
 
@@ -139,8 +177,10 @@ def today_cost(setting: PaperSetting) -> MeasuredStepCost | RooflineStepCost:
     hardware = {"model": setting.model_spec, "gpu": setting.gpu_spec, "config": setting.replace(**TODAY).config()}
     fractions_gpu = TODAY_FRACTIONS_GPU.get(setting.gpu)
     if fractions_gpu is None and setting.gpu not in measured_gpus():
-        return dataclasses.replace(make_step_cost("roofline", **hardware),
-                                   provenance=f"roofline at the datasheet of {setting.gpu} (no measurement of it)")
+        return dataclasses.replace(
+            make_step_cost("roofline", **hardware),
+            provenance=f"roofline at the datasheet of {setting.gpu} (no measurement of it)",
+        )
     return make_step_cost("measured", **hardware, fractions_gpu=fractions_gpu)
 
 
@@ -150,13 +190,34 @@ def today_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int
     operator profile, so the roofline at the sustained fractions measured on an A100, as its source says)."""
     config = setting.replace(**TODAY).config().replace(async_scheduling=True)
     cost = today_cost(setting)
-    return [_point(paper_datasets.workload(dataset, num_requests, rates[name], seed), config, setting.num_gpu_blocks(),
-                   cost, "paged", dataset=name, mode="paged", rate=float(rates[name]), seed=seed)
-            for name, dataset in sets.items() for seed in seeds]
+    return [
+        _point(
+            paper_datasets.workload(dataset, num_requests, rates[name], seed),
+            config,
+            setting.num_gpu_blocks(),
+            cost,
+            "paged",
+            dataset=name,
+            mode="paged",
+            rate=float(rates[name]),
+            seed=seed,
+        )
+        for name, dataset in sets.items()
+        for seed in seeds
+    ]
 
 
-def knee_points(setting: PaperSetting, dataset_name: str, dataset, grid_rates, sustained: pd.DataFrame,
-                bound_s: float, num_steps: int, seeds: list[int], num_requests: int) -> list[dict]:
+def knee_points(
+    setting: PaperSetting,
+    dataset_name: str,
+    dataset,
+    grid_rates,
+    sustained: pd.DataFrame,
+    bound_s: float,
+    num_steps: int,
+    seeds: list[int],
+    num_requests: int,
+) -> list[dict]:
     """A finer grid at each mode's knee on one dataset: from the rate it sustains under bound_s on the coarse grid
     (grid_rates; sustained: kvlab.sections.s06_memory_budget.tables.sustained_table) to the grid's next rate, num_steps
     geometric steps (both ends included), each rate for every seed. A mode sustaining no rate or every rate of the
@@ -174,8 +235,19 @@ def knee_points(setting: PaperSetting, dataset_name: str, dataset, grid_rates, s
         for rate in np.geomspace(low, above[0], num_steps + 1).tolist():
             for seed in seeds:
                 workload = paper_datasets.workload(dataset, num_requests, rate, seed)
-                points.append(_point(workload, config, blocks, cost, mode, dataset=dataset_name, mode=mode,
-                                     rate=float(rate), seed=seed))
+                points.append(
+                    _point(
+                        workload,
+                        config,
+                        blocks,
+                        cost,
+                        mode,
+                        dataset=dataset_name,
+                        mode=mode,
+                        rate=float(rate),
+                        seed=seed,
+                    )
+                )
     return points
 
 
@@ -195,16 +267,28 @@ def block_grid(sets: dict, rates: dict, busy: float, dataset: str = "ShareGPT") 
     return grid_sets, grid_rates
 
 
-def block_points(setting: PaperSetting, sets: dict, rates: dict, block_sizes, seeds: list[int],
-                 num_requests: int) -> list[dict]:
+def block_points(
+    setting: PaperSetting, sets: dict, rates: dict, block_sizes, seeds: list[int], num_requests: int
+) -> list[dict]:
     """vLLM (paged) at each block size with the same KV memory (blocks of block_size tokens plus the null block)."""
     points = []
     for name, dataset in sets.items():
         for seed in seeds:
             workload = paper_datasets.workload(dataset, num_requests, rates[name], seed)
             for bs in block_sizes:
-                points.append(_point(workload, setting.config(bs), setting.num_gpu_blocks(bs), setting.cost(bs), "paged",
-                                     dataset=name, block_size=int(bs), rate=float(rates[name]), seed=seed))
+                points.append(
+                    _point(
+                        workload,
+                        setting.config(bs),
+                        setting.num_gpu_blocks(bs),
+                        setting.cost(bs),
+                        "paged",
+                        dataset=name,
+                        block_size=int(bs),
+                        rate=float(rates[name]),
+                        seed=seed,
+                    )
+                )
     return points
 
 
@@ -214,14 +298,24 @@ def block_runs(points: list[dict], scheduler: str | None = None) -> pd.DataFrame
     runs = run_grid("section 6: block sizes", points, scheduler)
     runs["num_gpu_blocks"] = [p["num_gpu_blocks"] for p in points]
     runs["block_table_entries"] = [
-        float(np.mean(-(-np.minimum(p["workload"].prompt_tokens + p["workload"].output_tokens,
-                                    p["config"].scheduler.max_model_len) // p["config"].cache.block_size)))
-        for p in points]
+        float(
+            np.mean(
+                -(
+                    -np.minimum(
+                        p["workload"].prompt_tokens + p["workload"].output_tokens, p["config"].scheduler.max_model_len
+                    )
+                    // p["config"].cache.block_size
+                )
+            )
+        )
+        for p in points
+    ]
     return runs
 
 
-def memory_points(setting: PaperSetting, dataset, rate: float, kv_cache_gibs, seeds: list[int],
-                  num_requests: int) -> list[dict]:
+def memory_points(
+    setting: PaperSetting, dataset, rate: float, kv_cache_gibs, seeds: list[int], num_requests: int
+) -> list[dict]:
     """Every allocation mode at each KV-cache size (GiB), one dataset at one rate."""
     config, cost = setting.config(), setting.cost()
     points = []
@@ -230,33 +324,49 @@ def memory_points(setting: PaperSetting, dataset, rate: float, kv_cache_gibs, se
         for gib in kv_cache_gibs:
             setting.check_fits("KV_CACHE_GIBS", gib)
             for mode in MODES:
-                points.append(_point(workload, config, setting.num_gpu_blocks(kv_cache_gib=gib), cost, mode,
-                                     kv_cache_gib=float(gib), mode=mode, seed=seed))
+                points.append(
+                    _point(
+                        workload,
+                        config,
+                        setting.num_gpu_blocks(kv_cache_gib=gib),
+                        cost,
+                        mode,
+                        kv_cache_gib=float(gib),
+                        mode=mode,
+                        seed=seed,
+                    )
+                )
     return points
 
 
 def trace_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) -> list[dict]:
     """Every allocation mode on the trace at each rate scale (1 = its own timestamps)."""
     config, blocks, cost = setting.config(), setting.num_gpu_blocks(), setting.cost()
-    return [_point(trace.at(scale), config, blocks, cost, mode, rate_scale=float(scale), mode=mode)
-            for scale in rate_scales for mode in MODES]
+    return [
+        _point(trace.at(scale), config, blocks, cost, mode, rate_scale=float(scale), mode=mode)
+        for scale in rate_scales
+        for mode in MODES
+    ]
 
 
-def article_points(num_requests: int, arrival_rate: float, ms_per_token: float, max_num_seqs_list,
-                   seed: int) -> list[dict]:
+def article_points(
+    num_requests: int, arrival_rate: float, ms_per_token: float, max_num_seqs_list, seed: int
+) -> list[dict]:
     """The article's section 2 workload (Poisson arrivals, its output mix) in the engine: a constant step of
     ms_per_token, the article's memory (60 GiB at 0.5 MiB a token, blocks of 16, requests up to 4,096 tokens), one
     prompt token each (vLLM needs one; the article charges prompts nothing), every mode at each max_num_seqs."""
     workload = synthetic.article_s2_workload(num_requests, arrival_rate, "article", np.random.default_rng(seed))
-    workload = Workload(workload.arrival_s, np.ones(num_requests, dtype=np.int64), workload.output_tokens,
-                        name=workload.name)
+    workload = Workload(
+        workload.arrival_s, np.ones(num_requests, dtype=np.int64), workload.output_tokens, name=workload.name
+    )
     bs = PAPER_BLOCK_SIZE
     blocks = int(ARTICLE_KV_GIB * GIB // (ARTICLE_MIB_PER_TOKEN * MIB * bs)) + 1
     cost = ConstantStepCost(ms_per_token)
     points = []
     for seqs in max_num_seqs_list:
-        config = EngineConfig().replace(async_scheduling=False, block_size=bs, max_model_len=ARTICLE_MAX_LEN,
-                                        max_num_seqs=int(seqs))
+        config = EngineConfig().replace(
+            async_scheduling=False, block_size=bs, max_model_len=ARTICLE_MAX_LEN, max_num_seqs=int(seqs)
+        )
         points += [_point(workload, config, blocks, cost, mode, max_num_seqs=int(seqs), mode=mode) for mode in MODES]
     return points
 
@@ -266,8 +376,11 @@ def prefix_points(trace: TraceWorkload, model: str, gpu: str, rate_scales) -> li
     blocks; the engine gives two prompts equal tokens wherever they have equal hash ids at the same positions
     (Request.prompt_block_ids), so equal ids are equal tokens and a block of 16 inside them can be shared."""
     off, on, blocks, cost = prefix_setting(model, gpu)
-    return [_point(trace.at(scale), config, blocks, cost, "paged", rate_scale=float(scale), caching=caching)
-            for scale in rate_scales for caching, config in ((False, off), (True, on))]
+    return [
+        _point(trace.at(scale), config, blocks, cost, "paged", rate_scale=float(scale), caching=caching)
+        for scale in rate_scales
+        for caching, config in ((False, off), (True, on))
+    ]
 
 
 def scheduling_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) -> list[dict]:
@@ -275,6 +388,16 @@ def scheduling_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) 
     asynchronously (a batch queue of two), on today's clock (today_cost)."""
     blocks, cost = setting.num_gpu_blocks(), today_cost(setting)
     config = setting.replace(**TODAY).config()
-    return [_point(trace.at(scale), config.replace(async_scheduling=mode), blocks, cost, "paged",
-                   rate_scale=float(scale), async_scheduling=mode)
-            for scale in rate_scales for mode in (False, True)]
+    return [
+        _point(
+            trace.at(scale),
+            config.replace(async_scheduling=mode),
+            blocks,
+            cost,
+            "paged",
+            rate_scale=float(scale),
+            async_scheduling=mode,
+        )
+        for scale in rate_scales
+        for mode in (False, True)
+    ]

@@ -1,5 +1,6 @@
 """Section 6's tables (notebook 06_memory_budget): the setting, the datasets, the paper's figures beside kvlab's, and
 each grid's runs reduced to one table (means over seeds), with the decimals and labels the notebook shows them in."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,8 @@ import pandas as pd
 
 from kvlab.core import capacity, validate
 from kvlab.core.batching import simulate as slot_simulate
-from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.prefix_cache import replay
+from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.units import GIB
 from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
 from kvlab.sections.shared import ledger
@@ -26,26 +27,58 @@ SECTION = 6
 # latency is within 1% of the lowest counts as best, and kvlab's value is the smallest of them.
 BEST_BLOCK_TOLERANCE = 0.01
 # How the notebook rounds length_table's and memory_table's columns.
-LENGTH_DECIMALS = {"requests": 0, "dropped_requests": 0, "input_mean_tokens": 2, "output_mean_tokens": 2,
-                   "paper_input_mean_tokens": 2, "paper_output_mean_tokens": 2}
-MEMORY_DECIMALS = {"kv_cache_gib": 1, **{f"{m}: latency (s/token)": 3 for m in MODE_LABELS.values()},
-                   **{f"{m}: batched": 2 for m in MODE_LABELS.values()},
-                   "vLLM: preemptions per request": 3, "vLLM: requests preempted (%)": 1}
+LENGTH_DECIMALS = {
+    "requests": 0,
+    "dropped_requests": 0,
+    "input_mean_tokens": 2,
+    "output_mean_tokens": 2,
+    "paper_input_mean_tokens": 2,
+    "paper_output_mean_tokens": 2,
+}
+MEMORY_DECIMALS = {
+    "kv_cache_gib": 1,
+    **{f"{m}: latency (s/token)": 3 for m in MODE_LABELS.values()},
+    **{f"{m}: batched": 2 for m in MODE_LABELS.values()},
+    "vLLM: preemptions per request": 3,
+    "vLLM: requests preempted (%)": 1,
+}
 # How the notebook rounds block_table's columns.
-BLOCK_DECIMALS = {"normalized_latency_s": 4, "num_preemptions": 0, "token_states_pct": 1, "token_states_of_held_pct": 1,
-                  "block_table_entries": 1, "num_gpu_blocks": 0}
+BLOCK_DECIMALS = {
+    "normalized_latency_s": 4,
+    "num_preemptions": 0,
+    "token_states_pct": 1,
+    "token_states_of_held_pct": 1,
+    "block_table_entries": 1,
+    "num_gpu_blocks": 0,
+}
 # How the notebook labels prefix_table's columns.
-PREFIX_LABELS = {"rate_scale": "rate scale (x)", "hit_pct": "prompt tokens hit (%)",
-                 "mean_ttft_off_s": "mean TTFT, off (s)", "mean_ttft_on_s": "mean TTFT, on (s)",
-                 "ttft_saved_s": "mean TTFT saved (s)", "ttft_saved_pct": "mean TTFT saved (%)",
-                 "p50_ttft_off_s": "p50 TTFT, off (s)", "p50_ttft_on_s": "p50 TTFT, on (s)",
-                 "p95_ttft_off_s": "p95 TTFT, off (s)", "p95_ttft_on_s": "p95 TTFT, on (s)",
-                 "preemptions_off": "preemptions, off", "preemptions_on": "preemptions, on",
-                 "lru_same_size_saved_pct": "section 4 LRU, pool-sized: prefill saved (%)",
-                 "lru_unbounded_saved_pct": "section 4 LRU, never evicts: prefill saved (%)"}
+PREFIX_LABELS = {
+    "rate_scale": "rate scale (x)",
+    "hit_pct": "prompt tokens hit (%)",
+    "mean_ttft_off_s": "mean TTFT, off (s)",
+    "mean_ttft_on_s": "mean TTFT, on (s)",
+    "ttft_saved_s": "mean TTFT saved (s)",
+    "ttft_saved_pct": "mean TTFT saved (%)",
+    "p50_ttft_off_s": "p50 TTFT, off (s)",
+    "p50_ttft_on_s": "p50 TTFT, on (s)",
+    "p95_ttft_off_s": "p95 TTFT, off (s)",
+    "p95_ttft_on_s": "p95 TTFT, on (s)",
+    "preemptions_off": "preemptions, off",
+    "preemptions_on": "preemptions, on",
+    "lru_same_size_saved_pct": "section 4 LRU, pool-sized: prefill saved (%)",
+    "lru_unbounded_saved_pct": "section 4 LRU, never evicts: prefill saved (%)",
+}
 SCHEDULING_LABELS = {False: "synchronous", True: "asynchronous (vLLM 0.33's default)"}
-SCHEDULING_DECIMALS = {"mean_ttft_s": 3, "p95_ttft_s": 3, "mean_tpot_ms": 2, "normalized_latency_s": 4, "held_pct": 2,
-                       "token_states_pct": 2, "num_preemptions": 0, "output_tokens_per_s": 1}
+SCHEDULING_DECIMALS = {
+    "mean_ttft_s": 3,
+    "p95_ttft_s": 3,
+    "mean_tpot_ms": 2,
+    "normalized_latency_s": 4,
+    "held_pct": 2,
+    "token_states_pct": 2,
+    "num_preemptions": 0,
+    "output_tokens_per_s": 1,
+}
 
 
 def setting_table(setting: PaperSetting) -> pd.DataFrame:
@@ -56,16 +89,22 @@ def setting_table(setting: PaperSetting) -> pd.DataFrame:
     per_token = setting.kv_bytes_per_token
     rows = {
         f"the paper's KV cache ({setting.kv_cache_gib:g} GiB)": {
-            "kv_cache_gib": setting.kv_cache_gib, "num_gpu_blocks": setting.num_gpu_blocks(),
-            "token_slots_tokens": setting.pool_tokens(), "kv_kib_per_token": per_token / 1024,
-            "max_length_requests": setting.pool_tokens() // setting.max_model_len},
+            "kv_cache_gib": setting.kv_cache_gib,
+            "num_gpu_blocks": setting.num_gpu_blocks(),
+            "token_slots_tokens": setting.pool_tokens(),
+            "kv_kib_per_token": per_token / 1024,
+            "max_length_requests": setting.pool_tokens() // setting.max_model_len,
+        },
     }
     if planned is not None:
         tokens = (planned["num_gpu_blocks"] - 1) * setting.block_size
         rows[f"vLLM 0.33 on the {gpu.name} (kvlab.core.capacity)"] = {
-            "kv_cache_gib": planned["available_kv_cache_bytes"] / GIB, "num_gpu_blocks": planned["num_gpu_blocks"],
-            "token_slots_tokens": tokens, "kv_kib_per_token": per_token / 1024,
-            "max_length_requests": tokens // setting.max_model_len}
+            "kv_cache_gib": planned["available_kv_cache_bytes"] / GIB,
+            "num_gpu_blocks": planned["num_gpu_blocks"],
+            "token_slots_tokens": tokens,
+            "kv_kib_per_token": per_token / 1024,
+            "max_length_requests": tokens // setting.max_model_len,
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "KV cache"
     return table
@@ -77,11 +116,14 @@ def cost_table(setting: PaperSetting, batch_sizes=(1, 8, 32, 128), context_token
     rows = {}
     for batch in batch_sizes:
         rows[f"decode: {batch} requests x {context_tokens} tokens"] = {
-            "tokens": batch, "step_ms": 1000 * cost.step_s(batch, batch * (context_tokens + 1), batch,
-                                                           batch * (context_tokens + 1))}
+            "tokens": batch,
+            "step_ms": 1000 * cost.step_s(batch, batch * (context_tokens + 1), batch, batch * (context_tokens + 1)),
+        }
     for prompt in (512, 2048):
-        rows[f"prefill: one prompt of {prompt} tokens"] = {"tokens": prompt,
-                                                             "step_ms": 1000 * cost.step_s(prompt, prompt)}
+        rows[f"prefill: one prompt of {prompt} tokens"] = {
+            "tokens": prompt,
+            "step_ms": 1000 * cost.step_s(prompt, prompt),
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "step"
     return table
@@ -94,18 +136,25 @@ def length_table(setting: PaperSetting, trace_dir=None, num_draws: int = 200_000
     rows = {}
     for inputs in paper_datasets.SHAREGPT_INPUTS:
         pool = paper_datasets.sharegpt_pool(prefill, decode, inputs, setting.max_model_len)
-        rows[pool.name] = {"requests": pool.num_requests, "dropped_requests": pool.num_dropped,
-                           "input_mean_tokens": pool.mean_tokens()["input"],
-                           "output_mean_tokens": pool.mean_tokens()["output"],
-                           "paper_input_mean_tokens": paper_datasets.SHAREGPT_MEAN_TOKENS["input"],
-                           "paper_output_mean_tokens": paper_datasets.SHAREGPT_MEAN_TOKENS["output"]}
+        rows[pool.name] = {
+            "requests": pool.num_requests,
+            "dropped_requests": pool.num_dropped,
+            "input_mean_tokens": pool.mean_tokens()["input"],
+            "output_mean_tokens": pool.mean_tokens()["output"],
+            "paper_input_mean_tokens": paper_datasets.SHAREGPT_MEAN_TOKENS["input"],
+            "paper_output_mean_tokens": paper_datasets.SHAREGPT_MEAN_TOKENS["output"],
+        }
     for family in paper_datasets.ALPACA_FAMILIES:
         lengths = paper_datasets.alpaca_lengths(family)
         prompt, output = lengths.lengths(num_draws, np.random.default_rng(seed))
-        rows[lengths.name] = {"requests": np.nan, "dropped_requests": np.nan,
-                              "input_mean_tokens": float(prompt.mean()), "output_mean_tokens": float(output.mean()),
-                              "paper_input_mean_tokens": paper_datasets.ALPACA_MEAN_TOKENS["input"],
-                              "paper_output_mean_tokens": paper_datasets.ALPACA_MEAN_TOKENS["output"]}
+        rows[lengths.name] = {
+            "requests": np.nan,
+            "dropped_requests": np.nan,
+            "input_mean_tokens": float(prompt.mean()),
+            "output_mean_tokens": float(output.mean()),
+            "paper_input_mean_tokens": paper_datasets.ALPACA_MEAN_TOKENS["input"],
+            "paper_output_mean_tokens": paper_datasets.ALPACA_MEAN_TOKENS["output"],
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "dataset"
     return table
@@ -129,8 +178,12 @@ def chosen(runs: pd.DataFrame, sets: dict) -> pd.DataFrame:
     return runs[runs["variant"].isin([d.name for d in sets.values()])]
 
 
-TODAY_COLUMNS = {"mean_batched_requests": "requests batched", "token_states_pct": "token states (%)",
-                 "normalized_latency_s": "normalized latency (s/token)", "mean_ttft_s": "mean TTFT (s)"}
+TODAY_COLUMNS = {
+    "mean_batched_requests": "requests batched",
+    "token_states_pct": "token states (%)",
+    "normalized_latency_s": "normalized latency (s/token)",
+    "mean_ttft_s": "mean TTFT (s)",
+}
 
 
 def today_table(paper_runs: pd.DataFrame, today_runs: pd.DataFrame) -> pd.DataFrame:
@@ -139,8 +192,14 @@ def today_table(paper_runs: pd.DataFrame, today_runs: pd.DataFrame) -> pd.DataFr
     rows = []
     for system, runs in (("the vLLM of 2023", paper_runs[paper_runs["mode"] == "paged"]), ("vLLM 0.33", today_runs)):
         for dataset, mean in mean_over_seeds(runs, ["dataset"]).iterrows():
-            rows.append({"dataset": dataset, "system": system, "rate (requests/s)": mean["rate"],
-                         **{name: mean[column] for column, name in TODAY_COLUMNS.items()}})
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "system": system,
+                    "rate (requests/s)": mean["rate"],
+                    **{name: mean[column] for column, name in TODAY_COLUMNS.items()},
+                }
+            )
     return pd.DataFrame(rows).sort_values(["dataset", "system"], kind="stable").set_index(["dataset", "system"])
 
 
@@ -152,12 +211,21 @@ def tolerance_table() -> pd.DataFrame:
     shown = []
     for _, r in figures.iterrows():
         kind, value, tolerance = r["tolerance_kind"], r["value"], r["tolerance"]
-        rule = {"rel": f"within {100 * tolerance:g}% of the paper's value",
-                "abs": f"within {tolerance:g} points of the paper's value",
-                "range": f"inside the paper's range {value:g} to {tolerance:g}",
-                "above": f"above {value:g}"}[kind]
-        shown.append({"figure": r["table"], "row": r["row"], "measure": label(r["column"]),
-                      "paper": published(r, int(r["decimals"])), "passes when": rule})
+        rule = {
+            "rel": f"within {100 * tolerance:g}% of the paper's value",
+            "abs": f"within {tolerance:g} points of the paper's value",
+            "range": f"inside the paper's range {value:g} to {tolerance:g}",
+            "above": f"above {value:g}",
+        }[kind]
+        shown.append(
+            {
+                "figure": r["table"],
+                "row": r["row"],
+                "measure": label(r["column"]),
+                "paper": published(r, int(r["decimals"])),
+                "passes when": rule,
+            }
+        )
     return pd.DataFrame(shown)
 
 
@@ -253,17 +321,22 @@ def sustained_table(curves: pd.DataFrame, bounds_s, bound_s: float | None = None
             row["vllm_over_max_x"] = row["vLLM"] / row["Orca (Max)"]
             notes = []
             if under:
-                notes.append(f"{joined(under)} {'stays' if len(under) == 1 else 'stay'} under the bound at every rate "
-                             f"of the grid, up to {curve.index[-1]:g}/s (a lower limit)")
+                notes.append(
+                    f"{joined(under)} {'stays' if len(under) == 1 else 'stay'} under the bound at every rate "
+                    f"of the grid, up to {curve.index[-1]:g}/s (a lower limit)"
+                )
             if over:
-                notes.append(f"{joined(over)} {'is' if len(over) == 1 else 'are'} over the bound at every rate of the "
-                             "grid")
+                notes.append(
+                    f"{joined(over)} {'is' if len(over) == 1 else 'are'} over the bound at every rate of the grid"
+                )
             row["note"] = "; ".join(notes)
             rows.append(row)
     return pd.DataFrame(rows).set_index(["dataset", "bound_s"])
 
 
-def knee_sustained(coarse: pd.DataFrame, knee_runs: pd.DataFrame, bound_s: float, dataset: str = "ShareGPT") -> pd.DataFrame:
+def knee_sustained(
+    coarse: pd.DataFrame, knee_runs: pd.DataFrame, bound_s: float, dataset: str = "ShareGPT"
+) -> pd.DataFrame:
     """sustained_table's row for dataset and bound_s, each mode's rate refined on its knee grid (knee_runs, normalized
     latency the mean over its seeds; a mode without knee runs, or over the bound at its knee's every rate, keeps the
     coarse rate), with the knee grid's step (step_x: each refined rate is known to within that factor) and its seeds."""
@@ -290,8 +363,18 @@ def block_table(runs: pd.DataFrame, dataset: str) -> pd.DataFrame:
     internal fragmentation is the rest), blocks in the pool and block-table entries per request (its bookkeeping)."""
     part = runs[runs["dataset"] == dataset]
     mean = mean_over_seeds(part, ["block_size"])
-    table = mean[["normalized_latency_s", "output_tokens_per_s", "mean_batched_requests", "num_preemptions",
-                  "token_states_pct", "held_pct", "num_gpu_blocks", "block_table_entries"]].copy()
+    table = mean[
+        [
+            "normalized_latency_s",
+            "output_tokens_per_s",
+            "mean_batched_requests",
+            "num_preemptions",
+            "token_states_pct",
+            "held_pct",
+            "num_gpu_blocks",
+            "block_table_entries",
+        ]
+    ].copy()
     table["token_states_of_held_pct"] = 100.0 * table["token_states_pct"] / table["held_pct"]
     table = table.drop(columns="held_pct")
     table.index.name = "block_size"
@@ -315,8 +398,9 @@ def memory_table(runs: pd.DataFrame) -> pd.DataFrame:
         table[f"{MODE_LABELS[m]}: latency (s/token)"] = [mean.loc[(g, m), "normalized_latency_s"] for g in sizes]
     for m in MODES:
         table[f"{MODE_LABELS[m]}: batched"] = [mean.loc[(g, m), "mean_batched_requests"] for g in sizes]
-    table["vLLM: preemptions per request"] = [mean.loc[(g, "paged"), "num_preemptions"] /
-                                              mean.loc[(g, "paged"), "num_requests"] for g in sizes]
+    table["vLLM: preemptions per request"] = [
+        mean.loc[(g, "paged"), "num_preemptions"] / mean.loc[(g, "paged"), "num_requests"] for g in sizes
+    ]
     table["vLLM: requests preempted (%)"] = [mean.loc[(g, "paged"), "preempted_requests_pct"] for g in sizes]
     return table
 
@@ -325,11 +409,22 @@ def trace_table(runs: pd.DataFrame, trace: TraceWorkload) -> pd.DataFrame:
     """Per rate scale and mode: the arrival rate, normalized latency, mean TTFT, requests batched, the share of the KV
     cache holding token states, preemptions and output throughput."""
     duration = float(trace.workload.arrival_s[-1])
-    table = runs.assign(allocation=[MODE_LABELS[m] for m in runs["mode"]],
-                        rate_per_s=[trace.workload.num_requests * s / duration for s in runs["rate_scale"]])
+    table = runs.assign(
+        allocation=[MODE_LABELS[m] for m in runs["mode"]],
+        rate_per_s=[trace.workload.num_requests * s / duration for s in runs["rate_scale"]],
+    )
     table = table.set_index(["rate_scale", "allocation"])
-    return table[["rate_per_s", "normalized_latency_s", "mean_ttft_s", "mean_batched_requests", "token_states_pct",
-                  "num_preemptions", "output_tokens_per_s"]]
+    return table[
+        [
+            "rate_per_s",
+            "normalized_latency_s",
+            "mean_ttft_s",
+            "mean_batched_requests",
+            "token_states_pct",
+            "num_preemptions",
+            "output_tokens_per_s",
+        ]
+    ]
 
 
 def trace_sustained(runs: pd.DataFrame, bound_s: float) -> pd.DataFrame:
@@ -338,8 +433,12 @@ def trace_sustained(runs: pd.DataFrame, bound_s: float) -> pd.DataFrame:
     for m in MODES:
         part = runs[runs["mode"] == m].sort_values("rate_scale")
         scale, note = sustained_rate(part["rate_scale"], part["normalized_latency_s"], bound_s)
-        rows[MODE_LABELS[m]] = {"rate_scale": scale, "note": {"": "", "at least": "under the bound at every scale",
-                                                              "none": "over the bound at every scale"}[note]}
+        rows[MODE_LABELS[m]] = {
+            "rate_scale": scale,
+            "note": {"": "", "at least": "under the bound at every scale", "none": "over the bound at every scale"}[
+                note
+            ],
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "allocation"
     return table
@@ -352,8 +451,10 @@ def article_table(runs: pd.DataFrame, points: list[dict], ms_per_token: float) -
     workload = points[0]["workload"]
     table = runs.assign(allocation=[MODE_LABELS[m] for m in runs["mode"]]).set_index(["max_num_seqs", "allocation"])
     table = table[["mean_latency_s", "normalized_latency_s", "mean_batched_requests", "token_states_pct"]].copy()
-    slots = [slot_simulate(workload, "continuous", max_num_seqs=int(s), cost=TokenServiceTime(ms_per_token)).summary()
-             for s in table.index.get_level_values("max_num_seqs")]
+    slots = [
+        slot_simulate(workload, "continuous", max_num_seqs=int(s), cost=TokenServiceTime(ms_per_token)).summary()
+        for s in table.index.get_level_values("max_num_seqs")
+    ]
     table["slot_model_mean_latency_s"] = [s["mean_latency_s"] for s in slots]
     return table
 
@@ -370,15 +471,21 @@ def prefix_table(runs: pd.DataFrame, trace: TraceWorkload, model: str, gpu: str)
     for scale in dict.fromkeys(runs["rate_scale"]):
         part = runs[runs["rate_scale"] == scale].set_index("caching")
         off, on = part.loc[False], part.loc[True]
-        rows[scale] = {"hit_pct": 100.0 * on["hit_tokens"] / on["prompt_tokens"],
-                       "mean_ttft_off_s": off["mean_ttft_s"], "mean_ttft_on_s": on["mean_ttft_s"],
-                       "ttft_saved_s": off["mean_ttft_s"] - on["mean_ttft_s"],
-                       "ttft_saved_pct": 100.0 * (1 - on["mean_ttft_s"] / off["mean_ttft_s"]),
-                       "p50_ttft_off_s": off["p50_ttft_s"], "p50_ttft_on_s": on["p50_ttft_s"],
-                       "p95_ttft_off_s": off["p95_ttft_s"], "p95_ttft_on_s": on["p95_ttft_s"],
-                       "preemptions_off": int(off["num_preemptions"]), "preemptions_on": int(on["num_preemptions"]),
-                       "lru_same_size_saved_pct": 100.0 * lru.saved_fraction,
-                       "lru_unbounded_saved_pct": 100.0 * unbounded.saved_fraction}
+        rows[scale] = {
+            "hit_pct": 100.0 * on["hit_tokens"] / on["prompt_tokens"],
+            "mean_ttft_off_s": off["mean_ttft_s"],
+            "mean_ttft_on_s": on["mean_ttft_s"],
+            "ttft_saved_s": off["mean_ttft_s"] - on["mean_ttft_s"],
+            "ttft_saved_pct": 100.0 * (1 - on["mean_ttft_s"] / off["mean_ttft_s"]),
+            "p50_ttft_off_s": off["p50_ttft_s"],
+            "p50_ttft_on_s": on["p50_ttft_s"],
+            "p95_ttft_off_s": off["p95_ttft_s"],
+            "p95_ttft_on_s": on["p95_ttft_s"],
+            "preemptions_off": int(off["num_preemptions"]),
+            "preemptions_on": int(on["num_preemptions"]),
+            "lru_same_size_saved_pct": 100.0 * lru.saved_fraction,
+            "lru_unbounded_saved_pct": 100.0 * unbounded.saved_fraction,
+        }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "rate_scale"
     return table
@@ -387,8 +494,10 @@ def prefix_table(runs: pd.DataFrame, trace: TraceWorkload, model: str, gpu: str)
 def scheduling_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Per rate scale and scheduling mode: mean and p95 TTFT, mean TPOT, normalized latency, the KV cache held and
     holding token states (% of its slots, mean over steps), preemptions and output throughput."""
-    table = runs.assign(scheduling=[SCHEDULING_LABELS[bool(m)] for m in runs["async_scheduling"]],
-                        mean_tpot_ms=1e3 * runs["mean_tpot_s"]).set_index(["rate_scale", "scheduling"])
+    table = runs.assign(
+        scheduling=[SCHEDULING_LABELS[bool(m)] for m in runs["async_scheduling"]],
+        mean_tpot_ms=1e3 * runs["mean_tpot_s"],
+    ).set_index(["rate_scale", "scheduling"])
     return table[list(SCHEDULING_DECIMALS)]
 
 

@@ -14,6 +14,7 @@ of whichever source. Tolerance kinds:
   low end, its tolerance the high end);
 - ``above``: pass when reproduced > value.
 """
+
 from __future__ import annotations
 
 from decimal import ROUND_HALF_UP, Decimal
@@ -29,8 +30,20 @@ PAPER_FIGURES_CSV = DATA_DIR / "paper_figures.csv"
 SOURCES = {"article": ARTICLE_FIGURES_CSV, "vllm-paper": PAPER_FIGURES_CSV}
 SOURCE_NAMES = {"article": "the article", "vllm-paper": "the vLLM paper"}
 KEY = ["section", "table", "row", "column"]
-LEDGER_COLUMNS = ["source", "section", "table", "row", "column", "article", "reproduced", "band_low", "band_high",
-                  "tolerance", "status", "why"]
+LEDGER_COLUMNS = [
+    "source",
+    "section",
+    "table",
+    "row",
+    "column",
+    "article",
+    "reproduced",
+    "band_low",
+    "band_high",
+    "tolerance",
+    "status",
+    "why",
+]
 STATUSES = ("pass", "fail", "missing", "not compared")
 SECTIONS = (1, 2, 3)
 PAPER_SECTIONS = (6,)
@@ -52,8 +65,10 @@ def paper_figures(section: int | None = None) -> pd.DataFrame:
     figures = pd.read_csv(PAPER_FIGURES_CSV, dtype={"row": str, "table": str, "column": str})
     if section is not None:
         if section not in PAPER_SECTIONS:
-            raise ValueError(f"section={section!r} is not allowed: the vLLM paper's figures are in section "
-                             + ", ".join(map(str, PAPER_SECTIONS)))
+            raise ValueError(
+                f"section={section!r} is not allowed: the vLLM paper's figures are in section "
+                + ", ".join(map(str, PAPER_SECTIONS))
+            )
         figures = figures[figures["section"] == section]
     return figures.reset_index(drop=True)
 
@@ -66,8 +81,9 @@ def figures(section: int | None = None, sources=None) -> pd.DataFrame:
         if source not in SOURCES:
             raise ValueError(f"source={source!r} is not allowed: must be one of {', '.join(SOURCES)}")
     if section is not None and section not in SECTIONS + PAPER_SECTIONS:
-        raise ValueError(f"section={section!r} is not allowed: must be one of "
-                         + ", ".join(map(str, SECTIONS + PAPER_SECTIONS)))
+        raise ValueError(
+            f"section={section!r} is not allowed: must be one of " + ", ".join(map(str, SECTIONS + PAPER_SECTIONS))
+        )
     read = {"article": article_figures, "vllm-paper": paper_figures}
     parts = []
     for source in sources:
@@ -147,8 +163,9 @@ def _status(row) -> tuple[float, str]:
     return difference, "pass" if ok else "fail"
 
 
-def compare(reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None = None,
-            sources=("article",)) -> pd.DataFrame:
+def compare(
+    reproduced: pd.DataFrame | list[pd.DataFrame], section: int | None = None, sources=("article",)
+) -> pd.DataFrame:
     """Join reproduced values with the published figures: source, article (the published value), reproduced,
     difference, tolerance, status.
 

@@ -3,6 +3,7 @@
 Every function returns a Figure: the matplotlib figure with a caption (its docstring's first line) that
 the notebook shows as the image's alt text and the report as the figure's caption.
 """
+
 from __future__ import annotations
 
 import base64
@@ -11,9 +12,8 @@ import io
 from dataclasses import dataclass
 
 import matplotlib
-import matplotlib.ticker
-
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 import pandas as pd
 
@@ -22,9 +22,17 @@ from kvlab.core.units import cdiv
 FIGSIZE = (7.0, 4.2)
 DPI = 100
 # One style for every figure, with text large enough to read when the PDF prints a figure at half the page width.
-STYLE = {"font.size": 11.5, "axes.labelsize": 11.5, "axes.titlesize": 11.5, "xtick.labelsize": 10.5,
-         "ytick.labelsize": 10.5, "legend.fontsize": 10, "lines.linewidth": 1.8, "axes.spines.top": False,
-         "axes.spines.right": False}
+STYLE = {
+    "font.size": 11.5,
+    "axes.labelsize": 11.5,
+    "axes.titlesize": 11.5,
+    "xtick.labelsize": 10.5,
+    "ytick.labelsize": 10.5,
+    "legend.fontsize": 10,
+    "lines.linewidth": 1.8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+}
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,13 +94,14 @@ def requests_vs_context(fit: pd.DataFrame, label: str = "requests that fit") -> 
     ax.legend()
     return fig
 
+
 @captioned
 def length_fit(lengths: np.ndarray, pmf: np.ndarray, bin_tokens: int = 64) -> matplotlib.figure.Figure:
     """Sampled request lengths per 64-token bin (log scale) against the distribution fitted to the article's totals."""
     fig, ax = _figure()
-    edges = np.arange(0, len(pmf) + 1, bin_tokens)      # bins [e, e + bin), the last one closed
+    edges = np.arange(0, len(pmf) + 1, bin_tokens)  # bins [e, e + bin), the last one closed
     counts, _ = np.histogram(lengths, bins=edges)
-    by_length = np.concatenate([[0.0], pmf])             # by_length[l] = P(length = l)
+    by_length = np.concatenate([[0.0], pmf])  # by_length[l] = P(length = l)
     expected = np.add.reduceat(by_length, edges[:-1]) * len(lengths)
     ax.stairs(counts, edges, fill=True, alpha=0.5, label=f"{len(lengths):,} sampled requests")
     ax.stairs(expected, edges, color="black", label="fitted distribution (expected)")
@@ -131,9 +140,11 @@ def waste_vs_block_size(table: pd.DataFrame, article: pd.DataFrame | None = None
     return fig
 
 
-POLICY_PARTS = {"held_tokens": ("token states", "C0"),
-                "unused_in_last_block_tokens": ("internal fragmentation: inside the last block", "C1"),
-                "unused_beyond_last_block_tokens": ("internal fragmentation: beyond the last block", "C3")}
+POLICY_PARTS = {
+    "held_tokens": ("token states", "C0"),
+    "unused_in_last_block_tokens": ("internal fragmentation: inside the last block", "C1"),
+    "unused_beyond_last_block_tokens": ("internal fragmentation: beyond the last block", "C3"),
+}
 
 
 @captioned
@@ -158,8 +169,9 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
 
 
 @captioned
-def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wasted_tokens",
-                    label: str = "wasted tokens") -> matplotlib.figure.Figure:
+def allocation_band(
+    runs: pd.DataFrame, article: pd.DataFrame, column: str = "wasted_tokens", label: str = "wasted tokens"
+) -> matplotlib.figure.Figure:
     """How far the article's figure (x) lies from kvlab's seed median per block size, against the spread over seeds."""
     fig, ax = _figure()
     sizes = [b for b in article.index if b in set(runs.index)]  # the article's units that this run counted too
@@ -167,16 +179,24 @@ def allocation_band(runs: pd.DataFrame, article: pd.DataFrame, column: str = "wa
     medians = [np.median(runs.loc[runs.index == b, column]) for b in sizes]
     data = [100 * (runs.loc[runs.index == b, column].to_numpy() / m - 1) for b, m in zip(sizes, medians)]
     ax.boxplot(data, whis=(5, 95), showfliers=False)
-    ax.plot(range(1, len(sizes) + 1), 100 * (article[column].to_numpy() / np.array(medians) - 1), "x",
-            color="black", ms=10, label="article")
+    ax.plot(
+        range(1, len(sizes) + 1),
+        100 * (article[column].to_numpy() / np.array(medians) - 1),
+        "x",
+        color="black",
+        ms=10,
+        label="article",
+    )
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xticks(range(1, len(sizes) + 1), [f"{b:,}" for b in sizes])
     ax.set_xlabel("block size (tokens)")
     ax.set_ylabel(f"{label}: % from the seed median\n(box 25-75%, whiskers 5-95%)")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    return fig, (f"The article's {label} (x) against the spread of kvlab's seeds per block size, as % from the "
-                 "seed median (boxes 25-75%, whiskers 5-95%).")
+    return fig, (
+        f"The article's {label} (x) against the spread of kvlab's seeds per block size, as % from the "
+        "seed median (boxes 25-75%, whiskers 5-95%)."
+    )
 
 
 # ---------------------------------------------------------------- section 2: batching
@@ -193,15 +213,25 @@ def slot_timeline(results: list, until_s: float = 30.0) -> matplotlib.figure.Fig
         for slot in range(result.max_num_seqs):
             mine = seen & (result.slot == slot)
             start, done, finish = result.start_s[mine], result.done_s[mine], result.finish_s[mine]
-            ax.broken_barh(list(zip(start, done - start)), (slot - 0.4, 0.8), facecolors=color, edgecolor="white",
-                           linewidth=0.3)
+            ax.broken_barh(
+                list(zip(start, done - start)), (slot - 0.4, 0.8), facecolors=color, edgecolor="white", linewidth=0.3
+            )
             padded = finish > done
-            ax.broken_barh(list(zip(done[padded], (finish - done)[padded])), (slot - 0.4, 0.8), facecolors="none",
-                           edgecolor=color, hatch="////", linewidth=0.0)
+            ax.broken_barh(
+                list(zip(done[padded], (finish - done)[padded])),
+                (slot - 0.4, 0.8),
+                facecolors="none",
+                edgecolor=color,
+                hatch="////",
+                linewidth=0.0,
+            )
         busy = float(np.clip(np.minimum(result.done_s, until_s) - result.start_s, 0, None)[seen].sum())
         padding = " (hatched: held by a finished request waiting for its batch)" if result.policy == "static" else ""
-        ax.set_title(f"{result.policy}: slots busy {100 * busy / (result.max_num_seqs * until_s):.0f}% of the first "
-                     f"{until_s:g} s{padding}", fontsize=9)
+        ax.set_title(
+            f"{result.policy}: slots busy {100 * busy / (result.max_num_seqs * until_s):.0f}% of the first "
+            f"{until_s:g} s{padding}",
+            fontsize=9,
+        )
         ax.set_ylabel("slot")
         ax.set_yticks(range(result.max_num_seqs))
         ax.set_ylim(-0.6, result.max_num_seqs - 0.4)
@@ -231,8 +261,9 @@ RATE_SWEEP_LABELS = {"mean_latency_s": "mean latency (s)", "makespan_s": "total 
 
 
 @captioned
-def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_latency_s",
-               chosen_rate: float | None = None) -> matplotlib.figure.Figure:
+def rate_sweep(
+    sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_latency_s", chosen_rate: float | None = None
+) -> matplotlib.figure.Figure:
     """A figure (median over seeds) against the arrival rate (requests/s), per policy, with the article's value."""
     what = RATE_SWEEP_LABELS.get(column, column)
     fig, ax = _figure()
@@ -250,8 +281,10 @@ def rate_sweep(sweep: pd.DataFrame, article: pd.DataFrame, column: str = "mean_l
     ax.set_ylim(values.min() - pad, values.max() + pad)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9)
-    return fig, (f"{what[0].upper() + what[1:]} against the Poisson arrival rate (requests/s), median over seeds per "
-                 "policy, with the article's value dashed and kvlab's chosen rate dotted.")
+    return fig, (
+        f"{what[0].upper() + what[1:]} against the Poisson arrival rate (requests/s), median over seeds per "
+        "policy, with the article's value dashed and kvlab's chosen rate dotted."
+    )
 
 
 @captioned
@@ -262,13 +295,20 @@ def variance_sweep(sweep: pd.DataFrame) -> matplotlib.figure.Figure:
     for policy in ("static", "continuous"):
         color = POLICY_COLORS[policy]
         ax.plot(family["cv"], family[policy], "o-", color=color, label=f"{policy}, gamma lengths")
-        ax.plot(sweep.loc["article mix", "cv"], sweep.loc["article mix", policy], "*", ms=14, color=color,
-                label=f"{policy}, the article's mix")
+        ax.plot(
+            sweep.loc["article mix", "cv"],
+            sweep.loc["article mix", policy],
+            "*",
+            ms=14,
+            color=color,
+            label=f"{policy}, the article's mix",
+        )
     ax.set_xlabel("coefficient of variation of output length (std / mean)")
     ax.set_ylabel("mean latency (s), median of seeds")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9)
     return fig
+
 
 def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None) -> matplotlib.figure.Figure:
     """Axis labels (with units), an optional lower y limit, a grid and the legend."""
@@ -282,8 +322,9 @@ def _finish(fig, ax, xlabel: str, ylabel: str, ylim_bottom: float | None = None)
 
 
 @captioned
-def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
-                ) -> matplotlib.figure.Figure:
+def length_cdfs(
+    workloads: dict, column: str = "prompt_tokens", marks: dict[str, float] | None = None
+) -> matplotlib.figure.Figure:
     """Share of requests at or below each length (tokens, log scale), one line per workload, with the article's marks.
 
     A value of workloads may also be an array of token counts (e.g. lengths drawn from the article's assumption).
@@ -296,9 +337,11 @@ def length_cdfs(workloads: dict, column: str = "prompt_tokens", marks: dict[str,
     ax.set_xscale("log")
     label = "request length, prompt + output" if column == "total_tokens" else column.replace("_tokens", "")
     label = label.replace("_", " ")
-    return (_finish(fig, ax, label + " (tokens, log scale)", "share of requests"),
-            f"Share of requests at or below each {label} (tokens, log scale), one line per workload; "
-            "vertical lines mark the article's figures.")
+    return (
+        _finish(fig, ax, label + " (tokens, log scale)", "share of requests"),
+        f"Share of requests at or below each {label} (tokens, log scale), one line per workload; "
+        "vertical lines mark the article's figures.",
+    )
 
 
 INTERARRIVAL_MAX_RATIO = 5.0  # the gap figure's right edge, in mean gaps
@@ -333,11 +376,14 @@ def prefix_hit_rate(curve: pd.DataFrame) -> matplotlib.figure.Figure:
     bounded = curve.drop(index="unbounded")
     limit = curve.loc["unbounded"]
     x = bounded.index.to_numpy(dtype=float)
-    for column, label, color in (("hit_rate_pct", "block hit rate", "C0"),
-                                 ("prefill_saved_pct", "prefill tokens saved", "C1")):
+    for column, label, color in (
+        ("hit_rate_pct", "block hit rate", "C0"),
+        ("prefill_saved_pct", "prefill tokens saved", "C1"),
+    ):
         ax.semilogx(x, bounded[column], "o-", color=color, label=label)
         ax.axhline(limit[column], color=color, linestyle="--", label=f"{label}, unbounded cache ({limit[column]:.1f}%)")
     return _finish(fig, ax, "cache size (prefix blocks, log scale)", "% of blocks / of prompt tokens", ylim_bottom=0)
+
 
 @captioned
 def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.figure.Figure:
@@ -352,8 +398,14 @@ def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.fig
     for ax, name in zip(axes.flat, names):
         part = table[table["model"] == name]
         for (dtype, tp), line in part.groupby(["kv_cache_dtype", "tensor_parallel_size"]):
-            ax.loglog(line["max_model_len"], line["max_concurrency"], styles[dtype], color=colors[tp], marker=".",
-                      label=f"TP={tp}, {dtype} KV")
+            ax.loglog(
+                line["max_model_len"],
+                line["max_concurrency"],
+                styles[dtype],
+                color=colors[tp],
+                marker=".",
+                label=f"TP={tp}, {dtype} KV",
+            )
         ax.axhline(1, color="grey", lw=0.8)
         ax.set_title(name.split("/")[-1], fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
@@ -361,12 +413,14 @@ def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.fig
         ax.set_xlabel("tokens per request (max_model_len)")
     for ax in axes[:, 0]:
         ax.set_ylabel("max concurrency (requests)")
-    for ax in axes.flat[len(names):]:
+    for ax in axes.flat[len(names) :]:
         ax.set_visible(False)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", fontsize=8)
     if gpu:
-        fig.suptitle(f"vLLM's maximum concurrency on {gpu} (a missing line: the weights leave no KV block)", fontsize=10)
+        fig.suptitle(
+            f"vLLM's maximum concurrency on {gpu} (a missing line: the weights leave no KV block)", fontsize=10
+        )
     return fig
 
 
@@ -384,8 +438,9 @@ def _plain_log2(axis) -> None:
 
 
 @captioned
-def latency_vs_rate(curves: pd.DataFrame, bound_s: float, sustained: pd.DataFrame | None = None
-                    ) -> matplotlib.figure.Figure:
+def latency_vs_rate(
+    curves: pd.DataFrame, bound_s: float, sustained: pd.DataFrame | None = None
+) -> matplotlib.figure.Figure:
     """Normalized latency (s per output token, log scale) against the request rate (requests/s, log scale), one panel
     per dataset and a line per allocation mode, the latency bound dashed and each mode's sustained rate marked."""
     names = list(dict.fromkeys(curves.index.get_level_values("dataset")))
@@ -499,8 +554,15 @@ def check_scatter(requests: pd.DataFrame) -> matplotlib.figure.Figure:
         mine = requests.xs(run, level="run")
         for clock in dict.fromkeys(mine.index.get_level_values("clock")):
             r = mine.xs(clock, level="clock")
-            ax.scatter(r["vllm_e2e_s"], r["kvlab_e2e_s"], s=6, alpha=0.5, color=CLOCK_COLORS.get(clock), label=clock,
-                       linewidths=0)
+            ax.scatter(
+                r["vllm_e2e_s"],
+                r["kvlab_e2e_s"],
+                s=6,
+                alpha=0.5,
+                color=CLOCK_COLORS.get(clock),
+                label=clock,
+                linewidths=0,
+            )
         top = float(np.nanmax(mine[["vllm_e2e_s", "kvlab_e2e_s"]].to_numpy())) * 1.05
         ax.plot([0, top], [0, top], "--", color="black", lw=1)
         ax.set_xlim(0, top)
@@ -529,14 +591,29 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
     meets = served[served["meets"]]
     misses = served[~served["meets"]]
     for ax, name in zip(axes[0], names):
-        ax.plot(misses[name], misses["requests_per_s_per_gpu"], "o", ms=7, mfc="none", color="tab:red",
-                label="misses an objective")
-        ax.plot(meets[name], meets["requests_per_s_per_gpu"], "o", ms=7, color="tab:green", label="meets every objective")
-        ax.axvline(objectives[name], color="black", ls="--", lw=1, label=f"objective: {objectives[name]:g} {units[name]}")
+        ax.plot(
+            misses[name],
+            misses["requests_per_s_per_gpu"],
+            "o",
+            ms=7,
+            mfc="none",
+            color="tab:red",
+            label="misses an objective",
+        )
+        ax.plot(
+            meets[name], meets["requests_per_s_per_gpu"], "o", ms=7, color="tab:green", label="meets every objective"
+        )
+        ax.axvline(
+            objectives[name], color="black", ls="--", lw=1, label=f"objective: {objectives[name]:g} {units[name]}"
+        )
         for _, row in served[served["best"]].iterrows():
-            ax.annotate(f"best: TP {row['tensor_parallel_size']} x {row['num_replicas']}",
-                        (row[name], row["requests_per_s_per_gpu"]), xytext=(8, -12), textcoords="offset points",
-                        fontsize=9)
+            ax.annotate(
+                f"best: TP {row['tensor_parallel_size']} x {row['num_replicas']}",
+                (row[name], row["requests_per_s_per_gpu"]),
+                xytext=(8, -12),
+                textcoords="offset points",
+                fontsize=9,
+            )
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())

@@ -6,6 +6,7 @@ bits of a floating-point result, so every number is formatted here, at the preci
 and a negative zero never appears. A notebook cell ends with `present.table(frame, ...)`; the returned
 Table shows as HTML in the notebook and the report and as aligned text elsewhere.
 """
+
 from __future__ import annotations
 
 import html
@@ -21,29 +22,74 @@ from kvlab.sections.shared.ledger import round_half_up
 
 # Column names follow kvlab's convention (units as suffixes); a suffix gives the unit shown and the decimals.
 UNITS = [  # (suffix, unit shown, decimals), longest suffix first
-    ("_requests_per_s", "requests/s", 2), ("_per_s", "/s", 2), ("_rps", "requests/s", 2), ("_tokens", "tokens", 0),
-    ("_pct", "%", 1), ("_gib", "GiB", 2), ("_mib", "MiB", 2), ("_kib", "KiB", 1), ("_bytes", "B", 0),
-    ("_ms", "ms", 2), ("_s", "s", 2), ("_x", "x", 2),
+    ("_requests_per_s", "requests/s", 2),
+    ("_per_s", "/s", 2),
+    ("_rps", "requests/s", 2),
+    ("_tokens", "tokens", 0),
+    ("_pct", "%", 1),
+    ("_gib", "GiB", 2),
+    ("_mib", "MiB", 2),
+    ("_kib", "KiB", 1),
+    ("_bytes", "B", 0),
+    ("_ms", "ms", 2),
+    ("_s", "s", 2),
+    ("_x", "x", 2),
 ]
 # Words shown other than as written.
-WORDS = {"kv": "KV", "p50": "p50", "p95": "p95", "p99": "p99", "tp": "TP", "pp": "PP", "num": "", "max": "max",
-         "gpu": "GPU", "vllm": "vLLM", "ttft": "TTFT", "tpot": "TPOT", "cv": "CV", "mla": "MLA", "gqa": "GQA", "fp8": "fp8"}
+WORDS = {
+    "kv": "KV",
+    "p50": "p50",
+    "p95": "p95",
+    "p99": "p99",
+    "tp": "TP",
+    "pp": "PP",
+    "num": "",
+    "max": "max",
+    "gpu": "GPU",
+    "vllm": "vLLM",
+    "ttft": "TTFT",
+    "tpot": "TPOT",
+    "cv": "CV",
+    "mla": "MLA",
+    "gqa": "GQA",
+    "fp8": "fp8",
+}
 # Names that read better as words (the whole column name).
 LABELS = {
-    "max_num_requests": "requests that fit", "num_requests": "requests", "max_concurrency": "max concurrency (x)",
-    "num_gpu_blocks": "GPU blocks", "gpu_kv_cache_tokens": "GPU KV cache (tokens)", "mean_latency_s": "mean latency (s)",
-    "block_table_entries": "block-table entries per request", "idle_pct": "idle slot time (%)",
-    "busy_slot_s": "busy slot time (s)", "throughput_rps": "throughput (requests/s)", "makespan_s": "total time (s)",
-    "interarrival_cv": "inter-arrival CV", "kv_kib_per_token": "KV per token (KiB)",
-    "kv_bytes_per_token": "KV per token (B)", "article_percentile": "article's percentile (%)",
-    "block_size": "block size (tokens)", "arrival_rate": "arrival rate (requests/s)", "held_tokens": "token states (tokens)",
+    "max_num_requests": "requests that fit",
+    "num_requests": "requests",
+    "max_concurrency": "max concurrency (x)",
+    "num_gpu_blocks": "GPU blocks",
+    "gpu_kv_cache_tokens": "GPU KV cache (tokens)",
+    "mean_latency_s": "mean latency (s)",
+    "block_table_entries": "block-table entries per request",
+    "idle_pct": "idle slot time (%)",
+    "busy_slot_s": "busy slot time (s)",
+    "throughput_rps": "throughput (requests/s)",
+    "makespan_s": "total time (s)",
+    "interarrival_cv": "inter-arrival CV",
+    "kv_kib_per_token": "KV per token (KiB)",
+    "kv_bytes_per_token": "KV per token (B)",
+    "article_percentile": "article's percentile (%)",
+    "block_size": "block size (tokens)",
+    "arrival_rate": "arrival rate (requests/s)",
+    "held_tokens": "token states (tokens)",
     "unused_in_last_block_tokens": "internal fragmentation, inside the last block (tokens)",
     "unused_beyond_last_block_tokens": "internal fragmentation, beyond the last block (tokens)",
-    "context_tokens": "context (tokens)", "rate_per_s": "arrival rate (requests/s)", "max_model_len": "max_model_len (tokens)",
-    "tensor_parallel_size": "tensor parallel size", "kv_cache_dtype": "KV cache dtype",
+    "context_tokens": "context (tokens)",
+    "rate_per_s": "arrival rate (requests/s)",
+    "max_model_len": "max_model_len (tokens)",
+    "tensor_parallel_size": "tensor parallel size",
+    "kv_cache_dtype": "KV cache dtype",
 }
-MARKS = {"pass": "✓ pass", "fail": "✗ fail", "missing": "– missing", "not compared": "· not compared",
-         True: "✓", False: "✗"}
+MARKS = {
+    "pass": "✓ pass",
+    "fail": "✗ fail",
+    "missing": "– missing",
+    "not compared": "· not compared",
+    True: "✓",
+    False: "✗",
+}
 MAX_COLUMNS = 9  # a table wider than this (index included) is split into parts that fit a page
 
 
@@ -54,7 +100,7 @@ def label(name) -> str:
     if name in LABELS:
         return LABELS[name]
     unit = next(((suffix, u) for suffix, u, _ in UNITS if name.endswith(suffix) and len(name) > len(suffix)), None)
-    stem = name[:-len(unit[0])] if unit else name
+    stem = name[: -len(unit[0])] if unit else name
     words = [WORDS.get(w, w) for w in stem.split("_")]
     text = " ".join(w for w in words if w)
     return f"{text} ({unit[1]})" if unit else text
@@ -103,19 +149,26 @@ class Table:
     index_columns: int = 0
     caption: str = ""
 
-    def parts(self, max_columns: int = MAX_COLUMNS) -> list["Table"]:
+    def parts(self, max_columns: int = MAX_COLUMNS) -> list[Table]:
         """The table split into parts of at most max_columns columns, each repeating the index columns."""
         body = list(range(self.index_columns, len(self.header)))
         per = max(1, max_columns - self.index_columns)
         if len(self.header) <= max_columns:
             return [self]
-        chunks = [body[i:i + per] for i in range(0, len(body), per)]
+        chunks = [body[i : i + per] for i in range(0, len(body), per)]
         out = []
         for k, chunk in enumerate(chunks, 1):
             keep = list(range(self.index_columns)) + chunk
             caption = f"{self.caption} (part {k} of {len(chunks)})" if self.caption else f"part {k} of {len(chunks)}"
-            out.append(Table(tuple(self.header[i] for i in keep), tuple(tuple(r[i] for i in keep) for r in self.rows),
-                             tuple(self.numeric[i] for i in keep), self.index_columns, caption))
+            out.append(
+                Table(
+                    tuple(self.header[i] for i in keep),
+                    tuple(tuple(r[i] for i in keep) for r in self.rows),
+                    tuple(self.numeric[i] for i in keep),
+                    self.index_columns,
+                    caption,
+                )
+            )
         return out
 
     def _repr_html_(self) -> str:
@@ -128,9 +181,15 @@ class Table:
             return f' class="{" ".join(kinds)}"' if kinds else ""
 
         head = "".join(f"<th{cls(i)}>{html.escape(h)}</th>" for i, h in enumerate(self.header))
-        body = "".join("<tr>" + "".join(
-            f"<{'th' if i < self.index_columns else 'td'}{cls(i)}>{html.escape(v)}</{'th' if i < self.index_columns else 'td'}>"
-            for i, v in enumerate(row)) + "</tr>\n" for row in self.rows)
+        body = "".join(
+            "<tr>"
+            + "".join(
+                f"<{'th' if i < self.index_columns else 'td'}{cls(i)}>{html.escape(v)}</{'th' if i < self.index_columns else 'td'}>"
+                for i, v in enumerate(row)
+            )
+            + "</tr>\n"
+            for row in self.rows
+        )
         caption = f"<caption>{html.escape(self.caption)}</caption>" if self.caption else ""
         return f'<table class="kvlab">{caption}<thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>'
 
@@ -138,15 +197,22 @@ class Table:
         widths = [max([len(h)] + [len(r[i]) for r in self.rows]) for i, h in enumerate(self.header)]
 
         def line(values):
-            return "  ".join(v.rjust(w) if self.numeric[i] else v.ljust(w)
-                             for i, (v, w) in enumerate(zip(values, widths))).rstrip()
+            return "  ".join(
+                v.rjust(w) if self.numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))
+            ).rstrip()
 
         lines = ([self.caption] if self.caption else []) + [line(self.header)] + [line(r) for r in self.rows]
         return "\n".join(lines)
 
 
-def table(frame: pd.DataFrame | pd.Series, decimals: dict | int | None = None, labels: dict | None = None, *,
-          caption: str = "", index: bool | None = None) -> Table:
+def table(
+    frame: pd.DataFrame | pd.Series,
+    decimals: dict | int | None = None,
+    labels: dict | None = None,
+    *,
+    caption: str = "",
+    index: bool | None = None,
+) -> Table:
     """frame as a Table: each column labelled with its unit (labels override) and rounded (decimals: one int for
     every number column, or per column; default from the unit suffix), the index shown only when it means
     something (index=None: unless it is 0..n-1)."""
@@ -168,8 +234,11 @@ def table(frame: pd.DataFrame | pd.Series, decimals: dict | int | None = None, l
             d = decimals_of(name, values)
         header.append(labels.get(name, label(name)))
         columns.append([cell(v, d) for v in values.tolist()])
-        numeric.append(pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
-                       or all(re.fullmatch(r"-?[\d,]+(\.\d+)?%?|", v or "") for v in columns[-1]))
+        numeric.append(
+            pd.api.types.is_numeric_dtype(values)
+            and not pd.api.types.is_bool_dtype(values)
+            or all(re.fullmatch(r"-?[\d,]+(\.\d+)?%?|", v or "") for v in columns[-1])
+        )
     rows = tuple(zip(*columns)) if columns else ()
     return Table(tuple(header), tuple(tuple(r) for r in rows), tuple(numeric), index_columns, caption)
 
@@ -179,10 +248,12 @@ def band(bands: pd.DataFrame, caption: str = "") -> Table:
     kvlab's median and 5-95% band over seeds, the article's percentile among the seeds, and whether it is inside."""
     frame = bands.reset_index()
     frame["column"] = [label(c) for c in frame["column"]]
-    return table(frame.rename(columns={"row": "policy", "column": "figure"}),
-                 {"article": 2, "median": 2, "band_low": 2, "band_high": 2, "article_percentile": 1},
-                 {"band_low": "band low", "band_high": "band high", "inside": "inside the band",
-                  "num_seeds": "seeds"}, caption=caption)
+    return table(
+        frame.rename(columns={"row": "policy", "column": "figure"}),
+        {"article": 2, "median": 2, "band_low": 2, "band_high": 2, "article_percentile": 1},
+        {"band_low": "band low", "band_high": "band high", "inside": "inside the band", "num_seeds": "seeds"},
+        caption=caption,
+    )
 
 
 def published(row, decimals: int) -> str:
@@ -210,24 +281,38 @@ def ledger(rows: pd.DataFrame, caption: str = "", *, why: bool = False) -> Table
         figure = published_figures.loc[key] if key in published_figures.index else None
         d = int(figure["decimals"]) if figure is not None else 2
         source = figure["source"] if figure is not None else "article"
-        band = (f"{cell(r['band_low'], d)} to {cell(r['band_high'], d)}"
-                if "band_low" in r and not pd.isna(r.get("band_low")) else "")
-        row = {"table": r["table"], "row": r["row"], "figure": label(r["column"]),
-               "paper" if source == "vllm-paper" else "article":
-                   published(figure, d) if figure is not None else cell(r["article"], d),
-               "kvlab": cell(r["reproduced"], d), "kvlab's 5-95% band": band,
-               # the tolerance the status is judged by: a band only where it is (section 2), not wherever
-               # a band is shown beside the default seed's value (section 1)
-               "tolerance": "band" if str(r["tolerance"]).startswith(("band", "5-95% band")) else r["tolerance"],
-               "status": MARKS.get(r["status"], r["status"])}
+        band = (
+            f"{cell(r['band_low'], d)} to {cell(r['band_high'], d)}"
+            if "band_low" in r and not pd.isna(r.get("band_low"))
+            else ""
+        )
+        row = {
+            "table": r["table"],
+            "row": r["row"],
+            "figure": label(r["column"]),
+            "paper" if source == "vllm-paper" else "article": published(figure, d)
+            if figure is not None
+            else cell(r["article"], d),
+            "kvlab": cell(r["reproduced"], d),
+            "kvlab's 5-95% band": band,
+            # the tolerance the status is judged by: a band only where it is (section 2), not wherever
+            # a band is shown beside the default seed's value (section 1)
+            "tolerance": "band" if str(r["tolerance"]).startswith(("band", "5-95% band")) else r["tolerance"],
+            "status": MARKS.get(r["status"], r["status"]),
+        }
         if why:
             row["why"] = "" if pd.isna(r.get("why", "")) else str(r.get("why", ""))
         shown.append(row)
     frame = pd.DataFrame(shown)
     if not frame["kvlab's 5-95% band"].any():
         frame = frame.drop(columns="kvlab's 5-95% band")
-    return Table(tuple(frame.columns), tuple(tuple(map(str, row)) for row in frame.itertuples(index=False)),
-                 tuple(c in ("article", "paper", "kvlab") for c in frame.columns), 0, caption)
+    return Table(
+        tuple(frame.columns),
+        tuple(tuple(map(str, row)) for row in frame.itertuples(index=False)),
+        tuple(c in ("article", "paper", "kvlab") for c in frame.columns),
+        0,
+        caption,
+    )
 
 
 @dataclass(frozen=True)
@@ -248,8 +333,14 @@ def prose(text: str) -> Prose:
     paragraph (paragraphs are parted by a blank line) on one line, so that a formatted number at the start of a
     line can never begin a Markdown list, except a paragraph that starts as a list or a table."""
     paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.strip()) if p.strip()]
-    return Prose("\n\n".join(p if re.match(r"([-*|]|\d+\.)\s", p)  # a paragraph that starts as a list or table
-                             else " ".join(line.strip() for line in p.splitlines()) for p in paragraphs))
+    return Prose(
+        "\n\n".join(
+            p
+            if re.match(r"([-*|]|\d+\.)\s", p)  # a paragraph that starts as a list or table
+            else " ".join(line.strip() for line in p.splitlines())
+            for p in paragraphs
+        )
+    )
 
 
 def rounded(frame: pd.DataFrame, decimals: int | dict = 2) -> pd.DataFrame:

@@ -7,6 +7,7 @@ functions the Python engine calls. The waiting queue is a ring (waiting, its hea
 array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
 (decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time.
 """
+
 import builtins
 import math
 import sys
@@ -15,10 +16,31 @@ import types
 import numpy as np
 
 from kvlab.core.engine import rules
-from kvlab.core.engine.fast.arrays import (DONE, FULL, NO_PROGRESS, F_CLOCK, F_GPU_FREE, F_LAST_END, P_SLOTS, P_STACK, P_TAIL_END,
-                                           P_TAIL_HEAD, P_TAIL_SIZE, S_FREE, S_HAS_FINISHED, S_KV_TOKENS,
-                                           S_NEXT_ARRIVAL, S_NUM_EMPTY, S_NUM_RUNNING, S_NUM_WAITING, S_QUEUE_HEAD,
-                                           S_QUEUE_LEN, S_RUNS, S_STEPS, S_WAITING_HEAD)
+from kvlab.core.engine.fast.arrays import (
+    DONE,
+    F_CLOCK,
+    F_GPU_FREE,
+    F_LAST_END,
+    FULL,
+    NO_PROGRESS,
+    P_SLOTS,
+    P_STACK,
+    P_TAIL_END,
+    P_TAIL_HEAD,
+    P_TAIL_SIZE,
+    S_FREE,
+    S_HAS_FINISHED,
+    S_KV_TOKENS,
+    S_NEXT_ARRIVAL,
+    S_NUM_EMPTY,
+    S_NUM_RUNNING,
+    S_NUM_WAITING,
+    S_QUEUE_HEAD,
+    S_QUEUE_LEN,
+    S_RUNS,
+    S_STEPS,
+    S_WAITING_HEAD,
+)
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -61,13 +83,14 @@ def _compiled_rules() -> dict:
 
 _RULES = _compiled_rules()
 step_token_cap, running_num_new_tokens, allocation_is_noop, num_blocks_to_allocate = (
-    _RULES[name] for name in ("step_token_cap", "running_num_new_tokens", "allocation_is_noop",
-                              "num_blocks_to_allocate"))
+    _RULES[name]
+    for name in ("step_token_cap", "running_num_new_tokens", "allocation_is_noop", "num_blocks_to_allocate")
+)
 num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemption_victim = (
-    _RULES[name] for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks",
-                              "preemption_victim"))
-samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished",
-                                                                        "settles_placeholder"))
+    _RULES[name]
+    for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks", "preemption_victim")
+)
+samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
@@ -119,7 +142,13 @@ def tail_append(pool, b):
 @_inline
 def evict(pool, b):
     """BlockPool._evict: the block leaves the cache list of its hash."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev = pool.hash_of, pool.hash_first, pool.hash_last, pool.hash_next, pool.hash_prev
+    hash_of, hash_first, hash_last, hash_next, hash_prev = (
+        pool.hash_of,
+        pool.hash_first,
+        pool.hash_last,
+        pool.hash_next,
+        pool.hash_prev,
+    )
     h = hash_of[b]
     if h < 0:
         return
@@ -156,8 +185,16 @@ def get_new_blocks(pool, row, at, k):
 def free_table(pool, r, n):
     """KVCacheManager.free with caching (BlockPool.free_blocks of the table reversed): unhashed blocks no request
     holds go to the head, the first freed ending at the top; hashed ones to the tail, in the order freed."""
-    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (pool.ref, pool.hash_of, pool.stack, pool.pstate,
-                                                                         pool.tables, pool.slot_of, pool.free_slots, pool.unhashed)
+    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (
+        pool.ref,
+        pool.hash_of,
+        pool.stack,
+        pool.pstate,
+        pool.tables,
+        pool.slot_of,
+        pool.free_slots,
+        pool.unhashed,
+    )
     slot = slot_of[r]
     row = tables[slot]
     k = 0
@@ -181,8 +218,15 @@ def free_table(pool, r, n):
 @_inline
 def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
     """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (pool.hash_of, pool.hash_first, pool.hash_last, pool.hash_next,
-                                                                           pool.hash_prev, pool.tables, pool.slot_of)
+    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (
+        pool.hash_of,
+        pool.hash_first,
+        pool.hash_last,
+        pool.hash_next,
+        pool.hash_prev,
+        pool.tables,
+        pool.slot_of,
+    )
     num_full = num_known_tokens // block_size
     row = tables[slot_of[r]]
     for j in range(num_cached[r], num_full):
@@ -223,13 +267,43 @@ def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_t
 
 
 @_inline
-def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
-             stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r,
-             out_n, out_sample, asynchronous, pool):
+def schedule(
+    cfg,
+    num_tokens,
+    computed,
+    num_blocks,
+    num_cached,
+    status,
+    num_preemptions,
+    placeholders,
+    in_flight,
+    stale,
+    max_tokens_total,
+    first_scheduled_s,
+    clock,
+    running,
+    nrun,
+    waiting,
+    head,
+    nwait,
+    free,
+    out_r,
+    out_n,
+    out_sample,
+    asynchronous,
+    pool,
+):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
     returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
     Without prefix caching (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
-    block_size, max_num_seqs, budget, max_model_len, threshold, caching = cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.long_prefill_token_threshold, cfg.enable_caching
+    block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_model_len,
+        cfg.long_prefill_token_threshold,
+        cfg.enable_caching,
+    )
     cap = waiting.shape[0]
     cap_tokens = step_token_cap(threshold, nrun, nwait)
     ns = 0
@@ -239,20 +313,21 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
     while i < nrun and budget > 0:
         r = running[i]
         c = computed[r]
-        m = running_num_new_tokens(num_tokens[r], placeholders[r], c, max_tokens_total[r], cap_tokens, budget,
-                                   max_model_len)
-        if m == 0:                                      # async: its last token in flight, or at max_model_len
+        m = running_num_new_tokens(
+            num_tokens[r], placeholders[r], c, max_tokens_total[r], cap_tokens, budget, max_model_len
+        )
+        if m == 0:  # async: its last token in flight, or at max_model_len
             i += 1
             continue
         if allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
-            out_r[ns] = r                               # a decode inside its last block: allocate_slots not called
+            out_r[ns] = r  # a decode inside its last block: allocate_slots not called
             out_n[ns] = 1
             ns += 1
             budget -= 1
             i += 1
             continue
         preempted_self = False
-        while True:                                     # allocate_slots, preempting from the back
+        while True:  # allocate_slots, preempting from the back
             new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
             if new <= free:
                 if new > 0:
@@ -264,7 +339,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
                     cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
                 break
             nrun = preemption_victim(nrun)
-            v = running[nrun]                           # the most recently admitted running request (_preempt)
+            v = running[nrun]  # the most recently admitted running request (_preempt)
             if caching:
                 free_table(pool, v, num_blocks[v])
                 free = num_free(pool)
@@ -277,7 +352,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             stale[v] = in_flight[v]
             placeholders[v] = 0
             num_preemptions[v] += 1
-            head = (head - 1) % cap                     # to the front of the waiting queue
+            head = (head - 1) % cap  # to the front of the waiting queue
             waiting[head] = v
             nwait += 1
             npre += 1
@@ -291,14 +366,14 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
         ns += 1
         budget -= m
         i += 1
-    if npre == 0:                                       # admissions, first come first served
+    if npre == 0:  # admissions, first come first served
         while budget > 0 and nwait > 0:
             if nrun >= max_num_seqs:
                 break
             r = waiting[head]
             num_hits = 0
             evictable = 0
-            if caching:                                 # get_computed_blocks: the longest cached run of blocks
+            if caching:  # get_computed_blocks: the longest cached run of blocks
                 hits, ref, hash_first = pool.hits, pool.ref, pool.hash_first
                 for j in range(num_lookup_blocks(num_tokens[r], block_size)):
                     b = hash_first[hash_id(pool, r, j)]
@@ -315,7 +390,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             if caching:
                 take_slot(pool, r)
                 row = pool.tables[pool.slot_of[r]]
-                for j in range(num_hits):               # touch: a hit no request held leaves the free queue
+                for j in range(num_hits):  # touch: a hit no request held leaves the free queue
                     b = pool.hits[j]
                     if pool.ref[b] == 0:
                         tail_remove(pool, b)
@@ -344,7 +419,7 @@ def schedule(cfg, num_tokens, computed, num_blocks, num_cached, status, num_pree
             out_n[ns] = m
             ns += 1
             budget -= m
-    num_scheduled = 0                                   # account()
+    num_scheduled = 0  # account()
     for j in range(ns):
         r = out_r[j]
         m = out_n[j]
@@ -405,7 +480,7 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 def release(pool, caching, r, num_blocks, num_cached, free):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
-        if pool.slot_of[r] >= 0:                            # a request finished in the waiting queue holds none
+        if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
             free_table(pool, r, num_blocks[r])
         num_cached[r] = 0
         free = num_free(pool)
@@ -416,8 +491,22 @@ def release(pool, caching, r, num_blocks, num_cached, free):
 
 
 @_inline
-def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_scheduled, nrun, nwait, held_blocks, kv,
-           logs, events, counts):
+def record(
+    first,
+    clock_start,
+    end,
+    last_end,
+    npre,
+    num_hit_tokens,
+    num_scheduled,
+    nrun,
+    nwait,
+    held_blocks,
+    kv,
+    logs,
+    events,
+    counts,
+):
     """StepLog.append for the chunk's next step (first: steps before the chunk). logs: end_s, start_s, then held,
     kv_tokens, tokens, num_running, num_waiting; events: start_step, preempt_step, preempt_count, hit_step,
     hit_count; counts: steps, starts, preemption events and hit events in the chunk so far."""
@@ -446,53 +535,91 @@ def record(first, clock_start, end, last_end, npre, num_hit_tokens, num_schedule
 
 
 @_inline
-def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
-               running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts):
+def decode_run(
+    cfg,
+    cost_ms,
+    arrival,
+    prompt,
+    max_num_tokens,
+    num_tokens,
+    computed,
+    num_blocks,
+    status,
+    finish_s,
+    running,
+    nrun,
+    waiting,
+    head,
+    nwait,
+    nxt,
+    free,
+    kv,
+    clock,
+    last_end,
+    phases,
+    per_phase,
+    logs,
+    counts,
+):
     """decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix caching: while every running request decodes
     (it sampled in the last step), their steps at once, O(1) a step, recorded as loop_sync records them. A run
     stops before a step that would cross more block boundaries than there are free blocks (it preempts) or admit the
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
     waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
     free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    block_size, max_num_seqs, budget, usable, constant, threshold = cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_usable_blocks, cfg.constant_step_cost, cfg.long_prefill_token_threshold
-    if nrun == 0:                   # and nrun <= budget: a step admits only once every running request has a token
+    block_size, max_num_seqs, budget, usable, constant, threshold = (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_usable_blocks,
+        cfg.constant_step_cost,
+        cfg.long_prefill_token_threshold,
+    )
+    if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
-    per_phase[:] = 0                                    # per_phase[p]: requests of phase p
+    per_phase[:] = 0  # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
     for i in range(nrun):
         r = running[i]
         c = computed[r]
         if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
-            return 0, nxt, nwait, free, nrun, kv, clock, last_end   # a prefill chunk or its first token next
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # a prefill chunk or its first token next
         if max_num_tokens[r] - num_tokens[r] < k:
             k = max_num_tokens[r] - num_tokens[r]
-        phases[i] = -c % block_size                     # it crosses into a new block at steps j % bs == phases[i]
+        phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
         per_phase[phases[i]] += 1
-    limit = min(k, logs[0].shape[0] - counts[0])         # the run's last step samples the first finish
+    limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
     if limit < 2:
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
-    refused = nwait > 0                                 # the head, refused now, stays refused: free only falls
-    if refused and may_admit and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0,
-                                                 budget_left, free - per_phase[0], threshold)[0]:
+    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    if (
+        refused
+        and may_admit
+        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+    ):
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-    s = counts[0]                   # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
     duration = step_s(cost_ms, constant, nrun)
     n = arrival.shape[0]
     j = 0
-    phase = 0                                           # j % block_size
+    phase = 0  # j % block_size
     while j < limit:
         if j and nxt < n and arrival[nxt] <= clock:
             nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
-            if not refused:                             # the first to arrive: admitted at this step ends the run
-                if may_admit and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0,
-                                                 budget_left, free - per_phase[phase], threshold)[0]:
+            if not refused:  # the first to arrive: admitted at this step ends the run
+                if (
+                    may_admit
+                    and admitted_tokens(
+                        cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[phase], threshold
+                    )[0]
+                ):
                     break
                 refused = True
         if per_phase[phase] > free:
-            break                                       # a block boundary the pool cannot cover: it preempts
+            break  # a block boundary the pool cannot cover: it preempts
         free -= per_phase[phase]
         clock += duration
         kv += nrun
@@ -502,8 +629,8 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
         num_waiting_log[s + j] = nwait
         j += 1
         phase = 0 if phase == block_size - 1 else phase + 1
-    tokens[s:s + j] = nrun
-    num_running_log[s:s + j] = nrun
+    tokens[s : s + j] = nrun
+    num_running_log[s : s + j] = nrun
     counts[0] = s + j
     if j:
         last_end = clock
@@ -511,17 +638,17 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
     periods, rest = j // block_size, j % block_size
     for i in range(nrun):
         r = running[i]
-        num_blocks[r] += periods + (1 if phases[i] < rest else 0)    # its crossings in steps 0..j-1
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
         computed[r] += j
         num_tokens[r] += j
-        if is_finished(num_tokens[r], max_num_tokens[r]):     # j == k: the step sampling the first finish
+        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
             status[r] = FINISHED
-            free += num_blocks[r]                       # release without prefix caching
+            free += num_blocks[r]  # release without prefix caching
             num_blocks[r] = 0
             kv -= computed[r]
             finish_s[r] = clock
             finished = True
-    if finished:                                        # that step's record: after its finishes
+    if finished:  # that step's record: after its finishes
         held[s + j - 1] = usable - free
         kv_tokens[s + j - 1] = kv
         nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
@@ -529,16 +656,49 @@ def decode_run(cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, comput
 
 
 @_jit
-def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
-              num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
-              first_token_s, finish_s, running, waiting, pool, out_r, out_n, out_sample, logs, events, counts):
+def loop_sync(
+    arrival,
+    prompt,
+    max_num_tokens,
+    max_tokens_total,
+    cfg,
+    cost_ms,
+    state,
+    fstate,
+    num_tokens,
+    computed,
+    num_blocks,
+    num_cached,
+    status,
+    num_preemptions,
+    placeholders,
+    in_flight,
+    stale,
+    first_scheduled_s,
+    first_token_s,
+    finish_s,
+    running,
+    waiting,
+    pool,
+    out_r,
+    out_n,
+    out_sample,
+    logs,
+    events,
+    counts,
+):
     """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg.decode_runs: runs
     on): steps until every request finished (DONE), the chunk's steps are filled (FULL) or a step schedules nothing
     (NO_PROGRESS)."""
     n = arrival.shape[0]
     usable, constant, caching = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching
-    nxt, free, nrun, head, nwait = (state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING],
-                                    state[S_WAITING_HEAD], state[S_NUM_WAITING])
+    nxt, free, nrun, head, nwait = (
+        state[S_NEXT_ARRIVAL],
+        state[S_FREE],
+        state[S_NUM_RUNNING],
+        state[S_WAITING_HEAD],
+        state[S_NUM_WAITING],
+    )
     kv, first = state[S_KV_TOKENS], state[S_STEPS]
     clock, last_end = fstate[F_CLOCK], fstate[F_LAST_END]
     capacity = logs[0].shape[0]
@@ -552,22 +712,67 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
             if nxt == n:
                 code = DONE
                 break
-            clock = arrival[nxt]                            # idle: jump to the next arrival
+            clock = arrival[nxt]  # idle: jump to the next arrival
             continue
         if counts[0] == capacity:
             code = FULL
             break
         if runs:
             steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(
-                cfg, cost_ms, arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s,
-                running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs, counts)
+                cfg,
+                cost_ms,
+                arrival,
+                prompt,
+                max_num_tokens,
+                num_tokens,
+                computed,
+                num_blocks,
+                status,
+                finish_s,
+                running,
+                nrun,
+                waiting,
+                head,
+                nwait,
+                nxt,
+                free,
+                kv,
+                clock,
+                last_end,
+                phases,
+                per_phase,
+                logs,
+                counts,
+            )
             if steps:
                 state[S_RUNS] += 1
                 continue
         ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
-            cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
-            stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free, out_r, out_n,
-            out_sample, False, pool)
+            cfg,
+            num_tokens,
+            computed,
+            num_blocks,
+            num_cached,
+            status,
+            num_preemptions,
+            placeholders,
+            in_flight,
+            stale,
+            max_tokens_total,
+            first_scheduled_s,
+            clock,
+            running,
+            nrun,
+            waiting,
+            head,
+            nwait,
+            free,
+            out_r,
+            out_n,
+            out_sample,
+            False,
+            pool,
+        )
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
@@ -578,7 +783,7 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
                 kv += computed[running[j]]
         else:
             kv += num_scheduled + num_hit_tokens
-        finished = False                                # update_from_output (synchronous)
+        finished = False  # update_from_output (synchronous)
         for j in range(ns):
             if out_sample[j]:
                 r = out_r[j]
@@ -594,8 +799,22 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
         num_running_step = nrun
         if finished:
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
-        record(first, clock, end, last_end, npre, num_hit_tokens, num_scheduled, num_running_step, nwait, usable - free,
-               kv, logs, events, counts)
+        record(
+            first,
+            clock,
+            end,
+            last_end,
+            npre,
+            num_hit_tokens,
+            num_scheduled,
+            num_running_step,
+            nwait,
+            usable - free,
+            kv,
+            logs,
+            events,
+            counts,
+        )
         last_end = end
         clock = end
     state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
@@ -606,17 +825,56 @@ def loop_sync(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, s
 
 
 @_jit
-def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens, computed,
-               num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale, first_scheduled_s,
-               first_token_s, finish_s, running, waiting, pool, queue_r, queue_n, queue_sample, queue_i, queue_f, logs,
-               events, counts):
+def loop_async(
+    arrival,
+    prompt,
+    max_num_tokens,
+    max_tokens_total,
+    cfg,
+    cost_ms,
+    state,
+    fstate,
+    num_tokens,
+    computed,
+    num_blocks,
+    num_cached,
+    status,
+    num_preemptions,
+    placeholders,
+    in_flight,
+    stale,
+    first_scheduled_s,
+    first_token_s,
+    finish_s,
+    running,
+    waiting,
+    pool,
+    queue_r,
+    queue_n,
+    queue_sample,
+    queue_i,
+    queue_f,
+    logs,
+    events,
+    counts,
+):
     """Engine.run_async's loop without decode runs (asynchronous scheduling, a batch queue of two) and
     AsyncScheduler.update_from_output. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
     queue_f[slot]: start, end. Stops as loop_sync does."""
     n = arrival.shape[0]
-    usable, constant, caching, block_size = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching, cfg.block_size
-    nxt, free, nrun, head, nwait = (state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING],
-                                    state[S_WAITING_HEAD], state[S_NUM_WAITING])
+    usable, constant, caching, block_size = (
+        cfg.num_usable_blocks,
+        cfg.constant_step_cost,
+        cfg.enable_caching,
+        cfg.block_size,
+    )
+    nxt, free, nrun, head, nwait = (
+        state[S_NEXT_ARRIVAL],
+        state[S_FREE],
+        state[S_NUM_RUNNING],
+        state[S_WAITING_HEAD],
+        state[S_NUM_WAITING],
+    )
     kv, first = state[S_KV_TOKENS], state[S_STEPS]
     queue_head, queue_len = state[S_QUEUE_HEAD], state[S_QUEUE_LEN]
     num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
@@ -629,12 +887,34 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
         if counts[0] == capacity:
             code = FULL
             break
-        if nrun or nwait or has_finished:                  # has_requests(): schedule a batch and queue it
+        if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
             slot = (queue_head + queue_len) % 2
             ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
-                cfg, num_tokens, computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight,
-                stale, max_tokens_total, first_scheduled_s, clock, running, nrun, waiting, head, nwait, free,
-                queue_r[slot], queue_n[slot], queue_sample[slot], True, pool)
+                cfg,
+                num_tokens,
+                computed,
+                num_blocks,
+                num_cached,
+                status,
+                num_preemptions,
+                placeholders,
+                in_flight,
+                stale,
+                max_tokens_total,
+                first_scheduled_s,
+                clock,
+                running,
+                nrun,
+                waiting,
+                head,
+                nwait,
+                free,
+                queue_r[slot],
+                queue_n[slot],
+                queue_sample[slot],
+                True,
+                pool,
+            )
             has_finished = 0
             start = clock if clock > gpu_free_s else gpu_free_s
             end = start + step_s(cost_ms, constant, num_scheduled) if num_scheduled else start
@@ -652,7 +932,7 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
                     if nxt == n:
                         code = NO_PROGRESS
                         break
-                    clock = arrival[nxt]                    # nothing changes before it arrives
+                    clock = arrival[nxt]  # nothing changes before it arrives
                     num_empty = 0
             if queue_len < 2 and (num_scheduled or nrun or nwait):
                 continue
@@ -660,9 +940,9 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             if nxt == n:
                 code = DONE
                 break
-            clock = arrival[nxt]                            # idle: jump to the next arrival
+            clock = arrival[nxt]  # idle: jump to the next arrival
             continue
-        slot = queue_head                                   # wait for the oldest batch's output, process it
+        slot = queue_head  # wait for the oldest batch's output, process it
         queue_head = (queue_head + 1) % 2
         queue_len -= 1
         end = queue_f[slot, 1]
@@ -670,7 +950,7 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             clock = end
         finished = False
         finished_waiting = False
-        for j in range(queue_i[slot, 0]):                  # AsyncScheduler.update_from_output
+        for j in range(queue_i[slot, 0]):  # AsyncScheduler.update_from_output
             r = queue_r[slot, j]
             m = queue_n[slot, j]
             in_flight[r] -= m
@@ -698,17 +978,35 @@ def loop_async(arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, 
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, finished_waiting)
             has_finished = 1
         num_scheduled, npre = queue_i[slot, 1], queue_i[slot, 4]
-        if num_scheduled or npre:                           # a step of the records: it ran tokens or preempted
+        if num_scheduled or npre:  # a step of the records: it ran tokens or preempted
             kv = 0
             for j in range(nrun):
                 kv += computed[running[j]]
-            record(first, queue_f[slot, 0], end, last_end, npre, queue_i[slot, 5], num_scheduled, queue_i[slot, 2],
-                   queue_i[slot, 3], usable - free, kv, logs, events, counts)
+            record(
+                first,
+                queue_f[slot, 0],
+                end,
+                last_end,
+                npre,
+                queue_i[slot, 5],
+                num_scheduled,
+                queue_i[slot, 2],
+                queue_i[slot, 3],
+                usable - free,
+                kv,
+                logs,
+                events,
+                counts,
+            )
             last_end = end
     state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
     state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
     state[S_STEPS] = first + counts[0]
-    state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (queue_head, queue_len,
-                                                                                           num_empty, has_finished)
+    state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (
+        queue_head,
+        queue_len,
+        num_empty,
+        has_finished,
+    )
     fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE] = clock, last_end, gpu_free_s
     return code

@@ -17,26 +17,26 @@ of its cache (about 1.4 s; its first compilation takes about 30 s, once) cost mo
 in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
 the StepLog's.
 """
+
 from __future__ import annotations
 
 import importlib.util
 import math
 import sys
-from array import array
 from collections import namedtuple
 
 import numpy as np
 
+from kvlab.core import validate
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
-from kvlab.core import validate
 
 # What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
 Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "requests"])
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
-DECODE_RUNS = True                         # the synchronous loop does decode runs at once (False: step by step)
+DECODE_RUNS = True  # the synchronous loop does decode runs at once (False: step by step)
 
 
 def available() -> bool:
@@ -59,12 +59,18 @@ def eligible(engine) -> bool:
     """Whether the engine's run is one the compiled loop does (see the module's docstring)."""
     config = engine.config
     caching = config.cache.enable_prefix_caching
-    return (type(engine.cost) in (ConstantStepCost, LinearStepCost) and engine.allocation == "paged"
-            and config.scheduler.scheduler_cls == "v1"
-            and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
-            and (not caching or engine.prompt_token_ids is None  # token ids that are the prompt, no more, no less
-                 or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens)))
-            and engine.recorder is None)
+    return (
+        type(engine.cost) in (ConstantStepCost, LinearStepCost)
+        and engine.allocation == "paged"
+        and config.scheduler.scheduler_cls == "v1"
+        and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
+        and (
+            not caching
+            or engine.prompt_token_ids is None  # token ids that are the prompt, no more, no less
+            or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens))
+        )
+        and engine.recorder is None
+    )
 
 
 def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
@@ -80,7 +86,7 @@ def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
             ids = np.ascontiguousarray(ids, dtype=np.int64)
             full = len(ids) // bs
             offset[r], num_shared[r] = len(shared), full
-            rows = ids[:full * bs].view(np.dtype((np.void, 8 * bs))).tolist()
+            rows = ids[: full * bs].view(np.dtype((np.void, 8 * bs))).tolist()
             parent = -1
             for row in rows:
                 parent = table.setdefault((parent, row), len(table))
@@ -88,7 +94,7 @@ def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
         total = len(table)
     else:
         total = 0
-    widths = max_num_tokens // bs + 1 - num_shared                  # blocks j < max_num_tokens // bs + 1 are looked up
+    widths = max_num_tokens // bs + 1 - num_shared  # blocks j < max_num_tokens // bs + 1 are looked up
     base = total + np.concatenate(([0], np.cumsum(widths)[:-1]))
     return offset, np.array(shared, dtype=np.int64), num_shared, base, int(total + widths.sum())
 
@@ -96,23 +102,38 @@ def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
 def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     """The compiled loop's Pool (fast/arrays.py): every usable block free, the null block 0 never handed out."""
     caching = engine.config.cache.enable_prefix_caching
-    if not caching:                         # the loops read the pool only with prefix caching: placeholders
+    if not caching:  # the loops read the pool only with prefix caching: placeholders
         one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
         return Pool(*(one,) * 10, table, *(one,) * 8)
     blocks, bs, sched = engine.num_gpu_blocks, engine.block_size, engine.config.scheduler
     offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
     width = -(-engine.max_model_len // bs) + 1
-    minus = lambda size: np.full(size, -1, np.int64)                   # noqa: E731
+    minus = lambda size: np.full(size, -1, np.int64)  # noqa: E731
     stack = np.zeros(blocks, np.int64)
-    stack[:blocks - 1] = np.arange(blocks - 1, 0, -1)                # the free queue's head part, block 1 on top
+    stack[: blocks - 1] = np.arange(blocks - 1, 0, -1)  # the free queue's head part, block 1 on top
     slots = min(sched.max_num_seqs, engine.workload.num_requests)
-    pstate = np.array([blocks - 1, -1, -1, 0, slots], np.int64)   # stack size, tail head, tail end, tail size, slots
-    return Pool(ref=np.zeros(blocks, np.int64), hash_of=minus(blocks), stack=stack, tail_next=minus(blocks),
-                tail_prev=minus(blocks), hash_first=minus(num_ids), hash_last=minus(num_ids), hash_next=minus(blocks),
-                hash_prev=minus(blocks), pstate=pstate, tables=np.zeros((slots, width), np.int64),
-                slot_of=minus(engine.workload.num_requests), free_slots=np.arange(slots, dtype=np.int64)[::-1].copy(),
-                hash_offset=offset, hash_shared=shared, num_shared=num_shared, hash_base=base,
-                hits=np.zeros(width, np.int64), unhashed=np.zeros(width, np.int64))
+    pstate = np.array([blocks - 1, -1, -1, 0, slots], np.int64)  # stack size, tail head, tail end, tail size, slots
+    return Pool(
+        ref=np.zeros(blocks, np.int64),
+        hash_of=minus(blocks),
+        stack=stack,
+        tail_next=minus(blocks),
+        tail_prev=minus(blocks),
+        hash_first=minus(num_ids),
+        hash_last=minus(num_ids),
+        hash_next=minus(blocks),
+        hash_prev=minus(blocks),
+        pstate=pstate,
+        tables=np.zeros((slots, width), np.int64),
+        slot_of=minus(engine.workload.num_requests),
+        free_slots=np.arange(slots, dtype=np.int64)[::-1].copy(),
+        hash_offset=offset,
+        hash_shared=shared,
+        num_shared=num_shared,
+        hash_base=base,
+        hits=np.zeros(width, np.int64),
+        unhashed=np.zeros(width, np.int64),
+    )
 
 
 def chosen(engine, path: str) -> bool:
@@ -120,13 +141,16 @@ def chosen(engine, path: str) -> bool:
     (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded);
     "compiled" insists; "reference" and "python" never."""
     if path == "auto":
-        return (engine.fast and worth_it(engine.workload.num_requests) and eligible(engine)
-                and available())
+        return engine.fast and worth_it(engine.workload.num_requests) and eligible(engine) and available()
     if path == "compiled":
         if not eligible(engine):
-            validate.fail("path", "compiled", "applies only to the v1 scheduler over paged blocks (prefix caching "
-                          "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
-                          "recorder")
+            validate.fail(
+                "path",
+                "compiled",
+                "applies only to the v1 scheduler over paged blocks (prefix caching "
+                "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
+                "recorder",
+            )
         if not available():
             validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
     return path == "compiled"
@@ -135,6 +159,7 @@ def chosen(engine, path: str) -> bool:
 def kernels():
     """The compiled loops (kvlab.core.engine.fast._kernels; numba compiles them on first use and its cache keeps them)."""
     from kvlab.core.engine.fast import _kernels
+
     return _kernels
 
 
@@ -162,16 +187,26 @@ def serve(engine) -> Served | None:
     max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.max_model_len)
     constant = type(engine.cost) is ConstantStepCost
-    cfg = Limits(engine.block_size, sched.max_num_seqs, sched.max_num_batched_tokens, engine.max_model_len,
-                 int(sched.enable_chunked_prefill), sched.long_prefill_token_threshold, engine.num_gpu_blocks - 1,
-                 int(constant), int(engine.config.cache.enable_prefix_caching), int(DECODE_RUNS))
+    cfg = Limits(
+        engine.block_size,
+        sched.max_num_seqs,
+        sched.max_num_batched_tokens,
+        engine.max_model_len,
+        int(sched.enable_chunked_prefill),
+        sched.long_prefill_token_threshold,
+        engine.num_gpu_blocks - 1,
+        int(constant),
+        int(engine.config.cache.enable_prefix_caching),
+        int(DECODE_RUNS),
+    )
     cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
     state = np.zeros(12, np.int64)
-    state[S_FREE] = engine.num_gpu_blocks - 1                        # every usable block is free
+    state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     num_tokens = prompt.copy()
     computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale = (
-        np.zeros(n, np.int64) for _ in range(8))
+        np.zeros(n, np.int64) for _ in range(8)
+    )
     first_scheduled_s, first_token_s, finish_s = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     running, waiting = np.zeros(n, np.int64), np.zeros(n, np.int64)
     chunk = min(CHUNK_STEPS, 64 + 64 * n)
@@ -181,18 +216,45 @@ def serve(engine) -> Served | None:
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
     counts = np.zeros(4, np.int64)
     arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
-    per_request = (arrival, prompt, max_num_tokens, max_tokens_total, cfg, cost_ms, state, fstate, num_tokens,
-                   computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale,
-                   first_scheduled_s, first_token_s, finish_s, running, waiting, block_pool(engine, max_num_tokens))
+    per_request = (
+        arrival,
+        prompt,
+        max_num_tokens,
+        max_tokens_total,
+        cfg,
+        cost_ms,
+        state,
+        fstate,
+        num_tokens,
+        computed,
+        num_blocks,
+        num_cached,
+        status,
+        num_preemptions,
+        placeholders,
+        in_flight,
+        stale,
+        first_scheduled_s,
+        first_token_s,
+        finish_s,
+        running,
+        waiting,
+        block_pool(engine, max_num_tokens),
+    )
     loops = kernels()
-    size = min(n, sched.max_num_seqs)       # a batch schedules at most max_num_seqs requests
-    if sched.async_scheduling:              # the batch queue: two batches, their counts and times
-        queue = (np.zeros((2, size), np.int64), np.zeros((2, size), np.int64), np.zeros((2, size), np.bool_),
-                 np.zeros((2, 6), np.int64), np.zeros((2, 2)))
-        step = lambda: loops.loop_async(*per_request, *queue, logs, events, counts)     # noqa: E731
+    size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
+    if sched.async_scheduling:  # the batch queue: two batches, their counts and times
+        queue = (
+            np.zeros((2, size), np.int64),
+            np.zeros((2, size), np.int64),
+            np.zeros((2, size), np.bool_),
+            np.zeros((2, 6), np.int64),
+            np.zeros((2, 2)),
+        )
+        step = lambda: loops.loop_async(*per_request, *queue, logs, events, counts)  # noqa: E731
     else:
         batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-        step = lambda: loops.loop_sync(*per_request, *batch, logs, events, counts)      # noqa: E731
+        step = lambda: loops.loop_sync(*per_request, *batch, logs, events, counts)  # noqa: E731
     log = StepLog(engine.block_size, True)
     while True:
         first_step = int(state[S_STEPS])
@@ -211,5 +273,9 @@ def serve(engine) -> Served | None:
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
         if code == DONE:
             break
-    return Served(log, int(state[S_RUNS]), float(fstate[F_CLOCK]),
-                  RequestLog.of(first_scheduled_s, first_token_s, finish_s, num_preemptions, num_tokens - prompt))
+    return Served(
+        log,
+        int(state[S_RUNS]),
+        float(fstate[F_CLOCK]),
+        RequestLog.of(first_scheduled_s, first_token_s, finish_s, num_preemptions, num_tokens - prompt),
+    )

@@ -23,6 +23,7 @@ request's. Its decode steps sort the running requests by arrival, which changes 
 first served and preemption from the back of the running list to the front of the waiting queue keep them in
 arrival order. tests/test_scheduler_v0.py holds it to the per-step loop.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left
@@ -42,25 +43,26 @@ def advance(engine) -> bool:
     num_running = len(running)
     if head_admitted(engine):
         return False
-    k = min([r.max_num_tokens - r.num_tokens for r in running])   # the run's last step: a first finish
+    k = min([r.max_num_tokens - r.num_tokens for r in running])  # the run's last step: a first finish
     limits = run_limits(engine, k, v0=v0)
     if limits is None:
         return False
     k, phases, budget_left, may_admit = limits
     paged, bs = phases is not None, engine.block_size
     cost = engine.cost
-    times = step_times(engine.clock, checked_s(cost, cost.run_s(num_running, engine.num_kv_tokens + num_running, k),
-                                               num_running), k)
+    times = step_times(
+        engine.clock, checked_s(cost, cost.run_s(num_running, engine.num_kv_tokens + num_running, k), num_running), k
+    )
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
-        joins = bisect_left(times, arrival[first], 1, k)            # the first step it is there for
+        joins = bisect_left(times, arrival[first], 1, k)  # the first step it is there for
         if joins < k:
             taken = blocks_taken(phases, joins + (not v0), bs) if paged else 0  # gone by then
             if admissible(engine, engine.peek_arrival(), budget_left, taken):
                 if joins < 2:
                     return False
                 k = joins
-                del times[k + 1:]
+                del times[k + 1 :]
     apply(engine, k, times, phases)
     return True
 
@@ -109,12 +111,12 @@ def steps_with_blocks(phases: list[int], num_free_blocks: int, block_size: int, 
     requests (in order) crossing one at the steps j with j % block_size == their phase; v0: and a free block
     before every decode (vLLM 0.1.4's can_append_slot)."""
     if v0 and num_free_blocks < 1:
-        return 0                                        # the first decode finds no free block
+        return 0  # the first decode finds no free block
     order = sorted(phases)
     full_periods, left = divmod(num_free_blocks - v0, len(phases))
-    steps = full_periods * block_size + order[left]    # the blocks crossed in steps 0..steps-1 are at most free
-    if v0 and phases[-1] == order[left] and order[left + 1:left + 2] != [order[left]]:
-        steps += 1      # one more: its last block is the last free one, taken by the last decode of the step
+    steps = full_periods * block_size + order[left]  # the blocks crossed in steps 0..steps-1 are at most free
+    if v0 and phases[-1] == order[left] and order[left + 1 : left + 2] != [order[left]]:
+        steps += 1  # one more: its last block is the last free one, taken by the last decode of the step
     return steps
 
 
@@ -141,9 +143,10 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     if scheduler.admits_before_decodes:
         return scheduler.can_admit(request, 0, blocks_taken)
     hits = kv.get_computed_blocks(request)
-    cap = scheduler.long_prefill_token_threshold        # active: a request runs and this one waits
-    n = admission_num_new_tokens(request.num_tokens, len(hits) * engine.block_size, cap, budget_left,
-                                 scheduler.enable_chunked_prefill)
+    cap = scheduler.long_prefill_token_threshold  # active: a request runs and this one waits
+    n = admission_num_new_tokens(
+        request.num_tokens, len(hits) * engine.block_size, cap, budget_left, scheduler.enable_chunked_prefill
+    )
     return n > 0 and kv.can_admit(request, n, hits, blocks_taken)
 
 
@@ -165,7 +168,7 @@ def take_blocks(engine, k: int, phases: list[int] | None) -> list[int]:
     num_taken = held[-1] - held_before
     if num_taken:
         blocks = kv.pool.get_new_blocks(num_taken)
-        order = sorted(range(num_running), key=phases.__getitem__)    # stable: ties by position
+        order = sorted(range(num_running), key=phases.__getitem__)  # stable: ties by position
         for rank, i in enumerate(order):
             running[i].block_ids.extend(blocks[rank::num_running])
     return held
@@ -187,8 +190,9 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     if kv.enable_caching:
         for request in running:
             kv.cache_blocks(request, request.num_computed_tokens)
-    kv_tokens = list(range(engine.num_kv_tokens + num_running, engine.num_kv_tokens + (k + 1) * num_running,
-                           num_running))
+    kv_tokens = list(
+        range(engine.num_kv_tokens + num_running, engine.num_kv_tokens + (k + 1) * num_running, num_running)
+    )
     end = times[k]
     if finished:
         num_kv_tokens = kv_tokens[-1]
@@ -216,8 +220,8 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
     engine.steps.extend(times, num_running, num_waiting, held, kv_tokens)
     if split is not None:
         waiting = [num_waiting] * k if isinstance(num_waiting, int) else num_waiting
-        add_split(engine, split, waiting[:k - 1])
-        engine.record_split(split[0] if waiting[-1] else None)     # the last step's, after the finishes
+        add_split(engine, split, waiting[: k - 1])
+        engine.record_split(split[0] if waiting[-1] else None)  # the last step's, after the finishes
     if engine.recorder is not None:
         engine.recorder.decode_steps(running, k)
     engine.clock = end
@@ -268,35 +272,36 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     num_kv_tokens = 0
     for r in running:
         if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens:
-            return None                 # it did not sample in the batch in flight (a prefill chunk)
+            return None  # it did not sample in the batch in flight (a prefill chunk)
         left = r.max_num_tokens - r.num_tokens - 1
         k = left if k is None or left < k else k
         num_kv_tokens += r.num_computed_tokens
     first_finish = k
-    if k == 0:                          # a request's last token is in flight: only the last iteration
+    if k == 0:  # a request's last token is in flight: only the last iteration
         bs = engine.block_size
         phases = [-r.num_computed_tokens % bs for r in running] if engine.allocation == "paged" else None
         finishing = last_iteration(engine, 0, engine.clock, phases)
         return None if finishing is None else finish_async(engine, queue, finishing)
-    limits = run_limits(engine, k, 1 if k == 1 else 2)     # one iteration only if the last one follows
+    limits = run_limits(engine, k, 1 if k == 1 else 2)  # one iteration only if the last one follows
     if limits is None:
         return None
     k, phases, budget_left, may_admit = limits
     paged, bs = phases is not None, engine.block_size
     # times[i]: the end of batch i (times[0]: the batch in flight); iteration j schedules at the clock times[j - 2].
     cost = engine.cost
-    times = step_times(gpu_free_s, checked_s(cost, cost.run_s(num_running, num_kv_tokens + num_running, k),
-                                             num_running), k)
+    times = step_times(
+        gpu_free_s, checked_s(cost, cost.run_s(num_running, num_kv_tokens + num_running, k), num_running), k
+    )
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
-        joins = bisect_left(times, arrival[first], 0, k - 1) + 2     # the first iteration it is there for
+        joins = bisect_left(times, arrival[first], 0, k - 1) + 2  # the first iteration it is there for
         if joins <= k:
             taken = blocks_taken(phases, joins, bs) if paged else 0
             if admissible(engine, engine.peek_arrival(), budget_left, taken):
                 if joins - 1 < 2:
                     return None
                 k = joins - 1
-                del times[k + 1:]
+                del times[k + 1 :]
     finishing = last_iteration(engine, k, times[k - 1], phases) if k == first_finish else None
     if finishing is None and k < 2:
         return None
@@ -348,7 +353,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     running = scheduler.running
     num_running = len(running)
     batch_k, start_k, end_k, running_k, waiting_k, _ = queue.popleft()
-    engine.add_arrivals()                           # the clock: batch k - 1's output (k = 0: the loop's)
+    engine.add_arrivals()  # the clock: batch k - 1's output (k = 0: the loop's)
     out = SchedulerOutput()
     left = [r for r, done in zip(running, finishing) if not done]
     bs, paged = engine.block_size, engine.allocation == "paged"
@@ -358,10 +363,10 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
         if paged and computed % bs == 0:
             request.block_ids.extend(kv.pool.get_new_blocks(1))
         if request.num_tokens == request.num_prompt_tokens:
-            request.first_token_s = end_k           # k = 0: batch 0 ended its prefill
+            request.first_token_s = end_k  # k = 0: batch 0 ended its prefill
         request.num_computed_tokens = computed + 1
-        request.num_tokens += 1                     # batch k's token
-        request.num_in_flight_tokens = 1            # batch k + 1's
+        request.num_tokens += 1  # batch k's token
+        request.num_in_flight_tokens = 1  # batch k + 1's
         context += computed + 1
     num_left = len(left)
     out.scheduled = [(r, 1) for r in left]
@@ -379,14 +384,14 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
         if done:
             if request.num_tokens == request.num_prompt_tokens:
                 request.first_token_s = end_k
-            request.num_tokens += 1                 # its last token
+            request.num_tokens += 1  # its last token
             request.num_in_flight_tokens = request.num_output_placeholders = 0
             request.status = FINISHED
             kv.free(request)
             engine.requests.finished(request, end_k)
     scheduler.running = left
     scheduler.has_finished = True
-    engine.clock = end_k                            # it waited for batch k's output
+    engine.clock = end_k  # it waited for batch k's output
     engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.num_held, context)
     if engine.reserving:
         engine.record_split(scheduler.waiting[0] if scheduler.waiting else None)
@@ -404,22 +409,22 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     split = split_before(engine) if engine.reserving else None
     for request in running:
         if request.num_tokens == request.num_prompt_tokens:
-            request.first_token_s = end0            # its prefill's last chunk was in batch 0
+            request.first_token_s = end0  # its prefill's last chunk was in batch 0
         request.num_computed_tokens += k
         request.num_tokens += k
-        request.num_in_flight_tokens = 1            # batch k's token
+        request.num_in_flight_tokens = 1  # batch k's token
     if kv.enable_caching:
         for request in running:
-            kv.cache_blocks(request, request.num_computed_tokens - 1)    # all but the token in flight settled
+            kv.cache_blocks(request, request.num_computed_tokens - 1)  # all but the token in flight settled
     kv_tokens = list(range(num_kv_tokens + num_running, num_kv_tokens + (k + 1) * num_running, num_running))
     # Arrivals join at iteration j's add_arrivals (clock times[j - 2], j >= 2) behind a refused head.
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
     waiting = len(scheduler.waiting)
     last_clock = times[k - 2] if k >= 2 else engine.clock
-    if i == num_arrivals or arrival[i] > last_clock:               # nobody joins: batches 1..k count the same
+    if i == num_arrivals or arrival[i] > last_clock:  # nobody joins: batches 1..k count the same
         later = waiting
     else:
-        later = [waiting0]                                          # batch j's count, j = 0..k
+        later = [waiting0]  # batch j's count, j = 0..k
         for j in range(1, k + 1):
             clock = engine.clock if j == 1 else times[j - 2]
             while i < num_arrivals and arrival[i] <= clock:
@@ -427,23 +432,28 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
                 waiting += 1
             later.append(waiting)
     engine.clock = last_clock
-    engine.add_arrivals()                                               # those that joined, in arrival order
-    engine.clock = times[k - 1]                                         # it waited for batch k - 1
+    engine.add_arrivals()  # those that joined, in arrival order
+    engine.clock = times[k - 1]  # it waited for batch k - 1
     if running0 == num_running and in_flight.num_scheduled_tokens == num_running:
         if isinstance(later, int):
-            engine.steps.extend([start0, *times[:k]], num_running, later if later == waiting0 else
-                                [waiting0] + [later] * (k - 1), held, kv_tokens)
+            engine.steps.extend(
+                [start0, *times[:k]],
+                num_running,
+                later if later == waiting0 else [waiting0] + [later] * (k - 1),
+                held,
+                kv_tokens,
+            )
         else:
             engine.steps.extend([start0, *times[:k]], num_running, later[:k], held, kv_tokens)
-    else:   # batch 0 admitted or ended prefills, or skipped requests that finished with the batch before it
-        engine.steps.append(start0, times[0], in_flight.num_scheduled_tokens, running0, waiting0, held[0],
-                            kv_tokens[0])
+    else:  # batch 0 admitted or ended prefills, or skipped requests that finished with the batch before it
+        engine.steps.append(start0, times[0], in_flight.num_scheduled_tokens, running0, waiting0, held[0], kv_tokens[0])
         if k > 1:
-            engine.steps.extend(times[:k], num_running, later if isinstance(later, int) else later[1:k],
-                                held[1:], kv_tokens[1:])
+            engine.steps.extend(
+                times[:k], num_running, later if isinstance(later, int) else later[1:k], held[1:], kv_tokens[1:]
+            )
     num_waiting_k = later if isinstance(later, int) else later[k]
-    if split is not None:   # batch j's record is read at its output, when the waiting count is batch j + 1's
-        add_split(engine, split, [later] * k if isinstance(later, int) else later[1:k + 1])
+    if split is not None:  # batch j's record is read at its output, when the waiting count is batch j + 1's
+        add_split(engine, split, [later] * k if isinstance(later, int) else later[1 : k + 1])
     if engine.recorder is not None:
         engine.recorder.decode_steps(running, k)
     scheduler.has_finished = False
