@@ -16,6 +16,7 @@ import types
 import numpy as np
 
 from kvlab.core.engine import rules
+from kvlab.core.engine.fast import decode_run as python_decode_run
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
@@ -71,13 +72,13 @@ def _inline(function):
 
 
 def _compiled_rules() -> dict:
-    """The rules of kvlab.core.engine.rules, compiled: the same functions the Python engine calls, each with its
-    calls to other rules resolved to their compiled selves."""
+    """The rules of kvlab.core.engine.rules and decode_run.steps_covered, compiled: the same functions the Python
+    engine calls, each with its calls to other rules resolved to their compiled selves."""
     namespace = {"__builtins__": builtins}
-    for name in rules.RULES:
-        function = getattr(rules, name)
-        copy = types.FunctionType(function.__code__, namespace, name, function.__defaults__)
-        namespace[name] = _inline(copy)
+    functions = [getattr(rules, name) for name in rules.RULES] + [python_decode_run.steps_covered]
+    for function in functions:
+        copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+        namespace[function.__name__] = _inline(copy)
     return namespace
 
 
@@ -91,6 +92,7 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
     for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks", "preemption_victim")
 )
 samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
+steps_covered = _RULES["steps_covered"]
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
@@ -603,6 +605,7 @@ def decode_run(
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
     duration = step_s(cost_ms, constant, nrun)
+    covered = steps_covered(per_phase, nrun, free, block_size)  # the steps whose block boundaries the pool covers
     n = arrival.shape[0]
     j = 0
     phase = 0  # j % block_size
@@ -618,7 +621,7 @@ def decode_run(
                 ):
                     break
                 refused = True
-        if per_phase[phase] > free:
+        if j == covered:
             break  # a block boundary the pool cannot cover: it preempts
         free -= per_phase[phase]
         clock += duration

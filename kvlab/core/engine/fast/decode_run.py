@@ -110,7 +110,12 @@ def steps_with_blocks(phases: list[int], num_free_blocks: int, block_size: int, 
     """The most decode steps num_free_blocks cover: a block for every block boundary crossed, the running
     requests (in order) crossing one at the steps j with j % block_size == their phase; v0: and a free block
     before every decode (vLLM 0.1.4's can_append_slot)."""
-    if v0 and num_free_blocks < 1:
+    if not v0:
+        per_phase = [0] * block_size
+        for p in phases:
+            per_phase[p] += 1
+        return steps_covered(per_phase, len(phases), num_free_blocks, block_size)
+    if num_free_blocks < 1:
         return 0  # the first decode finds no free block
     order = sorted(phases)
     full_periods, left = divmod(num_free_blocks - v0, len(phases))
@@ -118,6 +123,20 @@ def steps_with_blocks(phases: list[int], num_free_blocks: int, block_size: int, 
     if v0 and phases[-1] == order[left] and order[left + 1 : left + 2] != [order[left]]:
         steps += 1  # one more: its last block is the last free one, taken by the last decode of the step
     return steps
+
+
+def steps_covered(per_phase, num_running: int, num_free_blocks: int, block_size: int) -> int:
+    """The most decode steps num_free_blocks cover: a block for every block boundary crossed, per_phase[p] of the
+    num_running requests crossing one at the steps j with j % block_size == p (the compiled loop compiles this same
+    function). The blocks crossed in steps 0..s-1 are num_running x (s // block_size) plus the requests of phase
+    below s % block_size."""
+    full_periods, left = divmod(num_free_blocks, num_running)
+    seen = 0
+    for p in range(block_size):
+        seen += per_phase[p]
+        if seen > left:
+            return full_periods * block_size + p
+    return full_periods * block_size + block_size  # not reached: left < num_running, the sum of per_phase
 
 
 def blocks_taken(phases: list[int], num_steps: int, block_size: int) -> int:
