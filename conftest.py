@@ -13,6 +13,7 @@ collection, and nbval does not run the notebooks a second time: each cell's outp
 that shows it, with nbval's message (tests/test_nbval_drift.py). `--nbval-executed DIR` compares with the executed
 copies in DIR instead (report/notebooks after make report). Otherwise nbval runs each notebook itself, as always.
 """
+
 from __future__ import annotations
 
 import copy
@@ -55,13 +56,18 @@ def skip_what_needs_missing_traces(items) -> None:
         return
     where = f"not in {traces.trace_dir()} (set TRACE_DIR or run make traces)"
     whole = pytest.mark.skip(reason=f"needs the real trace files {', '.join(missing)}, which are {where}")
-    cells = pytest.mark.skip(reason=f"a cell on the {TRACE_CELL_DEFAULT} trace (TRACE's default), whose file is {where}")
+    cells = pytest.mark.skip(
+        reason=f"a cell on the {TRACE_CELL_DEFAULT} trace (TRACE's default), whose file is {where}"
+    )
     for item in items:
         cell = getattr(item, "cell", None)  # an nbval notebook cell
         if item.path.suffix == ".ipynb" and needs_traces(item.path):
             item.add_marker(whole)
-        elif cell is not None and TRACE_CELL_TAG in cell.get("metadata", {}).get("tags", []) \
-                and TRACE_CELL_DEFAULT in missing:
+        elif (
+            cell is not None
+            and TRACE_CELL_TAG in cell.get("metadata", {}).get("tags", [])
+            and TRACE_CELL_DEFAULT in missing
+        ):
             item.add_marker(cells)
 
 
@@ -71,8 +77,10 @@ def skip_what_needs_missing_traces(items) -> None:
 # collection, while the other tests run, and the tests that read it (and the notebooks' cells, which check its
 # executions) run last. Its sweeps run in its own process (SWEEP_SCHEDULER=serial): a core for the build, the other
 # for the tests and their sweeps.
-BUILD_REPORT = ("import sys; from pathlib import Path; from kvlab.report.build import build; "
-                "build(Path(sys.argv[1]), [], Path(sys.argv[2]))")
+BUILD_REPORT = (
+    "import sys; from pathlib import Path; from kvlab.report.build import build; "
+    "build(Path(sys.argv[1]), [], Path(sys.argv[2]))"
+)
 
 
 class ReportBuild:
@@ -83,10 +91,14 @@ class ReportBuild:
         self.out = self.folder / "report"
         self.log = self.folder / "build.log"
         with open(self.log, "w") as log:
-            self.process = subprocess.Popen([sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"),
-                                             str(self.out)], stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                            env={**os.environ, "SWEEP_SCHEDULER": "serial"},
-                                            start_new_session=True)   # its kernels: one group
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"), str(self.out)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**os.environ, "SWEEP_SCHEDULER": "serial"},
+                start_new_session=True,
+            )  # its kernels: one group
 
     def succeeded(self) -> bool:
         """Whether the build succeeded, once it is done."""
@@ -101,7 +113,7 @@ class ReportBuild:
         return self.out
 
     def close(self) -> None:
-        if self.process.poll() is None:     # the session ended first (an interrupt, -x): stop it and its kernels
+        if self.process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernels
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -112,11 +124,12 @@ _report_build: ReportBuild | None = None
 
 def _runs(item) -> bool:
     """Whether a collected test will run: no skip mark, no skipif mark whose condition holds."""
-    return not any(True for _ in item.iter_markers("skip")) and \
-        not any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif"))
+    return not any(True for _ in item.iter_markers("skip")) and not any(
+        mark.args and mark.args[0] is True for mark in item.iter_markers("skipif")
+    )
 
 
-@pytest.hookimpl(trylast=True)              # after -k and -m have deselected
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
     """Skip what needs missing traces; start the report's build if a test that reads it will run, and run those
     tests and the cells of the notebooks it executes last (the build's time)."""
@@ -125,7 +138,9 @@ def pytest_collection_modifyitems(config, items):
     reading = [item for item in items if "built_report" in getattr(item, "fixturenames", ())]
     if not config.option.collectonly and any(_runs(item) for item in reading):
         _report_build = ReportBuild()
-        last = set(reading) | {item for item in items if isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR}
+        last = set(reading) | {
+            item for item in items if isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR
+        }
         items[:] = [item for item in items if item not in last] + [item for item in items if item in last]
 
 
@@ -143,15 +158,18 @@ def built_report() -> Path:
 
 
 # ---------------------------------------------------------------- nbval on an execution made once
-INJECTED_TAG = "injected-parameters"    # papermill's cell of the parameters it was given
-OUTPUT_PARAMETERS = {"LEDGER_CSV"}      # where the report has a notebook write its ledger rows: no output shows it
+INJECTED_TAG = "injected-parameters"  # papermill's cell of the parameters it was given
+OUTPUT_PARAMETERS = {"LEDGER_CSV"}  # where the report has a notebook write its ledger rows: no output shows it
 
 
 def pytest_addoption(parser):
     parser.getgroup("nbval").addoption(
-        "--nbval-executed", metavar="DIR", default=None,
+        "--nbval-executed",
+        metavar="DIR",
+        default=None,
         help="compare each notebook's committed outputs with its executed copy in DIR (papermill's, at the "
-             "notebook's defaults, e.g. report/notebooks) instead of running it")
+        "notebook's defaults, e.g. report/notebooks) instead of running it",
+    )
 
 
 def executed_folder(config, notebook: Path) -> Path | None:
@@ -160,7 +178,7 @@ def executed_folder(config, notebook: Path) -> Path | None:
         return Path(config.option.nbval_executed)
     if _report_build is not None and notebook.parent == NOTEBOOK_DIR and _report_build.succeeded():
         return _report_build.out / "notebooks"
-    return None     # (a build that failed says why in the tests that read it; nbval then runs the notebook itself)
+    return None  # (a build that failed says why in the tests that read it; nbval then runs the notebook itself)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -173,12 +191,13 @@ def pytest_collect_file(file_path, parent):
 class ExecutedNotebook(IPyNbFile):
     """nbval's notebook, whose cells compare an executed copy of it where there is one instead of running it."""
 
-    executed = None     # the executed copy's code cells, papermill's own left out; None: nbval runs the notebook
+    executed = None  # the executed copy's code cells, papermill's own left out; None: nbval runs the notebook
 
     def collect(self):
         for cell in super().collect():
-            yield ExecutedCell.from_parent(self, name=cell.name, cell_num=cell.cell_num, cell=cell.cell,
-                                           options=cell.options)
+            yield ExecutedCell.from_parent(
+                self, name=cell.name, cell_num=cell.cell_num, cell=cell.cell, options=cell.options
+            )
 
     def setup(self):
         folder = executed_folder(self.config, self.path)
@@ -192,8 +211,11 @@ class ExecutedNotebook(IPyNbFile):
         executed = nbformat.read(copy_path, as_version=4)
         defaults = notebook_parameters(self.path)
         given = executed.metadata.get("papermill", {}).get("parameters", {})
-        other = {name: value for name, value in given.items()
-                 if name not in OUTPUT_PARAMETERS and (name not in defaults or defaults[name] != value)}
+        other = {
+            name: value
+            for name, value in given.items()
+            if name not in OUTPUT_PARAMETERS and (name not in defaults or defaults[name] != value)
+        }
         if other:
             pytest.fail(f"{copy_path} ran with other values than {self.path.name}'s defaults: {other}", pytrace=False)
         cells = [c for c in executed.cells if c.cell_type == "code" and INJECTED_TAG not in c.metadata.get("tags", [])]

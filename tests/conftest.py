@@ -1,4 +1,5 @@
 """Shared test helpers, and the one list of programs outside Python that any test runs."""
+
 import shutil
 from pathlib import Path
 
@@ -13,7 +14,7 @@ SHARED = ROOT.parent / "shared"
 # skipped, saying what is missing and the fix; tests/test_tools.py holds every test to that.
 TOOLS = {
     "chromium": "make setup installs Debian's chromium when it runs as root or with passwordless sudo; "
-                "otherwise: sudo apt-get install chromium",
+    "otherwise: sudo apt-get install chromium",
 }
 
 
@@ -49,4 +50,3 @@ def assert_same(slow, fast) -> None:
         assert np.array_equal(slow.steps[name], fast.steps[name]), name
     assert slow.scheduled == fast.scheduled
     assert slow.freed_tables == fast.freed_tables
-

@@ -1,5 +1,6 @@
 """A drifted number fails the notebook test: when nbval runs the notebook itself, and when its cells are compared
 with the report build's execution of it (conftest.py: each notebook is executed once in make test)."""
+
 import json
 import re
 import shutil
@@ -26,8 +27,12 @@ def _drift(nb: dict) -> int:
 
 
 def _pytest(folder, *args):
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
-                           "--nbval-current-env", *args], capture_output=True, text=True, cwd=folder)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env", *args],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+    )
 
 
 def _cells(path) -> int:
@@ -51,8 +56,17 @@ def _as_papermill_wrote_it(nb: dict, parameters: dict) -> dict:
     notebook's parameters cell."""
     at = next(i for i, c in enumerate(nb["cells"]) if "parameters" in c["metadata"].get("tags", [])) + 1
     source = "".join(f"{name} = {value!r}\n" for name, value in parameters.items())
-    nb["cells"].insert(at, {"cell_type": "code", "execution_count": at + 1, "id": "injected", "outputs": [],
-                            "metadata": {"tags": ["injected-parameters"]}, "source": source})
+    nb["cells"].insert(
+        at,
+        {
+            "cell_type": "code",
+            "execution_count": at + 1,
+            "id": "injected",
+            "outputs": [],
+            "metadata": {"tags": ["injected-parameters"]},
+            "source": source,
+        },
+    )
     nb["metadata"]["papermill"] = {"parameters": parameters}
     return nb
 
@@ -63,22 +77,25 @@ def test_the_builds_execution_is_compared_cell_by_cell_and_a_drifted_number_fail
     notebooks, executed = tmp_path / "notebooks", tmp_path / "executed"
     notebooks.mkdir()
     executed.mkdir()
-    shutil.copy(ROOT / "conftest.py", tmp_path)          # the repository's hooks, as make test loads them
+    shutil.copy(ROOT / "conftest.py", tmp_path)  # the repository's hooks, as make test loads them
     defaults = notebook_parameters(SOURCE) | {"LEDGER_CSV": str(tmp_path / "ledger.csv")}
     shutil.copy(SOURCE, notebooks)
     nb = json.loads(SOURCE.read_text())
     number = _drift(nb)
     (executed / SOURCE.name).write_text(json.dumps(_as_papermill_wrote_it(nb, defaults)))
-    other = notebooks / "03_other_gpu.ipynb"                 # run with a value other than the notebook's default
+    other = notebooks / "03_other_gpu.ipynb"  # run with a value other than the notebook's default
     shutil.copy(SOURCE, other)
-    (executed / other.name).write_text(json.dumps(_as_papermill_wrote_it(json.loads(SOURCE.read_text()),
-                                                                         defaults | {"GPU_MEMORY_GIB": 141})))
+    (executed / other.name).write_text(
+        json.dumps(_as_papermill_wrote_it(json.loads(SOURCE.read_text()), defaults | {"GPU_MEMORY_GIB": 141}))
+    )
 
     result = _pytest(tmp_path, "--nbval-executed", str(executed), str(notebooks))
     cells = _cells(SOURCE)
     assert result.returncode == 1
     assert re.search(rf"\b1 failed, {cells - 1} passed, {cells} errors\b", result.stdout), result.stdout[-2000:]
-    failure = result.stdout[result.stdout.index(f"{SOURCE.name}::Cell {number} "):]
+    failure = result.stdout[result.stdout.index(f"{SOURCE.name}::Cell {number} ") :]
     assert "Cell outputs differ" in failure and "132" in failure and "131" in failure  # nbval's message, the cell
-    assert "03_other_gpu.ipynb ran with other values than 03_other_gpu.ipynb's defaults: {'GPU_MEMORY_GIB': 141}" \
+    assert (
+        "03_other_gpu.ipynb ran with other values than 03_other_gpu.ipynb's defaults: {'GPU_MEMORY_GIB': 141}"
         in result.stdout
+    )
