@@ -242,7 +242,7 @@ def test_capacity_flags_give_the_pool_vllm_logs(capsys):
     assert out["cost"] == "roofline"
 
 
-def test_the_measured_clock_from_the_command_line(capsys):
+def test_the_measured_step_cost_from_the_command_line(capsys):
     flags = [
         "--policy",
         "vllm",
@@ -399,7 +399,7 @@ def test_engine_flags_need_policy_vllm(capsys, flag):
         ),
     ],
 )
-def test_the_output_says_where_the_clocks_numbers_come_from(capsys, flags, source):
+def test_the_output_says_where_the_step_costs_numbers_come_from(capsys, flags, source):
     flags = ["--policy", "vllm", "--num-requests", "10", "--prompt-tokens", "50", *flags]
     out = run_json(capsys, *flags)
     assert out["cost_source"].startswith(source) and list(out).index("cost_source") == list(out).index("cost") + 1

@@ -192,7 +192,7 @@ MOE = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
 SCALED = measured("Qwen/Qwen3-14B")
 
 
-def test_the_engine_with_the_measured_clock_takes_the_same_steps_fast_or_slow():
+def test_the_engine_with_the_measured_step_cost_takes_the_same_steps_fast_or_slow():
     rng = np.random.default_rng(1)
     w = Workload(np.cumsum(rng.exponential(0.05, 300)), rng.integers(10, 3000, 300), rng.integers(1, 600, 300))
     slow, fast = (

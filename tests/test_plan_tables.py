@@ -1,5 +1,5 @@
 """Section 7's tables: the workload planned for, what became of each candidate, the ranking, the halving's check and
-the clock's correction, on hand-made plans whose answers are known."""
+the step cost's correction, on hand-made plans whose answers are known."""
 
 import math
 
@@ -90,20 +90,20 @@ def test_the_figures_and_headline_name_the_best_and_the_counts():
     assert f["objectives"] == "p95 TTFT <= 1 s and p95 TPOT <= 40 ms"
 
 
-def test_the_clock_correction_divides_by_one_plus_the_mean_error_of_the_run_at_the_best_tp():
+def test_the_step_cost_correction_divides_by_one_plus_the_mean_error_of_the_run_at_the_best_tp():
     table = plan_tables.served_table(hand_plan())
     fidelity = [
         {"label": "X, TP 1", "mean_ttft_error": 0.5, "mean_tpot_error": 0.5, "mean_e2e_error": 0.5},
         {"label": "X, TP 2", "mean_ttft_error": -0.1, "mean_tpot_error": -0.25, "mean_e2e_error": -0.2},
     ]
-    fixed = plan_tables.clock_corrected(table, fidelity, OBJECTIVES)
+    fixed = plan_tables.step_cost_corrected(table, fidelity, OBJECTIVES)
     assert fixed["run"] == "X, TP 2"
     assert fixed["ttft_p95_s"] == pytest.approx(0.9 / 0.9) and fixed["tpot_p95_ms"] == pytest.approx(30 / 0.75)
     assert fixed["meets"] and fixed["missed"] == ""  # 1.0 s and 40 ms: on the limits, still met
     fidelity[1]["mean_tpot_error"] = -0.3
-    assert plan_tables.clock_corrected(table, fidelity, OBJECTIVES)["missed"] == "p95 TPOT"
-    assert plan_tables.clock_corrected(table, [], OBJECTIVES) == {}
-    assert plan_tables.clock_error_words(fidelity, "mean_e2e_error") == "50% longer and 20% shorter"
+    assert plan_tables.step_cost_corrected(table, fidelity, OBJECTIVES)["missed"] == "p95 TPOT"
+    assert plan_tables.step_cost_corrected(table, [], OBJECTIVES) == {}
+    assert plan_tables.step_cost_error_words(fidelity, "mean_e2e_error") == "50% longer and 20% shorter"
 
 
 def test_the_synthetic_workload_draws_arrivals_then_prompts_then_outputs_from_one_generator():

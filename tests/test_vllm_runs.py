@@ -1,5 +1,5 @@
 """The real vLLM runs kept as checks (data/checks/, kvlab.workloads.vllm_runs) and kvlab's replay of them
-(kvlab.studies.clock_checks.check_run_table). The runs are checks: these tests hold the loading and the
+(kvlab.studies.step_cost_checks.check_run_table). The runs are checks: these tests hold the loading and the
 arithmetic, not kvlab's agreement with vLLM."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from kvlab.core.config import EngineConfig
 from kvlab.sections import s05_calibration as calibration
 from kvlab.sections.shared import plots
-from kvlab.studies import clock_checks
+from kvlab.studies import step_cost_checks
 from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
 RUNS = [
@@ -61,7 +61,7 @@ def test_an_unknown_run_is_refused_naming_the_runs():
 
 
 def test_the_check_table_compares_kvlab_with_vllm():
-    table = clock_checks.check_run_table([RUNS[0]])
+    table = step_cost_checks.check_run_table([RUNS[0]])
     assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured")]
     run = load_vllm_run(RUNS[0])
     row = table.loc[(RUNS[0], "measured")]
@@ -70,24 +70,24 @@ def test_the_check_table_compares_kvlab_with_vllm():
     assert row["cost_source"] == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
     # the roofline is a lower bound on every step: kvlab's tokens come sooner with it
     assert table.loc[(RUNS[0], "roofline"), "kvlab_mean_tpot_ms"] < row["kvlab_mean_tpot_ms"]
-    assert set(clock_checks.CHECK_TARGETS) <= set(table.columns)
+    assert set(step_cost_checks.CHECK_TARGETS) <= set(table.columns)
 
 
 def test_a_replay_schedules_as_the_run_ran():
     run = load_vllm_run(RUNS[0])
     assert run.settings["async_scheduling"] is True and "async_scheduling" in run.assumed
-    replay = clock_checks.replay_vllm_run(run, "measured")
+    replay = step_cost_checks.replay_vllm_run(run, "measured")
     assert replay["async_scheduling"] is True
     assert np.all(replay["first_token_s"] > run.workload.arrival_s) and np.all(
         replay["finish_s"] >= replay["first_token_s"]
     )
-    assert clock_checks.check_notes(run).startswith(
+    assert step_cost_checks.check_notes(run).startswith(
         "kvlab schedules asynchronously as vLLM ran (vLLM's default; the run records no setting, so assumed)"
     )
 
 
 @pytest.mark.parametrize(
-    "name,clock,words",
+    "name,cost_name,words",
     [
         (RUNS[0], "roofline", "The roofline is a lower bound"),
         (
@@ -101,15 +101,15 @@ def test_a_replay_schedules_as_the_run_ran():
         (RUNS[0], "measured", "No cause identified"),
     ],
 )
-def test_a_miss_keeps_its_reason_from_the_runs_settings(name, clock, words):
-    reason = clock_checks.check_reason(load_vllm_run(name), clock)
+def test_a_miss_keeps_its_reason_from_the_runs_settings(name, cost_name, words):
+    reason = step_cost_checks.check_reason(load_vllm_run(name), cost_name)
     assert words in reason and reason.endswith(".") and reason.count(". ") == 0  # one sentence
 
 
-def test_the_check_view_puts_the_clocks_beside_each_other():
-    requests = clock_checks.check_requests([RUNS[0]])
+def test_the_check_view_puts_the_step_costs_beside_each_other():
+    requests = step_cost_checks.check_requests([RUNS[0]])
     assert requests.index.names == ["run", "clock", "request"] and len(requests) == 2 * 300
-    table = clock_checks.check_run_table(requests=requests)
+    table = step_cost_checks.check_run_table(requests=requests)
     view = calibration.check_view(table)
     assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4
     assert list(view.columns) == [
@@ -127,9 +127,9 @@ def test_the_check_view_puts_the_clocks_beside_each_other():
     assert e2e["vllm"] == f"{table.loc[(RUNS[0], 'measured'), 'vllm_mean_e2e_s']:.2f}"
     median = view.iloc[2]
     assert median["vllm"] == "" and median["kvlab_measured"] == ""
-    for clock in clock_checks.CHECK_CLOCKS:  # a row within all four targets has no reason; a miss has one
-        row = table.loc[(RUNS[0], clock)]
-        assert (row["why"] == "") == bool(row["within_targets"]) == bool(view[f"{clock}_within_target"].all())
+    for cost_name in step_cost_checks.CHECK_STEP_COSTS:  # a row within all four targets has no reason; a miss has one
+        row = table.loc[(RUNS[0], cost_name)]
+        assert (row["why"] == "") == bool(row["within_targets"]) == bool(view[f"{cost_name}_within_target"].all())
     words = calibration.check_figures(table)
     assert words["targets"] == (
         "mean E2E latency and mean TPOT within 5% of vLLM's, the median per-request E2E "

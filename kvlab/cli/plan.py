@@ -1,7 +1,7 @@
 """`kvlab plan`: the vLLM configurations that serve a workload within its service-level objectives.
 
 The parser needs nothing beyond the standard library and kvlab.cli's own modules; the search (kvlab.studies.plan,
-with the engine, the capacity code and the clocks) is imported inside the run, so `kvlab plan --help` and a
+with the engine, the capacity code and the step costs) is imported inside the run, so `kvlab plan --help` and a
 refused flag answer at once."""
 
 from __future__ import annotations

@@ -238,7 +238,7 @@ def add_vllm_engine_flags(p) -> None:
         "calibrated (--calibration FILE), measured (public operator-level GPU profiles of --model on "
         "--gpu, data/profiles/; the roofline at the GPU's measured sustained rates for a model without one) "
         "or vllm-2023 (the vLLM of mid-2023 that section 6 runs, its coefficients fitted to measurements of "
-        "it, data/clock_2023/)",
+        "it, data/vllm_2023/)",
     )
     g.add_argument("--step-ms", type=float, default=None, help=f"ms per step (default {article.MS_PER_TOKEN:g})")
     g.add_argument(

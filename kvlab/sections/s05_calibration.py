@@ -1,6 +1,6 @@
 """Section 5 (notebook 05_calibration): the article's 8 ms and 0.5 MB per token against arithmetic, bounds
-and measurements, and kvlab's clocks against real vLLM runs (replayed by kvlab.studies.clock_checks, shown here).
-Measuring and reading calibration files is kvlab.core.calibration.
+and measurements, and kvlab's step costs against real vLLM runs (replayed by kvlab.studies.step_cost_checks, shown
+here). Measuring and reading calibration files is kvlab.core.calibration.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kvlab.core.models import get_gpu
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
-from kvlab.studies.clock_checks import CHECK_TARGETS, check_label, check_notes, check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
+from kvlab.studies.step_cost_checks import CHECK_TARGETS, check_label, check_notes, check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
 from kvlab.workloads.vllm_runs import load_vllm_run
 
 
@@ -183,7 +183,7 @@ def bound_figures(
     }
 
 
-# ---------------------------------------------------------------- real vLLM runs as checks of the clock
+# ---------------------------------------------------------------- real vLLM runs as checks of the step costs
 # The four figures of a check, in check_view's order: words (unit), vLLM's and kvlab's columns of check_run_table
 # (none for the median per-request error, itself an error) and the decimals they are shown with.
 CHECK_FIGURES = {
@@ -196,44 +196,48 @@ CHECK_FIGURES = {
 
 def check_view(table: pd.DataFrame) -> pd.DataFrame:
     """check_run_table as the report shows it: one row per run (its label) and figure (its target in the name),
-    vLLM's value, then per clock kvlab's value, its error (%) and whether it lies within the target. Values are
+    vLLM's value, then per step cost kvlab's value, its error (%) and whether it lies within the target. Values are
     text at their figure's decimals (the rows mix units); the median per-request error has no value, only its error."""
     from kvlab.sections.shared.present import cell
 
-    clocks = list(dict.fromkeys(table.index.get_level_values("clock")))
+    cost_names = list(dict.fromkeys(table.index.get_level_values("clock")))
     rows = []
     for name in dict.fromkeys(table.index.get_level_values("run")):
         for key, (words, column, decimals) in CHECK_FIGURES.items():
             limit = 100 * CHECK_TARGETS[key]
             target = f"under {limit:g}%" if key == "median_request_e2e_error" else f"±{limit:g}%"
-            first = table.loc[(name, clocks[0])]
+            first = table.loc[(name, cost_names[0])]
             row = {
                 "run": first["label"],
                 "figure": f"{words}, target {target}",
                 "vllm": cell(first[f"vllm_{column}"], decimals) if column else "",
             }
-            for clock in clocks:
-                r = table.loc[(name, clock)]
-                row[f"kvlab_{clock}"] = cell(r[f"kvlab_{column}"], decimals) if column else ""
-                row[f"{clock}_error_pct"] = 100 * r[key]
-                row[f"{clock}_within_target"] = bool(abs(r[key]) <= CHECK_TARGETS[key])
+            for cost_name in cost_names:
+                r = table.loc[(name, cost_name)]
+                row[f"kvlab_{cost_name}"] = cell(r[f"kvlab_{column}"], decimals) if column else ""
+                row[f"{cost_name}_error_pct"] = 100 * r[key]
+                row[f"{cost_name}_within_target"] = bool(abs(r[key]) <= CHECK_TARGETS[key])
             rows.append(row)
     return pd.DataFrame(rows).set_index(["run", "figure"])
 
 
 def check_figures(table: pd.DataFrame) -> dict:
     """check_run_table's figures in words for the notebook's prose: the runs (vLLM version, GPU, requests, how they
-    were scheduled), the clocks and their sources, the targets, the (run, clock) pairs within all four, each miss
-    with its reason and each run's notes (Markdown lists)."""
+    were scheduled), the step costs and their sources, the targets, the (run, step cost) pairs within all four, each
+    miss with its reason and each run's notes (Markdown lists)."""
     runs = [load_vllm_run(name) for name in dict.fromkeys(table.index.get_level_values("run"))]
     modes = {r.settings["async_scheduling"] for r in runs}
     versions = sorted({r.settings["vllm_version"] for r in runs})
     gpus = sorted({r.settings["gpu"] for r in runs})
     counts = sorted({r.workload.num_requests for r in runs})
     t = {k: f"{100 * v:g}%" for k, v in CHECK_TARGETS.items()}
-    within = [f"{r['label']} with the {clock} clock" for (_, clock), r in table.iterrows() if r["within_targets"]]
+    within = [
+        f"{r['label']} with the {cost_name} clock" for (_, cost_name), r in table.iterrows() if r["within_targets"]
+    ]
     misses = [
-        f"- {r['label']}, {clock} clock: {r['why']}" for (_, clock), r in table.iterrows() if not r["within_targets"]
+        f"- {r['label']}, {cost_name} clock: {r['why']}"
+        for (_, cost_name), r in table.iterrows()
+        if not r["within_targets"]
     ]
     return {
         "num_runs": len(runs),
@@ -241,7 +245,7 @@ def check_figures(table: pd.DataFrame) -> dict:
         "gpus": " and ".join(gpus),
         "num_requests": " to ".join(f"{n:,}" for n in counts),
         "num_replays": len(table),
-        "clocks": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
+        "step_costs": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
         "targets": (
             f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"
             if t["mean_e2e_error"] == t["mean_tpot_error"]
@@ -250,8 +254,8 @@ def check_figures(table: pd.DataFrame) -> dict:
         + f", the median per-request E2E error under {t['median_request_e2e_error']} and mean TTFT "
         f"within {t['mean_ttft_error']}",
         "sources": "\n".join(
-            f"- {clock}: {source}"
-            for clock, r in table.groupby(level="clock", sort=False)
+            f"- {cost_name}: {source}"
+            for cost_name, r in table.groupby(level="clock", sort=False)
             for source in dict.fromkeys(r["cost_source"])
         ),
         "num_within": len(within),

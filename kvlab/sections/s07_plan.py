@@ -24,8 +24,8 @@ from kvlab.studies.plan_space import (
 from kvlab.workloads.synthetic import gamma_workload
 
 METRICS = ("ttft_p95_s", "tpot_p95_ms", "e2e_p95_s")
-# Each metric's error in section 5's check of the clock (plan.clock_fidelity) that scales it.
-CLOCK_ERRORS = {"ttft_p95_s": "mean_ttft_error", "tpot_p95_ms": "mean_tpot_error", "e2e_p95_s": "mean_e2e_error"}
+# Each metric's error in section 5's check of the step cost (plan.step_cost_fidelity) that scales it.
+STEP_COST_ERRORS = {"ttft_p95_s": "mean_ttft_error", "tpot_p95_ms": "mean_tpot_error", "e2e_p95_s": "mean_e2e_error"}
 # The notebook's column headers.
 LABELS = {
     "num_gpus": "GPUs",
@@ -234,9 +234,9 @@ def rung_table(plan, workload: Workload) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["num_requests", "workload_pct", "span_s", "num_candidates"])
 
 
-def clock_table(fidelity: list[dict]) -> pd.DataFrame:
-    """Section 5's check of the measured clock on this model and GPU (plan.clock_fidelity, as plan.summary's clock
-    gives it): kvlab's error on each real vLLM run, % (negative: kvlab is faster), and whether all lie within
+def step_cost_table(fidelity: list[dict]) -> pd.DataFrame:
+    """Section 5's check of the measured step cost on this model and GPU (plan.step_cost_fidelity, as plan.summary's
+    "clock" gives it): kvlab's error on each real vLLM run, % (negative: kvlab is faster), and whether all lie within
     section 5's targets."""
     rows = [
         {
@@ -298,22 +298,22 @@ def halving_check(plan, workload: Workload, num_checks: int) -> pd.DataFrame:
     )
 
 
-def clock_error_words(fidelity: list[dict], key: str) -> str:
-    """The clock's error of key on each checked run in words: '28% shorter' (kvlab faster) or '5% longer'."""
+def step_cost_error_words(fidelity: list[dict], key: str) -> str:
+    """The step cost's error of key on each checked run in words: '28% shorter' (kvlab faster) or '5% longer'."""
     words = [f"{abs(100 * r[key]):.0f}% {'shorter' if r[key] < 0 else 'longer'}" for r in fidelity]
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-def clock_corrected(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> dict:
-    """The best configuration's p95 figures divided by (1 + the clock's mean error) on the real vLLM run of its tensor
-    parallel size (else the first run): what they would be if the clock's mean error held at the 95th percentile too
-    (a rough reading, not a measurement); with the run's label and the objectives that would be missed. {}
-    when nothing meets or no run checks the clock."""
+def step_cost_corrected(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> dict:
+    """The best configuration's p95 figures divided by (1 + the step cost's mean error) on the real vLLM run of its
+    tensor parallel size (else the first run): what they would be if the step cost's mean error held at the 95th
+    percentile too (a rough reading, not a measurement); with the run's label and the objectives that would be
+    missed. {} when nothing meets or no run checks the step cost."""
     if not fidelity or not served["best"].any():
         return {}
     best = served[served["best"]].iloc[0]
     run = next((f for f in fidelity if f"TP {best['tensor_parallel_size']}" in f["label"]), fidelity[0])
-    corrected = {m: float(best[m]) / (1 + run[CLOCK_ERRORS[m]]) for m in METRICS}
+    corrected = {m: float(best[m]) / (1 + run[STEP_COST_ERRORS[m]]) for m in METRICS}
     missed = [OBJECTIVE_WORDS[m] for m, limit in objectives.given().items() if corrected[m] > limit]
     return {"run": run["label"], **corrected, "meets": not missed, "missed": " and ".join(missed)}
 

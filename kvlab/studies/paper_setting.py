@@ -17,13 +17,13 @@ from kvlab.core.units import GIB, cdiv
 PAPER_MODEL, PAPER_GPU, PAPER_KV_CACHE_GIB, PAPER_BLOCK_SIZE = "facebook/opt-13b", "A100-40GB", 12.0, 16
 # The step costs a setting may use: the vLLM of 2023 fitted to measurements of it (kvlab.studies.vllm_2023_fit), or
 # kvlab's roofline of the model on the GPU (a lower bound).
-CLOCKS = {
+SETTING_STEP_COSTS = {
     "vllm-2023": "vLLM 2023's step, fitted to Anyscale's June 2023 benchmark and the paper's Fig. 18a",
     "roofline": "kvlab's roofline of the model on the GPU (a lower bound on the step)",
 }
 # vLLM 0.33's scheduler and its default step budget (the engine's own, beside the paper's of 2023).
 TODAY = {"scheduler_cls": "v1", "max_num_batched_tokens": 8192}
-# The measured GPU whose sustained fractions today's clock of the paper's A100-40GB borrows (the same GA100 chip).
+# The measured GPU whose sustained fractions today's step cost of the paper's A100-40GB borrows (the same GA100 chip).
 TODAY_FRACTIONS_GPU = {"A100-40GB": "A100-SXM-80GB"}
 SCHEDULERS = {
     "v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the paper's): prefill steps apart from decode steps",
@@ -43,13 +43,13 @@ class PaperSetting:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2560  # vLLM 0.1.4's default (0.33's: 8192)
     scheduler_cls: str = "v0-2023"
-    clock: str = "vllm-2023"
+    step_cost: str = "vllm-2023"  # the step cost's family (SETTING_STEP_COSTS)
 
     def __post_init__(self):
         spec = models.get_model(self.model)
         models.get_gpu(self.gpu)
         validate.one_of("scheduler_cls", self.scheduler_cls, SCHEDULERS)
-        validate.one_of("clock", self.clock, CLOCKS)
+        validate.one_of("step_cost", self.step_cost, SETTING_STEP_COSTS)
         validate.in_range("kv_cache_gib", self.kv_cache_gib, "memory_gib")
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("max_model_len", self.max_model_len, "tokens")
@@ -109,7 +109,7 @@ class PaperSetting:
     def cost(self, block_size: int | None = None) -> Vllm2023StepCost | RooflineStepCost:
         """The step cost: vLLM 2023's with its PagedAttention at block_size (the fit's coefficients on this model
         and GPU), or the roofline."""
-        return make_step_cost(self.clock, model=self.model_spec, gpu=self.gpu_spec, config=self.config(block_size))
+        return make_step_cost(self.step_cost, model=self.model_spec, gpu=self.gpu_spec, config=self.config(block_size))
 
     def check_fits(self, name: str = "kv_cache_gib", kv_cache_gib: float | None = None) -> None:
         """One request of max_model_len must fit the pool's largest buddy arena (else Orca (Max) could start

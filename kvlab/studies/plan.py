@@ -64,7 +64,7 @@ MIN_KEEP = 2  # a rung keeps at least this many candidates of each GPU count
 CHUNKS_PER_WORKER = 4  # a rung's candidates in about this many chunks per worker
 
 
-# ---------------------------------------------------------------- one candidate's clock, pool and serving
+# ---------------------------------------------------------------- one candidate's step cost, pool and serving
 @functools.lru_cache(maxsize=64)
 def step_cost(deployment: Deployment, config: EngineConfig):
     """The step cost a candidate is served on and whether it is measured: the operator-profile step cost of the
@@ -140,7 +140,7 @@ def percentile_metrics(
 
 def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int) -> dict:
     """The candidate serving the workload: requests dealt to its replicas in turn, each replica kvlab's engine on
-    the candidate's clock and pool; percentile_metrics, preemptions and the steps served."""
+    the candidate's step cost and pool; percentile_metrics, preemptions and the steps served."""
     config = candidate.config(deployment.max_model_len)
     cost = step_cost(deployment, config)[0]
     n, replicas = workload.num_requests, candidate.num_replicas
@@ -188,7 +188,7 @@ class CandidateResult:
     status: str = "pending"  # pruned, dropped, meets, misses
     reason: str = ""
     num_gpu_blocks: int = 0
-    measured_clock: bool = True
+    measured_cost: bool = True  # served on the measured step cost (an operator profile), not the roofline
     served_requests: int = 0  # the prefix it was last served on
     metrics: dict = field(default_factory=dict)
     shares: dict = field(default_factory=dict)
@@ -207,7 +207,7 @@ class CandidateResult:
             "status": self.status,
             "reason": self.reason,
             "num_gpu_blocks": self.num_gpu_blocks,
-            "measured_clock": self.measured_clock,
+            "measured_clock": self.measured_cost,  # kvlab plan --json's key
             "served_requests": self.served_requests,
             "requests_per_s_per_gpu": rate_per_s / c.num_gpus if self.status == "meets" else 0.0,
             **self.metrics,
@@ -226,7 +226,7 @@ class Plan:
     rate_per_s: float
     results: list
     rungs: list  # (requests served, candidates served, seconds) per rung
-    clock_source: str
+    cost_source: str
     seconds: float
 
     def ranked(self) -> list:
@@ -284,7 +284,7 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
             r.status, r.reason = "pruned", f"capacity: {error}"
             continue
         cost, measured, source = step_cost(deployment, config)
-        r.measured_clock = measured
+        r.measured_cost = measured
         if not measured and not deployment.allow_roofline:
             r.status, r.reason = (
                 "pruned",
@@ -334,7 +334,7 @@ def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]
                 c.enable_chunked_prefill,
                 c.async_scheduling,
                 c.num_replicas,
-                r.measured_clock or c.kv_cache_dtype,
+                r.measured_cost or c.kv_cache_dtype,
             )
         else:
             key = c
@@ -467,11 +467,11 @@ def search(
 
 
 # ---------------------------------------------------------------- what the plan says
-def clock_fidelity(deployment: Deployment) -> list[dict]:
-    """Section 5's checks of the measured clock on this model and GPU: each real vLLM run of them (data/checks/)
+def step_cost_fidelity(deployment: Deployment) -> list[dict]:
+    """Section 5's checks of the measured step cost on this model and GPU: each real vLLM run of them (data/checks/)
     replayed, kvlab's errors on mean E2E latency, mean TPOT, the median per-request E2E error and mean TTFT (shares),
     and whether all four lie within section 5's targets. None such: an empty list."""
-    from kvlab.studies import clock_checks
+    from kvlab.studies import step_cost_checks
     from kvlab.workloads.vllm_runs import check_runs, load_vllm_run
 
     names = [
@@ -483,12 +483,12 @@ def clock_fidelity(deployment: Deployment) -> list[dict]:
     ]
     if not names:
         return []
-    table = clock_checks.check_run_table(names, clocks=("measured",))
+    table = step_cost_checks.check_run_table(names, cost_names=("measured",))
     return [
         {
             "run": run,
             "label": r["label"],
-            **{k: round(float(r[k]), 4) for k in clock_checks.CHECK_TARGETS},
+            **{k: round(float(r[k]), 4) for k in step_cost_checks.CHECK_TARGETS},
             "within_targets": bool(r["within_targets"]),
         }
         for (run, _), r in table.iterrows()
@@ -496,13 +496,14 @@ def clock_fidelity(deployment: Deployment) -> list[dict]:
 
 
 def summary(plan: Plan, top: int = 10) -> dict:
-    """The plan as one JSON-ready object: the deployment, objectives, workload, clock (with its fidelity), the
-    search, the ranked configurations (top of them), the best one's `vllm serve` command, and why the rest failed."""
+    """The plan as one JSON-ready object: the deployment, objectives, workload, step cost ("clock", with its
+    fidelity), the search, the ranked configurations (top of them), the best one's `vllm serve` command, and why the
+    rest failed."""
     d = plan.deployment
     ranked = plan.ranked()
     rows = {id(r): r.row(plan.rate_per_s) for r in plan.results}
-    measured = all(r.measured_clock for r in plan.results if r.status in ("meets", "misses"))
-    fidelity = clock_fidelity(d) if measured else []
+    measured = all(r.measured_cost for r in plan.results if r.status in ("meets", "misses"))
+    fidelity = step_cost_fidelity(d) if measured else []
     failed = [r for r in plan.results if r.status != "meets"]
     by_kind: dict = {}
     for r in failed:
@@ -522,7 +523,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
         },
         "clock": {
             "measured": measured,
-            "source": plan.clock_source,
+            "source": plan.cost_source,
             "fidelity": fidelity,
             "warning": ""
             if measured
@@ -563,7 +564,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
 
 def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
     """The plan in words, for the terminal."""
-    w, s, clock = out["workload"], out["search"], out["clock"]
+    w, s, cost = out["workload"], out["search"], out["clock"]
     objectives = ", ".join(f"{OBJECTIVE_WORDS[k]} <= {v:g} {OBJECTIVE_UNITS[k]}" for k, v in out["objectives"].items())
     c = s["counts"]
     lines = [
@@ -571,18 +572,18 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
         "requests/s",
         f"objectives           {objectives}",
-        f"clock                {clock['source']}",
+        f"clock                {cost['source']}",
     ]
-    if clock["warning"]:
-        lines.append(f"warning              {clock['warning']}")
-    for f in clock["fidelity"]:
+    if cost["warning"]:
+        lines.append(f"warning              {cost['warning']}")
+    for f in cost["fidelity"]:
         lines.append(
             f"clock checked        against a real vLLM run ({f['label']}, section 5): mean E2E "
             f"{100 * f['mean_e2e_error']:+.1f}%, mean TPOT {100 * f['mean_tpot_error']:+.1f}%, median request "
             f"E2E error {100 * f['median_request_e2e_error']:.1f}%, mean TTFT {100 * f['mean_ttft_error']:+.1f}%"
             f" ({'within' if f['within_targets'] else 'outside'} section 5's targets)"
         )
-    if not clock["fidelity"] and clock["measured"]:
+    if not cost["fidelity"] and cost["measured"]:
         lines.append("clock checked        no real vLLM run of this model on this GPU checks it (data/checks/)")
     rungs = "; ".join(
         f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]

@@ -14,7 +14,7 @@ kvlab.core.cost.vllm_2023) has MeasuredStepCost's terms in closed form. Its coef
   (all 1,000 requests at t=0, the paper's 12 GiB pool) with the step cost, comparing throughput per cap.
 
 Never fitted to a figure section 6 reproduces (Fig. 13, Fig. 2, §6.2's rates, Fig. 18b, Fig. 11). The fit's
-coefficients are committed (data/clock_2023/coefficients.csv, fit_residuals.csv); write_fit() refits them.
+coefficients are committed (data/vllm_2023/coefficients.csv, fit_residuals.csv); write_fit() refits them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from kvlab.studies.paper_setting import PaperSetting
 
 COEFFICIENTS_CSV = data.COEFFICIENTS_CSV
 load_coefficients = data.load_coefficients  # the notebook's
-RESIDUALS_CSV = data.CLOCK_DIR / "fit_residuals.csv"
+RESIDUALS_CSV = data.VLLM_2023_DIR / "fit_residuals.csv"
 FIT_BLOCK_SIZE = 16  # Fig. 18a's and the benchmark's (vLLM's default)
 # The benchmark's scheduler: the vLLM of June 2023 put prompts into decode steps under one token budget (0.1.0-0.1.2;
 # prompt-only steps came with 0.1.3), which vLLM 0.33's v1 scheduler, synchronous, without chunked prefill, follows.
@@ -211,7 +211,7 @@ def fit(config: EngineConfig = STAND_IN_CONFIG, benchmark_batched_tokens: bool =
 
 
 # ---------------------------------------------------------------- the committed fit
-def write_fit(result: StepCostFit, directory: str | Path = data.CLOCK_DIR) -> None:
+def write_fit(result: StepCostFit, directory: str | Path = data.VLLM_2023_DIR) -> None:
     """Write a fit's coefficients and residuals (coefficients.csv, fit_residuals.csv)."""
     roles = {
         "memory_bandwidth_fraction": "fixed: vidur A100 linear layers (kvlab.core.profiles.sustained_fractions)",
@@ -289,19 +289,19 @@ def kernel_table() -> pd.DataFrame:
 def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.DataFrame:
     """Decode step time (ms) of OPT-13B on the A100-40GB at each batch size, every request at context_tokens:
     the committed step cost against section 6's roofline."""
-    vllm, roofline = data.committed_step_cost(), PaperSetting(clock="roofline").cost()
+    vllm, roofline = data.committed_step_cost(), PaperSetting(step_cost="roofline").cost()
     rows = []
     for b in batch_sizes:
         b = validate.positive_int("batch_size", b)
         context = b * validate.positive_int("context_tokens", context_tokens)
-        clock_ms, roofline_ms = vllm.step_s(b, context, b, context) * 1e3, roofline.step_s(b, context, b, context) * 1e3
+        vllm_ms, roofline_ms = vllm.step_s(b, context, b, context) * 1e3, roofline.step_s(b, context, b, context) * 1e3
         rows.append(
             {
                 "batch_size": b,
                 "context_tokens": context_tokens,
-                "clock_2023_ms": round(clock_ms, 2),
+                "clock_2023_ms": round(vllm_ms, 2),
                 "roofline_ms": round(roofline_ms, 2),
-                "clock_over_roofline_x": round(clock_ms / roofline_ms, 2),
+                "clock_over_roofline_x": round(vllm_ms / roofline_ms, 2),
             }
         )
     return pd.DataFrame(rows)

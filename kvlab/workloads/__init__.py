@@ -1,6 +1,6 @@
 """Workloads: synthetic request sets (kvlab.workloads.synthetic), real traces (kvlab.workloads.traces), the vLLM
 paper's datasets as kvlab builds them (kvlab.workloads.paper_datasets) and real vLLM runs kept as checks of the
-clock (kvlab.workloads.vllm_runs)."""
+step costs (kvlab.workloads.vllm_runs)."""
 
 from kvlab.core.lazy import submodules
 

@@ -1,4 +1,4 @@
-"""Real vLLM runs kept as checks of kvlab's clock (data/checks/): each run's workload, its engine settings and
+"""Real vLLM runs kept as checks of kvlab's step costs (data/checks/): each run's workload, its engine settings and
 the latencies vLLM measured per request. They are checks only: nothing in kvlab is fitted to them.
 
 `check_runs()` names the committed runs; `load_vllm_run(name)` returns a VllmRun: the Workload (arrival =

@@ -1,4 +1,4 @@
-"""vLLM of mid-2023 (v0.1) as a step cost, and the measurements it is fitted to (data/clock_2023/, data/README.md
+"""vLLM of mid-2023 (v0.1) as a step cost, and the measurements it is fitted to (data/vllm_2023/, data/README.md
 gives their origin): the one home of the 2023 family. kvlab.studies.vllm_2023_fit fits the coefficients (it serves
 Anyscale's benchmark with the engine) and writes COEFFICIENTS_CSV, which committed_step_cost reads.
 
@@ -21,8 +21,8 @@ from kvlab.core import models, validate
 from kvlab.core.models import DATA_DIR
 from kvlab.core.workload import Workload
 
-CLOCK_DIR = DATA_DIR / "clock_2023"
-COEFFICIENTS_CSV = CLOCK_DIR / "coefficients.csv"
+VLLM_2023_DIR = DATA_DIR / "vllm_2023"
+COEFFICIENTS_CSV = VLLM_2023_DIR / "coefficients.csv"
 CAPS = (32, 128, 512, 1536)
 MODEL, GPU = "facebook/opt-13b", "A100-40GB"  # the benchmark's and Fig. 18a's setting
 
@@ -213,7 +213,7 @@ def committed_step_cost(block_size: int = 16, model: str = MODEL, gpu: str = GPU
     )
 
 
-def _rows(name: str, directory: str | Path = CLOCK_DIR) -> list[dict]:
+def _rows(name: str, directory: str | Path = VLLM_2023_DIR) -> list[dict]:
     with open(Path(directory) / name, newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
 
@@ -232,7 +232,7 @@ class AnyscaleRun:
     source: str
 
 
-def anyscale_runs(directory: str | Path = CLOCK_DIR) -> tuple[AnyscaleRun, ...]:
+def anyscale_runs(directory: str | Path = VLLM_2023_DIR) -> tuple[AnyscaleRun, ...]:
     """The four caps of anyscale_throughput.csv, in increasing cap."""
     ints = ("max_tokens_cap", "max_num_batched_tokens", "num_requests", "prompt_tokens", "output_tokens_total")
     runs = [
@@ -242,7 +242,7 @@ def anyscale_runs(directory: str | Path = CLOCK_DIR) -> tuple[AnyscaleRun, ...]:
     return tuple(sorted(runs, key=lambda r: r.max_tokens_cap))
 
 
-def anyscale_run(cap: int, directory: str | Path = CLOCK_DIR) -> AnyscaleRun:
+def anyscale_run(cap: int, directory: str | Path = VLLM_2023_DIR) -> AnyscaleRun:
     """One cap's run (a cap the benchmark did not run is a one-line ValueError)."""
     for run in anyscale_runs(directory):
         if run.max_tokens_cap == cap:
@@ -250,7 +250,7 @@ def anyscale_run(cap: int, directory: str | Path = CLOCK_DIR) -> AnyscaleRun:
     validate.fail("max_tokens_cap", cap, f"is not a cap of Anyscale's benchmark; caps: {', '.join(map(str, CAPS))}")
 
 
-def anyscale_workload(cap: int, directory: str | Path = CLOCK_DIR) -> Workload:
+def anyscale_workload(cap: int, directory: str | Path = VLLM_2023_DIR) -> Workload:
     """The benchmark's 1,000 requests at one cap, all arriving at t=0: 512 prompt tokens each and the output
     lengths its seeded draw gave (anyscale_output_tokens.csv; vLLM ran with ignore_eos)."""
     run = anyscale_run(cap, directory)
@@ -281,7 +281,7 @@ class KernelLatency:
     read_precision_us: float
 
 
-def fig18a(system: str = "vLLM", directory: str | Path = CLOCK_DIR) -> KernelLatency:
+def fig18a(system: str = "vLLM", directory: str | Path = VLLM_2023_DIR) -> KernelLatency:
     """Fig. 18a's attention kernel latencies of vLLM (the fit's) or FasterTransformer (a reference)."""
     rows = [r for r in _rows("fig18a_kernel_latency.csv", directory) if r["system"] == system]
     if not rows:
@@ -299,7 +299,7 @@ def fig18a(system: str = "vLLM", directory: str | Path = CLOCK_DIR) -> KernelLat
     )
 
 
-def block_size_ratio(directory: str | Path = CLOCK_DIR) -> float:
+def block_size_ratio(directory: str | Path = VLLM_2023_DIR) -> float:
     """How much slower a paged attention kernel runs at block size 1 than at 16 over the same KV: the mean over
     the kernels of paged_kernel_block_size.csv of latency(1) / latency(16)."""
     by_kernel: dict[str, dict[int, float]] = {}

@@ -13,8 +13,11 @@ from kvlab.studies.paper_setting import PaperSetting
 # kvlab.core.buddy), but the paper's §6.5 says "due to the buddy allocation algorithm, the Orca baselines reserve the
 # space for 1024 tokens for the request outputs".
 BUDDY_NOTE = "reservations sit in a buddy allocator's power-of-two chunks, as the paper's did (§6.1)"
-# Where the clock decides: the step cost section 6 runs on (PaperSetting.clock).
-CLOCK_NOTE = {"vllm-2023": "on the vLLM 2023 clock", "roofline": "on kvlab's roofline step, faster than the paper's"}
+# Where the step cost decides: the one section 6 runs on (PaperSetting.step_cost).
+STEP_COST_NOTE = {
+    "vllm-2023": "on the vLLM 2023 clock",
+    "roofline": "on kvlab's roofline step, faster than the paper's",
+}
 # The block-size cost's source (kvlab.core.cost.vllm_2023.block_size_ratio).
 BLOCK_NOTE = (
     "the one public per-block measurement (an AMD kernel, block 1 14% slower than 16) makes small blocks "
@@ -57,7 +60,7 @@ def ledger_rows(
             elif m == "paged":
                 why = (
                     f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait "
-                    f"{CLOCK_NOTE[setting.clock]}: {limit}."
+                    f"{STEP_COST_NOTE[setting.step_cost]}: {limit}."
                 )
             else:
                 why = (
@@ -90,7 +93,7 @@ def ledger_rows(
         )
         why = (
             f"vLLM sustains {part['vLLM']:.3g} and {other} {part[other]:.3g} requests/s under {bound_s:g} s/token "
-            f"{CLOCK_NOTE[setting.clock]}{precision}" + (f" ({part['note']})." if part["note"] else ".")
+            f"{STEP_COST_NOTE[setting.step_cost]}{precision}" + (f" ({part['note']})." if part["note"] else ".")
         )
         add("s6.2", label, "sustained_rate_ratio_x", part[column], why)
     if len(sharegpt_blocks):

@@ -385,7 +385,7 @@ def prefix_points(trace: TraceWorkload, model: str, gpu: str, rate_scales) -> li
 
 def scheduling_points(setting: PaperSetting, trace: TraceWorkload, rate_scales) -> list[dict]:
     """vLLM (paged) on the trace at each rate scale with vLLM 0.33's scheduler (TODAY), scheduled synchronously and
-    asynchronously (a batch queue of two), on today's clock (today_cost)."""
+    asynchronously (a batch queue of two), on today's step cost (today_cost)."""
     blocks, cost = setting.num_gpu_blocks(), today_cost(setting)
     config = setting.replace(**TODAY).config()
     return [

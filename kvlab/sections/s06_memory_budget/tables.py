@@ -187,8 +187,9 @@ TODAY_COLUMNS = {
 
 
 def today_table(paper_runs: pd.DataFrame, today_runs: pd.DataFrame) -> pd.DataFrame:
-    """vLLM on Fig. 13's workloads two ways: the paper's system (the 2023 scheduler and clock, paper_runs' paged runs)
-    and today's (vLLM 0.33, asynchronous, its measured clock: today_runs), means over seeds, one row per dataset."""
+    """vLLM on Fig. 13's workloads two ways: the paper's system (the 2023 scheduler and step cost, paper_runs' paged
+    runs) and today's (vLLM 0.33, asynchronous, its measured step cost: today_runs), means over seeds, one row per
+    dataset."""
     rows = []
     for system, runs in (("the vLLM of 2023", paper_runs[paper_runs["mode"] == "paged"]), ("vLLM 0.33", today_runs)):
         for dataset, mean in mean_over_seeds(runs, ["dataset"]).iterrows():

@@ -18,7 +18,7 @@ from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
-from kvlab.studies.paper_setting import CLOCKS, SCHEDULERS, PaperSetting, prefix_setting
+from kvlab.studies.paper_setting import SCHEDULERS, SETTING_STEP_COSTS, PaperSetting, prefix_setting
 from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
 from kvlab.workloads.traces import TRACE_FORMATS
@@ -32,7 +32,7 @@ SECONDS_PER_NOTEBOOK = 5.0  # a kernel's start, imports, figures
 SECONDS_PER_REQUEST_ENGINE = 6e-5  # section 6: one request through the engine (roofline cost, no prefix caching)
 SECONDS_PER_REQUEST_PREFIX = 4e-3  # section 6: one Mooncake request through the engine with prefix caching
 SECONDS_PER_ENGINE_RUN = 0.02  # section 6: a run's set-up and its pickling to a process
-SECONDS_PER_REQUEST_PLAN = 5e-4  # section 7: one request through a candidate's replicas (measured clock)
+SECONDS_PER_REQUEST_PLAN = 5e-4  # section 7: one request through a candidate's replicas (measured step cost)
 AZURE_REQUESTS = 19_366  # rows of the Azure conversation trace (the most section 6 serves from it)
 
 
@@ -234,7 +234,7 @@ RULES: dict[str, dict[str, Rule]] = {
         "MAX_NUM_SEQS": _range("max_num_seqs"),
         "MAX_NUM_BATCHED_TOKENS": _tokens,
         "SCHEDULER_CLS": _choice(SCHEDULERS),
-        "CLOCK": _choice(CLOCKS),
+        "STEP_COST": _choice(SETTING_STEP_COSTS),
         "SHAREGPT_INPUTS": _choice(SHAREGPT_INPUTS),
         "ALPACA_LENGTHS": _choice(ALPACA_FAMILIES),
         "NUM_REQUESTS": _range("num_requests"),
@@ -309,7 +309,7 @@ _SETTING_PARAMETERS = {
     "max_num_seqs": "MAX_NUM_SEQS",
     "max_num_batched_tokens": "MAX_NUM_BATCHED_TOKENS",
     "scheduler_cls": "SCHEDULER_CLS",
-    "clock": "CLOCK",
+    "step_cost": "STEP_COST",
 }
 
 

@@ -541,7 +541,7 @@ def preemption_vs_memory(table: pd.DataFrame) -> matplotlib.figure.Figure:
     return fig
 
 
-CLOCK_COLORS = {"roofline": "tab:grey", "measured": "tab:blue"}
+STEP_COST_COLORS = {"roofline": "tab:grey", "measured": "tab:blue"}
 
 
 @captioned
@@ -552,15 +552,15 @@ def check_scatter(requests: pd.DataFrame) -> matplotlib.figure.Figure:
     fig, axes = _figure(figsize=(9.0, 3.4), ncols=len(runs), squeeze=False)
     for ax, run in zip(axes[0], runs):
         mine = requests.xs(run, level="run")
-        for clock in dict.fromkeys(mine.index.get_level_values("clock")):
-            r = mine.xs(clock, level="clock")
+        for cost_name in dict.fromkeys(mine.index.get_level_values("clock")):
+            r = mine.xs(cost_name, level="clock")
             ax.scatter(
                 r["vllm_e2e_s"],
                 r["kvlab_e2e_s"],
                 s=6,
                 alpha=0.5,
-                color=CLOCK_COLORS.get(clock),
-                label=clock,
+                color=STEP_COST_COLORS.get(cost_name),
+                label=cost_name,
                 linewidths=0,
             )
         top = float(np.nanmax(mine[["vllm_e2e_s", "kvlab_e2e_s"]].to_numpy())) * 1.05

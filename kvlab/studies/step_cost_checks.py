@@ -1,6 +1,6 @@
-"""kvlab's clocks checked against real vLLM runs (data/checks/): each run's workload replayed by kvlab's engine with
-the roofline or the measured clock, kvlab's figures against vLLM's and the targets they must lie within. Checks only:
-nothing is fitted. Section 5 shows them; `kvlab plan` gives them for the model and GPU it plans."""
+"""kvlab's step costs checked against real vLLM runs (data/checks/): each run's workload replayed by kvlab's engine
+with the roofline or the measured step cost, kvlab's figures against vLLM's and the targets they must lie within.
+Checks only: nothing is fitted. Section 5 shows them; `kvlab plan` gives them for the model and GPU it plans."""
 
 from __future__ import annotations
 
@@ -15,23 +15,23 @@ from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
 from kvlab.workloads.vllm_runs import VllmRun, check_runs, load_vllm_run
 
-# What the measured clock is checked against (issue 21): kvlab's figure within this share of vLLM's.
+# What the measured step cost is checked against (issue 21): kvlab's figure within this share of vLLM's.
 CHECK_TARGETS = {
     "mean_e2e_error": 0.05,
     "mean_tpot_error": 0.05,
     "median_request_e2e_error": 0.08,
     "mean_ttft_error": 0.15,
 }
-CHECK_CLOCKS = ("roofline", "measured")
+CHECK_STEP_COSTS = ("roofline", "measured")
 
 
-def check_clock(clock: str, model, gpu, config):
+def check_step_cost(cost_name: str, model, gpu, config):
     """The step cost a check runs kvlab with: the roofline or the measured step cost of model on gpu."""
-    validate.one_of("clock", clock, CHECK_CLOCKS)
-    return make_step_cost(clock, model=model, gpu=gpu, config=config)
+    validate.one_of("cost_name", cost_name, CHECK_STEP_COSTS)
+    return make_step_cost(cost_name, model=model, gpu=gpu, config=config)
 
 
-def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
+def replay_vllm_run(run: VllmRun, cost_name: str = "measured") -> dict:
     """kvlab's engine over a real run's workload and settings, scheduling as the run did (asynchronously: vLLM's
     default, which the runs ran with), its KV pool as kvlab's capacity sizes it on the run's GPU (plan_capacity, as
     kvlab simulate --model --gpu does): per request first-token and finish times (s), with the cost's source and
@@ -42,7 +42,7 @@ def replay_vllm_run(run: VllmRun, clock: str = "measured") -> dict:
     planned = plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
     if planned is None:
         validate.fail("run", run.name, f"leaves no KV memory for {model.name} on {gpu.name}")
-    cost = check_clock(clock, model, gpu, config)
+    cost = check_step_cost(cost_name, model, gpu, config)
     w, ranks = run.workload, run.settings["data_parallel_size"]
     first_token, finish = np.full(w.num_requests, np.nan), np.full(w.num_requests, np.nan)
     for rank in range(ranks):
@@ -99,16 +99,16 @@ def _experts(model_name: str) -> tuple[int, int]:
     return (entry.num_experts, entry.num_experts_per_tok) if entry is not None else (0, 0)
 
 
-def check_reason(run: VllmRun, clock: str) -> str:
-    """Why kvlab's replay of run with clock can miss the targets, in one sentence: what the clock or the engine
+def check_reason(run: VllmRun, cost_name: str) -> str:
+    """Why kvlab's replay of run with cost_name can miss the targets, in one sentence: what the step cost or the engine
     leaves out for this run's settings (from the settings alone, never from the figures)."""
     from kvlab.core import profiles
 
-    validate.one_of("clock", clock, CHECK_CLOCKS)
+    validate.one_of("cost_name", cost_name, CHECK_STEP_COSTS)
     s = run.settings
     tp, dp = s["tensor_parallel_size"], s["data_parallel_size"]
     reasons = []
-    if clock == "roofline":
+    if cost_name == "roofline":
         experts, per_token = _experts(s["model"])
         reasons.append(
             f"the roofline counts 2 FLOPs per parameter of all {experts} experts for every token, where a "
@@ -126,7 +126,7 @@ def check_reason(run: VllmRun, clock: str) -> str:
         )
     elif dp > 1:
         reasons.append("data parallelism is not modelled (each kvlab engine serves its share of the requests alone)")
-    if clock == "measured" and tp > 1:
+    if cost_name == "measured" and tp > 1:
         link = profiles.interconnect_gb_s(s["gpu"])
         over = link[1] if link else "the GPUs' link"
         reasons.append(f"the all-reduce over {over} is a bandwidth bound without latency")
@@ -136,16 +136,17 @@ def check_reason(run: VllmRun, clock: str) -> str:
     return text[0].upper() + text[1:] + "."
 
 
-def check_requests(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
-    """Each real vLLM run (data/checks/; all by default) replayed with each clock, one row per (run, clock,
-    request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for one output token), with the
-    replay's cost source, KV pool, label, notes and the reason a miss would have (check_reason)."""
+def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
+    """Each real vLLM run (data/checks/; all by default) replayed with each step cost of cost_names, one row per
+    (run, step cost: the "clock" level, request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for
+    one output token), with the replay's cost source, KV pool, label, notes and the reason a miss would have
+    (check_reason)."""
     frames = []
     for name in check_runs() if names is None else validate.non_empty("names", names):
         run = load_vllm_run(name)
         arrival, outputs = run.workload.arrival_s, run.workload.output_tokens
-        for clock in clocks:
-            kv = replay_vllm_run(run, clock)
+        for cost_name in cost_names:
+            kv = replay_vllm_run(run, cost_name)
             with np.errstate(invalid="ignore", divide="ignore"):
                 tpot = np.where(
                     outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan
@@ -154,7 +155,7 @@ def check_requests(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
                 pd.DataFrame(
                     {
                         "run": name,
-                        "clock": clock,
+                        "clock": cost_name,
                         "request": np.arange(run.workload.num_requests),
                         "output_tokens": outputs,
                         "vllm_ttft_s": run.ttft_s,
@@ -167,25 +168,25 @@ def check_requests(names=None, clocks=CHECK_CLOCKS) -> pd.DataFrame:
                         "num_gpu_blocks": kv["num_gpu_blocks"],
                         "label": check_label(run),
                         "notes": check_notes(run),
-                        "reason": check_reason(run, clock),
+                        "reason": check_reason(run, cost_name),
                     }
                 )
             )
     return pd.concat(frames, ignore_index=True).set_index(["run", "clock", "request"])
 
 
-def check_run_table(names=None, clocks=CHECK_CLOCKS, *, requests: pd.DataFrame | None = None) -> pd.DataFrame:
-    """kvlab against each real vLLM run (data/checks/; all by default) with each clock: mean E2E latency, mean
+def check_run_table(names=None, cost_names=CHECK_STEP_COSTS, *, requests: pd.DataFrame | None = None) -> pd.DataFrame:
+    """kvlab against each real vLLM run (data/checks/; all by default) with each step cost: mean E2E latency, mean
     TPOT, the median per-request E2E error and mean TTFT, kvlab's and vLLM's, with kvlab's relative error and
-    whether all four lie within CHECK_TARGETS, and for a miss its reason (why). One row per (run, clock); requests:
+    whether all four lie within CHECK_TARGETS, and for a miss its reason (why). One row per (run, step cost); requests:
     check_requests' replays (made here when not given). Checks only: nothing is fitted."""
-    requests = check_requests(names, clocks) if requests is None else requests
+    requests = check_requests(names, cost_names) if requests is None else requests
     rows = []
-    for (name, clock), r in requests.groupby(level=["run", "clock"], sort=False):
+    for (name, cost_name), r in requests.groupby(level=["run", "clock"], sort=False):
         first = r.iloc[0]
         row = {
             "run": name,
-            "clock": clock,
+            "clock": cost_name,
             "label": first["label"],
             "cost_source": first["cost_source"],
             "num_gpu_blocks": int(first["num_gpu_blocks"]),

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Print Fig. 18a of the vLLM paper (arXiv 2309.06180v1) as data/clock_2023/fig18a_kernel_latency.csv holds it.
+"""Print Fig. 18a of the vLLM paper (arXiv 2309.06180v1) as data/vllm_2023/fig18a_kernel_latency.csv holds it.
 
-    python scripts/clock_2023/read_fig18a.py PAPER.pdf      (needs pdfplumber: pip install pdfplumber, in a venv
+    python scripts/vllm_2023/read_fig18a.py PAPER.pdf      (needs pdfplumber: pip install pdfplumber, in a venv
                                                              of its own; kvlab does not depend on it)
 
 The figure is vector graphics: each of its four lines is a polyline whose vertices are the plotted points.

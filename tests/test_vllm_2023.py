@@ -1,4 +1,4 @@
-"""The vLLM 2023 step cost (kvlab.core.cost.Vllm2023StepCost), its data (data/clock_2023/, read by
+"""The vLLM 2023 step cost (kvlab.core.cost.Vllm2023StepCost), its data (data/vllm_2023/, read by
 kvlab.core.cost.vllm_2023) and its fit (kvlab.studies.vllm_2023_fit): the data parse with their provenance, a refit
 gives the committed coefficients and residuals, the per-block term makes small blocks slower, the step grows with
 tokens and context."""
@@ -33,9 +33,9 @@ def test_every_data_file_parses_and_says_where_it_comes_from():
         "coefficients.csv",
         "fit_residuals.csv",
     ):
-        assert (data.CLOCK_DIR / name).is_file()
+        assert (data.VLLM_2023_DIR / name).is_file()
         assert f"`{name}`" in (DATA_DIR / "README.md").read_text(encoding="utf-8"), f"{name} is not documented"
-    with open(data.CLOCK_DIR / "paged_kernel_block_size.csv", newline="", encoding="utf-8") as f:
+    with open(data.VLLM_2023_DIR / "paged_kernel_block_size.csv", newline="", encoding="utf-8") as f:
         assert all(row["source"].startswith("ROCm/FlyDSL#1066") for row in csv.DictReader(f))
     kernel = data.fig18a()
     assert list(zip(kernel.batch_size, kernel.context_tokens)) == [

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Write data/clock_2023/anyscale_output_tokens.csv: the output lengths of Anyscale's June 2023 benchmark.
+"""Write data/vllm_2023/anyscale_output_tokens.csv: the output lengths of Anyscale's June 2023 benchmark.
 
-    python scripts/clock_2023/anyscale_output_tokens.py      (Python 3.8-3.11: Python 3.12 refuses randint(0, 1e6))
+    python scripts/vllm_2023/anyscale_output_tokens.py      (Python 3.8-3.11: Python 3.12 refuses randint(0, 1e6))
 
 The benchmark (anyscale/llm-continuous-batching-benchmarks, benchmark_throughput.py at d34cb03, run by
 benchmark_configs/vllm_variable_size) seeds Python's random with 0xCADE, draws 1,000 prompt lengths of
@@ -27,7 +27,7 @@ NUM_REQUESTS, PROMPT_TOKENS, MEAN_OUTPUT_TOKENS = 1000, 512, 128
 OUT = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     "data",
-    "clock_2023",
+    "vllm_2023",
     "anyscale_output_tokens.csv",
 )
 
