@@ -1,7 +1,13 @@
 """Exploring: every notebook runs to its end with parameters other than its defaults (another GPU, other models,
 other block sizes, fewer seeds), the way a reader changes them; nothing in it is tied to a default's names."""
 
-import papermill
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import nbformat
 import pytest
 
 from conftest import ROOT
@@ -61,20 +67,43 @@ RUNS = {
 NEEDS_TRACES = {"04_traces", "06_memory_budget"}  # the whole notebook is about the real traces
 
 
+def _can_run(stem: str) -> bool:
+    return stem not in NEEDS_TRACES or not traces.missing_traces()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Every run of RUNS that can run here, all started at once (papermill's command line, a process and a kernel
+    each): they share the cores instead of waiting for one another. stem -> (executed copy, process)."""
+    folder = tmp_path_factory.mktemp("exploring")
+    started = {}
+    for stem in filter(_can_run, RUNS):
+        out = folder / f"{stem}.ipynb"
+        notebook = str(ROOT / "notebooks" / f"{stem}.ipynb")
+        options = ["-y", json.dumps(RUNS[stem]), "-k", "python3", "--cwd", str(ROOT / "notebooks"), "--no-progress-bar"]
+        process = subprocess.Popen(  # papermill and its kernel: one process group
+            [sys.executable, "-m", "papermill", notebook, str(out), *options],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        started[stem] = out, process
+    yield started
+    for _, process in started.values():
+        if process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernel
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 @pytest.mark.parametrize("stem", sorted(RUNS))
-def test_a_notebook_runs_with_other_parameters(stem, tmp_path):
-    if stem in NEEDS_TRACES and traces.missing_traces():
+def test_a_notebook_runs_with_other_parameters(stem, runs):
+    if not _can_run(stem):
         pytest.skip(f"{stem} needs the real traces, not in {traces.trace_dir()} (set TRACE_DIR or run make traces)")
-    out = tmp_path / f"{stem}.ipynb"
-    papermill.execute_notebook(
-        str(ROOT / "notebooks" / f"{stem}.ipynb"),
-        str(out),
-        parameters=RUNS[stem],
-        kernel_name="python3",
-        cwd=str(ROOT / "notebooks"),
-        progress_bar=False,
-    )
-    last = [c for c in __import__("nbformat").read(out, as_version=4).cells if c.cell_type == "code"][-1]
+    out, process = runs[stem]
+    output = process.communicate()[0]
+    assert process.returncode == 0, f"{stem} failed with {RUNS[stem]}:\n" + "\n".join(output.splitlines()[-15:])
+    last = [c for c in nbformat.read(out, as_version=4).cells if c.cell_type == "code"][-1]
     assert any(o.get("name") == "stdout" and o["text"].strip() for o in last.outputs)  # the headline printed
 
 
