@@ -202,7 +202,9 @@ def test_a_section_6_grid_gives_identical_results_on_a_dask_cluster():
 
     points = _small_grid()[:8]
     serial = budget_runs.run_grid("s6 test", points, "serial")
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    # Threads in this process, not worker processes: the same Dask scheduler, client and executor path, without
+    # worker processes that a loaded machine can lose (a lost worker leaves the sweep waiting for it).
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         on_dask = budget_runs.run_grid("s6 test", points, cluster.scheduler_address)
     pd.testing.assert_frame_equal(serial, on_dask, check_exact=True)
 
