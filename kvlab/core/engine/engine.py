@@ -330,18 +330,9 @@ class Engine:
         )
 
 
-def simulate(
-    workload: Workload,
-    config: EngineConfig | None = None,
-    *,
-    num_gpu_blocks: int,
-    cost=None,
-    allocation: str = "paged",
-    prompt_token_ids=None,
-    path: str = "auto",
-    recorder: Recorder | None = None,
-) -> EngineResult:
-    """Serve workload with vLLM 0.33's scheduler over num_gpu_blocks KV blocks (vLLM's null block included).
+def simulate(workload: Workload, config: EngineConfig | None = None, **engine_options) -> EngineResult:
+    """Serve workload with vLLM 0.33's scheduler: Engine(workload, config, **engine_options).run(), with
+    num_gpu_blocks=... (the KV blocks, vLLM's null block included) among engine_options.
 
     config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
     chunked prefill, long_prefill_token_threshold and async_scheduling (vLLM's default on a GPU, True, schedules
@@ -352,15 +343,7 @@ def simulate(
     or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
     caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). path: PATHS
     ("reference": the plain per-step loop). recorder: a Recorder, to keep each step's batch, each step's block
-    tables (per-step loop only) and every freed block table, in order, in the result.
+    tables (per-step loop only) and every freed block table, in order, in the result. check=False: the requests
+    are not checked up front.
     """
-    return Engine(
-        workload,
-        config,
-        num_gpu_blocks=num_gpu_blocks,
-        cost=cost,
-        allocation=allocation,
-        prompt_token_ids=prompt_token_ids,
-        path=path,
-        recorder=recorder,
-    ).run()
+    return Engine(workload, config, **engine_options).run()
