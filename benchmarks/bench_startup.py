@@ -97,7 +97,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as out:  # a refusal that failed to refuse builds nothing in report/
         refusals = [
-            (kind, KVLAB + ["report", "--no-pdf", "--out", out, "--set", value], 1, words)
+            (kind, KVLAB + ["report", "--no-pdf", "--out", out, "--set", value], 2, words)
             for kind, value, words in REPORT_REFUSALS
         ]
         for (kind, *_), (wall, cpu, _) in zip(refusals, _medians(refusals)):
