@@ -380,8 +380,8 @@ class BackwardsStepCost:
     def __init__(self, bad_from_tokens: int):
         self.bad_from_tokens = bad_from_tokens
 
-    def step_s(self, num_tokens, *rest) -> float:
-        return -0.001 if num_tokens >= self.bad_from_tokens else 0.01
+    def step_s(self, batch) -> float:
+        return -0.001 if batch.num_scheduled_tokens >= self.bad_from_tokens else 0.01
 
     def run_s(self, num_decodes, context_tokens, num_steps):
         return np.r_[np.full(num_steps - 1, 0.01), np.nan]

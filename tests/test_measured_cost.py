@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 
 from kvlab.core import models, profiles
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import STEP_COSTS, MeasuredStepCost, RooflineStepCost, cudagraph_capture_sizes, make_step_cost
+from kvlab.core.cost import (
+    STEP_COSTS,
+    Batch,
+    MeasuredStepCost,
+    RooflineStepCost,
+    cudagraph_capture_sizes,
+    make_step_cost,
+)
 from kvlab.core.engine import Engine
 from kvlab.core.workload import Workload
 
@@ -68,18 +75,18 @@ def expected_step_us(tokens: int, sequences: int, attention_point: tuple) -> flo
 def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
     # a 512-token prefill chunk after 1,024 computed tokens (past the CUDA-graph sizes: not padded)
     pairs = 512 * 1024 + 512 * 513 // 2
-    assert LLAMA_COST.step_s(512, 1536, 0, 0, 1, pairs) * 1e6 == pytest.approx(
+    assert LLAMA_COST.step_s(Batch(512, 1536, 0, 0, 1, pairs)) * 1e6 == pytest.approx(
         expected_step_us(512, 1, (512, 1024, 0, 0)), rel=1e-12
     )
     # 64 decodes of 2,048 computed tokens each (64 is a capture size)
-    assert LLAMA_COST.step_s(64, 64 * 2049, 64, 64 * 2049) * 1e6 == pytest.approx(
+    assert LLAMA_COST.step_s(Batch(64, 64 * 2049, 64, 64 * 2049)) * 1e6 == pytest.approx(
         expected_step_us(64, 64, (0, 0, 64, 2048)), rel=1e-12
     )
     # a 16-token chunk after 1,024 beside 8 decodes of 4,096: 24 tokens, 9 sequences
-    step = LLAMA_COST.step_s(24, 1040 + 8 * 4097, 8, 8 * 4097, 1, 16 * 1024 + 16 * 17 // 2)
+    step = LLAMA_COST.step_s(Batch(24, 1040 + 8 * 4097, 8, 8 * 4097, 1, 16 * 1024 + 16 * 17 // 2))
     assert step * 1e6 == pytest.approx(expected_step_us(24, 9, (16, 1024, 8, 4096)), rel=1e-12)
     # a caller without the prefill aggregates: the chunk's history from the contexts
-    assert LLAMA_COST.step_s(24, 1040 + 8 * 4097, 8, 8 * 4097) == step
+    assert LLAMA_COST.step_s(Batch(24, 1040 + 8 * 4097, 8, 8 * 4097)) == step
 
 
 def test_the_cost_names_its_source_and_the_interface():
@@ -181,7 +188,7 @@ def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history,
     context = num_decodes * (history + 1)
     durations = np.atleast_1d(cost.run_s(num_decodes, context, num_steps))
     steps = [
-        cost.step_s(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j)
+        cost.step_s(Batch(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j))
         for j in range(num_steps)
     ]
     assert durations.tolist() == steps
@@ -213,7 +220,7 @@ def test_decode_batches_are_padded_to_vllms_cudagraph_capture_sizes():
     assert LLAMA_COST.fixed_us(3, 1) == LLAMA_COST.fixed_us(4, 1)
     eager = dataclasses.replace(LLAMA_COST, cudagraph_capture_sizes=())  # no CUDA graphs: 3 tokens as measured
     assert eager.fixed_us(3, 1) != LLAMA_COST.fixed_us(3, 1) and eager.fixed_us(4, 1) == LLAMA_COST.fixed_us(4, 1)
-    three, four = (LLAMA_COST.step_s(n, n * 101, n, n * 101) for n in (3, 4))
+    three, four = (LLAMA_COST.step_s(Batch(n, n * 101, n, n * 101)) for n in (3, 4))
     per_sequence = LLAMA_COST.fixed_us(4, 4) - LLAMA_COST.fixed_us(4, 3)
     attention = 32 * (LLAMA_COST.decode_attention_us(4, 100) - LLAMA_COST.decode_attention_us(3, 100))
     assert (four - three) * 1e6 == pytest.approx(per_sequence + attention, rel=1e-9)
@@ -236,7 +243,7 @@ def test_a_model_without_a_profile_gets_the_roofline_at_the_gpus_sustained_rates
     assert cost.source.startswith("roofline scaled by sustained fractions measured on H100-SXM-80GB")
     roofline = RooflineStepCost.from_specs(models.get_model("Qwen/Qwen3-14B"), models.get_gpu("H100-SXM-80GB"), CONFIG)
     assert cost.memory_bandwidth_gb_s == roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction
-    assert cost.step_s(8, 8000, 8, 8000) > roofline.step_s(8, 8000, 8, 8000)
+    assert cost.step_s(Batch(8, 8000, 8, 8000)) > roofline.step_s(Batch(8, 8000, 8, 8000))
     assert measured(LLAMA, pipeline_parallel_size=2).source.startswith("roofline scaled")
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from kvlab import cli
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import MeasuredStepCost, RooflineStepCost, make_step_cost
+from kvlab.core.cost import Batch, MeasuredStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
 from kvlab.studies import plan
@@ -108,11 +108,11 @@ def test_min_step_s_is_below_every_step_of_that_many_tokens(tokens, decodes, his
         prefills = 1
     pairs = prefill * history + prefill * (prefill + 1) // 2
     step = cost.step_s(
-        tokens, decodes * (history + 1) + prefill + history, decodes, decodes * (history + 1), prefills, pairs
+        Batch(tokens, decodes * (history + 1) + prefill + history, decodes, decodes * (history + 1), prefills, pairs)
     )
     assert cost.min_step_s(tokens) <= step
     roofline = RooflineStepCost.from_specs(DEPLOYMENT.model, DEPLOYMENT.gpu, config)
-    assert roofline.min_step_s(tokens) <= roofline.step_s(tokens, history)
+    assert roofline.min_step_s(tokens) <= roofline.step_s(Batch(tokens, history))
 
 
 def test_twins_make_the_same_decisions_when_served_apart():

@@ -9,6 +9,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import (
     HARDWARE_STEP_COSTS,
     STEP_COSTS,
+    Batch,
     CalibratedStepCost,
     ConstantStepCost,
     LinearStepCost,
@@ -37,10 +38,10 @@ def calibrated() -> CalibratedStepCost:
 
 
 def test_constant_and_linear_steps_are_the_parity_scripts_formulas():
-    assert ConstantStepCost().step_s(500) == 8.0 / 1000.0
+    assert ConstantStepCost().step_s(Batch(500)) == 8.0 / 1000.0
     cost = LinearStepCost(5.0, 0.1)
-    assert cost.step_s(50) == (5.0 + 0.1 * 50) / 1000.0  # bit for bit what vllm_scheduler.py computes
-    assert cost.run_s(7, 1000, 10) == cost.step_s(7)
+    assert cost.step_s(Batch(50)) == (5.0 + 0.1 * 50) / 1000.0  # bit for bit what vllm_scheduler.py computes
+    assert cost.run_s(7, 1000, 10) == cost.step_s(Batch(7))
     with pytest.raises(ValueError, match="step_ms=0.0 is not allowed: and step_ms_per_token cannot both be 0"):
         LinearStepCost(0.0, 0.0)
 
@@ -50,11 +51,11 @@ def test_roofline_of_opt_13b_on_an_a100_40gb():
     assert cost.kv_bytes_per_token == 2 * 40 * 40 * 128 * 2  # K and V, 40 layers x 40 heads x 128, 16-bit
     assert cost.weights_bytes == pytest.approx(12.85e9 * 2)
     # one decode at 1,000 tokens of context: memory-bound, weights + KV read at 1,555 GB/s
-    assert cost.step_s(1, 1001) == pytest.approx((25.7e9 + 819_200 * 1001) / 1555e9)
+    assert cost.step_s(Batch(1, 1001)) == pytest.approx((25.7e9 + 819_200 * 1001) / 1555e9)
     # a 2,000-token prefill: compute-bound, 2 FLOPs per parameter and token at 312 TFLOPS
-    assert cost.step_s(2000, 2000) == pytest.approx(2 * 12.85e9 * 2000 / 312e12)
+    assert cost.step_s(Batch(2000, 2000)) == pytest.approx(2 * 12.85e9 * 2000 / 312e12)
     durations = cost.run_s(8, 4000, 50)
-    assert durations.tolist() == [cost.step_s(8, 4000 + 8 * j) for j in range(50)]
+    assert durations.tolist() == [cost.step_s(Batch(8, 4000 + 8 * j)) for j in range(50)]
     half = RooflineStepCost.from_specs(
         models.get_model("facebook/opt-13b"),
         models.get_gpu("A100-40GB"),
@@ -68,10 +69,10 @@ def test_roofline_of_opt_13b_on_an_a100_40gb():
 
 def test_calibrated_steps_add_decode_and_prefill_times():
     cost = calibrated()
-    assert cost.step_s(4, 4 * 1024, 4, 4 * 1024) == pytest.approx(8.0 / 1000)  # 4 decodes at 1,024 tokens
-    assert cost.step_s(1024 + 1, 2048, 1, 1024) == pytest.approx((6.0 + 40.0) / 1000)  # + a 1,024-token prefill
+    assert cost.step_s(Batch(4, 4 * 1024, 4, 4 * 1024)) == pytest.approx(8.0 / 1000)  # 4 decodes at 1,024 tokens
+    assert cost.step_s(Batch(1024 + 1, 2048, 1, 1024)) == pytest.approx((6.0 + 40.0) / 1000)  # + a 1,024-token prefill
     assert cost.run_s(4, 4 * 1024, 3).tolist() == [
-        cost.step_s(4, 4 * 1024 + 4 * j, 4, 4 * 1024 + 4 * j) for j in range(3)
+        cost.step_s(Batch(4, 4 * 1024 + 4 * j, 4, 4 * 1024 + 4 * j)) for j in range(3)
     ]
 
 
@@ -111,7 +112,7 @@ def test_every_family_has_the_protocol_and_a_lower_bound_on_its_steps(name):
     assert cost.name == ("roofline" if name == "measured" else name)  # OPT-13B has no profile: the roofline itself
     for tokens, decodes in [(1, 1), (8, 8), (300, 4), (1025, 1), (2048, 0)]:
         context = decodes * 700 + (tokens - decodes) * 2
-        assert cost.min_step_s(tokens) <= cost.step_s(tokens, context, decodes, decodes * 700)
+        assert cost.min_step_s(tokens) <= cost.step_s(Batch(tokens, context, decodes, decodes * 700))
 
 
 def test_the_factory_builds_each_family_as_its_class_does():

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvlab.core.cost import Vllm2023StepCost
+from kvlab.core.cost import Batch, Vllm2023StepCost
 from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.models import DATA_DIR
 from kvlab.studies import vllm_2023_fit as section
@@ -76,25 +76,29 @@ def test_a_step_by_hand():
         + k["attention_us_per_block"] * blocks
     )
     expected_s = (k["step_overhead_ms"] * 1000 + weights_us + 40 * attention_us) / 1e6
-    assert c.step_s(1, 500, 1, 500) == pytest.approx(expected_s, rel=1e-12)
+    assert c.step_s(Batch(1, 500, 1, 500)) == pytest.approx(expected_s, rel=1e-12)
     # a prefill of 512 tokens: compute-bound, plus its causal attention pairs
     flops_us = 2 * 12.85e9 * 512 / (312 * k["flop_fraction"] * 1e6)
     pairs_us = 4 * 5120 * (512 * 513 / 2) / (312 * k["flop_fraction"] * 1e6)
-    assert c.step_s(512, 512, 0, 0, 1, 512 * 513 // 2) == pytest.approx(
+    assert c.step_s(Batch(512, 512, 0, 0, 1, 512 * 513 // 2)) == pytest.approx(
         (k["step_overhead_ms"] * 1000 + flops_us + 40 * pairs_us) / 1e6, rel=1e-12
     )
-    assert c.step_s(512, 512) == c.step_s(512, 512, 0, 0, 1, 512 * 513 // 2)  # one chunk without aggregates
+    assert c.step_s(Batch(512, 512)) == c.step_s(
+        Batch(512, 512, 0, 0, 1, 512 * 513 // 2)
+    )  # one chunk without aggregates
 
 
 def test_a_decode_run_takes_each_step_as_step_s_does():
     c = data.committed_step_cost()
     run = c.run_s(30, 30 * 400, 50)
-    steps = [c.step_s(30, 30 * 400 + 30 * i, 30, 30 * 400 + 30 * i) for i in range(50)]
+    steps = [c.step_s(Batch(30, 30 * 400 + 30 * i, 30, 30 * 400 + 30 * i)) for i in range(50)]
     assert run.tolist() == steps
 
 
 def test_small_blocks_cost_more_at_equal_context():
-    by_block = {bs: data.committed_step_cost(bs).step_s(32, 32 * 500, 32, 32 * 500) for bs in (1, 2, 4, 8, 16, 32)}
+    by_block = {
+        bs: data.committed_step_cost(bs).step_s(Batch(32, 32 * 500, 32, 32 * 500)) for bs in (1, 2, 4, 8, 16, 32)
+    }
     assert by_block[1] > by_block[2] > by_block[4] > by_block[8] > by_block[16] > by_block[32]
     # the kernel alone: block size 1 costs R x block size 16 over a long context, R the measured ratio
     one, sixteen = (section.kernel_us(COEFFICIENTS, 1, 100_000, bs)[0] for bs in (1, 16))
@@ -106,21 +110,27 @@ def test_small_blocks_cost_more_at_equal_context():
 def test_the_step_grows_with_tokens_and_context(num_decodes, context, prefill_tokens):
     c = data.committed_step_cost()
     decode_context = num_decodes * context
-    base = c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens, num_decodes, decode_context)
+    base = c.step_s(Batch(num_decodes + prefill_tokens, decode_context + prefill_tokens, num_decodes, decode_context))
     assert (
-        c.step_s(num_decodes + prefill_tokens + 1, decode_context + prefill_tokens + 1, num_decodes, decode_context)
+        c.step_s(
+            Batch(num_decodes + prefill_tokens + 1, decode_context + prefill_tokens + 1, num_decodes, decode_context)
+        )
         >= base
     )
     assert (
-        c.step_s(num_decodes + prefill_tokens, decode_context + prefill_tokens + 1, num_decodes, decode_context + 1)
+        c.step_s(
+            Batch(num_decodes + prefill_tokens, decode_context + prefill_tokens + 1, num_decodes, decode_context + 1)
+        )
         > base
     )
     assert (
         c.step_s(
-            num_decodes + 1 + prefill_tokens,
-            decode_context + context + prefill_tokens,
-            num_decodes + 1,
-            decode_context + context,
+            Batch(
+                num_decodes + 1 + prefill_tokens,
+                decode_context + context + prefill_tokens,
+                num_decodes + 1,
+                decode_context + context,
+            )
         )
         > base
     )

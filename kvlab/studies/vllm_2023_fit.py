@@ -29,7 +29,7 @@ from scipy.optimize import least_squares
 
 from kvlab.core import models, profiles, validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import Vllm2023StepCost, paged_attention_us
+from kvlab.core.cost import Batch, Vllm2023StepCost, paged_attention_us
 from kvlab.core.cost import vllm_2023 as data
 from kvlab.core.engine import simulate
 from kvlab.studies.paper_setting import PaperSetting
@@ -294,7 +294,10 @@ def step_times(batch_sizes=(1, 8, 32, 128), context_tokens: int = 500) -> pd.Dat
     for b in batch_sizes:
         b = validate.positive_int("batch_size", b)
         context = b * validate.positive_int("context_tokens", context_tokens)
-        vllm_ms, roofline_ms = vllm.step_s(b, context, b, context) * 1e3, roofline.step_s(b, context, b, context) * 1e3
+        vllm_ms, roofline_ms = (
+            vllm.step_s(Batch(b, context, b, context)) * 1e3,
+            roofline.step_s(Batch(b, context, b, context)) * 1e3,
+        )
         rows.append(
             {
                 "batch_size": b,

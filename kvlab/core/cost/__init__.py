@@ -16,6 +16,7 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.article import MS_PER_TOKEN
 from kvlab.core.config import EngineConfig
+from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.calibrated import CalibratedStepCost
 from kvlab.core.cost.measured import MeasuredStepCost, cudagraph_capture_sizes, measured_step_cost
 from kvlab.core.cost.roofline import RooflineStepCost
@@ -51,15 +52,7 @@ class StepCost(Protocol):
 
     def describe(self) -> str: ...
 
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float: ...
+    def step_s(self, batch: Batch) -> float: ...
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float | np.ndarray: ...
 
@@ -119,6 +112,7 @@ def checked_s(cost, seconds, num_tokens: int):
 
 __all__ = [
     "HARDWARE_STEP_COSTS",
+    "Batch",
     "STEP_COSTS",
     "CalibratedStepCost",
     "ConstantStepCost",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost.batch import Batch
 from kvlab.core.service_time import CalibratedServiceTime, lerp_clamped
 
 
@@ -43,16 +44,9 @@ class CalibratedStepCost:
             ms = ms + self.calibration.prefill_time_ms(num_tokens - num_decodes)
         return ms
 
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
+        num_tokens, _, num_decodes, decode_context_tokens, _, _ = batch
         return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:

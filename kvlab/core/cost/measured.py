@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.roofline import RooflineStepCost
 
 
@@ -334,16 +335,9 @@ class MeasuredStepCost:
         return _blend(along_history(a), along_history(a + 1), wa)
 
     # ---------------------------------------------------------------- the engine's interface
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
+        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch
         prefill_tokens = num_tokens - num_decodes
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
         if not prefill_tokens:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost.batch import Batch
 from kvlab.core.units import GIB
 
 
@@ -61,16 +62,9 @@ class RooflineStepCost:
         compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
         return np.maximum(memory_s, compute_s)
 
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
+        num_tokens, context_tokens = batch[:2]
         return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
@@ -81,7 +75,7 @@ class RooflineStepCost:
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): the weights read once or their FLOPs, no
         KV read."""
-        return self.step_s(num_tokens, 0)
+        return self.step_s(Batch(num_tokens, 0))
 
     @property
     def source(self) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kvlab.core import validate
 from kvlab.core.article import MS_PER_TOKEN
+from kvlab.core.cost.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -19,15 +20,7 @@ class ConstantStepCost:
     def __post_init__(self):
         validate.in_range("step_ms", self.step_ms, "ms_per_token")
 
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step: step_ms / 1000."""
         return self.step_ms / 1000.0
 
@@ -59,16 +52,9 @@ class LinearStepCost:
         if self.step_ms == 0 and self.step_ms_per_token == 0:
             validate.fail("step_ms", 0.0, "and step_ms_per_token cannot both be 0: a step must take time")
 
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step: (step_ms + step_ms_per_token x num_tokens) / 1000."""
+        num_tokens = batch[0]
         return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float:
@@ -77,7 +63,7 @@ class LinearStepCost:
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): such a step's own time."""
-        return self.step_s(num_tokens)
+        return self.step_s(Batch(num_tokens))
 
     def describe(self) -> str:
         """The step cost in words, with units."""

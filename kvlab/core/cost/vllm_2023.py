@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.core import models, validate
+from kvlab.core.cost.batch import Batch
 from kvlab.core.models import DATA_DIR
 from kvlab.core.workload import Workload
 
@@ -153,16 +154,9 @@ class Vllm2023StepCost:
         return 4.0 * self.hidden_size * prefill_attention_pairs / (self.dense_tflops * 1e6)
 
     # ---------------------------------------------------------------- the engine's interface
-    def step_s(
-        self,
-        num_tokens: int,
-        context_tokens: int = 0,
-        num_decodes: int = 0,
-        decode_context_tokens: int = 0,
-        num_prefills: int = 0,
-        prefill_attention_pairs: int = 0,
-    ) -> float:
+    def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
+        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch
         prefill_tokens = num_tokens - num_decodes
         if prefill_tokens and not num_prefills:  # a caller without the prefill aggregates: one chunk
             history = max(0, context_tokens - decode_context_tokens - prefill_tokens)

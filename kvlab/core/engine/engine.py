@@ -35,7 +35,7 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost, checked_s
+from kvlab.core.cost import Batch, ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import NoProgressError, check_engine, no_progress_message
 from kvlab.core.engine.fast import compiled as compiled_loop
@@ -58,18 +58,15 @@ SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023"
 
 def step_s(cost, out) -> float:
     """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
-    return checked_s(
-        cost,
-        cost.step_s(
-            out.num_scheduled_tokens,
-            out.context_tokens,
-            out.num_decodes,
-            out.decode_context_tokens,
-            out.num_prefills,
-            out.prefill_attention_pairs,
-        ),
+    batch = Batch(
         out.num_scheduled_tokens,
+        out.context_tokens,
+        out.num_decodes,
+        out.decode_context_tokens,
+        out.num_prefills,
+        out.prefill_attention_pairs,
     )
+    return checked_s(cost, cost.step_s(batch), out.num_scheduled_tokens)
 
 
 def _config(config: EngineConfig | None) -> EngineConfig:

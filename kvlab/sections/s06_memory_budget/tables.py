@@ -10,6 +10,7 @@ import pandas as pd
 
 from kvlab.core import capacity, validate
 from kvlab.core.batching import simulate as slot_simulate
+from kvlab.core.cost import Batch
 from kvlab.core.prefix_cache import replay
 from kvlab.core.service_time import TokenServiceTime
 from kvlab.core.units import GIB
@@ -117,12 +118,13 @@ def cost_table(setting: PaperSetting, batch_sizes=(1, 8, 32, 128), context_token
     for batch in batch_sizes:
         rows[f"decode: {batch} requests x {context_tokens} tokens"] = {
             "tokens": batch,
-            "step_ms": 1000 * cost.step_s(batch, batch * (context_tokens + 1), batch, batch * (context_tokens + 1)),
+            "step_ms": 1000
+            * cost.step_s(Batch(batch, batch * (context_tokens + 1), batch, batch * (context_tokens + 1))),
         }
     for prompt in (512, 2048):
         rows[f"prefill: one prompt of {prompt} tokens"] = {
             "tokens": prompt,
-            "step_ms": 1000 * cost.step_s(prompt, prompt),
+            "step_ms": 1000 * cost.step_s(Batch(prompt, prompt)),
         }
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = "step"

@@ -29,7 +29,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from itertools import accumulate, repeat
 
-from kvlab.core.cost import checked_s
+from kvlab.core.cost import Batch, checked_s
 from kvlab.core.engine.request import FINISHED
 from kvlab.core.engine.rules import admission_num_new_tokens
 from kvlab.core.engine.scheduler import SchedulerOutput
@@ -395,7 +395,9 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     if engine.recorder is not None:
         engine.recorder.decode_steps(left, 1)
     num_waiting = len(scheduler.waiting)
-    end = end_k + checked_s(engine.cost, engine.cost.step_s(num_left, context, num_left, context, 0, 0), num_left)
+    end = end_k + checked_s(
+        engine.cost, engine.cost.step_s(Batch(num_left, context, num_left, context, 0, 0)), num_left
+    )
     caching = kv.enable_caching
     for request, done in zip(running, finishing):
         if caching:
