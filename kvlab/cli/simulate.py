@@ -130,8 +130,6 @@ def add(commands) -> None:
     p.set_defaults(run=run, flags=SIMULATE_FLAGS)
 
 
-# What vllm_cost gives a step cost where --step-ms or --step-ms-per-token is not typed (the step costs' defaults).
-ENGINE_DEFAULTS = {"step_ms": article.MS_PER_TOKEN, "step_ms_per_token": 0.0}
 # The longest request without --max-model-len or a model's own context: the engine's default, tokens.
 DEFAULT_MAX_MODEL_LEN = vllm_engine.DEFAULT_CONFIG.scheduler.max_model_len
 
@@ -475,16 +473,8 @@ def vllm_pool(args, model: ModelSpec | None, config: EngineConfig) -> tuple[int,
 
 def vllm_cost(args, given: set[str], cost: str, model: ModelSpec | None, config: EngineConfig):
     """The step cost the flags ask for (kvlab.core.cost.make_step_cost), each flag checked first."""
-    step_ms = ENGINE_DEFAULTS["step_ms"] if args.step_ms is None else args.step_ms
-    if cost == "constant":
-        return make_step_cost(cost, step_ms=validate.in_range("step_ms", step_ms, "ms_per_token"))
-    if cost == "linear":
-        per_token = ENGINE_DEFAULTS["step_ms_per_token"] if args.step_ms_per_token is None else args.step_ms_per_token
-        return make_step_cost(
-            cost,
-            step_ms=validate.in_range("step_ms", step_ms, "step_ms"),
-            step_ms_per_token=validate.in_range("step_ms_per_token", per_token, "step_ms"),
-        )
+    if cost in ("constant", "linear"):  # the step cost checks its own figures (defaults: make_step_cost's)
+        return make_step_cost(cost, step_ms=args.step_ms, step_ms_per_token=args.step_ms_per_token)
     if cost in HARDWARE_STEP_COSTS:
         if model is None:
             raise ValueError(f"--cost {cost} needs --model and --gpu ({HARDWARE_NEEDS[cost]})")
