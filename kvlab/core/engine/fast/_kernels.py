@@ -1,8 +1,7 @@
 """The compiled loops of kvlab.core.engine.fast.compiled (imported only when one runs: it imports numba).
 
-Each loop is the Python engine's loop named in its docstring over the named arrays of fast/arrays.py (per request,
-indexed by request id: num_tokens, computed, num_blocks, status, num_preemptions and, asynchronous only,
-placeholders, in_flight and stale); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
+Each loop is the Python engine's loop named in its docstring over the named arrays of fast/arrays.py (req: the
+Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
 functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
 array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
 (decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time.
@@ -271,17 +270,7 @@ def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_t
 @_inline
 def schedule(
     cfg,
-    num_tokens,
-    computed,
-    num_blocks,
-    num_cached,
-    status,
-    num_preemptions,
-    placeholders,
-    in_flight,
-    stale,
-    max_tokens_total,
-    first_scheduled_s,
+    req,
     clock,
     running,
     nrun,
@@ -298,6 +287,31 @@ def schedule(
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
     returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
     Without prefix caching (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
+    (
+        max_tokens_total,
+        num_tokens,
+        computed,
+        num_blocks,
+        num_cached,
+        status,
+        num_preemptions,
+        placeholders,
+        in_flight,
+        stale,
+        first_scheduled_s,
+    ) = (
+        req.max_tokens_total,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.num_cached,
+        req.status,
+        req.num_preemptions,
+        req.placeholders,
+        req.in_flight,
+        req.stale,
+        req.first_scheduled_s,
+    )  # locals: numba hoists them
     block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
         cfg.block_size,
         cfg.max_num_seqs,
@@ -540,14 +554,7 @@ def record(
 def decode_run(
     cfg,
     cost_ms,
-    arrival,
-    prompt,
-    max_num_tokens,
-    num_tokens,
-    computed,
-    num_blocks,
-    status,
-    finish_s,
+    req,
     running,
     nrun,
     waiting,
@@ -569,6 +576,16 @@ def decode_run(
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
     waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
     free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.status,
+        req.finish_s,
+    )  # locals: numba hoists them
     block_size, max_num_seqs, budget, usable, constant, threshold = (
         cfg.block_size,
         cfg.max_num_seqs,
@@ -660,26 +677,11 @@ def decode_run(
 
 @_jit
 def loop_sync(
-    arrival,
-    prompt,
-    max_num_tokens,
-    max_tokens_total,
+    req,
     cfg,
     cost_ms,
     state,
     fstate,
-    num_tokens,
-    computed,
-    num_blocks,
-    num_cached,
-    status,
-    num_preemptions,
-    placeholders,
-    in_flight,
-    stale,
-    first_scheduled_s,
-    first_token_s,
-    finish_s,
     running,
     waiting,
     pool,
@@ -693,6 +695,18 @@ def loop_sync(
     """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg.decode_runs: runs
     on): steps until every request finished (DONE), the chunk's steps are filled (FULL) or a step schedules nothing
     (NO_PROGRESS)."""
+    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, num_cached, status, first_token_s, finish_s = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.num_cached,
+        req.status,
+        req.first_token_s,
+        req.finish_s,
+    )  # locals: numba hoists them
     n = arrival.shape[0]
     usable, constant, caching = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching
     nxt, free, nrun, head, nwait = (
@@ -724,14 +738,7 @@ def loop_sync(
             steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(
                 cfg,
                 cost_ms,
-                arrival,
-                prompt,
-                max_num_tokens,
-                num_tokens,
-                computed,
-                num_blocks,
-                status,
-                finish_s,
+                req,
                 running,
                 nrun,
                 waiting,
@@ -752,17 +759,7 @@ def loop_sync(
                 continue
         ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
             cfg,
-            num_tokens,
-            computed,
-            num_blocks,
-            num_cached,
-            status,
-            num_preemptions,
-            placeholders,
-            in_flight,
-            stale,
-            max_tokens_total,
-            first_scheduled_s,
+            req,
             clock,
             running,
             nrun,
@@ -829,26 +826,11 @@ def loop_sync(
 
 @_jit
 def loop_async(
-    arrival,
-    prompt,
-    max_num_tokens,
-    max_tokens_total,
+    req,
     cfg,
     cost_ms,
     state,
     fstate,
-    num_tokens,
-    computed,
-    num_blocks,
-    num_cached,
-    status,
-    num_preemptions,
-    placeholders,
-    in_flight,
-    stale,
-    first_scheduled_s,
-    first_token_s,
-    finish_s,
     running,
     waiting,
     pool,
@@ -864,6 +846,35 @@ def loop_async(
     """Engine.run_async's loop without decode runs (asynchronous scheduling, a batch queue of two) and
     AsyncScheduler.update_from_output. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
     queue_f[slot]: start, end. Stops as loop_sync does."""
+    (
+        arrival,
+        prompt,
+        max_num_tokens,
+        num_tokens,
+        computed,
+        num_blocks,
+        num_cached,
+        status,
+        placeholders,
+        in_flight,
+        stale,
+        first_token_s,
+        finish_s,
+    ) = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.num_cached,
+        req.status,
+        req.placeholders,
+        req.in_flight,
+        req.stale,
+        req.first_token_s,
+        req.finish_s,
+    )  # locals: numba hoists them
     n = arrival.shape[0]
     usable, constant, caching, block_size = (
         cfg.num_usable_blocks,
@@ -894,17 +905,7 @@ def loop_async(
             slot = (queue_head + queue_len) % 2
             ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
                 cfg,
-                num_tokens,
-                computed,
-                num_blocks,
-                num_cached,
-                status,
-                num_preemptions,
-                placeholders,
-                in_flight,
-                stale,
-                max_tokens_total,
-                first_scheduled_s,
+                req,
                 clock,
                 running,
                 nrun,

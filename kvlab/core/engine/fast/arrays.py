@@ -8,6 +8,32 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+# Per request, indexed by request id: its arrival (s), prompt tokens, max_num_tokens (where it stops),
+# max_tokens_total (prompt + max_tokens, for the async early stop), and its state as the loop moves it (Request's
+# num_tokens, num_computed_tokens, block-table length, prefix-cached blocks, status, preemptions, and, asynchronous
+# only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN until set).
+Requests = namedtuple(
+    "Requests",
+    [
+        "arrival",
+        "prompt",
+        "max_num_tokens",
+        "max_tokens_total",
+        "num_tokens",
+        "computed",
+        "num_blocks",
+        "num_cached",
+        "status",
+        "num_preemptions",
+        "placeholders",
+        "in_flight",
+        "stale",
+        "first_scheduled_s",
+        "first_token_s",
+        "finish_s",
+    ],
+)
+
 # The engine's settings, integers (a bool as 0 or 1).
 Limits = namedtuple(
     "Limits",

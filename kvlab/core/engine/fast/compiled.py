@@ -29,7 +29,7 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool
+from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool, Requests
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
@@ -203,44 +203,27 @@ def serve(engine) -> Served | None:
     state = np.zeros(12, np.int64)
     state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
-    num_tokens = prompt.copy()
-    computed, num_blocks, num_cached, status, num_preemptions, placeholders, in_flight, stale = (
-        np.zeros(n, np.int64) for _ in range(8)
+    zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
+    arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
+    req = Requests(
+        arrival,
+        prompt,
+        max_num_tokens,
+        max_tokens_total,
+        prompt.copy(),
+        *(zeros() for _ in range(8)),
+        nans(),
+        nans(),
+        nans(),
     )
-    first_scheduled_s, first_token_s, finish_s = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    running, waiting = np.zeros(n, np.int64), np.zeros(n, np.int64)
+    running, waiting = zeros(), zeros()
     chunk = min(CHUNK_STEPS, 64 + 64 * n)
     logs = (np.empty(chunk), np.empty(chunk)) + tuple(np.empty(chunk, np.int64) for _ in range(5))
     events = tuple(np.empty(chunk, np.int64) for _ in range(5))
     end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
     counts = np.zeros(4, np.int64)
-    arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
-    per_request = (
-        arrival,
-        prompt,
-        max_num_tokens,
-        max_tokens_total,
-        cfg,
-        cost_ms,
-        state,
-        fstate,
-        num_tokens,
-        computed,
-        num_blocks,
-        num_cached,
-        status,
-        num_preemptions,
-        placeholders,
-        in_flight,
-        stale,
-        first_scheduled_s,
-        first_token_s,
-        finish_s,
-        running,
-        waiting,
-        block_pool(engine, max_num_tokens),
-    )
+    shared = (req, cfg, cost_ms, state, fstate, running, waiting, block_pool(engine, max_num_tokens))
     loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
     if sched.async_scheduling:  # the batch queue: two batches, their counts and times
@@ -251,10 +234,10 @@ def serve(engine) -> Served | None:
             np.zeros((2, 6), np.int64),
             np.zeros((2, 2)),
         )
-        step = lambda: loops.loop_async(*per_request, *queue, logs, events, counts)  # noqa: E731
+        step = lambda: loops.loop_async(*shared, *queue, logs, events, counts)  # noqa: E731
     else:
         batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-        step = lambda: loops.loop_sync(*per_request, *batch, logs, events, counts)  # noqa: E731
+        step = lambda: loops.loop_sync(*shared, *batch, logs, events, counts)  # noqa: E731
     log = StepLog(engine.block_size, True)
     while True:
         first_step = int(state[S_STEPS])
@@ -277,5 +260,7 @@ def serve(engine) -> Served | None:
         log,
         int(state[S_RUNS]),
         float(fstate[F_CLOCK]),
-        RequestLog.of(first_scheduled_s, first_token_s, finish_s, num_preemptions, num_tokens - prompt),
+        RequestLog.of(
+            req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions, req.num_tokens - prompt
+        ),
     )
