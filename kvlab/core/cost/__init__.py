@@ -32,11 +32,7 @@ HARDWARE_STEP_COSTS = ("roofline", "measured", "vllm-2023")
 class StepCost(Protocol):
     """What the engine asks of a step cost.
 
-    step_s: seconds of one step, from what it schedules: num_tokens (all scheduled tokens), context_tokens (sum over
-    scheduled requests of the tokens they attend: computed + new), num_decodes and decode_context_tokens (the same
-    for requests computing one last token), and, for the costs that read them, num_prefills (the other scheduled
-    requests: prefill chunks) and prefill_attention_pairs (sum over those chunks of n x c + n(n+1)/2: the
-    query-key pairs of n new tokens after c computed ones under the causal mask).
+    step_s: seconds of one step, from what it schedules: a Batch (kvlab.core.cost.batch says what each field counts).
     run_s: the k steps of a decode run at once: num_decodes requests decode every step and their context grows by
     num_decodes tokens a step; one float when every step lasts the same, else an array, computed by the same float
     operations as step_s so that both paths give the same times.
