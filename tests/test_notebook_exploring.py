@@ -71,14 +71,19 @@ def _can_run(stem: str) -> bool:
     return stem not in NEEDS_TRACES or not traces.missing_traces()
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run of RUNS that can run here, all started at once (papermill's command line, a process and a kernel
-    each): they share the cores instead of waiting for one another. stem -> (executed copy, process)."""
-    folder = tmp_path_factory.mktemp("exploring")
-    started = {}
-    for stem in filter(_can_run, RUNS):
-        out = folder / f"{stem}.ipynb"
+AT_ONCE = 2  # runs going at once: one a core (kernels started all together can die before they answer)
+
+
+class Runs:
+    """The runs of RUNS that can run here, in the tests' order, AT_ONCE at a time (papermill's command line, a process
+    and a kernel each): the next starts while a test waits for the one before it."""
+
+    def __init__(self, folder):
+        self.folder, self.started = folder, {}
+        self.queue = [stem for stem in sorted(RUNS) if _can_run(stem)]
+
+    def _start(self, stem: str) -> None:
+        out = self.folder / f"{stem}.ipynb"
         notebook = str(ROOT / "notebooks" / f"{stem}.ipynb")
         options = ["-y", json.dumps(RUNS[stem]), "-k", "python3", "--cwd", str(ROOT / "notebooks"), "--no-progress-bar"]
         process = subprocess.Popen(  # papermill and its kernel: one process group
@@ -88,20 +93,37 @@ def runs(tmp_path_factory):
             text=True,
             start_new_session=True,
         )
-        started[stem] = out, process
+        self.started[stem] = out, process
+
+    def result(self, stem: str) -> tuple:
+        """stem's run, once done: (executed copy, process, its output); the runs after it keep AT_ONCE going."""
+        for other in [stem] + self.queue:
+            going = sum(process.poll() is None for _, process in self.started.values())
+            if other not in self.started and (other == stem or going < AT_ONCE):
+                self._start(other)
+        out, process = self.started[stem]
+        return out, process, process.communicate()[0]
+
+    def close(self) -> None:
+        for _, process in self.started.values():
+            if process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernel
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Runs (see the class), closed at the end of the module."""
+    started = Runs(tmp_path_factory.mktemp("exploring"))
     yield started
-    for _, process in started.values():
-        if process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernel
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+    started.close()
 
 
 @pytest.mark.parametrize("stem", sorted(RUNS))
 def test_a_notebook_runs_with_other_parameters(stem, runs):
     if not _can_run(stem):
         pytest.skip(f"{stem} needs the real traces, not in {traces.trace_dir()} (set TRACE_DIR or run make traces)")
-    out, process = runs[stem]
-    output = process.communicate()[0]
+    out, process, output = runs.result(stem)
     assert process.returncode == 0, f"{stem} failed with {RUNS[stem]}:\n" + "\n".join(output.splitlines()[-15:])
     last = [c for c in nbformat.read(out, as_version=4).cells if c.cell_type == "code"][-1]
     assert any(o.get("name") == "stdout" and o["text"].strip() for o in last.outputs)  # the headline printed
