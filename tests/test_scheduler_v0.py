@@ -209,7 +209,7 @@ def checked_engine(args) -> tuple[Engine, list[str]]:
         if out.admitted:  # a prompt step: a prefix of the waiting queue, whole, within the budget
             check(batch == out.admitted == waiting[: len(batch)] and not out.preempted, "prompt step: not FCFS")
             check(all(n == r.num_tokens == r.num_computed_tokens for r, n in out.scheduled), "prompt step: partial")
-            check(out.num_scheduled_tokens <= scheduler.max_num_batched_tokens, "prompt step: over the budget")
+            check(out.batch.num_scheduled_tokens <= scheduler.max_num_batched_tokens, "prompt step: over the budget")
             check(len(scheduler.running) <= scheduler.max_num_seqs, "prompt step: over max_num_seqs")
             if paged:
                 check(kv.num_free_blocks >= scheduler.watermark_blocks, "prompt step: under the watermark")

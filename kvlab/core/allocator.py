@@ -26,7 +26,7 @@ from fractions import Fraction
 import numpy as np
 
 from kvlab.core import article, validate
-from kvlab.core.block_pool import BlockPool
+from kvlab.core.block_pool import BlockPool, free_table
 from kvlab.core.capacity import max_num_requests as _requests_that_fit
 from kvlab.core.units import GIB, MIB, as_written, cdiv
 
@@ -287,7 +287,7 @@ class BlockAllocator:
         """Return all of request_id's blocks to the free queue (vLLM's order: to its head, last block first);
         the number of blocks freed."""
         table = self._known(request_id)
-        self._pool.free_blocks(reversed(table))
+        free_table(self._pool, table, len(table))
         del self._tables[request_id], self._num_tokens[request_id]
         return len(table)
 

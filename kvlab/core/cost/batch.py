@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 
 class Batch(NamedTuple):
-    """A step's batch as a step cost sees it (the engine's SchedulerOutput has the same fields). Tokens are counts;
+    """A step's batch as a step cost sees it (the engine's SchedulerOutput.batch). Tokens are counts;
     context_tokens sums, over the scheduled requests, the tokens each attends (computed + new); the decodes are the
     requests computing one last token; prefill_attention_pairs sums, over the other requests' chunks of n new tokens
     after c computed ones, the causal query-key pairs n x c + n (n + 1) / 2 (0 with num_prefills 0: a cost that

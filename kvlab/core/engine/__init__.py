@@ -3,7 +3,7 @@
 The reference path, in the order a reader meets it: request (Request), rules (each vLLM rule, once), block pool
 (kvlab.core.block_pool), kv_cache_manager (vLLM's paged KVCacheManager), scheduler (vLLM's schedule() and
 update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop, simulate). Beside it:
-checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
+block_hashes (a full block's content hash, for prefix caching), checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
 paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
 loop, calling the same rules).
 """

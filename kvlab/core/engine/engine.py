@@ -35,7 +35,7 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import Batch, ConstantStepCost, checked_s
+from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import NoProgressError, check_engine, no_progress_message
 from kvlab.core.engine.fast import compiled as compiled_loop
@@ -58,15 +58,7 @@ SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023"
 
 def step_s(cost, out) -> float:
     """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
-    batch = Batch(
-        out.num_scheduled_tokens,
-        out.context_tokens,
-        out.num_decodes,
-        out.decode_context_tokens,
-        out.num_prefills,
-        out.prefill_attention_pairs,
-    )
-    return checked_s(cost, cost.step_s(batch), out.num_scheduled_tokens)
+    return checked_s(cost, cost.step_s(out.batch), out.batch.num_scheduled_tokens)
 
 
 def _config(config: EngineConfig | None) -> EngineConfig:
@@ -185,7 +177,7 @@ class Engine:
         """One step of vLLM's engine: schedule, run (its cost), update from the sampled tokens."""
         scheduler = self.scheduler
         out = scheduler.schedule()
-        if out.num_scheduled_tokens == 0:
+        if out.batch.num_scheduled_tokens == 0:
             raise NoProgressError(no_progress_message(self))
         start = self.clock
         end = start + step_s(self.cost, out)
@@ -198,7 +190,7 @@ class Engine:
         if out.preempted:
             num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
         else:
-            num_kv_tokens = self.num_kv_tokens + out.num_scheduled_tokens + out.num_hit_tokens
+            num_kv_tokens = self.num_kv_tokens + out.batch.num_scheduled_tokens + out.num_hit_tokens
         num_sampled, first_tokens, finished = scheduler.update_from_output(out)
         for request in first_tokens:
             request.first_token_s = end
@@ -209,7 +201,7 @@ class Engine:
         self.steps.append(
             start,
             end,
-            out.num_scheduled_tokens,
+            out.batch.num_scheduled_tokens,
             num_running,
             num_waiting,
             self.kv_cache_manager.num_held,
@@ -244,7 +236,7 @@ class Engine:
                     continue
             if scheduler.has_requests():
                 out = scheduler.schedule()
-                tokens = out.num_scheduled_tokens
+                tokens = out.batch.num_scheduled_tokens
                 for request in out.admitted:
                     if request.first_scheduled_s is None:
                         request.first_scheduled_s = self.clock
@@ -262,8 +254,8 @@ class Engine:
                 num_empty = 0 if tokens else num_empty + 1
                 if (
                     num_empty >= 2
-                    and scheduler.has_unfinished_requests()
-                    and not any(batch[0].num_scheduled_tokens for batch in queue)
+                    and (scheduler.running or scheduler.waiting)
+                    and not any(batch[0].batch.num_scheduled_tokens for batch in queue)
                 ):
                     if self.next_arrival == n:
                         raise NoProgressError(no_progress_message(self))
@@ -284,11 +276,11 @@ class Engine:
                 request.first_token_s = end
             for request in finished:
                 self.requests.finished(request, end)
-            if out.num_scheduled_tokens or out.preempted:
+            if out.batch.num_scheduled_tokens or out.preempted:
                 self.steps.append(
                     start,
                     end,
-                    out.num_scheduled_tokens,
+                    out.batch.num_scheduled_tokens,
                     num_running,
                     num_waiting,
                     kv.num_held,

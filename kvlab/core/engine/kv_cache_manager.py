@@ -4,13 +4,12 @@ KVCacheManager is vllm/v1/core/kv_cache_manager.py for one full-attention group 
 inert here left out (no lookahead, no watermark, no connector, no sliding window): allocate_slots gives a
 request blocks for the tokens it computes this step, nothing more, and on admission first checks that
 blocks for its whole current length are free (scheduler_reserve_full_isl, on by default in 0.33).
-
-Recorder.freed sees every block table freed, when the engine records frees.
 """
 
 from __future__ import annotations
 
-from kvlab.core.block_pool import BlockPool
+from kvlab.core.block_pool import BlockPool, free_table, take_blocks, touch_blocks
+from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.rules import admission_num_new_blocks, num_blocks_to_allocate, num_lookup_blocks
 
@@ -37,8 +36,7 @@ class KVCacheManager:
     @property
     def num_held(self) -> int:
         """What the requests hold, as the step records count it: blocks in use (BlockPool.num_used_blocks)."""
-        pool = self.pool
-        return pool.num_gpu_blocks - 1 - len(pool._head) - len(pool._tail)
+        return self.pool.num_used_blocks
 
     def get_computed_blocks(self, request: Request) -> list[int]:
         """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit),
@@ -48,34 +46,24 @@ class KVCacheManager:
         num_blocks = num_lookup_blocks(request.num_tokens, self.block_size)
         hits = []
         get = self.pool.get_cached_block
-        for block_hash in request.block_hashes(num_blocks, self.block_size)[:num_blocks]:
+        for block_hash in block_hashes(request, num_blocks, self.block_size)[:num_blocks]:
             block = get(block_hash)
             if block is None:
                 break
             hits.append(block)
         return hits
 
-    def num_evictable(self, hit_blocks: list[int]) -> int:
-        """Hit blocks no request holds (still in the free queue)."""
-        return sum(1 for b in hit_blocks if self.pool.ref_cnt(b) == 0) if hit_blocks else 0
+    def admission_num_new_blocks(self, request: Request, num_new_tokens: int, hit_blocks, num_blocks_taken=0) -> int:
+        """rules.admission_num_new_blocks for the request with num_blocks_taken blocks fewer free than now: its new
+        blocks, or -1 if refused (a hit block no request holds is still in the free queue)."""
+        num_evictable = sum(1 for b in hit_blocks if self.pool.ref[b] == 0) if hit_blocks else 0
+        free = self.pool.num_free_blocks - num_blocks_taken
+        n, bs, max_len = request.num_tokens, self.block_size, self.max_model_len
+        return admission_num_new_blocks(n, len(hit_blocks), num_evictable, num_new_tokens, free, bs, max_len)
 
-    def can_admit(
-        self, request: Request, num_new_tokens: int, hit_blocks: list[int], num_blocks_taken: int = 0
-    ) -> bool:
-        """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free than now (side-effect
-        free: rules.admission_num_new_blocks)."""
-        return (
-            admission_num_new_blocks(
-                request.num_tokens,
-                len(hit_blocks),
-                self.num_evictable(hit_blocks),
-                num_new_tokens,
-                self.pool.num_free_blocks - num_blocks_taken,
-                self.block_size,
-                self.max_model_len,
-            )
-            >= 0
-        )
+    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks, num_blocks_taken: int = 0) -> bool:
+        """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free (side-effect free)."""
+        return self.admission_num_new_blocks(request, num_new_tokens, hit_blocks, num_blocks_taken) >= 0
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (), full_sequence_must_fit: bool = False
@@ -84,31 +72,24 @@ class KVCacheManager:
         full_sequence_must_fit); False, with nothing changed, when the pool has too few free blocks (vLLM's
         allocate_slots returning None)."""
         pool, bs, table = self.pool, self.block_size, request.block_ids
-        num_free = len(pool._head) + len(pool._tail)
         if full_sequence_must_fit:  # admission: a waiting request holds no block
-            new = admission_num_new_blocks(
-                request.num_tokens,
-                len(hit_blocks),
-                self.num_evictable(hit_blocks),
-                num_new_tokens,
-                num_free,
-                bs,
-                self.max_model_len,
-            )
+            new = self.admission_num_new_blocks(request, num_new_tokens, hit_blocks)
             if new < 0:
                 return False
             if hit_blocks:
-                pool.touch(hit_blocks)
+                touch_blocks(pool, hit_blocks, len(hit_blocks))
                 table.extend(hit_blocks)
                 request.num_cached_blocks = len(table)
             computed = len(hit_blocks) * bs
         else:  # a running request
             computed = request.num_computed_tokens
             new = num_blocks_to_allocate(computed, num_new_tokens, len(table), bs, self.max_model_len)
-            if new > num_free:
+            if new > pool.num_free_blocks:
                 return False
         if new > 0:
-            table.extend(pool.get_new_blocks(new))
+            at = len(table)
+            table.extend([0] * new)
+            take_blocks(pool, new, table, at)
         if self.enable_caching:
             self.cache_blocks(request, min(computed + num_new_tokens, request.num_tokens))
         return True
@@ -118,7 +99,7 @@ class KVCacheManager:
         num_full = num_tokens // self.block_size
         start = request.num_cached_blocks
         if num_full > start:
-            hashes = request.block_hashes(num_full, self.block_size)
+            hashes = block_hashes(request, num_full, self.block_size)
             self.pool.cache_full_blocks(request.block_ids[start:num_full], hashes[start:num_full])
             request.num_cached_blocks = num_full
 
@@ -127,7 +108,7 @@ class KVCacheManager:
         table = request.block_ids
         if self.recorder is not None:
             self.recorder.freed(request)
-        self.pool.free_table(table)
+        free_table(self.pool, table, len(table))
         request.block_ids = []
         request.num_cached_blocks = 0
         return len(table)

@@ -1,28 +1,12 @@
 """vLLM 0.33's scheduling rules, each written once, as functions of integers.
 
 The reference scheduler (scheduler.py, async_scheduler.py), the KV-cache manager, the decode runs and the
-compiled loop (fast/) all call these functions; numba compiles the same functions for the compiled loop
-(fast/_kernels.py), so a rule has one home. Each docstring names the vLLM file and function it follows
+compiled loop (fast/) all call these functions; numba compiles every function of this module for the compiled
+loop (fast/_kernels.py), so a rule has one home. Each docstring names the vLLM file and function it follows
 (paths under vllm/v1/core/). Tokens and blocks are counts; block_size is tokens a block.
 """
 
 from __future__ import annotations
-
-# Every rule, in the order a step meets them (fast/_kernels.py compiles each).
-RULES = (
-    "step_token_cap",
-    "running_num_new_tokens",
-    "allocation_is_noop",
-    "num_blocks_to_allocate",
-    "num_lookup_blocks",
-    "admission_num_new_tokens",
-    "blocks_to_admit",
-    "admission_num_new_blocks",
-    "preemption_victim",
-    "samples",
-    "is_finished",
-    "settles_placeholder",
-)
 
 
 def step_token_cap(long_prefill_token_threshold: int, num_running: int, num_waiting: int) -> int:

@@ -14,8 +14,7 @@ update_from_output: every scheduled request whose chunk reached the end of its k
 scheduled samples one token (a partial prefill chunk samples none); a request that has sampled max_tokens
 tokens, or reached max_model_len, finishes and frees its blocks at once, in the step's batch order.
 
-Asynchronous scheduling (vLLM's AsyncScheduler, the default on a GPU) is the subclass AsyncScheduler
-(async_scheduler.py). Every rule is a function of kvlab.core.engine.rules, shared with the fast paths.
+Asynchronous scheduling (the default on a GPU) is the subclass AsyncScheduler; every rule is a function of rules.py.
 
 Left out because it is inert for a text-only decoder with one full-attention group and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
@@ -26,8 +25,10 @@ watermark (0), drop-mode stale output (reset_prefix_cache and connectors only).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from kvlab.core.config import SchedulerConfig
+from kvlab.core.cost.batch import Batch
 from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
 from kvlab.core.engine.rules import (
     admission_num_new_tokens,
@@ -40,35 +41,16 @@ from kvlab.core.engine.rules import (
 )
 
 
+@dataclass(slots=True, eq=False)
 class SchedulerOutput:
-    """One step's decisions: (request, tokens) in vLLM's batch order, preempted requests, and cost inputs."""
+    """One step's decisions: (request, tokens) in vLLM's batch order, preempted and admitted requests, its batch."""
 
-    __slots__ = (
-        "scheduled",
-        "samples",
-        "preempted",
-        "admitted",
-        "num_scheduled_tokens",
-        "context_tokens",
-        "num_decodes",
-        "decode_context_tokens",
-        "num_prefills",
-        "prefill_attention_pairs",
-        "num_hit_tokens",
-    )
-
-    def __init__(self):
-        self.scheduled: list = []  # [(Request, num_new_tokens)]: running first, then admitted
-        self.samples: list = []  # per scheduled request: whether its chunk reaches its end (samples)
-        self.preempted: list = []  # requests preempted in this step, in order
-        self.admitted: list = []  # requests admitted (or resumed) in this step, in order
-        self.num_scheduled_tokens = 0
-        self.context_tokens = 0  # sum over scheduled requests of tokens attended (computed + new)
-        self.num_decodes = 0  # scheduled requests computing exactly their last known token
-        self.decode_context_tokens = 0  # context_tokens of those
-        self.num_prefills = 0  # scheduled requests that are not decodes (prefill chunks)
-        self.prefill_attention_pairs = 0  # sum over those of n x c + n (n + 1) / 2: causal query-key pairs
-        self.num_hit_tokens = 0  # prompt tokens admitted requests found in the prefix cache
+    scheduled: list = field(default_factory=list)  # [(Request, num_new_tokens)]: running first, then admitted
+    samples: list = field(default_factory=list)  # per scheduled request: whether its chunk reaches its end (samples)
+    preempted: list = field(default_factory=list)  # requests preempted in this step, in order
+    admitted: list = field(default_factory=list)  # requests admitted (or resumed) in this step, in order
+    batch: Batch = Batch(0)  # the step's tokens and what its step cost reads (account)
+    num_hit_tokens: int = 0  # prompt tokens admitted requests found in the prefix cache
 
 
 class Scheduler:
@@ -93,17 +75,9 @@ class Scheduler:
         """A request that has arrived joins the back of the waiting queue."""
         self.waiting.append(request)
 
-    def has_unfinished_requests(self) -> bool:
-        """Whether any request runs or waits."""
-        return bool(self.running or self.waiting)
-
     def has_requests(self) -> bool:
         """vLLM's has_requests(): a request runs or waits, or one finished since the last schedule()."""
         return bool(self.running or self.waiting or self.has_finished)
-
-    def threshold(self) -> int:
-        """This step's cap on one request's tokens (rules.step_token_cap)."""
-        return step_token_cap(self.long_prefill_token_threshold, len(self.running), len(self.waiting))
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -113,11 +87,10 @@ class Scheduler:
         kv = self.kv_cache_manager
         running, waiting = self.running, self.waiting
         budget = self.max_num_batched_tokens
-        cap = self.threshold()
+        cap = step_token_cap(self.long_prefill_token_threshold, len(running), len(waiting))
 
         i = 0
         allocate, bs, caching = kv.allocate_slots, kv.block_size, kv.enable_caching
-        max_model_len = self.max_model_len
         new_tokens, noop = running_num_new_tokens, allocation_is_noop
         while i < len(running) and budget > 0:
             request = running[i]
@@ -129,17 +102,13 @@ class Scheduler:
                 request.num_prompt_tokens + request.max_tokens,
                 cap,
                 budget,
-                max_model_len,
+                self.max_model_len,
             )
             if n == 0:  # async: its last token is in flight, or it is at max_model_len
                 i += 1
                 continue
-            if n == 1 and noop(1, computed, request.num_tokens, bs, caching):
-                scheduled.append((request, 1))
-                budget -= 1
-                i += 1
-                continue
-            while not allocate(request, n):
+            # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op)
+            while not noop(n, computed, request.num_tokens, bs, caching) and not allocate(request, n):
                 victim = running.pop(preemption_victim(len(running)))
                 self._preempt(victim)
                 preempted.append(victim)
@@ -191,9 +160,7 @@ class Scheduler:
             else:
                 prefills += 1
                 pairs += n * before + n * (n + 1) // 2
-        out.num_scheduled_tokens, out.context_tokens = tokens, context
-        out.num_decodes, out.decode_context_tokens = decodes, decode_context
-        out.num_prefills, out.prefill_attention_pairs = prefills, pairs
+        out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs)
         self.has_finished = False
 
     def _preempt(self, request: Request) -> None:

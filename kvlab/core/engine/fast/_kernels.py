@@ -14,6 +14,8 @@ import types
 
 import numpy as np
 
+from kvlab.core import block_pool
+from kvlab.core.block_pool import STACK_SIZE, TAIL_SIZE
 from kvlab.core.engine import rules
 from kvlab.core.engine.fast import decode_run as python_decode_run
 from kvlab.core.engine.fast.arrays import (
@@ -23,11 +25,6 @@ from kvlab.core.engine.fast.arrays import (
     F_LAST_END,
     FULL,
     NO_PROGRESS,
-    P_SLOTS,
-    P_STACK,
-    P_TAIL_END,
-    P_TAIL_HEAD,
-    P_TAIL_SIZE,
     S_FREE,
     S_HAS_FINISHED,
     S_KV_TOKENS,
@@ -71,10 +68,14 @@ def _inline(function):
 
 
 def _compiled_rules() -> dict:
-    """The rules of kvlab.core.engine.rules and decode_run.steps_covered, compiled: the same functions the Python
-    engine calls, each with its calls to other rules resolved to their compiled selves."""
-    namespace = {"__builtins__": builtins}
-    functions = [getattr(rules, name) for name in rules.RULES] + [python_decode_run.steps_covered]
+    """Every function of kvlab.core.engine.rules, decode_run.steps_covered and the free queue of kvlab.core.block_pool
+    (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
+    resolved to their compiled selves (and block_pool's integer constants as its)."""
+    namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int}
+    functions = [
+        f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
+    ]
+    functions += [python_decode_run.steps_covered] + [getattr(block_pool, name) for name in block_pool.QUEUE]
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
         namespace[function.__name__] = _inline(copy)
@@ -92,6 +93,9 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
 )
 samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
 steps_covered = _RULES["steps_covered"]
+take_blocks, free_table, touch_blocks, cache_full_blocks = (
+    _RULES[name] for name in ("take_blocks", "free_table", "touch_blocks", "cache_blocks")
+)
 
 
 # ---------------------------------------------------------------- the block pool with prefix caching
@@ -109,148 +113,36 @@ def hash_id(pool, r, j):
 @_inline
 def num_free(pool):
     """BlockPool.num_free_blocks: both parts of the free queue."""
-    return pool.pstate[P_STACK] + pool.pstate[P_TAIL_SIZE]
+    return pool.free_state[STACK_SIZE] + pool.free_state[TAIL_SIZE]
 
 
 @_inline
-def tail_remove(pool, b):
-    tail_next, tail_prev, pstate = pool.tail_next, pool.tail_prev, pool.pstate
-    before, after = tail_prev[b], tail_next[b]
-    if before >= 0:
-        tail_next[before] = after
-    else:
-        pstate[P_TAIL_HEAD] = after
-    if after >= 0:
-        tail_prev[after] = before
-    else:
-        pstate[P_TAIL_END] = before
-    pstate[P_TAIL_SIZE] -= 1
-
-
-@_inline
-def tail_append(pool, b):
-    tail_next, tail_prev, pstate = pool.tail_next, pool.tail_prev, pool.pstate
-    end = pstate[P_TAIL_END]
-    tail_prev[b], tail_next[b] = end, -1
-    if end >= 0:
-        tail_next[end] = b
-    else:
-        pstate[P_TAIL_HEAD] = b
-    pstate[P_TAIL_END] = b
-    pstate[P_TAIL_SIZE] += 1
-
-
-@_inline
-def evict(pool, b):
-    """BlockPool._evict: the block leaves the cache list of its hash."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev = (
-        pool.hash_of,
-        pool.hash_first,
-        pool.hash_last,
-        pool.hash_next,
-        pool.hash_prev,
-    )
-    h = hash_of[b]
-    if h < 0:
-        return
-    before, after = hash_prev[b], hash_next[b]
-    if before >= 0:
-        hash_next[before] = after
-    else:
-        hash_first[h] = after
-    if after >= 0:
-        hash_prev[after] = before
-    else:
-        hash_last[h] = before
-    hash_of[b] = -1
-
-
-@_inline
-def get_new_blocks(pool, row, at, k):
-    """BlockPool.get_new_blocks: k blocks from the head of the free queue (the stack's top, then the tail's
-    front, evicting) into row[at:at + k]."""
-    ref, stack, pstate = pool.ref, pool.stack, pool.pstate
-    for i in range(k):
-        if pstate[P_STACK] > 0:
-            pstate[P_STACK] -= 1
-            b = stack[pstate[P_STACK]]
-        else:
-            b = pstate[P_TAIL_HEAD]
-            tail_remove(pool, b)
-            evict(pool, b)
-        ref[b] = 1
-        row[at + i] = b
-
-
-@_inline
-def free_table(pool, r, n):
-    """KVCacheManager.free with caching (BlockPool.free_blocks of the table reversed): unhashed blocks no request
-    holds go to the head, the first freed ending at the top; hashed ones to the tail, in the order freed."""
-    ref, hash_of, stack, pstate, tables, slot_of, free_slots, unhashed = (
-        pool.ref,
-        pool.hash_of,
-        pool.stack,
-        pool.pstate,
-        pool.tables,
-        pool.slot_of,
-        pool.free_slots,
-        pool.unhashed,
-    )
-    slot = slot_of[r]
-    row = tables[slot]
-    k = 0
-    for j in range(n - 1, -1, -1):
-        b = row[j]
-        ref[b] -= 1
-        if ref[b] == 0:
-            if hash_of[b] >= 0:
-                tail_append(pool, b)
-            else:
-                unhashed[k] = b
-                k += 1
-    for j in range(k - 1, -1, -1):
-        stack[pstate[P_STACK]] = unhashed[j]
-        pstate[P_STACK] += 1
-    free_slots[pstate[P_SLOTS]] = slot
-    pstate[P_SLOTS] += 1
-    slot_of[r] = -1
+def release_table(pool, r, n):
+    """KVCacheManager.free with caching: the request's table freed (block_pool.free_table), its row given back."""
+    slot = pool.slot_of[r]
+    free_table(pool, pool.tables[slot], n)
+    pool.free_slots[pool.num_free_slots[0]] = slot
+    pool.num_free_slots[0] += 1
+    pool.slot_of[r] = -1
 
 
 @_inline
 def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
     """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
-    hash_of, hash_first, hash_last, hash_next, hash_prev, tables, slot_of = (
-        pool.hash_of,
-        pool.hash_first,
-        pool.hash_last,
-        pool.hash_next,
-        pool.hash_prev,
-        pool.tables,
-        pool.slot_of,
-    )
-    num_full = num_known_tokens // block_size
-    row = tables[slot_of[r]]
-    for j in range(num_cached[r], num_full):
-        b = row[j]
-        h = hash_id(pool, r, j)
-        hash_of[b] = h
-        end = hash_last[h]
-        hash_prev[b], hash_next[b] = end, -1
-        if end >= 0:
-            hash_next[end] = b
-        else:
-            hash_first[h] = b
-        hash_last[h] = b
-    if num_full > num_cached[r]:
-        num_cached[r] = num_full
+    start, end = num_cached[r], num_known_tokens // block_size
+    if end > start:
+        ids = pool.hash_ids
+        for j in range(start, end):
+            ids[j - start] = hash_id(pool, r, j)
+        cache_full_blocks(pool, pool.tables[pool.slot_of[r]], start, end, ids)
+        num_cached[r] = end
 
 
 @_inline
 def take_slot(pool, r):
     """A block-table row for a request being admitted."""
-    pstate, slot_of, free_slots = pool.pstate, pool.slot_of, pool.free_slots
-    pstate[P_SLOTS] -= 1
-    slot_of[r] = free_slots[pstate[P_SLOTS]]
+    pool.num_free_slots[0] -= 1
+    pool.slot_of[r] = pool.free_slots[pool.num_free_slots[0]]
 
 
 @_inline
@@ -348,7 +240,7 @@ def schedule(
             if new <= free:
                 if new > 0:
                     if caching:
-                        get_new_blocks(pool, pool.tables[pool.slot_of[r]], num_blocks[r], new)
+                        take_blocks(pool, new, pool.tables[pool.slot_of[r]], num_blocks[r])
                     free -= new
                     num_blocks[r] += new
                 if caching:
@@ -357,7 +249,7 @@ def schedule(
             nrun = preemption_victim(nrun)
             v = running[nrun]  # the most recently admitted running request (_preempt)
             if caching:
-                free_table(pool, v, num_blocks[v])
+                release_table(pool, v, num_blocks[v])
                 free = num_free(pool)
                 num_cached[v] = 0
             else:
@@ -390,9 +282,9 @@ def schedule(
             num_hits = 0
             evictable = 0
             if caching:  # get_computed_blocks: the longest cached run of blocks
-                hits, ref, hash_first = pool.hits, pool.ref, pool.hash_first
+                hits, ref, hash_ends = pool.hits, pool.ref, pool.hash_ends
                 for j in range(num_lookup_blocks(num_tokens[r], block_size)):
-                    b = hash_first[hash_id(pool, r, j)]
+                    b = hash_ends[2 * hash_id(pool, r, j)]
                     if b < 0:
                         break
                     hits[j] = b
@@ -406,16 +298,12 @@ def schedule(
             if caching:
                 take_slot(pool, r)
                 row = pool.tables[pool.slot_of[r]]
-                for j in range(num_hits):  # touch: a hit no request held leaves the free queue
-                    b = pool.hits[j]
-                    if pool.ref[b] == 0:
-                        tail_remove(pool, b)
-                    pool.ref[b] += 1
-                    row[j] = b
+                touch_blocks(pool, pool.hits, num_hits)  # a hit no request held leaves the free queue
+                row[:num_hits] = pool.hits[:num_hits]
                 num_blocks[r] = num_hits
                 num_cached[r] = num_hits
                 if new > 0:
-                    get_new_blocks(pool, row, num_hits, new)
+                    take_blocks(pool, new, row, num_hits)
                     num_blocks[r] += new
                 cache_blocks(pool, r, num_cached, min(start + m, num_tokens[r]), block_size)
                 free = num_free(pool)
@@ -497,7 +385,7 @@ def release(pool, caching, r, num_blocks, num_cached, free):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
         if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
-            free_table(pool, r, num_blocks[r])
+            release_table(pool, r, num_blocks[r])
         num_cached[r] = 0
         free = num_free(pool)
     else:

@@ -52,38 +52,37 @@ Limits = namedtuple(
 )
 
 # BlockPool (kvlab/core/block_pool.py) with block identities, as the prefix cache needs them (only with prefix
-# caching; otherwise the pool is a count of free blocks and these are placeholders). Per block: ref (reference
-# count), hash_of (its hash id or -1), tail_next and tail_prev (the free queue's hashed tail part, a linked list in
-# insertion order), hash_next and hash_prev (the blocks cached under one hash id, first inserted first). stack: the
-# free queue's unhashed head part (its top is the queue's head). Per hash id: hash_first, hash_last. pstate: stack
-# size, tail head, tail end, tail size, free slots (P_* below). Per running slot: tables (a block-table row); per
-# request: slot_of (its slot, -1 none); free_slots (pstate[P_SLOTS] of them). hash_offset, hash_shared, num_shared,
-# hash_base: a request's hash ids (_kernels.hash_id). hits, unhashed: scratch rows.
+# caching; otherwise the pool is a count of free blocks and these are placeholders). First the fields that
+# block_pool's queue functions read, named and laid out as BlockPool's: enable_caching; stack and free_state (the
+# free queue's head part and its counts), tail_next and tail_prev (its tail part); per block ref, hash_of, hash_next
+# and hash_prev; per hash id hash_ends (first and last). Then the loop's own: per running slot tables (a block-table
+# row); per request slot_of (its slot, -1 none); free_slots (num_free_slots[0] of them); hash_offset, hash_shared,
+# num_shared, hash_base (a request's hash ids, _kernels.hash_id); hits and hash_ids (scratch rows).
 Pool = namedtuple(
     "Pool",
     [
-        "ref",
-        "hash_of",
+        "enable_caching",
         "stack",
+        "free_state",
         "tail_next",
         "tail_prev",
-        "hash_first",
-        "hash_last",
+        "ref",
+        "hash_of",
         "hash_next",
         "hash_prev",
-        "pstate",
+        "hash_ends",
         "tables",
         "slot_of",
         "free_slots",
+        "num_free_slots",
         "hash_offset",
         "hash_shared",
         "num_shared",
         "hash_base",
         "hits",
-        "unhashed",
+        "hash_ids",
     ],
 )
-P_STACK, P_TAIL_HEAD, P_TAIL_END, P_TAIL_SIZE, P_SLOTS = 0, 1, 2, 3, 4
 
 # The loop's integer state between chunks (state[S_*]) and its float state (fstate[F_*]).
 (

@@ -7,7 +7,7 @@ caching also does decode runs at once, as decode_run.advance does (DECODE_RUNS; 
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
-Request.block_hashes tells blocks apart). Everything else (Workload.prefix_hashes, the reservation baselines,
+block_hashes.block_content tells blocks apart). Everything else (Workload.prefix_hashes, the reservation baselines,
 vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
@@ -28,6 +28,7 @@ from collections import namedtuple
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.block_pool import BlockPool
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool, Requests
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
@@ -75,7 +76,7 @@ def eligible(engine) -> bool:
 
 def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
     """Request r's block j's hash id (kernels.hash_id): full prompt blocks of equal token ids under equal parents
-    share one (Request.block_hashes tells blocks apart by the same contents); every other block, holding generated
+    share one (block_hashes.block_content tells blocks apart by the same contents); every other block, holding generated
     tokens or a prompt no other request shares, has its own. (offset, shared ids, number shared, base, ids in all)."""
     n, bs = engine.workload.num_requests, engine.block_size
     offset, num_shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
@@ -104,35 +105,27 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     caching = engine.config.cache.enable_prefix_caching
     if not caching:  # the loops read the pool only with prefix caching: placeholders
         one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
-        return Pool(*(one,) * 10, table, *(one,) * 8)
-    blocks, bs, sched = engine.num_gpu_blocks, engine.block_size, engine.config.scheduler
+        return Pool(False, *(one,) * 9, table, *(one,) * 9)
+    bs, sched = engine.block_size, engine.config.scheduler
     offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
     width = -(-engine.max_model_len // bs) + 1
-    minus = lambda size: np.full(size, -1, np.int64)  # noqa: E731
-    stack = np.zeros(blocks, np.int64)
-    stack[: blocks - 1] = np.arange(blocks - 1, 0, -1)  # the free queue's head part, block 1 on top
     slots = min(sched.max_num_seqs, engine.workload.num_requests)
-    pstate = np.array([blocks - 1, -1, -1, 0, slots], np.int64)  # stack size, tail head, tail end, tail size, slots
+    start = BlockPool(engine.num_gpu_blocks, enable_caching=True)  # every usable block free, in vLLM's order
+    lists = ("stack", "free_state", "tail_next", "tail_prev", "ref", "hash_of", "hash_next", "hash_prev")
     return Pool(
-        ref=np.zeros(blocks, np.int64),
-        hash_of=minus(blocks),
-        stack=stack,
-        tail_next=minus(blocks),
-        tail_prev=minus(blocks),
-        hash_first=minus(num_ids),
-        hash_last=minus(num_ids),
-        hash_next=minus(blocks),
-        hash_prev=minus(blocks),
-        pstate=pstate,
+        True,
+        *(np.array(getattr(start, name), np.int64) for name in lists),
+        hash_ends=np.full(2 * num_ids, -1, np.int64),
         tables=np.zeros((slots, width), np.int64),
-        slot_of=minus(engine.workload.num_requests),
+        slot_of=np.full(engine.workload.num_requests, -1, np.int64),
         free_slots=np.arange(slots, dtype=np.int64)[::-1].copy(),
+        num_free_slots=np.array([slots], np.int64),
         hash_offset=offset,
         hash_shared=shared,
         num_shared=num_shared,
         hash_base=base,
         hits=np.zeros(width, np.int64),
-        unhashed=np.zeros(width, np.int64),
+        hash_ids=np.zeros(width, np.int64),
     )
 
 

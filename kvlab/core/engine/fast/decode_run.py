@@ -390,14 +390,11 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     num_left = len(left)
     out.scheduled = [(r, 1) for r in left]
     out.samples = [True] * num_left
-    out.num_scheduled_tokens = out.num_decodes = num_left
-    out.context_tokens = out.decode_context_tokens = context
+    out.batch = Batch(num_left, context, num_left, context, 0, 0)
     if engine.recorder is not None:
         engine.recorder.decode_steps(left, 1)
     num_waiting = len(scheduler.waiting)
-    end = end_k + checked_s(
-        engine.cost, engine.cost.step_s(Batch(num_left, context, num_left, context, 0, 0)), num_left
-    )
+    end = end_k + checked_s(engine.cost, engine.cost.step_s(out.batch), num_left)
     caching = kv.enable_caching
     for request, done in zip(running, finishing):
         if caching:
@@ -413,7 +410,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     scheduler.running = left
     scheduler.has_finished = True
     engine.clock = end_k  # it waited for batch k's output
-    engine.steps.append(start_k, end_k, batch_k.num_scheduled_tokens, running_k, waiting_k, kv.num_held, context)
+    engine.steps.append(start_k, end_k, batch_k.batch.num_scheduled_tokens, running_k, waiting_k, kv.num_held, context)
     if engine.reserving:
         engine.record_split(scheduler.waiting[0] if scheduler.waiting else None)
     queue.append((out, end_k, end, num_running, num_waiting, True))
@@ -455,7 +452,7 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     engine.clock = last_clock
     engine.add_arrivals()  # those that joined, in arrival order
     engine.clock = times[k - 1]  # it waited for batch k - 1
-    if running0 == num_running and in_flight.num_scheduled_tokens == num_running:
+    if running0 == num_running and in_flight.batch.num_scheduled_tokens == num_running:
         if isinstance(later, int):
             engine.steps.extend(
                 [start0, *times[:k]],
@@ -467,7 +464,9 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
         else:
             engine.steps.extend([start0, *times[:k]], num_running, later[:k], held, kv_tokens)
     else:  # batch 0 admitted or ended prefills, or skipped requests that finished with the batch before it
-        engine.steps.append(start0, times[0], in_flight.num_scheduled_tokens, running0, waiting0, held[0], kv_tokens[0])
+        engine.steps.append(
+            start0, times[0], in_flight.batch.num_scheduled_tokens, running0, waiting0, held[0], kv_tokens[0]
+        )
         if k > 1:
             engine.steps.extend(
                 times[:k], num_running, later if isinstance(later, int) else later[1:k], held[1:], kv_tokens[1:]
@@ -480,6 +479,5 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     scheduler.has_finished = False
     out.scheduled = [(r, 1) for r in running]
     out.samples = [True] * num_running
-    out.num_scheduled_tokens = out.num_decodes = num_running
-    out.context_tokens = out.decode_context_tokens = kv_tokens[-1]
+    out.batch = Batch(num_running, kv_tokens[-1], num_running, kv_tokens[-1], 0, 0)
     queue.append((out, times[k - 1], times[k], num_running, num_waiting_k, True))
