@@ -57,22 +57,17 @@ def take_blocks(q, k: int, row, at: int) -> None:
     n = min(k, top)
     row[at : at + n] = stack[top - n : top][::-1]
     state[STACK_SIZE] = top - n
-    tail_next, tail_prev, hash_of, hash_next, hash_prev, hash_ends = (
-        q.tail_next,
-        q.tail_prev,
-        q.hash_of,
-        q.hash_next,
-        q.hash_prev,
-        q.hash_ends,
-    )
-    for i in range(at + n, at + k):
-        b = state[TAIL_HEAD]
-        unlink(tail_next, tail_prev, state, TAIL_HEAD, TAIL_END, b)
-        state[TAIL_SIZE] -= 1
-        h = hash_of[b]  # every tail block is cached
-        unlink(hash_next, hash_prev, hash_ends, 2 * h, 2 * h + 1, b)
-        hash_of[b] = -1
-        row[i] = b
+    if n < k:  # the tail part: cached blocks, evicted as they are taken
+        tail_next, tail_prev, hash_of = q.tail_next, q.tail_prev, q.hash_of
+        hash_next, hash_prev, hash_ends = q.hash_next, q.hash_prev, q.hash_ends
+        for i in range(at + n, at + k):
+            b = state[TAIL_HEAD]
+            unlink(tail_next, tail_prev, state, TAIL_HEAD, TAIL_END, b)
+            state[TAIL_SIZE] -= 1
+            h = hash_of[b]
+            unlink(hash_next, hash_prev, hash_ends, 2 * h, 2 * h + 1, b)
+            hash_of[b] = -1
+            row[i] = b
     if q.enable_caching:
         ref = q.ref
         for i in range(at, at + k):
