@@ -51,7 +51,7 @@ def test_a_heavy_rate_is_pruned_served_and_dropped_and_the_counts_add_up(heavy_p
     counts = heavy_plan.counts()
     assert sum(counts.values()) == SPACE.size == 24
     kinds = {r.reason.split(":")[0] for r in heavy_plan.results if r.status == "pruned"}
-    assert kinds == {"rate", "clock"}  # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
+    assert kinds == {"rate", "step cost"}  # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
     assert counts["misses"] > 0 and counts["dropped"] > 0 and counts["meets"] == 0
     assert all(r.served_requests == 400 for r in heavy_plan.results if r.status in ("meets", "misses"))
 
@@ -273,12 +273,12 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
     assert cli.main([*BASE, "--slo-ttft-p95-s", "1", "--slo-tpot-p95-ms", "40", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["search"]["num_candidates"] == 4 and out["objectives"] == {"ttft_p95_s": 1.0, "tpot_p95_ms": 40.0}
-    assert out["clock"]["measured"] and "LLMServingSim" in out["clock"]["source"]
-    assert out["clock"]["fidelity"][0]["label"] == "Llama-3.1-8B"
+    assert out["step_cost"]["measured"] and "LLMServingSim" in out["step_cost"]["source"]
+    assert out["step_cost"]["fidelity"][0]["label"] == "Llama-3.1-8B"
     assert cli.main([*BASE, "--slo-ttft-p95-s", "1", "--slo-tpot-p95-ms", "40"]) == 0
     text = capsys.readouterr().out
     assert "best                 1 x: vllm serve meta-llama/Llama-3.1-8B" in text
-    assert "why the others failed" in text and "clock checked        against a real vLLM run" in text
+    assert "why the others failed" in text and "step cost checked   against a real vLLM run" in text
 
 
 @pytest.mark.parametrize(
@@ -361,5 +361,5 @@ def test_a_model_no_profile_measures_is_refused_unless_the_roofline_is_allowed(c
     )
     assert cli.main([*argv, "--allow-roofline", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert not out["clock"]["measured"] and out["clock"]["warning"].startswith("planned on the roofline")
-    assert out["clock"]["fidelity"] == [] and "roofline" in out["clock"]["source"]
+    assert not out["step_cost"]["measured"] and out["step_cost"]["warning"].startswith("planned on the roofline")
+    assert out["step_cost"]["fidelity"] == [] and "roofline" in out["step_cost"]["source"]

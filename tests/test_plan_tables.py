@@ -39,7 +39,7 @@ def hand_plan() -> Plan:
     )
     results = [
         CandidateResult(Candidate(gpu_memory_utilization=0.7), "pruned", "capacity: vLLM would not start: too small"),
-        CandidateResult(Candidate(tensor_parallel_size=4), "pruned", "clock: no operator profile measures it"),
+        CandidateResult(Candidate(tensor_parallel_size=4), "pruned", "step cost: no operator profile measures it"),
         CandidateResult(
             Candidate(max_num_batched_tokens=2048), "pruned", "rate: 1 replica schedule at most 6 tokens/s"
         ),
@@ -66,7 +66,7 @@ def test_the_outcome_table_counts_each_kind_once_in_order_with_its_reason():
     outcome = plan_tables.outcome_table(hand_plan())
     assert list(outcome.index) == [
         "pruned: capacity",
-        "pruned: clock",
+        "pruned: step cost",
         "pruned: rate",
         "dropped after the first 200 requests",
         "served in full: misses p95 TTFT and p95 TPOT",
@@ -85,7 +85,7 @@ def test_the_figures_and_headline_name_the_best_and_the_counts():
         plan, {"best": {"vllm_serve": "vllm serve x", "num_replicas": 1}}, table, plan_tables.outcome_table(plan)
     )
     assert (f["meets"], f["misses"], f["dropped"], f["pruned"], f["num_twins"]) == (3, 1, 1, 3, 1)
-    assert f["pruned_by"] == {"capacity": 1, "clock": 1, "rate": 1}
+    assert f["pruned_by"] == {"capacity": 1, "step cost": 1, "rate": 1}
     assert (f["best_gpus"], f["best_per_gpu"], f["fewest_gpus"]) == (2, 3.0, 2)
     assert f["objectives"] == "p95 TTFT <= 1 s and p95 TPOT <= 40 ms"
 

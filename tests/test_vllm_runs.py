@@ -108,7 +108,7 @@ def test_a_miss_keeps_its_reason_from_the_runs_settings(name, cost_name, words):
 
 def test_the_check_view_puts_the_step_costs_beside_each_other():
     requests = step_cost_checks.check_requests([RUNS[0]])
-    assert requests.index.names == ["run", "clock", "request"] and len(requests) == 2 * 300
+    assert requests.index.names == ["run", "step_cost", "request"] and len(requests) == 2 * 300
     table = step_cost_checks.check_run_table(requests=requests)
     view = calibration.check_view(table)
     assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4

@@ -200,7 +200,7 @@ def check_view(table: pd.DataFrame) -> pd.DataFrame:
     text at their figure's decimals (the rows mix units); the median per-request error has no value, only its error."""
     from kvlab.sections.shared.present import cell
 
-    cost_names = list(dict.fromkeys(table.index.get_level_values("clock")))
+    cost_names = list(dict.fromkeys(table.index.get_level_values("step_cost")))
     rows = []
     for name in dict.fromkeys(table.index.get_level_values("run")):
         for key, (words, column, decimals) in CHECK_FIGURES.items():
@@ -245,7 +245,7 @@ def check_figures(table: pd.DataFrame) -> dict:
         "gpus": " and ".join(gpus),
         "num_requests": " to ".join(f"{n:,}" for n in counts),
         "num_replays": len(table),
-        "step_costs": " and ".join(dict.fromkeys(table.index.get_level_values("clock"))),
+        "step_costs": " and ".join(dict.fromkeys(table.index.get_level_values("step_cost"))),
         "targets": (
             f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"
             if t["mean_e2e_error"] == t["mean_tpot_error"]
@@ -255,7 +255,7 @@ def check_figures(table: pd.DataFrame) -> dict:
         f"within {t['mean_ttft_error']}",
         "sources": "\n".join(
             f"- {cost_name}: {source}"
-            for cost_name, r in table.groupby(level="clock", sort=False)
+            for cost_name, r in table.groupby(level="step_cost", sort=False)
             for source in dict.fromkeys(r["cost_source"])
         ),
         "num_within": len(within),

@@ -10,7 +10,7 @@ The search is not a grid:
 1. Pruning, before anything is served, of candidates that cannot work, each proven so:
    - capacity: vLLM would not start (its pool cannot hold one request of max_model_len) or refuses the
      scheduler's settings, or a request of the workload can never fit the pool;
-   - clock: no operator profile measures the model at that tensor parallel size on the GPU (unless the roofline
+   - step cost: no operator profile measures the model at that tensor parallel size on the GPU (unless the roofline
      is allowed);
    - rate: a step of T tokens takes at least min_step_s(T), so a replica serves at most
      max over T <= max_num_batched_tokens of T / min_step_s(T) tokens a second. For p95 E2E latency <= X, the
@@ -207,7 +207,7 @@ class CandidateResult:
             "status": self.status,
             "reason": self.reason,
             "num_gpu_blocks": self.num_gpu_blocks,
-            "measured_clock": self.measured_cost,  # kvlab plan --json's key
+            "measured_step_cost": self.measured_cost,  # kvlab plan --json's key
             "served_requests": self.served_requests,
             "requests_per_s_per_gpu": rate_per_s / c.num_gpus if self.status == "meets" else 0.0,
             **self.metrics,
@@ -288,7 +288,7 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
         if not measured and not deployment.allow_roofline:
             r.status, r.reason = (
                 "pruned",
-                f"clock: no operator profile measures it ({source}); allow the roofline to plan it",
+                f"step cost: no operator profile measures it ({source}); allow the roofline to plan it",
             )
             continue
         key = (
@@ -365,7 +365,7 @@ def search(
         )
     results = [CandidateResult(c) for c in space.candidates()]
     prune(workload, deployment, objectives, results)
-    if all(r.reason.startswith("clock") for r in results):
+    if all(r.reason.startswith("step cost") for r in results):
         validate.fail(
             "model",
             deployment.model.name,
@@ -496,7 +496,7 @@ def step_cost_fidelity(deployment: Deployment) -> list[dict]:
 
 
 def summary(plan: Plan, top: int = 10) -> dict:
-    """The plan as one JSON-ready object: the deployment, objectives, workload, step cost ("clock", with its
+    """The plan as one JSON-ready object: the deployment, objectives, workload, step cost ("step_cost", with its
     fidelity), the search, the ranked configurations (top of them), the best one's `vllm serve` command, and why the
     rest failed."""
     d = plan.deployment
@@ -521,7 +521,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
             "num_requests": plan.num_requests,
             "rate_per_s": round(plan.rate_per_s, 4),
         },
-        "clock": {
+        "step_cost": {
             "measured": measured,
             "source": plan.cost_source,
             "fidelity": fidelity,
@@ -564,7 +564,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
 
 def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
     """The plan in words, for the terminal."""
-    w, s, cost = out["workload"], out["search"], out["clock"]
+    w, s, cost = out["workload"], out["search"], out["step_cost"]
     objectives = ", ".join(f"{OBJECTIVE_WORDS[k]} <= {v:g} {OBJECTIVE_UNITS[k]}" for k, v in out["objectives"].items())
     c = s["counts"]
     lines = [
@@ -572,19 +572,19 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
         "requests/s",
         f"objectives           {objectives}",
-        f"clock                {cost['source']}",
+        f"step cost            {cost['source']}",
     ]
     if cost["warning"]:
         lines.append(f"warning              {cost['warning']}")
     for f in cost["fidelity"]:
         lines.append(
-            f"clock checked        against a real vLLM run ({f['label']}, section 5): mean E2E "
+            f"step cost checked   against a real vLLM run ({f['label']}, section 5): mean E2E "
             f"{100 * f['mean_e2e_error']:+.1f}%, mean TPOT {100 * f['mean_tpot_error']:+.1f}%, median request "
             f"E2E error {100 * f['median_request_e2e_error']:.1f}%, mean TTFT {100 * f['mean_ttft_error']:+.1f}%"
             f" ({'within' if f['within_targets'] else 'outside'} section 5's targets)"
         )
     if not cost["fidelity"] and cost["measured"]:
-        lines.append("clock checked        no real vLLM run of this model on this GPU checks it (data/checks/)")
+        lines.append("step cost checked   no real vLLM run of this model on this GPU checks it (data/checks/)")
     rungs = "; ".join(
         f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]
     )

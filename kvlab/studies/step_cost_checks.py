@@ -138,7 +138,7 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
 
 def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
     """Each real vLLM run (data/checks/; all by default) replayed with each step cost of cost_names, one row per
-    (run, step cost: the "clock" level, request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for
+    (run, step cost: the "step_cost" level, request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for
     one output token), with the replay's cost source, KV pool, label, notes and the reason a miss would have
     (check_reason)."""
     frames = []
@@ -155,7 +155,7 @@ def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
                 pd.DataFrame(
                     {
                         "run": name,
-                        "clock": cost_name,
+                        "step_cost": cost_name,
                         "request": np.arange(run.workload.num_requests),
                         "output_tokens": outputs,
                         "vllm_ttft_s": run.ttft_s,
@@ -172,7 +172,7 @@ def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
                     }
                 )
             )
-    return pd.concat(frames, ignore_index=True).set_index(["run", "clock", "request"])
+    return pd.concat(frames, ignore_index=True).set_index(["run", "step_cost", "request"])
 
 
 def check_run_table(names=None, cost_names=CHECK_STEP_COSTS, *, requests: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -182,11 +182,11 @@ def check_run_table(names=None, cost_names=CHECK_STEP_COSTS, *, requests: pd.Dat
     check_requests' replays (made here when not given). Checks only: nothing is fitted."""
     requests = check_requests(names, cost_names) if requests is None else requests
     rows = []
-    for (name, cost_name), r in requests.groupby(level=["run", "clock"], sort=False):
+    for (name, cost_name), r in requests.groupby(level=["run", "step_cost"], sort=False):
         first = r.iloc[0]
         row = {
             "run": name,
-            "clock": cost_name,
+            "step_cost": cost_name,
             "label": first["label"],
             "cost_source": first["cost_source"],
             "num_gpu_blocks": int(first["num_gpu_blocks"]),
@@ -205,4 +205,4 @@ def check_run_table(names=None, cost_names=CHECK_STEP_COSTS, *, requests: pd.Dat
         row["why"] = "" if row["within_targets"] else first["reason"]
         row["notes"] = first["notes"]
         rows.append(row)
-    return pd.DataFrame(rows).set_index(["run", "clock"])
+    return pd.DataFrame(rows).set_index(["run", "step_cost"])

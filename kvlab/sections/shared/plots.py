@@ -552,8 +552,8 @@ def check_scatter(requests: pd.DataFrame) -> matplotlib.figure.Figure:
     fig, axes = _figure(figsize=(9.0, 3.4), ncols=len(runs), squeeze=False)
     for ax, run in zip(axes[0], runs):
         mine = requests.xs(run, level="run")
-        for cost_name in dict.fromkeys(mine.index.get_level_values("clock")):
-            r = mine.xs(cost_name, level="clock")
+        for cost_name in dict.fromkeys(mine.index.get_level_values("step_cost")):
+            r = mine.xs(cost_name, level="step_cost")
             ax.scatter(
                 r["vllm_e2e_s"],
                 r["kvlab_e2e_s"],
