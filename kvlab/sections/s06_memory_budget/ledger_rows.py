@@ -87,7 +87,7 @@ def ledger_rows(
         ("Orca (Max)", "vllm_over_max_x", "vLLM over Orca (Max)"),
     ):
         precision = (
-            f", each rate to within {part['step_x']:.3g}x ({part['seeds']:.0f} seeds at the knee)"
+            f", each rate to within {part['step_x']:.3f}x ({part['seeds']:.0f} seeds at the knee)"
             if part.get("step_x", float("nan")) == part.get("step_x", float("nan"))
             else ", on a grid of rates"
         )

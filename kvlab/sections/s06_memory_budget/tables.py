@@ -99,7 +99,7 @@ def setting_table(setting: PaperSetting) -> pd.DataFrame:
     }
     if planned is not None:
         tokens = (planned["num_gpu_blocks"] - 1) * setting.block_size
-        rows[f"vLLM 0.33 on the {gpu.name} (kvlab.core.capacity)"] = {
+        rows[f"vLLM 0.33 on the {gpu.name} (as vLLM 0.33 sizes it)"] = {
             "kv_cache_gib": planned["available_kv_cache_bytes"] / GIB,
             "num_gpu_blocks": planned["num_gpu_blocks"],
             "token_slots_tokens": tokens,
@@ -249,7 +249,7 @@ def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     share requests hold (blocks or reservations), the share of that holding token states, the paper's split of the
     rest (reservation: slots for the requests' future tokens; internal fragmentation: held beyond their final
     lengths, the buddy's rounding, shown apart too, included; external fragmentation: free slots in chunks too small
-    for the waiting queue's head; others: the free rest), and the requests waiting (mean over steps: a queue means
+    for the waiting queue's head; free unfragmented: the free rest), and the requests waiting (mean over steps: a queue means
     memory is the limit)."""
     mean = mean_over_seeds(runs[runs["dataset"] == dataset], ["mode"])
     table = pd.DataFrame(index=pd.Index([MODE_LABELS[m] for m in MODES], name="allocation"))
@@ -259,7 +259,7 @@ def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     table["token_states_of_held_pct"] = 100.0 * table["token_states_pct"] / table["held_pct"]
     for column in ("reservation_pct", "internal_frag_pct", "rounding_pct", "external_frag_pct"):
         table[column] = [mean.loc[m, column] for m in MODES]
-    table["others_pct"] = 100.0 - table["held_pct"] - table["external_frag_pct"]
+    table["free_unfragmented_pct"] = 100.0 - table["held_pct"] - table["external_frag_pct"]
     table["mean_waiting_requests"] = [mean.loc[m, "mean_waiting_requests"] for m in MODES]
     return table
 

@@ -1,0 +1,69 @@
+"""Words that follow the numbers they speak of: a direction, a comparison, a count.
+
+A sentence that states which way a figure moved, whether two figures are alike, or how many of a set did
+something takes its words from here, from the values themselves rounded as the table beside them rounds them
+(decimals, through present.cell), so that data going the other way changes the sentence and the words can never
+say what the printed numbers deny. Figures that print the same are the same, whatever their last bits.
+"""
+
+from __future__ import annotations
+
+from kvlab.sections.shared.ledger import round_half_up
+from kvlab.sections.shared.present import cell
+
+
+def shown(value: float, decimals: int) -> float:
+    """value as a table with decimals places prints it (present.cell's rounding), as a number."""
+    return round_half_up(float(value), decimals)
+
+
+def direction(before: float, after: float, decimals: int, words=("rise", "fall", "stay the same")) -> str:
+    """words[0] if after prints above before, words[1] if below, words[2] if both print the same."""
+    a, b = shown(before, decimals), shown(after, decimals)
+    return words[0] if b > a else words[1] if b < a else words[2]
+
+
+def change(before: float, after: float, decimals: int, words=("rise", "fall", "stay the same"), unit: str = "") -> str:
+    """'rise from 4,265 to 26,461 (6.2x)', 'fall from 0.60 to 0.30 s (to 0.50x)' or 'stay the same at 0.60': the
+    direction, the two figures as printed (then unit, if any) and, where both are positive, their ratio."""
+    way = direction(before, after, decimals, words)
+    unit = unit if unit.startswith("%") or not unit else f" {unit}"
+    if way == words[2]:
+        return f"{way} at {cell(before, decimals)}{unit}"
+    a, b = shown(before, decimals), shown(after, decimals)
+    ratio = "" if a <= 0 or b <= 0 else f" ({b / a:.1f}x)" if b > a else f" (to {b / a:.2f}x)"
+    return f"{way} from {cell(before, decimals)} to {cell(after, decimals)}{unit}{ratio}"
+
+
+def alike(a: float, b: float, share: float) -> bool:
+    """Whether a and b differ by at most share of the larger (share 0.05: within 5%)."""
+    return abs(a - b) <= share * max(abs(a), abs(b))
+
+
+def comparison(name_a: str, a: float, name_b: str, b: float, decimals: int, unit: str, share: float = 0.05) -> str:
+    """'A and B are alike (a and b unit, within 5%)' or 'B takes 8.0x as long as A (a and b unit)': the words
+    follow the two figures as printed."""
+    pa, pb = shown(a, decimals), shown(b, decimals)
+    both = f"{cell(a, decimals)} and {cell(b, decimals)} {unit}"
+    if alike(pa, pb, share):
+        return f"{name_a} and {name_b} are alike ({both}, within {100 * share:g}%)"
+    if pa > 0 and pb > 0:
+        big, small = (name_b, name_a) if pb > pa else (name_a, name_b)
+        return f"{big} takes {max(pa, pb) / min(pa, pb):.1f}x as long as {small} ({both})"
+    return f"{name_a} and {name_b} differ ({both})"
+
+
+def shift(before: float, after: float, decimals: int) -> str:
+    """The change from before to after in percent, signed ('+61%', '-13%', '0%'), of the figures as printed."""
+    a, b = shown(before, decimals), shown(after, decimals)
+    if a == 0:
+        return "n/a"
+    text = f"{100 * (b / a - 1):+.0f}%"
+    return "0%" if text in ("+0%", "-0%") else text
+
+
+def counted(counts: dict) -> str:
+    """'2 meet every objective, 4 miss one and 4 miss two' from {'meet every objective': 2, 'miss one': 4,
+    'miss two': 4}, in the dict's order, leaving out kinds counted 0; '' when every count is 0."""
+    parts = [f"{n:,} {what}" for what, n in counts.items() if n]
+    return ", ".join(parts[:-1]) + " and " + parts[-1] if len(parts) > 1 else "".join(parts)

@@ -1,0 +1,125 @@
+"""Sentences built from their numbers: data going the other way changes the words (kvlab.sections.shared.phrases and
+the prose that uses it)."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvlab.sections.s06_memory_budget import prose
+from kvlab.sections.shared import phrases
+
+figures = st.floats(0.001, 1e6, allow_nan=False)
+
+
+@given(figures, figures, st.integers(0, 3))
+def test_a_change_says_the_way_the_printed_figures_go(before, after, decimals):
+    a, b = phrases.shown(before, decimals), phrases.shown(after, decimals)
+    text = phrases.change(before, after, decimals)
+    assert text.startswith("rise" if b > a else "fall" if b < a else "stay the same")
+    if a != b:  # flipped, the other way
+        assert phrases.change(after, before, decimals).startswith("fall" if b > a else "rise")
+
+
+def test_figures_that_print_the_same_are_the_same_and_a_ratio_is_of_the_printed_figures():
+    assert phrases.change(0.61614, 0.61594, 3) == "stay the same at 0.616"
+    assert phrases.change(4265, 26461, 0) == "rise from 4,265 to 26,461 (6.2x)"
+    assert phrases.change(26461, 4265, 0) == "fall from 26,461 to 4,265 (to 0.16x)"
+
+
+def test_alike_only_within_the_share_else_how_many_times():
+    assert phrases.comparison("vLLM", 0.4285, "Orca (Oracle)", 3.4439, 3, "s per token") == (
+        "Orca (Oracle) takes 8.0x as long as vLLM (0.429 and 3.444 s per token)"
+    )
+    assert phrases.comparison("vLLM", 0.4285, "Orca (Oracle)", 0.44, 3, "s per token").startswith(
+        "vLLM and Orca (Oracle) are alike (0.429 and 0.440 s per token, within 5%)"
+    )
+    assert phrases.comparison("vLLM", 3.4439, "Orca (Oracle)", 0.4285, 3, "s").startswith("vLLM takes 8.0x")
+
+
+def test_counts_name_every_kind_counted():
+    assert phrases.counted({"meet every objective": 2, "miss one": 4, "miss two": 4}) == (
+        "2 meet every objective, 4 miss one and 4 miss two"
+    )
+    assert phrases.counted({"meet every objective": 0, "miss one": 3}) == "3 miss one"
+    assert phrases.shift(40.8, 65.8, 1) == "+61%" and phrases.shift(7.0, 7.0, 1) == "0%"
+
+
+BLOCKS = {
+    "small": 1,
+    "large": 256,
+    "best": 1,
+    "ties": "1, 2",
+    "alpaca_ties": "1",
+    "alpaca_ratio": 1.2,
+    "of_held_large": 60.0,
+    "of_held_16": 95.0,
+    "alpaca_of_held_large": 30.0,
+    "entries_small": 600.0,
+    "entries_large": 3.0,
+    "busy_best": 16,
+    "busy_batched_small": 36.5,
+    "busy_batched_large": 28.0,
+    "busy_latency_small": 0.6,
+    "busy_latency_16": 0.5,
+    "busy_latency_large": 4.5,
+    "busy_preemptions_small": 4265,
+    "busy_preemptions_large": 26461,
+}
+
+
+def test_the_block_prose_turns_with_its_figures():
+    text = prose.block_text(BLOCKS)
+    assert "Waste grows with the block" in text and "Bookkeeping falls as the block grows" in text
+    assert "Preemptions rise from 4,265 to 26,461 (6.2x) as blocks grow" in text and "runs out sooner" in text
+    assert "normalized latency rises from 0.6000 to 4.5000 s per token (7.5x)" in text
+    flipped = BLOCKS | {
+        "of_held_large": 99.0,
+        "entries_small": 1.0,
+        "busy_preemptions_small": 26461,
+        "busy_preemptions_large": 4265,
+    }
+    text = prose.block_text(flipped)
+    assert "Waste shrinks with the block" in text and "Bookkeeping rises as the block grows" in text
+    assert "Preemptions fall from 26,461 to 4,265" in text and "fewer requests are admitted" in text
+
+
+MEMORY = {
+    "small_gib": 2,
+    "large_gib": 12,
+    "preempt_small": 2.69,
+    "preempted_pct_small": 88.6,
+    "preempt_large": 0.0,
+    "vllm_small": 16.36,
+    "oracle_small": 47.28,
+    "max_small": 101.5,
+    "vllm_large": 0.4285,
+    "oracle_large": 3.4439,
+}
+
+
+def test_the_memory_prose_says_alike_only_of_alike_figures():
+    text = prose.memory_text(MEMORY)
+    assert "Orca (Oracle) takes 8.0x as long as vLLM (0.429 and 3.444 s per token)" in text
+    assert "costs vLLM less than the slots Orca reserves" in text
+    text = prose.memory_text(MEMORY | {"oracle_large": 0.43, "vllm_small": 200.0})
+    assert "vLLM and Orca (Oracle) are alike" in text and "costs it more than Orca's reservations" in text
+
+
+def test_the_variant_prose_says_how_much_the_alpaca_family_moves_each_mode():
+    v = {
+        "sharegpt_processed_input": 607,
+        "sharegpt_processed_vllm_pct": 94.3,
+        "sharegpt_processed_vllm": 18.18,
+        "sharegpt_processed_oracle": 9.45,
+        "sharegpt_processed_max": 6.99,
+        "sharegpt_turn_input": 103,
+        "sharegpt_turn_vllm_pct": 92.9,
+        "alpaca_geometric_vllm_pct": 65.9,
+        "alpaca_gamma_vllm_pct": 55.1,
+    }
+    v |= {f"alpaca_geometric_{k}": x for k, x in (("vllm", 140.0), ("oracle", 65.9), ("pow2", 40.8), ("max", 7.0))}
+    v |= {f"alpaca_gamma_{k}": x for k, x in (("vllm", 158.1), ("oracle", 101.8), ("pow2", 65.8), ("max", 7.0))}
+    text = prose.variant_text(v)
+    assert "The Alpaca family matters:" in text and "Orca (Pow2) +61%" in text and "vLLM +13%" in text
+    assert "holding token states falls from 65.9 to 55.1% (to 0.84x)" in text and "18.2 requests" in text
+    v |= {f"alpaca_gamma_{k}": v[f"alpaca_geometric_{k}"] * 1.01 for k in ("vllm", "oracle", "pow2", "max")}
+    assert "The Alpaca family matters little" in prose.variant_text(v)
