@@ -206,3 +206,11 @@ def test_the_halving_figures_count_the_dropped_that_meet_on_fewer_gpus_than_the_
     assert plan_tables.halving_figures(check, None) == {"checked": 3, "meet": 2, "better": 2}
     empty = pd.DataFrame(columns=["num_gpus", "meets_in_full"])
     assert plan_tables.halving_figures(empty, 6) == {"checked": 0, "meet": 0, "better": 0}
+
+
+def test_the_served_candidates_are_counted_by_how_many_objectives_each_misses():
+    plan = hand_plan()
+    assert plan_tables.served_words(plan) == "3 meet every objective and 1 miss two"  # TTFT 3 s and TPOT 80 ms
+    plan.results[4] = served(Candidate(num_replicas=1), "misses", 3.0, 40.0, "p95 TTFT 3 s > 1")
+    plan.results.append(served(Candidate(max_num_seqs=512), "misses", 0.5, 80.0, "p95 TPOT 80 ms > 50"))
+    assert plan_tables.served_words(plan) == "3 meet every objective and 2 miss one"

@@ -10,6 +10,7 @@ import pandas as pd
 
 from kvlab.core.workload import Workload
 from kvlab.sections.s04_traces import open_trace
+from kvlab.sections.shared import phrases
 from kvlab.sections.shared.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
 from kvlab.studies import plan as planning
 from kvlab.studies.plan_space import (
@@ -354,7 +355,19 @@ def plan_figures(plan, summary: dict, served: pd.DataFrame, outcome: pd.DataFram
         "best_command": summary["best"]["vllm_serve"] if summary["best"] else None,
         "best_replicas": summary["best"]["num_replicas"] if summary["best"] else None,
         "objectives": objectives_words(plan.objectives),
+        "served_words": served_words(plan),
     }
+
+
+def served_words(plan) -> str:
+    """The candidates served on the whole workload in words, by how many objectives each misses: '2 meet every
+    objective, 4 miss one and 4 miss two'."""
+    missed = [sum(share > 1 for share in r.shares.values()) for r in plan.results if r.status == "misses" and r.shares]
+    names = {1: "one", 2: "two", 3: "three"}
+    counts = {"meet every objective": plan.counts()["meets"]}
+    counts |= {f"miss {names.get(k, k)}": missed.count(k) for k in sorted(set(missed))}
+    stopped = sum(1 for r in plan.results if r.status == "misses" and not r.shares)
+    return phrases.counted(counts | {"stopped before the end": stopped})
 
 
 def headline(plan, summary: dict, served: pd.DataFrame) -> list[str]:

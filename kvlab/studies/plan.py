@@ -2,8 +2,8 @@
 
 A candidate is one setting of vLLM's knobs (tensor parallel size, max_num_seqs, max_num_batched_tokens,
 block_size, gpu_memory_utilization, kv_cache_dtype, chunked prefill, prefix caching, async scheduling) and a
-number of replicas; the workload's requests are dealt to the replicas in turn (a round-robin router: vLLM itself
-has none). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
+number of replicas; the workload's requests are dealt to the replicas in turn (round robin: vLLM's data-parallel load
+balancing and the vLLM project's router are not modelled). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
 GPU profiles, section 5) with the KV pool vLLM would size (plan_capacity, vLLM 0.33's sizing code).
 
 The search is not a grid:

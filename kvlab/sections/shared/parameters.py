@@ -347,7 +347,7 @@ SPACE_PARAMETERS = {
 
 
 def search_space(p: dict):
-    """Notebook 07's SearchSpace (chunked prefill on, prefix caching off: vLLM 0.33's defaults), each candidate
+    """Notebook 07's SearchSpace (chunked prefill on, vLLM 0.33's default; prefix caching off, where vLLM 0.33's default is on: the trace gives no prompt contents), each candidate
     checked as vLLM checks its settings; a refusal names the notebook's parameter."""
     from kvlab.studies.plan_space import SearchSpace
 
