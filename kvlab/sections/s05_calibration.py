@@ -122,11 +122,11 @@ def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
 def section2_table(
     calibrations: list[Calibration], experiment: Experiment = Experiment(), seed: int = 0
 ) -> pd.DataFrame:
-    """Section 2's run (the experiment's workload of one seed) with the experiment's cost (the article's 8 ms per
-    token) and with each file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row
+    """Section 2's run (the experiment's workload of one seed, kvlab's run, not the article's figures) with the
+    experiment's cost (the article's 8 ms per token) and with each file's decode step at batch max_num_seqs (contexts clamped to the measured grid): one row
     per cost and policy."""
     workload = experiment.workload(seed)
-    costs = {f"article: {experiment.cost.ms_per_token:g} ms per token": experiment.cost}
+    costs = {f"kvlab, seed {seed}, at the article's {experiment.cost.ms_per_token:g} ms per token": experiment.cost}
     for c in calibrations:
         costs[f"measured: {c.name}"] = CalibratedServiceTime.from_csv(c.path, batch_size=experiment.max_num_seqs)
     frames = [
