@@ -123,3 +123,24 @@ def test_the_variant_prose_says_how_much_the_alpaca_family_moves_each_mode():
     assert "holding token states falls from 65.9 to 55.1% (to 0.84x)" in text and "18.2 requests" in text
     v |= {f"alpaca_gamma_{k}": v[f"alpaca_geometric_{k}"] * 1.01 for k in ("vllm", "oracle", "pow2", "max")}
     assert "The Alpaca family matters little" in prose.variant_text(v)
+
+
+def test_the_front_page_sentence_of_section_6_states_the_ledgers_values_at_its_rounding():
+    import pandas as pd
+
+    rows = [
+        (6, "s6.2", f"vLLM over {m}", "sustained_rate_ratio_x", x)
+        for m, x in (("Orca (Max)", 4.03), ("Orca (Oracle)", 2.09))
+    ]
+    section_ledger = pd.DataFrame(rows, columns=["section", "table", "row", "column", "reproduced"])
+    text = prose.finding_text(section_ledger, 0.5)
+    assert "sustains 4.0x Orca (Max)'s" in text and "and 2.1x Orca (Oracle)'s (the paper: 1.7 to 2.7x)" in text
+    section_ledger.loc[1, "reproduced"] = 1.44
+    assert "and 1.4x Orca (Oracle)'s" in prose.finding_text(section_ledger, 0.5)
+
+
+def test_a_queue_is_blamed_on_memory_only_beside_a_nearly_full_cache():
+    assert prose.limit_words(95.0, 0.0, 217.8).startswith("a queue beside a nearly full cache, so memory is the likely")
+    assert prose.limit_words(89.7, 9.4, 580.8).startswith("a queue beside a nearly full cache")  # free in fragments
+    assert prose.limit_words(73.0, 0.0, 1.8).startswith("a queue with 27% of the cache free and usable, so something")
+    assert prose.limit_words(95.0, 0.0, 0.4).startswith("no queue")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvlab.sections.s06_memory_budget.prose import limit_words
 from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
 from kvlab.sections.s06_memory_budget.tables import BEST_BLOCK_TOLERANCE, SECTION, best_block_size, mean_over_seeds
 from kvlab.studies.paper_setting import PaperSetting
@@ -54,7 +55,7 @@ def ledger_rows(
         for m in MODES:
             label = MODE_LABELS[m]
             run = means.loc[(name, m)]
-            limit = "memory is the limit" if run["mean_waiting_requests"] >= 1 else "memory is not the limit"
+            limit = limit_words(run["held_pct"], run["external_frag_pct"], run["mean_waiting_requests"])
             if m == "max":
                 why = f"{slots:,} token slots hold {slots // setting.max_model_len} reservations of {setting.max_model_len:,} tokens."
             elif m == "paged":

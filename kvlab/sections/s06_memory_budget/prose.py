@@ -26,7 +26,7 @@ from kvlab.sections.s06_memory_budget.tables import (
 )
 from kvlab.sections.shared import ledger, phrases
 from kvlab.sections.shared.ledger import round_half_up
-from kvlab.sections.shared.present import cell, joined, label
+from kvlab.sections.shared.present import cell, joined, label, published
 from kvlab.studies.paper_setting import PaperSetting, prefix_setting
 from kvlab.studies.paper_workloads import TraceWorkload
 
@@ -132,10 +132,27 @@ def fig13_figures(fig13: pd.DataFrame, fig2: pd.DataFrame) -> dict:
             f"{key}_waiting": fig2.loc[m, "mean_waiting_requests"],
             f"{key}_paper_pct": fig2.loc[m, "paper_token_states_pct"],
         }
-    out["vllm_limit"] = (
-        "memory is the limit" if out["vllm_waiting"] >= 1 else "memory is not what limits it at this rate"
-    )
+    out["vllm_limit"] = limit_words(out["vllm_held_pct"], fig2.loc["vLLM", "external_frag_pct"], out["vllm_waiting"])
     return out
+
+
+NEARLY_FULL_PCT = 90.0  # a cache whose requests hold at least this share (%), with its fragments, is nearly full
+
+
+def limit_words(held_pct: float, external_frag_pct: float, mean_waiting: float) -> str:
+    """What a run's queue and cache say about memory as its limit, worded as what it is: a queue beside a cache that
+    is nearly full (held, or free only in chunks too small for the next request) points at memory, a likely cause
+    that no run here isolates; a queue beside usable free memory says something else limits it too; no queue, that
+    memory does not."""
+    if mean_waiting < 1:
+        return "no queue, so memory is not what limits it at this rate"
+    usable_pct = 100.0 - held_pct - external_frag_pct
+    if usable_pct <= 100.0 - NEARLY_FULL_PCT:
+        return "a queue beside a nearly full cache, so memory is the likely limit (no run here isolates it)"
+    return (
+        f"a queue with {cell(usable_pct, 0)}% of the cache free and usable, so something besides memory limits it too "
+        "(the prompt step's token budget, max_num_seqs or the watermark; no run here isolates which)"
+    )
 
 
 def variant_figures(table: pd.DataFrame, lengths: pd.DataFrame) -> dict:
@@ -527,6 +544,23 @@ def ledger_figures(section_ledger: pd.DataFrame) -> dict:
         "within": listed(section_ledger[section_ledger["status"] == "pass"]),
         "outside": listed(section_ledger[section_ledger["status"] == "fail"]),
     }
+
+
+def finding_text(section_ledger: pd.DataFrame, bound_s: float) -> str:
+    """The section's finding (the front page's sentence): vLLM's sustained rate over Orca (Max)'s and Orca
+    (Oracle)'s on ShareGPT as the ledger holds them (refined at each knee) and the paper's, at the ledger's rounding."""
+    figures, rows = ledger.figures(SECTION).set_index(ledger.KEY), section_ledger.set_index(ledger.KEY)
+    said = {}
+    for other in ("Orca (Max)", "Orca (Oracle)"):
+        key = (SECTION, "s6.2", f"vLLM over {other}", "sustained_rate_ratio_x")
+        decimals = int(figures.loc[key, "decimals"])
+        said[other] = (cell(rows.loc[key, "reproduced"], decimals), published(figures.loc[key], decimals))
+    (mine_max, paper_max), (mine_oracle, paper_oracle) = said["Orca (Max)"], said["Orca (Oracle)"]
+    return (
+        f"Under one memory budget vLLM sustains {mine_max}x Orca (Max)'s request rate on ShareGPT (the paper: "
+        f"{paper_max}x) and {mine_oracle}x Orca (Oracle)'s (the paper: {paper_oracle}x), below {bound_s:g} s per "
+        "output token, each rate refined at its knee."
+    )
 
 
 def headline(fig13: pd.DataFrame, knee: pd.DataFrame, bound_s: float, section_ledger: pd.DataFrame) -> list[str]:
