@@ -144,3 +144,15 @@ def test_a_queue_is_blamed_on_memory_only_beside_a_nearly_full_cache():
     assert prose.limit_words(89.7, 9.4, 580.8).startswith("a queue beside a nearly full cache")  # free in fragments
     assert prose.limit_words(73.0, 0.0, 1.8).startswith("a queue with 27% of the cache free and usable, so something")
     assert prose.limit_words(95.0, 0.0, 0.4).startswith("no queue")
+
+
+def test_the_rerun_is_said_to_lie_where_it_lies_against_the_blog():
+    import pandas as pd
+
+    fit = pd.DataFrame(
+        {"blog_tokens_per_s": [6121.0, 1898.0], "rerun_tokens_per_s": [5752.0, 1653.0], "residual_pct": [-0.16, 0.4]}
+    )
+    text = prose.rerun_text(fit)
+    assert "lands 6% to 13% below the blog's figures" in text and "at most 0.4%" in text
+    fit["rerun_tokens_per_s"] = [6500.0, 2000.0]
+    assert "lands 5% to 6% above" in prose.rerun_text(fit)

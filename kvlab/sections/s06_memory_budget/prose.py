@@ -546,6 +546,20 @@ def ledger_figures(section_ledger: pd.DataFrame) -> dict:
     }
 
 
+def rerun_text(fit: pd.DataFrame) -> str:
+    """What the Anyscale benchmark's own rerun (vLLM 0.1.2) says of the blog's figures that the 2023 step cost is
+    fitted to (fit: vllm_2023_fit.fit_table), at the table's rounding."""
+    gap = 100.0 * (fit["rerun_tokens_per_s"] / fit["blog_tokens_per_s"] - 1.0)
+    side = "below" if (gap < 0).all() else "above" if (gap > 0).all() else "around"
+    ends = (gap.abs().min(), gap.abs().max()) if side != "around" else (gap.min(), gap.max())
+    spread = f"{cell(ends[0], 0)}% to {cell(ends[1], 0)}%"
+    return (
+        f"The benchmark's own rerun on vLLM 0.1.2, in its repository, lands {spread} {side} the blog's figures "
+        f"that the fit targets: the fit's residuals, at most {cell(fit['residual_pct'].abs().max(), 1)}%, measure how "
+        "closely kvlab's step cost matches the blog, not how closely the blog matches a rerun of the benchmark."
+    )
+
+
 def finding_text(section_ledger: pd.DataFrame, bound_s: float) -> str:
     """The section's finding (the front page's sentence): vLLM's sustained rate over Orca (Max)'s and Orca
     (Oracle)'s on ShareGPT as the ledger holds them (refined at each knee) and the paper's, at the ledger's rounding."""

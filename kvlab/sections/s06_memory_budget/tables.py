@@ -43,6 +43,15 @@ MEMORY_DECIMALS = {
     "vLLM: preemptions per request": 3,
     "vLLM: requests preempted (%)": 1,
 }
+# The Anyscale fit's table (vllm_2023_fit.fit_table) in words.
+FIT_LABELS = {
+    "max_tokens_cap": "max tokens cap",
+    "blog_tokens_per_s": "Anyscale's blog (tokens/s)",
+    "step_cost_tokens_per_s": "kvlab's step cost (tokens/s)",
+    "residual_pct": "residual against the blog (%)",
+    "rerun_tokens_per_s": "benchmark rerun, vLLM 0.1.2 (tokens/s)",
+}
+FIT_DECIMALS = {"blog_tokens_per_s": 0, "step_cost_tokens_per_s": 0, "rerun_tokens_per_s": 0, "residual_pct": 1}
 # How the notebook rounds block_table's columns.
 BLOCK_DECIMALS = {
     "normalized_latency_s": 4,
