@@ -214,3 +214,25 @@ def test_the_served_candidates_are_counted_by_how_many_objectives_each_misses():
     plan.results[4] = served(Candidate(num_replicas=1), "misses", 3.0, 40.0, "p95 TTFT 3 s > 1")
     plan.results.append(served(Candidate(max_num_seqs=512), "misses", 0.5, 80.0, "p95 TPOT 80 ms > 50"))
     assert plan_tables.served_words(plan) == "3 meet every objective and 2 miss one"
+
+
+def test_the_finding_leads_with_the_corrected_answer_only_where_the_correction_changes_it():
+    f = {
+        "best_label": "TP 2 x 3",
+        "best_per_gpu": 0.79,
+        "best_gpus": 6,
+        "rate_per_s": 4.71,
+        "objectives": "p95 TPOT <= 50 ms",
+        "pruned": 60,
+        "num_candidates": 144,
+        "num_served": 10,
+    }
+    missing = {"run": "Qwen3-32B, TP 2", "meets": False, "missed": "p95 TPOT"}
+    text = plan_tables.finding_text("Qwen/Qwen3-32B", "RTX", 2000, f, missing, 0)
+    assert text.startswith("Corrected for the measured clock's error") and "none of the 10 configurations" in text
+    assert "would miss its p95 TPOT objective. As planned, on kvlab's engine" in text
+    assert "2 of the 10 configurations served in full would still meet" in plan_tables.finding_text(
+        "Qwen/Qwen3-32B", "RTX", 2000, f, missing, 2
+    )
+    meets = plan_tables.finding_text("Qwen/Qwen3-32B", "RTX", 2000, f, {"meets": True}, 10)
+    assert meets.startswith("Planned on kvlab's engine") and meets.endswith("would still meet them.")

@@ -306,18 +306,62 @@ def step_cost_error_words(fidelity: list[dict], key: str) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
+def _corrected(row, fidelity: list[dict]) -> tuple[dict, dict]:
+    """A served configuration's p95 figures divided by (1 + the step cost's mean error) on the real vLLM run of its
+    tensor parallel size (else the first run), and that run."""
+    run = next((f for f in fidelity if f"TP {row['tensor_parallel_size']}" in f["label"]), fidelity[0])
+    return {m: float(row[m]) / (1 + run[STEP_COST_ERRORS[m]]) for m in METRICS}, run
+
+
 def step_cost_corrected(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> dict:
-    """The best configuration's p95 figures divided by (1 + the step cost's mean error) on the real vLLM run of its
-    tensor parallel size (else the first run): what they would be if the step cost's mean error held at the 95th
-    percentile too (a rough reading, not a measurement); with the run's label and the objectives that would be
-    missed. {} when nothing meets or no run checks the step cost."""
+    """The best configuration's p95 figures corrected by the step cost's mean error (_corrected): what they would be
+    if that error held at the 95th percentile too (a rough reading, not a measurement); with the run's label and the
+    objectives that would be missed. {} when nothing meets or no run checks the step cost."""
     if not fidelity or not served["best"].any():
         return {}
-    best = served[served["best"]].iloc[0]
-    run = next((f for f in fidelity if f"TP {best['tensor_parallel_size']}" in f["label"]), fidelity[0])
-    corrected = {m: float(best[m]) / (1 + run[STEP_COST_ERRORS[m]]) for m in METRICS}
+    corrected, run = _corrected(served[served["best"]].iloc[0], fidelity)
     missed = [OBJECTIVE_WORDS[m] for m, limit in objectives.given().items() if corrected[m] > limit]
     return {"run": run["label"], **corrected, "meets": not missed, "missed": " and ".join(missed)}
+
+
+def corrected_meeting(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> int | None:
+    """How many configurations served in full would meet every objective once corrected (_corrected); None when no
+    real run checks the step cost."""
+    if not fidelity:
+        return None
+    return sum(
+        all(_corrected(row, fidelity)[0][m] <= limit for m, limit in objectives.given().items())
+        for _, row in served.iterrows()
+    )
+
+
+def finding_text(model: str, gpu: str, num_requests: int, f: dict, fixed: dict, num_corrected: int | None) -> str:
+    """The section's finding (its sentence on the front page): the answer corrected for the step cost's measured
+    error first where the correction changes it, then the plan as served (f: plan_figures; fixed:
+    step_cost_corrected; num_corrected: corrected_meeting)."""
+    served = (
+        f"with {f['best_label']} ({f['best_per_gpu']} requests/s per GPU on {f['best_gpus']} GPUs)"
+        if f["best_label"]
+        else "with none of the configurations searched"
+    )
+    plan = (
+        f"on kvlab's engine and measured clock, {model} on {gpu} serves {num_requests:,} requests at "
+        f"{f['rate_per_s']:.2f} requests/s within {f['objectives']} {served}; {f['pruned']:,} of "
+        f"{f['num_candidates']:,} candidates were pruned by proof before any was served."
+    )
+    if not fixed or fixed["meets"]:
+        still = " Corrected for the clock's measured error it would still meet them." if fixed else ""
+        return f"Planned {plan}{still}"
+    meeting = (
+        f"none of the {f['num_served']:,} configurations served in full would meet {f['objectives']}"
+        if not num_corrected
+        else f"{num_corrected:,} of the {f['num_served']:,} configurations served in full would still meet {f['objectives']}"
+    )
+    return (
+        f"Corrected for the measured clock's error on this model and GPU (section 5's check, {fixed['run']}), "
+        f"{meeting}: the best as planned, {f['best_label']}, would miss its {fixed['missed']} objective. As planned, "
+        f"{plan}"
+    )
 
 
 def halving_figures(check: pd.DataFrame, best_gpus: int | None) -> dict:
