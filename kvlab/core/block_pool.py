@@ -21,7 +21,12 @@ from kvlab.core import validate
 
 NULL_BLOCK_ID = 0
 STACK_SIZE, TAIL_HEAD, TAIL_END, TAIL_SIZE = range(4)  # the cells of free_state
-QUEUE = ("unlink", "link_last", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
+QUEUE = ("num_free", "unlink", "link_last", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
+
+
+def num_free(q) -> int:
+    """Blocks in the free queue, both parts (BlockPool.get_num_free_blocks)."""
+    return q.free_state[STACK_SIZE] + q.free_state[TAIL_SIZE]
 
 
 def unlink(nxt, prv, ends, first: int, last: int, b: int) -> None:
@@ -148,12 +153,12 @@ class BlockPool:
     @property
     def num_free_blocks(self) -> int:
         """Blocks in the free queue (cached blocks no request holds included), as vLLM's get_num_free_blocks."""
-        return self.free_state[STACK_SIZE] + self.free_state[TAIL_SIZE]
+        return num_free(self)
 
     @property
     def num_used_blocks(self) -> int:
         """Blocks some request holds: usable - free."""
-        return self.num_gpu_blocks - 1 - self.free_state[STACK_SIZE] - self.free_state[TAIL_SIZE]
+        return self.num_gpu_blocks - 1 - num_free(self)
 
     def free_block_ids(self) -> list[int]:
         """The free queue from head (handed out next) to tail, in vLLM's order."""

@@ -172,7 +172,6 @@ def variant_figures(table: pd.DataFrame, lengths: pd.DataFrame) -> dict:
 
 
 VARIANT_DECIMALS = 1  # the notebook's variant table: requests batched and token states (%), 1 decimal
-ALIKE_SHARE = 0.05  # figures within 5% of each other are called alike
 
 
 def variant_text(v: dict) -> str:
@@ -181,14 +180,14 @@ def variant_text(v: dict) -> str:
     d = VARIANT_DECIMALS
     modes = (("vLLM", "vllm"), ("Orca (Oracle)", "oracle"), ("Orca (Pow2)", "pow2"), ("Orca (Max)", "max"))
     moves = {name: (v[f"alpaca_geometric_{k}"], v[f"alpaca_gamma_{k}"]) for name, k in modes}
-    little = all(phrases.alike(phrases.shown(a, d), phrases.shown(b, d), ALIKE_SHARE) for a, b in moves.values())
+    little = all(phrases.alike(a, b, d, phrases.ALIKE_SHARE) for a, b in moves.values())
     shifts = ", ".join(f"{name} {phrases.shift(a, b, d)}" for name, (a, b) in moves.items())
     share = phrases.change(
         v["alpaca_geometric_vllm_pct"], v["alpaca_gamma_vllm_pct"], d, ("rises", "falls", "stays"), "%"
     )
     alpaca = (
         f"The Alpaca family matters little: from geometric lengths to the narrower gamma lengths every mode's batch "
-        f"moves by at most {100 * ALIKE_SHARE:g}% ({shifts})"
+        f"moves by at most {100 * phrases.ALIKE_SHARE:g}% ({shifts})"
         if little
         else f"The Alpaca family matters: from geometric lengths to the narrower gamma lengths the requests batched "
         f"move {shifts}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from kvlab.sections.shared.ledger import round_half_up
 from kvlab.sections.shared.present import cell
 
+ALIKE_SHARE = 0.05  # two figures within 5% of the larger are called alike
+
 
 def shown(value: float, decimals: int) -> float:
     """value as a table with decimals places prints it (present.cell's rounding), as a number."""
@@ -35,17 +37,20 @@ def change(before: float, after: float, decimals: int, words=("rise", "fall", "s
     return f"{way} from {cell(before, decimals)} to {cell(after, decimals)}{unit}{ratio}"
 
 
-def alike(a: float, b: float, share: float) -> bool:
-    """Whether a and b differ by at most share of the larger (share 0.05: within 5%)."""
+def alike(a: float, b: float, decimals: int, share: float) -> bool:
+    """Whether a and b, as printed, differ by at most share of the larger (share 0.05: within 5%)."""
+    a, b = shown(a, decimals), shown(b, decimals)
     return abs(a - b) <= share * max(abs(a), abs(b))
 
 
-def comparison(name_a: str, a: float, name_b: str, b: float, decimals: int, unit: str, share: float = 0.05) -> str:
+def comparison(
+    name_a: str, a: float, name_b: str, b: float, decimals: int, unit: str, share: float = ALIKE_SHARE
+) -> str:
     """'A and B are alike (a and b unit, within 5%)' or 'B takes 8.0x as long as A (a and b unit)': the words
     follow the two figures as printed."""
     pa, pb = shown(a, decimals), shown(b, decimals)
     both = f"{cell(a, decimals)} and {cell(b, decimals)} {unit}"
-    if alike(pa, pb, share):
+    if alike(a, b, decimals, share):
         return f"{name_a} and {name_b} are alike ({both}, within {100 * share:g}%)"
     if pa > 0 and pb > 0:
         big, small = (name_b, name_a) if pb > pa else (name_a, name_b)

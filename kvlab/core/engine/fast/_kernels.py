@@ -15,7 +15,6 @@ import types
 import numpy as np
 
 from kvlab.core import block_pool
-from kvlab.core.block_pool import STACK_SIZE, TAIL_SIZE
 from kvlab.core.engine import rules
 from kvlab.core.engine.fast import decode_run as python_decode_run
 from kvlab.core.engine.fast.arrays import (
@@ -93,8 +92,8 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
 )
 samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
 steps_covered = _RULES["steps_covered"]
-take_blocks, free_table, touch_blocks, cache_full_blocks = (
-    _RULES[name] for name in ("take_blocks", "free_table", "touch_blocks", "cache_blocks")
+num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
+    _RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
 )
 
 
@@ -108,12 +107,6 @@ def hash_id(pool, r, j):
     if j < pool.num_shared[r]:
         return pool.hash_shared[pool.hash_offset[r] + j]
     return pool.hash_base[r] + j - pool.num_shared[r]
-
-
-@_inline
-def num_free(pool):
-    """BlockPool.num_free_blocks: both parts of the free queue."""
-    return pool.free_state[STACK_SIZE] + pool.free_state[TAIL_SIZE]
 
 
 @_inline
