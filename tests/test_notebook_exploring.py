@@ -150,13 +150,13 @@ def test_the_capacity_headline_names_what_the_table_holds_not_a_default_model():
     assert log_headline(table.iloc[[3]]) == "fit on no tensor parallel size: huge"
 
 
-def test_the_bound_headline_uses_the_asked_column_or_the_first_one_there_is():
+def test_the_step_headline_uses_the_asked_column_or_the_first_one_there_is():
     import pandas as pd
 
-    from kvlab.sections.s05_calibration import bound_headline
+    from kvlab.sections.s05_calibration import step_headline
 
     bound = pd.DataFrame(
         [[1.0, 2.0], [0.5, float("nan")]], index=["G1", "G2"], columns=pd.MultiIndex.from_tuples([(1, 1024), (8, 1024)])
     )
-    assert bound_headline(bound, 8, 1024) == "2.00 ms on G1 at batch 8, 1,024 tokens"
-    assert bound_headline(bound, 4, 2048) == "1.00 ms on G1, 0.50 ms on G2 at batch 1, 1,024 tokens"
+    assert step_headline(bound, 8, 1024) == "2.00 ms on G1 at batch 8, 1,024 tokens"
+    assert step_headline(bound, 4, 2048) == "1.00 ms on G1, 0.50 ms on G2 at batch 1, 1,024 tokens"

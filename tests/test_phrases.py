@@ -156,3 +156,25 @@ def test_the_rerun_is_said_to_lie_where_it_lies_against_the_blog():
     assert "lands 6% to 13% below the blog's figures" in text and "at most 0.4%" in text
     fit["rerun_tokens_per_s"] = [6500.0, 2000.0]
     assert "lands 5% to 6% above" in prose.rerun_text(fit)
+
+
+def test_section_5s_measured_step_prose_turns_with_the_measured_times():
+    import pandas as pd
+
+    from kvlab.sections.s05_calibration import profile_decode_figures
+
+    def table(step_ms, linear_ms):
+        index = pd.MultiIndex.from_tuples(
+            [("G", 1, 1024), ("G", 8, 1024)], names=["gpu", "batch_size", "context_tokens"]
+        )
+        return pd.DataFrame(
+            {"linear_measured_ms": linear_ms, "rest_estimated_ms": 0.0, "step_ms": step_ms}, index=index
+        )
+
+    fast = profile_decode_figures(table([5.0, 6.0], [5.0, 5.1]), 8, 1024, ms_per_token=8.0)
+    slow = profile_decode_figures(table([5.0, 11.0], [5.0, 10.0]), 8, 1024, ms_per_token=8.0)
+    assert "the step comes to 6.00 ms, so the article's 8 ms lies above it" in fast["steps"]
+    assert "the step comes to 11.00 ms, so the article's 8 ms lies below it" in slow["steps"]
+    assert fast["linear"].endswith("within 5% of each other")
+    assert slow["linear"] == "5.00 to 10.00 ms on the G at 1 to 8 requests, 2.0x apart"
+    assert profile_decode_figures(table([5.0, 6.0], [5.0, 5.1]).iloc[:0], 8, 1024) == {"any": False}

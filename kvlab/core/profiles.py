@@ -250,6 +250,19 @@ def linear_weights_bytes(entry: ProfileEntry) -> dict[str, float]:
     return {name: p * WEIGHT_BYTES[entry.dtype] / tp for name, p in params.items()}
 
 
+def linear_layers_ms(profile: OperatorProfile, num_tokens) -> np.ndarray:
+    """One step's linear layers (qkv_proj, o_proj, gate_up_proj, down_proj of every decoder layer) at each of
+    num_tokens batched tokens (ms): the profile's measured times, linear between its measured token counts."""
+    tokens, times = profile.dense
+    x = np.asarray(num_tokens, dtype=np.float64)
+    if x.min() < tokens[0] or x.max() > tokens[-1]:
+        validate.fail(
+            "num_tokens", int(x.max()), f"must lie within the profile's {tokens[0]:.0f}..{tokens[-1]:,.0f} tokens"
+        )
+    per_layer = sum(np.interp(x, tokens, times[n]) for n in LINEAR_LAYERS)
+    return per_layer * get_model(profile.entry.model).num_layers / 1000.0
+
+
 @dataclass(frozen=True)
 class SustainedFractions:
     """What share of a GPU's datasheet memory bandwidth and dense bf16 FLOP/s its linear layers sustain."""
@@ -319,6 +332,7 @@ __all__ = [
     "attention_grid",
     "find_profile",
     "interconnect_gb_s",
+    "linear_layers_ms",
     "linear_weights_bytes",
     "load_index",
     "load_profile",

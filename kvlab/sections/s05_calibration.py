@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvlab.core import article, validate
+from kvlab.core import article, capacity, profiles, validate
 from kvlab.core.calibration import (
     CALIBRATION_DIR,
     DTYPE_BYTES,
@@ -20,10 +20,12 @@ from kvlab.core.calibration import (
     decode_bound_ms,
     decode_bytes_per_step,
 )
-from kvlab.core.models import get_gpu
+from kvlab.core.models import get_gpu, get_model
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
+from kvlab.sections.shared import phrases
+from kvlab.sections.shared.present import cell
 from kvlab.studies.step_cost_checks import CHECK_TARGETS, check_label, check_notes, check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
 from kvlab.workloads.vllm_runs import load_vllm_run
 
@@ -84,7 +86,7 @@ def kv_table(
 def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
     """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
     (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
-    NaN where the weights and the batch's cache do not fit in the GPU's memory."""
+    Rows whose weights and cache do not fit in the GPU's memory are left out."""
     gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
     columns = pd.MultiIndex.from_tuples(
         [(b, c) for b in batch_sizes for c in context_tokens], names=["batch_size", "context_tokens"]
@@ -101,12 +103,84 @@ def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> 
     return pd.DataFrame(values, index=pd.Index([gpu.name for gpu in gpus], name="gpu"), columns=columns)
 
 
-def bound_headline(bound: pd.DataFrame, batch_size: int, context_tokens: int) -> str:
-    """One line: the decode-step bound (ms) on each GPU at batch_size and context_tokens, or at the table's first
+def step_headline(bound: pd.DataFrame, batch_size: int, context_tokens: int) -> str:
+    """One line: the decode step (ms) of a table with a row per GPU and a (batch, context) column (bound_table, or
+    profile_decode_table's steps unstacked) on each GPU at batch_size and context_tokens, or at the table's first
     column when the table has no such column (other BATCH_SIZES or CONTEXTS)."""
+    if bound.columns.empty:
+        return f"no GPU measured at batch {batch_size}, {context_tokens:,} tokens"
     column = (batch_size, context_tokens) if (batch_size, context_tokens) in bound.columns else bound.columns[0]
     shown = [f"{bound.loc[gpu, column]:.2f} ms on {gpu}" for gpu in bound.index if pd.notna(bound.loc[gpu, column])]
     return f"{', '.join(shown) or 'no GPU holds it'} at batch {column[0]}, {column[1]:,} tokens"
+
+
+PROFILED_MODEL = "meta-llama/Llama-2-7b-hf"  # the article's shape, with operator profiles on the A100 and H100
+
+
+def profile_decode_table(gpu_names, batch_sizes, context_tokens, model: str = PROFILED_MODEL) -> pd.DataFrame:
+    """A decode step of model from its operator profiles at TP 1 (data/profiles), one row per GPU of gpu_names
+    that has one, batch size and context: the linear layers measured at batch_size tokens (ms), the rest
+    estimated (the batch's cached K and V, context_tokens + 1 tokens each, and the lm_head's weights, read at the
+    bandwidth those linear layers sustain on that GPU: kvlab.core.profiles.profile_fractions; ms), and their sum.
+    Rows whose weights and cache do not fit in the GPU's memory are left out."""
+    spec, names = get_model(model), validate.non_empty("gpu_names", gpu_names)
+    entries = [e for e in profiles.load_index() if e.model == spec.name and e.tensor_parallel_size == 1]
+    kv_bytes = capacity.KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, 2).kv_bytes_per_token
+    rows = []
+    for entry in (e for name in names for e in entries if e.gpu == name):
+        gpu, profile = get_gpu(entry.gpu), profiles.load_profile(entry)
+        bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * profiles.profile_fractions(profile)[0]
+        lm_head_bytes = entry.vocab_size * entry.hidden_size * profiles.WEIGHT_BYTES[entry.dtype]
+        for b in batch_sizes:
+            linear_ms = float(profiles.linear_layers_ms(profile, b))
+            for c in context_tokens:
+                cache_bytes = b * (c + 1) * kv_bytes
+                if spec.num_params_b * 1e9 * 2 + cache_bytes <= gpu.memory_gib * GIB:
+                    rest_ms = (cache_bytes + lm_head_bytes) / bandwidth * 1000.0
+                    rows.append((gpu.name, b, c, linear_ms, rest_ms, linear_ms + rest_ms))
+    columns = ["gpu", "batch_size", "context_tokens", "linear_measured_ms", "rest_estimated_ms", "step_ms"]
+    return pd.DataFrame(rows, columns=columns).set_index(["gpu", "batch_size", "context_tokens"])
+
+
+def profile_decode_figures(
+    table: pd.DataFrame, batch_size: int, context_tokens: int, ms_per_token: float = article.MS_PER_TOKEN
+) -> dict:
+    """profile_decode_table's steps at batch_size and context_tokens (or its first batch and context when the table
+    has no such row) in words: per GPU the measured linear layers, the step, and whether the article's ms_per_token
+    lies above or below that step, at the table's 2 decimals."""
+    keys = list(table.index)
+    if not keys:
+        return {"any": False}
+    batch, context = (
+        (batch_size, context_tokens) if any(k[1:] == (batch_size, context_tokens) for k in keys) else keys[0][1:]
+    )
+    parts = []
+    for gpu in dict.fromkeys(k[0] for k in keys):
+        if (gpu, batch, context) not in table.index:
+            continue
+        row = table.loc[(gpu, batch, context)]
+        way = phrases.direction(row["step_ms"], ms_per_token, 2, ("above", "below", "equal to"))
+        parts.append(
+            f"on the {gpu} the linear layers measure {cell(row['linear_measured_ms'], 2)} ms and the step comes to "
+            f"{cell(row['step_ms'], 2)} ms, so the article's {ms_per_token:g} ms lies {way} it"
+        )
+    spread = []
+    for gpu, linear in table["linear_measured_ms"].groupby(level="gpu", sort=False):
+        by_batch = linear.groupby(level="batch_size").first()
+        low, high = by_batch.min(), by_batch.max()
+        near = phrases.alike(low, high, 2, phrases.ALIKE_SHARE)
+        apart = f"within {100 * phrases.ALIKE_SHARE:g}% of each other" if near else f"{high / low:.1f}x apart"
+        spread.append(
+            f"{cell(low, 2)} to {cell(high, 2)} ms on the {gpu} at {by_batch.index[0]:,} to "
+            f"{by_batch.index[-1]:,} requests, {apart}"
+        )
+    return {
+        "any": bool(parts),
+        "batch": batch,
+        "context": context,
+        "steps": "; ".join(parts),
+        "linear": "; ".join(spread),
+    }
 
 
 def step_table(calibrations: list[Calibration]) -> pd.DataFrame:
