@@ -267,3 +267,25 @@ def test_every_profile_names_a_catalog_gpu_and_model_and_is_small():
 def test_bad_tables_are_refused_naming_the_field(changes, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         dataclasses.replace(LLAMA_COST, **changes)
+
+
+@pytest.mark.parametrize("model, tp", [(LLAMA, 1), ("Qwen/Qwen3-32B", 2), ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1)])
+def test_switching_a_term_off_takes_away_exactly_that_term(model, tp):
+    cost = measured(model, tensor_parallel_size=tp)
+    assert ("all-reduce" in cost.terms) == (tp > 1)
+    assert ("MoE block" in cost.terms) == bool(cost.num_experts)
+    batch = Batch(24, 24 * 700, 24, 24 * 700)  # 24 decodes: padded to the capture size 24, no padding to take away
+    whole = cost.step_s(batch)
+    assert cost.without("attention").step_s(batch) == pytest.approx(
+        whole - cost.num_layers * cost.decode_attention_us(24, 699) / 1e6
+    )
+    assert cost.without("lm_head and sampler").step_s(batch) < whole
+    if tp > 1:
+        share = cost._all_reduce_us_per_token * 24 / 1e6
+        assert share > 0 and cost.without("all-reduce").step_s(batch) == pytest.approx(whole - share)
+    off = cost
+    for term in cost.terms:
+        off = off.without(term)
+    assert off.step_s(batch) == 0.0
+    with pytest.raises(ValueError, match="term"):
+        measured(LLAMA).without("all-reduce")

@@ -178,3 +178,32 @@ def test_section_5s_measured_step_prose_turns_with_the_measured_times():
     assert fast["linear"].endswith("within 5% of each other")
     assert slow["linear"] == "5.00 to 10.00 ms on the G at 1 to 8 requests, 2.0x apart"
     assert profile_decode_figures(table([5.0, 6.0], [5.0, 5.1]).iloc[:0], 8, 1024) == {"any": False}
+
+
+def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
+    import pandas as pd
+
+    from kvlab.sections.s05_calibration import term_text, term_view
+
+    def table(kvlab_tpot_ms, within=False):
+        steps = {"measured": kvlab_tpot_ms, "measured without attention": kvlab_tpot_ms - 10.0}
+        index = pd.MultiIndex.from_tuples([("r", s) for s in steps], names=["run", "step_cost"])
+        return pd.DataFrame(
+            {
+                "label": "R",
+                "within_targets": within,
+                "kvlab_mean_tpot_ms": list(steps.values()),
+                "vllm_mean_tpot_ms": 50.0,
+                "kvlab_mean_ttft_s": 1.0,
+            },
+            index=index,
+        )
+
+    assert term_view(table(40.0)).loc[("R", "attention"), "adds_tpot_ms"] == 10.0
+    short, over = term_text(table(40.0)), term_text(table(70.0))
+    assert (
+        short
+        == "- R: kvlab's mean TPOT is 40.0 ms, 10.0 ms a token short of vLLM's 50.0 ms; that gap is 1.0x the share of the attention (10.0 ms)."
+    )
+    assert "20.0 ms a token over vLLM's 50.0 ms; that gap is 2.0x the share" in over
+    assert term_text(table(40.0, within=True)) == ""

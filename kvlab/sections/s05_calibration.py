@@ -26,7 +26,14 @@ from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
 from kvlab.sections.shared import phrases
 from kvlab.sections.shared.present import cell
-from kvlab.studies.step_cost_checks import CHECK_TARGETS, check_label, check_notes, check_requests, check_run_table  # noqa: F401 (notebook 05 calls them here)
+from kvlab.studies.step_cost_checks import (  # noqa: F401 (notebook 05 calls them here)
+    CHECK_TARGETS,
+    check_label,
+    check_notes,
+    check_requests,
+    check_run_table,
+    term_requests,
+)
 from kvlab.workloads.vllm_runs import load_vllm_run
 
 
@@ -341,3 +348,55 @@ def check_figures(table: pd.DataFrame) -> dict:
             frozenset({False}): "synchronously",
         }.get(frozenset(modes), "each in the mode it ran"),
     }
+
+
+# ---------------------------------------------------------------- what each term of the measured clock adds
+WHOLE = "measured"  # the step_cost of check_run_table's row with every term on
+
+
+def term_view(table: pd.DataFrame) -> pd.DataFrame:
+    """check_run_table of term_requests as the report shows it: one row per run (its label) and term switched off
+    ("none" for the whole measured clock), kvlab's mean TPOT (ms) and TTFT (s), and what the term adds to each: the
+    whole clock's figure less the figure without the term."""
+    rows = []
+    for name, r in table.groupby(level="run", sort=False):
+        whole = r.loc[(name, WHOLE)]
+        for (_, step_cost), row in r.iterrows():
+            rows.append(
+                {
+                    "run": row["label"],
+                    "term_off": step_cost.removeprefix(f"{WHOLE} without ") if step_cost != WHOLE else "none",
+                    "kvlab_mean_tpot_ms": row["kvlab_mean_tpot_ms"],
+                    "adds_tpot_ms": whole["kvlab_mean_tpot_ms"] - row["kvlab_mean_tpot_ms"],
+                    "kvlab_mean_ttft_s": row["kvlab_mean_ttft_s"],
+                    "adds_ttft_s": whole["kvlab_mean_ttft_s"] - row["kvlab_mean_ttft_s"],
+                }
+            )
+    return pd.DataFrame(rows).set_index(["run", "term_off"])
+
+
+def term_text(table: pd.DataFrame) -> str:
+    """For each run the whole measured clock misses, a Markdown item built from term_view's figures (ms at 1
+    decimal, as the check table shows TPOT): kvlab's mean TPOT against vLLM's, the gap, and the gap as a multiple of
+    what each term adds (largest share first): a term whose share the gap far exceeds cannot close it alone by being
+    mis-sized; '' when the clock meets every target on every run."""
+    view, items = term_view(table), []
+    for name, r in table.groupby(level="run", sort=False):
+        whole = r.loc[(name, WHOLE)]
+        if whole["within_targets"]:
+            continue
+        kv, vllm = phrases.shown(whole["kvlab_mean_tpot_ms"], 1), phrases.shown(whole["vllm_mean_tpot_ms"], 1)
+        gap = abs(kv - vllm)
+        way = phrases.direction(vllm, kv, 1, ("over", "short of", "equal to"))
+        adds = view.loc[whole["label"]].drop("none")["adds_tpot_ms"].sort_values(ascending=False)
+        shares = ", ".join(
+            f"{gap / phrases.shown(a, 1):.1f}x the share of the {term} ({cell(a, 1)} ms)"
+            if phrases.shown(a, 1) > 0
+            else f"more than the share of the {term} (under 0.05 ms)"
+            for term, a in adds.items()
+        )
+        items.append(
+            f"- {whole['label']}: kvlab's mean TPOT is {cell(kv, 1)} ms, {cell(gap, 1)} ms a token {way} vLLM's "
+            f"{cell(vllm, 1)} ms; that gap is {shares}."
+        )
+    return "\n".join(items)

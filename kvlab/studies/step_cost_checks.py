@@ -31,18 +31,20 @@ def check_step_cost(cost_name: str, model, gpu, config):
     return make_step_cost(cost_name, model=model, gpu=gpu, config=config)
 
 
-def replay_vllm_run(run: VllmRun, cost_name: str = "measured") -> dict:
+def replay_vllm_run(run: VllmRun, cost_name: str = "measured", term_off: str = "") -> dict:
     """kvlab's engine over a real run's workload and settings, scheduling as the run did (asynchronously: vLLM's
     default, which the runs ran with), its KV pool as kvlab's capacity sizes it on the run's GPU (plan_capacity, as
     kvlab simulate --model --gpu does): per request first-token and finish times (s), with the cost's source and
     the pool. A run with data parallelism is served by that many engines, requests dealt to them in turn (vLLM
-    balances its ranks by load; expert parallelism is not modelled)."""
+    balances its ranks by load; expert parallelism is not modelled). term_off: a term of the measured step cost
+    switched off (MeasuredStepCost.without), to see what it adds."""
     model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
     config = run.engine_config()
     planned = plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
     if planned is None:
         validate.fail("run", run.name, f"leaves no KV memory for {model.name} on {gpu.name}")
     cost = check_step_cost(cost_name, model, gpu, config)
+    cost = cost.without(term_off) if term_off else cost
     w, ranks = run.workload, run.settings["data_parallel_size"]
     first_token, finish = np.full(w.num_requests, np.nan), np.full(w.num_requests, np.nan)
     for rank in range(ranks):
@@ -141,12 +143,31 @@ def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
     (run, step cost: the "step_cost" level, request): vLLM's and kvlab's TTFT, E2E latency (s) and TPOT (ms; NaN for
     one output token), with the replay's cost source, KV pool, label, notes and the reason a miss would have
     (check_reason)."""
+    replays = [(cost_name, "") for cost_name in cost_names]
+    return _replays(names, lambda run: replays)
+
+
+def term_requests(names=None) -> pd.DataFrame:
+    """check_requests of the measured step cost, whole and with each of its terms switched off in turn (step_cost
+    "measured without attention", ...): what each term adds to each real run's replay (a run whose model has no
+    operator profile, replayed on the roofline, has none)."""
+
+    def replays(run):
+        model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
+        terms = getattr(check_step_cost("measured", model, gpu, run.engine_config()), "terms", ())
+        return [("measured", "")] + [("measured", term) for term in terms]
+
+    return _replays(names, replays)
+
+
+def _replays(names, replays) -> pd.DataFrame:
+    """The per-request frame of check_requests for each run of names and each (step cost, term off) of replays(run)."""
     frames = []
     for name in check_runs() if names is None else validate.non_empty("names", names):
         run = load_vllm_run(name)
         arrival, outputs = run.workload.arrival_s, run.workload.output_tokens
-        for cost_name in cost_names:
-            kv = replay_vllm_run(run, cost_name)
+        for cost_name, term_off in replays(run):
+            kv = replay_vllm_run(run, cost_name, term_off)
             with np.errstate(invalid="ignore", divide="ignore"):
                 tpot = np.where(
                     outputs > 1, (kv["finish_s"] - kv["first_token_s"]) / np.maximum(outputs - 1, 1), np.nan
@@ -155,7 +176,7 @@ def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
                 pd.DataFrame(
                     {
                         "run": name,
-                        "step_cost": cost_name,
+                        "step_cost": f"{cost_name} without {term_off}" if term_off else cost_name,
                         "request": np.arange(run.workload.num_requests),
                         "output_tokens": outputs,
                         "vllm_ttft_s": run.ttft_s,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -64,6 +64,11 @@ def _interp(axis: list, values: list, x: float) -> float:
         return _blend(values[j], values[j + 1], w)
     j = max(bisect_right(axis, axis[-1] / 2) - 1, 0)
     return values[-1] + (values[-1] - values[j]) * (x - axis[-1]) / (axis[-1] - axis[j])
+
+
+# The terms a measured step is the sum of (MeasuredStepCost's docstring), each of which MeasuredStepCost.without
+# switches off.
+MEASURED_TERMS = ("dense layers", "attention", "lm_head and sampler", "MoE block", "all-reduce", "CUDA-graph padding")
 
 
 @dataclass(frozen=True, eq=False)
@@ -257,6 +262,31 @@ class MeasuredStepCost:
         )
 
     # ---------------------------------------------------------------- terms (us)
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The terms of MEASURED_TERMS this step cost has (the MoE block, the all-reduce and the CUDA-graph padding
+        only where it has them)."""
+        has = {
+            "MoE block": bool(self.num_experts),
+            "all-reduce": bool(self.all_reduce_bytes_per_token),
+            "CUDA-graph padding": bool(self.cudagraph_capture_sizes),
+        }
+        return tuple(t for t in MEASURED_TERMS if has.get(t, True))
+
+    def without(self, term: str) -> MeasuredStepCost:
+        """The same step cost with one of its terms switched off (its times 0, or no padding), to see what the term
+        adds to a run: a counterfactual, never a step cost to serve with."""
+        validate.one_of("term", term, self.terms)
+        off = {
+            "dense layers": {"dense_us": np.zeros_like(self.dense_us)},
+            "attention": {"attention_us": np.zeros_like(np.asarray(self.attention_us))},
+            "lm_head and sampler": {"per_sequence_us": np.zeros_like(self.per_sequence_us)},
+            "MoE block": {"moe_us": np.zeros_like(self.moe_us)},
+            "all-reduce": {"all_reduce_bytes_per_token": 0.0},
+            "CUDA-graph padding": {"cudagraph_capture_sizes": ()},
+        }[term]
+        return replace(self, **off, source=f"{self.source}, without its {term}")
+
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens a step of num_tokens runs with: the next CUDA-graph capture size, or itself past the last."""
         sizes = self._sizes
