@@ -528,7 +528,8 @@ def summary(plan: Plan, top: int = 10) -> dict:
             "warning": ""
             if measured
             else "planned on the roofline (--allow-roofline): no operator profile "
-            "measures some candidates; the roofline is a lower bound on step times",
+            "measures some candidates; the roofline is a lower bound on a dense model's step times, not on a "
+            "mixture-of-experts model's (it counts every expert's FLOPs for every token)",
         },
         "search": {
             "num_candidates": len(plan.results),

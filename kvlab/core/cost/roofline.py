@@ -18,7 +18,8 @@ class RooflineStepCost:
         2 x num_params x num_tokens / peak dense bf16 FLOP/s).
 
     Weights are read once per step and every scheduled request reads the KV of all the tokens it attends;
-    each scheduled token costs 2 FLOPs per parameter (attention FLOPs left out). Figures per GPU: with
+    each scheduled token costs 2 FLOPs per parameter (attention FLOPs left out): a lower bound on a dense model's
+    step, not on a mixture-of-experts model's, whose every expert it counts for every token. Figures per GPU: with
     tensor parallelism the weights, the KV and the FLOPs are split (from_specs). provenance says where the
     bandwidth and FLOP/s come from when they are not the GPU's datasheet figures (e.g. scaled by sustained
     fractions: kvlab.core.cost.measured.measured_step_cost)."""
@@ -73,8 +74,8 @@ class RooflineStepCost:
         return self._seconds(np.float64(num_decodes), context.astype(np.float64))
 
     def min_step_s(self, num_tokens: int) -> float:
-        """A lower bound on any step of num_tokens scheduled tokens (s): the weights read once or their FLOPs, no
-        KV read."""
+        """A lower bound on any step of num_tokens scheduled tokens (s) of a dense model: the weights read once or
+        their FLOPs, no KV read (for a mixture-of-experts model the FLOPs of every expert: not a bound)."""
         return self.step_s(Batch(num_tokens, 0))
 
     @property
