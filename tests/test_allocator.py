@@ -308,3 +308,20 @@ def test_append_token_takes_the_head_of_the_free_queue():
     assert pool.append_token("b") is True and pool.block_table("b") == (2, 1)
     assert [pool.append_token("b") for _ in range(3)] == [False, True, False]
     assert pool.block_table("b") == (2, 1, 3)
+
+
+@given(st.integers(0, 3000), st.integers(1, 3000), st.integers(1, 8192))
+def test_orca_pow2_is_the_papers_prompt_plus_the_next_power_of_two_of_the_output(prompt, output, max_len):
+    from kvlab.core.allocator import pow2_reservation
+
+    expected = min(prompt + (1 << (output - 1).bit_length()), max_len)  # the reference: integer arithmetic only
+    assert pow2_reservation(prompt, prompt + output, max_len) == expected
+    assert pow2_reservation(np.array([prompt]), np.array([prompt + output]), max_len).tolist() == [expected]
+
+
+def test_orca_pow2_reserves_32_for_an_output_of_25_and_section_1_rounds_the_whole_length():
+    from kvlab.core.allocator import policy_reservation, pow2_reservation
+
+    assert pow2_reservation(100, 125, 2048) == 132  # the paper's §6.1 example, after a 100-token prompt
+    reserved, unit = policy_reservation(np.array([25, 567, 4000]), "pow2", max_len_tokens=4096)
+    assert reserved.tolist() == [32, 1024, 4096] and unit == 1

@@ -10,7 +10,8 @@ request that ends holding L tokens, counted at its end (when it holds the most):
   - inside the last block: its unused tail, ceil(L / B) * B - L slots (< B), B the policy's block size
     (a contiguous reservation is one block of its own size: B = 1, so 0);
   - beyond the last block: slots for tokens the request never produced: reserving the maximum length
-    gives max_len - L, reserving the next power of two pow2(L) - L, paged blocks and the oracle 0;
+    gives max_len - L, Orca (Pow2) the next power of two pow2(L) - L (the paper's prompt + pow2(output) with no
+    prompt: the article's lengths have none), paged blocks and the oracle 0;
 - reservation (slots held now for tokens still to come) is zero at a request's end, so it does not
   appear here; the serving engine measures it while requests run;
 - external fragmentation (gaps between contiguous reservations in the allocator) is not modelled: every
@@ -138,7 +139,7 @@ def allocation_counts(
 # ---------------------------------------------------------------- reservation policies
 POLICIES = {
     "max": "reserve the maximum length up front (Orca Max)",
-    "pow2": "reserve the next power of two of the final length (Orca Pow2)",
+    "pow2": "reserve the prompt plus the next power of two of the output (Orca Pow2; here no prompt: the length)",
     "oracle": "reserve exactly the final length (Orca Oracle)",
     "paged": "blocks of block_size allocated as tokens arrive (vLLM)",
 }
@@ -152,6 +153,15 @@ def next_power_of_two(lengths) -> np.ndarray:
     return np.where(pow2 < lengths, pow2 * 2, pow2)
 
 
+def pow2_reservation(prompt_tokens, final_tokens, max_len_tokens: int):
+    """Orca (Pow2)'s reservation, the vLLM paper's (§6.1: "if the true output length is 25, it reserves 32
+    positions for outputs"): the prompt plus the next power of two of the output, at most max_len_tokens (slots;
+    arrays or ints, as given). kvlab's one definition, for section 1's lengths (no prompt) and the engine's pool."""
+    prompt = np.asarray(prompt_tokens, dtype=np.int64)
+    slots = np.minimum(prompt + next_power_of_two(np.asarray(final_tokens, dtype=np.int64) - prompt), max_len_tokens)
+    return int(slots) if slots.ndim == 0 else slots
+
+
 def policy_reservation(lengths, policy: str, *, max_len_tokens: int, block_size: int = 16) -> tuple:
     """(reserved slots, block size) per request for one policy; see the module docstring."""
     validate.one_of("policy", policy, POLICIES)
@@ -160,7 +170,7 @@ def policy_reservation(lengths, policy: str, *, max_len_tokens: int, block_size:
     if policy == "max":
         return np.full_like(lengths, max_len_tokens), 1
     if policy == "pow2":
-        return np.minimum(next_power_of_two(lengths), max_len_tokens), 1  # never above the maximum
+        return pow2_reservation(0, lengths, max_len_tokens), 1  # the article's lengths: no prompt
     if policy == "oracle":
         return lengths.copy(), 1
     return reserved_per_request(lengths, block_size), validate.positive_int("block_size", block_size)

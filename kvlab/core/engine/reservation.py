@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvlab.core.allocator import pow2_reservation
 from kvlab.core.buddy import BuddyAllocator, chunk_order
 from kvlab.core.engine.request import Request
 
@@ -43,26 +44,21 @@ class ReservationManager:
         return self.num_tokens_total - self.buddy.num_free_slots
 
     def reservation_tokens(self, request: Request) -> int:
-        """Slots the request asks for: max_model_len (max), its prompt + the next power of two of its output
-        (pow2, §6.1 of the vLLM paper; at most max_model_len), or its final length (oracle). The buddy allocator
+        """Slots the request asks for: max_model_len (max), kvlab.core.allocator.pow2_reservation (pow2), or its
+        final length (oracle). The buddy allocator
         rounds the chunk up to a power of two."""
         if self.allocation == "max":
             return self.max_model_len
-        final = request.max_num_tokens
         if self.allocation == "pow2":
-            output = final - request.num_prompt_tokens
-            return min(request.num_prompt_tokens + (1 << (output - 1).bit_length()), self.max_model_len)
-        return final
+            return pow2_reservation(request.num_prompt_tokens, request.max_num_tokens, self.max_model_len)
+        return request.max_num_tokens
 
     def reservation_tokens_of(self, prompt_tokens: np.ndarray, final_tokens: np.ndarray) -> np.ndarray:
         """reservation_tokens for arrays of prompts and final lengths (tokens), one a request."""
         if self.allocation == "max":
             return np.full(len(final_tokens), self.max_model_len, dtype=np.int64)
         if self.allocation == "pow2":
-            bits = np.frexp(np.asarray(final_tokens - prompt_tokens, dtype=np.int64) - 1)[
-                1
-            ]  # (output - 1).bit_length()
-            return np.minimum(prompt_tokens + np.left_shift(1, bits.astype(np.int64)), self.max_model_len)
+            return pow2_reservation(prompt_tokens, final_tokens, self.max_model_len)
         return np.asarray(final_tokens, dtype=np.int64)
 
     def can_reserve(self, request: Request) -> bool:
