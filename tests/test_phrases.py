@@ -207,3 +207,22 @@ def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
     )
     assert "20.0 ms a token over vLLM's 50.0 ms; that gap is 2.0x the share" in over
     assert term_text(table(40.0, within=True)) == ""
+
+
+def test_the_regime_of_a_fig13_run_follows_its_latency_against_the_bound():
+    import pandas as pd
+
+    from kvlab.sections.s06_memory_budget.runs import MODES
+    from kvlab.sections.s06_memory_budget.tables import regime_table
+
+    def runs(latency_s):
+        return pd.DataFrame({"dataset": "ShareGPT", "mode": list(MODES), "seed": 0, "normalized_latency_s": latency_s})
+
+    calm = regime_table(runs([0.1, 0.2, 0.3, 0.5]), 0.5)
+    busy = regime_table(runs([0.1, 0.2, 0.3, 0.51]), 0.5)
+    assert calm["ShareGPT: regime"].tolist() == ["sustained"] * 4
+    assert busy.loc["vLLM", "ShareGPT: regime"] == "saturated"
+    assert "on ShareGPT within the bound for Orca (Max), Orca (Pow2), Orca (Oracle) and vLLM." in prose.regime_text(
+        calm, 0.5
+    )
+    assert "on ShareGPT saturated for vLLM and within the bound for Orca (Max)" in prose.regime_text(busy, 0.5)

@@ -68,6 +68,11 @@ def ledger_rows(
                     f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait: "
                     f"{limit}; {BUDDY_NOTE}."
                 )
+            latency = run["normalized_latency_s"]
+            why += (
+                f" kvlab's run {'sustains' if latency <= bound_s else 'is past'} the rate ({latency:.2f} s per token, "
+                f"bound {bound_s:g}); the paper's regime at it is not in kvlab's data (Fig. 12 is not digitized)."
+            )
             add(table, label, "mean_batched_requests", fig13.loc[label, f"{name}: kvlab"], why)
     for m in MODES:
         label = MODE_LABELS[m]

@@ -155,6 +155,28 @@ def limit_words(held_pct: float, external_frag_pct: float, mean_waiting: float) 
     )
 
 
+def regime_text(regime: pd.DataFrame, bound_s: float) -> str:
+    """In words, built from regime_table: at the paper's rates which of kvlab's Fig. 13 runs are saturated and which
+    sustain the rate, and that the paper's own regime there is not in kvlab's data."""
+    parts = []
+    for column in (c for c in regime.columns if c.endswith(": regime")):
+        name = column.split(":")[0]
+        by = {kind: [m for m in regime.index if regime.loc[m, column] == kind] for kind in ("saturated", "sustained")}
+        said = [
+            f"{'saturated' if kind == 'saturated' else 'within the bound'} for {joined(modes)}"
+            for kind, modes in by.items()
+            if modes
+        ]
+        parts.append(f"on {name} {' and '.join(said)}")
+    if not parts:
+        return ""
+    return (
+        f"At the paper's rates kvlab's runs are, against the section's bound of {bound_s:g} s per token, "
+        f"{'; '.join(parts)}. The paper's own regime at these rates shows only in its Fig. 12 curves, which kvlab "
+        "does not hold as numbers: a Fig. 13 row that passes matches the paper's batch size, not yet its regime."
+    )
+
+
 def variant_figures(table: pd.DataFrame, lengths: pd.DataFrame) -> dict:
     """The sensitivity to the dataset variant in numbers: per variant (keys sharegpt_turn, sharegpt_processed,
     alpaca_geometric, alpaca_gamma) vLLM's and Orca (Max)'s batch, vLLM's token-state share (%) and the mean input

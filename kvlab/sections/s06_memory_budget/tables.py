@@ -253,6 +253,21 @@ def fig13_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def regime_table(runs: pd.DataFrame, bound_s: float) -> pd.DataFrame:
+    """The regime of each Fig. 13 run (mean over seeds): its normalized latency (s/token) and whether the mode
+    sustains the rate (at most bound_s, the section's definition) or is saturated (past it), one column pair per
+    dataset."""
+    mean = mean_over_seeds(runs, ["dataset", "mode"])["normalized_latency_s"]
+    table = pd.DataFrame(index=pd.Index([MODE_LABELS[m] for m in MODES], name="allocation"))
+    for name in ("ShareGPT", "Alpaca"):
+        if name in mean.index.get_level_values("dataset"):
+            latency = [mean.loc[(name, m)] for m in MODES]
+            table[f"{name}: normalized latency (s/token)"] = latency
+            # sustained_rate's test: a mode sustains a rate while its normalized latency is at most the bound
+            table[f"{name}: regime"] = ["sustained" if x <= bound_s else "saturated" for x in latency]
+    return table
+
+
 def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     """Fig. 2: the share of the KV cache holding token states (mean over steps, %), kvlab beside the paper; also the
     share requests hold (blocks or reservations), the share of that holding token states, the paper's split of the
