@@ -384,8 +384,8 @@ def block_text(b: dict) -> str:
     )
     return (
         f"{text}\n\nAt the busy rate waste, bookkeeping and preemption meet. vLLM runs "
-        f"{b['busy_batched_small']:.1f} requests at once with blocks of {b['small']} and "
-        f"{b['busy_batched_large']:.1f} with blocks of {b['large']}; normalized latency {latency} "
+        f"{b['busy_batched_small']:.2f} requests at once with blocks of {b['small']} and "
+        f"{b['busy_batched_large']:.2f} with blocks of {b['large']}; normalized latency {latency} "
         f"and is {cell(b['busy_latency_16'], lat)} at 16. Preemptions {preemptions} as blocks grow; a likely cause, "
         f"which no run here isolates: {why}. The best block here is {b['busy_best']}. The paper's 16-128 rests on "
         "its 2023 kernel, whose cost against block size is not published, so kvlab cannot check it."
