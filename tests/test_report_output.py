@@ -137,3 +137,20 @@ def test_long_tables_print_in_parts_of_at_least_three_rows():
     sizes = [len(t.find("tbody").find_all("tr")) for t in soup.find_all("table")]
     assert sum(sizes) == 50 and all(3 <= s <= render.ROWS_PER_PRINTED_TABLE for s in sizes)
     assert all(t.find("thead") is not None for t in soup.find_all("table"))
+
+
+def test_no_python_identifier_in_the_built_pages(report):
+    """What the report's pages show names no Python identifier of kvlab's: the notebooks' reader text is checked in
+    test_reader_text; this checks what the report adds to it. The footer's record of the parameters papermill was
+    given is left out: those names are what a user sets to rebuild the report, as a command's flags are."""
+    from test_reader_text import identifiers
+
+    found = {}
+    for name in pages(report):
+        soup = BeautifulSoup((report / name).read_text(encoding="utf-8"), "html.parser")
+        for tag in [*soup(["script", "style"]), *soup.select(".params")]:
+            tag.decompose()
+        hits = identifiers(soup.get_text(" "))
+        if hits:
+            found[name] = hits[:5]
+    assert not found, found
