@@ -451,3 +451,40 @@ def test_the_kv_pool_and_the_requests_csv_have_their_homes_below_the_command_lin
     with pytest.raises(SystemExit):
         cli.main(["simulate", "--help"])
     assert ", ".join(requests_csv.REQUESTS_CSV_COLUMNS) in " ".join(capsys.readouterr().out.split())
+
+
+CONFIGS = __import__("pathlib").Path(__file__).parent / "data" / "configs"
+
+
+def test_a_config_json_is_served_as_its_catalog_model(capsys):
+    flags = ["--policy", "vllm", "--num-requests", "30", "--gpu", "A100-40GB", "--max-model-len", "2048",
+             "--cost", "roofline", "--prompt-tokens", "100"]  # fmt: skip
+    catalog = run_json(capsys, *flags, "--model", "facebook/opt-13b")
+    config = run_json(capsys, *flags, "--config", str(CONFIGS / "opt-13b.json"), "--num-params-b", "12.85")
+    assert {k: v for k, v in config.items() if k != "cost_source"} == {
+        k: v for k, v in catalog.items() if k != "cost_source"
+    }
+    counted = run_json(capsys, *flags, "--config", str(CONFIGS / "opt-13b.json"))  # 12,853,473,280 parameters
+    assert counted["num_gpu_blocks"] <= catalog["num_gpu_blocks"]  # a few more weights than the catalog's 12.85B
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--config", str(CONFIGS / "opt-13b.json"), "--model", "facebook/opt-13b", "--gpu", "A100-40GB"],
+         "--model and --config cannot be used together"),
+        (["--model", "facebook/opt-13b", "--gpu", "A100-40GB", "--num-params-b", "13"],
+         "--num-params-b applies only with --config"),
+        (["--config", str(CONFIGS / "opt-13b.json")], "--config needs --gpu too"),
+        (["--config", str(CONFIGS / "gemma-3-27b-it.json"), "--gpu", "H100-SXM-80GB"],
+         f"--config {CONFIGS / 'gemma-3-27b-it.json'}: config.json has no field 'vocab_size', which kvlab needs to "
+         "count a gemma3_text model's parameters; give --num-params-b"),
+        (["--config", str(CONFIGS / "gemma-3-27b-it.json"), "--num-params-b", "27", "--gpu", "H100-SXM-80GB"],
+         f"--config='{CONFIGS / 'gemma-3-27b-it.json'}' is not allowed: has sliding-window layers"),
+    ],
+)  # fmt: skip
+def test_a_config_json_is_refused_in_one_line_naming_the_flag(capsys, flags, message):
+    assert cli.main(["simulate", "--policy", "vllm", "--num-requests", "20", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab simulate: error: " + message), err
+    assert err.count("\n") == 1

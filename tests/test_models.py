@@ -203,8 +203,10 @@ def test_pipeline_stages_cover_every_layer_once(num_layers, pp):
 def test_weights_estimate():
     spec = models.get_model("Llama-3.1-70B-Instruct")
     assert models.weights_bytes_per_gpu(spec, 2, tensor_parallel_size=4) == pytest.approx(70.55e9 * 2 / 4)
+    assert models.weights_bytes_per_gpu(models.from_config(CONFIGS / "opt-13b.json"), 2) == 12_853_473_280 * 2
+    unknown = {**json.loads((CONFIGS / "opt-13b.json").read_text()), "model_type": "falcon"}
     with pytest.raises(ValueError, match="give weights_gib instead"):
-        models.weights_bytes_per_gpu(models.from_config(CONFIGS / "opt-13b.json"), 2)
+        models.weights_bytes_per_gpu(models.from_config(unknown), 2)
 
 
 @pytest.mark.parametrize(
@@ -222,3 +224,38 @@ def test_a_field_that_is_not_a_whole_number_is_named(field, value):
     }
     with pytest.raises(ValueError, match=rf"^config='cfg' is not allowed: field '{field}' is .*, not a whole number$"):
         models.from_config(config, name="cfg")
+
+
+# Each fixture's parameters as its published weights hold them (the model card or the safetensors metadata the
+# catalog's params_source names), counted from config.json alone.
+PUBLISHED_PARAMS = {
+    "llama-3.1-8b-instruct.json": 8_030_261_248,
+    "mistral-7b-v0.1.json": 7_241_732_096,
+    "qwen2.5-7b-instruct.json": 7_615_616_512,
+    "qwen3-30b-a3b.json": 30_532_122_624,
+    "phi-3-mini-4k-instruct.json": 3_821_079_552,
+    "gemma-2-9b-it.json": 9_241_705_984,
+    "deepseek-v2-lite.json": 15_706_484_224,
+    "opt-13b.json": 12_853_473_280,
+    "gpt-neox-20b.json": 20_554_567_680,
+}
+
+
+@pytest.mark.parametrize("fixture, published", PUBLISHED_PARAMS.items())
+def test_parameters_are_counted_from_config_json_to_the_published_figure(fixture, published):
+    assert models.count_params(json.loads((CONFIGS / fixture).read_text())) == (published, "")
+    spec = models.from_config(CONFIGS / fixture)
+    assert spec.num_params_b == published / 1e9
+    listed = models.get_model(FIXTURES[fixture]).num_params_b  # the catalog's figure, at its own precision
+    assert round(spec.num_params_b, len(str(listed).split(".")[1])) == listed
+
+
+def test_a_model_kvlab_cannot_count_says_why_and_keeps_a_given_count():
+    gemma3 = models.from_config(CONFIGS / "gemma-3-27b-it.json")  # the fixture leaves out vocab_size
+    assert gemma3.num_params_b == 0.0
+    config = json.loads((CONFIGS / "gemma-3-27b-it.json").read_text())["text_config"]
+    assert models.count_params({**config, "model_type": "gemma3_text"})[1] == (
+        "config.json has no field 'vocab_size', which kvlab needs to count a gemma3_text model's parameters"
+    )
+    assert "not of falcon" in models.count_params({"model_type": "falcon"})[1]
+    assert models.from_config(CONFIGS / "opt-13b.json", num_params_b=13.0).num_params_b == 13.0

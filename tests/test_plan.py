@@ -3,6 +3,7 @@ again on their own, and bad objectives are refused in one line."""
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -363,3 +364,17 @@ def test_a_model_no_profile_measures_is_refused_unless_the_roofline_is_allowed(c
     out = json.loads(capsys.readouterr().out)
     assert not out["step_cost"]["measured"] and out["step_cost"]["warning"].startswith("planned on the roofline")
     assert out["step_cost"]["fidelity"] == [] and "roofline" in out["step_cost"]["source"]
+
+
+def test_a_config_json_is_planned_with_its_parameters_counted_or_given(capsys):
+    config = str(Path(__file__).parent / "data" / "configs" / "llama-3.1-8b-instruct.json")
+    argv = [a if a != "meta-llama/Llama-3.1-8B" else config for a in BASE]
+    argv[argv.index("--model")] = "--config"
+    assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--json"]) == 0
+    counted = json.loads(capsys.readouterr().out)
+    assert not counted["step_cost"]["measured"] and counted["search"]["num_candidates"] == 4
+    assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--num-params-b", "8.03", "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert given["search"]["num_candidates"] == 4
+    assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--num-params-b", "-1"]) == 2
+    assert "--num-params-b=-1.0 is not allowed" in capsys.readouterr().err

@@ -343,7 +343,7 @@ def capacity_budget(args, model: ModelSpec, config: EngineConfig) -> cap.MemoryB
     elif model.num_params_b > 0:
         weights_gib = cap.estimated_weights_gib(model, args.weight_dtype or "bf16", config)
     else:
-        weights_gib = article.WEIGHTS_GIB * to_gib  # a config.json carries no parameter count
+        weights_gib = article.WEIGHTS_GIB * to_gib  # a config.json whose parameters kvlab cannot count
     defaults = cap.MemoryBudget(memory_gib, weights_gib)
     return cap.MemoryBudget(
         memory_gib,

@@ -35,6 +35,8 @@ def flag_error(
     The parameter the message starts with becomes its flag, and so does a setting named elsewhere in it
     (max_model_len: --max-model-len, the flag that changes it); a model's own figure (MODEL_FIGURES) does so
     only where the user typed its flag: a model's num_attention_heads stays the model's."""
+    if "--config" in given and "model" in flags:  # the model came from a config.json: "model" is that flag
+        flags = {**flags, "model": "--config"}
     message = str(error)
     name = re.match(r"[\w\[\]]+", message).group(0) if re.match(r"\w", message) else ""
     if name in flags:
@@ -64,6 +66,26 @@ def requires(given: set[str], flag: str, needed: str, why: str) -> None:
     """A one-line error when flag was typed without needed, which it only applies to."""
     if flag in given and needed not in given:
         raise ValueError(f"{flag} applies only with {needed}: {why}")
+
+
+def model_from_flags(args, given: set[str]):
+    """The model --model names (data/models.csv) or --config reads (a config.json: its parameters --num-params-b, or
+    counted from the file where kvlab can), None when neither was given; one-line errors for a clash, and for a
+    config.json whose parameters are neither given nor countable (the weights and the step cost need them)."""
+    from kvlab.core import models, validate
+
+    exclusive(given, "--model", ["--config"], "--config reads the model from a config.json instead")
+    requires(given, "--num-params-b", "--config", "a catalog model has its own parameter count")
+    if args.config is None:
+        return models.get_model(args.model) if args.model else None
+    given_b = 0.0 if args.num_params_b is None else validate.positive_number("num_params_b", args.num_params_b)
+    model = models.from_config(args.config, num_params_b=given_b)
+    if model.num_params_b <= 0:
+        with open(args.config, encoding="utf-8") as f:
+            config = json.load(f)
+        why = models.count_params(config.get("text_config") or config)[1]
+        raise ValueError(f"--config {args.config}: {why}; give --num-params-b (the model's parameters, billions)")
+    return model
 
 
 def print_json(result: dict) -> None:

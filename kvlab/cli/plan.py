@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvlab.cli.common import exclusive, print_json, requires
+from kvlab.cli.common import model_from_flags, print_json
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
 from kvlab.studies.plan_space import Objectives, SearchSpace, knob_value
 
@@ -87,10 +87,14 @@ def add(commands) -> None:
     what.add_argument(
         "--config",
         metavar="PATH",
-        help="a Hugging Face config.json instead of --model (needs "
-        "--num-params-b; planned on the roofline only, with --allow-roofline: no profile measures it)",
+        help="a Hugging Face config.json instead of --model (its parameters counted from it, or --num-params-b; "
+        "planned on the roofline only, with --allow-roofline: no profile measures it)",
     )
-    what.add_argument("--num-params-b", type=float, help="parameters of the --config model, billions (its weights)")
+    what.add_argument(
+        "--num-params-b",
+        type=float,
+        help="parameters of the --config model, billions (its weights; default: counted from the config.json)",
+    )
     what.add_argument("--gpu", required=False, help="a GPU of data/gpus.csv (e.g. RTX-PRO-6000-Server-96GB)")
     what.add_argument("--max-model-len", type=int, help="longest request, tokens (default: the model's context)")
     what.add_argument(
@@ -232,20 +236,11 @@ def deployment_of(args, given: set[str], workload):
     from kvlab.core import models, validate
     from kvlab.studies.plan_space import Deployment, check_max_model_len
 
-    exclusive(given, "--model", ["--config"], "--config reads the model from a config.json instead")
-    requires(given, "--num-params-b", "--config", "a catalog model has its own parameter count")
+    model = model_from_flags(args, given)
     if args.gpu is None:
         raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
-    if args.model is None and args.config is None:
+    if model is None:
         raise ValueError("kvlab plan needs --model (a model of data/models.csv) or --config PATH (a config.json)")
-    if args.config is not None:
-        if args.num_params_b is None:
-            raise ValueError("--config needs --num-params-b: the weights a GPU holds come from the parameter count")
-        model = models.from_config(
-            args.config, num_params_b=validate.positive_number("num_params_b", args.num_params_b)
-        )
-    else:
-        model = models.get_model(args.model)
     gpu = models.get_gpu(args.gpu)
     if args.max_model_len is not None:
         max_model_len = validate.in_range("max_model_len", args.max_model_len, "tokens")

@@ -13,7 +13,7 @@ import argparse
 
 import numpy as np
 
-from kvlab.cli.common import exclusive, print_json, requires
+from kvlab.cli.common import exclusive, model_from_flags, print_json, requires
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
 from kvlab.core import article, batching, models, resources, validate
 from kvlab.core import engine as vllm_engine
@@ -150,6 +150,16 @@ def add_vllm_engine_flags(p) -> None:
         "--model",
         help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
         "(weights from its parameter count) and names the model of --cost roofline",
+    )
+    g.add_argument(
+        "--config",
+        metavar="PATH",
+        help="a Hugging Face config.json instead of --model (read locally, as kvlab capacity --config reads it)",
+    )
+    g.add_argument(
+        "--num-params-b",
+        type=float,
+        help="parameters of the --config model, billions (default: counted from the config.json)",
     )
     g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
     cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig  # their fields' defaults: vLLM's
@@ -326,6 +336,8 @@ VLLM_SIMULATE_FLAGS = {
     **{k: v for k, v in SIMULATE_FLAGS.items() if k != "max_num_seqs"},
     "num_gpu_blocks": "--num-gpu-blocks",
     "model": "--model",
+    "config": "--config",
+    "num_params_b": "--num-params-b",
     "gpu": "--gpu",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "kv_cache_dtype": "--kv-cache-dtype",
@@ -348,6 +360,8 @@ VLLM_SIMULATE_FLAGS = {
 VLLM_ENGINE_FLAGS = [
     "--num-gpu-blocks",
     "--model",
+    "--config",
+    "--num-params-b",
     "--gpu",
     "--gpu-memory-utilization",
     "--kv-cache-dtype",
@@ -405,13 +419,14 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
         exclusive(
             given,
             "--num-gpu-blocks",
-            ["--model", "--gpu", "--tensor-parallel-size"],
+            ["--model", "--config", "--gpu", "--tensor-parallel-size"],
             "--num-gpu-blocks is "
             "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)",
         )
-    sizing = given & {"--model", "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
-    if sizing and not {"--model", "--gpu"} <= given:
-        missing = "--gpu" if "--model" in given else "--model"
+    model_flag = "--config" if "--config" in given else "--model"  # --config names the model from a config.json
+    sizing = given & {model_flag, "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
+    if sizing and not {model_flag, "--gpu"} <= given:
+        missing = "--gpu" if model_flag in given else "--model"
         raise ValueError(
             f"{sorted(sizing)[0]} needs {missing} too: the KV pool (and --cost roofline) is computed from "
             "a model on a GPU"
@@ -511,7 +526,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     args.flags = VLLM_SIMULATE_FLAGS
     cost_name = args.cost or ("linear" if "--step-ms-per-token" in given else "constant")
     check_vllm_flags(args, given, cost_name)
-    model = models.get_model(args.model) if args.model else None
+    model = model_from_flags(args, given)
     config = vllm_config(args, model)
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)

@@ -245,8 +245,104 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
     return window, 1, ()
 
 
+# Families whose parameters kvlab counts from config.json (count_params), with whether they tie the lm_head to the
+# input embedding when config.json does not say (transformers' defaults for each config class).
+GATED_FAMILIES = {
+    "llama": False,
+    "mistral": False,
+    "mixtral": False,
+    "qwen2": False,
+    "qwen3": False,
+    "qwen3_moe": False,
+    "phi3": False,
+    "gemma": True,
+    "gemma2": True,
+    "gemma3_text": True,
+}
+COUNTED_FAMILIES = (*GATED_FAMILIES, "gpt_neox", "opt", "deepseek_v2", "deepseek_v3")
+
+
+def count_params(config: dict) -> tuple[int, str]:
+    """(parameters, '') of a decoder's config.json, as its transformers model class holds them (embeddings, every
+    layer's attention, MLP or experts with their router, norms, the lm_head unless tied), or (0, why not): a family
+    kvlab does not count (COUNTED_FAMILIES) or a field it needs that the file lacks. Matches the published counts of
+    Llama 3.1 8B, Mistral 7B, Qwen2.5 7B, Qwen3-30B-A3B, Phi-3 mini, Gemma 2 9B, OPT-13B, GPT-NeoX-20B and
+    DeepSeek-V2-Lite to the parameter (tests/test_models.py)."""
+    family = str(config.get("model_type", ""))
+    if family not in COUNTED_FAMILIES:
+        return 0, f"kvlab counts the parameters of {', '.join(COUNTED_FAMILIES)} models, not of {family or 'this'} one"
+
+    def need(*fields):
+        missing = [f for f in fields if config.get(f) is None]
+        if missing:
+            raise KeyError(missing[0])
+        return [int(config[f]) for f in fields]
+
+    try:
+        h, n, heads, vocab = need("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+        if family == "opt":  # learned positions (2 extra), biases everywhere, LayerNorm with bias
+            (ffn,) = need("ffn_dim")
+            positions = (int(config.get("max_position_embeddings") or 2048) + 2) * h
+            layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
+            project = (
+                0 if int(config.get("word_embed_proj_dim") or h) == h else 2 * h * int(config["word_embed_proj_dim"])
+            )
+            tied = config.get("tie_word_embeddings", True)
+            return vocab * h * (1 if tied else 2) + positions + n * layer + 2 * h + project, ""
+        if family == "gpt_neox":  # fused QKV and MLP with biases, LayerNorm with bias, untied embed_out
+            (ffn,) = need("intermediate_size")
+            layer = 4 * h * h + 4 * h + 2 * h * ffn + ffn + h + 4 * h
+            return vocab * h * (1 if config.get("tie_word_embeddings", False) else 2) + n * layer + 2 * h, ""
+        tied = config.get("tie_word_embeddings", GATED_FAMILIES.get(family, False))
+        embeddings = vocab * h * (1 if tied else 2) + h  # and the final norm
+        if family.startswith("deepseek"):  # MLA, a first few dense layers, routed and shared experts
+            nope, rope, v, rank, ffn, expert, experts, shared, dense = need(
+                "qk_nope_head_dim",
+                "qk_rope_head_dim",
+                "v_head_dim",
+                "kv_lora_rank",
+                "intermediate_size",
+                "moe_intermediate_size",
+                "n_routed_experts",
+                "n_shared_experts",
+                "first_k_dense_replace",
+            )
+            q_rank = config.get("q_lora_rank")
+            q = h * heads * (nope + rope) if not q_rank else h * q_rank + q_rank + q_rank * heads * (nope + rope)
+            attention = q + h * (rank + rope) + rank + rank * heads * (nope + v) + heads * v * h
+            moe = (experts + shared) * 3 * h * expert + h * experts + (experts if family == "deepseek_v3" else 0)
+            return embeddings + n * (attention + 2 * h) + dense * 3 * h * ffn + (n - dense) * moe, ""
+        kv = int(config.get("num_key_value_heads") or heads)
+        head_dim = int(config.get("head_dim") or h // heads)
+        attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
+        if family == "qwen2" or config.get("attention_bias"):
+            attention += heads * head_dim + 2 * kv * head_dim + (h if config.get("attention_bias") else 0)
+        if family in ("qwen3", "qwen3_moe", "gemma3_text"):
+            attention += 2 * head_dim  # q_norm and k_norm
+        norms = 4 * h if family in ("gemma2", "gemma3_text") else 2 * h
+        if family in ("qwen3_moe", "mixtral"):
+            experts_key = "num_experts" if family == "qwen3_moe" else "num_local_experts"
+            experts, ffn = need(experts_key, "moe_intermediate_size" if family == "qwen3_moe" else "intermediate_size")
+            mlp = experts * 3 * h * ffn + h * experts
+            dense_layers = len(config.get("mlp_only_layers") or [])
+            if dense_layers or int(config.get("decoder_sparse_step") or 1) != 1:
+                return 0, "kvlab counts MoE models whose every layer is sparse"
+        else:
+            (ffn,) = need("intermediate_size")
+            mlp = 3 * h * ffn
+        return embeddings + n * (attention + mlp + norms), ""
+    except KeyError as missing:
+        return (
+            0,
+            f"config.json has no field {missing.args[0]!r}, which kvlab needs to count a {family} model's parameters",
+        )
+    except (TypeError, ValueError):
+        return 0, f"a field kvlab counts a {family} model's parameters from is not a whole number"
+
+
 def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (a path or its parsed dict); no hub access."""
+    """A ModelSpec from a Hugging Face config.json (a path or its parsed dict); no hub access. Its parameters are
+    num_params_b where given (billions), else count_params' where kvlab counts them, else 0 (unknown)."""
     if isinstance(path, dict):
         config, source = path, name or "config.json"
     else:
@@ -270,6 +366,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     heads = _whole(config, "num_attention_heads", source)
     label = name or config.get("_name_or_path") or source
     window, pattern, layer_types = _sliding(config, model_type, layers, source)
+    num_params_b = num_params_b or count_params(config)[0] / 1e9
     max_pos = _whole(config, "max_position_embeddings", source, default=0)
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
@@ -323,6 +420,8 @@ def weights_bytes_per_gpu(
 __all__ = [
     "ModelSpec",
     "GpuSpec",
+    "COUNTED_FAMILIES",
+    "count_params",
     "ATTENTIONS",
     "load_models",
     "load_gpus",
