@@ -341,3 +341,10 @@ def test_help_explains(capsys):
         "the attention backend vLLM picks (--attention-backend)",
     ):
         assert setting in text
+
+
+def test_a_config_json_gets_its_counted_weights_or_says_it_cannot_count_them(capsys):
+    code, out, _ = run(capsys, "--config", str(CONFIGS / "llama-3.1-8b-instruct.json"), "--gpu", "H100-SXM-80GB")
+    assert code == 0 and "14.96 GiB weights (8.03026B parameters)" in out
+    code, out, _ = run(capsys, "--config", str(CONFIGS / "gemma-3-27b-it.json"), "--gpu", "H100-SXM-80GB")
+    assert code == 0 and "16.00 GiB weights (the article's default: kvlab cannot count this config.json's" in out

@@ -430,7 +430,13 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     if budget:
         weights_note = ""
         if args.weights_gib is None:
-            weights_note = " (default)" if model.num_params_b <= 0 else f" ({model.num_params_b:g}B parameters)"
+            weights_note = (
+                f" ({model.num_params_b:g}B parameters)"
+                if model.num_params_b > 0
+                else " (the article's default: kvlab cannot count this config.json's parameters; give --weights-gib)"
+                if args.config
+                else " (default)"
+            )
         print(
             f"budget per GPU       {budget['gpu_memory_gib']:g} GiB x {budget['gpu_memory_utilization']:g} - "
             f"{budget['weights_gib']:.2f} GiB weights{weights_note} - {budget['activation_peak_gib']:g} GiB activation peak - "
