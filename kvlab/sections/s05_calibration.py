@@ -93,7 +93,8 @@ def kv_table(
 def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
     """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
     (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
-    Rows whose weights and cache do not fit in the GPU's memory are left out."""
+    Rows whose weights and cache do not fit in the GPU's memory, or whose batch passes the profile's token counts,
+    are left out."""
     gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
     columns = pd.MultiIndex.from_tuples(
         [(b, c) for b in batch_sizes for c in context_tokens], names=["batch_size", "context_tokens"]
@@ -129,7 +130,8 @@ def profile_decode_table(gpu_names, batch_sizes, context_tokens, model: str = PR
     that has one, batch size and context: the linear layers measured at batch_size tokens (ms), the rest
     estimated (the batch's cached K and V, context_tokens + 1 tokens each, and the lm_head's weights, read at the
     bandwidth those linear layers sustain on that GPU: kvlab.core.profiles.profile_fractions; ms), and their sum.
-    Rows whose weights and cache do not fit in the GPU's memory are left out."""
+    Rows whose weights and cache do not fit in the GPU's memory, or whose batch passes the profile's token counts,
+    are left out."""
     spec, names = get_model(model), validate.non_empty("gpu_names", gpu_names)
     entries = [e for e in profiles.load_index() if e.model == spec.name and e.tensor_parallel_size == 1]
     kv_bytes = capacity.KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, 2).kv_bytes_per_token
@@ -138,7 +140,7 @@ def profile_decode_table(gpu_names, batch_sizes, context_tokens, model: str = PR
         gpu, profile = get_gpu(entry.gpu), profiles.load_profile(entry)
         bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * profiles.profile_fractions(profile)[0]
         lm_head_bytes = entry.vocab_size * entry.hidden_size * profiles.WEIGHT_BYTES[entry.dtype]
-        for b in batch_sizes:
+        for b in (b for b in batch_sizes if b <= profile.dense[0][-1]):  # batches past the profile: left out
             linear_ms = float(profiles.linear_layers_ms(profile, b))
             for c in context_tokens:
                 cache_bytes = b * (c + 1) * kv_bytes
