@@ -289,3 +289,19 @@ def test_switching_a_term_off_takes_away_exactly_that_term(model, tp):
     assert off.step_s(batch) == 0.0
     with pytest.raises(ValueError, match="term"):
         measured(LLAMA).without("all-reduce")
+
+
+def test_the_fallback_says_how_far_it_is_off_where_a_profile_also_measures():
+    from kvlab.core.cost import measured as module
+
+    found = module.fallback_error("RTX-4090-24GB")  # one complete profile: Llama-3.1-8B at TP 1
+    assert list(found) == ["dense"] and found["dense"][2] == 1
+    profiled = make_step_cost("measured", model=models.get_model(LLAMA), gpu=models.get_gpu("RTX-4090-24GB"))
+    fallback = module.sustained_roofline(models.get_model(LLAMA), models.get_gpu("RTX-4090-24GB"), EngineConfig(),
+                                         "RTX-4090-24GB", "")  # fmt: skip
+    errors = [fallback.step_s(Batch(b, b * c, b, b * c)) / profiled.step_s(Batch(b, b * c, b, b * c)) - 1
+              for b in module.FALLBACK_CHECK_BATCHES for c in module.FALLBACK_CHECK_CONTEXTS]  # fmt: skip
+    assert found["dense"][:2] == (min(errors), max(errors))
+    assert module.fallback_error("A100-SXM-80GB") == {}  # vidur's profiles there are linear layers only
+    assert "no complete profile on the A100-SXM-80GB" in module.fallback_error_text("A100-SXM-80GB")
+    assert "off the profile by" in measured("Qwen/Qwen3-14B").source

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 import numpy as np
 
@@ -424,15 +425,72 @@ def measured_step_cost(
     profile = profiles.find_profile(gpu.name, model.name, tp) if pp == 1 else None
     if profile is not None:
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
-    fractions = profiles.sustained_fractions(fractions_gpu or gpu.name)
-    roofline = RooflineStepCost.from_specs(model, gpu, config)
     why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
+    source = fractions_gpu or gpu.name
+    return sustained_roofline(model, gpu, config, source, f"{why}; {fallback_error_text(source)}")
+
+
+def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> RooflineStepCost:
+    """The roofline of model on gpu at the bandwidth and FLOP/s fractions the profiles of fractions_gpu sustain
+    (kvlab.core.profiles.sustained_fractions): the measured step cost's fallback, its provenance saying why."""
+    from kvlab.core import profiles
+
+    fractions = profiles.sustained_fractions(fractions_gpu)
+    roofline = RooflineStepCost.from_specs(model, gpu, config)
     return RooflineStepCost(
         roofline.weights_bytes,
         roofline.kv_bytes_per_token,
         roofline.num_params,
         roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
         roofline.bf16_dense_tflops * fractions.flop_fraction,
-        f"roofline scaled by sustained fractions measured on {fractions_gpu or gpu.name} ({why}): "
-        f"{fractions.describe()}",
+        f"roofline scaled by sustained fractions measured on {fractions_gpu} ({why}): {fractions.describe()}",
+    )
+
+
+# The decode steps on which the fallback is set against a profile: requests x tokens cached per request.
+FALLBACK_CHECK_BATCHES = (1, 8, 32, 128)
+FALLBACK_CHECK_CONTEXTS = (512, 2048, 8192)
+
+
+@lru_cache(maxsize=16)
+def fallback_error(gpu_name: str) -> dict[str, tuple[float, float, int]]:
+    """How far the fallback (sustained_roofline) is off the profiles where both are known: for every complete
+    profile on gpu_name, each decode step of FALLBACK_CHECK_BATCHES x FALLBACK_CHECK_CONTEXTS timed both ways
+    (vLLM's default settings at the profile's TP), fallback / profile - 1. By kind of model ("dense", "mixture-of-
+    experts", whose every expert the roofline counts): (lowest, highest, profiles compared); {} where the GPU has
+    no complete profile."""
+    from kvlab.core import profiles
+    from kvlab.core.config import EngineConfig, ParallelConfig
+    from kvlab.core.models import get_gpu, get_model
+
+    gpu, errors, compared = get_gpu(gpu_name), {}, {}
+    for entry in profiles.load_index():
+        profile = profiles.load_profile(entry) if entry.gpu == gpu_name else None
+        if profile is None or not profile.complete:
+            continue
+        model, kind = get_model(entry.model), "mixture-of-experts" if entry.num_experts else "dense"
+        config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=entry.tensor_parallel_size))
+        measured = MeasuredStepCost.from_profile(profile, model, config)
+        fallback = sustained_roofline(model, gpu, config, gpu_name, "")
+        for b in FALLBACK_CHECK_BATCHES:
+            for c in FALLBACK_CHECK_CONTEXTS:
+                batch = Batch(b, b * c, b, b * c)
+                errors.setdefault(kind, []).append(fallback.step_s(batch) / measured.step_s(batch) - 1.0)
+        compared[kind] = compared.get(kind, 0) + 1
+    return {kind: (min(e), max(e), compared[kind]) for kind, e in errors.items()}
+
+
+def fallback_error_text(gpu_name: str) -> str:
+    """fallback_error in words, for the fallback's provenance."""
+    found = fallback_error(gpu_name)
+    if not found:
+        return f"no complete profile on the {gpu_name} to say how far this fallback is off"
+    kinds = "; ".join(
+        f"{100 * low:+.0f}% to {100 * high:+.0f}% on {n} {kind} profile{'s' if n > 1 else ''}"
+        for kind, (low, high, n) in found.items()
+    )
+    return (
+        f"where both are known, on decode steps of {FALLBACK_CHECK_BATCHES[0]}-{FALLBACK_CHECK_BATCHES[-1]} requests x "
+        f"{FALLBACK_CHECK_CONTEXTS[0]:,}-{FALLBACK_CHECK_CONTEXTS[-1]:,} tokens on the {gpu_name}, this fallback is "
+        f"off the profile by {kinds}"
     )
