@@ -81,9 +81,7 @@ def model_from_flags(args, given: set[str]):
     given_b = 0.0 if args.num_params_b is None else validate.positive_number("num_params_b", args.num_params_b)
     model = models.from_config(args.config, num_params_b=given_b)
     if model.num_params_b <= 0:
-        with open(args.config, encoding="utf-8") as f:
-            config = json.load(f)
-        why = models.count_params(config.get("text_config") or config)[1]
+        why = models.count_params(models.load_config(args.config)[0])[1]
         raise ValueError(f"--config {args.config}: {why}; give --num-params-b (the model's parameters, billions)")
     return model
 

@@ -340,9 +340,9 @@ def count_params(config: dict) -> tuple[int, str]:
         return 0, f"a field kvlab counts a {family} model's parameters from is not a whole number"
 
 
-def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (a path or its parsed dict); no hub access. Its parameters are
-    num_params_b where given (billions), else count_params' where kvlab counts them, else 0 (unknown)."""
+def load_config(path: str | Path | dict, name: str | None = None) -> tuple[dict, str]:
+    """(the decoder's fields, where they came from) of a Hugging Face config.json (a path or its parsed dict; a
+    multimodal wrapper's text_config); one-line errors for a file that is not a JSON object."""
     if isinstance(path, dict):
         config, source = path, name or "config.json"
     else:
@@ -359,6 +359,13 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         validate.fail("config", source, f"must hold a JSON object, not a {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the decoder here
         config = {"model_type": config.get("model_type", ""), **config["text_config"]}
+    return config, source
+
+
+def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (a path or its parsed dict); no hub access. Its parameters are
+    num_params_b where given (billions), else count_params' where kvlab counts them, else 0 (unknown)."""
+    config, source = load_config(path, name)
     model_type = str(config.get("model_type", ""))
     _field(config, "num_hidden_layers", source, "the number of layers")
     _field(config, "num_attention_heads", source, "the number of heads")
@@ -422,6 +429,7 @@ __all__ = [
     "GpuSpec",
     "COUNTED_FAMILIES",
     "count_params",
+    "load_config",
     "ATTENTIONS",
     "load_models",
     "load_gpus",

@@ -20,7 +20,7 @@ from kvlab.core.calibration import (
     decode_bound_ms,
     decode_bytes_per_step,
 )
-from kvlab.core.models import get_gpu, get_model
+from kvlab.core.models import get_gpu, get_model, weights_bytes_per_gpu
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
@@ -93,8 +93,7 @@ def kv_table(
 def bound_table(shape: DecoderShape, gpu_names, batch_sizes, context_tokens) -> pd.DataFrame:
     """Memory-bandwidth lower bound of the decode step (ms) per GPU of data/gpus.csv (rows) and (batch, context)
     (columns): weights plus cached K and V read once per step / datasheet bandwidth. A bound, not a measurement;
-    Rows whose weights and cache do not fit in the GPU's memory, or whose batch passes the profile's token counts,
-    are left out."""
+    NaN where the weights and the batch's cache do not fit in the GPU's memory."""
     gpus = [get_gpu(name) for name in validate.non_empty("gpu_names", gpu_names)]
     columns = pd.MultiIndex.from_tuples(
         [(b, c) for b in batch_sizes for c in context_tokens], names=["batch_size", "context_tokens"]
@@ -134,7 +133,7 @@ def profile_decode_table(gpu_names, batch_sizes, context_tokens, model: str = PR
     are left out."""
     spec, names = get_model(model), validate.non_empty("gpu_names", gpu_names)
     entries = [e for e in profiles.load_index() if e.model == spec.name and e.tensor_parallel_size == 1]
-    kv_bytes = capacity.KVShape(spec.num_layers, spec.num_kv_heads, spec.head_dim, 2).kv_bytes_per_token
+    kv_bytes, weights_bytes = capacity.kv_bytes_per_token(spec), weights_bytes_per_gpu(spec, 2)  # 16-bit
     rows = []
     for entry in (e for name in names for e in entries if e.gpu == name):
         gpu, profile = get_gpu(entry.gpu), profiles.load_profile(entry)
@@ -144,7 +143,7 @@ def profile_decode_table(gpu_names, batch_sizes, context_tokens, model: str = PR
             linear_ms = float(profiles.linear_layers_ms(profile, b))
             for c in context_tokens:
                 cache_bytes = b * (c + 1) * kv_bytes
-                if spec.num_params_b * 1e9 * 2 + cache_bytes <= gpu.memory_gib * GIB:
+                if weights_bytes + cache_bytes <= gpu.memory_gib * GIB:
                     rest_ms = (cache_bytes + lm_head_bytes) / bandwidth * 1000.0
                     rows.append((gpu.name, b, c, linear_ms, rest_ms, linear_ms + rest_ms))
     columns = ["gpu", "batch_size", "context_tokens", "linear_measured_ms", "rest_estimated_ms", "step_ms"]

@@ -45,8 +45,7 @@ class ReservationManager:
 
     def reservation_tokens(self, request: Request) -> int:
         """Slots the request asks for: max_model_len (max), kvlab.core.allocator.pow2_reservation (pow2), or its
-        final length (oracle). The buddy allocator
-        rounds the chunk up to a power of two."""
+        final length (oracle). The buddy allocator rounds the chunk up to a power of two."""
         if self.allocation == "max":
             return self.max_model_len
         if self.allocation == "pow2":

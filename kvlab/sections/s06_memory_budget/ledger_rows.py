@@ -7,7 +7,13 @@ import pandas as pd
 
 from kvlab.sections.s06_memory_budget.prose import limit_words
 from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
-from kvlab.sections.s06_memory_budget.tables import BEST_BLOCK_TOLERANCE, SECTION, best_block_size, mean_over_seeds
+from kvlab.sections.s06_memory_budget.tables import (
+    BEST_BLOCK_TOLERANCE,
+    SECTION,
+    best_block_size,
+    mean_over_seeds,
+    sustains,
+)
 from kvlab.studies.paper_setting import PaperSetting
 
 # Orca's reservations: both kvlab's and the paper's place them with the buddy allocation algorithm (§6.1;
@@ -70,7 +76,7 @@ def ledger_rows(
                 )
             latency = run["normalized_latency_s"]
             why += (
-                f" kvlab's run {'sustains' if latency <= bound_s else 'is past'} the rate ({latency:.2f} s per token, "
+                f" kvlab's run {'sustains' if sustains(latency, bound_s) else 'is past'} the rate ({latency:.2f} s per token, "
                 f"bound {bound_s:g}); the paper's regime at it is not in kvlab's data (Fig. 12 is not digitized)."
             )
             add(table, label, "mean_batched_requests", fig13.loc[label, f"{name}: kvlab"], why)

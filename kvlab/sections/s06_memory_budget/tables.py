@@ -263,8 +263,7 @@ def regime_table(runs: pd.DataFrame, bound_s: float) -> pd.DataFrame:
         if name in mean.index.get_level_values("dataset"):
             latency = [mean.loc[(name, m)] for m in MODES]
             table[f"{name}: normalized latency (s/token)"] = latency
-            # sustained_rate's test: a mode sustains a rate while its normalized latency is at most the bound
-            table[f"{name}: regime"] = ["sustained" if x <= bound_s else "saturated" for x in latency]
+            table[f"{name}: regime"] = ["sustained" if sustains(x, bound_s) else "saturated" for x in latency]
     return table
 
 
@@ -312,6 +311,11 @@ def latency_curves(runs: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+def sustains(normalized_latency_s, bound_s: float):
+    """Whether a run (or each run of an array) sustains its rate: normalized latency at most bound_s (NaN: no)."""
+    return normalized_latency_s <= bound_s
+
+
 def sustained_rate(rates, latencies, bound_s: float) -> tuple[float, str]:
     """The highest rate of the grid up to which normalized latency stays at or under bound_s (the rate before the
     first one over it), and a note: '' when the bound is crossed inside the grid, 'at least' when no rate of the grid
@@ -321,7 +325,7 @@ def sustained_rate(rates, latencies, bound_s: float) -> tuple[float, str]:
     if len(rates) == 0 or np.any(np.diff(rates) <= 0):
         validate.fail("rates", rates.tolist(), "must be one or more increasing rates")
     validate.positive_number("bound_s", bound_s)
-    over = np.flatnonzero(~(latencies <= bound_s))
+    over = np.flatnonzero(~sustains(latencies, bound_s))
     if len(over) == 0:
         return float(rates[-1]), "at least"
     if over[0] == 0:
