@@ -327,7 +327,7 @@ def test_the_measured_step_cost_from_the_command_line(capsys):
         (
             ["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "H200-141GB"],
             "--gpu='H200-141GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
-            "measurements: A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
+            "measurements: A100-SXM-80GB, A40-48GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
             "clock: --cost roofline)",
         ),
         (
@@ -396,7 +396,7 @@ def test_engine_flags_need_policy_vllm(capsys, flag):
             ],
             "measured, roofline scaled by sustained fractions measured on RTX-PRO-6000-Server-96GB "
             "(no profile of Qwen/Qwen3-14B at TP 1; where both are known, on decode steps of 1-128 requests x "
-            "512-8,192 tokens on the RTX-PRO-6000-Server-96GB, this fallback is off the profile by -27% to +4% on 4 "
+            "512-8,192 tokens on the RTX-PRO-6000-Server-96GB, this fallback is off the profile by -18% to +4% on 4 "
             "dense profiles; -5% to +801% on 1 mixture-of-experts profile): ",
         ),
     ],

@@ -3,6 +3,8 @@ piecewise-linear between measured points, decode runs equal to their steps, CUDA
 
 import csv
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,7 +71,34 @@ def expected_step_us(tokens: int, sequences: int, attention_point: tuple) -> flo
     )
     once = DENSE[("embedding", tokens)] + DENSE[("final_layernorm", tokens)]
     per_sequence = PER_SEQUENCE[("lm_head", sequences)] + PER_SEQUENCE[("sampler", sequences)]
-    return 32 * layer + once + per_sequence + 32 * ATTENTION[attention_point]
+    return 32 * layer + once + per_sequence + 32 * ATTENTION[attention_point] + scheduler_cpu_us(sequences)
+
+
+def scheduler_cpu_us(sequences: int, prefix_caching: int = 0, async_scheduling: int = 0) -> float:
+    """vLLM's schedule() + update_from_output() for a step of sequences, from the committed CSV, linear between
+    its running-request counts."""
+    with open(profiles.SCHEDULER_CPU_CSV, newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if (int(r["enable_prefix_caching"]), int(r["async_scheduling"])) == (prefix_caching, async_scheduling)
+        ]
+    points = sorted((int(r["num_running"]), float(r["schedule_us"]) + float(r["update_from_output_us"])) for r in rows)
+    return float(np.interp(sequences, [n for n, _ in points], [us for _, us in points]))
+
+
+def test_the_cpu_adds_to_a_synchronous_step_and_overlaps_an_asynchronous_one():
+    batch = Batch(64, 64 * 2048, 64, 64 * 2048)
+    gpu_s = LLAMA_COST.without("CPU scheduling").step_s(batch)
+    assert LLAMA_COST.step_s(batch) == pytest.approx(gpu_s + scheduler_cpu_us(64) / 1e6, rel=1e-12)
+    overlapped = measured(async_scheduling=True)
+    assert overlapped.step_s(batch) == pytest.approx(max(gpu_s, scheduler_cpu_us(64, 0, 1) / 1e6), rel=1e-12)
+    assert "overlapping the GPU" in overlapped.describe() and "added to each step" in LLAMA_COST.describe()
+    # a GPU step shorter than the CPU's scheduling takes the CPU's time when overlapped
+    tiny = dataclasses.replace(overlapped, dense_us=overlapped.dense_us * 0, attention_us=overlapped.attention_us * 0)
+    tiny = dataclasses.replace(tiny, per_sequence_us=tiny.per_sequence_us * 0)
+    assert tiny.step_s(batch) == pytest.approx(scheduler_cpu_us(64, 0, 1) / 1e6, rel=1e-12)
+    assert tiny.min_step_s(64) <= tiny.step_s(batch)
 
 
 def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
@@ -91,10 +120,10 @@ def test_a_step_at_measured_points_is_the_sum_of_their_operator_times():
 
 def test_the_cost_names_its_source_and_the_interface():
     assert LLAMA_COST.name == "measured" and "measured" in STEP_COSTS
-    assert LLAMA_COST.source == "LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1"
+    assert LLAMA_COST.source.startswith("LLMServingSim profile RTXPRO6000/meta-llama/Llama-3.1-8B/bf16/tp1; CPU: ")
     tp2 = measured("Qwen/Qwen3-32B", tensor_parallel_size=2)
     assert tp2.source.startswith("LLMServingSim profile RTXPRO6000/Qwen/Qwen3-32B/bf16/tp2; all-reduce")
-    assert tp2.all_reduce_bytes_per_token == 5120 * 2
+    assert tp2.all_reduce.bytes_per_token == 5120 * 2 and tp2.all_reduce.num_per_step == 2 * 64 + 1
     moe = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
     assert (moe.num_experts, moe.num_experts_per_tok) == (128, 8)
     assert moe.active_experts(1) == 8 and moe.active_experts(2048) == 128
@@ -223,7 +252,8 @@ def test_decode_batches_are_padded_to_vllms_cudagraph_capture_sizes():
     three, four = (LLAMA_COST.step_s(Batch(n, n * 101, n, n * 101)) for n in (3, 4))
     per_sequence = LLAMA_COST.fixed_us(4, 4) - LLAMA_COST.fixed_us(4, 3)
     attention = 32 * (LLAMA_COST.decode_attention_us(4, 100) - LLAMA_COST.decode_attention_us(3, 100))
-    assert (four - three) * 1e6 == pytest.approx(per_sequence + attention, rel=1e-9)
+    cpu = scheduler_cpu_us(4) - scheduler_cpu_us(3)
+    assert (four - three) * 1e6 == pytest.approx(per_sequence + attention + cpu, rel=1e-9)
 
 
 def test_a_gpu_with_no_measurement_is_refused_in_one_line():
@@ -231,7 +261,7 @@ def test_a_gpu_with_no_measurement_is_refused_in_one_line():
         measured(gpu="H200-141GB")
     message = str(error.value)
     assert "\n" not in message and message.startswith("gpu='H200-141GB' is not allowed")
-    assert "A100-SXM-80GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB" in message
+    assert "A100-SXM-80GB, A40-48GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB" in message
     assert "--cost roofline" in message
 
 
@@ -247,10 +277,16 @@ def test_a_model_without_a_profile_gets_the_roofline_at_the_gpus_sustained_rates
     assert measured(LLAMA, pipeline_parallel_size=2).source.startswith("roofline scaled")
 
 
-def test_every_profile_names_a_catalog_gpu_and_model_and_is_small():
+def test_every_profile_names_a_catalog_gpu_and_its_layer_shape_and_is_small():
+    catalog = models.load_models()
     for entry in profiles.load_index():
-        models.get_gpu(entry.gpu), models.get_model(entry.model)
+        models.get_gpu(entry.gpu)
         assert entry.folder.is_dir(), entry.path
+        assert min(entry.layer_shape[:4]) > 0 and entry.vocab_size > 0, entry.label
+        assert entry.num_attention_heads % entry.num_kv_heads == 0, entry.label
+        if entry.model in catalog:  # the attention's shape is the catalog's
+            spec = models.get_model(entry.model)
+            assert (spec.num_attention_heads, spec.num_kv_heads, spec.head_dim) == entry.layer_shape[:3], entry.label
     size = sum(p.stat().st_size for p in profiles.PROFILES_DIR.rglob("*") if p.is_file())
     assert size < 4e6
 
@@ -281,7 +317,7 @@ def test_switching_a_term_off_takes_away_exactly_that_term(model, tp):
     )
     assert cost.without("lm_head and sampler").step_s(batch) < whole
     if tp > 1:
-        share = cost._all_reduce_us_per_token * 24 / 1e6
+        share = cost.all_reduce.step_us(24) / 1e6
         assert share > 0 and cost.without("all-reduce").step_s(batch) == pytest.approx(whole - share)
     off = cost
     for term in cost.terms:
@@ -305,3 +341,28 @@ def test_the_fallback_says_how_far_it_is_off_where_a_profile_also_measures():
     assert module.fallback_error("A100-SXM-80GB") == {}  # vidur's profiles there are linear layers only
     assert "no complete profile on the A100-SXM-80GB" in module.fallback_error_text("A100-SXM-80GB")
     assert "off the profile by" in measured("Qwen/Qwen3-14B").source
+
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+
+@pytest.mark.parametrize(
+    "config_file, profiled",
+    [("llama-3.1-8b-instruct.json", LLAMA), ("qwen3-30b-a3b.json", "Qwen/Qwen3-30B-A3B-Instruct-2507")],
+)
+def test_a_config_of_a_profiled_architecture_is_timed_by_that_profile(config_file, profiled):
+    spec = models.from_config(CONFIGS / config_file)
+    assert spec.name != profiled
+    cost = make_step_cost("measured", model=spec, gpu=models.get_gpu(RTX_PRO), config=CONFIG)
+    own = measured(profiled)
+    assert isinstance(cost, MeasuredStepCost) and f"a model of {spec.name}'s layer shapes" in cost.describe()
+    for batch in (Batch(1, 100, 1, 100), Batch(64, 64 * 900, 64, 64 * 900), Batch(600, 5000, 88, 4400, 1, 200_000)):
+        assert cost.step_s(batch) == own.step_s(batch)
+
+
+def test_a_config_of_other_layer_shapes_falls_back_to_the_roofline_saying_so():
+    config = json.loads((CONFIGS / "llama-3.1-8b-instruct.json").read_text()) | {"intermediate_size": 16384}
+    spec = models.from_config(config, name="wider-llama", num_params_b=9.0)
+    cost = make_step_cost("measured", model=spec, gpu=models.get_gpu(RTX_PRO), config=CONFIG)
+    assert isinstance(cost, RooflineStepCost) and "no profile of wider-llama at TP 1" in cost.provenance
+    assert "this fallback is off the profile by" in cost.provenance

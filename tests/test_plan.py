@@ -372,7 +372,9 @@ def test_a_config_json_is_planned_with_its_parameters_counted_or_given(capsys):
     argv[argv.index("--model")] = "--config"
     assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--json"]) == 0
     counted = json.loads(capsys.readouterr().out)
-    assert not counted["step_cost"]["measured"] and counted["search"]["num_candidates"] == 4
+    # Llama-3.1-8B-Instruct has Llama-3.1-8B's layer shapes: that model's profile times it
+    assert counted["step_cost"]["measured"] and counted["search"]["num_candidates"] == 4
+    assert "layer shapes" in counted["step_cost"]["source"]
     assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--num-params-b", "8.03", "--json"]) == 0
     given = json.loads(capsys.readouterr().out)
     assert given["search"]["num_candidates"] == 4

@@ -48,6 +48,11 @@ class ModelSpec:
     max_position_embeddings: int = 0
     num_params_b: float = 0.0
     layer_types: tuple[str, ...] = ()
+    hidden_size: int = 0  # config.json's; 0 = unknown (the all-reduce's size per token)
+    # From a config.json: (intermediate_size (0 for an MoE), vocab_size, experts, experts per token, an expert's MLP
+    # size), with the attention's shape and hidden_size what an operator profile's layers are measured at
+    # (layer_shape); () where unknown.
+    layer_sizes: tuple[int, ...] = ()
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -58,6 +63,7 @@ class ModelSpec:
         validate.non_negative_int("sliding_window", self.sliding_window)
         validate.non_negative_int("sliding_window_pattern", self.sliding_window_pattern)
         validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
+        validate.non_negative_int("hidden_size", self.hidden_size)
         validate.non_negative_number("num_params_b", self.num_params_b)
         heads, kv = self.num_attention_heads, self.num_kv_heads
         if self.attention == "mha" and kv != heads:
@@ -172,6 +178,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         "sliding_window",
         "sliding_window_pattern",
         "max_position_embeddings",
+        "hidden_size",
     ]
     return ModelSpec(
         name=row["name"],
@@ -374,29 +381,66 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     label = name or config.get("_name_or_path") or source
     window, pattern, layer_types = _sliding(config, model_type, layers, source)
     num_params_b = num_params_b or count_params(config)[0] / 1e9
-    max_pos = _whole(config, "max_position_embeddings", source, default=0)
+    common = {
+        "name": label,
+        "num_layers": layers,
+        "num_attention_heads": heads,
+        "sliding_window": window,
+        "sliding_window_pattern": pattern,
+        "max_position_embeddings": _whole(config, "max_position_embeddings", source, default=0),
+        "num_params_b": num_params_b,
+        "layer_types": layer_types,
+        "hidden_size": _whole(config, "hidden_size", source, default=0),
+    }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
         _field(config, "qk_rope_head_dim", source, "the MLA latent size")
         rank, rope = _whole(config, "kv_lora_rank", source), _whole(config, "qk_rope_head_dim", source)
         return ModelSpec(
-            label, layers, heads, 1, rank + rope, "mla", rank, rope, window, pattern, max_pos, num_params_b, layer_types
+            **common, num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank, qk_rope_head_dim=rope
         )
     kv = _whole(config, "num_key_value_heads", source, default=1 if config.get("multi_query") else heads)
     head_dim = config.get("head_dim")
     if head_dim is None:
         _field(config, "hidden_size", source, "the head dim (hidden_size / num_attention_heads)")
-        hidden = _whole(config, "hidden_size", source)
-        if hidden % heads:
-            validate.fail("config", source, f"hidden_size={hidden} must be divisible by num_attention_heads={heads}")
-        head_dim = hidden // heads
+        if common["hidden_size"] % heads:
+            validate.fail(
+                "config",
+                source,
+                f"hidden_size={common['hidden_size']} must be divisible by num_attention_heads={heads}",
+            )
+        head_dim = common["hidden_size"] // heads
     if kv > heads or heads % kv:
         validate.fail("config", source, f"num_key_value_heads={kv} must divide num_attention_heads={heads}")
     attention = "mha" if kv == heads else ("mqa" if kv == 1 else "gqa")
     head_dim = _whole(config, "head_dim", source, default=head_dim)
     return ModelSpec(
-        label, layers, heads, kv, head_dim, attention, 0, 0, window, pattern, max_pos, num_params_b, layer_types
+        **common, num_kv_heads=kv, head_dim=head_dim, attention=attention, layer_sizes=_layer_sizes(config)
     )
+
+
+def layer_shape(model: ModelSpec) -> tuple[int, ...]:
+    """The shapes a decoder layer's operators run at: (heads, KV heads, head dim, hidden size, *model.layer_sizes),
+    or () where the sizes are unknown (a model of data/models.csv, which holds no MLP or vocabulary size)."""
+    if not model.layer_sizes or not model.hidden_size:
+        return ()
+    return (model.num_attention_heads, model.num_kv_heads, model.head_dim, model.hidden_size, *model.layer_sizes)
+
+
+def _layer_sizes(config: dict) -> tuple[int, ...]:
+    """from_config's layer_sizes; () when config.json lacks a size."""
+    experts = config.get("num_experts", config.get("num_local_experts")) or 0
+    if experts:  # every layer sparse: no dense MLP (Mixtral's experts are intermediate_size wide)
+        expert = config.get("moe_intermediate_size") or config.get("intermediate_size")
+        fields = [0, config.get("vocab_size"), experts, config.get("num_experts_per_tok"), expert]
+    else:
+        fields = [config.get("intermediate_size"), config.get("vocab_size"), 0, 0, 0]
+    if any(f is None for f in fields):
+        return ()
+    try:
+        return tuple(int(f) for f in fields)
+    except (TypeError, ValueError):
+        return ()
 
 
 def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:
@@ -427,6 +471,7 @@ def weights_bytes_per_gpu(
 __all__ = [
     "ModelSpec",
     "GpuSpec",
+    "layer_shape",
     "COUNTED_FAMILIES",
     "count_params",
     "load_config",

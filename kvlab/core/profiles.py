@@ -27,11 +27,14 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.core import validate
-from kvlab.core.models import DATA_DIR, get_gpu, get_model
+from kvlab.core.models import DATA_DIR, get_gpu, get_model, layer_shape
 
 PROFILES_DIR = DATA_DIR / "profiles"
 INDEX_CSV = PROFILES_DIR / "index.csv"
 INTERCONNECTS_CSV = PROFILES_DIR / "interconnects.csv"
+SCHEDULER_CPU_CSV = PROFILES_DIR / "cpu" / "vllm_scheduler.csv"
+# The CPU data/profiles/cpu/vllm_scheduler.csv was timed on (scripts/profiles/time_vllm_scheduler.py).
+SCHEDULER_CPU_MACHINE = "vLLM 0.33.0's scheduler timed on a 2-core Intel Xeon virtual machine"
 SOURCES = {"llmservingsim": "LLMServingSim profile", "vidur": "vidur profile"}
 # Calls of each dense operator in one decoder layer as vLLM's Llama and Qwen3 models run them (input and
 # post-attention RMSNorm; Qwen3's q_norm and k_norm), and once per step (before and after the layers).
@@ -67,8 +70,29 @@ class ProfileEntry:
     num_experts: int = 0  # MoE: experts per layer, experts per token, one expert's MLP size
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    num_attention_heads: int = 0  # the attention's shape the linear layers were measured at
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    gated_mlp: int = 1  # 1: gate_up_proj holds the gate and up projections (Llama, Qwen); 0: up only (Phi-2)
     vllm_version: str = ""
     profiled_at: str = ""
+
+    @property
+    def layer_shape(self) -> tuple[int, ...]:
+        """The shapes a decoder layer's operators are measured at, as kvlab.core.models.layer_shape gives a
+        model's: (heads, KV heads, head dim, hidden, MLP (0 for an MoE), vocabulary, experts, experts per token, expert
+        MLP)."""
+        return (
+            self.num_attention_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.hidden_size,
+            0 if self.num_experts else self.intermediate_size,
+            self.vocab_size,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.moe_intermediate_size,
+        )
 
     @property
     def label(self) -> str:
@@ -92,6 +116,10 @@ def load_index(path: str | Path = INDEX_CSV) -> tuple[ProfileEntry, ...]:
         "num_experts",
         "num_experts_per_tok",
         "moe_intermediate_size",
+        "num_attention_heads",
+        "num_kv_heads",
+        "head_dim",
+        "gated_mlp",
     )
     with open(path, newline="", encoding="utf-8") as f:
         return tuple(
@@ -226,25 +254,33 @@ def load_profile(entry: ProfileEntry) -> OperatorProfile:
     )
 
 
-def find_profile(gpu: str, model: str, tensor_parallel_size: int) -> OperatorProfile | None:
-    """The complete profile of model on gpu at tensor_parallel_size, if one is committed."""
-    for entry in load_index():
-        if (entry.gpu, entry.model, entry.tensor_parallel_size) == (gpu, model, tensor_parallel_size):
+def find_profile(gpu: str, model, tensor_parallel_size: int) -> OperatorProfile | None:
+    """The complete profile on gpu at tensor_parallel_size of a ModelSpec: its own (the same name), else one of a
+    model of the same layer shapes (models.layer_shape: a fine-tune, or a config.json of a profiled architecture;
+    the layer count may differ, since a profile times one layer), if one is committed."""
+    shape = layer_shape(model)
+    candidates = [e for e in load_index() if (e.gpu, e.tensor_parallel_size) == (gpu, tensor_parallel_size)]
+    for entry in sorted(candidates, key=lambda e: e.model != model.name):
+        if entry.model == model.name or (shape and entry.layer_shape == shape):
             profile = load_profile(entry)
             if profile.complete:
                 return profile
     return None
 
 
+def serves(entry: ProfileEntry, model) -> bool:
+    """Whether a profile times model's layers: its own, or a model's of the same layer shapes."""
+    return entry.model == model.name or (bool(layer_shape(model)) and entry.layer_shape == layer_shape(model))
+
+
 def linear_weights_bytes(entry: ProfileEntry) -> dict[str, float]:
     """Weights one GPU reads for each linear layer of one decoder layer (bytes), from the model's shape."""
-    spec = get_model(entry.model)
     h, tp = entry.hidden_size, entry.tensor_parallel_size
-    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q, kv = entry.num_attention_heads * entry.head_dim, entry.num_kv_heads * entry.head_dim
     params = {
         "qkv_proj": h * (q + 2 * kv),
         "o_proj": q * h,
-        "gate_up_proj": 2 * h * entry.intermediate_size,
+        "gate_up_proj": (1 + entry.gated_mlp) * h * entry.intermediate_size,
         "down_proj": entry.intermediate_size * h,
     }
     return {name: p * WEIGHT_BYTES[entry.dtype] / tp for name, p in params.items()}
@@ -276,7 +312,7 @@ class SustainedFractions:
         """In words, e.g. "91% of the bandwidth and 80% of the FLOP/s (median of 5 profiles)"."""
         return (
             f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of "
-            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator profiles sustain them"
+            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator profile{'s' if len(self.sources) > 1 else ''} sustain them"
         )
 
 
@@ -311,13 +347,63 @@ def sustained_fractions(gpu: str) -> SustainedFractions:
     )
 
 
-@lru_cache(maxsize=4)
-def interconnect_gb_s(gpu: str, path: str | Path = INTERCONNECTS_CSV) -> tuple[float, str] | None:
-    """(bandwidth each way between two GPUs of this kind, GB/s; the link) from data/profiles/interconnects.csv."""
+@lru_cache(maxsize=8)
+def scheduler_cpu_us(
+    enable_prefix_caching: bool, async_scheduling: bool, path: str | Path = SCHEDULER_CPU_CSV
+) -> tuple[np.ndarray, np.ndarray]:
+    """(running requests, CPU us of vLLM's schedule() + update_from_output() for one decode step of that many):
+    the medians data/profiles/cpu/vllm_scheduler.csv holds for those settings."""
+    rows = [
+        r
+        for r in _rows(Path(path))
+        if (int(r["enable_prefix_caching"]), int(r["async_scheduling"])) == (enable_prefix_caching, async_scheduling)
+    ]
+    rows.sort(key=lambda r: int(r["num_running"]))
+    return (
+        np.array([float(r["num_running"]) for r in rows]),
+        np.array([float(r["schedule_us"]) + float(r["update_from_output_us"]) for r in rows]),
+    )
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """How two GPUs of a kind are joined, as data/profiles/interconnects.csv gives it."""
+
+    gpu: str
+    interconnect: str  # e.g. "PCIe 5.0 x16", "NVLink 4 (NVSwitch)"
+    bandwidth_gb_s: float  # each way, GB/s (datasheet)
+    compute_capability: str  # CUDA's, e.g. "9.0": what vLLM's all-reduce choice reads
+    nvlink: bool  # every GPU of a node reaches every other over NVLink (vLLM's fully_connected)
+    p2p: bool  # the driver grants peer access (vLLM's _can_p2p)
+    all_reduce_profile: str  # folder under data/profiles/ of measured all-reduce times, or ""
+
+
+@lru_cache(maxsize=16)
+def interconnect(gpu: str, path: str | Path = INTERCONNECTS_CSV) -> Interconnect | None:
+    """The link between two GPUs of this kind, or None where data/profiles/interconnects.csv has none."""
     for row in _rows(Path(path)):
         if row["gpu"] == gpu:
-            return float(row["bandwidth_gb_s"]), row["interconnect"]
+            return Interconnect(
+                gpu,
+                row["interconnect"],
+                float(row["bandwidth_gb_s"]),
+                row["compute_capability"],
+                row["nvlink"] == "1",
+                row["p2p"] == "1",
+                row["all_reduce_profile"],
+            )
     return None
+
+
+@lru_cache(maxsize=16)
+def all_reduce_us(folder: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sizes in bytes, from 0; one all-reduce's time, us) among num_gpus GPUs from a folder's all_reduce.csv
+    (0 bytes take 0 us), or None where it measures no all-reduce among that many."""
+    rows = [r for r in _rows(PROFILES_DIR / folder / "all_reduce.csv") if int(r["num_gpus"]) == num_gpus]
+    if not rows:
+        return None
+    points = sorted((int(r["size_bytes"]), float(r["time_us"])) for r in rows)
+    return np.array([0.0] + [p[0] for p in points]), np.array([0.0] + [p[1] for p in points])
 
 
 __all__ = [
@@ -331,7 +417,9 @@ __all__ = [
     "SustainedFractions",
     "attention_grid",
     "find_profile",
-    "interconnect_gb_s",
+    "Interconnect",
+    "all_reduce_us",
+    "interconnect",
     "linear_layers_ms",
     "linear_weights_bytes",
     "load_index",
@@ -339,5 +427,7 @@ __all__ = [
     "measured_gpus",
     "moe_grid",
     "profile_fractions",
+    "scheduler_cpu_us",
+    "serves",
     "sustained_fractions",
 ]

@@ -10,6 +10,7 @@ import pandas as pd
 from kvlab.core import validate
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.cost import make_step_cost
+from kvlab.core.cost.all_reduce import kernel_ranges
 from kvlab.core.engine import simulate
 from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
@@ -129,9 +130,17 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
     elif dp > 1:
         reasons.append("data parallelism is not modelled (each kvlab engine serves its share of the requests alone)")
     if cost_name == "measured" and tp > 1:
-        link = profiles.interconnect_gb_s(s["gpu"])
-        over = link[1] if link else "the GPUs' link"
-        reasons.append(f"the all-reduce over {over} is a bandwidth bound without latency")
+        link = profiles.interconnect(s["gpu"])
+        if link is None:
+            reasons.append("the all-reduce is left out (no link figure for the GPU)")
+        elif not link.all_reduce_profile:
+            kernels = kernel_ranges(link, tp, 2.0 * get_model(s["model"]).hidden_size, s["max_num_batched_tokens"])
+            reasons.append(
+                f"the all-reduce ({kernels}) over {link.interconnect} is a bandwidth bound without latency: no public "
+                "measurement times it"
+            )
+        else:
+            reasons.append("the all-reduce is timed by NCCL measurements where vLLM may run another kernel")
     if not reasons:
         reasons.append("no cause identified: the replay leaves out only what its notes list")
     text = "; ".join(reasons)

@@ -10,9 +10,14 @@ every file is read with `git show COMMIT:PATH`, so the clones may be newer. What
   on its doubling grid only (prefill_chunk 0 and 16..2048, kv_prefill and kv_decode 0 and 16..16384 by powers
   of 2, every n_decode: the grid the cost model interpolates on; the 1.5x rows are left out); moe.csv whole.
   Skew files are left out (the engine gives no per-request spread of contexts).
-- vidur data/profiling/compute/<gpu>/<model>/mlp.csv: the medians (ms -> us) of its four linear layers
-  (attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj, renamed as vLLM names them) per token count and
-  TP, split by TP; the first row of a repeated (num_tokens, TP) is kept.
+- vidur data/profiling/compute/<gpu>/<model>/mlp.csv, every model on every GPU: the medians (ms -> us) of its
+  four linear layers (attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj, renamed as vLLM names them)
+  per token count and TP, split by TP; the first row of a repeated (num_tokens, TP) is kept. The layer shapes
+  the rows were measured at (heads, KV heads, hidden and MLP sizes, gated MLP, vocabulary) go to index.csv.
+- vidur data/profiling/network/<topology>/all_reduce.csv: the median NCCL all-reduce time (ms -> us) per size
+  (bytes) and GPU count, single-node rows only (devices_per_node = num_workers, the rows vidur's predictor reads).
+- vidur data/profiling/<gpu>/cpu_overheads.csv (its history, before the profiling data moved to per-model
+  folders): the median CPU time (ms) of each part of a step of Sarathi-Serve's engine, per model, batch and TP.
 - LLMServingSim bench/examples/RTXPRO6000/<model>/vllm/: meta.json's engine settings and, per request,
   its token counts and engine-core timestamps (vLLM's monotonic queued, scheduled, first-token and
   last-token times), relative to the run's first queued time.
@@ -40,12 +45,22 @@ LLMSERVINGSIM_PROFILES = [
     ("RTXPRO6000", "Qwen/Qwen3-30B-A3B-Instruct-2507", 1),  # its tp2 folder has no moe.csv: left out
     ("RTX4090", "meta-llama/Llama-3.1-8B", 1),
 ]
-VIDUR_PROFILES = [
-    ("h100", "meta-llama/Llama-2-7b-hf"),
-    ("h100", "meta-llama/Llama-2-70b-hf"),
-    ("a100", "meta-llama/Llama-2-7b-hf"),
-    ("a100", "meta-llama/Llama-2-70b-hf"),
-]
+VIDUR_CPU_COMMIT = "6d98aa8f71696520acc603d87439e77cc78160a7"  # the last with cpu_overheads.csv
+VIDUR_GPUS = {"h100": "H100-SXM-80GB", "a100": "A100-SXM-80GB", "a40": "A40-48GB"}
+VIDUR_NETWORKS = ("a100_pairwise_nvlink", "a100_dgx", "h100_pairwise_nvlink", "h100_dgx")
+VIDUR_CPU_GPUS = ("a100", "a40")
+# vidur's model configs pad Llama-2's and CodeLlama's 32,000-token vocabulary to 32,768; the index keeps the
+# model's own (config.json), which kvlab's lm_head estimate reads.
+VIDUR_VOCAB = {
+    "meta-llama/Llama-2-7b-hf": 32000,
+    "meta-llama/Llama-2-70b-hf": 32000,
+    "codellama/CodeLlama-34b-Instruct-hf": 32000,
+}
+INDEX_COLUMNS = [
+    "source", "gpu", "source_gpu", "model", "dtype", "tensor_parallel_size", "path", "hidden_size",
+    "intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "num_attention_heads", "num_kv_heads", "head_dim", "gated_mlp", "vllm_version", "profiled_at",
+]  # fmt: skip
 VIDUR_LINEAR = {
     "attn_pre_proj": "qkv_proj",
     "attn_post_proj": "o_proj",
@@ -85,25 +100,101 @@ def llmservingsim(git_dir: str) -> None:
         write(os.path.join(dst, "attention.csv"), rows[0], kept)
 
 
-def vidur(git_dir: str) -> None:
-    for gpu, model in VIDUR_PROFILES:
-        rows = list(
-            csv.DictReader(io.StringIO(show(git_dir, VIDUR_COMMIT, f"data/profiling/compute/{gpu}/{model}/mlp.csv")))
-        )
+def vidur(git_dir: str) -> list[dict]:
+    """Every compute profile's linear layers; returns their index rows."""
+    listing = subprocess.run(
+        ["git", "--git-dir", git_dir, "ls-tree", "-r", "--name-only", VIDUR_COMMIT, "data/profiling/compute"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    index = []
+    for path in sorted(p for p in listing if p.endswith("/mlp.csv")):
+        gpu, model = path.split("/")[3], "/".join(path.split("/")[4:-1])
+        rows = list(csv.DictReader(io.StringIO(show(git_dir, VIDUR_COMMIT, path))))
+        shapes = {
+            (r["n_head"], r["n_kv_head"], r["n_embd"], r["n_expanded_embd"], r["vocab_size"], r["use_gated_mlp"])
+            for r in rows
+        }
+        if len(shapes) != 1:
+            raise SystemExit(f"{path}: rows of more than one layer shape")
+        heads, kv_heads, hidden, intermediate, vocab, gated = shapes.pop()
         by_tp: dict[int, dict[int, dict]] = {}
         for r in rows:
             by_tp.setdefault(int(r["num_tensor_parallel_workers"]), {}).setdefault(int(r["num_tokens"]), r)
-        for tp, by_tokens in by_tp.items():
+        for tp, by_tokens in sorted(by_tp.items()):
             out = [
                 (name, tokens, repr(round(float(r[f"time_stats.{op}.median"]) * 1000.0, 6)))
                 for op, name in VIDUR_LINEAR.items()
                 for tokens, r in sorted(by_tokens.items())
             ]
-            write(
-                os.path.join(ROOT, "data", "profiles", "vidur", gpu, model, f"tp{tp}", "dense.csv"),
-                ["layer", "tokens", "time_us"],
-                out,
+            folder = f"vidur/{gpu}/{model}/tp{tp}"
+            write(os.path.join(ROOT, "data", "profiles", folder, "dense.csv"), ["layer", "tokens", "time_us"], out)
+            index.append(
+                {
+                    "source": "vidur",
+                    "gpu": VIDUR_GPUS[gpu],
+                    "source_gpu": gpu,
+                    "model": model,
+                    "dtype": "fp16",
+                    "tensor_parallel_size": tp,
+                    "path": folder,
+                    "hidden_size": hidden,
+                    "intermediate_size": intermediate,
+                    "vocab_size": VIDUR_VOCAB.get(model, int(vocab)),
+                    "num_experts": 0,
+                    "num_experts_per_tok": 0,
+                    "moe_intermediate_size": 0,
+                    "num_attention_heads": heads,
+                    "num_kv_heads": kv_heads,
+                    "head_dim": int(hidden) // int(heads),
+                    "gated_mlp": int(gated == "True"),
+                    "vllm_version": "",
+                    "profiled_at": "2024",
+                }  # fmt: skip
             )
+    return index
+
+
+def vidur_network(git_dir: str) -> None:
+    for topology in VIDUR_NETWORKS:
+        rows = csv.DictReader(
+            io.StringIO(show(git_dir, VIDUR_COMMIT, f"data/profiling/network/{topology}/all_reduce.csv"))
+        )
+        kept = {}
+        for r in rows:
+            n = int(r["num_workers"])
+            if r["collective"] == "all_reduce" and int(r["devices_per_node"]) == n:
+                kept.setdefault((n, int(r["size"])), float(r["time_stats.all_reduce.median"]) * 1000.0)
+        write(
+            os.path.join(ROOT, "data", "profiles", "vidur", "network", topology, "all_reduce.csv"),
+            ["num_gpus", "size_bytes", "time_us"],
+            [(n, size, repr(round(us, 6))) for (n, size), us in sorted(kept.items())],
+        )
+
+
+def vidur_cpu(git_dir: str) -> None:
+    parts = ("schedule", "prepare_inputs_e2e", "sampler_e2e", "process_model_outputs")
+    for gpu in VIDUR_CPU_GPUS:
+        rows = csv.DictReader(io.StringIO(show(git_dir, VIDUR_CPU_COMMIT, f"data/profiling/{gpu}/cpu_overheads.csv")))
+        out = sorted(
+            (r["model_name"], int(r["tensor_parallel_degree"]), int(r["batch_size"]))
+            + tuple(repr(round(float(r[f"{p}_median"]), 6)) for p in parts)
+            for r in rows
+        )
+        write(
+            os.path.join(ROOT, "data", "profiles", "vidur", "cpu", f"{gpu}.csv"),
+            ["model", "tensor_parallel_size", "batch_size"] + [f"{p}_ms" for p in parts],
+            out,
+        )
+
+
+def write_index(vidur_rows: list[dict]) -> None:
+    """index.csv: LLMServingSim's rows as they are (written by hand from each bundle's meta.json), then vidur's."""
+    path = os.path.join(ROOT, "data", "profiles", "index.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        kept = [r for r in csv.DictReader(f) if r["source"] != "vidur"]
+    write(path, INDEX_COLUMNS, [[r[c] for c in INDEX_COLUMNS] for r in kept + vidur_rows])
 
 
 def check_runs(git_dir: str) -> None:
@@ -154,7 +245,9 @@ def main() -> None:
     parser.add_argument("--vidur", required=True, help="git dir of microsoft/vidur")
     args = parser.parse_args()
     llmservingsim(args.llmservingsim)
-    vidur(args.vidur)
+    write_index(vidur(args.vidur))
+    vidur_network(args.vidur)
+    vidur_cpu(args.vidur)
     check_runs(args.llmservingsim)
 
 

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost.all_reduce import AllReduceCost
 from kvlab.core.cost.batch import Batch
+from kvlab.core.cost.interpolate import blend, bracket, bracket_array, interp
 from kvlab.core.cost.roofline import RooflineStepCost
 
 
@@ -37,39 +39,17 @@ def cudagraph_capture_sizes(
     return tuple(sorted(set(sizes)))
 
 
-def _bracket(axis: list, x: float) -> tuple[int, float]:
-    """(j, w): x lies w of the way from axis[j] to axis[j + 1]; below axis[0] w = 0 (its value), above the last
-    point w > 1 (linear extrapolation from the last two)."""
-    j = min(max(bisect_right(axis, x) - 1, 0), len(axis) - 2)
-    return j, max((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
-
-
-def _bracket_array(axis: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """_bracket of every x (the same float operations)."""
-    j = np.minimum(np.maximum(np.searchsorted(axis, x, side="right") - 1, 0), len(axis) - 2)
-    return j, np.maximum((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
-
-
-def _blend(low, high, w):
-    """(1 - w) x low + w x high: low at w = 0 and high at w = 1 exactly (floats or arrays alike)."""
-    return (1.0 - w) * low + w * high
-
-
-def _interp(axis: list, values: list, x: float) -> float:
-    """Piecewise linear in axis's measured points; past the last, linear along the secant of the last doubling
-    (from the last point at or below half the last abscissa), not of the last two points: on a densely measured
-    axis (tokens every 16 up to 2,048) those two lie within the measurements' noise of each other, and their slope
-    can even fall (Qwen3-32B's dense operators measure 350.8 ms at 2,032 tokens, 348.1 ms at 2,048)."""
-    if x <= axis[-1]:
-        j, w = _bracket(axis, x)
-        return _blend(values[j], values[j + 1], w)
-    j = max(bisect_right(axis, axis[-1] / 2) - 1, 0)
-    return values[-1] + (values[-1] - values[j]) * (x - axis[-1]) / (axis[-1] - axis[j])
-
-
 # The terms a measured step is the sum of (MeasuredStepCost's docstring), each of which MeasuredStepCost.without
 # switches off.
-MEASURED_TERMS = ("dense layers", "attention", "lm_head and sampler", "MoE block", "all-reduce", "CUDA-graph padding")
+MEASURED_TERMS = (
+    "dense layers",
+    "attention",
+    "lm_head and sampler",
+    "MoE block",
+    "all-reduce",
+    "CUDA-graph padding",
+    "CPU scheduling",
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,22 +76,28 @@ class MeasuredStepCost:
       Experts active are their expectation under uniform top-k routing, E x (1 - (1 - k/E)^tokens); a profile
       without moe.csv is a dense model's (an MoE model without it has no profile);
     - all-reduce when TP > 1: 2 x num_layers + 1 a step (after o_proj and the MLP, and the embedding's), each
-      summing tokens x hidden_size x 2 bytes, at the ring's 2 (TP - 1) / TP x bytes over the GPU's link
-      bandwidth each way (data/profiles/interconnects.csv, datasheets): a bound, not a measurement (no public
-      operator profile of these GPUs measures it), its latency left out;
+      summing tokens x hidden_size x 2 bytes (kvlab.core.cost.all_reduce.AllReduceCost: which kernel vLLM runs
+      at each size; the time measured where data/profiles holds a measurement for the GPU, else the ring's
+      bound over the link, data/profiles/interconnects.csv, its latency left out);
     - CUDA graphs: a step of at most max_cudagraph_capture_size tokens runs padded to the next of
       cudagraph_capture_sizes (vLLM 0.33's CudagraphDispatcher, vllm/v1/cudagraph_dispatcher.py: a decode-only
       batch in a full graph, a mixed one in piecewise graphs, both padded), which the dense, MoE and all-reduce
       terms are read at; attention and per-sequence work run on the real requests;
-    - step_overhead_ms once a step: 0 by default, since the profiles time GPU kernels only (vLLM's CPU
-      scheduling, input preparation and kernel-launch gaps are in no operator profile).
+    - the CPU's scheduling: vLLM's schedule() and update_from_output() for the step's scheduled sequences, timed
+      on a CPU (kvlab.core.profiles.scheduler_cpu_us: vLLM 0.33's own scheduler, its medians by running
+      requests, for the config's prefix caching and scheduling mode). Synchronous scheduling runs them between
+      GPU steps, so they add to every step; asynchronous scheduling (a batch queue of two) runs them while the GPU
+      runs the batch before, so a step takes the longer of the two. vLLM's other CPU work (the model runner's
+      input preparation, the sampler's CPU side, detokenization and output processing in the API server's
+      process) has no public measurement for vLLM 0.33 and is left out;
+    - step_overhead_ms once a step: 0 by default (kernel-launch gaps are in no operator profile).
 
     Interpolation is piecewise linear between measured points (multilinear on the attention grid, bilinear on
     the MoE grid), a measured point giving its own time; below an axis's first point its value is kept, above
     its last it is extrapolated linearly (tokens past 2,048, contexts past 16,384, decodes past 256: linear in
     those where the kernels are bandwidth- or compute-bound, an underestimate for a prefill chunk's causal
     attention, which grows as its square): on the grids from their last two points (powers of two, a doubling
-    apart), on the densely measured dense and per-sequence axes along the secant of their last doubling (_interp). Points the profiles could not measure are
+    apart), on the densely measured dense and per-sequence axes along the secant of their last doubling (interp). Points the profiles could not measure are
     filled as kvlab.core.profiles.attention_grid and moe_grid say.
 
     Where (model, GPU, TP) has no profile, measured_step_cost gives the roofline itself (RooflineStepCost at the
@@ -131,11 +117,13 @@ class MeasuredStepCost:
     moe_us: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # one layer's MoE block (us)
     num_experts: int = 0
     num_experts_per_tok: int = 0
-    all_reduce_bytes_per_token: float = 0.0  # bytes one all-reduce sums per token (0: no all-reduce)
-    all_reduce_gb_s: float = 0.0  # the link's bandwidth each way, GB/s
+    all_reduce: AllReduceCost | None = None  # the step's all-reduces (None: TP 1, or no link figure)
     tensor_parallel_size: int = 1
     step_overhead_ms: float = 0.0
     source: str = ""  # the profile it was read from, in words
+    cpu_sequences: np.ndarray = field(default_factory=lambda: np.zeros(0))  # scheduled sequences (empty: no CPU)
+    cpu_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the CPU's scheduling of a step (us)
+    cpu_overlapped: bool = False  # asynchronous scheduling: the CPU's work overlaps the GPU's
     name = "measured"
 
     def __post_init__(self):
@@ -160,21 +148,17 @@ class MeasuredStepCost:
             self._check_axis("moe_tokens", self.moe_tokens, 1)
             self._check_axis("moe_experts", self.moe_experts, 1)
             self._check_values("moe_us", self.moe_us, (len(self.moe_tokens), len(self.moe_experts)))
+        if len(self.cpu_sequences):
+            self._check_axis("cpu_sequences", self.cpu_sequences, 1)
+            self._check_values("cpu_us", self.cpu_us, (len(self.cpu_sequences),))
+        validate.one_of("cpu_overlapped", self.cpu_overlapped, [True, False])
         sizes = list(self.cudagraph_capture_sizes)
         if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1):
             validate.fail("cudagraph_capture_sizes", tuple(sizes), "must be increasing token counts >= 1")
-        validate.non_negative_number("all_reduce_bytes_per_token", self.all_reduce_bytes_per_token)
-        if self.all_reduce_bytes_per_token:
-            validate.positive_number("all_reduce_gb_s", self.all_reduce_gb_s)
+        if self.all_reduce is not None and not isinstance(self.all_reduce, AllReduceCost):
+            validate.fail("all_reduce", type(self.all_reduce).__name__, "must be an AllReduceCost or None")
         # Python copies of the tables: a step is a few bisections and blends, no numpy call.
         decode = np.asarray(self.attention_us)[0, 0]
-        ring = 2.0 * (self.tensor_parallel_size - 1) / self.tensor_parallel_size
-        num_all_reduces = 2 * self.num_layers + 1
-        per_token_us = (
-            num_all_reduces * ring * self.all_reduce_bytes_per_token / (self.all_reduce_gb_s * 1e3)
-            if self.all_reduce_bytes_per_token
-            else 0.0
-        )
         fast = {
             "_tokens": self.dense_tokens.tolist(),
             "_dense": self.dense_us.tolist(),
@@ -187,9 +171,9 @@ class MeasuredStepCost:
             "_kv_axis": np.asarray(self.attention_axes[3], dtype=np.float64),
             "_layers": float(self.num_layers),
             "_sizes": sizes,
-            "_all_reduce_us_per_token": per_token_us,
             "_overhead_us": self.step_overhead_ms * 1000.0,
             "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist()),
+            "_cpu": (np.asarray(self.cpu_sequences).tolist(), np.asarray(self.cpu_us).tolist()),
         }
         for key, value in fast.items():
             object.__setattr__(self, key, value)
@@ -220,8 +204,10 @@ class MeasuredStepCost:
 
         config = EngineConfig() if config is None else config
         entry = profile.entry
-        if model.name != entry.model or not profile.complete:
-            validate.fail("profile", entry.label, f"must be a complete profile of {model.name}")
+        if not profiles.serves(entry, model) or not profile.complete:
+            validate.fail(
+                "profile", entry.label, f"must be a complete profile of {model.name} or of a model of its layer shapes"
+            )
         tp = config.parallel.tensor_parallel_size
         if tp != entry.tensor_parallel_size:
             validate.fail("tensor_parallel_size", tp, f"must be the profile's ({entry.tensor_parallel_size})")
@@ -233,16 +219,19 @@ class MeasuredStepCost:
         step_us = sum(calls * dense[op] for op, calls in profiles.STEP_CALLS.items() if op in dense)
         sequences, per_sequence = profile.per_sequence
         axes, attention = profile.attention
-        source, link = entry.label, None
-        if tp > 1:
-            link = profiles.interconnect_gb_s(entry.gpu)
-            source += (
-                f"; all-reduce: ring bound at {link[1]} {link[0]:g} GB/s"
-                if link
-                else "; all-reduce left out (no interconnect figure for the GPU)"
-            )
+        source = entry.label
+        if entry.model != model.name:
+            source += f" (a model of {model.name}'s layer shapes, timed at its {model.num_layers} layers)"
+        all_reduce, why = step_all_reduce(entry.gpu, tp, entry.hidden_size, model.num_layers)
+        source += why
         moe = profile.moe if entry.num_experts else (np.zeros(0), np.zeros(0), np.zeros((0, 0)))
         scheduler = config.scheduler
+        cpu_sequences, cpu_us = profiles.scheduler_cpu_us(
+            config.cache.enable_prefix_caching, scheduler.async_scheduling
+        )
+        source += f"; CPU: {profiles.SCHEDULER_CPU_MACHINE}, " + (
+            "overlapping the GPU (asynchronous scheduling)" if scheduler.async_scheduling else "added to each step"
+        )
         return cls(
             model.num_layers,
             tokens,
@@ -255,11 +244,13 @@ class MeasuredStepCost:
             *moe,
             entry.num_experts,
             entry.num_experts_per_tok,
-            float(entry.hidden_size * 2) if link else 0.0,
-            link[0] if link else 0.0,
+            all_reduce,
             tp,
             step_overhead_ms,
             source,
+            cpu_sequences,
+            cpu_us,
+            scheduler.async_scheduling,
         )
 
     # ---------------------------------------------------------------- terms (us)
@@ -269,8 +260,9 @@ class MeasuredStepCost:
         only where it has them)."""
         has = {
             "MoE block": bool(self.num_experts),
-            "all-reduce": bool(self.all_reduce_bytes_per_token),
+            "all-reduce": self.all_reduce is not None,
             "CUDA-graph padding": bool(self.cudagraph_capture_sizes),
+            "CPU scheduling": bool(len(self.cpu_sequences)),
         }
         return tuple(t for t in MEASURED_TERMS if has.get(t, True))
 
@@ -283,8 +275,9 @@ class MeasuredStepCost:
             "attention": {"attention_us": np.zeros_like(np.asarray(self.attention_us))},
             "lm_head and sampler": {"per_sequence_us": np.zeros_like(self.per_sequence_us)},
             "MoE block": {"moe_us": np.zeros_like(self.moe_us)},
-            "all-reduce": {"all_reduce_bytes_per_token": 0.0},
+            "all-reduce": {"all_reduce": None},
             "CUDA-graph padding": {"cudagraph_capture_sizes": ()},
+            "CPU scheduling": {"cpu_sequences": np.zeros(0), "cpu_us": np.zeros(0)},
         }[term]
         return replace(self, **off, source=f"{self.source}, without its {term}")
 
@@ -305,27 +298,39 @@ class MeasuredStepCost:
         if not self.num_experts:
             return 0.0
         tokens, experts, grid = self._moe
-        i, wi = _bracket(tokens, num_tokens)
-        j, wj = _bracket(experts, self.active_experts(num_tokens))
-        return _blend(_blend(grid[i][j], grid[i][j + 1], wj), _blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
+        i, wi = bracket(tokens, num_tokens)
+        j, wj = bracket(experts, self.active_experts(num_tokens))
+        return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
 
     def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
         """Every term but attention (us): dense, MoE and all-reduce at the padded tokens, per-sequence, overhead."""
         padded = self.padded_tokens(num_tokens)
-        us = _interp(self._tokens, self._dense, padded)
+        us = interp(self._tokens, self._dense, padded)
         us += self._layers * self.moe_block_us(padded)
-        us += _interp(self._sequences, self._per_sequence, num_sequences)
-        us += self._all_reduce_us_per_token * padded
+        us += interp(self._sequences, self._per_sequence, num_sequences)
+        if self.all_reduce is not None:
+            us += self.all_reduce.step_us(padded)
         return us + self._overhead_us
+
+    def with_cpu_us(self, gpu_us, num_sequences: int):
+        """A step of gpu_us of GPU work for num_sequences scheduled sequences with the CPU's scheduling (us): added
+        (synchronous) or the longer of the two (asynchronous); gpu_us itself without a CPU table."""
+        sequences, cpu_us = self._cpu
+        if not sequences:
+            return gpu_us
+        cpu = interp(sequences, cpu_us, num_sequences)
+        if not self.cpu_overlapped:
+            return gpu_us + cpu
+        return np.maximum(gpu_us, cpu) if isinstance(gpu_us, np.ndarray) else max(gpu_us, cpu)
 
     def _decode_row(self, num_decodes: int) -> tuple[list, np.ndarray]:
         """One layer's decode attention (us) for num_decodes at each measured history: the decode grid blended
         along the decodes first (kept, as a list and an array of the same floats)."""
         row = self._decode_rows.get(num_decodes)
         if row is None:
-            i, wi = _bracket(self._axes[2], num_decodes)
+            i, wi = bracket(self._axes[2], num_decodes)
             grid = self._decode_grid
-            values = _blend(grid[i], grid[i + 1], wi)
+            values = blend(grid[i], grid[i + 1], wi)
             row = self._decode_rows[num_decodes] = (values.tolist(), values)
         return row
 
@@ -334,10 +339,10 @@ class MeasuredStepCost:
         an array for an array of histories: the same float operations)."""
         values, array = self._decode_row(num_decodes)
         if isinstance(history_tokens, np.ndarray):
-            j, w = _bracket_array(self._kv_axis, history_tokens)
-            return _blend(array[j], array[j + 1], w)
-        j, w = _bracket(self._axes[3], history_tokens)
-        return _blend(values[j], values[j + 1], w)
+            j, w = bracket_array(self._kv_axis, history_tokens)
+            return blend(array[j], array[j + 1], w)
+        j, w = bracket(self._axes[3], history_tokens)
+        return blend(values[j], values[j + 1], w)
 
     def mixed_attention_us(
         self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int, decode_history_tokens: float
@@ -347,7 +352,7 @@ class MeasuredStepCost:
         if not prefill_tokens:
             return self.decode_attention_us(num_decodes, decode_history_tokens)
         brackets = [
-            _bracket(axis, x)
+            bracket(axis, x)
             for axis, x in zip(self._axes, (prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens))
         ]
         (a, wa), (b, wb), (c, wc), (d, wd) = brackets
@@ -355,15 +360,15 @@ class MeasuredStepCost:
 
         def along_kv(p, q, r):
             row = grid[p][q][r]
-            return _blend(row[d], row[d + 1], wd)
+            return blend(row[d], row[d + 1], wd)
 
         def along_decodes(p, q):
-            return _blend(along_kv(p, q, c), along_kv(p, q, c + 1), wc)
+            return blend(along_kv(p, q, c), along_kv(p, q, c + 1), wc)
 
         def along_history(p):
-            return _blend(along_decodes(p, b), along_decodes(p, b + 1), wb)
+            return blend(along_decodes(p, b), along_decodes(p, b + 1), wb)
 
-        return _blend(along_history(a), along_history(a + 1), wa)
+        return blend(along_history(a), along_history(a + 1), wa)
 
     # ---------------------------------------------------------------- the engine's interface
     def step_s(self, batch: Batch) -> float:
@@ -373,37 +378,56 @@ class MeasuredStepCost:
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
         if not prefill_tokens:
             us = self.fixed_us(num_tokens, num_decodes)
-            return (us + self._layers * self.decode_attention_us(num_decodes, decode_history)) / 1e6
+            us += self._layers * self.decode_attention_us(num_decodes, decode_history)
+            return self.with_cpu_us(us, num_decodes) / 1e6
         if num_prefills:
             history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
         else:  # a caller without the prefill aggregates: one chunk
             history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
-        us = self.fixed_us(num_tokens, num_decodes + max(num_prefills, 1))
-        return (us + self._layers * self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)) / 1e6
+        num_sequences = num_decodes + max(num_prefills, 1)
+        us = self.fixed_us(num_tokens, num_sequences)
+        us += self._layers * self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)
+        return self.with_cpu_us(us, num_sequences) / 1e6
 
     def run_s(self, num_decodes: int, context_tokens: int, num_steps: int):
         """Seconds of each step of a decode run (an array; the context grows by num_decodes tokens a step)."""
         context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
         history = (context - num_decodes) / num_decodes
-        us = self.fixed_us(num_decodes, num_decodes)
-        return (us + self._layers * self.decode_attention_us(num_decodes, history)) / 1e6
+        us = self.fixed_us(num_decodes, num_decodes) + self._layers * self.decode_attention_us(num_decodes, history)
+        return self.with_cpu_us(us, num_decodes) / 1e6
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but
         attention (at least 0) at those tokens, the per-sequence term at its least measured value."""
-        one = _interp(self._sequences, self._per_sequence, 1)
-        return (self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)) / 1e6
+        one = interp(self._sequences, self._per_sequence, 1)
+        us = self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)
+        cpu = min(self._cpu[1], default=0.0)
+        return (max(us, cpu) if self.cpu_overlapped else us + cpu) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: the profile it was read from."""
         return self.source
 
 
+def step_all_reduce(gpu_name: str, tensor_parallel_size: int, hidden_size: int, num_layers: int):
+    """(AllReduceCost or None, in words for a provenance) of a step on tensor_parallel_size GPUs of gpu_name."""
+    from kvlab.core import profiles
+
+    if tensor_parallel_size == 1:
+        return None, ""
+    link = profiles.interconnect(gpu_name)
+    if link is None:
+        return None, f"; all-reduce left out (data/profiles/interconnects.csv has no link for the {gpu_name})"
+    cost = AllReduceCost.for_step(link, tensor_parallel_size, hidden_size, num_layers)
+    return cost, f"; all-reduce: {cost.describe()}"
+
+
 def measured_step_cost(
     model, gpu, config=None, step_overhead_ms: float = 0.0, fractions_gpu: str | None = None
 ) -> MeasuredStepCost | RooflineStepCost:
     """The measured step cost of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
-    data/profiles has one (same model, GPU and tensor_parallel_size, no pipeline parallelism), else the roofline
+    data/profiles has one (same GPU and tensor_parallel_size, no pipeline parallelism; the model's own, else a model's
+    of the same layer shapes, kvlab.core.profiles.find_profile), else the roofline
     at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions), a RooflineStepCost
     whose provenance says so; a GPU no profile measures is refused, unless fractions_gpu names a measured GPU of
     the same chip whose sustained fractions it takes (e.g. the A100-40GB from the A100-SXM-80GB)."""
@@ -422,7 +446,7 @@ def measured_step_cost(
             "--cost roofline)",
         )
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
-    profile = profiles.find_profile(gpu.name, model.name, tp) if pp == 1 else None
+    profile = profiles.find_profile(gpu.name, model, tp) if pp == 1 else None
     if profile is not None:
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
     why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
@@ -432,18 +456,27 @@ def measured_step_cost(
 
 def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> RooflineStepCost:
     """The roofline of model on gpu at the bandwidth and FLOP/s fractions the profiles of fractions_gpu sustain
-    (kvlab.core.profiles.sustained_fractions): the measured step cost's fallback, its provenance saying why."""
+    (kvlab.core.profiles.sustained_fractions), plus the all-reduces at TP > 1 (step_all_reduce): the measured step
+    cost's fallback, its provenance saying why."""
     from kvlab.core import profiles
 
     fractions = profiles.sustained_fractions(fractions_gpu)
     roofline = RooflineStepCost.from_specs(model, gpu, config)
+    tp = config.parallel.tensor_parallel_size
+    all_reduce, all_reduce_why = None, ""
+    if tp > 1 and not model.hidden_size:
+        all_reduce_why = f"; all-reduce left out ({model.name}'s hidden_size is unknown)"
+    elif tp > 1:
+        all_reduce, all_reduce_why = step_all_reduce(gpu.name, tp, model.hidden_size, model.num_layers)
     return RooflineStepCost(
         roofline.weights_bytes,
         roofline.kv_bytes_per_token,
         roofline.num_params,
         roofline.memory_bandwidth_gb_s * fractions.memory_bandwidth_fraction,
         roofline.bf16_dense_tflops * fractions.flop_fraction,
-        f"roofline scaled by sustained fractions measured on {fractions_gpu} ({why}): {fractions.describe()}",
+        f"roofline scaled by sustained fractions measured on {fractions_gpu} ({why}): {fractions.describe()}"
+        + all_reduce_why,
+        all_reduce,
     )
 
 

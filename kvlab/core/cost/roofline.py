@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost.all_reduce import AllReduceCost
 from kvlab.core.cost.batch import Batch
 from kvlab.core.units import GIB
 
@@ -22,7 +23,7 @@ class RooflineStepCost:
     step, not on a mixture-of-experts model's, whose every expert it counts for every token. Figures per GPU: with
     tensor parallelism the weights, the KV and the FLOPs are split (from_specs). provenance says where the
     bandwidth and FLOP/s come from when they are not the GPU's datasheet figures (e.g. scaled by sustained
-    fractions: kvlab.core.cost.measured.measured_step_cost)."""
+    fractions: kvlab.core.cost.measured.measured_step_cost), whose fallback adds all_reduce's time."""
 
     weights_bytes: float
     kv_bytes_per_token: float
@@ -30,6 +31,7 @@ class RooflineStepCost:
     memory_bandwidth_gb_s: float
     bf16_dense_tflops: float
     provenance: str = ""  # empty: the GPU's datasheet (data/gpus.csv)
+    all_reduce: AllReduceCost | None = None  # tensor parallelism's all-reduces, added to the step (the fallback's)
     name = "roofline"
 
     def __post_init__(self):
@@ -61,7 +63,9 @@ class RooflineStepCost:
     def _seconds(self, num_tokens, context_tokens):
         memory_s = (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / (self.memory_bandwidth_gb_s * 1e9)
         compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
-        return np.maximum(memory_s, compute_s)
+        if self.all_reduce is None:
+            return np.maximum(memory_s, compute_s)
+        return np.maximum(memory_s, compute_s) + self.all_reduce.step_us(float(num_tokens)) / 1e6
 
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""

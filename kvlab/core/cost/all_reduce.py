@@ -1,0 +1,139 @@
+"""Tensor parallelism's all-reduces as vLLM 0.33 runs them: how many a step runs, which kernel it picks for each
+size, and their time from a measured latency-and-size table or, where none is measured, a bound over the link.
+
+Which kernel (vllm/distributed/device_communicators/cuda_communicator.py CudaCommunicator.all_reduce, in order):
+FlashInfer's all-reduce on compute capability 9.0 and 10.x up to its size limit per GPU count; then vLLM's custom
+all-reduce (custom_all_reduce.py should_custom_ar: 2, 4, 6 or 8 GPUs whose driver grants peer access, all joined
+by NVLink or exactly two, below 8 MiB, or below CUSTOM_ALL_REDUCE_MAX_SIZES where torch symmetric memory is on;
+one-stage for two GPUs, for up to four below 512 KiB and for up to eight below 256 KiB, else two-stage); then torch
+symmetric memory (9.0 and 10.x, NVSwitch, up to SYMM_MEM_ALL_REDUCE_MAX_SIZES); else NCCL. All are captured in
+vLLM's CUDA graphs. How many (vllm/model_executor/models/llama.py, qwen3.py): the embedding's and two a decoder
+layer (o_proj and down_proj, RowParallelLinear), each of num_tokens x hidden_size x 2 bytes; the lm_head gathers
+its logits (an all-gather, not counted here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.cost.interpolate import interp
+
+MIB = 1 << 20
+# vLLM 0.33: FlashInfer's all-reduce limit (MiB) by compute capability and GPU count
+# (compilation/passes/fusion/allreduce_rms_fusion.py FI_ALLREDUCE_FUSION_MAX_SIZE_MB)
+FLASHINFER_MAX_MIB = {
+    "9.0": {2: 64, 4: 2, 8: 0.5},
+    "10.0": {2: 64, 4: 32, 8: 1},
+    "10.3": {2: 64, 4: 64, 8: 4},
+    "10.7": {2: 64, 4: 64, 8: 2},
+}
+CUSTOM_MAX_BYTES = 8 * MIB  # custom_all_reduce.py CustomAllreduce(max_size=8192 * 1024)
+# where torch symmetric memory is on, custom all-reduce stops at the smaller of these (all_reduce_utils.py)
+CUSTOM_MAX_WITH_SYMM_MEM_MIB = {
+    "9.0": {2: 64, 4: 32, 6: 0.5, 8: 0.25},
+    "10.0": {2: 2, 4: 2, 6: 1, 8: 1},
+    "10.3": {2: 4, 4: 4, 6: 8, 8: 4},
+    "10.7": {2: 4, 4: 4, 6: 8, 8: 4},
+}
+SYMM_MEM_MAX_MIB = {  # all_reduce_utils.py SYMM_MEM_ALL_REDUCE_MAX_SIZES
+    "9.0": {2: 64, 4: 32, 6: 64, 8: 64},
+    "10.0": {2: 8, 4: 32, 6: 128, 8: 128},
+    "10.3": {2: 4, 4: 32, 6: 32, 8: 64},
+    "10.7": {2: 4, 4: 32, 6: 32, 8: 64},
+}
+
+
+def vllm_kernel(link, num_gpus: int, size_bytes: int) -> str:
+    """The all-reduce vLLM 0.33 runs for size_bytes among num_gpus GPUs of one node joined by link (a
+    kvlab.core.profiles.Interconnect), with its default settings (see the module)."""
+    cap, n = link.compute_capability, num_gpus
+    if size_bytes <= FLASHINFER_MAX_MIB.get(cap, {}).get(n, -1) * MIB:
+        return "FlashInfer all-reduce"
+    symm_mem = link.nvlink and n in SYMM_MEM_MAX_MIB.get(cap, {})
+    custom_max = CUSTOM_MAX_BYTES
+    if symm_mem:
+        custom_max = min(custom_max, CUSTOM_MAX_WITH_SYMM_MEM_MIB[cap][n] * MIB)
+    if n in (2, 4, 6, 8) and link.p2p and (n == 2 or link.nvlink) and size_bytes % 16 == 0 and size_bytes < custom_max:
+        one_stage = n == 2 or (n <= 4 and size_bytes < 512 * 1024) or size_bytes < 256 * 1024
+        return f"vLLM's custom all-reduce ({'one' if one_stage else 'two'}-stage)"
+    if symm_mem and size_bytes <= SYMM_MEM_MAX_MIB[cap][n] * MIB:
+        return "torch symmetric-memory all-reduce"
+    return "NCCL"
+
+
+@dataclass(frozen=True, eq=False)
+class AllReduceCost:
+    """One step's all-reduces: num_per_step of num_tokens x bytes_per_token each, one taking times_us at
+    sizes_bytes (piecewise linear, from 0 bytes in 0 us; linear past the last size), kernels naming what vLLM runs
+    at each size (in words) and source where the times come from."""
+
+    sizes_bytes: np.ndarray
+    times_us: np.ndarray
+    bytes_per_token: float
+    num_per_step: int
+    kernels: str = ""
+    source: str = ""
+
+    def __post_init__(self):
+        validate.positive_number("bytes_per_token", self.bytes_per_token)
+        validate.positive_int("num_per_step", self.num_per_step)
+        sizes, times = np.asarray(self.sizes_bytes, dtype=np.float64), np.asarray(self.times_us, dtype=np.float64)
+        if sizes.ndim != 1 or len(sizes) < 2 or sizes[0] != 0 or np.any(np.diff(sizes) <= 0):
+            validate.fail("sizes_bytes", sizes.tolist()[:4], "must be at least 2 increasing sizes from 0 bytes")
+        if times.shape != sizes.shape or not np.all(np.isfinite(times)) or times.min() < 0:
+            validate.fail("times_us", times.tolist()[:4], "must be one finite time >= 0 us per size")
+        object.__setattr__(self, "_table", (sizes.tolist(), times.tolist()))
+
+    @classmethod
+    def for_step(cls, link, num_gpus: int, hidden_size: int, num_layers: int) -> AllReduceCost | None:
+        """The all-reduces of one step of a model of num_layers decoder layers and hidden_size on num_gpus GPUs
+        joined by link (None: no link figure, the all-reduce is left out): vidur's measured NCCL times where
+        data/profiles holds them for that GPU count, else the ring's bound, 2 (n - 1) / n x size over the link's
+        bandwidth each way (no latency)."""
+        from kvlab.core import profiles
+
+        if link is None or num_gpus == 1:
+            return None
+        bytes_per_token = 2.0 * hidden_size
+        table = profiles.all_reduce_us(link.all_reduce_profile, num_gpus) if link.all_reduce_profile else None
+        if table is not None:
+            sizes, times = table
+            source = (
+                f"vidur's NCCL all-reduce measured among {num_gpus} GPUs over {link.interconnect} "
+                "(eager, fp16; not the kernel vLLM runs where it runs another)"
+            )
+        else:
+            ring = 2.0 * (num_gpus - 1) / num_gpus
+            sizes, times = np.array([0.0, MIB]), np.array([0.0, ring * MIB / (link.bandwidth_gb_s * 1e3)])
+            source = (
+                f"no measurement of an all-reduce among {num_gpus} of these GPUs: the ring's bound over "
+                f"{link.interconnect} at {link.bandwidth_gb_s:g} GB/s each way, no latency (a lower bound)"
+            )
+        return cls(
+            sizes, times, bytes_per_token, 2 * num_layers + 1, kernel_ranges(link, num_gpus, bytes_per_token), source
+        )
+
+    def step_us(self, num_tokens: float) -> float:
+        """The step's all-reduces for num_tokens tokens (us)."""
+        sizes, times = self._table
+        return self.num_per_step * interp(sizes, times, num_tokens * self.bytes_per_token)
+
+    def describe(self) -> str:
+        """In words: how many, which kernels vLLM runs, where the times come from."""
+        return f"{self.num_per_step} all-reduces a step ({self.kernels}); timed by {self.source}"
+
+
+def kernel_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int = 8192) -> str:
+    """Which kernel vLLM runs for a step's all-reduces, by the step's tokens, in words, e.g. "vLLM's custom
+    all-reduce (one-stage) at 1-1,023 tokens, NCCL at 1,024-8,192 tokens"."""
+    ranges: list[list] = []
+    for tokens in range(1, max_tokens + 1):
+        kernel = vllm_kernel(link, num_gpus, int(tokens * bytes_per_token))
+        if ranges and ranges[-1][0] == kernel:
+            ranges[-1][2] = tokens
+        else:
+            ranges.append([kernel, tokens, tokens])
+    return ", ".join(f"{k} at {a:,}-{b:,} tokens" for k, a, b in ranges)
