@@ -343,6 +343,28 @@ def test_the_fallback_says_how_far_it_is_off_where_a_profile_also_measures():
     assert "off the profile by" in measured("Qwen/Qwen3-14B").source
 
 
+def test_where_profiles_time_linear_layers_only_the_rule_is_set_against_them():
+    from kvlab.core.cost import measured as module
+
+    low, high, n = module.linear_fallback_error("A100-SXM-80GB")
+    assert n == sum(e.gpu == "A100-SXM-80GB" for e in profiles.load_index()) == 29
+    # Llama-2-7B at TP 1, one token: its 4 layers' weights at the sustained bandwidth against vidur's times, by hand
+    entry = next(e for e in profiles.load_index() if e.path == "vidur/a100/meta-llama/Llama-2-7b-hf/tp1")
+    with open(entry.folder / "dense.csv", newline="") as f:
+        one = sum(float(r["time_us"]) for r in csv.DictReader(f) if r["tokens"] == "1")
+    weights = 2 * 4096 * (3 * 4096 + 4096 + 3 * 11008)  # qkv, o, gate_up, down in fp16
+    bandwidth = 2039e9 * profiles.sustained_fractions("A100-SXM-80GB").memory_bandwidth_fraction
+    assert low <= weights / bandwidth * 1e6 / one - 1 <= high
+    text = module.fallback_error_text("A100-SXM-80GB")
+    assert (
+        f"on the linear layers alone, at 1-128 tokens, its rule is off 29 measured profiles by {100 * low:+.0f}%"
+        in text
+    )
+    assert module.linear_fallback_error("RTX-4090-24GB")[2] == 1  # LLMServingSim's profile times them too
+    with pytest.raises(ValueError, match="has no operator profile"):
+        module.linear_fallback_error("H200-141GB")
+
+
 CONFIGS = Path(__file__).parent / "data" / "configs"
 
 

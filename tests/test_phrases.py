@@ -226,3 +226,28 @@ def test_the_regime_of_a_fig13_run_follows_its_latency_against_the_bound():
         calm, 0.5
     )
     assert "on ShareGPT saturated for vLLM and within the bound for Orca (Max)" in prose.regime_text(busy, 0.5)
+
+
+def test_section_5s_cpu_prose_follows_which_of_cpu_and_gpu_is_longer():
+    import pandas as pd
+
+    from kvlab.sections.s05_calibration import cpu_share_table, cpu_share_text
+
+    table = cpu_share_table(batch_sizes=(1, 256))
+    text = cpu_share_text(table)
+    assert f"takes {table['cpu_scheduling_ms'].iloc[0]:.2f} ms of CPU a step for 1 request" in text
+    assert "hides it at every batch size here" in text
+
+    def flipped(gpu_ms):  # a GPU step shorter than the CPU's at the second batch
+        cpu = pd.Series([0.03, 2.5], index=pd.Index([1, 256], name="batch_size"))
+        gpu = pd.Series(gpu_ms, index=cpu.index)
+        sync = gpu + cpu
+        return pd.DataFrame({"gpu_step_ms": gpu, "cpu_scheduling_ms": cpu, "synchronous_step_ms": sync,
+                             "asynchronous_step_ms": pd.concat([gpu, cpu], axis=1).max(axis=1),
+                             "cpu_share_pct": 100 * cpu / sync})  # fmt: skip
+
+    assert "hides it at 1 request, where the GPU's step is the longer, and not at the others" in cpu_share_text(
+        flipped([10.0, 1.0])
+    )
+    assert "hides none of it here" in cpu_share_text(flipped([0.01, 1.0]))
+    assert "2.50 ms for 256" in cpu_share_text(flipped([10.0, 1.0]))

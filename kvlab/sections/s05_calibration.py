@@ -401,3 +401,69 @@ def term_text(table: pd.DataFrame) -> str:
             f"{cell(vllm, 1)} ms; that gap is {shares}."
         )
     return "\n".join(items)
+
+
+CPU_MODEL, CPU_GPU = "meta-llama/Llama-3.1-8B", "RTX-PRO-6000-Server-96GB"  # a complete operator profile
+CPU_BATCH_SIZES = (1, 8, 32, 128, 256)
+
+
+def cpu_share_table(
+    model: str = CPU_MODEL, gpu: str = CPU_GPU, context_tokens: int = 1024, batch_sizes=CPU_BATCH_SIZES
+) -> pd.DataFrame:
+    """The CPU's scheduling beside a decode step's GPU work on the measured clock, per batch size (decodes of
+    context_tokens each, vLLM's default settings, TP 1): the GPU's step (every term but the CPU's), vLLM's
+    scheduler on the CPU (schedule() + update_from_output(), kvlab.core.profiles.scheduler_cpu_us), the step
+    with synchronous scheduling (their sum) and with asynchronous scheduling (the longer), all ms, and the CPU's
+    share of the synchronous step (%)."""
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.cost import Batch, make_step_cost
+
+    spec, card = get_model(model), get_gpu(gpu)
+    clocks = {
+        mode: make_step_cost("measured", model=spec, gpu=card, config=EngineConfig().replace(async_scheduling=mode))
+        for mode in (False, True)
+    }
+    if not all(hasattr(c, "without") for c in clocks.values()):
+        validate.fail("model", model, f"has no complete operator profile on the {gpu} (data/profiles/index.csv)")
+    rows = []
+    for b in validate.non_empty("batch_sizes", batch_sizes):
+        batch = Batch(b, b * (context_tokens + 1), b, b * (context_tokens + 1))
+        gpu_ms = clocks[False].without("CPU scheduling").step_s(batch) * 1e3
+        sync_ms = clocks[False].step_s(batch) * 1e3
+        rows.append(
+            {
+                "batch_size": b,
+                "gpu_step_ms": gpu_ms,
+                "cpu_scheduling_ms": sync_ms - gpu_ms,
+                "synchronous_step_ms": sync_ms,
+                "asynchronous_step_ms": clocks[True].step_s(batch) * 1e3,
+                "cpu_share_pct": 100.0 * (sync_ms - gpu_ms) / sync_ms,
+            }
+        )
+    return pd.DataFrame(rows).set_index("batch_size")
+
+
+def cpu_share_text(table: pd.DataFrame, model: str = CPU_MODEL, gpu: str = CPU_GPU) -> str:
+    """cpu_share_table in one paragraph, every figure at the table's 2 decimals (ms) or 1 (%)."""
+    first, last = table.iloc[0], table.iloc[-1]
+    hidden = [
+        b
+        for b, r in table.iterrows()
+        if phrases.shown(r["asynchronous_step_ms"], 2) == phrases.shown(r["gpu_step_ms"], 2)
+    ]
+    if len(hidden) == len(table):
+        overlap = "asynchronous scheduling hides it at every batch size here: the GPU's step is the longer"
+    elif hidden:
+        overlap = (
+            f"asynchronous scheduling hides it at {', '.join(f'{b:,}' for b in hidden)} "
+            f"request{'' if hidden == [1] else 's'}, where the GPU's step is the longer, and not at the others"
+        )
+    else:
+        overlap = "asynchronous scheduling hides none of it here: the CPU's work is the longer at every batch size"
+    return (
+        f"On the measured clock of {model} on the {gpu}, vLLM's scheduler takes {cell(first['cpu_scheduling_ms'], 2)} "
+        f"ms of CPU a step for {table.index[0]:,} request{'s' if table.index[0] > 1 else ''} and "
+        f"{cell(last['cpu_scheduling_ms'], 2)} ms for {table.index[-1]:,}, {cell(table['cpu_share_pct'].min(), 1)}% "
+        f"to {cell(table['cpu_share_pct'].max(), 1)}% of a synchronous step; {overlap}. It was timed on kvlab's "
+        "machine (data/profiles/cpu/); vLLM's other CPU work per step is not measured and not counted."
+    )

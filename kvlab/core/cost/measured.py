@@ -513,11 +513,48 @@ def fallback_error(gpu_name: str) -> dict[str, tuple[float, float, int]]:
     return {kind: (min(e), max(e), compared[kind]) for kind, e in errors.items()}
 
 
+@lru_cache(maxsize=16)
+def linear_fallback_error(gpu_name: str) -> tuple[float, float, int] | None:
+    """Where gpu_name's profiles time the linear layers only (vidur's): how far the fallback's rule is off them on
+    those layers, at FALLBACK_CHECK_BATCHES tokens: max(their weights at the sustained bandwidth, 2 FLOPs a weight
+    a token at the sustained FLOP/s) / the measured qkv_proj + o_proj + gate_up_proj + down_proj - 1, as (lowest,
+    highest, profiles compared); None where no profile times them. The sustained fractions are the median of
+    these same profiles, so this is the spread around them, not an independent check."""
+    from kvlab.core import profiles
+    from kvlab.core.models import get_gpu
+
+    gpu, fractions = get_gpu(gpu_name), profiles.sustained_fractions(gpu_name)
+    bandwidth = gpu.memory_bandwidth_gb_s * 1e9 * fractions.memory_bandwidth_fraction
+    flops = gpu.bf16_dense_tflops * 1e12 * fractions.flop_fraction
+    errors, compared = [], 0
+    for entry in profiles.load_index():
+        profile = profiles.load_profile(entry) if entry.gpu == gpu_name else None
+        if profile is None or profile.dense is None or not set(profiles.LINEAR_LAYERS) <= set(profile.dense[1]):
+            continue
+        tokens, times = profile.dense
+        weights = sum(profiles.linear_weights_bytes(entry).values())
+        for t in FALLBACK_CHECK_BATCHES:
+            measured_us = sum(np.interp(t, tokens, times[name]) for name in profiles.LINEAR_LAYERS)
+            rule_s = max(weights / bandwidth, 2.0 * weights / profiles.WEIGHT_BYTES[entry.dtype] * t / flops)
+            errors.append(rule_s * 1e6 / measured_us - 1.0)
+        compared += 1
+    return (min(errors), max(errors), compared) if compared else None
+
+
 def fallback_error_text(gpu_name: str) -> str:
     """fallback_error in words, for the fallback's provenance."""
     found = fallback_error(gpu_name)
     if not found:
-        return f"no complete profile on the {gpu_name} to say how far this fallback is off"
+        linear = linear_fallback_error(gpu_name)
+        if linear is None:
+            return f"no complete profile on the {gpu_name} to say how far this fallback is off"
+        low, high, n = linear
+        return (
+            f"no complete profile on the {gpu_name} times a whole step; on the linear layers alone, at "
+            f"{FALLBACK_CHECK_BATCHES[0]}-{FALLBACK_CHECK_BATCHES[-1]} tokens, its rule is off {n} measured "
+            f"profile{'s' if n > 1 else ''} by {100 * low:+.0f}% to {100 * high:+.0f}% (the spread around the fractions, "
+            "their median)"
+        )
     kinds = "; ".join(
         f"{100 * low:+.0f}% to {100 * high:+.0f}% on {n} {kind} profile{'s' if n > 1 else ''}"
         for kind, (low, high, n) in found.items()
