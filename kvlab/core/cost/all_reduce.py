@@ -15,6 +15,7 @@ its logits (an all-gather, not counted here).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -86,6 +87,7 @@ class AllReduceCost:
         if times.shape != sizes.shape or not np.all(np.isfinite(times)) or times.min() < 0:
             validate.fail("times_us", times.tolist()[:4], "must be one finite time >= 0 us per size")
         object.__setattr__(self, "_table", (sizes.tolist(), times.tolist()))
+        object.__setattr__(self, "_at", {})  # step_us by tokens, as read
 
     @classmethod
     def for_step(cls, link, num_gpus: int, hidden_size: int, num_layers: int) -> AllReduceCost | None:
@@ -118,14 +120,18 @@ class AllReduceCost:
 
     def step_us(self, num_tokens: float) -> float:
         """The step's all-reduces for num_tokens tokens (us)."""
-        sizes, times = self._table
-        return self.num_per_step * interp(sizes, times, num_tokens * self.bytes_per_token)
+        us = self._at.get(num_tokens)
+        if us is None:
+            sizes, times = self._table
+            us = self._at[num_tokens] = self.num_per_step * interp(sizes, times, num_tokens * self.bytes_per_token)
+        return us
 
     def describe(self) -> str:
         """In words: how many, which kernels vLLM runs, where the times come from."""
         return f"{self.num_per_step} all-reduces a step ({self.kernels}); timed by {self.source}"
 
 
+@lru_cache(maxsize=64)
 def kernel_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int = 8192) -> str:
     """Which kernel vLLM runs for a step's all-reduces, by the step's tokens, in words, e.g. "vLLM's custom
     all-reduce (one-stage) at 1-1,023 tokens, NCCL at 1,024-8,192 tokens"."""

@@ -174,6 +174,7 @@ class MeasuredStepCost:
             "_overhead_us": self.step_overhead_ms * 1000.0,
             "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist()),
             "_cpu": (np.asarray(self.cpu_sequences).tolist(), np.asarray(self.cpu_us).tolist()),
+            "_cpu_at": {},  # the CPU's time by scheduled sequences, as read (a step is a dict lookup)
         }
         for key, value in fast.items():
             object.__setattr__(self, key, value)
@@ -315,10 +316,12 @@ class MeasuredStepCost:
     def with_cpu_us(self, gpu_us, num_sequences: int):
         """A step of gpu_us of GPU work for num_sequences scheduled sequences with the CPU's scheduling (us): added
         (synchronous) or the longer of the two (asynchronous); gpu_us itself without a CPU table."""
-        sequences, cpu_us = self._cpu
-        if not sequences:
-            return gpu_us
-        cpu = interp(sequences, cpu_us, num_sequences)
+        cpu = self._cpu_at.get(num_sequences)
+        if cpu is None:
+            sequences, cpu_us = self._cpu
+            if not sequences:
+                return gpu_us
+            cpu = self._cpu_at[num_sequences] = interp(sequences, cpu_us, num_sequences)
         if not self.cpu_overlapped:
             return gpu_us + cpu
         return np.maximum(gpu_us, cpu) if isinstance(gpu_us, np.ndarray) else max(gpu_us, cpu)
@@ -409,6 +412,7 @@ class MeasuredStepCost:
         return self.source
 
 
+@lru_cache(maxsize=64)
 def step_all_reduce(gpu_name: str, tensor_parallel_size: int, hidden_size: int, num_layers: int):
     """(AllReduceCost or None, in words for a provenance) of a step on tensor_parallel_size GPUs of gpu_name."""
     from kvlab.core import profiles
