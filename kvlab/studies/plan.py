@@ -41,7 +41,7 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import MeasuredStepCost, make_step_cost
+from kvlab.core.cost import LinearProfileStepCost, MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
@@ -76,7 +76,7 @@ def step_cost(deployment: Deployment, config: EngineConfig):
     except ValueError:  # a GPU no profile measures
         cost = make_step_cost("roofline", **hardware)
         return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator profile of this GPU)"
-    return cost, isinstance(cost, MeasuredStepCost), cost.source
+    return cost, isinstance(cost, (MeasuredStepCost, LinearProfileStepCost)), cost.source
 
 
 def max_tokens_per_s(cost, max_num_batched_tokens: int) -> float:

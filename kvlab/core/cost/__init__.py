@@ -18,6 +18,7 @@ from kvlab.core.article import MS_PER_TOKEN
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.calibrated import CalibratedStepCost
+from kvlab.core.cost.linear_profile import LinearProfileStepCost
 from kvlab.core.cost.measured import MeasuredStepCost, cudagraph_capture_sizes, measured_step_cost
 from kvlab.core.cost.roofline import RooflineStepCost
 from kvlab.core.cost.simple import ConstantStepCost, LinearStepCost
@@ -112,6 +113,7 @@ __all__ = [
     "STEP_COSTS",
     "CalibratedStepCost",
     "ConstantStepCost",
+    "LinearProfileStepCost",
     "LinearStepCost",
     "MeasuredStepCost",
     "RooflineStepCost",

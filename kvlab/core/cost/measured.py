@@ -11,7 +11,9 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.cost.all_reduce import AllReduceCost
 from kvlab.core.cost.batch import Batch
+from kvlab.core.cost.cpu import combine_cpu
 from kvlab.core.cost.interpolate import blend, bracket, bracket_array, interp
+from kvlab.core.cost.linear_profile import LinearProfileStepCost
 from kvlab.core.cost.roofline import RooflineStepCost
 
 
@@ -322,9 +324,7 @@ class MeasuredStepCost:
             if not sequences:
                 return gpu_us
             cpu = self._cpu_at[num_sequences] = interp(sequences, cpu_us, num_sequences)
-        if not self.cpu_overlapped:
-            return gpu_us + cpu
-        return np.maximum(gpu_us, cpu) if isinstance(gpu_us, np.ndarray) else max(gpu_us, cpu)
+        return combine_cpu(gpu_us, cpu, self.cpu_overlapped)
 
     def _decode_row(self, num_decodes: int) -> tuple[list, np.ndarray]:
         """One layer's decode attention (us) for num_decodes at each measured history: the decode grid blended
@@ -431,7 +431,8 @@ def measured_step_cost(
 ) -> MeasuredStepCost | RooflineStepCost:
     """The measured step cost of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
     data/profiles has one (same GPU and tensor_parallel_size, no pipeline parallelism; the model's own, else a model's
-    of the same layer shapes, kvlab.core.profiles.find_profile), else the roofline
+    of the same layer shapes, kvlab.core.profiles.find_profile), else its linear layers where a profile times only
+    those (vidur's: kvlab.core.cost.linear_profile.LinearProfileStepCost), else the roofline
     at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions), a RooflineStepCost
     whose provenance says so; a GPU no profile measures is refused, unless fractions_gpu names a measured GPU of
     the same chip whose sustained fractions it takes (e.g. the A100-40GB from the A100-SXM-80GB)."""
@@ -453,9 +454,63 @@ def measured_step_cost(
     profile = profiles.find_profile(gpu.name, model, tp) if pp == 1 else None
     if profile is not None:
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
+    if pp == 1 and fractions_gpu is None and not step_overhead_ms:
+        partly = linear_profile_step_cost(model, gpu, config)
+        if partly is not None:
+            return partly
     why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
     source = fractions_gpu or gpu.name
     return sustained_roofline(model, gpu, config, source, f"{why}; {fallback_error_text(source)}")
+
+
+def linear_profile_step_cost(model, gpu, config):
+    """A LinearProfileStepCost where data/profiles times model's linear layers on gpu at config's TP but nothing else
+    (vidur's profiles), else None: those layers measured, the rest at the sustained rates (sustained_roofline less
+    the linear layers' weights and FLOPs), the CPU's scheduling as the measured clock has it."""
+    from kvlab.core import profiles
+
+    tp = config.parallel.tensor_parallel_size
+    for entry in profiles.load_index():
+        if (entry.gpu, entry.tensor_parallel_size) != (gpu.name, tp) or not profiles.serves(entry, model):
+            continue
+        profile = profiles.load_profile(entry)
+        if profile.dense is None or not set(profiles.LINEAR_LAYERS) <= set(profile.dense[1]):
+            continue
+        tokens, times = profile.dense
+        layer_bytes = sum(profiles.linear_weights_bytes(entry).values())  # one GPU's share of one layer
+        whole = sustained_roofline(model, gpu, config, gpu.name, "")
+        rest_bytes = whole.weights_bytes - model.num_layers * layer_bytes
+        if rest_bytes <= 0:  # a parameter count below the layers' own: not this model's
+            return None
+        rest = replace(
+            whole,
+            weights_bytes=rest_bytes,
+            num_params=rest_bytes / profiles.WEIGHT_BYTES[entry.dtype],
+            provenance="",
+        )
+        scheduler = config.scheduler
+        cpu_sequences, cpu_us = profiles.scheduler_cpu_us(
+            config.cache.enable_prefix_caching, scheduler.async_scheduling
+        )
+        _, all_reduce_why = (
+            step_all_reduce(gpu.name, tp, model.hidden_size, model.num_layers) if model.hidden_size else (None, "")
+        )
+        return LinearProfileStepCost(
+            model.num_layers,
+            tokens,
+            sum(times[name] for name in profiles.LINEAR_LAYERS),
+            rest,
+            cudagraph_capture_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens),
+            tuple(cpu_sequences.tolist()),
+            tuple(cpu_us.tolist()),
+            scheduler.async_scheduling,
+            f"{entry.label}: its linear layers measured (no complete profile of {model.name} on the {gpu.name}); the "
+            f"rest (the other weights, the KV cache, attention) at {profiles.sustained_fractions(gpu.name).describe()}"
+            + all_reduce_why
+            + f"; CPU: {profiles.SCHEDULER_CPU_MACHINE}, "
+            + ("overlapping the GPU (asynchronous scheduling)" if scheduler.async_scheduling else "added to each step"),
+        )
+    return None
 
 
 def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> RooflineStepCost:
