@@ -1,8 +1,8 @@
 """Public operator-level GPU measurements (data/profiles/): what MeasuredStepCost (kvlab.core.cost) is made of.
 
-data/profiles/index.csv lists each profile: the GPU (kvlab's name, data/gpus.csv), the model (data/models.csv),
-the dtype, the tensor parallel size and the folder of its CSVs, with the model's dimensions models.csv does
-not hold (hidden and MLP sizes, experts). A folder holds some of:
+data/profiles/index.csv lists each profile: the GPU (kvlab's name, data/gpus.csv), the model (its Hugging Face
+name), the dtype, the tensor parallel size and the folder of its CSVs, with the layer shapes its operators were
+measured at (ProfileEntry.layer_shape: a model of the same shapes is timed by it). A folder holds some of:
 
 - dense.csv (layer, tokens, time_us): one call of each operator that scales with the step's batched tokens
   (projections, norms, rotary embedding, activation, embedding), per token count;
@@ -258,10 +258,9 @@ def find_profile(gpu: str, model, tensor_parallel_size: int) -> OperatorProfile 
     """The complete profile on gpu at tensor_parallel_size of a ModelSpec: its own (the same name), else one of a
     model of the same layer shapes (models.layer_shape: a fine-tune, or a config.json of a profiled architecture;
     the layer count may differ, since a profile times one layer), if one is committed."""
-    shape = layer_shape(model)
     candidates = [e for e in load_index() if (e.gpu, e.tensor_parallel_size) == (gpu, tensor_parallel_size)]
     for entry in sorted(candidates, key=lambda e: e.model != model.name):
-        if entry.model == model.name or (shape and entry.layer_shape == shape):
+        if serves(entry, model):
             profile = load_profile(entry)
             if profile.complete:
                 return profile
@@ -312,7 +311,8 @@ class SustainedFractions:
         """In words, e.g. "91% of the bandwidth and 80% of the FLOP/s (median of 5 profiles)"."""
         return (
             f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of "
-            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator profile{'s' if len(self.sources) > 1 else ''} sustain them"
+            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator "
+            f"profile{'s' if len(self.sources) > 1 else ''} sustain them"
         )
 
 
