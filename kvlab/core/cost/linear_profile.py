@@ -84,8 +84,7 @@ class LinearProfileStepCost:
         """A lower bound on any step of num_tokens scheduled tokens (s): the linear layers, the rest with no KV read
         and the CPU's least time."""
         us = self.linear_step_us(num_tokens) + self.rest.min_step_s(num_tokens) * 1e6
-        cpu = min(self._cpu[1], default=0.0)
-        return (max(us, cpu) if self.cpu_overlapped else us + cpu) / 1e6
+        return combine_cpu(us, min(self._cpu[1], default=0.0), self.cpu_overlapped) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: where each part comes from."""

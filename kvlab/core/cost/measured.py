@@ -229,12 +229,8 @@ class MeasuredStepCost:
         source += why
         moe = profile.moe if entry.num_experts else (np.zeros(0), np.zeros(0), np.zeros((0, 0)))
         scheduler = config.scheduler
-        cpu_sequences, cpu_us = profiles.scheduler_cpu_us(
-            config.cache.enable_prefix_caching, scheduler.async_scheduling
-        )
-        source += f"; CPU: {profiles.SCHEDULER_CPU_MACHINE}, " + (
-            "overlapping the GPU (asynchronous scheduling)" if scheduler.async_scheduling else "added to each step"
-        )
+        cpu_sequences, cpu_us, overlapped, cpu_words = scheduler_cpu(config)
+        source += cpu_words
         return cls(
             model.num_layers,
             tokens,
@@ -253,7 +249,7 @@ class MeasuredStepCost:
             source,
             cpu_sequences,
             cpu_us,
-            scheduler.async_scheduling,
+            overlapped,
         )
 
     # ---------------------------------------------------------------- terms (us)
@@ -404,8 +400,7 @@ class MeasuredStepCost:
         attention (at least 0) at those tokens, the per-sequence term at its least measured value."""
         one = interp(self._sequences, self._per_sequence, 1)
         us = self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)
-        cpu = min(self._cpu[1], default=0.0)
-        return (max(us, cpu) if self.cpu_overlapped else us + cpu) / 1e6
+        return combine_cpu(us, min(self._cpu[1], default=0.0), self.cpu_overlapped) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: the profile it was read from."""
@@ -424,6 +419,26 @@ def step_all_reduce(gpu_name: str, tensor_parallel_size: int, hidden_size: int, 
         return None, f"; all-reduce left out (data/profiles/interconnects.csv has no link for the {gpu_name})"
     cost = AllReduceCost.for_step(link, tensor_parallel_size, hidden_size, num_layers)
     return cost, f"; all-reduce: {cost.describe()}"
+
+
+def model_all_reduce(model, gpu_name: str, tensor_parallel_size: int):
+    """step_all_reduce of a ModelSpec, or (None, why) where its hidden_size is unknown."""
+    if tensor_parallel_size > 1 and not model.hidden_size:
+        return None, f"; all-reduce left out ({model.name}'s hidden_size is unknown)"
+    return step_all_reduce(gpu_name, tensor_parallel_size, model.hidden_size, model.num_layers)
+
+
+def scheduler_cpu(config) -> tuple[np.ndarray, np.ndarray, bool, str]:
+    """The CPU's scheduling under config (kvlab.core.profiles.scheduler_cpu_us): (scheduled sequences, us a step,
+    whether it overlaps the GPU, in words for a provenance)."""
+    from kvlab.core import profiles
+
+    overlapped = config.scheduler.async_scheduling
+    sequences, cpu_us = profiles.scheduler_cpu_us(config.cache.enable_prefix_caching, overlapped)
+    words = f"; CPU: {profiles.SCHEDULER_CPU_MACHINE}, " + (
+        "overlapping the GPU (asynchronous scheduling)" if overlapped else "added to each step"
+    )
+    return sequences, cpu_us, overlapped, words
 
 
 def measured_step_cost(
@@ -489,12 +504,8 @@ def linear_profile_step_cost(model, gpu, config):
             provenance="",
         )
         scheduler = config.scheduler
-        cpu_sequences, cpu_us = profiles.scheduler_cpu_us(
-            config.cache.enable_prefix_caching, scheduler.async_scheduling
-        )
-        _, all_reduce_why = (
-            step_all_reduce(gpu.name, tp, model.hidden_size, model.num_layers) if model.hidden_size else (None, "")
-        )
+        cpu_sequences, cpu_us, overlapped, cpu_words = scheduler_cpu(config)
+        _, all_reduce_why = model_all_reduce(model, gpu.name, tp)
         return LinearProfileStepCost(
             model.num_layers,
             tokens,
@@ -503,12 +514,11 @@ def linear_profile_step_cost(model, gpu, config):
             cudagraph_capture_sizes(scheduler.max_num_seqs, scheduler.max_num_batched_tokens),
             tuple(cpu_sequences.tolist()),
             tuple(cpu_us.tolist()),
-            scheduler.async_scheduling,
+            overlapped,
             f"{entry.label}: its linear layers measured (no complete profile of {model.name} on the {gpu.name}); the "
             f"rest (the other weights, the KV cache, attention) at {profiles.sustained_fractions(gpu.name).describe()}"
             + all_reduce_why
-            + f"; CPU: {profiles.SCHEDULER_CPU_MACHINE}, "
-            + ("overlapping the GPU (asynchronous scheduling)" if scheduler.async_scheduling else "added to each step"),
+            + cpu_words,
         )
     return None
 
@@ -521,12 +531,7 @@ def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> Roof
 
     fractions = profiles.sustained_fractions(fractions_gpu)
     roofline = RooflineStepCost.from_specs(model, gpu, config)
-    tp = config.parallel.tensor_parallel_size
-    all_reduce, all_reduce_why = None, ""
-    if tp > 1 and not model.hidden_size:
-        all_reduce_why = f"; all-reduce left out ({model.name}'s hidden_size is unknown)"
-    elif tp > 1:
-        all_reduce, all_reduce_why = step_all_reduce(gpu.name, tp, model.hidden_size, model.num_layers)
+    all_reduce, all_reduce_why = model_all_reduce(model, gpu.name, config.parallel.tensor_parallel_size)
     return RooflineStepCost(
         roofline.weights_bytes,
         roofline.kv_bytes_per_token,
