@@ -383,7 +383,7 @@ class BackwardsStepCost:
     def step_s(self, batch) -> float:
         return -0.001 if batch.num_scheduled_tokens >= self.bad_from_tokens else 0.01
 
-    def run_s(self, num_decodes, context_tokens, num_steps):
+    def run_s(self, first, num_steps):
         return np.r_[np.full(num_steps - 1, 0.01), np.nan]
 
 

@@ -205,19 +205,28 @@ def test_past_the_dense_axis_a_step_grows_along_its_last_doubling():
         assert all(b > 1.5 * a for a, b in zip(steps, steps[1:])), (model, tp, steps)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     st.sampled_from(["llama", "qwen3-32b-tp2", "moe", "scaled"]),
     st.integers(1, 300),
     st.integers(0, 30_000),
+    st.integers(0, 30_000),
     st.integers(1, 60),
 )
-def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history, num_steps):
+def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history, spread, num_steps):
     cost = {"llama": LLAMA_COST, "qwen3-32b-tp2": QWEN_TP2, "moe": MOE, "scaled": SCALED}[which]
-    context = num_decodes * (history + 1)
-    durations = np.atleast_1d(cost.run_s(num_decodes, context, num_steps))
+    # num_decodes - 1 decodes of history + 1 context tokens and one of spread more (all equal with one decode)
+    spread *= num_decodes > 1
+    low, high = history + 1, history + 1 + spread
+    context = num_decodes * low + spread
+    first = Batch(num_decodes, context, num_decodes, context, 0, 0, low, high)
+    durations = np.atleast_1d(cost.run_s(first, num_steps))
     steps = [
-        cost.step_s(Batch(num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j))
+        cost.step_s(
+            Batch(
+                num_decodes, context + num_decodes * j, num_decodes, context + num_decodes * j, 0, 0, low + j, high + j
+            )
+        )
         for j in range(num_steps)
     ]
     assert durations.tolist() == steps
@@ -388,3 +397,84 @@ def test_a_config_of_other_layer_shapes_falls_back_to_the_roofline_saying_so():
     cost = make_step_cost("measured", model=spec, gpu=models.get_gpu(RTX_PRO), config=CONFIG)
     assert isinstance(cost, RooflineStepCost) and "no profile of wider-llama at TP 1" in cost.provenance
     assert "this fallback is off the profile by" in cost.provenance
+
+
+# ---------------------------------------------------------------- attention skew (LLMServingSim's fit)
+def skew_rows() -> dict:
+    """The committed skew_fit.csv as {(prefill_chunk, n_decode, skew_rate, kv_big, kv_prefill): alpha}."""
+    with open(FOLDER / "skew_fit.csv", newline="") as f:
+        return {tuple(float(r[k]) for k in list(r)[:5]): float(r["alpha"]) for r in csv.DictReader(f)}
+
+
+def test_unequal_decode_histories_add_the_fitted_share_of_the_gap_to_the_max():
+    # 56 decodes after 1,000 tokens and 8 after 4,000: mean history 1,375, skew rate 375 / 3,000 = 0.125; the
+    # bucket n in (32, 64], rate in (0.05, 0.15], largest history in (1,024, 4,096], no prefill
+    alpha = skew_rows()[(0, 64, 0.15, 4096, 0)]
+    context = 56 * 1001 + 8 * 4001
+    batch = Batch(64, context, 64, context, 0, 0, 1001, 4001)
+    t_mean, t_max = LLAMA_COST.decode_attention_us(64, 1375.0), LLAMA_COST.decode_attention_us(64, 4000)
+    assert t_max > t_mean and alpha != 0
+    added_s = LLAMA_COST.step_s(batch) - LLAMA_COST.without("attention skew").step_s(batch)
+    assert added_s == pytest.approx(32 * alpha * (t_max - t_mean) / 1e6, rel=1e-9)
+    # not given, or equal histories: nothing added
+    assert LLAMA_COST.step_s(batch._replace(min_decode_context_tokens=0, max_decode_context_tokens=0)) == (
+        LLAMA_COST.without("attention skew").step_s(batch)
+    )
+    # a prefill chunk of tokens the fit did not profile (100) takes the pooled alpha
+    mixed = Batch(164, context + 100, 64, context, 1, 100 * 101 // 2, 1001, 4001)
+    t_mean, t_max = (LLAMA_COST.mixed_attention_us(100, 0.0, 64, h) for h in (1375.0, 4000))
+    added_s = LLAMA_COST.step_s(mixed) - LLAMA_COST.without("attention skew").step_s(mixed)
+    with open(FOLDER / "skew_fit.json") as f:
+        assert added_s == pytest.approx(32 * json.load(f)["alpha_default"] * (t_max - t_mean) / 1e6, rel=1e-9)
+
+
+def llmservingsim_bucket(bins, val):
+    """LLMServingSim's _bucket_label, returning the label's index: (bins[i], bins[i + 1]], the last past the end."""
+    for i in range(len(bins) - 1):
+        if val <= bins[i + 1]:
+            return i
+    return len(bins) - 2
+
+
+@given(st.integers(0, 2), st.floats(-1, 2e9, allow_nan=False))
+def test_a_bucket_is_llmservingsims(axis, value):
+    fit = profiles.load_profile(profiles.load_index()[0]).skew
+    bins = fit.bins[axis]
+    assert fit.bucket(bins, value) == llmservingsim_bucket(bins, value)
+
+
+class BatchSpy:
+    """The constant step cost that keeps every batch it is asked about."""
+
+    name = "spy"
+
+    def __init__(self):
+        self.batches = []
+
+    def step_s(self, batch) -> float:
+        self.batches.append(batch)
+        return 0.01
+
+    def run_s(self, first, num_steps):
+        raise AssertionError("the reference path takes no decode run")
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_the_engines_batches_carry_their_decodes_least_and_most_context(async_scheduling):
+    config = CONFIG.replace(async_scheduling=async_scheduling)
+    spy = BatchSpy()
+    w = Workload(np.zeros(2), np.array([10, 40]), np.array([5, 5]))
+    Engine(w, config, num_gpu_blocks=100, cost=spy, path="reference").run()
+    # both prompts in the first step, then both decoding: contexts 11 and 41, 12 and 42, ...
+    assert spy.batches[0][-2:] == (0, 0)
+    decodes = [b for b in spy.batches if b.num_decodes == 2]
+    assert [b[-2:] for b in decodes] == [(11 + j, 41 + j) for j in range(len(decodes))] and len(decodes) >= 3
+    spy = BatchSpy()
+    rng = np.random.default_rng(3)
+    w = Workload(np.cumsum(rng.exponential(0.02, 200)), rng.integers(1, 900, 200), rng.integers(1, 300, 200))
+    Engine(w, config, num_gpu_blocks=600, cost=spy, path="reference").run()
+    for b in spy.batches:
+        n, low, high = b.num_decodes, b.min_decode_context_tokens, b.max_decode_context_tokens
+        assert (low, high) == (0, 0) if n == 0 else 1 <= low <= b.decode_context_tokens / n <= high
+        assert n != 1 or low == high == b.decode_context_tokens
+    assert any(b.max_decode_context_tokens > b.min_decode_context_tokens for b in spy.batches)

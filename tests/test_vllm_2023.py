@@ -90,7 +90,7 @@ def test_a_step_by_hand():
 
 def test_a_decode_run_takes_each_step_as_step_s_does():
     c = data.committed_step_cost()
-    run = c.run_s(30, 30 * 400, 50)
+    run = c.run_s(Batch(30, 30 * 400, 30, 30 * 400), 50)
     steps = [c.step_s(Batch(30, 30 * 400 + 30 * i, 30, 30 * 400 + 30 * i)) for i in range(50)]
     assert run.tolist() == steps
 

@@ -245,7 +245,9 @@ def add_vllm_engine_flags(p) -> None:
         "bandwidth, or 2 FLOPs per parameter and token at its bf16 peak, whichever is slower), "
         "calibrated (--calibration FILE), measured (public operator-level GPU profiles of --model, or of a "
         "model of its layer shapes, on --gpu, data/profiles/; where a profile measures only the linear layers, those "
-        "and the rest at the GPU's measured sustained rates; the roofline at those rates for a model without one; with tensor parallelism's all-reduces and vLLM's scheduler's CPU time) "
+        "and the rest at the GPU's measured sustained rates; the roofline at those rates for a model without one; "
+        "with tensor parallelism's all-reduces, the attention's cost of decodes of unequal length where the profile "
+        "fits it, and vLLM's scheduler's CPU time) "
         "or vllm-2023 (the vLLM of mid-2023 that section 6 runs, its coefficients fitted to measurements of "
         "it, data/vllm_2023/)",
     )

@@ -10,7 +10,10 @@ measured at (ProfileEntry.layer_shape: a model of the same shapes is timed by it
 - attention.csv (prefill_chunk, kv_prefill, n_decode, kv_decode, time_us): one layer's attention for a batch
   of at most one prefill chunk (prefill_chunk new tokens after kv_prefill computed ones) and n_decode decodes
   of kv_decode computed tokens each;
-- moe.csv (tokens, activated_experts, time_us): one layer's MoE block with that many experts active.
+- moe.csv (tokens, activated_experts, time_us): one layer's MoE block with that many experts active;
+- skew_fit.csv (prefill_chunk, n_decode, skew_rate, kv_big, kv_prefill, alpha) and skew_fit.json (the bins of
+  each bucket axis, the pooled alpha_default, the fit's errors): LLMServingSim's fit of what decodes of unequal
+  history add to attention (SkewFit).
 
 Times are microseconds of GPU kernels, one decoder layer (LLMServingSim runs vLLM with one layer), as the
 sources measured them; data/README.md gives each file's origin. Nothing here interpolates: kvlab.core.cost does.
@@ -19,7 +22,9 @@ sources measured them; data/README.md gives each file's origin. Nothing here int
 from __future__ import annotations
 
 import csv
+import json
 import statistics
+from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -217,6 +222,70 @@ def moe_grid(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return tokens, experts, grid
 
 
+SKEW_AXES = ("n_decode", "skew_rate", "kv_big", "kv_prefill")
+
+
+@dataclass(frozen=True, eq=False)
+class SkewFit:
+    """LLMServingSim's fit of FlashAttention's penalty for decodes of unequal history (its profiler's skew sweep:
+    batches of n decodes, nb of them at kv_big computed tokens and the rest at a smaller one, beside a prefill chunk
+    or none, each timed against uniform batches at their mean and at their max history). A batch's attention is
+    t_mean + alpha x (t_max - t_mean), t_mean and t_max the uniform grid's at the decodes' mean and largest history;
+    alpha is fitted per bucket of (prefill chunk tokens, decodes, skew rate = (mean - min) / (max - min), largest
+    history, the prefill chunk's history), a bucket being (bins[i], bins[i + 1]] of each axis and the prefill chunk
+    one of its profiled values; a batch in no fitted bucket takes the fit's pooled alpha_default. As LLMServingSim's
+    simulator reads it (serving/core/trace_generator.py: _skew_alpha, _lookup_attention_with_skew)."""
+
+    prefill_chunks: dict  # profiled prefill chunk tokens -> index
+    bins: tuple  # per SKEW_AXES: the bucket edges
+    alpha: np.ndarray  # [prefill chunk, n_decode, skew_rate, kv_big, kv_prefill] bucket; alpha_default where unfitted
+    alpha_default: float
+    num_buckets: int  # buckets fitted
+    rel_err_p50: float  # the fit's relative error on its own shots, as the source reports it
+    rel_err_p90: float
+
+    @staticmethod
+    def bucket(bins, x) -> int:
+        """The bucket of x: i with bins[i] < x <= bins[i + 1], the last past the last edge."""
+        return min(bisect_left(bins, x, 1), len(bins) - 1) - 1
+
+    def alpha_at(self, prefill_chunk: int, n_decode: int, skew_rate: float, kv_big: int, kv_prefill: int) -> float:
+        """alpha of a batch (skew_rate clipped to [0, 1]); alpha_default off the fit's prefill chunks."""
+        p = self.prefill_chunks.get(prefill_chunk)
+        if p is None:
+            return self.alpha_default
+        n, sr, kvb, kp = (
+            self.bucket(b, x) for b, x in zip(self.bins, (n_decode, max(0.0, min(1.0, skew_rate)), kv_big, kv_prefill))
+        )
+        return float(self.alpha[p, n, sr, kvb, kp])
+
+    def describe(self) -> str:
+        return (
+            f"LLMServingSim's fit of unequal decode histories ({self.num_buckets:,} "
+            f"buckets, pooled alpha {self.alpha_default}; its error on its own shots: median "
+            f"{100 * self.rel_err_p50:.1f}%, p90 {100 * self.rel_err_p90:.1f}%)"
+        )
+
+
+def skew_fit(folder: Path) -> SkewFit:
+    """A folder's skew_fit.csv and skew_fit.json as a SkewFit."""
+    with open(folder / "skew_fit.json", encoding="utf-8") as f:
+        meta = json.load(f)
+    bins = tuple(tuple(meta["bins"][axis]) for axis in SKEW_AXES)
+    rows = _rows(folder / "skew_fit.csv")
+    chunks = {pc: i for i, pc in enumerate(sorted({int(r["prefill_chunk"]) for r in rows}))}
+    alpha = np.full((len(chunks), *(len(b) - 1 for b in bins)), np.nan)
+    for r in rows:
+        cell = tuple(b.index(float(r[axis])) - 1 for b, axis in zip(bins, SKEW_AXES))
+        if min(cell) < 0:
+            validate.fail("profile", str(folder), f"has a skew bucket at {r} on no edge of skew_fit.json's bins")
+        alpha[(chunks[int(r["prefill_chunk"])], *cell)] = float(r["alpha"])
+    return SkewFit(
+        chunks, bins, np.where(np.isnan(alpha), meta["alpha_default"], alpha), float(meta["alpha_default"]),
+        len(rows), float(meta["rel_err_p50"]), float(meta["rel_err_p90"]),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, eq=False)
 class OperatorProfile:
     """The measured operator times of one ProfileEntry (us); a table the folder lacks is None."""
@@ -226,6 +295,7 @@ class OperatorProfile:
     per_sequence: tuple[np.ndarray, dict[str, np.ndarray]] | None
     attention: tuple[tuple[np.ndarray, ...], np.ndarray] | None
     moe: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    skew: SkewFit | None = None
 
     @property
     def complete(self) -> bool:
@@ -251,6 +321,7 @@ def load_profile(entry: ProfileEntry) -> OperatorProfile:
         _by_layer(folder / "per_sequence.csv", "sequences") if found["per_sequence"] else None,
         attention_grid(folder / "attention.csv") if found["attention"] else None,
         moe_grid(folder / "moe.csv") if found["moe"] else None,
+        skew_fit(folder) if (folder / "skew_fit.csv").is_file() else None,
     )
 
 

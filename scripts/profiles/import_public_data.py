@@ -9,7 +9,9 @@ every file is read with `git show COMMIT:PATH`, so the clones may be newer. What
 - LLMServingSim profiler/perf/<GPU>/<model>/bf16/tp<N>/: dense.csv and per_sequence.csv whole; attention.csv
   on its doubling grid only (prefill_chunk 0 and 16..2048, kv_prefill and kv_decode 0 and 16..16384 by powers
   of 2, every n_decode: the grid the cost model interpolates on; the 1.5x rows are left out); moe.csv whole.
-  Skew files are left out (the engine gives no per-request spread of contexts).
+  Where meta.yaml's skew_fit is enabled, tp<N>/skew_fit.csv's alpha per bucket (its n_samples left out), each
+  bucket axis written as its bin's upper bound, and meta.yaml's bucket bins, pooled alpha_default and fit
+  errors for that TP as skew_fit.json; the raw shots (skew.csv) are left out.
 - vidur data/profiling/compute/<gpu>/<model>/mlp.csv, every model on every GPU: the medians (ms -> us) of its
   four linear layers (attn_pre_proj, attn_post_proj, mlp_up_proj, mlp_down_proj, renamed as vLLM names them)
   per token count and TP, split by TP; the first row of a repeated (num_tokens, TP) is kept. The layer shapes
@@ -31,6 +33,8 @@ import io
 import json
 import os
 import subprocess
+
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLMSERVINGSIM_COMMIT = "5daddb21a545658d5150b535712d0494584b5278"
@@ -98,6 +102,47 @@ def llmservingsim(git_dir: str) -> None:
         rows = list(csv.reader(io.StringIO(show(git_dir, LLMSERVINGSIM_COMMIT, f"{src}/attention.csv"))))
         kept = [r for r in rows[1:] if int(r[0]) in DOUBLING[:9] and int(r[1]) in DOUBLING and int(r[3]) in DOUBLING]
         write(os.path.join(dst, "attention.csv"), rows[0], kept)
+        skew_fit(git_dir, f"profiler/perf/{hardware}/{model}/bf16", tp, dst)
+
+
+# LLMServingSim's bucket labels (skew_fit.csv) and bins (meta.yaml::skew_fit.bucket_axes) per axis, and kvlab's names.
+SKEW_AXES = {"n": "n_decode", "skew_rate": "skew_rate", "kv_big": "kv_big", "kp": "kv_prefill"}
+
+
+def skew_fit(git_dir: str, bundle: str, tp: int, dst: str) -> None:
+    """tp<N>/skew_fit.csv and skew_fit.json where the bundle's meta.yaml has an enabled fit for tp."""
+    fit = yaml.safe_load(show(git_dir, LLMSERVINGSIM_COMMIT, f"{bundle}/meta.yaml")).get("skew_fit") or {}
+    if not fit.get("enabled") or tp not in (fit.get("per_tp") or {}):
+        return
+    axes, per_tp = fit["bucket_axes"], fit["per_tp"][tp]
+    upper = {
+        key: dict(zip(axes[f"{key}_labels"], axes[f"{key}_bins"][1:])) for key in ("n", "skew_rate", "kv_big", "kp")
+    }
+    rows = list(csv.DictReader(io.StringIO(show(git_dir, LLMSERVINGSIM_COMMIT, f"{bundle}/{per_tp['bucket_table']}"))))
+    out = [
+        (
+            int(r["pc"]),
+            upper["n"][r["n_label"]],
+            upper["skew_rate"][r["skew_rate_label"]],
+            upper["kv_big"][r["kv_big_label"]],
+            upper["kp"][r["kp_label"]],
+            r["alpha"],
+        )
+        for r in rows
+    ]
+    write(os.path.join(dst, "skew_fit.csv"), ["prefill_chunk", *SKEW_AXES.values(), "alpha"], sorted(out))
+    summary = {
+        "method": per_tp["method"],
+        "n_samples": per_tp["n_samples"],
+        "alpha_default": per_tp["alpha_default"],
+        "rel_err_p50": per_tp["rel_err_p50"],
+        "rel_err_p90": per_tp["rel_err_p90"],
+        "rel_err_p99": per_tp["rel_err_p99"],
+        "bins": {name: axes[f"{key}_bins"] for key, name in SKEW_AXES.items()},
+    }
+    with open(os.path.join(dst, "skew_fit.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
 
 
 def vidur(git_dir: str) -> list[dict]:

@@ -34,8 +34,8 @@ class StepCost(Protocol):
     """What the engine asks of a step cost.
 
     step_s: seconds of one step, from what it schedules: a Batch (kvlab.core.cost.batch says what each field counts).
-    run_s: the k steps of a decode run at once: num_decodes requests decode every step and their context grows by
-    num_decodes tokens a step; one float when every step lasts the same, else an array, computed by the same float
+    run_s: the k steps of a decode run at once, from its first step's batch (decodes only): the same requests
+    decode every step and each one's context grows by a token a step; one float when every step lasts the same, else an array, computed by the same float
     operations as step_s so that both paths give the same times.
     min_step_s: a lower bound (s) on any step of num_tokens scheduled tokens, whatever the batch (the planner's).
     name: the family (one of STEP_COSTS); source: where its numbers come from, in words; describe(): the step
@@ -51,7 +51,7 @@ class StepCost(Protocol):
 
     def step_s(self, batch: Batch) -> float: ...
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float | np.ndarray: ...
+    def run_s(self, first: Batch, num_steps: int) -> float | np.ndarray: ...
 
     def min_step_s(self, num_tokens: int) -> float: ...
 

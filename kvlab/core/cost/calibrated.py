@@ -46,12 +46,13 @@ class CalibratedStepCost:
 
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        num_tokens, _, num_decodes, decode_context_tokens, _, _ = batch
+        num_tokens, _, num_decodes, decode_context_tokens = batch[:4]
         return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run (all its tokens are decodes)."""
-        context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
+        """Seconds of each step of a decode run from the decode-only batch first (all its tokens are decodes)."""
+        num_decodes = first.num_decodes
+        context = first.decode_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
         return self._ms(num_decodes, num_decodes, context) / 1000.0
 
     def min_step_s(self, num_tokens: int) -> float:

@@ -15,6 +15,7 @@ from kvlab.core.cost.cpu import combine_cpu
 from kvlab.core.cost.interpolate import blend, bracket, bracket_array, interp
 from kvlab.core.cost.linear_profile import LinearProfileStepCost
 from kvlab.core.cost.roofline import RooflineStepCost
+from kvlab.core.profiles import SkewFit
 
 
 def cudagraph_capture_sizes(
@@ -46,6 +47,7 @@ def cudagraph_capture_sizes(
 MEASURED_TERMS = (
     "dense layers",
     "attention",
+    "attention skew",
     "lm_head and sampler",
     "MoE block",
     "all-reduce",
@@ -69,9 +71,14 @@ class MeasuredStepCost:
       apart, so the grid is read whole). The step's prefill chunks are looked up as one chunk of their summed
       tokens n whose history gives their query-key pairs (prefill_attention_pairs = n x c + n(n+1)/2, so
       c = (pairs - n(n+1)/2) / n, at least 0); a caller that gives no pairs (num_prefills=0) has its prefill
-      tokens taken as one chunk of history context_tokens - decode_context_tokens - n. Decodes of unequal
-      history are looked up at their mean (the skew penalty LLMServingSim fits is left out: the scheduler gives
-      no spread);
+      tokens taken as one chunk of history context_tokens - decode_context_tokens - n. Decodes are looked up at
+      their mean history;
+    - attention skew, where the profile has LLMServingSim's fit of it (kvlab.core.profiles.SkewFit) and the batch
+      has decodes of unequal history: num_layers x alpha x (t_max - t_mean), t_mean the attention above and t_max
+      the grid's at the decodes' largest history, alpha the fit's for the batch's bucket (the prefill chunk the
+      lookup above uses, its history truncated to whole tokens); none where t_max <= t_mean, and the layer's
+      attention kept at least 0 (some buckets of mixed batches hold a few shots whose alpha is far below 0: -735
+      in one of Llama-3.1-8B's at TP 2), as LLMServingSim's simulator reads it;
     - per sequence: lm_head (LogitsProcessor) and the sampler once a step, by scheduled sequences
       (num_decodes + num_prefills): LLMServingSim's per_sequence.csv;
     - MoE, num_layers x one layer's block, by (tokens, experts active): LLMServingSim's moe.csv (TP 1 only).
@@ -126,6 +133,7 @@ class MeasuredStepCost:
     cpu_sequences: np.ndarray = field(default_factory=lambda: np.zeros(0))  # scheduled sequences (empty: no CPU)
     cpu_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the CPU's scheduling of a step (us)
     cpu_overlapped: bool = False  # asynchronous scheduling: the CPU's work overlaps the GPU's
+    skew: SkewFit | None = None  # the attention's penalty for decodes of unequal history (None: none)
     name = "measured"
 
     def __post_init__(self):
@@ -159,6 +167,8 @@ class MeasuredStepCost:
             validate.fail("cudagraph_capture_sizes", tuple(sizes), "must be increasing token counts >= 1")
         if self.all_reduce is not None and not isinstance(self.all_reduce, AllReduceCost):
             validate.fail("all_reduce", type(self.all_reduce).__name__, "must be an AllReduceCost or None")
+        if self.skew is not None and not isinstance(self.skew, SkewFit):
+            validate.fail("skew", type(self.skew).__name__, "must be a SkewFit or None")
         # Python copies of the tables: a step is a few bisections and blends, no numpy call.
         decode = np.asarray(self.attention_us)[0, 0]
         fast = {
@@ -231,6 +241,8 @@ class MeasuredStepCost:
         scheduler = config.scheduler
         cpu_sequences, cpu_us, overlapped, cpu_words = scheduler_cpu(config)
         source += cpu_words
+        if profile.skew is not None:
+            source += f"; attention skew: {profile.skew.describe()}"
         return cls(
             model.num_layers,
             tokens,
@@ -250,6 +262,7 @@ class MeasuredStepCost:
             cpu_sequences,
             cpu_us,
             overlapped,
+            profile.skew,
         )
 
     # ---------------------------------------------------------------- terms (us)
@@ -262,6 +275,7 @@ class MeasuredStepCost:
             "all-reduce": self.all_reduce is not None,
             "CUDA-graph padding": bool(self.cudagraph_capture_sizes),
             "CPU scheduling": bool(len(self.cpu_sequences)),
+            "attention skew": self.skew is not None,
         }
         return tuple(t for t in MEASURED_TERMS if has.get(t, True))
 
@@ -277,6 +291,7 @@ class MeasuredStepCost:
             "all-reduce": {"all_reduce": None},
             "CUDA-graph padding": {"cudagraph_capture_sizes": ()},
             "CPU scheduling": {"cpu_sequences": np.zeros(0), "cpu_us": np.zeros(0)},
+            "attention skew": {"skew": None},
         }[term]
         return replace(self, **off, source=f"{self.source}, without its {term}")
 
@@ -370,14 +385,35 @@ class MeasuredStepCost:
         return blend(along_history(a), along_history(a + 1), wa)
 
     # ---------------------------------------------------------------- the engine's interface
+    def skewed_attention_us(
+        self, attention_us, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int, batch: Batch
+    ):
+        """One layer's attention of a batch whose decodes' mean-history attention is attention_us, with the skew
+        penalty of decodes of unequal history (the class's "attention skew"): attention_us itself without a fit,
+        with one decode, or with decodes of equal history."""
+        low, high = batch.min_decode_context_tokens, batch.max_decode_context_tokens
+        if self.skew is None or num_decodes < 2 or high <= low:
+            return attention_us
+        mean = (batch.decode_context_tokens - num_decodes) / num_decodes
+        alpha = self.skew.alpha_at(
+            prefill_tokens, num_decodes, (mean - (low - 1)) / (high - low), high - 1, int(prefill_history_tokens)
+        )
+        at_max = self.mixed_attention_us(prefill_tokens, prefill_history_tokens, num_decodes, high - 1)
+        if not alpha or at_max <= attention_us:
+            return attention_us
+        return max(attention_us + alpha * (at_max - attention_us), 0.0)
+
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch
+        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[
+            :6
+        ]
         prefill_tokens = num_tokens - num_decodes
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
         if not prefill_tokens:
             us = self.fixed_us(num_tokens, num_decodes)
-            us += self._layers * self.decode_attention_us(num_decodes, decode_history)
+            attention = self.decode_attention_us(num_decodes, decode_history)
+            us += self._layers * self.skewed_attention_us(attention, 0, 0.0, num_decodes, batch)
             return self.with_cpu_us(us, num_decodes) / 1e6
         if num_prefills:
             history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
@@ -385,15 +421,43 @@ class MeasuredStepCost:
             history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
         num_sequences = num_decodes + max(num_prefills, 1)
         us = self.fixed_us(num_tokens, num_sequences)
-        us += self._layers * self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)
+        attention = self.mixed_attention_us(prefill_tokens, history, num_decodes, decode_history)
+        us += self._layers * self.skewed_attention_us(attention, prefill_tokens, history, num_decodes, batch)
         return self.with_cpu_us(us, num_sequences) / 1e6
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int):
-        """Seconds of each step of a decode run (an array; the context grows by num_decodes tokens a step)."""
-        context = context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
+    def run_s(self, first: Batch, num_steps: int):
+        """Seconds of each step of a decode run from the decode-only batch first (an array; every decode's context
+        grows by a token a step)."""
+        num_decodes, context_tokens = first.num_decodes, first.decode_context_tokens
+        steps = np.arange(num_steps, dtype=np.int64)
+        context = context_tokens + num_decodes * steps
         history = (context - num_decodes) / num_decodes
-        us = self.fixed_us(num_decodes, num_decodes) + self._layers * self.decode_attention_us(num_decodes, history)
+        attention = self.decode_attention_us(num_decodes, history)
+        low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
+        if self.skew is not None and num_decodes > 1 and high > low:
+            attention = self._skewed_run_us(attention, num_decodes, history, low - 1 + steps, high - 1 + steps)
+        us = self.fixed_us(num_decodes, num_decodes) + self._layers * attention
         return self.with_cpu_us(us, num_decodes) / 1e6
+
+    def _skewed_run_us(self, attention_us, num_decodes: int, mean, low, high):
+        """skewed_attention_us of each step of a decode run (arrays of its histories: the same float operations)."""
+        skew = self.skew
+        p = skew.prefill_chunks.get(0)
+        if p is None:
+            alpha = np.full(len(mean), skew.alpha_default)
+        else:
+            rate = np.clip((mean - low) / (high - low), 0.0, 1.0)
+            n_bins, rate_bins, big_bins, kp_bins = (np.asarray(b[1:]) for b in skew.bins)
+            alpha = skew.alpha[
+                p,
+                min(int(np.searchsorted(n_bins, num_decodes)), len(n_bins) - 1),
+                np.minimum(np.searchsorted(rate_bins, rate), len(rate_bins) - 1),
+                np.minimum(np.searchsorted(big_bins, high), len(big_bins) - 1),
+                min(int(np.searchsorted(kp_bins, 0)), len(kp_bins) - 1),
+            ]
+        at_max = self.decode_attention_us(num_decodes, high.astype(np.float64))
+        skewed = np.maximum(attention_us + alpha * (at_max - attention_us), 0.0)
+        return np.where((alpha != 0) & (at_max > attention_us), skewed, attention_us)
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but

@@ -24,7 +24,7 @@ class ConstantStepCost:
         """Seconds of one step: step_ms / 1000."""
         return self.step_ms / 1000.0
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float:
+    def run_s(self, first: Batch, num_steps: int) -> float:
         """Seconds of each step of a decode run (all the same)."""
         return self.step_ms / 1000.0
 
@@ -57,9 +57,9 @@ class LinearStepCost:
         num_tokens = batch[0]
         return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> float:
-        """Seconds of each step of a decode run (all the same: num_decodes tokens each)."""
-        return (self.step_ms + self.step_ms_per_token * num_decodes) / 1000.0
+    def run_s(self, first: Batch, num_steps: int) -> float:
+        """Seconds of each step of a decode run (all the same: first's decodes' tokens each)."""
+        return (self.step_ms + self.step_ms_per_token * first.num_decodes) / 1000.0
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): such a step's own time."""

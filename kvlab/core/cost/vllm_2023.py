@@ -156,7 +156,9 @@ class Vllm2023StepCost:
     # ---------------------------------------------------------------- the engine's interface
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch
+        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[
+            :6
+        ]
         prefill_tokens = num_tokens - num_decodes
         if prefill_tokens and not num_prefills:  # a caller without the prefill aggregates: one chunk
             history = max(0, context_tokens - decode_context_tokens - prefill_tokens)
@@ -172,9 +174,11 @@ class Vllm2023StepCost:
         )
         return float(us) / 1e6
 
-    def run_s(self, num_decodes: int, context_tokens: int, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run: the context grows by num_decodes tokens a step."""
-        context = (context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
+    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
+        """Seconds of each step of a decode run from the decode-only batch first: the context grows by its decodes'
+        tokens a step."""
+        num_decodes = first.num_decodes
+        context = (first.context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
         us = (
             self.step_overhead_ms * 1000.0
             + self.dense_us(np.float64(num_decodes))

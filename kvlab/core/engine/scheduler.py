@@ -144,7 +144,8 @@ class Scheduler:
 
     def account(self, out: SchedulerOutput) -> None:
         """Move each scheduled request's computed tokens on, mark which sample, and fill in the step's cost inputs."""
-        tokens = context = decodes = decode_context = prefills = pairs = 0
+        tokens = context = decodes = decode_context = prefills = pairs = high = 0
+        low = None
         marks, sampled = out.samples, samples
         for request, n in out.scheduled:
             before = request.num_computed_tokens
@@ -157,10 +158,14 @@ class Scheduler:
             if n == 1 and sample:
                 decodes += 1
                 decode_context += computed
+                if low is None or computed < low:
+                    low = computed
+                if computed > high:
+                    high = computed
             else:
                 prefills += 1
                 pairs += n * before + n * (n + 1) // 2
-        out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs)
+        out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs, low or 0, high)
         self.has_finished = False
 
     def _preempt(self, request: Request) -> None:

@@ -50,9 +50,9 @@ def advance(engine) -> bool:
     k, phases, budget_left, may_admit = limits
     paged, bs = phases is not None, engine.block_size
     cost = engine.cost
-    times = step_times(
-        engine.clock, checked_s(cost, cost.run_s(num_running, engine.num_kv_tokens + num_running, k), num_running), k
-    )
+    computed = [r.num_computed_tokens for r in running]
+    first_batch = decode_batch(num_running, engine.num_kv_tokens + num_running, min(computed) + 1, max(computed) + 1)
+    times = step_times(engine.clock, checked_s(cost, cost.run_s(first_batch, k), num_running), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)  # the first step it is there for
@@ -65,6 +65,12 @@ def advance(engine) -> bool:
                 del times[k + 1 :]
     apply(engine, k, times, phases)
     return True
+
+
+def decode_batch(num_decodes: int, context_tokens: int, min_context_tokens: int, max_context_tokens: int) -> Batch:
+    """The Batch of a decode-only step: num_decodes decodes of context_tokens in all, between min_ and
+    max_context_tokens each."""
+    return Batch(num_decodes, context_tokens, num_decodes, context_tokens, 0, 0, min_context_tokens, max_context_tokens)
 
 
 def head_admitted(engine) -> bool:
@@ -289,12 +295,18 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
         return None
     k = None
     num_kv_tokens = 0
+    low = high = running[0].num_computed_tokens
     for r in running:
         if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens:
             return None  # it did not sample in the batch in flight (a prefill chunk)
         left = r.max_num_tokens - r.num_tokens - 1
         k = left if k is None or left < k else k
-        num_kv_tokens += r.num_computed_tokens
+        computed = r.num_computed_tokens
+        num_kv_tokens += computed
+        if computed < low:
+            low = computed
+        elif computed > high:
+            high = computed
     first_finish = k
     if k == 0:  # a request's last token is in flight: only the last iteration
         bs = engine.block_size
@@ -308,9 +320,8 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     paged, bs = phases is not None, engine.block_size
     # times[i]: the end of batch i (times[0]: the batch in flight); iteration j schedules at the clock times[j - 2].
     cost = engine.cost
-    times = step_times(
-        gpu_free_s, checked_s(cost, cost.run_s(num_running, num_kv_tokens + num_running, k), num_running), k
-    )
+    first_batch = decode_batch(num_running, num_kv_tokens + num_running, low + 1, high + 1)
+    times = step_times(gpu_free_s, checked_s(cost, cost.run_s(first_batch, k), num_running), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 0, k - 1) + 2  # the first iteration it is there for
@@ -376,9 +387,14 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     out = SchedulerOutput()
     left = [r for r, done in zip(running, finishing) if not done]
     bs, paged = engine.block_size, engine.allocation == "paged"
-    context = 0
+    context = high = 0
+    low = None
     for request in left:
         computed = request.num_computed_tokens
+        if low is None or computed < low:
+            low = computed
+        if computed > high:
+            high = computed
         if paged and computed % bs == 0:
             request.block_ids.extend(kv.pool.get_new_blocks(1))
         if request.num_tokens == request.num_prompt_tokens:
@@ -390,7 +406,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
     num_left = len(left)
     out.scheduled = [(r, 1) for r in left]
     out.samples = [True] * num_left
-    out.batch = Batch(num_left, context, num_left, context, 0, 0)
+    out.batch = decode_batch(num_left, context, low + 1, high + 1)
     if engine.recorder is not None:
         engine.recorder.decode_steps(left, 1)
     num_waiting = len(scheduler.waiting)
@@ -425,12 +441,17 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     in_flight, start0, end0, running0, waiting0, _ = queue.popleft()
     held = take_blocks(engine, k, phases)
     split = split_before(engine) if engine.reserving else None
+    low = high = running[0].num_computed_tokens + k
     for request in running:
         if request.num_tokens == request.num_prompt_tokens:
             request.first_token_s = end0  # its prefill's last chunk was in batch 0
-        request.num_computed_tokens += k
+        computed = request.num_computed_tokens = request.num_computed_tokens + k
         request.num_tokens += k
         request.num_in_flight_tokens = 1  # batch k's token
+        if computed < low:
+            low = computed
+        elif computed > high:
+            high = computed
     if kv.enable_caching:
         for request in running:
             kv.cache_blocks(request, request.num_computed_tokens - 1)  # all but the token in flight settled
@@ -479,5 +500,5 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     scheduler.has_finished = False
     out.scheduled = [(r, 1) for r in running]
     out.samples = [True] * num_running
-    out.batch = Batch(num_running, kv_tokens[-1], num_running, kv_tokens[-1], 0, 0)
+    out.batch = decode_batch(num_running, kv_tokens[-1], low, high)  # batch k: context = computed
     queue.append((out, times[k - 1], times[k], num_running, num_waiting_k, True))
