@@ -54,6 +54,7 @@ def _vllm_result(case: dict, model: dict) -> dict:
         "num_gpu_blocks": r["num_gpu_blocks"],
         "gpu_kv_cache_tokens": r["gpu_kv_cache_tokens"],
         "max_concurrency": r["max_concurrency"],
+        "weights_bytes_per_stage": [round(compare_capacity.weights_bytes_per_gpu(model["spec"], 2))] * pp,
     }
 
 
@@ -61,14 +62,20 @@ def test_the_comparison_reports_a_difference_with_its_reason():
     model = next(m for m in MODELS if m["name"] == "fixture:gemma-2-9b-it")
     cases = [c for c in GRID if c["model"] == model["name"] and c["id"].endswith('mem="20GiB"')][:3]
     out = {"cases": [_vllm_result(c, model) for c in cases]}
-    summary, differences = compare_capacity.compare([model], cases, out)
+    summary, differences, _ = compare_capacity.compare([model], cases, out)
     assert (summary[0]["cases"], summary[0]["identical"], differences) == (3, 3, [])
     wrong = copy.deepcopy(out)
     wrong["cases"][1]["gpu_kv_cache_tokens"] += 1
-    summary, differences = compare_capacity.compare([model], cases, wrong)
+    summary, differences, _ = compare_capacity.compare([model], cases, wrong)
     assert (summary[0]["identical"], summary[0]["gpu_kv_cache_tokens_differs"]) == (2, 1)
     assert [(d["case"], d["figure"]) for d in differences] == [(cases[1]["id"], "gpu_kv_cache_tokens")]
     assert differences[0]["reason"] == "not explained: a kvlab bug to fix"
+    # the weights one GPU holds, where kvlab counts every parameter (a fixture) at TP 1
+    assert summary[0]["weights_compared"] == 3
+    heavier = copy.deepcopy(out)
+    heavier["cases"][0]["weights_bytes_per_stage"][0] += 2
+    summary, differences, _ = compare_capacity.compare([model], cases, heavier)
+    assert [(d["case"], d["figure"]) for d in differences] == [(cases[0]["id"], "weights_bytes_per_gpu")]
 
 
 def test_parity_table_sums_by_family(tmp_path):

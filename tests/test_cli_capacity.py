@@ -348,3 +348,41 @@ def test_a_config_json_gets_its_counted_weights_or_says_it_cannot_count_them(cap
     assert code == 0 and "14.96 GiB weights (8.03026B parameters)" in out
     code, out, _ = run(capsys, "--config", str(CONFIGS / "gemma-3-27b-it.json"), "--gpu", "H100-SXM-80GB")
     assert code == 0 and "16.00 GiB weights (the article's default: kvlab cannot count this config.json's" in out
+
+
+def test_data_parallel_ranks_split_a_mixture_of_experts_routed_experts(capsys):
+    flags = ["--model", "Qwen3-30B-A3B-Instruct-2507", "--gpu", "RTX-PRO-6000-Server-96GB", "--max-model-len", "32768"]
+    one = json.loads(run(capsys, *flags, "--json")[1])
+    for extra in ([], ["--enable-expert-parallel"]):
+        code, out, _ = run(capsys, *flags, "--data-parallel-size", "2", *extra, "--json")
+        rank = json.loads(out)
+        # 48 layers x 128 experts x 3 x 2,048 x 768 = 28,991,029,248 routed parameters, half of them on each GPU
+        assert rank["weights_gib"] == pytest.approx((30.5e9 - 28_991_029_248 / 2) * 2 / 2**30, rel=1e-12)
+        assert rank["weights_gib"] == pytest.approx(one["weights_gib"] - 28_991_029_248 / 2**30, rel=1e-12)
+        assert rank["data_parallel_size"] == 2 and rank["enable_expert_parallel"] == bool(extra)
+        assert rank["num_gpu_blocks"] > 1.9 * one["num_gpu_blocks"]  # the freed weights hold KV blocks
+    code, out, _ = run(capsys, *flags, "--data-parallel-size", "2", "--enable-expert-parallel")
+    assert "DP 2 + EP" in out and "28.99B of them routed experts split over 2 GPUs" in out
+    assert (
+        f"2 data-parallel ranks on 2 GPUs, each as above (its own pool and scheduler): {2 * rank['num_gpu_blocks']:,}"
+        in out
+    )
+    # a dense model keeps its weights whole on every rank
+    dense = ["--model", "Llama-3.1-8B", "--gpu", "H100-SXM-80GB", "--max-model-len", "8192", "--json"]
+    assert (
+        json.loads(run(capsys, *dense)[1])["weights_gib"]
+        == json.loads(run(capsys, *dense, "--data-parallel-size", "4")[1])["weights_gib"]
+    )
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--model", "Llama-3.1-8B", "--data-parallel-size", "2", "--enable-expert-parallel"], "Llama-3.1-8B has none"),
+        (["--model", "Qwen3-30B-A3B", "--enable-expert-parallel"], "there is one"),
+        (["--model", "Qwen3-30B-A3B", "--data-parallel-size", "0"], "--data-parallel-size=0 is not allowed"),
+    ],
+)
+def test_expert_parallelism_where_vllm_would_ignore_it_is_refused(capsys, argv, message):
+    code, out, err = run(capsys, *argv, "--gpu", "H100-SXM-80GB")
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1

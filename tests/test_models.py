@@ -38,6 +38,7 @@ SHAPE = [
     "sliding_window_pattern",
     "max_position_embeddings",
     "hidden_size",
+    "expert_params_b",
 ]
 
 

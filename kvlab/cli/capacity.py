@@ -32,6 +32,8 @@ CAPACITY_FLAGS = {
     "kv_cache_dtype": "--kv-cache-dtype",
     "tensor_parallel_size": "--tensor-parallel-size",
     "pipeline_parallel_size": "--pipeline-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "enable_expert_parallel": "--enable-expert-parallel",
     "block_size": "--block-size",
     "max_model_len": "--max-model-len",
     "max_num_batched_tokens": "--max-num-batched-tokens",
@@ -58,6 +60,8 @@ VLLM_FLAGS = [
     "kv_cache_dtype",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "data_parallel_size",
+    "enable_expert_parallel",
     "block_size",
     "max_model_len",
     "max_num_batched_tokens",
@@ -139,6 +143,19 @@ def add(commands) -> None:
         type=int,
         help="GPUs splitting the layers (default 1): vLLM groups the whole model's layers once, each stage's "
         "block holds its largest share of a group, and the stage with the fewest blocks binds",
+    )
+    cache.add_argument(
+        "--data-parallel-size",
+        type=int,
+        help="engine cores (ranks, default 1), each of TP x PP GPUs with its own KV cache: the figures are one "
+        "rank's, as each rank logs them; a mixture-of-experts model's routed experts are split over all DP x TP "
+        "GPUs, so each holds fewer weights",
+    )
+    cache.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="hold whole experts on each of the DP x TP GPUs instead of a slice of every expert (the same bytes "
+        "per GPU; mixture-of-experts models only)",
     )
     cache.add_argument("--block-size", type=int, help="tokens per KV block (default 16)")
     cache.add_argument(
@@ -318,6 +335,8 @@ def capacity_config(args) -> EngineConfig:
         "kv_cache_dtype": args.kv_cache_dtype,
         "tensor_parallel_size": args.tensor_parallel_size,
         "pipeline_parallel_size": args.pipeline_parallel_size,
+        "data_parallel_size": args.data_parallel_size,
+        "enable_expert_parallel": args.enable_expert_parallel or None,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "async_scheduling": args.async_scheduling,
         "attention_backend": args.attention_backend,
@@ -358,6 +377,7 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
     config = capacity_config(args)
     model = _capacity_model(args, config.parallel.tensor_parallel_size)
+    cap.check_expert_parallel(model, config)
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
     else:
@@ -407,6 +427,8 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
         "kv_cache_dtype": config.cache.kv_cache_dtype,
         "tensor_parallel_size": config.parallel.tensor_parallel_size,
         "pipeline_parallel_size": config.parallel.pipeline_parallel_size,
+        "data_parallel_size": config.parallel.data_parallel_size,
+        "enable_expert_parallel": config.parallel.enable_expert_parallel,
         "block_size": config.cache.block_size,
         **budget,
         **result,
@@ -419,9 +441,12 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
         f"model                {model.name} ({model.attention}, {model.num_layers} layers, "
         f"{cap.kv_heads_per_gpu(model, config.parallel.tensor_parallel_size)} KV heads x {model.head_dim} per GPU)"
     )
+    parallel = config.parallel
     print(
         f"cache                {config.cache.kv_cache_dtype}, block size {config.cache.block_size}, "
-        f"TP {config.parallel.tensor_parallel_size}, PP {config.parallel.pipeline_parallel_size}"
+        f"TP {parallel.tensor_parallel_size}, PP {parallel.pipeline_parallel_size}"
+        + (f", DP {parallel.data_parallel_size}" if parallel.data_parallel_size > 1 else "")
+        + (" + EP" if parallel.enable_expert_parallel else "")
     )
     print(
         f"KV bytes per token   {result['kv_bytes_per_token']:,} B per GPU "
@@ -430,8 +455,17 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     if budget:
         weights_note = ""
         if args.weights_gib is None:
+            experts = parallel.data_parallel_size * parallel.tensor_parallel_size * parallel.pipeline_parallel_size
             weights_note = (
-                f" ({model.num_params_b:g}B parameters)"
+                (
+                    f" ({model.num_params_b:g}B parameters"
+                    + (
+                        f", {model.expert_params_b:.2f}B of them routed experts split over {experts} GPUs"
+                        if model.expert_params_b and parallel.data_parallel_size > 1
+                        else ""
+                    )
+                    + ")"
+                )
                 if model.num_params_b > 0
                 else " (the article's default: kvlab cannot count this config.json's parameters; give --weights-gib)"
                 if args.config
@@ -448,6 +482,12 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
         f"# GPU blocks: {result['num_gpu_blocks']:,} ({result['blocks_per_request']:,} per request of "
         f"{max_model_len:,} tokens: {result['max_concurrency']:.2f}x)"
     )
+    if parallel.data_parallel_size > 1:
+        ranks = parallel.data_parallel_size
+        print(
+            f"# {ranks} data-parallel ranks on {parallel.world_size} GPUs, each as above (its own pool and "
+            f"scheduler): {ranks * result['num_gpu_blocks']:,} blocks, {ranks * result['max_concurrency']:.2f}x in all"
+        )
     if not result["starts"]:
         fix = f"use {_layout_flags(layout)}, " if layout else ""
         print(

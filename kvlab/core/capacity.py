@@ -198,17 +198,38 @@ class MemoryBudget:
 
 
 def estimated_weights_gib(model, weight_dtype: str = "bf16", config: EngineConfig = EngineConfig()) -> float:
-    """Weights one GPU holds: parameters x bytes per parameter of weight_dtype / (TP x PP) (GiB)."""
+    """Weights one GPU holds: parameters x bytes per parameter of weight_dtype / (TP x PP), the routed experts
+    / (DP x TP x PP) (GiB; kvlab.core.models.weights_bytes_per_gpu)."""
     validate.one_of("weight_dtype", weight_dtype, WEIGHT_DTYPE_BYTES)
-    return (
-        weights_bytes_per_gpu(
-            model,
-            WEIGHT_DTYPE_BYTES[weight_dtype],
-            config.parallel.tensor_parallel_size,
-            config.parallel.pipeline_parallel_size,
+    return weights_bytes_per_gpu(model, WEIGHT_DTYPE_BYTES[weight_dtype], *_split(config)) / GIB
+
+
+def check_expert_parallel(model, config: EngineConfig) -> None:
+    """Refuse enable_expert_parallel for a model without routed experts (vLLM refuses it too) and on one GPU (where
+    vLLM runs no expert parallelism)."""
+    parallel = config.parallel
+    if not parallel.enable_expert_parallel:
+        return
+    if model.expert_params_b <= 0:
+        validate.fail(
+            "enable_expert_parallel",
+            True,
+            f"only a mixture-of-experts model's experts are split, and {model.name} has none (vLLM refuses it: "
+            "'Number of experts in the model must be greater than 0'): drop --enable-expert-parallel",
         )
-        / GIB
-    )
+    if parallel.data_parallel_size * parallel.tensor_parallel_size == 1:
+        validate.fail(
+            "enable_expert_parallel",
+            True,
+            "the experts are split over DP x TP GPUs, and there is one (vLLM runs no expert parallelism then): set "
+            "--data-parallel-size or --tensor-parallel-size above 1, or drop it",
+        )
+
+
+def _split(config: EngineConfig) -> tuple[int, int, int]:
+    """(TP, PP, DP) of config: how weights_bytes_per_gpu splits a model."""
+    p = config.parallel
+    return p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size
 
 
 def format_gib(num_bytes: float) -> str:
@@ -374,12 +395,7 @@ def plan_capacity(
 ) -> dict | None:
     """vllm_capacity on one GPU model (config.cache.gpu_memory_utilization of gpu_memory_gib), weights
     estimated from the parameter count; None when no block fits."""
-    weights_gib = (
-        weights_bytes_per_gpu(
-            model, weight_bytes_per_param, config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
-        )
-        / GIB
-    )
+    weights_gib = weights_bytes_per_gpu(model, weight_bytes_per_param, *_split(config)) / GIB
     available = available_kv_cache_bytes(
         gpu_memory_gib, weights_gib, config.cache.gpu_memory_utilization, activation_peak_gib, non_torch_gib
     )

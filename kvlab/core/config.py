@@ -61,14 +61,26 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """GPUs per model replica: tensor parallelism splits each layer, pipeline parallelism splits the layers."""
+    """GPUs per model replica: tensor parallelism splits each layer, pipeline parallelism splits the layers; data
+    parallelism runs data_parallel_size engine cores (ranks, each with its own scheduler and KV cache, attention
+    replicated) over whose GPUs vLLM splits a mixture-of-experts model's experts, as slices of every expert, or
+    whole experts with enable_expert_parallel (vLLM's --data-parallel-size, --enable-expert-parallel)."""
 
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
 
     def __post_init__(self):
         validate.positive_int("tensor_parallel_size", self.tensor_parallel_size)
         validate.positive_int("pipeline_parallel_size", self.pipeline_parallel_size)
+        validate.positive_int("data_parallel_size", self.data_parallel_size)
+        validate.one_of("enable_expert_parallel", self.enable_expert_parallel, [True, False])
+
+    @property
+    def world_size(self) -> int:
+        """GPUs in all: DP x TP x PP."""
+        return self.data_parallel_size * self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass(frozen=True)

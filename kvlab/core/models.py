@@ -53,6 +53,9 @@ class ModelSpec:
     # size), with the attention's shape and hidden_size what an operator profile's layers are measured at
     # (layer_shape); () where unknown.
     layer_sizes: tuple[int, ...] = ()
+    # The routed experts' parameters (billions; 0 for a dense model): what vLLM splits over every GPU of the data-
+    # and tensor-parallel group (routed_expert_params).
+    expert_params_b: float = 0.0
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -65,6 +68,11 @@ class ModelSpec:
         validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
         validate.non_negative_int("hidden_size", self.hidden_size)
         validate.non_negative_number("num_params_b", self.num_params_b)
+        validate.non_negative_number("expert_params_b", self.expert_params_b)
+        if self.num_params_b and self.expert_params_b > self.num_params_b:
+            validate.fail(
+                "expert_params_b", self.expert_params_b, f"must be at most num_params_b ({self.num_params_b})"
+            )
         heads, kv = self.num_attention_heads, self.num_kv_heads
         if self.attention == "mha" and kv != heads:
             validate.fail("num_kv_heads", kv, f"must equal num_attention_heads ({heads}) for mha")
@@ -184,6 +192,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         name=row["name"],
         attention=row["attention"],
         num_params_b=float(row["num_params_b"]),
+        expert_params_b=float(row.get("expert_params_b") or 0.0),
         **{k: int(row[k]) for k in ints},
     )
 
@@ -267,6 +276,29 @@ GATED_FAMILIES = {
     "gemma3_text": True,
 }
 COUNTED_FAMILIES = (*GATED_FAMILIES, "gpt_neox", "opt", "deepseek_v2", "deepseek_v3")
+
+
+def routed_expert_params(config: dict) -> int:
+    """The routed experts' parameters of a config.json (0 for a dense model or a family count_params does not
+    count): MoE layers x experts x 3 x hidden_size x an expert's MLP size (gate, up and down projections). vLLM's
+    FusedMoE holds exactly these, split over data x tensor parallel GPUs (FusedMoEParallelConfig.make in
+    vllm/model_executor/layers/fused_moe/config.py: experts sharded across DP x TP, or whole experts with
+    expert parallelism); the router, shared experts and attention are split over TP alone."""
+    family = str(config.get("model_type", ""))
+    try:
+        h, n = int(config["hidden_size"]), int(config["num_hidden_layers"])
+        if family.startswith("deepseek"):
+            experts, expert, dense = (
+                int(config[k]) for k in ("n_routed_experts", "moe_intermediate_size", "first_k_dense_replace")
+            )
+            return (n - dense) * experts * 3 * h * expert
+        if family == "qwen3_moe":
+            return n * int(config["num_experts"]) * 3 * h * int(config["moe_intermediate_size"])
+        if family == "mixtral":
+            return n * int(config["num_local_experts"]) * 3 * h * int(config["intermediate_size"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+    return 0
 
 
 def count_params(config: dict) -> tuple[int, str]:
@@ -391,6 +423,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "num_params_b": num_params_b,
         "layer_types": layer_types,
         "hidden_size": _whole(config, "hidden_size", source, default=0),
+        "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
@@ -457,15 +490,25 @@ def stage_layers(num_layers: int, pipeline_parallel_size: int) -> list[range]:
 
 
 def weights_bytes_per_gpu(
-    model: ModelSpec, weight_bytes_per_param: float, tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1
+    model: ModelSpec,
+    weight_bytes_per_param: float,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ) -> float:
-    """Weights one GPU holds: parameters x bytes per parameter / (TP x PP) (bytes; embeddings split alike)."""
+    """Weights one GPU holds (bytes): parameters x bytes per parameter / (TP x PP), embeddings split alike, except
+    the routed experts (model.expert_params_b), which vLLM splits over the data-parallel GPUs too: / (DP x TP x PP),
+    with expert parallelism or without (routed_expert_params)."""
     if model.num_params_b <= 0:
         validate.fail(
             "num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead"
         )
     validate.positive_number("weight_bytes_per_param", weight_bytes_per_param)
-    return model.num_params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
+    validate.positive_int("data_parallel_size", data_parallel_size)
+    params_b = model.num_params_b
+    if data_parallel_size > 1:
+        params_b -= model.expert_params_b * (1 - 1 / data_parallel_size)
+    return params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
 
 
 __all__ = [
@@ -474,6 +517,7 @@ __all__ = [
     "layer_shape",
     "COUNTED_FAMILIES",
     "count_params",
+    "routed_expert_params",
     "load_config",
     "ATTENTIONS",
     "load_models",

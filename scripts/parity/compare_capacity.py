@@ -9,14 +9,18 @@
    bf16 and fp8 KV caches, max_model_len on and off the 16-token block grid, max_num_batched_tokens below
    and above max_model_len, async scheduling on (vLLM's default) and off, tensor parallel sizes 1-8,
    pipeline parallel sizes 1-4 (one budget for every stage, or one per stage), block sizes 16, 32, 48
-   and 64, the hybrid KV-cache manager off, the CPU_ATTN and FLASHINFER attention backends, and int8/int4
-   caches (vLLM's int8_per_token_head, nvfp4).
+   and 64, the hybrid KV-cache manager off, the CPU_ATTN and FLASHINFER attention backends, int8/int4
+   caches (vLLM's int8_per_token_head, nvfp4), and, for mixture-of-experts models, 2 and 4 data-parallel
+   ranks with expert parallelism and without (each rank's KV cache sized alone).
 2. Runs scripts/parity/vllm_capacity.py on it with --vllm-python (vLLM's layer classes build each
    layer's spec on the CPU; its sizing functions run in EngineCore's order).
 3. Runs kvlab.core.capacity.vllm_capacity on the same cases: the same model, settings and bytes (for the
    one-request boundary, the bytes vLLM computed), and compares num_gpu_blocks, the "GPU KV cache size"
    token figure, the maximum concurrency (as floats, exactly), whether vLLM starts, and, where it
-   refuses, the figures of its refusal (GiB needed, GiB available, estimated maximum model length).
+   refuses, the figures of its refusal (GiB needed, GiB available, estimated maximum model length); and
+   the weights one GPU holds: vLLM's model class built on the meta device at the case's TP, DP and expert
+   parallelism, its parameters' bytes, against kvlab's estimate, where kvlab counts the model's every
+   parameter (fixture and synthetic configs) at TP 1; at TP > 1 kvlab's error is reported, not compared.
 4. Writes data/parity/capacity_summary.csv (one row per model), capacity_differences.csv (every case
    and figure that differs, with the reason) and capacity_run.json (versions, counts, seconds).
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import itertools
 import json
 import re
 import subprocess
@@ -42,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvlab.core.capacity import vllm_capacity  # noqa: E402
 from kvlab.core.config import EngineConfig  # noqa: E402
-from kvlab.core.models import from_config, get_model, load_models  # noqa: E402
+from kvlab.core.models import from_config, get_model, load_models, weights_bytes_per_gpu  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "data" / "configs"
 VLLM_SCRIPT = ROOT / "scripts" / "parity" / "vllm_capacity.py"
@@ -321,6 +326,10 @@ def cases_for(model: dict, full: bool) -> list[dict]:
                         max_model_len=length,
                         attention_backend="CPU_ATTN",
                     )
+    if spec.expert_params_b:  # data-parallel ranks, with expert parallelism or without
+        for dp, tp, ep, memory in itertools.product((2, 4), [1, *tps[:1]], (False, True), (20 * GIB, *BOUNDARY)):
+            settings = {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_expert_parallel": ep}
+            add(f"tp{tp}pp1dp{dp}{'ep' if ep else ''}|auto|len={lens[0]}", memory, max_model_len=lens[0], **settings)
     for block in (32, 64):
         for length in lens[:2]:
             for memory in (20 * GIB, *BOUNDARY):
@@ -374,6 +383,8 @@ def kvlab_config(case: dict, config_json: dict) -> EngineConfig:
         "block_size": case["block_size"],
         "tensor_parallel_size": case.get("tensor_parallel_size", 1),
         "pipeline_parallel_size": case.get("pipeline_parallel_size", 1),
+        "data_parallel_size": case.get("data_parallel_size", 1),
+        "enable_expert_parallel": case.get("enable_expert_parallel", False),
         "max_num_batched_tokens": case["max_num_batched_tokens"],
         "hybrid_kv_cache": case.get("hybrid_kv_cache_manager", True),
         "attention_backend": case.get("attention_backend"),
@@ -400,7 +411,8 @@ def refusal_figures(message: str | None, pattern: re.Pattern, estimate) -> str:
     return f"needs {match.group(1)} GiB, has {match.group(2)} GiB, fits {estimate or 0} tokens"
 
 
-FIGURES = ("starts", "num_gpu_blocks", "gpu_kv_cache_tokens", "max_concurrency", "refusal")
+FIGURES = ("starts", "num_gpu_blocks", "gpu_kv_cache_tokens", "max_concurrency", "refusal", "weights_bytes_per_gpu")
+WEIGHT_BYTES = 2  # every model of the grid runs in bf16 or fp16 (vLLM runs a float32 checkpoint in bfloat16)
 
 
 def vllm_figures(result: dict) -> dict:
@@ -443,7 +455,7 @@ def compare(all_models: list[dict], cases: list[dict], vllm_out: dict) -> tuple[
     by_name = {m["name"]: m for m in all_models}
     results = {r["id"]: r for r in vllm_out["cases"]}
     tally: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
-    differences = []
+    differences, tp_weight_errors = [], []
     for case in cases:
         model, vllm = by_name[case["model"]], results[case["id"]]
         count = tally[model["name"]]
@@ -458,6 +470,12 @@ def compare(all_models: list[dict], cases: list[dict], vllm_out: dict) -> tuple[
                 ours = kvlab_figures(model["spec"], case, model["config"], vllm["available_kv_bytes_per_stage"])
             except ValueError as error:  # kvlab refuses settings vLLM takes
                 ours, why = {"starts": "-"}, f"kvlab refuses the case: {error}"
+            weights = weights_figures(model, case, vllm)
+            if weights is not None and case.get("tensor_parallel_size", 1) == 1:
+                theirs["weights_bytes_per_gpu"], ours["weights_bytes_per_gpu"] = weights
+                count["weights compared"] += 1
+            elif weights is not None:  # kvlab's estimate divides every parameter by TP: its error, reported
+                tp_weight_errors.append((weights[1] / weights[0] - 1, case["id"]))
         differ = [f for f in FIGURES if theirs.get(f) != ours.get(f)]
         count["refused by vLLM"] += vllm["starts"] is False
         count["identical"] += not differ
@@ -487,11 +505,27 @@ def compare(all_models: list[dict], cases: list[dict], vllm_out: dict) -> tuple[
                 "identical": count["identical"],
                 "refused_by_vllm": count["refused by vLLM"],
                 **{f"{f}_differs": count[f"{f} differs"] for f in FIGURES},
+                "weights_compared": count["weights compared"],
                 "specs_from_layer_classes": count["specs from layer classes"],
                 "specs_from_spec_classes": count["specs from spec classes"],
             }
         )
-    return summary, differences
+    return summary, differences, tp_weight_errors
+
+
+def weights_figures(model: dict, case: dict, vllm: dict) -> tuple[int, int] | None:
+    """(vLLM's, kvlab's) weight bytes on one GPU: vLLM's model class built on the meta device at the case's TP, DP
+    and expert parallelism, its parameters' bytes; kvlab's weights_bytes_per_gpu. Only for a model whose every
+    parameter kvlab counts from its config.json (a fixture or synthetic one: a catalog row's count is rounded) on
+    one pipeline stage; None otherwise."""
+    weights = (vllm.get("weights_bytes_per_stage") or [None])[0]
+    spec = model["spec"]
+    if weights is None or model["name"].startswith("catalog:") or not spec.num_params_b:
+        return None
+    if case.get("pipeline_parallel_size", 1) != 1:
+        return None
+    tp, dp = case.get("tensor_parallel_size", 1), case.get("data_parallel_size", 1)
+    return weights, round(weights_bytes_per_gpu(spec, WEIGHT_BYTES, tp, 1, dp))
 
 
 # ---------------------------------------------------------------- run
@@ -531,7 +565,7 @@ def main(argv=None) -> int:
         print(f"compare_capacity: {len(cases):,} cases through vLLM's sizing code ({opts.vllm_python})", flush=True)
         vllm_seconds = run_vllm(opts.vllm_python, grid_in, grid_out)
     vllm_out = json.loads(grid_out.read_text())
-    summary, differences = compare(all_models, cases, vllm_out)
+    summary, differences, tp_weight_errors = compare(all_models, cases, vllm_out)
     opts.out.mkdir(parents=True, exist_ok=True)
     write_csv(opts.out / "capacity_summary.csv", summary, list(summary[0]))
     write_csv(opts.out / "capacity_differences.csv", differences, ["case", "figure", "vllm", "kvlab", "reason"])
@@ -544,6 +578,14 @@ def main(argv=None) -> int:
         "models": len(summary),
         "differences": len(differences),
         "figures": list(FIGURES),
+        "weights_compared": sum(row["weights_compared"] for row in summary),
+        "weights_at_tp_above_1": {
+            "cases": len(tp_weight_errors),
+            "kvlab_error_range": [round(min(tp_weight_errors)[0], 4), round(max(tp_weight_errors)[0], 4)]
+            if tp_weight_errors
+            else None,
+            "largest_at": max(tp_weight_errors, key=lambda e: abs(e[0]))[1] if tp_weight_errors else None,
+        },
         "attention_backends": vllm_out["attention_backends"],
         "vllm_seconds": None if vllm_seconds is None else round(vllm_seconds, 1),
         "total_seconds": round(time.perf_counter() - started, 1),
@@ -554,6 +596,15 @@ def main(argv=None) -> int:
         f"over {len(summary)} models; {len(differences)} differing figures in "
         f"{opts.out / 'capacity_differences.csv'}; {run['total_seconds']} s"
     )
+    above = run["weights_at_tp_above_1"]
+    if above["cases"]:
+        low, high = above["kvlab_error_range"]
+        print(
+            f"compare_capacity: weights per GPU compared on {run['weights_compared']:,} cases at TP 1 (any DP and "
+            f"expert parallelism); at TP > 1 kvlab divides every parameter by TP where vLLM keeps some whole (norms, "
+            f"the router, MLA's down-projections): {low:+.2%} to {high:+.2%} on {above['cases']:,} cases, reported, "
+            "not compared"
+        )
     return 0 if identical == len(cases) else 1
 
 

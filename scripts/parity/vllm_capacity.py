@@ -23,6 +23,9 @@ path) and the settings vLLM's KV-cache sizing reads:
     kv_cache_dtype          "auto" (the model's dtype), "bfloat16", "fp8", ... (vLLM's names)
     tensor_parallel_size    1
     pipeline_parallel_size  1
+    data_parallel_size      1 (each rank sizes its own KV cache; a mixture-of-experts model's experts are
+                            split over DP x TP GPUs)
+    enable_expert_parallel  false
     max_num_batched_tokens  8192 (`vllm serve` on an H100/H200)
     async_scheduling        null: vLLM decides as on a GPU (on, except the V1 runner with PP > 1);
                             true or false as --async-scheduling / --no-async-scheduling
@@ -145,6 +148,8 @@ DEFAULTS = {
     "kv_cache_dtype": "auto",
     "tensor_parallel_size": 1,
     "pipeline_parallel_size": 1,
+    "data_parallel_size": 1,
+    "enable_expert_parallel": False,
     "max_model_len": None,
     "max_num_batched_tokens": 8192,
     "async_scheduling": None,
@@ -268,6 +273,8 @@ def build_vllm_config(case: dict, settings: dict):
         kv_cache_dtype=settings["kv_cache_dtype"],
         tensor_parallel_size=settings["tensor_parallel_size"],
         pipeline_parallel_size=settings["pipeline_parallel_size"],
+        data_parallel_size=settings["data_parallel_size"],
+        enable_expert_parallel=settings["enable_expert_parallel"],
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         async_scheduling=settings["async_scheduling"],
         disable_hybrid_kv_cache_manager=None if settings["hybrid_kv_cache_manager"] else True,
@@ -342,20 +349,23 @@ def _init_distributed():
 
 
 @contextlib.contextmanager
-def _as_rank(tp_size: int, pp_size: int, pp_rank: int):
-    """Make vLLM's tensor and pipeline groups report the case's sizes (rank 0 of the stage's TP).
+def _as_rank(tp_size: int, pp_size: int, pp_rank: int, dp_size: int = 1):
+    """Make vLLM's tensor, pipeline and data-parallel groups report the case's sizes (rank 0 of the
+    stage's TP, data-parallel rank 0).
 
-    Building a model only reads the group sizes and ranks (heads per GPU, layers of the stage);
-    nothing is communicated, so one process can build any rank's layers on the meta device.
+    Building a model only reads the group sizes and ranks (heads per GPU, layers of the stage, an
+    MoE layer's experts per GPU); nothing is communicated, so one process can build any rank's
+    layers on the meta device.
     """
-    tp, pp = parallel_state.get_tp_group(), parallel_state.get_pp_group()
-    saved = (tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group)
+    tp, pp, dp = parallel_state.get_tp_group(), parallel_state.get_pp_group(), parallel_state.get_dp_group()
+    saved = (tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group, dp.world_size, dp.rank_in_group)
     tp.world_size, tp.rank_in_group = tp_size, 0
     pp.world_size, pp.rank_in_group = pp_size, pp_rank
+    dp.world_size, dp.rank_in_group = dp_size, 0
     try:
         yield
     finally:
-        tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group = saved
+        tp.world_size, tp.rank_in_group, pp.world_size, pp.rank_in_group, dp.world_size, dp.rank_in_group = saved
 
 
 def _construction_backend_path(backend) -> str:
@@ -402,8 +412,9 @@ def _gpu_backend_selected(backend):
         selector._cached_get_attn_backend.cache_clear()
 
 
-def specs_from_model(config, backend, pp_rank: int) -> dict:
-    """One stage's specs from vLLM's model class: each attention layer's get_kv_cache_spec.
+def specs_from_model(config, backend, pp_rank: int) -> tuple[dict, int]:
+    """One stage's specs from vLLM's model class: each attention layer's get_kv_cache_spec, and the
+    bytes of the parameters one GPU of the stage holds (rank 0 of its TP and DP groups).
 
     The model is instantiated on the meta device (no memory, no weights), its attention layers
     given the GPU's backend class (on the CPU they would get CPU_ATTN), and the worker's own
@@ -413,16 +424,17 @@ def specs_from_model(config, backend, pp_rank: int) -> dict:
     _init_distributed()
     parallel = config.parallel_config
     config.compilation_config.static_forward_context.clear()
-    with _as_rank(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, pp_rank):
+    with _as_rank(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, pp_rank, parallel.data_parallel_size):
         with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
-            initialize_model(config)
+            model = initialize_model(config)
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
         for layer in config.compilation_config.static_forward_context.values():
             if issubclass(getattr(layer, "attn_backend", object), backend):
                 layer.attn_backend = backend  # the real class, not the no-kernels stand-in
         with set_current_vllm_config(config):
             specs = worker_kv_cache_spec(config)
     config.compilation_config.static_forward_context.clear()
-    return specs
+    return specs, weights
 
 
 def _layer_windows(model_config, start: int, end: int) -> dict[int, int | None]:
@@ -501,28 +513,32 @@ def specs_constructed(config, backend, pp_rank: int) -> dict:
 _SPEC_CACHE: dict[tuple, tuple] = {}
 
 
-def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict], str, list[str], bool | None]:
-    """Per-stage layer specs ([stage 0, stage 1, ...]), the path used, notes on a fallback, and
-    whether the constructed specs equal the model class's (None where only one path ran)."""
+def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict], str, list[str], bool | None, list]:
+    """Per-stage layer specs ([stage 0, stage 1, ...]), the path used, notes on a fallback,
+    whether the constructed specs equal the model class's (None where only one path ran), and the
+    parameter bytes one GPU of each stage holds (None on the constructed path)."""
     key = (
         _model_dir(case),
         settings["tensor_parallel_size"],
         settings["pipeline_parallel_size"],
+        settings["data_parallel_size"],
+        settings["enable_expert_parallel"],
         config.cache_config.cache_dtype,
         settings["block_size"],
         backend.get_name(),
         settings["spec_source"],
     )
     if key in _SPEC_CACHE:
-        stages, path, notes, agree = _SPEC_CACHE[key]
-        return [dict(s) for s in stages], path, list(notes), agree
+        stages, path, notes, agree, weights = _SPEC_CACHE[key]
+        return [dict(s) for s in stages], path, list(notes), agree, list(weights)
     pp = settings["pipeline_parallel_size"]
     notes: list[str] = []
     stages = None
+    weights = [None] * pp
     path = "constructed"
     if settings["spec_source"] in ("auto", "model"):
         try:
-            stages = [specs_from_model(config, backend, r) for r in range(pp)]
+            stages, weights = (list(x) for x in zip(*(specs_from_model(config, backend, r) for r in range(pp))))
             path = "model"
         except Exception as error:  # noqa: BLE001 - recorded, then the constructed path
             if settings["spec_source"] == "model":
@@ -539,8 +555,8 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
         # multimodal wrappers prefix theirs, e.g. language_model.model.layers.0.self_attn.attn)
         constructed = [specs_constructed(config, backend, r) for r in range(pp)]
         agree = [list(c.values()) for c in constructed] == [list(s.values()) for s in stages]
-    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes), agree)
-    return stages, path, notes, agree
+    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes), agree, list(weights))
+    return stages, path, notes, agree, weights
 
 
 # ---------------------------------------------------------------- sizing, in EngineCore's order
@@ -614,8 +630,9 @@ def size_case(case: dict, capture: _Capture = CAPTURE) -> dict:
             }
 
             step = "specs"
-            stages, path, notes, agree = stage_specs(case, config, settings, backend)
+            stages, path, notes, agree, weights = stage_specs(case, config, settings, backend)
             result["spec_path"] = path
+            result["weights_bytes_per_stage"] = weights
             result["constructed_specs_agree"] = agree
             if notes:
                 result["spec_notes"] = notes
