@@ -44,6 +44,8 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
 	@bash scripts/install_chromium.sh
+	@echo "make setup: numba compiles kvlab's engine loops once for this machine (about 30 s)"
+	@$(BIN)/python -c 'from kvlab.core.engine.fast import compiled; print("\n".join("make setup: compiled the " + d for d in compiled.warm()))'
 	@touch $@
 
 # The cache folders must exist before Jupyter or IPython look at them.
@@ -91,6 +93,7 @@ parity: $(STAMP) $(VENV_VLLM)/.installed
 	$(BIN)/python scripts/parity/compare_capacity.py --vllm-python $(VENV_VLLM)/bin/python
 	$(BIN)/python scripts/parity/compare_scheduler.py --vllm-python $(VENV_VLLM)/bin/python
 	$(BIN)/python scripts/parity/compare_serve_flags.py --vllm-python $(VENV_VLLM)/bin/python
+	$(BIN)/python scripts/parity/compare_dp_rank.py --vllm-python $(VENV_VLLM)/bin/python
 
 traces: $(STAMP)
 	$(BIN)/kvlab traces download --dest data/traces

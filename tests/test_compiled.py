@@ -201,3 +201,20 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     with pytest.raises(ValueError, match=r"^path='compiled' is not allowed: applies only to the v1 scheduler") as err:
         Engine(small, sync, num_gpu_blocks=100, path="compiled", recorder=Recorder(scheduled=True))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_run_that_must_compile_first_says_so_and_a_cached_one_says_nothing(monkeypatch, caplog, async_scheduling):
+    w = Workload(np.zeros(3), np.array([30, 5, 12]), np.array([4, 7, 2]))
+    config = EngineConfig().replace(async_scheduling=async_scheduling, max_model_len=64)
+    compiled.warm()  # make setup's step: both loops compiled (or loaded from numba's cache) now
+    with caplog.at_level("INFO", logger="kvlab"):
+        assert compiled.warm() == []  # nothing left to compile
+        Engine(w, config, num_gpu_blocks=64, path="compiled").run()
+        assert not caplog.records
+        monkeypatch.setattr(compiled, "cached", lambda loop: False)
+        Engine(w, config, num_gpu_blocks=64, path="compiled").run()
+    mode = "asynchronous" if async_scheduling else "synchronous"
+    said = [r.getMessage() for r in caplog.records]
+    assert said[0].startswith(f"numba compiles the engine's {mode} loop, once for this machine")
+    assert said[1].startswith("compiled, with the first steps run, in ") and len(said) == 2

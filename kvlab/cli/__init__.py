@@ -9,6 +9,7 @@ so `kvlab --help` and a refused flag answer at once. kvlab.cli.common holds what
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -32,6 +33,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     return parser, dict(commands.choices)
 
 
+def show_notices() -> None:
+    """Print the library's notices (the "kvlab" logger, e.g. numba compiling a loop the first time) on stderr."""
+    log = logging.getLogger("kvlab")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("kvlab: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one kvlab command; 0 on success, 2 with a one-line error on bad input."""
     parser, command_parsers = build_parser()
@@ -40,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     given = typed_flags(argv if argv is not None else sys.argv[1:])
+    show_notices()
     try:
         args.run(args, given)
         sys.stdout.flush()

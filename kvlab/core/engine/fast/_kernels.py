@@ -9,8 +9,10 @@ array and its length; the pool a count of free blocks, or with prefix caching a 
 
 import builtins
 import math
+import os
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 
@@ -42,6 +44,11 @@ from kvlab.core.engine.fast.arrays import (
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
 # stays importable afterwards).
 _WITHOUT_COVERAGE = "coverage" not in sys.modules and "numba" not in sys.modules
+# numba's cache: NUMBA_CACHE_DIR where set (the Makefile sets the checkout's .cache/numba), else, in a checkout,
+# that same folder, so that `make setup`'s compilation serves a `kvlab` command run from any shell.
+_CHECKOUT = Path(__file__).resolve().parents[4]
+if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR") and (_CHECKOUT / "pyproject.toml").is_file():
+    os.environ["NUMBA_CACHE_DIR"] = str(_CHECKOUT / ".cache" / "numba")
 if _WITHOUT_COVERAGE:
     sys.modules["coverage"] = None
 try:

@@ -13,7 +13,9 @@ holds the two to the same results, bit for bit, on hand cases and on hypothesis 
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
 already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
-of its cache (about 1.4 s; its first compilation takes about 30 s, once) cost more than they save. The loop runs
+of its cache (about 1.4 s) cost more than they save. numba compiles each loop once per machine (about 15 s each)
+into its cache (NUMBA_CACHE_DIR, by default the checkout's .cache/numba): `make setup` does it (warm), and a run
+that must compile first says so on the "kvlab" logger, which the command line prints. The loop runs
 in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
 the StepLog's.
 """
@@ -21,8 +23,10 @@ the StepLog's.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 import sys
+import time
 from collections import namedtuple
 
 import numpy as np
@@ -35,6 +39,7 @@ from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
 Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "requests"])
+LOG = logging.getLogger("kvlab")
 COMPILED_FROM_REQUESTS = 15_000
 CHUNK_STEPS = 1 << 18
 DECODE_RUNS = True  # the synchronous loop does decode runs at once (False: step by step)
@@ -156,6 +161,34 @@ def kernels():
     return _kernels
 
 
+def cached(loop) -> bool:
+    """Whether numba's cache holds a compiled loop (a kernels() dispatcher) for this source: if not, its first call
+    compiles it. True where the cache cannot be read (nothing is said then)."""
+    try:
+        return bool(loop.signatures) or bool(loop._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - numba's cache internals: say nothing rather than fail a run
+        return True
+
+
+def warm() -> list[str]:
+    """Compile both loops into numba's cache (a few requests through each, synchronous and asynchronous); what was
+    compiled, and in how many seconds, in words (make setup prints it)."""
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.engine.engine import Engine
+    from kvlab.core.workload import Workload
+
+    done, w = [], Workload(np.zeros(4), np.array([40, 3, 20, 9]), np.array([5, 9, 2, 4]))
+    for mode in (False, True):
+        loop = kernels().loop_async if mode else kernels().loop_sync
+        if cached(loop):
+            continue
+        start = time.perf_counter()
+        config = EngineConfig().replace(async_scheduling=mode, max_model_len=64)
+        Engine(w, config, num_gpu_blocks=64, path="compiled").run()
+        done.append(f"{'asynchronous' if mode else 'synchronous'} loop in {time.perf_counter() - start:.0f} s")
+    return done
+
+
 def _add_runs(runs: Runs, column: np.ndarray) -> None:
     """Append a chunk's column to runs of equal values (Runs.add for each value, at once)."""
     if not len(column):
@@ -231,6 +264,17 @@ def serve(engine) -> Served | None:
     else:
         batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
         step = lambda: loops.loop_sync(*shared, *batch, logs, events, counts)  # noqa: E731
+    loop = loops.loop_async if sched.async_scheduling else loops.loop_sync
+    compiling = not cached(loop)
+    if compiling:
+        mode = "asynchronous" if sched.async_scheduling else "synchronous"
+        LOG.info(
+            "numba compiles the engine's %s loop, once for this machine (about 15 s; `make setup` does it ahead; "
+            "cached in %s)",
+            mode,
+            loop._cache._cache_path,
+        )
+        started = time.perf_counter()
     log = StepLog(engine.block_size, True)
     while True:
         first_step = int(state[S_STEPS])
@@ -247,6 +291,9 @@ def serve(engine) -> Served | None:
         log.starts.extend(zip((start_step[:num_starts] + first_step).tolist(), start_s[:num_starts].tolist()))
         log.preemptions.extend(zip((preempt_step[:num_pre] + first_step).tolist(), preempt_count[:num_pre].tolist()))
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
+        if compiling:
+            LOG.info("compiled, with the first steps run, in %.1f s", time.perf_counter() - started)
+            compiling = False
         if code == DONE:
             break
     return Served(
