@@ -152,21 +152,30 @@ def test_never_binds_at_its_threshold_and_a_binding_pool_is_no_twin():
 
 
 def test_lower_bounds_by_hand():
-    """Three requests over 10 s, works 1 + 3 - 1 = 3, 5 + 1 - 1 = 5 and 9 + 2 - 1 = 10 tokens; k = floor(0.95 x 2) + 1
+    """The fleet: three requests over 10 s, works 1 + 3 - 1 = 3, 5 + 1 - 1 = 5 and 9 + 2 - 1 = 10 tokens; k = floor(0.95 x 2) + 1
     = 2, so p95 E2E >= (3 + 5) / (2 replicas x 0.5 tokens/s) - 10 s = -2 (0) and TTFT >= (1 + 5) / 1 - 10 (0); at a
     tenth of the rate 70 s and 50 s."""
     w = Workload(np.array([0.0, 4.0, 10.0]), np.array([1, 5, 9]), np.array([3, 1, 2]))
     two = plan.Candidate(num_replicas=2)
-    assert plan.lower_bounds(w, two, 0.5, 0.02, 100) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
-    assert plan.lower_bounds(w, two, 0.05, 0.02, 100) == pytest.approx(
+    assert plan.fleet_bounds(w, two, 0.5, 0.02, 100) == {"ttft_p95_s": 0.0, "e2e_p95_s": 0.0, "tpot_p95_ms": 20.0}
+    assert plan.fleet_bounds(w, two, 0.05, 0.02, 100) == pytest.approx(
         {"ttft_p95_s": 50.0, "e2e_p95_s": 70.0, "tpot_p95_ms": 20.0}
     )
     caching = plan.Candidate(num_replicas=2, enable_prefix_caching=True)  # prompts may hit: one token each
-    assert plan.lower_bounds(w, caching, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
+    assert plan.fleet_bounds(w, caching, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((1 + 2) / 0.1 - 10)
     long = Workload(np.array([0.0, 4.0, 10.0]), np.array([2, 2, 2]), np.array([10, 10, 1]))
-    assert plan.lower_bounds(long, two, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((2 + 11) / 0.1 - 10)
+    assert plan.fleet_bounds(long, two, 0.05, 0.02, 100)["e2e_p95_s"] == pytest.approx((2 + 11) / 0.1 - 10)
     # max_model_len 6 ends the first two at 6 tokens: 2 + 4 - 1 = 5 scheduled each
-    assert plan.lower_bounds(long, two, 0.05, 0.02, 6)["e2e_p95_s"] == pytest.approx((2 + 5) / 0.1 - 10)
+    assert plan.fleet_bounds(long, two, 0.05, 0.02, 6)["e2e_p95_s"] == pytest.approx((2 + 5) / 0.1 - 10)
+    # each request alone, at 0.5 tokens/s: prompts 2, 10, 18 s; all its tokens (3, 5, 10) 6, 10, 20 s; the second
+    # smallest of three bounds the p95 (np.percentile interpolates between the second and the third)
+    assert plan.request_bounds(w, two, 0.5, 0.02, 100) == pytest.approx({"ttft_p95_s": 10.0, "e2e_p95_s": 10.0})
+    assert plan.lower_bounds(w, two, 0.5, 0.02, 100) == pytest.approx(
+        {"ttft_p95_s": 10.0, "e2e_p95_s": 10.0, "tpot_p95_ms": 20.0}
+    )
+    # budget 2 tokens a step: prompts take 1, 3, 5 steps of 20 ms; E2E those plus a step a further token
+    small = plan.Candidate(max_num_batched_tokens=2)
+    assert plan.request_bounds(w, small, 1e9, 0.02, 100) == pytest.approx({"ttft_p95_s": 0.06, "e2e_p95_s": 0.06})
 
 
 def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
@@ -380,3 +389,13 @@ def test_a_config_json_is_planned_with_its_parameters_counted_or_given(capsys):
     assert given["search"]["num_candidates"] == 4
     assert cli.main([*argv, "--slo-e2e-p95-s", "30", "--allow-roofline", "--num-params-b", "-1"]) == 2
     assert "--num-params-b=-1.0 is not allowed" in capsys.readouterr().err
+
+
+def test_an_objective_no_request_can_meet_alone_is_pruned_by_proof_without_serving(monkeypatch):
+    served = []
+    monkeypatch.setattr(plan, "serve", lambda *args, **kwargs: served.append(args) or {})
+    light = workload(n=100, rate=0.2)  # the fleet's bound is 0 s: every proof is a request's own
+    result = plan.search(light, DEPLOYMENT, plan.Objectives(ttft_p95_s=1e-9), SPACE, scheduler="serial")
+    assert served == [] and result.counts()["pruned"] == SPACE.size
+    rate = [r.reason for r in result.results if r.reason.startswith("rate")]
+    assert rate and all("p95 TTFT is at least" in why and "(each request's own work)" in why for why in rate)

@@ -241,7 +241,7 @@ class SkewFit:
     alpha: np.ndarray  # [prefill chunk, n_decode, skew_rate, kv_big, kv_prefill] bucket; alpha_default where unfitted
     alpha_default: float
     num_buckets: int  # buckets fitted
-    rel_err_p50: float  # the fit's relative error on its own shots, as the source reports it
+    rel_err_p50: float  # the fit's relative error, as the source reports it (meta.yaml's rel_err_p50)
     rel_err_p90: float
 
     @staticmethod
@@ -262,7 +262,7 @@ class SkewFit:
     def describe(self) -> str:
         return (
             f"LLMServingSim's fit of unequal decode histories ({self.num_buckets:,} "
-            f"buckets, pooled alpha {self.alpha_default}; its error on its own shots: median "
+            f"buckets, pooled alpha {self.alpha_default}; the fit's relative error as the source reports it: median "
             f"{100 * self.rel_err_p50:.1f}%, p90 {100 * self.rel_err_p90:.1f}%)"
         )
 

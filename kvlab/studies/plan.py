@@ -17,7 +17,10 @@ The search is not a grid:
      k = floor(0.95 (N - 1)) + 1 requests within it finish by the last arrival + X, so the replicas must have
      scheduled at least the k smallest requests' tokens (prompt + output - 1 each; output alone with prefix
      caching) since the first arrival: X >= W_k / (replicas x that rate) - the arrivals' span. The same bound
-     holds for p95 TTFT with prompts alone, and p95 TPOT is at least the shortest step. A candidate whose
+     holds for p95 TTFT with prompts alone, and p95 TPOT is at least the shortest step. And each request alone:
+     its prompt's tokens (one with prefix caching) take at least prompt / that rate and ceil(prompt /
+     max_num_batched_tokens) steps, its output at least one step a token after the first, so the 95th percentile
+     of those per-request bounds bounds p95 TTFT and E2E from below too (request_bounds). A candidate whose
      lower bound passes an objective is pruned, with the bound.
 2. Successive halving on prefixes of the workload: every candidate left is served on its first 1/64, the best
    quarter (RUNG_KEEP) on its first 1/16, and so on to all of it (RUNG_FRACTIONS). "Best" is within each number of
@@ -103,20 +106,60 @@ def lower_bounds(
 ) -> dict:
     """Lower bounds on the candidate's p95 TTFT (s), TPOT (ms) and E2E latency (s) over the workload that hold
     for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each, a step lasts at
-    least min_step_s, and a request ends at max_model_len tokens."""
-    n = workload.num_requests
-    k = math.floor(PERCENTILE / 100 * (n - 1)) + 1
+    least min_step_s, and a request ends at max_model_len tokens; the larger of the fleet's bound and each request's
+    own (request_bounds)."""
+    fleet = fleet_bounds(workload, candidate, tokens_per_s, min_step_s, max_model_len)
+    own = request_bounds(workload, candidate, tokens_per_s, min_step_s, max_model_len)
+    return {name: max(value, own.get(name, 0.0)) for name, value in fleet.items()}
+
+
+def _work(workload: Workload, candidate: Candidate, max_model_len: int) -> tuple:
+    """Per request: tokens scheduled before its first token (its prompt; one with prefix caching, which may hit the
+    rest), its output tokens (ended at max_model_len) and every token scheduled but the last sampled one."""
     prompt = workload.prompt_tokens.astype(np.int64)
     final = np.minimum(prompt + workload.output_tokens, max_model_len)
-    first = np.ones(n, np.int64) if candidate.enable_prefix_caching else prompt  # scheduled before the first token
-    whole = first + (final - prompt) - 1  # every token but the last sampled one
+    first = np.ones(len(prompt), np.int64) if candidate.enable_prefix_caching else prompt
+    return first, final - prompt, first + (final - prompt) - 1
+
+
+def _p95_floor(values: np.ndarray) -> float:
+    """The order statistic np.percentile's p95 interpolates from below: a lower bound on the p95 of values it bounds
+    elementwise."""
+    return float(np.partition(values, _k(len(values)) - 1)[_k(len(values)) - 1])
+
+
+def _k(n: int) -> int:
+    return math.floor(PERCENTILE / 100 * (n - 1)) + 1
+
+
+def request_bounds(
+    workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float, max_model_len: int
+) -> dict:
+    """Each request alone (the module's docstring): its TTFT at least its first tokens / tokens_per_s and
+    ceil(first / max_num_batched_tokens) steps of min_step_s; its E2E at least all its tokens / tokens_per_s and
+    those steps plus one a further output token. The p95 of those (s): bounds for any load, any replicas."""
+    first, output, whole = _work(workload, candidate, max_model_len)
+    steps = -(-first // candidate.max_num_batched_tokens)
+    ttft = np.maximum(first / tokens_per_s, steps * min_step_s)
+    e2e = np.maximum(whole / tokens_per_s, (steps + output - 1) * min_step_s)
+    return {"ttft_p95_s": _p95_floor(ttft), "e2e_p95_s": _p95_floor(e2e)}
+
+
+def fleet_bounds(
+    workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float, max_model_len: int
+) -> dict:
+    """The fleet's rate bound (the module's docstring): the k requests within the p95 scheduled by the replicas at
+    tokens_per_s each since the first arrival; p95 TPOT at least the shortest step."""
+    n = workload.num_requests
+    k = _k(n)
+    first, output, whole = _work(workload, candidate, max_model_len)
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     fleet = candidate.num_replicas * tokens_per_s
     smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())  # noqa: E731
     return {
         "ttft_p95_s": max(0.0, smallest(first) / fleet - span),
         "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
-        "tpot_p95_ms": 1e3 * min_step_s if (final - prompt > 1).any() else 0.0,
+        "tpot_p95_ms": 1e3 * min_step_s if (output > 1).any() else 0.0,
     }  # a step between two tokens
 
 
@@ -304,17 +347,20 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
                 min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)),
             )
         tokens_per_s, shortest_s = rates[key]
-        bounds = lower_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
+        fleet = fleet_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
+        own = request_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
         over = [
-            f"{OBJECTIVE_WORDS[name]} is at least {figure(bounds[name])} {OBJECTIVE_UNITS[name]} > {limit:g}"
+            f"{OBJECTIVE_WORDS[name]} is at least {figure(bound)} {OBJECTIVE_UNITS[name]} > {limit:g}"
+            + (" (each request's own work)" if own.get(name, 0.0) > fleet[name] else "")
             for name, limit in objectives.given().items()
-            if bounds[name] > limit
+            if (bound := max(fleet[name], own.get(name, 0.0))) > limit
         ]
         if over:
             r.status = "pruned"
             r.reason = (
                 f"rate: {c.num_replicas} replica{'s' * (c.num_replicas > 1)} schedule at most "
-                f"{c.num_replicas * tokens_per_s:,.0f} tokens/s, so " + "; ".join(over)
+                f"{c.num_replicas * tokens_per_s:,.0f} tokens/s and a step takes at least {1e3 * shortest_s:.3g} ms, "
+                "so " + "; ".join(over)
             )
 
 
@@ -446,13 +492,9 @@ def search(
             )
             r.reason = first.reason
             r.twin_of = first.candidate
-    sources = sorted(
-        {
-            step_cost(deployment, r.candidate.config(deployment.max_model_len))[2]
-            for r in results
-            if r.status in ("meets", "misses")
-        }
-    )
+    served = [r for r in results if r.status in ("meets", "misses")]
+    timed = served or [r for r in results if r.reason.startswith("rate")]  # none served: those the rate pruned
+    sources = sorted({step_cost(deployment, r.candidate.config(deployment.max_model_len))[2] for r in timed})
     return Plan(
         deployment,
         objectives,
@@ -586,8 +628,11 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         )
     if not cost["fidelity"] and cost["measured"]:
         lines.append("step cost checked   no real vLLM run of this model on this GPU checks it (data/checks/)")
-    rungs = "; ".join(
-        f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]
+    rungs = (
+        "; ".join(
+            f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]
+        )
+        or "none served"
     )
     lines.append(
         f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {rungs}; "
