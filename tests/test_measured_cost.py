@@ -478,3 +478,17 @@ def test_the_engines_batches_carry_their_decodes_least_and_most_context(async_sc
         assert (low, high) == (0, 0) if n == 0 else 1 <= low <= b.decode_context_tokens / n <= high
         assert n != 1 or low == high == b.decode_context_tokens
     assert any(b.max_decode_context_tokens > b.min_decode_context_tokens for b in spy.batches)
+
+
+@pytest.mark.parametrize("largest", [1019, 4090, 16380, 30])  # the run crosses the fit's bin edge at 1,024, 4,096, ...
+def test_a_decode_run_across_a_skew_bin_edge_gives_the_floats_of_its_steps(largest):
+    n, low = 12, 10
+    context = (n - 1) * low + largest
+    first = Batch(n, context, n, context, 0, 0, low, largest)
+    steps = [
+        LLAMA_COST.step_s(Batch(n, context + n * j, n, context + n * j, 0, 0, low + j, largest + j)) for j in range(12)
+    ]
+    assert LLAMA_COST.run_s(first, 12).tolist() == steps
+    assert steps != [
+        LLAMA_COST.without("attention skew").step_s(Batch(n, context + n * j, n, context + n * j)) for j in range(12)
+    ]

@@ -56,6 +56,13 @@ MEASURED_TERMS = (
 )
 
 
+def skew_rate(batch: Batch) -> float:
+    """Where the decodes' mean history lies between their least and most, 0 to 1 ((mean - min) / (max - min),
+    LLMServingSim's skew rate), as a ratio of whole numbers: the same in every step of a decode run."""
+    low, high, n = batch.min_decode_context_tokens, batch.max_decode_context_tokens, batch.num_decodes
+    return (batch.decode_context_tokens - n * low) / (n * (high - low))
+
+
 @dataclass(frozen=True, eq=False)
 class MeasuredStepCost:
     """A step's duration from public operator-level GPU measurements of vLLM's layers, for the batch the
@@ -394,10 +401,7 @@ class MeasuredStepCost:
         low, high = batch.min_decode_context_tokens, batch.max_decode_context_tokens
         if self.skew is None or num_decodes < 2 or high <= low:
             return attention_us
-        mean = (batch.decode_context_tokens - num_decodes) / num_decodes
-        alpha = self.skew.alpha_at(
-            prefill_tokens, num_decodes, (mean - (low - 1)) / (high - low), high - 1, int(prefill_history_tokens)
-        )
+        alpha = self.skew.alpha_at(prefill_tokens, num_decodes, skew_rate(batch), high - 1, int(prefill_history_tokens))
         at_max = self.mixed_attention_us(prefill_tokens, prefill_history_tokens, num_decodes, high - 1)
         if not alpha or at_max <= attention_us:
             return attention_us
@@ -435,29 +439,27 @@ class MeasuredStepCost:
         attention = self.decode_attention_us(num_decodes, history)
         low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
         if self.skew is not None and num_decodes > 1 and high > low:
-            attention = self._skewed_run_us(attention, num_decodes, history, low - 1 + steps, high - 1 + steps)
+            attention = self._skewed_run_us(attention, first, high - 1 + steps)
         us = self.fixed_us(num_decodes, num_decodes) + self._layers * attention
         return self.with_cpu_us(us, num_decodes) / 1e6
 
-    def _skewed_run_us(self, attention_us, num_decodes: int, mean, low, high):
-        """skewed_attention_us of each step of a decode run (arrays of its histories: the same float operations)."""
-        skew = self.skew
-        p = skew.prefill_chunks.get(0)
-        if p is None:
-            alpha = np.full(len(mean), skew.alpha_default)
+    def _skewed_run_us(self, attention_us, first: Batch, largest_history):
+        """skewed_attention_us of each step of a decode run (its largest history a step: the same float operations).
+        The skew rate is the same every step (every history grows by one); only the largest history's bucket can
+        change, at a bin edge."""
+        skew, num_decodes = self.skew, first.num_decodes
+        rate, kv_bins = skew_rate(first), skew.bins[2]
+        low, high = int(largest_history[0]), int(largest_history[-1])
+        if skew.bucket(kv_bins, low) == skew.bucket(kv_bins, high):
+            alpha = skew.alpha_at(0, num_decodes, rate, low, 0)
+            if not alpha:
+                return attention_us
         else:
-            rate = np.clip((mean - low) / (high - low), 0.0, 1.0)
-            n_bins, rate_bins, big_bins, kp_bins = (np.asarray(b[1:]) for b in skew.bins)
-            alpha = skew.alpha[
-                p,
-                min(int(np.searchsorted(n_bins, num_decodes)), len(n_bins) - 1),
-                np.minimum(np.searchsorted(rate_bins, rate), len(rate_bins) - 1),
-                np.minimum(np.searchsorted(big_bins, high), len(big_bins) - 1),
-                min(int(np.searchsorted(kp_bins, 0)), len(kp_bins) - 1),
-            ]
-        at_max = self.decode_attention_us(num_decodes, high.astype(np.float64))
-        skewed = np.maximum(attention_us + alpha * (at_max - attention_us), 0.0)
-        return np.where((alpha != 0) & (at_max > attention_us), skewed, attention_us)
+            alpha = np.array([skew.alpha_at(0, num_decodes, rate, h, 0) for h in largest_history.tolist()])
+        gap = self.decode_attention_us(num_decodes, largest_history.astype(np.float64)) - attention_us
+        skewed = attention_us + alpha * np.maximum(gap, 0.0)  # no penalty where the largest history is no slower
+        negative = alpha < 0 if isinstance(alpha, float) else bool((alpha < 0).any())
+        return np.maximum(skewed, 0.0) if negative else skewed
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but

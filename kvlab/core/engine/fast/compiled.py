@@ -177,6 +177,8 @@ def warm() -> list[str]:
     from kvlab.core.engine.engine import Engine
     from kvlab.core.workload import Workload
 
+    if not available():
+        return []
     done, w = [], Workload(np.zeros(4), np.array([40, 3, 20, 9]), np.array([5, 9, 2, 4]))
     for mode in (False, True):
         loop = kernels().loop_async if mode else kernels().loop_sync
