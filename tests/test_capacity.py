@@ -191,3 +191,25 @@ def test_log_lines_use_vllms_wording():
     ]
     refused = cap.vllm_capacity(models.get_model("Qwen3-14B"), 1280 * 163840, 32768)
     assert cap.vllm_log_lines(refused) == ["Available KV cache memory: 0.2 GiB"]  # vLLM's round(x, 2), then stops
+
+
+def test_data_parallel_ranks_raise_a_mixture_of_experts_concurrency_per_gpu_and_not_a_dense_models():
+    from kvlab.sections import s03_capacity
+
+    table = s03_capacity.data_parallel_table(s03_capacity.DATA_PARALLEL_MODELS, 80.0, 32768)
+    moe = table.loc["Qwen/Qwen3-30B-A3B-Instruct-2507"]
+    dense = table.loc["Qwen/Qwen3-32B"]
+    assert list(moe["expert_parallel"]) == [False, True, True] and not dense["expert_parallel"].any()
+    # each rank holds (30.5 - 28.99 (1 - 1/N)) B parameters in bf16
+    assert moe["weights_gib_per_gpu"].tolist() == [
+        round((30.5e9 - 28_991_029_248 * (1 - 1 / n)) * 2 / 2**30, 2) for n in (1, 2, 4)
+    ]
+    assert moe["max_concurrency_per_rank"].is_monotonic_increasing and dense["max_concurrency_per_rank"].nunique() == 1
+    ranks = table.index.get_level_values(1).to_numpy()
+    assert abs(table["max_concurrency_all_ranks"] - table["max_concurrency_per_rank"] * ranks).max() <= 0.02
+    figures = s03_capacity.data_parallel_figures(table)
+    assert figures["dense"]["gain"] == 1.0 and figures["moe"]["gain"] > 3
+    flipped = table.copy()  # the prose's figures follow the table, not the model's kind
+    rows = flipped.index.get_level_values(0) == "Qwen/Qwen3-30B-A3B-Instruct-2507"
+    flipped.loc[rows, "max_concurrency_per_rank"] = flipped.loc[rows, "max_concurrency_per_rank"].to_numpy()[::-1]
+    assert s03_capacity.data_parallel_figures(flipped)["moe"]["gain"] < 1

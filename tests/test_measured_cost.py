@@ -233,7 +233,8 @@ def test_a_decode_run_gives_the_floats_of_its_steps(which, num_decodes, history,
 
 
 QWEN_TP2 = measured("Qwen/Qwen3-32B", tensor_parallel_size=2)
-MOE = measured("Qwen/Qwen3-30B-A3B-Instruct-2507")
+MOE_NAME = "Qwen/Qwen3-30B-A3B-Instruct-2507"
+MOE = measured(MOE_NAME)
 SCALED = measured("Qwen/Qwen3-14B")
 
 
@@ -492,3 +493,23 @@ def test_a_decode_run_across_a_skew_bin_edge_gives_the_floats_of_its_steps(large
     assert steps != [
         LLAMA_COST.without("attention skew").step_s(Batch(n, context + n * j, n, context + n * j)) for j in range(12)
     ]
+
+
+def test_expert_parallel_ranks_run_their_share_of_the_experts_and_pay_the_dispatch():
+    ep = measured(MOE_NAME, data_parallel_size=2, enable_expert_parallel=True)
+    assert (ep.expert_parallel_size, ep.data_parallel_size) == (2, 2) and "64 of 128 experts a GPU" in ep.source
+    # 48 layers x 2 collectives x half of 2,048 x 2 bytes a token, over PCIe at 64 GB/s: 3.072 us a token of both ranks
+    assert ep.dispatch_us_per_token == pytest.approx(48 * 2 * 0.5 * 2048 * 2 / 64e3, rel=1e-12)
+    tokens, experts, grid = (np.asarray(a) for a in (MOE.moe_tokens, MOE.moe_experts, MOE.moe_us))
+    for n in (1, 8, 64):  # measured token counts: the block is the table's at this GPU's 64 experts' share
+        active = 64 * (1 - (1 - 8 / 128) ** (2 * n))
+        i = int(np.flatnonzero(tokens == n)[0])
+        assert ep.moe_block_us(n) == pytest.approx(np.interp(active, experts, grid[i]), rel=1e-12)
+        assert ep.moe_block_us(n) <= MOE.moe_block_us(n)  # no more experts to read than all 128's share
+    assert ep.moe_block_us(64) < 0.8 * MOE.moe_block_us(64)
+    batch = Batch(16, 16 * 1001, 16, 16 * 1001)
+    assert ep.step_s(batch) - ep.without("expert dispatch").step_s(batch) == pytest.approx(
+        ep.dispatch_us_per_token * 2 * 16 / 1e6, rel=1e-9
+    )
+    alone = measured(MOE_NAME, data_parallel_size=2)  # data parallelism without expert parallelism: said, not modelled
+    assert alone.expert_parallel_size == 1 and "not modelled" in alone.source

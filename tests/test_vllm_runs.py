@@ -93,9 +93,9 @@ def test_a_replay_schedules_as_the_run_ran():
         (
             RUNS[1],
             "roofline",
-            "all 128 experts for every token, where a token runs 8; data and expert parallelism are not",
+            "all 128 experts for every token, where a token runs 8; the data-parallel ranks are served apart",
         ),
-        (RUNS[1], "measured", "Data and expert parallelism are not modelled"),
+        (RUNS[1], "measured", "The data-parallel ranks are served apart: not in lockstep"),
         (RUNS[2], "roofline", "it has no all-reduce."),
         (
             RUNS[2],

@@ -168,6 +168,64 @@ def vllm_log_table(
 
 
 # ---------------------------------------------------------------- part 3: kvlab against vLLM's own code
+# Data parallelism in part 2: a mixture-of-experts model beside a dense one of about its size (kvlab's choice).
+DATA_PARALLEL_MODELS = ("Qwen/Qwen3-30B-A3B-Instruct-2507", "Qwen/Qwen3-32B")
+DATA_PARALLEL_SIZES = (1, 2, 4)
+
+
+def data_parallel_table(
+    names: Iterable[str],
+    gpu_memory_gib: float,
+    max_model_len: int,
+    data_parallel_sizes: Iterable[int] = DATA_PARALLEL_SIZES,
+    config: EngineConfig = EngineConfig(),
+) -> pd.DataFrame:
+    """Each model on 1 to N data-parallel ranks of one GPU each (expert parallelism on for a mixture-of-experts
+    model, as vLLM serves one): the weights a GPU holds (GiB), one rank's KV blocks and maximum concurrency at
+    max_model_len (vLLM's log line of that rank; each rank is one GPU, so also per GPU), and all the ranks'."""
+    rows = []
+    for name in validate.non_empty("names", names):
+        spec = get_model(name)
+        length = min(max_model_len, spec.max_position_embeddings or max_model_len)
+        for dp in validate.non_empty("data_parallel_sizes", data_parallel_sizes):
+            setting = config.replace(data_parallel_size=dp, enable_expert_parallel=dp > 1 and spec.expert_params_b > 0)
+            weights_gib = capacity.estimated_weights_gib(spec, "bf16", setting)
+            result = capacity.plan_capacity(spec, gpu_memory_gib, length, setting)
+            starts = result is not None and result["starts"]
+            rows.append(
+                {
+                    "model": spec.name,
+                    "data_parallel_size": dp,
+                    "expert_parallel": setting.parallel.enable_expert_parallel,
+                    "weights_gib_per_gpu": round(weights_gib, 2),
+                    "num_gpu_blocks_per_rank": result["num_gpu_blocks"] if starts else 0,
+                    "max_concurrency_per_rank": round(result["max_concurrency"], 2) if starts else 0.0,
+                    "max_concurrency_all_ranks": round(dp * result["max_concurrency"], 2) if starts else 0.0,
+                }
+            )
+    return pd.DataFrame(rows).set_index(["model", "data_parallel_size"])
+
+
+def data_parallel_figures(table: pd.DataFrame) -> dict:
+    """The figures notebook 03's data-parallel paragraph states, per model ("moe": the one served with expert
+    parallelism, "dense": the other): its weights per GPU and one GPU's concurrency on the fewest and the most ranks,
+    and their ratio."""
+    out = {}
+    for model, rows in table.groupby(level="model", sort=False):
+        first, last = rows.iloc[0], rows.iloc[-1]
+        one, many = float(first["max_concurrency_per_rank"]), float(last["max_concurrency_per_rank"])
+        out["moe" if rows["expert_parallel"].any() else "dense"] = {
+            "model": model.split("/")[-1],
+            "ranks": int(rows.index.get_level_values("data_parallel_size")[-1]),
+            "weights_one": float(first["weights_gib_per_gpu"]),
+            "weights_many": float(last["weights_gib_per_gpu"]),
+            "concurrency_one": one,
+            "concurrency_many": many,
+            "gain": many / one if one else float("nan"),
+        }
+    return out
+
+
 def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
     """make parity's capacity result (data/parity/capacity_summary.csv) by model family: the models, their KV
     caches, the grid's cases, how many vLLM refused, and how many kvlab computes exactly as vLLM 0.33 does

@@ -36,8 +36,10 @@ def replay_vllm_run(run: VllmRun, cost_name: str = "measured", term_off: str = "
     """kvlab's engine over a real run's workload and settings, scheduling as the run did (asynchronously: vLLM's
     default, which the runs ran with), its KV pool as kvlab's capacity sizes it on the run's GPU (plan_capacity, as
     kvlab simulate --model --gpu does): per request first-token and finish times (s), with the cost's source and
-    the pool. A run with data parallelism is served by that many engines, requests dealt to them in turn (vLLM
-    balances its ranks by load; expert parallelism is not modelled). term_off: a term of the measured step cost
+    the pool. A run with data parallelism is served by that many engines, requests dealt to them in turn (vLLM's
+    rank choice, kvlab.core.engine.data_parallel, when no load snapshot has arrived: kvlab serves the ranks apart, so
+    it has none), each rank's pool sized as vLLM sizes a rank's and its experts timed as one of the expert-parallel
+    GPUs (MeasuredStepCost). term_off: a term of the measured step cost
     switched off (MeasuredStepCost.without), to see what it adds."""
     model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
     config = run.engine_config()
@@ -87,7 +89,9 @@ def check_notes(run: VllmRun) -> str:
         notes.append(
             f"data parallel {s['data_parallel_size']}"
             + (" with expert parallelism" if s["enable_expert_parallel"] else "")
-            + f": {s['data_parallel_size']} kvlab engines, requests dealt in turn, each GPU reading every expert"
+            + f": {s['data_parallel_size']} kvlab engines served apart, requests dealt in turn (vLLM's rule before any "
+            "load snapshot), each rank's KV cache as vLLM sizes it"
+            + (", its experts those of one expert-parallel GPU" if s["enable_expert_parallel"] else "")
         )
     if s["tensor_parallel_size"] > 1:
         notes.append("the all-reduce is a bandwidth bound, its latency left out")
@@ -124,11 +128,15 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
             reasons.append("it has no all-reduce")
     if dp > 1 and s["enable_expert_parallel"]:
         reasons.append(
-            "data and expert parallelism are not modelled (each kvlab engine serves its share of the "
-            "requests alone, reading every expert)"
+            "the data-parallel ranks are served apart: not in lockstep (vLLM runs an idle rank's dummy batch beside "
+            "a busy one and pads every rank to the largest batch), not dealt by load, every rank taken to carry the "
+            "same tokens to the experts, and the expert dispatch a bandwidth bound without latency"
         )
     elif dp > 1:
-        reasons.append("data parallelism is not modelled (each kvlab engine serves its share of the requests alone)")
+        reasons.append(
+            "the data-parallel ranks are served apart (not dealt by load; vLLM slices every expert over "
+            "all the GPUs, which kvlab does not model)"
+        )
     if cost_name == "measured" and tp > 1:
         link = profiles.interconnect(s["gpu"])
         if link is None:

@@ -67,7 +67,8 @@ class VllmRun:
             return np.where(extra > 0, (self.finish_s - self.first_token_s) / np.maximum(extra, 1), np.nan)
 
     def engine_config(self, **changes) -> EngineConfig:
-        """kvlab's EngineConfig of the run's settings (a data-parallel rank's: TP only), with changes by vLLM name."""
+        """kvlab's EngineConfig of the run's settings (one data-parallel rank's engine, its data and expert
+        parallelism included: they size its KV cache and time its experts), with changes by vLLM name."""
         s = self.settings
         return (
             EngineConfig()
@@ -77,6 +78,8 @@ class VllmRun:
                 kv_cache_dtype=s["kv_cache_dtype"],
                 enable_prefix_caching=s["enable_prefix_caching"],
                 tensor_parallel_size=s["tensor_parallel_size"],
+                data_parallel_size=s["data_parallel_size"],
+                enable_expert_parallel=s["enable_expert_parallel"],
                 max_num_seqs=s["max_num_seqs"],
                 max_num_batched_tokens=s["max_num_batched_tokens"],
                 max_model_len=s["max_model_len"],

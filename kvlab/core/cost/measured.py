@@ -50,6 +50,7 @@ MEASURED_TERMS = (
     "attention skew",
     "lm_head and sampler",
     "MoE block",
+    "expert dispatch",
     "all-reduce",
     "CUDA-graph padding",
     "CPU scheduling",
@@ -91,6 +92,15 @@ class MeasuredStepCost:
     - MoE, num_layers x one layer's block, by (tokens, experts active): LLMServingSim's moe.csv (TP 1 only).
       Experts active are their expectation under uniform top-k routing, E x (1 - (1 - k/E)^tokens); a profile
       without moe.csv is a dense model's (an MoE model without it has no profile);
+    - expert parallelism (vLLM's --enable-expert-parallel over DP x TP GPUs, expert_parallel_size > 1): a GPU holds
+      E / EP experts and receives the tokens of every data-parallel rank routed to them. kvlab serves each rank
+      apart, so every rank is taken to carry this rank's tokens (kvlab's choice, said in the source): the MoE block is
+      read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
+      tokens))), the table's tokens routing as many token-expert pairs as the rank's share of all the ranks'; and
+      the expert dispatch and combine, vLLM 0.33's default all2all backend (allgather_reducescatter: an all-gather
+      of every rank's hidden states and a reduce-scatter of the experts' outputs in each MoE layer), each moving
+      (EP - 1) / EP of DP x tokens x hidden_size x 2 bytes, at the ring's bound over the link (no measurement of
+      either; no latency);
     - all-reduce when TP > 1: 2 x num_layers + 1 a step (after o_proj and the MLP, and the embedding's), each
       summing tokens x hidden_size x 2 bytes (kvlab.core.cost.all_reduce.AllReduceCost: which kernel vLLM runs
       at each size; the time measured where data/profiles holds a measurement for the GPU, else the ring's
@@ -141,6 +151,9 @@ class MeasuredStepCost:
     cpu_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # the CPU's scheduling of a step (us)
     cpu_overlapped: bool = False  # asynchronous scheduling: the CPU's work overlaps the GPU's
     skew: SkewFit | None = None  # the attention's penalty for decodes of unequal history (None: none)
+    expert_parallel_size: int = 1  # GPUs the experts are split over (1: every expert on this GPU)
+    data_parallel_size: int = 1  # ranks whose tokens meet at the experts (expert parallelism)
+    dispatch_us_per_token: float = 0.0  # the expert dispatch and combine, a step, per token of all the ranks
     name = "measured"
 
     def __post_init__(self):
@@ -169,6 +182,9 @@ class MeasuredStepCost:
             self._check_axis("cpu_sequences", self.cpu_sequences, 1)
             self._check_values("cpu_us", self.cpu_us, (len(self.cpu_sequences),))
         validate.one_of("cpu_overlapped", self.cpu_overlapped, [True, False])
+        validate.positive_int("expert_parallel_size", self.expert_parallel_size)
+        validate.positive_int("data_parallel_size", self.data_parallel_size)
+        validate.in_range("dispatch_us_per_token", self.dispatch_us_per_token, "step_ms")
         sizes = list(self.cudagraph_capture_sizes)
         if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1):
             validate.fail("cudagraph_capture_sizes", tuple(sizes), "must be increasing token counts >= 1")
@@ -250,6 +266,8 @@ class MeasuredStepCost:
         source += cpu_words
         if profile.skew is not None:
             source += f"; attention skew: {profile.skew.describe()}"
+        ep, dp, dispatch, ep_words = expert_parallel(entry, model, config)
+        source += ep_words
         return cls(
             model.num_layers,
             tokens,
@@ -270,6 +288,9 @@ class MeasuredStepCost:
             cpu_us,
             overlapped,
             profile.skew,
+            ep,
+            dp,
+            dispatch,
         )
 
     # ---------------------------------------------------------------- terms (us)
@@ -279,6 +300,7 @@ class MeasuredStepCost:
         only where it has them)."""
         has = {
             "MoE block": bool(self.num_experts),
+            "expert dispatch": bool(self.dispatch_us_per_token),
             "all-reduce": self.all_reduce is not None,
             "CUDA-graph padding": bool(self.cudagraph_capture_sizes),
             "CPU scheduling": bool(len(self.cpu_sequences)),
@@ -295,6 +317,7 @@ class MeasuredStepCost:
             "attention": {"attention_us": np.zeros_like(np.asarray(self.attention_us))},
             "lm_head and sampler": {"per_sequence_us": np.zeros_like(self.per_sequence_us)},
             "MoE block": {"moe_us": np.zeros_like(self.moe_us)},
+            "expert dispatch": {"dispatch_us_per_token": 0.0},
             "all-reduce": {"all_reduce": None},
             "CUDA-graph padding": {"cudagraph_capture_sizes": ()},
             "CPU scheduling": {"cpu_sequences": np.zeros(0), "cpu_us": np.zeros(0)},
@@ -315,12 +338,18 @@ class MeasuredStepCost:
         return min(float(e), float(k * num_tokens), e * (1.0 - (1.0 - k / e) ** num_tokens))
 
     def moe_block_us(self, num_tokens: int) -> float:
-        """One layer's MoE block at num_tokens (us; 0 for a dense model)."""
+        """One layer's MoE block at num_tokens (us; 0 for a dense model): with expert parallelism, this GPU's E / EP
+        experts, as many of them as the data-parallel ranks' tokens hit (the class's docstring)."""
         if not self.num_experts:
             return 0.0
         tokens, experts, grid = self._moe
         i, wi = bracket(tokens, num_tokens)
-        j, wj = bracket(experts, self.active_experts(num_tokens))
+        if self.expert_parallel_size > 1:
+            e, k, ep = self.num_experts, self.num_experts_per_tok, self.expert_parallel_size
+            active = e / ep * (1.0 - (1.0 - k / e) ** (self.data_parallel_size * num_tokens))
+        else:
+            active = self.active_experts(num_tokens)
+        j, wj = bracket(experts, active)
         return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
 
     def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
@@ -331,6 +360,8 @@ class MeasuredStepCost:
         us += interp(self._sequences, self._per_sequence, num_sequences)
         if self.all_reduce is not None:
             us += self.all_reduce.step_us(padded)
+        if self.dispatch_us_per_token:
+            us += self.dispatch_us_per_token * self.data_parallel_size * padded
         return us + self._overhead_us
 
     def with_cpu_us(self, gpu_us, num_sequences: int):
@@ -485,6 +516,45 @@ def step_all_reduce(gpu_name: str, tensor_parallel_size: int, hidden_size: int, 
         return None, f"; all-reduce left out (data/profiles/interconnects.csv has no link for the {gpu_name})"
     cost = AllReduceCost.for_step(link, tensor_parallel_size, hidden_size, num_layers)
     return cost, f"; all-reduce: {cost.describe()}"
+
+
+def expert_parallel(entry, model, config) -> tuple[int, int, float, str]:
+    """(expert_parallel_size, data_parallel_size, dispatch_us_per_token, in words) of a MoE profile under config:
+    expert parallelism over DP x TP GPUs where config enables it (MeasuredStepCost's docstring), else (1, 1, 0, "")
+    or, with data parallelism alone, the MoE block as on one rank, saying so."""
+    from kvlab.core import profiles
+
+    parallel = config.parallel
+    dp, tp = parallel.data_parallel_size, parallel.tensor_parallel_size
+    if not entry.num_experts or dp * tp == 1:
+        return 1, 1, 0.0, ""
+    if not parallel.enable_expert_parallel:
+        if dp == 1:
+            return 1, 1, 0.0, ""
+        return (
+            1,
+            1,
+            0.0,
+            (
+                f"; data parallelism without expert parallelism: the MoE block as one rank's alone (vLLM slices every "
+                f"expert over the {dp * tp} GPUs; not modelled)"
+            ),
+        )
+    ep = dp * tp
+    link = profiles.interconnect(entry.gpu)
+    per_token = 0.0
+    words = f"; expert parallelism over {ep} GPUs: {entry.num_experts // ep} of {entry.num_experts} experts a GPU"
+    words += f", every one of the {dp} ranks taken to carry this rank's tokens (kvlab serves the ranks apart)"
+    if link is None:
+        words += f"; the expert dispatch and combine left out (data/profiles/interconnects.csv has no link for the {entry.gpu})"
+    else:
+        moved = 2 * model.num_layers * (ep - 1) / ep * entry.hidden_size * 2  # bytes a token, both collectives
+        per_token = moved / (link.bandwidth_gb_s * 1e3)
+        words += (
+            f"; dispatch and combine (vLLM's allgather_reducescatter): the ring's bound over {link.interconnect} at "
+            f"{link.bandwidth_gb_s:g} GB/s each way, no latency (no measurement of either)"
+        )
+    return ep, dp, per_token, words
 
 
 def model_all_reduce(model, gpu_name: str, tensor_parallel_size: int):
