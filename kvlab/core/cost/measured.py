@@ -467,30 +467,32 @@ class MeasuredStepCost:
         steps = np.arange(num_steps, dtype=np.int64)
         context = context_tokens + num_decodes * steps
         history = (context - num_decodes) / num_decodes
-        attention = self.decode_attention_us(num_decodes, history)
-        low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
-        if self.skew is not None and num_decodes > 1 and high > low:
-            attention = self._skewed_run_us(attention, first, high - 1 + steps)
+        alpha = self._run_alpha(first, num_steps)
+        if alpha is None:
+            attention = self.decode_attention_us(num_decodes, history)
+        else:  # the mean and the largest history looked up at once (the same float operations, one call)
+            largest = (first.max_decode_context_tokens - 1 + steps).astype(np.float64)
+            both = self.decode_attention_us(num_decodes, np.concatenate((history, largest)))
+            attention, gap = both[:num_steps], both[num_steps:] - both[:num_steps]
+            skewed = attention + alpha * np.maximum(gap, 0.0)  # no penalty where the largest history is no slower
+            negative = alpha < 0 if isinstance(alpha, float) else bool((alpha < 0).any())
+            attention = np.maximum(skewed, 0.0) if negative else skewed
         us = self.fixed_us(num_decodes, num_decodes) + self._layers * attention
         return self.with_cpu_us(us, num_decodes) / 1e6
 
-    def _skewed_run_us(self, attention_us, first: Batch, largest_history):
-        """skewed_attention_us of each step of a decode run (its largest history a step: the same float operations).
-        The skew rate is the same every step (every history grows by one); only the largest history's bucket can
-        change, at a bin edge."""
+    def _run_alpha(self, first: Batch, num_steps: int):
+        """The skew fit's alpha for each step of a decode run (skewed_attention_us): None where it adds nothing (no
+        fit, one decode, equal histories, alpha 0), else one float or, where the run's largest history crosses a bin
+        edge, an array. The skew rate is the same every step (every history grows by one)."""
         skew, num_decodes = self.skew, first.num_decodes
+        low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
+        if skew is None or num_decodes < 2 or high <= low:
+            return None
         rate, kv_bins = skew_rate(first), skew.bins[2]
-        low, high = int(largest_history[0]), int(largest_history[-1])
-        if skew.bucket(kv_bins, low) == skew.bucket(kv_bins, high):
-            alpha = skew.alpha_at(0, num_decodes, rate, low, 0)
-            if not alpha:
-                return attention_us
-        else:
-            alpha = np.array([skew.alpha_at(0, num_decodes, rate, h, 0) for h in largest_history.tolist()])
-        gap = self.decode_attention_us(num_decodes, largest_history.astype(np.float64)) - attention_us
-        skewed = attention_us + alpha * np.maximum(gap, 0.0)  # no penalty where the largest history is no slower
-        negative = alpha < 0 if isinstance(alpha, float) else bool((alpha < 0).any())
-        return np.maximum(skewed, 0.0) if negative else skewed
+        start, end = high - 1, high - 2 + num_steps  # the largest history of the first and the last step
+        if skew.bucket(kv_bins, start) == skew.bucket(kv_bins, end):
+            return skew.alpha_at(0, num_decodes, rate, start, 0) or None
+        return np.array([skew.alpha_at(0, num_decodes, rate, h, 0) for h in range(start, end + 1)])
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but
