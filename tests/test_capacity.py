@@ -201,7 +201,7 @@ def test_data_parallel_ranks_raise_a_mixture_of_experts_concurrency_per_gpu_and_
     dense = table.loc["Qwen/Qwen3-32B"]
     assert list(moe["expert_parallel"]) == [False, True, True] and not dense["expert_parallel"].any()
     # each rank holds (30.5 - 28.99 (1 - 1/N)) B parameters in bf16
-    assert moe["weights_gib_per_gpu"].tolist() == [
+    assert moe["weights_per_gpu_gib"].tolist() == [
         round((30.5e9 - 28_991_029_248 * (1 - 1 / n)) * 2 / 2**30, 2) for n in (1, 2, 4)
     ]
     assert moe["max_concurrency_per_rank"].is_monotonic_increasing and dense["max_concurrency_per_rank"].nunique() == 1

@@ -56,6 +56,8 @@ class ModelSpec:
     # The routed experts' parameters (billions; 0 for a dense model): what vLLM splits over every GPU of the data-
     # and tensor-parallel group (routed_expert_params).
     expert_params_b: float = 0.0
+    # Parameters vLLM adds by padding the vocabulary (vocab_padding_params): held in memory, not the model's own.
+    vocab_padding_params: int = 0
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -301,6 +303,28 @@ def routed_expert_params(config: dict) -> int:
     return 0
 
 
+VOCAB_PADDING_SIZE = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vllm/model_executor/layers/vocab_parallel_embedding.py)
+
+
+def vocab_padding_params(config: dict) -> int:
+    """Parameters vLLM allocates beyond a config.json's count: its VocabParallelEmbedding and ParallelLMHead pad the
+    vocabulary to a multiple of 64 rows (pad_vocab_size), the lm_head too unless it is tied to the embedding (OPT-13B:
+    50,272 -> 50,304 rows of 5,120, 163,840 parameters). 0 where count_params does not count the family."""
+    family = str(config.get("model_type", ""))
+    if family not in COUNTED_FAMILIES:
+        return 0
+    try:
+        vocab, hidden = int(config["vocab_size"]), int(config["hidden_size"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+    if family == "opt" and int(config.get("word_embed_proj_dim") or hidden) != hidden:
+        hidden = int(config["word_embed_proj_dim"])  # OPT-350m's embeddings are narrower than its layers
+    default_tied = {"opt": True, "gpt_neox": False}.get(family, GATED_FAMILIES.get(family, False))
+    tied = config.get("tie_word_embeddings", default_tied)
+    rows = -(-vocab // VOCAB_PADDING_SIZE) * VOCAB_PADDING_SIZE - vocab
+    return rows * hidden * (1 if tied else 2)
+
+
 def count_params(config: dict) -> tuple[int, str]:
     """(parameters, '') of a decoder's config.json, as its transformers model class holds them (embeddings, every
     layer's attention, MLP or experts with their router, norms, the lm_head unless tied), or (0, why not): a family
@@ -424,6 +448,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "layer_types": layer_types,
         "hidden_size": _whole(config, "hidden_size", source, default=0),
         "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
+        "vocab_padding_params": vocab_padding_params(config) if num_params_b else 0,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
@@ -498,7 +523,8 @@ def weights_bytes_per_gpu(
 ) -> float:
     """Weights one GPU holds (bytes): parameters x bytes per parameter / (TP x PP), embeddings split alike, except
     the routed experts (model.expert_params_b), which vLLM splits over the data-parallel GPUs too: / (DP x TP x PP),
-    with expert parallelism or without (routed_expert_params)."""
+    with expert parallelism or without (routed_expert_params); vLLM's vocabulary padding included where kvlab knows
+    it (vocab_padding_params, a config.json's)."""
     if model.num_params_b <= 0:
         validate.fail(
             "num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead"
@@ -508,7 +534,8 @@ def weights_bytes_per_gpu(
     params_b = model.num_params_b
     if data_parallel_size > 1:
         params_b -= model.expert_params_b * (1 - 1 / data_parallel_size)
-    return params_b * 1e9 * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
+    params = params_b * 1e9 + model.vocab_padding_params if model.vocab_padding_params else params_b * 1e9
+    return params * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
 
 
 __all__ = [
@@ -518,6 +545,7 @@ __all__ = [
     "COUNTED_FAMILIES",
     "count_params",
     "routed_expert_params",
+    "vocab_padding_params",
     "load_config",
     "ATTENTIONS",
     "load_models",

@@ -59,6 +59,8 @@ LABELS = {
     "max_num_requests": "requests that fit",
     "num_requests": "requests",
     "max_concurrency": "max concurrency (x)",
+    "max_concurrency_per_rank": "max concurrency per rank (x)",
+    "max_concurrency_all_ranks": "max concurrency, all ranks (x)",
     "num_gpu_blocks": "GPU blocks",
     "gpu_kv_cache_tokens": "GPU KV cache (tokens)",
     "mean_latency_s": "mean latency (s)",
