@@ -254,10 +254,16 @@ class SkewFit:
         p = self.prefill_chunks.get(prefill_chunk)
         if p is None:
             return self.alpha_default
-        n, sr, kvb, kp = (
-            self.bucket(b, x) for b, x in zip(self.bins, (n_decode, max(0.0, min(1.0, skew_rate)), kv_big, kv_prefill))
-        )
-        return float(self.alpha[p, n, sr, kvb, kp])
+        n_bins, rate_bins, big_bins, kp_bins = self.bins
+        rate = 0.0 if skew_rate < 0.0 else 1.0 if skew_rate > 1.0 else skew_rate
+        return self._alpha[p][min(bisect_left(n_bins, n_decode, 1), len(n_bins) - 1) - 1][
+            min(bisect_left(rate_bins, rate, 1), len(rate_bins) - 1) - 1
+        ][min(bisect_left(big_bins, kv_big, 1), len(big_bins) - 1) - 1][
+            min(bisect_left(kp_bins, kv_prefill, 1), len(kp_bins) - 1) - 1
+        ]
+
+    def __post_init__(self):
+        object.__setattr__(self, "_alpha", self.alpha.tolist())  # nested lists: a lookup is five list indexings
 
     def describe(self) -> str:
         return (
