@@ -10,7 +10,7 @@ from conftest import draw_requests
 from kvlab.core import models
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
-from kvlab.core.engine import Engine, NoProgressError, Recorder
+from kvlab.core.engine import Engine, NoProgressError, Recorder, warm
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
@@ -207,9 +207,9 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
 def test_a_run_that_must_compile_first_says_so_and_a_cached_one_says_nothing(monkeypatch, caplog, async_scheduling):
     w = Workload(np.zeros(3), np.array([30, 5, 12]), np.array([4, 7, 2]))
     config = EngineConfig().replace(async_scheduling=async_scheduling, max_model_len=64)
-    compiled.warm()  # make setup's step: both loops compiled (or loaded from numba's cache) now
+    warm.warm()  # make setup's step: both loops compiled (or loaded from numba's cache) now
     with caplog.at_level("INFO", logger="kvlab"):
-        assert compiled.warm() == []  # nothing left to compile
+        assert warm.warm() == []  # nothing left to compile
         Engine(w, config, num_gpu_blocks=64, path="compiled").run()
         assert not caplog.records
         monkeypatch.setattr(compiled, "cached", lambda loop: False)

@@ -436,6 +436,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     heads = _whole(config, "num_attention_heads", source)
     label = name or config.get("_name_or_path") or source
     window, pattern, layer_types = _sliding(config, model_type, layers, source)
+    counted = not num_params_b and count_params(config)[0] > 0  # a given count is taken as the weights, as given
     num_params_b = num_params_b or count_params(config)[0] / 1e9
     common = {
         "name": label,
@@ -448,7 +449,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "layer_types": layer_types,
         "hidden_size": _whole(config, "hidden_size", source, default=0),
         "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
-        "vocab_padding_params": vocab_padding_params(config) if num_params_b else 0,
+        "vocab_padding_params": vocab_padding_params(config) if counted else 0,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")

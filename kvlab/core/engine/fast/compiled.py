@@ -14,7 +14,7 @@ holds the two to the same results, bit for bit, on hand cases and on hypothesis 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
 already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
 of its cache (about 1.4 s) cost more than they save. numba compiles each loop once per machine (about 20 s each)
-into its cache (NUMBA_CACHE_DIR, by default the checkout's .cache/numba): `make setup` does it (warm), and a run
+into its cache (NUMBA_CACHE_DIR, by default the checkout's .cache/numba): `make setup` does it (kvlab.core.engine.warm), and a run
 that must compile first says so on the "kvlab" logger, which the command line prints. The loop runs
 in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
 the StepLog's.
@@ -168,27 +168,6 @@ def cached(loop) -> bool:
         return bool(loop.signatures) or bool(loop._cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 - numba's cache internals: say nothing rather than fail a run
         return True
-
-
-def warm() -> list[str]:
-    """Compile both loops into numba's cache (a few requests through each, synchronous and asynchronous); what was
-    compiled, and in how many seconds, in words (make setup prints it)."""
-    from kvlab.core.config import EngineConfig
-    from kvlab.core.engine.engine import Engine
-    from kvlab.core.workload import Workload
-
-    if not available():
-        return []
-    done, w = [], Workload(np.zeros(4), np.array([40, 3, 20, 9]), np.array([5, 9, 2, 4]))
-    for mode in (False, True):
-        loop = kernels().loop_async if mode else kernels().loop_sync
-        if cached(loop):
-            continue
-        start = time.perf_counter()
-        config = EngineConfig().replace(async_scheduling=mode, max_model_len=64)
-        Engine(w, config, num_gpu_blocks=64, path="compiled").run()
-        done.append(f"{'asynchronous' if mode else 'synchronous'} loop in {time.perf_counter() - start:.0f} s")
-    return done
 
 
 def _add_runs(runs: Runs, column: np.ndarray) -> None:
