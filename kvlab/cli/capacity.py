@@ -455,12 +455,11 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     if budget:
         weights_note = ""
         if args.weights_gib is None:
-            experts = parallel.data_parallel_size * parallel.tensor_parallel_size * parallel.pipeline_parallel_size
             weights_note = (
                 (
                     f" ({model.num_params_b:g}B parameters"
                     + (
-                        f", {model.expert_params_b:.2f}B of them routed experts split over {experts} GPUs"
+                        f", {model.expert_params_b:.2f}B of them routed experts split over {parallel.world_size} GPUs"
                         if model.expert_params_b and parallel.data_parallel_size > 1
                         else ""
                     )

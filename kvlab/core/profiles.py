@@ -256,10 +256,9 @@ class SkewFit:
             return self.alpha_default
         n_bins, rate_bins, big_bins, kp_bins = self.bins
         rate = 0.0 if skew_rate < 0.0 else 1.0 if skew_rate > 1.0 else skew_rate
-        return self._alpha[p][min(bisect_left(n_bins, n_decode, 1), len(n_bins) - 1) - 1][
-            min(bisect_left(rate_bins, rate, 1), len(rate_bins) - 1) - 1
-        ][min(bisect_left(big_bins, kv_big, 1), len(big_bins) - 1) - 1][
-            min(bisect_left(kp_bins, kv_prefill, 1), len(kp_bins) - 1) - 1
+        bucket = self.bucket
+        return self._alpha[p][bucket(n_bins, n_decode)][bucket(rate_bins, rate)][bucket(big_bins, kv_big)][
+            bucket(kp_bins, kv_prefill)
         ]
 
     def __post_init__(self):

@@ -337,9 +337,12 @@ class MeasuredStepCost:
         return sizes[bisect_left(sizes, num_tokens)]
 
     def active_experts(self, num_tokens: int) -> float:
-        """Experts a layer runs for num_tokens tokens under uniform top-k routing: E x (1 - (1 - k/E)^tokens)."""
-        e, k = self.num_experts, self.num_experts_per_tok
-        return min(float(e), float(k * num_tokens), e * (1.0 - (1.0 - k / e) ** num_tokens))
+        """Experts this GPU runs in a layer for num_tokens tokens of its rank under uniform top-k routing: of its
+        E / EP experts (all E without expert parallelism), those hit by the DP x num_tokens tokens of every rank
+        (the class's docstring), E / EP x (1 - (1 - k/E)^tokens), at most the token-expert pairs they receive."""
+        e, k, ep = self.num_experts, self.num_experts_per_tok, self.expert_parallel_size
+        tokens = self.data_parallel_size * num_tokens
+        return min(e / ep, k * tokens / ep, e / ep * (1.0 - (1.0 - k / e) ** tokens))
 
     def moe_block_us(self, num_tokens: int) -> float:
         """One layer's MoE block at num_tokens (us; 0 for a dense model): with expert parallelism, this GPU's E / EP
@@ -348,12 +351,7 @@ class MeasuredStepCost:
             return 0.0
         tokens, experts, grid = self._moe
         i, wi = bracket(tokens, num_tokens)
-        if self.expert_parallel_size > 1:
-            e, k, ep = self.num_experts, self.num_experts_per_tok, self.expert_parallel_size
-            active = e / ep * (1.0 - (1.0 - k / e) ** (self.data_parallel_size * num_tokens))
-        else:
-            active = self.active_experts(num_tokens)
-        j, wj = bracket(experts, active)
+        j, wj = bracket(experts, self.active_experts(num_tokens))
         return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
 
     def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
