@@ -93,9 +93,9 @@ def test_a_replay_schedules_as_the_run_ran():
         (
             RUNS[1],
             "roofline",
-            "all 128 experts for every token, where a token runs 8; the data-parallel ranks are served apart",
+            "all 128 experts for every token, where a token runs 8; the expert dispatch and combine is a bandwidth bound",
         ),
-        (RUNS[1], "measured", "The data-parallel ranks are served apart: not in lockstep"),
+        (RUNS[1], "measured", "The expert dispatch and combine is a bandwidth bound without latency"),
         (RUNS[2], "roofline", "it has no all-reduce."),
         (
             RUNS[2],

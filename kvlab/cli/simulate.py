@@ -15,7 +15,7 @@ import numpy as np
 
 from kvlab.cli.common import exclusive, model_from_flags, print_json, requires
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
-from kvlab.core import article, batching, models, resources, validate
+from kvlab.core import article, batching, capacity, models, resources, validate
 from kvlab.core import engine as vllm_engine
 from kvlab.core.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
 from kvlab.core.cost import HARDWARE_STEP_COSTS, STEP_COSTS, make_step_cost
@@ -182,6 +182,21 @@ def add_vllm_engine_flags(p) -> None:
         help=f"GPUs per model replica, with --model and --gpu (default {parallel.tensor_parallel_size})",
     )
     g.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=parallel.data_parallel_size,
+        metavar="N",
+        help="engine cores (ranks) of a mixture-of-experts model, with --model and --gpu or --num-gpu-blocks (one "
+        "rank's pool): each its own scheduler and KV cache, stepping in lockstep, requests dealt by vLLM's "
+        f"load-balancing rule (default {parallel.data_parallel_size})",
+    )
+    g.add_argument(
+        "--enable-expert-parallel",
+        action="store_true",
+        help="whole experts on each of the DP x TP GPUs (vLLM's flag): the measured step cost times each GPU's "
+        "experts and their dispatch",
+    )
+    g.add_argument(
         "--block-size", type=int, default=cache.block_size, help=f"tokens per KV block (default {cache.block_size})"
     )
     g.add_argument(
@@ -345,6 +360,8 @@ VLLM_SIMULATE_FLAGS = {
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "kv_cache_dtype": "--kv-cache-dtype",
     "tensor_parallel_size": "--tensor-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "enable_expert_parallel": "--enable-expert-parallel",
     "block_size": "--block-size",
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
@@ -369,6 +386,8 @@ VLLM_ENGINE_FLAGS = [
     "--gpu-memory-utilization",
     "--kv-cache-dtype",
     "--tensor-parallel-size",
+    "--data-parallel-size",
+    "--enable-expert-parallel",
     "--block-size",
     "--max-num-seqs",
     "--max-num-batched-tokens",
@@ -478,7 +497,31 @@ def vllm_config(args, model: ModelSpec | None) -> EngineConfig:
         long_prefill_token_threshold=args.long_prefill_token_threshold,
         async_scheduling=args.async_scheduling,
     )
-    return EngineConfig(cache, ParallelConfig(tensor_parallel_size=args.tensor_parallel_size), scheduler)
+    parallel = ParallelConfig(
+        tensor_parallel_size=args.tensor_parallel_size,
+        data_parallel_size=args.data_parallel_size,
+        enable_expert_parallel=args.enable_expert_parallel,
+    )
+    return EngineConfig(cache, parallel, scheduler)
+
+
+def check_data_parallel(model: ModelSpec | None, config: EngineConfig) -> None:
+    """Data and expert parallelism need a mixture-of-experts model (one-line errors): vLLM runs a dense model's
+    data-parallel ranks as independent engines, which kvlab serves as one rank on its share of the load."""
+    parallel = config.parallel
+    if parallel.data_parallel_size == 1 and not parallel.enable_expert_parallel:
+        return
+    if model is None:
+        flag = "--data-parallel-size" if parallel.data_parallel_size > 1 else "--enable-expert-parallel"
+        raise ValueError(f"{flag} needs --model (or --config): only a mixture-of-experts model's ranks step together")
+    capacity.check_expert_parallel(model, config)
+    if parallel.data_parallel_size > 1 and model.expert_params_b <= 0:
+        validate.fail(
+            "data_parallel_size",
+            parallel.data_parallel_size,
+            f"serves a mixture-of-experts model's ranks in lockstep, and {model.name} is dense (vLLM runs its ranks "
+            "as independent engines): drop --data-parallel-size and serve one rank on its share of the requests",
+        )
 
 
 def vllm_pool(args, model: ModelSpec | None, config: EngineConfig) -> tuple[int, str]:
@@ -531,6 +574,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     check_vllm_flags(args, given, cost_name)
     model = model_from_flags(args, given)
     config = vllm_config(args, model)
+    check_data_parallel(model, config)
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
@@ -565,6 +609,13 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         "makespan_s": summary["makespan_s"],
         "mean_kv_token_share": summary["mean_kv_token_share"],
     }
+    ranks = config.parallel.data_parallel_size
+    if ranks > 1:
+        out |= {
+            "data_parallel_size": ranks,
+            "enable_expert_parallel": config.parallel.enable_expert_parallel,
+            "requests_per_rank": np.bincount(result.data_parallel_rank, minlength=ranks).tolist(),
+        }
     if load is not None:
         out |= trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
     if args.json:
@@ -592,6 +643,13 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         f"{'on' if scheduler.enable_chunked_prefill else 'off'}, prefix caching "
         f"{'on' if config.cache.enable_prefix_caching else 'off'}"
     )
+    if ranks > 1:
+        print(
+            f"data parallel        {ranks} ranks in lockstep (vLLM's mixture-of-experts data parallelism"
+            + (", expert parallel" if config.parallel.enable_expert_parallel else "")
+            + f"), each with the pool above; requests per rank {', '.join(f'{n:,}' for n in out['requests_per_rank'])}"
+            " (vLLM's load-balancing rule)"
+        )
     print(f"step cost            {out['cost_source']}")
     print(
         f"requests             {out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
@@ -601,7 +659,9 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     print(f"TPOT                 mean {1e3 * out['mean_tpot_s']:,.2f} ms")
     print(f"preemptions          {out['num_preemptions']:,}")
     print(
-        f"steps                {out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {usable:,}; "
+        f"steps                {out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {ranks * usable:,}"
+        + (" (all ranks)" if ranks > 1 else "")
+        + "; "
         f"mean running {out['mean_running']:,.1f} requests"
     )
     print(f"throughput           {out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")

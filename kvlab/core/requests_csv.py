@@ -21,14 +21,16 @@ REQUESTS_CSV_COLUMNS = (
 
 
 def write_requests_csv(path: str, result, async_scheduling: bool) -> None:
-    """One row per request of an EngineResult, REQUESTS_CSV_COLUMNS, times in full float precision; scheduling is
-    async or sync. A path that cannot be written is a one-line ValueError naming requests_csv."""
+    """One row per request of an EngineResult, REQUESTS_CSV_COLUMNS (with data parallelism, data_parallel_rank
+    before scheduling), times in full float precision; scheduling is async or sync. A path that cannot be written is
+    a one-line ValueError naming requests_csv."""
     table = result.requests_table()
-    assert tuple(table) == REQUESTS_CSV_COLUMNS[:-1], f"EngineResult.requests_table has columns {tuple(table)}"
+    columns = tuple(table)
+    assert columns[:8] == REQUESTS_CSV_COLUMNS[:-1], f"EngineResult.requests_table has columns {columns}"
     scheduling = "async" if async_scheduling else "sync"
     try:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(",".join(REQUESTS_CSV_COLUMNS) + "\n")
+            f.write(",".join((*columns, REQUESTS_CSV_COLUMNS[-1])) + "\n")
             for row in zip(*(column.tolist() for column in table.values())):
                 f.write(",".join(map(repr, row)) + f",{scheduling}\n")
     except OSError as err:

@@ -12,8 +12,8 @@ from kvlab.core.capacity import plan_capacity
 from kvlab.core.cost import make_step_cost
 from kvlab.core.cost.all_reduce import kernel_ranges
 from kvlab.core.engine import simulate
+from kvlab.core.engine.data_parallel import DP_RULES
 from kvlab.core.models import get_gpu, get_model
-from kvlab.core.workload import Workload
 from kvlab.workloads.vllm_runs import VllmRun, check_runs, load_vllm_run
 
 # What the measured step cost is checked against (issue 21): kvlab's figure within this share of vLLM's.
@@ -36,11 +36,10 @@ def replay_vllm_run(run: VllmRun, cost_name: str = "measured", term_off: str = "
     """kvlab's engine over a real run's workload and settings, scheduling as the run did (asynchronously: vLLM's
     default, which the runs ran with), its KV pool as kvlab's capacity sizes it on the run's GPU (plan_capacity, as
     kvlab simulate --model --gpu does): per request first-token and finish times (s), with the cost's source and
-    the pool. A run with data parallelism is served by that many engines, requests dealt to them in turn (vLLM's
-    rank choice, kvlab.core.engine.data_parallel, when no load snapshot has arrived: kvlab serves the ranks apart, so
-    it has none), each rank's pool sized as vLLM sizes a rank's and its experts timed as one of the expert-parallel
-    GPUs (MeasuredStepCost). term_off: a term of the measured step cost
-    switched off (MeasuredStepCost.without), to see what it adds."""
+    the pool. A run with data parallelism is served by kvlab's engine of that many ranks in lockstep
+    (kvlab.core.engine.DataParallelEngine: vLLM 0.33's rank choice, dummy batches, every rank padded to the largest),
+    each rank's pool sized as vLLM sizes a rank's. term_off: a term of the measured step cost switched off
+    (MeasuredStepCost.without), to see what it adds."""
     model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
     config = run.engine_config()
     planned = plan_capacity(model, gpu.memory_gib, config.scheduler.max_model_len, config)
@@ -48,21 +47,24 @@ def replay_vllm_run(run: VllmRun, cost_name: str = "measured", term_off: str = "
         validate.fail("run", run.name, f"leaves no KV memory for {model.name} on {gpu.name}")
     cost = check_step_cost(cost_name, model, gpu, config)
     cost = cost.without(term_off) if term_off else cost
-    w, ranks = run.workload, run.settings["data_parallel_size"]
-    first_token, finish = np.full(w.num_requests, np.nan), np.full(w.num_requests, np.nan)
-    for rank in range(ranks):
-        mine = np.arange(rank, w.num_requests, ranks)
-        part = Workload(w.arrival_s[mine], w.prompt_tokens[mine], w.output_tokens[mine], name=w.name)
-        result = simulate(part, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost)
-        first_token[mine], finish[mine] = result.first_token_s, result.finish_s
+    ranks = run.settings["data_parallel_size"]
+    options = {"vllm_version": data_parallel_rules(run)} if ranks > 1 else {}
+    result = simulate(run.workload, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost, **options)
     return {
-        "first_token_s": first_token,
-        "finish_s": finish,
+        "first_token_s": result.first_token_s,
+        "finish_s": result.finish_s,
         "num_gpu_blocks": planned["num_gpu_blocks"],
         "cost_source": cost.source,
         "data_parallel_engines": ranks,
         "async_scheduling": config.scheduler.async_scheduling,
     }
+
+
+def data_parallel_rules(run: VllmRun) -> str:
+    """The vLLM version whose data-parallel rules (rank choice, group check) replay the run: its own where kvlab has
+    them (kvlab.core.engine.data_parallel.DP_RULES), else vLLM 0.33's."""
+    version = ".".join(run.settings["vllm_version"].split(".")[:2])
+    return version if version in DP_RULES else "0.33"
 
 
 def check_label(run: VllmRun) -> str:
@@ -89,9 +91,8 @@ def check_notes(run: VllmRun) -> str:
         notes.append(
             f"data parallel {s['data_parallel_size']}"
             + (" with expert parallelism" if s["enable_expert_parallel"] else "")
-            + f": {s['data_parallel_size']} kvlab engines served apart, requests dealt in turn (vLLM's rule before any "
-            "load snapshot), each rank's KV cache as vLLM sizes it"
-            + (", its experts those of one expert-parallel GPU" if s["enable_expert_parallel"] else "")
+            + f": {s['data_parallel_size']} ranks in lockstep, requests dealt by vLLM {data_parallel_rules(run)}'s "
+            "load-balancing rule, each rank's KV cache as vLLM sizes it"
         )
     if s["tensor_parallel_size"] > 1:
         notes.append("the all-reduce is a bandwidth bound, its latency left out")
@@ -128,15 +129,11 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
             reasons.append("it has no all-reduce")
     if dp > 1 and s["enable_expert_parallel"]:
         reasons.append(
-            "the data-parallel ranks are served apart: not in lockstep (vLLM runs an idle rank's dummy batch beside "
-            "a busy one and pads every rank to the largest batch), not dealt by load, every rank taken to carry the "
-            "same tokens to the experts, and the expert dispatch a bandwidth bound without latency"
+            "the expert dispatch and combine is a bandwidth bound without latency (no public measurement times "
+            "them) and the MoE block's table holds one GPU's experts at one rank's tokens"
         )
     elif dp > 1:
-        reasons.append(
-            "the data-parallel ranks are served apart (not dealt by load; vLLM slices every expert over "
-            "all the GPUs, which kvlab does not model)"
-        )
+        reasons.append("vLLM slices every expert over all the GPUs, which kvlab does not model")
     if cost_name == "measured" and tp > 1:
         link = profiles.interconnect(s["gpu"])
         if link is None:

@@ -93,6 +93,18 @@ def make_step_cost(
     return Vllm2023StepCost.from_coefficients(model, gpu, load_coefficients(), block_size)
 
 
+def group_step_s(cost, batches) -> float:
+    """Seconds of one step of data-parallel ranks in lockstep (vLLM's mixture-of-experts data parallelism), one Batch
+    a rank (None, or no tokens: the rank runs vLLM's dummy batch): the step cost's own rule where it has one
+    (MeasuredStepCost.group_step_s: every rank padded to the largest, the experts fed by every rank), else the
+    slowest rank's step; with no rank scheduled, a dummy step of one token (the cost's least of one token)."""
+    rule = getattr(cost, "group_step_s", None)
+    if rule is not None:
+        return rule(batches)
+    steps = [cost.step_s(b) for b in batches if b is not None and b[0]]
+    return max(steps) if steps else cost.min_step_s(1)
+
+
 def checked_s(cost, seconds, num_tokens: int):
     """seconds (step_s's float, or run_s's float or array) when every step lasts 0 s or more; else the one-line
     ValueError naming the step cost: a profile or fitted coefficients extrapolated below 0 s, or a NaN, would
@@ -120,6 +132,7 @@ __all__ = [
     "StepCost",
     "Vllm2023StepCost",
     "checked_s",
+    "group_step_s",
     "committed_step_cost",
     "cudagraph_capture_sizes",
     "make_step_cost",

@@ -97,9 +97,9 @@ class MeasuredStepCost:
       Experts active are their expectation under uniform top-k routing, E x (1 - (1 - k/E)^tokens); a profile
       without moe.csv is a dense model's (an MoE model without it has no profile);
     - expert parallelism (vLLM's --enable-expert-parallel over DP x TP GPUs, expert_parallel_size > 1): a GPU holds
-      E / EP experts and receives the tokens of every data-parallel rank routed to them. kvlab serves each rank
-      apart, so every rank is taken to carry this rank's tokens (kvlab's choice, said in the source): the MoE block is
-      read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
+      E / EP experts and receives the tokens of every data-parallel rank routed to them. The ranks step in
+      lockstep, every one padded to the largest rank's tokens (group_step_s; step_s, one batch alone, takes every
+      rank to carry its tokens): the MoE block is read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
       tokens))), the table's tokens routing as many token-expert pairs as the rank's share of all the ranks'; and
       the expert dispatch and combine, vLLM 0.33's default all2all backend (allgather_reducescatter: an all-gather
       of every rank's hidden states and a reduce-scatter of the experts' outputs in each MoE layer), each moving
@@ -355,11 +355,13 @@ class MeasuredStepCost:
         return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
 
     def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
-        """Every term but attention (us): dense, MoE and all-reduce at the padded tokens, per-sequence, overhead."""
+        """Every term but attention (us): dense, MoE and all-reduce at the padded tokens, per-sequence (none for 0
+        sequences: vLLM's dummy batch samples nothing), overhead."""
         padded = self.padded_tokens(num_tokens)
         us = interp(self._tokens, self._dense, padded)
         us += self._layers * self.moe_block_us(padded)
-        us += interp(self._sequences, self._per_sequence, num_sequences)
+        if num_sequences:
+            us += interp(self._sequences, self._per_sequence, num_sequences)
         if self.all_reduce is not None:
             us += self.all_reduce.step_us(padded)
         if self.dispatch_us_per_token:
@@ -457,16 +459,38 @@ class MeasuredStepCost:
 
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[
-            :6
-        ]
-        prefill_tokens = num_tokens - num_decodes
+        us, num_sequences = self._gpu_us(batch, batch[0])
+        return self.with_cpu_us(us, num_sequences) / 1e6
+
+    def group_step_s(self, batches) -> float:
+        """Seconds of one step of data-parallel ranks in lockstep (vLLM's mixture-of-experts data parallelism; one
+        Batch a rank, None for a rank with nothing scheduled): every rank runs padded to the largest rank's tokens
+        (vLLM's coordinate_batch_across_dp), so the dense, MoE, all-reduce and dispatch terms are read there, the
+        experts hit by DP x those tokens; attention, per-sequence work and the CPU's scheduling are each rank's
+        own; a rank with nothing scheduled runs vLLM's dummy batch (the padded tokens, no attention, no sampling,
+        no scheduling). The step lasts as long as its slowest rank."""
+        num_tokens = max((b[0] for b in batches if b is not None), default=0) or 1  # all idle: a 1-token dummy
+        slowest = 0.0
+        for batch in batches:
+            if batch is None or not batch[0]:
+                us = self.fixed_us(num_tokens, 0)
+            else:
+                gpu_us, num_sequences = self._gpu_us(batch, num_tokens)
+                us = self.with_cpu_us(gpu_us, num_sequences)
+            slowest = us if us > slowest else slowest
+        return slowest / 1e6
+
+    def _gpu_us(self, batch: Batch, num_tokens: int) -> tuple[float, int]:
+        """The GPU's work of a step (us) with its dense, MoE and all-reduce terms read at num_tokens (the batch's
+        own, or the largest of data-parallel ranks in lockstep), and the sequences it schedules."""
+        context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[1:6]
+        prefill_tokens = batch[0] - num_decodes
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
         if not prefill_tokens:
             us = self.fixed_us(num_tokens, num_decodes)
             attention = self.decode_attention_us(num_decodes, decode_history)
             us += self._layers * self.skewed_attention_us(attention, 0, 0.0, num_decodes, batch)
-            return self.with_cpu_us(us, num_decodes) / 1e6
+            return us, num_decodes
         if num_prefills:
             history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
         else:  # a caller without the prefill aggregates: one chunk
@@ -476,7 +500,7 @@ class MeasuredStepCost:
         corners = self._mixed_corners(prefill_tokens, history, num_decodes)
         attention = self._mixed_at(corners, decode_history)
         us += self._layers * self.skewed_attention_us(attention, prefill_tokens, history, num_decodes, batch, corners)
-        return self.with_cpu_us(us, num_sequences) / 1e6
+        return us, num_sequences
 
     def run_s(self, first: Batch, num_steps: int):
         """Seconds of each step of a decode run from the decode-only batch first (an array; every decode's context
@@ -575,7 +599,7 @@ def expert_parallel(entry, model, config) -> tuple[int, int, float, str]:
     link = profiles.interconnect(entry.gpu)
     per_token = 0.0
     words = f"; expert parallelism over {ep} GPUs: {entry.num_experts // ep} of {entry.num_experts} experts a GPU"
-    words += f", every one of the {dp} ranks taken to carry this rank's tokens (kvlab serves the ranks apart)"
+    words += f", the {dp} ranks in lockstep, each padded to the largest rank's tokens"
     if link is None:
         words += f"; the expert dispatch and combine left out (data/profiles/interconnects.csv has no link for the {entry.gpu})"
     else:

@@ -91,17 +91,11 @@ class Engine:
         num_gpu_blocks, max_model_len = check_engine(
             workload, config, num_gpu_blocks, allocation, path, prompt_token_ids, check
         )
-        caching = config.cache.enable_prefix_caching
         bs = config.cache.block_size
-        if allocation == "paged":
-            kv = KVCacheManager(num_gpu_blocks, bs, max_model_len, caching, recorder)
-        else:
-            kv = ReservationManager(allocation, num_gpu_blocks, bs, max_model_len, recorder)
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
-        self.kv_cache_manager = kv
-        sched = config.scheduler
-        self.scheduler = SCHEDULERS[sched.scheduler_cls, sched.async_scheduling](sched, kv, max_model_len)
+        self.scheduler = self.make_scheduler(recorder)
+        self.kv_cache_manager = self.scheduler.kv_cache_manager
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
@@ -118,6 +112,24 @@ class Engine:
         self.num_decode_runs = 0  # decode runs done at once (the fast path)
         self.clock = float(self.arrival_s[0])
         self.compiled = compiled_loop.chosen(self, path)
+
+    def make_scheduler(self, recorder: Recorder | None = None):
+        """A scheduler of the config's class over a KV-cache manager of its own: num_gpu_blocks blocks, paged (vLLM's)
+        or a reservation baseline's."""
+        config, bs = self.config, self.block_size
+        if self.allocation == "paged":
+            kv = KVCacheManager(
+                self.num_gpu_blocks, bs, self.max_model_len, config.cache.enable_prefix_caching, recorder
+            )
+        else:
+            kv = ReservationManager(self.allocation, self.num_gpu_blocks, bs, self.max_model_len, recorder)
+        sched = config.scheduler
+        return SCHEDULERS[sched.scheduler_cls, sched.async_scheduling](sched, kv, self.max_model_len)
+
+    def idle_until(self, arrival_s: float) -> float:
+        """Where the clock goes when nothing runs or waits: the next arrival (DataParallelEngine: later, where the
+        ranks' dummy batches still run)."""
+        return arrival_s
 
     # ---------------------------------------------------------------- requests
     def peek_arrival(self) -> Request:
@@ -165,7 +177,7 @@ class Engine:
             if not (scheduler.running or scheduler.waiting):
                 if self.next_arrival == n:
                     break
-                self.clock = float(self.arrival_s[self.next_arrival])  # idle: jump to the next arrival
+                self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
                 continue
             if self.fast and self.all_decoding and scheduler.running and decode_run.advance(self):
                 self.num_decode_runs += 1
@@ -180,7 +192,7 @@ class Engine:
         if out.batch.num_scheduled_tokens == 0:
             raise NoProgressError(no_progress_message(self))
         start = self.clock
-        end = start + step_s(self.cost, out)
+        end = self.clock = start + step_s(self.cost, out)  # the outputs below are processed at the step's end
         for request in out.admitted:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = start
@@ -213,7 +225,6 @@ class Engine:
             self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
         self.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
-        self.clock = end
 
     def run_async(self) -> EngineResult:
         """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
@@ -266,7 +277,7 @@ class Engine:
             elif not queue:
                 if self.next_arrival == n:
                     break
-                self.clock = self.arrival_list[self.next_arrival]  # idle: jump to the next arrival
+                self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
                 continue
             out, start, end, num_running, num_waiting, _ = queue.popleft()
             if end > self.clock:
@@ -317,22 +328,3 @@ class Engine:
             StepRecords(self.steps),
             *((rec.scheduled, rec.block_ids, rec.freed_tables) if rec else ()),
         )
-
-
-def simulate(workload: Workload, config: EngineConfig | None = None, **engine_options) -> EngineResult:
-    """Serve workload with vLLM 0.33's scheduler: Engine(workload, config, **engine_options).run(), with
-    num_gpu_blocks=... (the KV blocks, vLLM's null block included) among engine_options.
-
-    config: block_size, enable_prefix_caching, max_num_seqs, max_num_batched_tokens, max_model_len (needed),
-    chunked prefill, long_prefill_token_threshold and async_scheduling (vLLM's default on a GPU, True, schedules
-    the next batch before the last one's output is known); default DEFAULT_CONFIG (synchronous, the reference the
-    tests and section 6 use). scheduler_cls="v0-2023" serves it with vLLM 0.1.4's scheduler instead (the vLLM
-    paper's: prompt-only steps, a watermark, recompute; see kvlab.core.engine.scheduler_v0).
-    cost: a step cost of kvlab.core.cost (default ConstantStepCost(): 8 ms a step). allocation: paged (vLLM)
-    or a reservation baseline (max, pow2, oracle). prompt_token_ids: one int array per request, for prefix
-    caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). path: PATHS
-    ("reference": the plain per-step loop). recorder: a Recorder, to keep each step's batch, each step's block
-    tables (per-step loop only) and every freed block table, in order, in the result. check=False: the requests
-    are not checked up front.
-    """
-    return Engine(workload, config, **engine_options).run()

@@ -330,6 +330,7 @@ class EngineResult:
     scheduled: list | None = None  # per step ([(request_id, tokens)] in vLLM's batch order, [preempted ids])
     block_ids: list | None = None  # per step [(request_id, block table)] after schedule() (Recorder.block_ids)
     freed_tables: list | None = None  # [(request_id, block table)] at every free, in order (Recorder.freed_tables)
+    data_parallel_rank: np.ndarray | None = None  # per request, the rank that served it (data parallelism only)
 
     @property
     def num_requests(self) -> int:
@@ -391,6 +392,7 @@ class EngineResult:
 
     def requests_table(self) -> dict[str, np.ndarray]:
         """One row per request (request_id = 0-based input order): the columns of kvlab simulate --requests-csv."""
+        ranks = {} if self.data_parallel_rank is None else {"data_parallel_rank": self.data_parallel_rank}
         return {
             "request_id": np.arange(self.num_requests),
             "arrival_s": self.arrival_s,
@@ -400,4 +402,4 @@ class EngineResult:
             "first_token_s": self.first_token_s,
             "finish_s": self.finish_s,
             "num_preemptions": self.num_preemptions,
-        }
+        } | ranks
