@@ -183,3 +183,18 @@ def test_kvlab_simulate_serves_a_moe_models_ranks_and_refuses_a_dense_ones(capsy
     assert cli.main([*flags, "--model", "meta-llama/Llama-3.1-8B", "--data-parallel-size", "2"]) == 2
     err = capsys.readouterr().err
     assert "--data-parallel-size=2 is not allowed" in err and "is dense" in err and err.count("\n") == 1
+
+
+def test_vllm_019_scores_waiting_four_times_over_running_from_a_start_that_never_moves():
+    # 0.19: rank 0 scores 0 x 4 + 3 = 3 against 1 x 4 + 0 = 4; 0.33 scores max(0, 3) = 3 against max(0, 1) = 1
+    snapshot = [[0, 3, 0.0], [1, 0, 0.0]]
+    old, new = RankChooser(2, vllm_version="0.19"), RankChooser(2)
+    old.snapshot(snapshot)
+    new.snapshot(snapshot)
+    assert (old.choose(), new.choose()) == (0, 1)
+    # equal scores: 0.19 takes the start every time (its waiting bump then tips the balance), 0.33 moves on
+    old = RankChooser(3, vllm_version="0.19")
+    old.snapshot([[0, 4, 0.0], [0, 4, 0.0], [0, 4, 0.0]])
+    assert [old.choose() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="vllm_version='0.20' is not allowed"):
+        RankChooser(2, vllm_version="0.20")

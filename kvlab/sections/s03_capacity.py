@@ -226,6 +226,79 @@ def data_parallel_figures(table: pd.DataFrame) -> dict:
     return out
 
 
+# What data parallelism does to latency: the mixture-of-experts model, GPU and workload of section 5's one real
+# DP 2 + EP run (kvlab's choice: the deployment kvlab is checked against), at its own arrival rate and at twice it.
+DATA_PARALLEL_RUN = "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"
+LOAD_FACTORS = (1, 2)
+DEPLOYMENTS = ("one GPU", "two replicas", "DP 2 + EP")
+
+
+def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors: Iterable[int] = LOAD_FACTORS):
+    """A mixture-of-experts model served three ways on its run's GPU by kvlab's engine and measured clock, with the
+    run's settings and requests (arrival times divided by the load factor): on one GPU; on two replicas of one GPU
+    each, the requests dealt in turn (a plain load balancer: kvlab's choice); and on two GPUs as data-parallel ranks
+    with expert parallelism (kvlab.core.engine.DataParallelEngine: lockstep, vLLM 0.33's rank choice). Per row: GPUs,
+    KV blocks per GPU, mean TTFT (s), mean TPOT (ms), mean E2E latency (s), and the share of rank-steps that ran
+    a dummy batch (%; data parallelism only)."""
+    from kvlab.core.cost import make_step_cost
+    from kvlab.core.engine import DataParallelEngine, simulate
+    from kvlab.core.workload import Workload
+    from kvlab.workloads.vllm_runs import load_vllm_run
+
+    run = load_vllm_run(run_name)
+    model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
+    base = run.engine_config(data_parallel_size=1, enable_expert_parallel=False)
+    length = base.scheduler.max_model_len
+    rows = []
+    for factor in validate.non_empty("load_factors", load_factors):
+        validate.positive_int("load_factor", factor)
+        w = run.workload
+        w = Workload(w.arrival_s / factor, w.prompt_tokens, w.output_tokens, name=w.name)
+        for deployment in DEPLOYMENTS:
+            data_parallel = deployment == "DP 2 + EP"
+            config = base.replace(data_parallel_size=2, enable_expert_parallel=True) if data_parallel else base
+            blocks = capacity.plan_capacity(model, gpu.memory_gib, length, config)["num_gpu_blocks"]
+            cost = make_step_cost("measured", model=model, gpu=gpu, config=config)
+            first_token, finish, dummy_pct = np.empty(w.num_requests), np.empty(w.num_requests), float("nan")
+            if data_parallel:
+                engine = DataParallelEngine(w, config, num_gpu_blocks=blocks, cost=cost)
+                result = engine.run()
+                first_token[:], finish[:] = result.first_token_s, result.finish_s
+                dummy_pct = 100 * engine.ranks.num_dummy_batches / (2 * result.num_steps)
+            else:
+                for rank in range(1 + (deployment == "two replicas")):
+                    mine = np.arange(rank, w.num_requests, 1 + (deployment == "two replicas"))
+                    part = Workload(w.arrival_s[mine], w.prompt_tokens[mine], w.output_tokens[mine], name=w.name)
+                    result = simulate(part, config, num_gpu_blocks=blocks, cost=cost)
+                    first_token[mine], finish[mine] = result.first_token_s, result.finish_s
+            decoded = w.output_tokens > 1
+            tpot_s = (finish - first_token)[decoded] / (w.output_tokens[decoded] - 1)
+            rows.append(
+                {
+                    "load": f"{factor}x",
+                    "deployment": deployment,
+                    "gpus": 1 if deployment == "one GPU" else 2,
+                    "num_gpu_blocks_per_gpu": blocks,
+                    "mean_ttft_s": float(np.mean(first_token - w.arrival_s)),
+                    "mean_tpot_ms": 1e3 * float(np.mean(tpot_s)),
+                    "mean_e2e_s": float(np.mean(finish - w.arrival_s)),
+                    "dummy_batch_pct": dummy_pct,
+                }
+            )
+    table = pd.DataFrame(rows).set_index(["load", "deployment"])
+    table.attrs |= {"model": model.name.split("/")[-1], "gpu": gpu.name, "num_requests": w.num_requests}
+    return table
+
+
+def data_parallel_serving_figures(table: pd.DataFrame) -> dict:
+    """The figures notebook 03's paragraph on data-parallel latency states: per load ("1x", "2x") each
+    deployment's row as a dict, and the model, GPU and requests served."""
+    return dict(table.attrs) | {
+        load: {deployment: rows.loc[(load, deployment)].to_dict() for deployment in DEPLOYMENTS}
+        for load, rows in table.groupby(level="load", sort=False)
+    }
+
+
 def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:
     """make parity's capacity result (data/parity/capacity_summary.csv) by model family: the models, their KV
     caches, the grid's cases, how many vLLM refused, and how many kvlab computes exactly as vLLM 0.33 does

@@ -49,6 +49,7 @@ WORDS = {
     "vllm": "vLLM",
     "ttft": "TTFT",
     "tpot": "TPOT",
+    "e2e": "E2E",
     "cv": "CV",
     "mla": "MLA",
     "gqa": "GQA",
