@@ -34,6 +34,7 @@ def workload(n=400, rate=12.0, prompt=1500, output=300, seed=1) -> Workload:
 DEPLOYMENT = plan.Deployment(get_model(MODEL), get_gpu(GPU), 16384)
 SPACE = plan.SearchSpace(
     tensor_parallel_size=(1, 2, 4),
+    data_parallel_size=(1,),
     max_num_seqs=(16, 128),
     max_num_batched_tokens=(512, 4096),
     block_size=(16,),
@@ -60,7 +61,7 @@ def test_a_heavy_rate_is_pruned_served_and_dropped_and_the_counts_add_up(heavy_p
 def test_every_lower_bound_is_below_what_the_engine_serves():
     """The rate prune's bounds (p95 TTFT, TPOT, E2E) hold for every candidate served in full, pruned or not."""
     w = workload(n=300)
-    for candidate in SPACE.candidates():
+    for candidate in SPACE.candidates(DEPLOYMENT.model):
         if candidate.tensor_parallel_size == 4:
             continue
         config = candidate.config(DEPLOYMENT.max_model_len)
@@ -69,13 +70,7 @@ def test_every_lower_bound_is_below_what_the_engine_serves():
             "num_gpu_blocks"
         ]
         budget = candidate.max_num_batched_tokens
-        bounds = plan.lower_bounds(
-            w,
-            candidate,
-            plan.max_tokens_per_s(cost, budget),
-            min(cost.min_step_s(t) for t in range(1, budget + 1)),
-            DEPLOYMENT.max_model_len,
-        )
+        bounds = plan.lower_bounds(w, candidate, *plan.rate_bounds(cost, budget), DEPLOYMENT.max_model_len)
         served = plan.serve(w, DEPLOYMENT, candidate, blocks)
         for name, bound in bounds.items():
             assert bound <= served[name] * (1 + 1e-12), (candidate, name, bound, served[name])
@@ -132,7 +127,7 @@ def test_twins_make_the_same_decisions_when_served_apart():
         async_scheduling=(False,),
         num_replicas=(1,),
     )
-    results = [plan.CandidateResult(c) for c in space.candidates()]
+    results = [plan.CandidateResult(c) for c in space.candidates(deployment.model)]
     plan.prune(w, deployment, plan.Objectives(e2e_p95_s=1000.0), results)
     groups = plan.twins(w, deployment, results)
     assert len(groups) == 1 and len(groups[0]) == 8
@@ -184,7 +179,7 @@ def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
     c = plan.Candidate(tensor_parallel_size=1, max_num_seqs=64, max_num_batched_tokens=8192, async_scheduling=False)
     config = c.config(DEPLOYMENT.max_model_len)
     cost = plan.step_cost(DEPLOYMENT, config)[0]
-    bound = plan.lower_bounds(w, c, plan.max_tokens_per_s(cost, 8192), cost.min_step_s(1), 16384)["ttft_p95_s"]
+    bound = plan.lower_bounds(w, c, plan.rate_bounds(cost, 8192)[0], cost.min_step_s(1), 16384)["ttft_p95_s"]
     blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)[
         "num_gpu_blocks"
     ]
@@ -399,3 +394,41 @@ def test_an_objective_no_request_can_meet_alone_is_pruned_by_proof_without_servi
     assert served == [] and result.counts()["pruned"] == SPACE.size
     rate = [r.reason for r in result.results if r.reason.startswith("rate")]
     assert rate and all("p95 TTFT is at least" in why and "(each request's own work)" in why for why in rate)
+
+
+MOE = plan.Deployment(get_model("Qwen/Qwen3-30B-A3B-Instruct-2507"), get_gpu(GPU), 16384)
+
+
+def test_a_moe_model_is_planned_on_data_parallel_ranks_too_and_their_bounds_hold():
+    space = plan.SearchSpace(
+        tensor_parallel_size=(1,),
+        data_parallel_size=(1, 2),
+        max_num_seqs=(64,),
+        max_num_batched_tokens=(512, 2048),
+        block_size=(16,),
+        kv_cache_dtype=("bf16",),
+        async_scheduling=(True, False),
+        num_replicas=(1,),
+    )
+    w = workload(n=150, rate=20.0)
+    ranks = [c for c in space.candidates(MOE.model) if c.data_parallel_size == 2]
+    assert len(ranks) == 4 and len(space.candidates(DEPLOYMENT.model)) == 4  # the dense model: DP 1 only
+    for candidate in ranks:
+        assert candidate.num_gpus == 2 and "DP 2 + EP" in candidate.label()
+        assert "--data-parallel-size 2 --enable-expert-parallel" in candidate.serve_command(MOE.model.name, 16384)
+        config = candidate.config(MOE.max_model_len)
+        assert config.parallel.enable_expert_parallel
+        cost = plan.step_cost(MOE, config)[0]
+        blocks = plan_capacity(MOE.model, MOE.gpu.memory_gib, MOE.max_model_len, config)["num_gpu_blocks"]
+        tokens_per_s, shortest_s = plan.rate_bounds(cost, candidate.max_num_batched_tokens, 2)
+        bounds = plan.lower_bounds(w, candidate, tokens_per_s, shortest_s, MOE.max_model_len)
+        served = plan.serve(w, MOE, candidate, blocks)
+        for name, bound in bounds.items():
+            assert bound <= served[name] * (1 + 1e-12), (candidate, name, bound, served[name])
+
+
+def test_data_parallel_ranks_for_a_dense_model_are_refused_in_one_line(capsys):
+    flags = ["--arrival-rate", "5", "--num-requests", "50", "--slo-e2e-p95-s", "10", "--data-parallel-size", "1,2"]
+    assert cli.main(["plan", "--model", MODEL, "--gpu", GPU, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "--data-parallel-size 1,2 is not allowed for Qwen/Qwen3-32B: it is dense" in err and err.count("\n") == 1

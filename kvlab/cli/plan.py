@@ -18,6 +18,7 @@ PLAN_FLAGS = {
     "tpot_p95_ms": "--slo-tpot-p95-ms",
     "e2e_p95_s": "--slo-e2e-p95-s",
     "tensor_parallel_size": "--tensor-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
     "max_num_seqs": "--max-num-seqs",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "block_size": "--block-size",
@@ -43,6 +44,12 @@ PLAN_FLAGS = {
 # The searched knobs: (flag, SearchSpace field, kind of value, help).
 SPACE_FLAGS = [
     ("--tensor-parallel-size", "tensor_parallel_size", int, "GPUs per replica"),
+    (
+        "--data-parallel-size",
+        "data_parallel_size",
+        int,
+        "ranks per replica, with expert parallelism, for a mixture-of-experts model (a dense model's are the replicas)",
+    ),
     ("--max-num-seqs", "max_num_seqs", int, "requests running at once, at most"),
     ("--max-num-batched-tokens", "max_num_batched_tokens", int, "tokens a step schedules, at most"),
     ("--block-size", "block_size", int, "tokens per KV block"),
@@ -249,6 +256,13 @@ def deployment_of(args, given: set[str], workload):
     else:
         raise ValueError(f"--max-model-len is needed: {model.name} gives no context length")
     check_max_model_len("--max-model-len", max_model_len, workload.prompt_tokens.max())
+    if args.data_parallel_size is not None and model.expert_params_b <= 0:
+        ranks = parse_list("--data-parallel-size", args.data_parallel_size, int)
+        if max(ranks) > 1:
+            raise ValueError(
+                f"--data-parallel-size {args.data_parallel_size} is not allowed for {model.name}: it is dense, and "
+                "vLLM runs a dense model's data-parallel ranks as independent engines (plan them with --replicas)"
+            )
     return Deployment(model, gpu, max_model_len, allow_roofline=args.allow_roofline)
 
 

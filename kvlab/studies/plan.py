@@ -1,9 +1,10 @@
 """The vLLM configurations that serve a workload within its service-level objectives (`kvlab plan`).
 
-A candidate is one setting of vLLM's knobs (tensor parallel size, max_num_seqs, max_num_batched_tokens,
-block_size, gpu_memory_utilization, kv_cache_dtype, chunked prefill, prefix caching, async scheduling) and a
-number of replicas; the workload's requests are dealt to the replicas in turn (round robin: vLLM's data-parallel load
-balancing and the vLLM project's router are not modelled). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
+A candidate is one setting of vLLM's knobs (tensor parallel size, data parallel size with expert parallelism for a
+mixture-of-experts model, max_num_seqs, max_num_batched_tokens, block_size, gpu_memory_utilization, kv_cache_dtype,
+chunked prefill, prefix caching, async scheduling) and a number of replicas; the workload's requests are dealt to the
+replicas in turn (round robin: the vLLM project's router is not modelled), and within a replica of data-parallel
+ranks by vLLM's own rule (kvlab.core.engine.DataParallelEngine). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
 GPU profiles, section 5) with the KV pool vLLM would size (plan_capacity, vLLM 0.33's sizing code).
 
 The search is not a grid:
@@ -13,7 +14,8 @@ The search is not a grid:
    - step cost: no operator profile measures the model at that tensor parallel size on the GPU (unless the roofline
      is allowed);
    - rate: a step of T tokens takes at least min_step_s(T), so a replica serves at most
-     max over T <= max_num_batched_tokens of T / min_step_s(T) tokens a second. For p95 E2E latency <= X, the
+     max over T <= max_num_batched_tokens of T / min_step_s(T) tokens a second (with data parallelism, each rank
+     at most max over T of T / (the least min_step_s(T') over T' >= T), its steps padded to the largest rank's). For p95 E2E latency <= X, the
      k = floor(0.95 (N - 1)) + 1 requests within it finish by the last arrival + X, so the replicas must have
      scheduled at least the k smallest requests' tokens (prompt + output - 1 each; output alone with prefix
      caching) since the first arrival: X >= W_k / (replicas x that rate) - the arrivals' span. The same bound
@@ -36,6 +38,7 @@ workload's rate over the GPUs it uses: goodput, since every request is served), 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import asdict, dataclass, field
 
@@ -82,10 +85,15 @@ def step_cost(deployment: Deployment, config: EngineConfig):
     return cost, isinstance(cost, (MeasuredStepCost, LinearProfileStepCost)), cost.source
 
 
-def max_tokens_per_s(cost, max_num_batched_tokens: int) -> float:
-    """The most tokens a second one replica can schedule: max over T <= max_num_batched_tokens of
-    T / cost.min_step_s(T) (every T, so no shape of the cost is assumed)."""
-    return max(t / cost.min_step_s(t) for t in range(1, max_num_batched_tokens + 1))
+def rate_bounds(cost, max_num_batched_tokens: int, data_parallel_size: int = 1) -> tuple[float, float]:
+    """The most tokens a second one replica can schedule, and the shortest step (s): max over T <=
+    max_num_batched_tokens of T / cost.min_step_s(T) (every T, so no shape of the cost is assumed). Data-parallel
+    ranks step in lockstep, each padded to the largest rank's tokens, so a rank of T tokens takes at least the least
+    min_step_s(T') over T' >= T, and the replica's rate is that of its ranks together."""
+    steps = [cost.min_step_s(t) for t in range(1, max_num_batched_tokens + 1)]
+    if data_parallel_size > 1:
+        steps = list(itertools.accumulate(reversed(steps), min))[::-1]
+    return data_parallel_size * max(t / step for t, step in enumerate(steps, 1)), min(steps)
 
 
 def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, max_model_len: int) -> bool:
@@ -336,16 +344,14 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
             continue
         key = (
             c.tensor_parallel_size,
+            c.data_parallel_size,
             c.max_num_batched_tokens,
             cost.__class__,
             source,
             getattr(cost, "cudagraph_capture_sizes", ()),
         )
         if key not in rates:
-            rates[key] = (
-                max_tokens_per_s(cost, c.max_num_batched_tokens),
-                min(cost.min_step_s(t) for t in range(1, c.max_num_batched_tokens + 1)),
-            )
+            rates[key] = rate_bounds(cost, c.max_num_batched_tokens, c.data_parallel_size)
         tokens_per_s, shortest_s = rates[key]
         fleet = fleet_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
         own = request_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
@@ -375,6 +381,7 @@ def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]
         if never_binds(workload, c, r.num_gpu_blocks, deployment.max_model_len):
             key = (
                 c.tensor_parallel_size,
+                c.data_parallel_size,
                 c.max_num_seqs,
                 c.max_num_batched_tokens,
                 c.enable_chunked_prefill,
@@ -409,7 +416,7 @@ def search(
         validate.fail(
             "num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)"
         )
-    results = [CandidateResult(c) for c in space.candidates()]
+    results = [CandidateResult(c) for c in space.candidates(deployment.model)]
     prune(workload, deployment, objectives, results)
     if all(r.reason.startswith("step cost") for r in results):
         validate.fail(

@@ -106,6 +106,7 @@ class Candidate:
     """One configuration of vLLM and the number of replicas serving the workload."""
 
     tensor_parallel_size: int = ParallelConfig.tensor_parallel_size  # vLLM's defaults (kvlab.core.config)
+    data_parallel_size: int = ParallelConfig.data_parallel_size  # > 1: a mixture-of-experts model's ranks, with EP
     max_num_seqs: int = SchedulerConfig.max_num_seqs
     max_num_batched_tokens: int = SchedulerConfig.max_num_batched_tokens
     block_size: int = CacheConfig.block_size
@@ -118,18 +119,25 @@ class Candidate:
 
     @property
     def num_gpus(self) -> int:
-        return self.tensor_parallel_size * self.num_replicas
+        return self.tensor_parallel_size * self.data_parallel_size * self.num_replicas
 
     def config(self, max_model_len: int) -> EngineConfig:
-        """The engine settings of one replica."""
+        """The engine settings of one replica (data parallelism with expert parallelism, as vLLM serves a
+        mixture-of-experts model on several ranks)."""
         settings = {k: v for k, v in asdict(self).items() if k != "num_replicas"}
-        return EngineConfig().replace(**settings, max_model_len=max_model_len)
+        parallel = {"enable_expert_parallel": self.data_parallel_size > 1}
+        return EngineConfig().replace(**settings, **parallel, max_model_len=max_model_len)
 
     def serve_command(self, model_name: str, max_model_len: int) -> str:
         """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server)."""
         flags = [
             f"vllm serve {model_name}",
             f"--tensor-parallel-size {self.tensor_parallel_size}",
+            *(
+                [f"--data-parallel-size {self.data_parallel_size}", "--enable-expert-parallel"]
+                if self.data_parallel_size > 1
+                else []
+            ),
             f"--max-model-len {max_model_len}",
             f"--max-num-seqs {self.max_num_seqs}",
             f"--max-num-batched-tokens {self.max_num_batched_tokens}",
@@ -145,7 +153,9 @@ class Candidate:
     def label(self) -> str:
         """The candidate in a few words."""
         return (
-            f"TP {self.tensor_parallel_size} x {self.num_replicas} replica{'s' * (self.num_replicas > 1)}, "
+            f"TP {self.tensor_parallel_size}"
+            + (f" x DP {self.data_parallel_size} + EP" if self.data_parallel_size > 1 else "")
+            + f" x {self.num_replicas} replica{'s' * (self.num_replicas > 1)}, "
             f"max_num_seqs {self.max_num_seqs}, max_num_batched_tokens {self.max_num_batched_tokens}, "
             f"block_size {self.block_size}, gpu_memory_utilization {self.gpu_memory_utilization:g}, "
             f"kv_cache_dtype {self.kv_cache_dtype}, chunked prefill {'on' if self.enable_chunked_prefill else 'off'}"
@@ -159,6 +169,7 @@ class SearchSpace:
     """The values each knob may take; the candidates are every combination."""
 
     tensor_parallel_size: tuple = (1, 2)
+    data_parallel_size: tuple = (1, 2)  # above 1 for a mixture-of-experts model only (candidates(model))
     max_num_seqs: tuple = (64, 128, 256, 512)
     max_num_batched_tokens: tuple = (2048, 4096, 8192)
     block_size: tuple = (16, 32)
@@ -176,7 +187,7 @@ class SearchSpace:
                 validate.fail(f.name, values, "must be a non-empty tuple of values")
             if len(set(values)) != len(values):
                 validate.fail(f.name, values, "must not repeat a value")
-        for name in ("tensor_parallel_size", "num_replicas"):
+        for name in ("tensor_parallel_size", "data_parallel_size", "num_replicas"):
             for v in getattr(self, name):
                 validate.positive_int(name, v)
 
@@ -184,11 +195,16 @@ class SearchSpace:
     def size(self) -> int:
         return math.prod(len(getattr(self, f.name)) for f in fields(self))
 
-    def candidates(self) -> list[Candidate]:
-        """Every combination, in a fixed order (each Candidate validated as its EngineConfig is built)."""
+    def candidates(self, model=None) -> list[Candidate]:
+        """Every combination, in a fixed order (each Candidate validated as its EngineConfig is built); for a dense
+        model (a ModelSpec without routed experts) only those of data_parallel_size 1: vLLM runs a dense model's
+        data-parallel ranks as independent engines, which the replicas are."""
         names = [f.name for f in fields(self)]
+        dense = model is not None and model.expert_params_b <= 0
         return [
-            Candidate(**dict(zip(names, values))) for values in itertools.product(*(getattr(self, n) for n in names))
+            Candidate(**dict(zip(names, values)))
+            for values in itertools.product(*(getattr(self, n) for n in names))
+            if not (dense and values[names.index("data_parallel_size")] > 1)
         ]
 
 

@@ -347,8 +347,11 @@ SPACE_PARAMETERS = {
 
 
 def search_space(p: dict):
-    """Notebook 07's SearchSpace (chunked prefill on, vLLM 0.33's default; prefix caching off, where vLLM 0.33's default is on: the trace gives no prompt contents), each candidate
+    """Notebook 07's SearchSpace (chunked prefill on, vLLM 0.33's default; prefix caching off, where vLLM 0.33's default
+    is on: the trace gives no prompt contents; data-parallel ranks as SearchSpace's for a mixture-of-experts model),
+    each candidate
     checked as vLLM checks its settings; a refusal names the notebook's parameter."""
+    from kvlab.core.models import get_model
     from kvlab.studies.plan_space import SearchSpace
 
     try:
@@ -356,6 +359,8 @@ def search_space(p: dict):
             **{field: tuple(p[name]) for field, name in SPACE_PARAMETERS.items()},
             enable_chunked_prefill=(True,),
             enable_prefix_caching=(False,),
+            # data-parallel ranks for a mixture-of-experts model only (SearchSpace.candidates)
+            **({} if get_model(p["MODEL"]).expert_params_b > 0 else {"data_parallel_size": (1,)}),
         )
         for candidate in space.candidates():
             candidate.config(p["MAX_MODEL_LEN"])
