@@ -195,6 +195,7 @@ def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
                 "kvlab_mean_tpot_ms": list(steps.values()),
                 "vllm_mean_tpot_ms": 50.0,
                 "kvlab_mean_ttft_s": 1.0,
+                "mean_ttft_error": 0.0,
             },
             index=index,
         )
@@ -207,6 +208,27 @@ def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
     )
     assert "20.0 ms a token over vLLM's 50.0 ms; that gap is 2.0x the share" in over
     assert term_text(table(40.0, within=True)) == ""
+
+
+def test_section_5s_ttft_sentence_follows_the_median_and_the_wait():
+    from kvlab.sections.s05_calibration import ttft_words
+
+    def row(kvlab_median, kvlab_wait, error=-0.4):
+        return {
+            "mean_ttft_error": error,
+            "kvlab_median_ttft_s": kvlab_median,
+            "vllm_median_ttft_s": 0.14,
+            "kvlab_mean_wait_s": kvlab_wait,
+            "vllm_mean_wait_s": 0.95,
+        }
+
+    assert ttft_words(row(0.14, 0.49)) == (
+        " Its mean TTFT misses by -40.0%: its median TTFT is 0.14 s against vLLM's 0.14 s (alike, within 5%), and a "
+        "request waited 0.49 s on average before its first step, shorter than vLLM's 0.95 s."
+    )
+    flipped = ttft_words(row(0.28, 1.90, error=0.5))
+    assert "misses by +50.0%" in flipped and "(+100%)" in flipped and "longer than vLLM's 0.95 s" in flipped
+    assert ttft_words(row(0.14, 0.49, error=0.1)) == ""
 
 
 def test_the_regime_of_a_fig13_run_follows_its_latency_against_the_bound():

@@ -398,9 +398,29 @@ def term_text(table: pd.DataFrame) -> str:
         )
         items.append(
             f"- {whole['label']}: kvlab's mean TPOT is {cell(kv, 1)} ms, {cell(gap, 1)} ms a token {way} vLLM's "
-            f"{cell(vllm, 1)} ms; that gap is {shares}."
+            f"{cell(vllm, 1)} ms; that gap is {shares}." + ttft_words(whole)
         )
     return "\n".join(items)
+
+
+def ttft_words(row) -> str:
+    """Where a run's mean TTFT misses its target, a sentence on where the gap lies (s at 2 decimals, as the check
+    table shows TTFT): the median TTFT, then the mean wait before a request's first step, kvlab's against vLLM's; ''
+    within the target."""
+    if abs(row["mean_ttft_error"]) <= CHECK_TARGETS["mean_ttft_error"]:
+        return ""
+    km, vm = row["kvlab_median_ttft_s"], row["vllm_median_ttft_s"]
+    median = f"its median TTFT is {cell(km, 2)} s against vLLM's {cell(vm, 2)} s" + (
+        f" (alike, within {100 * phrases.ALIKE_SHARE:g}%)"
+        if phrases.alike(km, vm, 2, phrases.ALIKE_SHARE)
+        else f" ({phrases.shift(vm, km, 2)})"
+    )
+    kv, vllm = row["kvlab_mean_wait_s"], row["vllm_mean_wait_s"]
+    way = phrases.direction(vllm, kv, 2, ("longer than", "shorter than", "as long as"))
+    return (
+        f" Its mean TTFT misses by {100 * row['mean_ttft_error']:+.1f}%: {median}, and a request waited "
+        f"{cell(kv, 2)} s on average before its first step, {way} vLLM's {cell(vllm, 2)} s."
+    )
 
 
 CPU_MODEL, CPU_GPU = "meta-llama/Llama-3.1-8B", "RTX-PRO-6000-Server-96GB"  # a complete operator profile

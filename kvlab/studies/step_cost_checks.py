@@ -51,6 +51,7 @@ def replay_vllm_run(run: VllmRun, cost_name: str = "measured", term_off: str = "
     options = {"vllm_version": data_parallel_rules(run)} if ranks > 1 else {}
     result = simulate(run.workload, config, num_gpu_blocks=planned["num_gpu_blocks"], cost=cost, **options)
     return {
+        "first_scheduled_s": result.first_scheduled_s,
         "first_token_s": result.first_token_s,
         "finish_s": result.finish_s,
         "num_gpu_blocks": planned["num_gpu_blocks"],
@@ -195,6 +196,8 @@ def _replays(names, replays) -> pd.DataFrame:
                         "output_tokens": outputs,
                         "vllm_ttft_s": run.ttft_s,
                         "kvlab_ttft_s": kv["first_token_s"] - arrival,
+                        "vllm_wait_s": run.first_scheduled_s - arrival,  # before the request's first step
+                        "kvlab_wait_s": kv["first_scheduled_s"] - arrival,
                         "vllm_e2e_s": run.e2e_s,
                         "kvlab_e2e_s": kv["finish_s"] - arrival,
                         "vllm_tpot_ms": 1e3 * run.tpot_s,
@@ -232,6 +235,10 @@ def check_run_table(names=None, cost_names=CHECK_STEP_COSTS, *, requests: pd.Dat
             "median_request_e2e_error": float(np.median(np.abs(r["kvlab_e2e_s"] / r["vllm_e2e_s"] - 1))),
             "vllm_mean_ttft_s": r["vllm_ttft_s"].mean(),
             "kvlab_mean_ttft_s": r["kvlab_ttft_s"].mean(),
+            "vllm_median_ttft_s": r["vllm_ttft_s"].median(),
+            "kvlab_median_ttft_s": r["kvlab_ttft_s"].median(),
+            "vllm_mean_wait_s": r["vllm_wait_s"].mean(),
+            "kvlab_mean_wait_s": r["kvlab_wait_s"].mean(),
         }
         row["mean_e2e_error"] = row["kvlab_mean_e2e_s"] / row["vllm_mean_e2e_s"] - 1
         row["mean_tpot_error"] = row["kvlab_mean_tpot_ms"] / row["vllm_mean_tpot_ms"] - 1
