@@ -148,18 +148,31 @@ def test_ranks_of_equal_tokens_step_as_their_slowest_and_a_dummy_rank_runs_the_p
     a, b = pair
     assert MOE_COST.group_step_s([a]) == MOE_COST.step_s(a)
     assert MOE_COST.group_step_s([a, b]) == max(MOE_COST.step_s(a), MOE_COST.step_s(b))
-    dummy_s = MOE_COST.fixed_us(a.num_scheduled_tokens, 0) / 1e6  # no attention, no sampling, no scheduling
-    assert MOE_COST.group_step_s([a, None]) == max(MOE_COST.step_s(a), dummy_s)
+    if a.num_scheduled_tokens <= MOE_COST.cudagraph_capture_sizes[-1]:  # both padded: a dummy of a's tokens
+        dummy_s = MOE_COST.fixed_us(a.num_scheduled_tokens, 0) / 1e6  # no attention, no sampling, no scheduling
+        assert MOE_COST.group_step_s([a, None]) == max(MOE_COST.step_s(a), dummy_s)
+    else:  # eager: each rank at its own tokens (the dummy rank's one), the experts at the ranks' mean
+        n = a.num_scheduled_tokens
+        mine = MOE_COST.with_cpu_us(*MOE_COST._gpu_us(a, n, (n + 1) / 2, False)) / 1e6
+        dummy_s = MOE_COST.fixed_us(1, 0, (n + 1) / 2, False) / 1e6
+        assert MOE_COST.group_step_s([a, None]) == max(mine, dummy_s)
 
 
-def test_a_small_rank_beside_a_large_one_runs_padded_to_its_tokens():
+def test_a_small_rank_beside_a_large_one_is_padded_to_it_only_where_every_rank_runs_a_cuda_graph():
     small = Batch(4, 4 * 1001, 4, 4 * 1001)  # four decodes
-    large = Batch(1024, 1024 * 1025 // 2, 0, 0, 1, 1024 * 1025 // 2)  # a 1,024-token prompt
-    padded = MOE_COST.with_cpu_us(MOE_COST._gpu_us(small, 1024)[0], 4) / 1e6
-    assert padded > 2 * MOE_COST.step_s(small)  # the experts and the dispatch of 2 x 1,024 tokens
-    assert MOE_COST.group_step_s([small, large]) == max(padded, MOE_COST.step_s(large))
+    last = MOE_COST.cudagraph_capture_sizes[-1]
+    graphed = Batch(last, last * (last + 1) // 2, 0, 0, 1, last * (last + 1) // 2)  # a prompt of the last size
+    padded = MOE_COST.with_cpu_us(MOE_COST._gpu_us(small, last)[0], 4) / 1e6
+    assert padded > 2 * MOE_COST.step_s(small)  # the experts and the dispatch of 2 x the last size's tokens
+    assert MOE_COST.group_step_s([small, graphed]) == max(padded, MOE_COST.step_s(graphed))
+    # one token more and the large rank runs eagerly: no rank is padded, the experts get the ranks' mean tokens
+    eager = Batch(last + 1, (last + 1) * (last + 2) // 2, 0, 0, 1, (last + 1) * (last + 2) // 2)
+    mean = (4 + last + 1) / 2
+    own = [MOE_COST.with_cpu_us(*MOE_COST._gpu_us(b, b[0], mean, False)) / 1e6 for b in (small, eager)]
+    assert MOE_COST.group_step_s([small, eager]) == max(own) < MOE_COST.step_s(eager)
+    assert own[0] < padded  # four decodes' dense layers, not the padded ones
     # a step cost without a rule of its own: the slowest rank's step; no rank at all: one token's least
-    assert group_step_s(LinearStepCost(5.0, 0.01), [small, None, large]) == LinearStepCost(5.0, 0.01).step_s(large)
+    assert group_step_s(LinearStepCost(5.0, 0.01), [small, None, eager]) == LinearStepCost(5.0, 0.01).step_s(eager)
     assert group_step_s(ConstantStepCost(), [None, None]) == ConstantStepCost().min_step_s(1)
 
 

@@ -98,8 +98,9 @@ class MeasuredStepCost:
       without moe.csv is a dense model's (an MoE model without it has no profile);
     - expert parallelism (vLLM's --enable-expert-parallel over DP x TP GPUs, expert_parallel_size > 1): a GPU holds
       E / EP experts and receives the tokens of every data-parallel rank routed to them. The ranks step in
-      lockstep, every one padded to the largest rank's tokens (group_step_s; step_s, one batch alone, takes every
-      rank to carry its tokens): the MoE block is read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
+      lockstep, padded to the largest rank's tokens where all run CUDA graphs, else each at its own with the
+      experts at the ranks' mean (group_step_s; step_s, one batch alone, takes every rank to carry its tokens):
+      the MoE block is read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
       tokens))), the table's tokens routing as many token-expert pairs as the rank's share of all the ranks'; and
       the expert dispatch and combine, vLLM 0.33's default all2all backend (allgather_reducescatter: an all-gather
       of every rank's hidden states and a reduce-scatter of the experts' outputs in each MoE layer), each moving
@@ -354,18 +355,22 @@ class MeasuredStepCost:
         j, wj = bracket(experts, self.active_experts(num_tokens))
         return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
 
-    def fixed_us(self, num_tokens: int, num_sequences: int) -> float:
-        """Every term but attention (us): dense, MoE and all-reduce at the padded tokens, per-sequence (none for 0
-        sequences: vLLM's dummy batch samples nothing), overhead."""
-        padded = self.padded_tokens(num_tokens)
+    def fixed_us(
+        self, num_tokens: int, num_sequences: int, expert_tokens: float | None = None, pad: bool = True
+    ) -> float:
+        """Every term but attention (us): dense and all-reduce at the padded tokens (num_tokens itself with pad
+        False), MoE and dispatch there too or at expert_tokens (a rank's share of the tokens every rank sends the
+        experts), per-sequence (none for 0 sequences: vLLM's dummy batch samples nothing), overhead."""
+        padded = self.padded_tokens(num_tokens) if pad else num_tokens
+        experts = padded if expert_tokens is None else expert_tokens
         us = interp(self._tokens, self._dense, padded)
-        us += self._layers * self.moe_block_us(padded)
+        us += self._layers * self.moe_block_us(experts)
         if num_sequences:
             us += interp(self._sequences, self._per_sequence, num_sequences)
         if self.all_reduce is not None:
             us += self.all_reduce.step_us(padded)
         if self.dispatch_us_per_token:
-            us += self.dispatch_us_per_token * self.data_parallel_size * padded
+            us += self.dispatch_us_per_token * self.data_parallel_size * experts
         return us + self._overhead_us
 
     def with_cpu_us(self, gpu_us, num_sequences: int):
@@ -464,30 +469,39 @@ class MeasuredStepCost:
 
     def group_step_s(self, batches) -> float:
         """Seconds of one step of data-parallel ranks in lockstep (vLLM's mixture-of-experts data parallelism; one
-        Batch a rank, None for a rank with nothing scheduled): every rank runs padded to the largest rank's tokens
-        (vLLM's coordinate_batch_across_dp), so the dense, MoE, all-reduce and dispatch terms are read there, the
-        experts hit by DP x those tokens; attention, per-sequence work and the CPU's scheduling are each rank's
-        own; a rank with nothing scheduled runs vLLM's dummy batch (the padded tokens, no attention, no sampling,
-        no scheduling). The step lasts as long as its slowest rank."""
-        num_tokens = max((b[0] for b in batches if b is not None), default=0) or 1  # all idle: a 1-token dummy
+        Batch a rank, None for a rank with nothing scheduled, which runs vLLM's dummy batch of one token: no
+        attention, no sampling, no scheduling). vLLM's coordinate_batch_across_dp (vllm/v1/worker/dp_utils.py): where
+        every rank runs a CUDA graph (the largest rank's tokens at most the last capture size), every rank runs padded
+        to the largest rank's graph size, and the dense, MoE, all-reduce and dispatch terms are read there, the
+        experts hit by DP x those tokens; otherwise every rank runs eagerly at its own tokens, and the experts receive
+        every rank's tokens, read as the ranks' mean. Attention, per-sequence work and the CPU's scheduling are each
+        rank's own. The step lasts as long as its slowest rank."""
+        tokens = [b[0] if b is not None and b[0] else 1 for b in batches]
+        largest, sizes = max(tokens), self._sizes
+        graphs = bool(sizes) and largest <= sizes[-1]
+        experts = None if graphs else sum(tokens) / len(tokens)
         slowest = 0.0
-        for batch in batches:
+        for batch, own in zip(batches, tokens):
+            run = largest if graphs else own
             if batch is None or not batch[0]:
-                us = self.fixed_us(num_tokens, 0)
+                us = self.fixed_us(run, 0, experts, graphs)
             else:
-                gpu_us, num_sequences = self._gpu_us(batch, num_tokens)
+                gpu_us, num_sequences = self._gpu_us(batch, run, experts, graphs)
                 us = self.with_cpu_us(gpu_us, num_sequences)
             slowest = us if us > slowest else slowest
         return slowest / 1e6
 
-    def _gpu_us(self, batch: Batch, num_tokens: int) -> tuple[float, int]:
+    def _gpu_us(
+        self, batch: Batch, num_tokens: int, expert_tokens: float | None = None, pad: bool = True
+    ) -> tuple[float, int]:
         """The GPU's work of a step (us) with its dense, MoE and all-reduce terms read at num_tokens (the batch's
-        own, or the largest of data-parallel ranks in lockstep), and the sequences it schedules."""
+        own, or the largest of data-parallel ranks in lockstep; fixed_us says what expert_tokens and pad change),
+        and the sequences it schedules."""
         context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[1:6]
         prefill_tokens = batch[0] - num_decodes
         decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
         if not prefill_tokens:
-            us = self.fixed_us(num_tokens, num_decodes)
+            us = self.fixed_us(num_tokens, num_decodes, expert_tokens, pad)
             attention = self.decode_attention_us(num_decodes, decode_history)
             us += self._layers * self.skewed_attention_us(attention, 0, 0.0, num_decodes, batch)
             return us, num_decodes
@@ -496,7 +510,7 @@ class MeasuredStepCost:
         else:  # a caller without the prefill aggregates: one chunk
             history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
         num_sequences = num_decodes + max(num_prefills, 1)
-        us = self.fixed_us(num_tokens, num_sequences)
+        us = self.fixed_us(num_tokens, num_sequences, expert_tokens, pad)
         corners = self._mixed_corners(prefill_tokens, history, num_decodes)
         attention = self._mixed_at(corners, decode_history)
         us += self._layers * self.skewed_attention_us(attention, prefill_tokens, history, num_decodes, batch, corners)
@@ -599,7 +613,7 @@ def expert_parallel(entry, model, config) -> tuple[int, int, float, str]:
     link = profiles.interconnect(entry.gpu)
     per_token = 0.0
     words = f"; expert parallelism over {ep} GPUs: {entry.num_experts // ep} of {entry.num_experts} experts a GPU"
-    words += f", the {dp} ranks in lockstep, each padded to the largest rank's tokens"
+    words += f", the {dp} ranks in lockstep (padded to the largest rank's tokens where all run CUDA graphs)"
     if link is None:
         words += f"; the expert dispatch and combine left out (data/profiles/interconnects.csv has no link for the {entry.gpu})"
     else:
