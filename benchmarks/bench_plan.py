@@ -1,5 +1,6 @@
-"""`kvlab plan`'s search (issue 24): at least 500 candidate configurations of a 10,000-request trace in under 5 minutes
-on this machine (local processes, one per core), and the same result on a Dask cluster (a local one here)."""
+"""`kvlab plan`'s search: at least 500 candidate configurations of a 10,000-request trace in at most 20 s on this
+machine (local processes, one per core; the compiled loop on the measured clock), the candidates served in full giving
+the same figures in the Python engine, and the same result on a Dask cluster (a local one here)."""
 
 import time
 
@@ -7,7 +8,7 @@ from kvlab.core.models import get_gpu, get_model
 from kvlab.studies import plan
 from kvlab.workloads import traces
 
-TARGET = {"num_candidates": 500, "num_requests": 10_000, "seconds": 300}
+TARGET = {"num_candidates": 500, "num_requests": 10_000, "seconds": 20}
 DEPLOYMENT = {"model": "Qwen/Qwen3-32B", "gpu": "RTX-PRO-6000-Server-96GB", "max_model_len": 16384}
 OBJECTIVES = plan.Objectives(ttft_p95_s=2.0, tpot_p95_ms=60.0)
 
@@ -26,15 +27,16 @@ def main() -> None:
         get_model(DEPLOYMENT["model"]), get_gpu(DEPLOYMENT["gpu"]), DEPLOYMENT["max_model_len"]
     )
     space = plan.SearchSpace()
+    num_candidates = len(space.candidates(deployment.model))  # a dense model: data_parallel_size 1 only
     start = time.perf_counter()
     local = plan.search(workload, deployment, OBJECTIVES, space, scheduler="processes")
     seconds = time.perf_counter() - start
     counts = local.counts()
-    verdict = "PASS" if space.size >= TARGET["num_candidates"] and seconds < TARGET["seconds"] else "FAIL"
+    verdict = "PASS" if num_candidates >= TARGET["num_candidates"] and seconds <= TARGET["seconds"] else "FAIL"
     rungs = "; ".join(f"{c} on {n:,} requests in {s:.0f} s" for n, c, s in local.rungs)
     print(
         f"   plan, {DEPLOYMENT['model']} on {DEPLOYMENT['gpu']}, {workload.num_requests:,} Azure conversation requests, "
-        f"{space.size} candidates on local processes: {seconds:.0f} s (target < {TARGET['seconds']} s): {verdict}"
+        f"{num_candidates} candidates on local processes: {seconds:.1f} s (target <= {TARGET['seconds']} s): {verdict}"
     )
     print(
         f"     {counts['pruned']} pruned, then {rungs}; {counts['meets']} meet, {counts['misses']} miss in full, "
@@ -42,6 +44,13 @@ def main() -> None:
     )
     best = local.ranked()[0] if local.ranked() else None
     print(f"     best: {best.candidate.label() if best else 'none'}")
+    finals = [r for r in local.results if r.status in ("meets", "misses") and r.metrics]
+    start = time.perf_counter()
+    same = all(plan.serve(workload, deployment, r.candidate, r.num_gpu_blocks, "python") == r.metrics for r in finals)
+    print(
+        f"   the {len(finals)} candidates served in full, again in the Python engine ({time.perf_counter() - start:.0f} "
+        f"s): {'the same figures, bit for bit' if same else 'DIFFERENT FIGURES'}: {'PASS' if same else 'FAIL'}"
+    )
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from conftest import draw_requests
 from kvlab.core import models
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost, LinearStepCost, RooflineStepCost
+from kvlab.core.cost import Batch, ConstantStepCost, LinearStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.engine import Engine, NoProgressError, Recorder, warm
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
@@ -218,3 +218,58 @@ def test_a_run_that_must_compile_first_says_so_and_a_cached_one_says_nothing(mon
     said = [r.getMessage() for r in caplog.records]
     assert said[0].startswith(f"numba compiles the engine's {mode} loop, once for this machine")
     assert said[1].startswith("compiled, with the first steps run, in ") and len(said) == 2
+
+
+RTX_PRO = "RTX-PRO-6000-Server-96GB"
+MEASURED = {  # one of each kind of term: the skew fit, tensor parallelism's all-reduce, experts and their dispatch
+    (model, tp, dp): make_step_cost(
+        "measured",
+        model=models.get_model(model),
+        gpu=models.get_gpu(RTX_PRO),
+        config=EngineConfig().replace(
+            tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=dp > 1, async_scheduling=mode
+        ),
+    )
+    for model, tp, dp, mode in [
+        ("meta-llama/Llama-3.1-8B", 1, 1, False),
+        ("Qwen/Qwen3-32B", 2, 1, True),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 1, False),
+        ("Qwen/Qwen3-30B-A3B-Instruct-2507", 1, 2, True),
+    ]
+}
+
+
+@st.composite
+def batches(draw):
+    """A step's Batch as account() builds it: decodes of unequal context beside prefill chunks, or not."""
+    decodes = draw(st.integers(0, 300))
+    low = draw(st.integers(1, 40_000))
+    high = low + draw(st.integers(0, 20_000)) if decodes > 1 else low
+    decode_context = decodes * low + (high - low) * min(decodes, 1) if decodes else 0
+    if decodes > 2:
+        decode_context += draw(st.integers(0, (decodes - 2) * (high - low)))
+    chunks = draw(st.lists(st.tuples(st.integers(1, 9000), st.integers(0, 30_000)), max_size=3))
+    if not decodes and not chunks:
+        chunks = [(1, 0)]
+    tokens = decodes + sum(n for n, _ in chunks)
+    context = decode_context + sum(n + c for n, c in chunks)
+    pairs = sum(n * c + n * (n + 1) // 2 for n, c in chunks)
+    low, high = (low, high) if decodes else (0, 0)
+    return Batch(tokens, context, decodes, decode_context, len(chunks), pairs, low, high)
+
+
+@given(st.sampled_from(sorted(MEASURED)), batches())
+@settings(max_examples=400, deadline=None)
+def test_the_compiled_measured_clock_gives_the_python_steps_bits(which, batch):
+    cost = MEASURED[which]
+    assert compiled.kernels().measured_s(compiled.clock_of(cost), *batch) == cost.step_s(batch)
+
+
+@given(compiled_runs(), st.sampled_from(sorted(MEASURED)))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_loop_on_the_measured_clock_equals_the_python_engine(args, which):
+    """Every term of the measured clock, decode runs with their growing steps included, bit for bit."""
+    args = args | {"cost": MEASURED[which]}
+    step_by_step = Engine(**args, path="reference").run()
+    assert_identical(step_by_step, Engine(**args, path="python").run())
+    assert_identical(step_by_step, Engine(**args, path="compiled").run())

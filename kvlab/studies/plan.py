@@ -49,6 +49,7 @@ from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearProfileStepCost, MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate
+from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
 from kvlab.studies.plan_space import (  # noqa: F401
@@ -189,9 +190,12 @@ def percentile_metrics(
     }
 
 
-def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int) -> dict:
+def serve(
+    workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int, path: str = "auto"
+) -> dict:
     """The candidate serving the workload: requests dealt to its replicas in turn, each replica kvlab's engine on
-    the candidate's step cost and pool; percentile_metrics, preemptions and the steps served."""
+    the candidate's step cost and pool (path: the engine's, kvlab.core.engine.PATHS); percentile_metrics,
+    preemptions and the steps served."""
     config = candidate.config(deployment.max_model_len)
     cost = step_cost(deployment, config)[0]
     n, replicas = workload.num_requests, candidate.num_replicas
@@ -206,7 +210,7 @@ def serve(workload: Workload, deployment: Deployment, candidate: Candidate, num_
             None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
             workload.prefix_block_tokens,
         )
-        result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost)
+        result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost, path=path)
         first_token[mine], finish[mine], outputs[mine] = result.first_token_s, result.finish_s, result.num_output_tokens
         preemptions += int(np.sum(result.num_preemptions))
         steps += result.num_steps
@@ -221,6 +225,8 @@ def serve_chunk(point: tuple) -> list:
     metrics, or the reason the engine stopped)."""
     (arrival, prompt, output, hashes, hash_tokens), deployment, items = point
     workload = Workload(arrival, prompt, output, hashes, hash_tokens)
+    if compiled.available():  # loaded, the compiled loop serves every candidate it can, whatever its size
+        compiled.kernels()
     out = []
     for candidate, num_gpu_blocks in items:
         try:
@@ -427,6 +433,8 @@ def search(
             "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
             "warning",
         )
+    if compiled.available():  # once here, not in every rung's workers (local ones fork from this process)
+        compiled.kernels()
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
     alive = [g[0] for g in groups]
     n = workload.num_requests

@@ -4,7 +4,8 @@ Each loop is the Python engine's loop named in its docstring over the named arra
 Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
 functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
 array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
-(decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time.
+(decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time. The step cost
+(arrays.Clock) is a constant, linear or measured one (step_s, measured_s: MeasuredStepCost.step_s's float operations).
 """
 
 import builtins
@@ -175,10 +176,12 @@ def schedule(
     out_sample,
     asynchronous,
     pool,
+    acc,
 ):
-    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample;
-    returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free).
-    Without prefix caching (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
+    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
+    the rest of its Batch in acc (step_s); returns (its requests, preemptions, tokens, prompt tokens hit in the
+    prefix cache, nrun, head, nwait, free). Without prefix caching (cfg.enable_caching == 0) the pool is the count
+    free; with it, pool's blocks."""
     (
         max_tokens_total,
         num_tokens,
@@ -323,19 +326,38 @@ def schedule(
             out_n[ns] = m
             ns += 1
             budget -= m
-    num_scheduled = 0  # account()
+    num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0  # account()
     for j in range(ns):
         r = out_r[j]
         m = out_n[j]
-        c = computed[r] + m
+        before = computed[r]
+        c = before + m
         computed[r] = c
         num_scheduled += m
+        context += c
         sample = samples(c, num_tokens[r], placeholders[r])
         out_sample[j] = sample
+        if m == 1 and sample:
+            decodes += 1
+            decode_context += c
+            low = c if low == 0 or c < low else low
+            high = c if c > high else high
+        else:
+            prefills += 1
+            pairs += m * before + m * (m + 1) // 2
         if asynchronous:
             in_flight[r] += m
             if sample:
                 placeholders[r] += 1
+    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
+        context,
+        decodes,
+        decode_context,
+        prefills,
+        pairs,
+        low,
+        high,
+    )
     return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
 
 
@@ -351,12 +373,197 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
     return nxt, nwait
 
 
+# ---------------------------------------------------------------- the step cost
+# ConstantStepCost, LinearStepCost and MeasuredStepCost (kvlab/core/cost/) over the named arrays of arrays.Clock, each
+# function the float operations of its Python namesake in the same order (kvlab.core.cost.interpolate's bracket, blend
+# and interp; MeasuredStepCost's step_s and what it calls), so that a step lasts the same bits either way.
+
+
+@_jit
+def bracket(axis, x):
+    """interpolate.bracket: (j, w), x w of the way from axis[j] to axis[j + 1]."""
+    j = np.searchsorted(axis, x, side="right") - 1
+    last = axis.shape[0] - 2
+    j = 0 if j < 0 else last if j > last else j
+    w = (x - axis[j]) / (axis[j + 1] - axis[j])
+    return j, (w if w > 0.0 else 0.0)
+
+
+@_jit
+def blend(low, high, w):
+    return (1.0 - w) * low + w * high
+
+
+@_jit
+def interp(axis, values, x):
+    """interpolate.interp: piecewise linear, past the last point along the secant of the last doubling."""
+    last = axis.shape[0] - 1
+    if x <= axis[last]:
+        j, w = bracket(axis, x)
+        return blend(values[j], values[j + 1], w)
+    j = np.searchsorted(axis, axis[last] / 2, side="right") - 1
+    j = 0 if j < 0 else j
+    return values[last] + (values[last] - values[j]) * (x - axis[last]) / (axis[last] - axis[j])
+
+
+@_jit
+def padded_tokens(clock, num_tokens):
+    sizes = clock.sizes
+    if sizes.shape[0] == 0 or num_tokens > sizes[sizes.shape[0] - 1]:
+        return num_tokens
+    return sizes[np.searchsorted(sizes, num_tokens)]
+
+
+@_jit
+def moe_block_us(clock, num_tokens):
+    """MeasuredStepCost.moe_block_us (with active_experts)."""
+    e, k, ep, dp = clock.experts[0], clock.experts[1], clock.experts[2], clock.experts[3]
+    if e == 0:
+        return 0.0
+    tokens = dp * num_tokens
+    active = min(e / ep, k * tokens / ep, e / ep * (1.0 - (1.0 - k / e) ** float(tokens)))
+    i, wi = bracket(clock.moe_tokens, num_tokens)
+    j, wj = bracket(clock.moe_experts, active)
+    grid = clock.moe_us
+    return blend(blend(grid[i, j], grid[i, j + 1], wj), blend(grid[i + 1, j], grid[i + 1, j + 1], wj), wi)
+
+
+@_jit
+def fixed_us(clock, num_tokens, num_sequences):
+    """MeasuredStepCost.fixed_us of one rank: dense, MoE, all-reduce and dispatch at the padded tokens."""
+    padded = padded_tokens(clock, num_tokens)
+    us = interp(clock.dense_tokens, clock.dense_us, padded)
+    us += clock.layers * moe_block_us(clock, padded)
+    if num_sequences:
+        us += interp(clock.sequences, clock.per_sequence_us, num_sequences)
+    if clock.all_reduce_per_step:
+        us += clock.all_reduce_per_step * interp(
+            clock.all_reduce_sizes, clock.all_reduce_us, padded * clock.all_reduce_bytes_per_token
+        )
+    if clock.dispatch_us_per_token:
+        us += clock.dispatch_us_per_token * clock.experts[3] * padded
+    return us + clock.overhead_us
+
+
+@_jit
+def decode_attention_us(clock, num_decodes, history):
+    """MeasuredStepCost.decode_attention_us: the decode-only plane, along the decodes, then the history."""
+    i, wi = bracket(clock.axis2, num_decodes)
+    j, w = bracket(clock.axis3, history)
+    grid = clock.decode_grid
+    return blend(blend(grid[i, j], grid[i + 1, j], wi), blend(grid[i, j + 1], grid[i + 1, j + 1], wi), w)
+
+
+@_jit
+def mixed_at(clock, a, wa, b, wb, c, wc, history):
+    """MeasuredStepCost._mixed_at of the corners (a, b, c) and weights _mixed_corners found."""
+    grid = clock.attention
+    d, wd = bracket(clock.axis3, history)
+    k0 = blend(grid[a, b, c, d], grid[a, b, c, d + 1], wd)
+    k1 = blend(grid[a, b, c + 1, d], grid[a, b, c + 1, d + 1], wd)
+    k2 = blend(grid[a, b + 1, c, d], grid[a, b + 1, c, d + 1], wd)
+    k3 = blend(grid[a, b + 1, c + 1, d], grid[a, b + 1, c + 1, d + 1], wd)
+    k4 = blend(grid[a + 1, b, c, d], grid[a + 1, b, c, d + 1], wd)
+    k5 = blend(grid[a + 1, b, c + 1, d], grid[a + 1, b, c + 1, d + 1], wd)
+    k6 = blend(grid[a + 1, b + 1, c, d], grid[a + 1, b + 1, c, d + 1], wd)
+    k7 = blend(grid[a + 1, b + 1, c + 1, d], grid[a + 1, b + 1, c + 1, d + 1], wd)
+    first = blend(blend(k0, k1, wc), blend(k2, k3, wc), wb)
+    return blend(first, blend(blend(k4, k5, wc), blend(k6, k7, wc), wb), wa)
+
+
+@_jit
+def skew_bucket(bins, x):
+    """SkewFit.bucket: i with bins[i] < x <= bins[i + 1], the last past the last edge."""
+    i = np.searchsorted(bins[1:], x) + 1
+    last = bins.shape[0] - 1
+    return (i if i < last else last) - 1
+
+
+@_jit
+def skewed_attention_us(clock, attention_us, prefill_tokens, prefill_history, num_decodes, dctx, low, high, corners):
+    """MeasuredStepCost.skewed_attention_us (with SkewFit.alpha_at); corners: (a, wa, b, wb, c, wc) of a mixed
+    batch (prefill_tokens > 0)."""
+    if not clock.skew or num_decodes < 2 or high <= low:
+        return attention_us
+    chunk = -1
+    for i in range(clock.skew_chunks.shape[0]):
+        if clock.skew_chunks[i] == prefill_tokens:
+            chunk = i
+            break
+    if chunk < 0:
+        alpha = clock.skew_default
+    else:
+        rate = (dctx - num_decodes * low) / (num_decodes * (high - low))
+        rate = 0.0 if rate < 0.0 else 1.0 if rate > 1.0 else rate
+        alpha = clock.skew_alpha[
+            chunk,
+            skew_bucket(clock.skew_bins0, num_decodes),
+            skew_bucket(clock.skew_bins1, rate),
+            skew_bucket(clock.skew_bins2, high - 1),
+            skew_bucket(clock.skew_bins3, int(prefill_history)),
+        ]
+    if alpha == 0.0:
+        return attention_us
+    if prefill_tokens:
+        a, wa, b, wb, c, wc = corners
+        at_max = mixed_at(clock, a, wa, b, wb, c, wc, high - 1)
+    else:
+        at_max = decode_attention_us(clock, num_decodes, high - 1)
+    if at_max <= attention_us:
+        return attention_us
+    skewed = attention_us + alpha * (at_max - attention_us)
+    return skewed if skewed > 0.0 else 0.0
+
+
+@_jit
+def with_cpu_us(clock, gpu_us, num_sequences):
+    """MeasuredStepCost.with_cpu_us: the CPU's scheduling added, or the longer of the two."""
+    if clock.cpu_sequences.shape[0] == 0:
+        return gpu_us
+    cpu = interp(clock.cpu_sequences, clock.cpu_us, num_sequences)
+    if not clock.cpu_overlapped:
+        return gpu_us + cpu
+    return cpu if cpu > gpu_us else gpu_us
+
+
+@_jit
+def measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
+    """MeasuredStepCost.step_s of the Batch of these fields."""
+    prefill_tokens = tokens - num_decodes
+    decode_history = (dctx - num_decodes) / num_decodes if num_decodes else 0.0
+    if not prefill_tokens:
+        us = fixed_us(clock, tokens, num_decodes)
+        attention = decode_attention_us(clock, num_decodes, decode_history)
+        corners = (0, 0.0, 0, 0.0, 0, 0.0)
+        us += clock.layers * skewed_attention_us(clock, attention, 0, 0.0, num_decodes, dctx, low, high, corners)
+        return with_cpu_us(clock, us, num_decodes) / 1e6
+    if num_prefills:
+        history = (pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens
+    else:
+        history = float(context - dctx - prefill_tokens)
+    history = history if history > 0.0 else 0.0
+    num_sequences = num_decodes + (num_prefills if num_prefills > 1 else 1)
+    us = fixed_us(clock, tokens, num_sequences)
+    a, wa = bracket(clock.axis0, prefill_tokens)
+    b, wb = bracket(clock.axis1, history)
+    c, wc = bracket(clock.axis2, num_decodes)
+    attention = mixed_at(clock, a, wa, b, wb, c, wc, decode_history)
+    corners = (a, wa, b, wb, c, wc)
+    us += clock.layers * skewed_attention_us(
+        clock, attention, prefill_tokens, history, num_decodes, dctx, low, high, corners
+    )
+    return with_cpu_us(clock, us, num_sequences) / 1e6
+
+
 @_inline
-def step_s(cost_ms, constant, num_scheduled):
-    """ConstantStepCost.step_s / LinearStepCost.step_s (s), computed as the Python engine computes them."""
-    if constant:
-        return cost_ms[0] / 1000.0
-    return (cost_ms[0] + cost_ms[1] * num_scheduled) / 1000.0
+def step_s(clock, num_scheduled, acc):
+    """The step cost's seconds for a step of num_scheduled tokens whose other Batch fields account() left in acc
+    (context, decodes, their context, prefills, their pairs, the least and most decode context)."""
+    if clock.kind == 0:
+        return clock.cost_ms[0] / 1000.0
+    if clock.kind == 1:
+        return (clock.cost_ms[0] + clock.cost_ms[1] * num_scheduled) / 1000.0
+    return measured_s(clock, num_scheduled, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6])
 
 
 @_inline
@@ -441,7 +648,7 @@ def record(
 @_inline
 def decode_run(
     cfg,
-    cost_ms,
+    clock_cost,
     req,
     running,
     nrun,
@@ -474,18 +681,18 @@ def decode_run(
         req.status,
         req.finish_s,
     )  # locals: numba hoists them
-    block_size, max_num_seqs, budget, usable, constant, threshold = (
+    block_size, max_num_seqs, budget, usable, threshold = (
         cfg.block_size,
         cfg.max_num_seqs,
         cfg.max_num_batched_tokens,
         cfg.num_usable_blocks,
-        cfg.constant_step_cost,
         cfg.long_prefill_token_threshold,
     )
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     per_phase[:] = 0  # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
+    low = high = computed[running[0]]
     for i in range(nrun):
         r = running[i]
         c = computed[r]
@@ -493,6 +700,8 @@ def decode_run(
             return 0, nxt, nwait, free, nrun, kv, clock, last_end  # a prefill chunk or its first token next
         if max_num_tokens[r] - num_tokens[r] < k:
             k = max_num_tokens[r] - num_tokens[r]
+        low = c if c < low else low
+        high = c if c > high else high
         phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
         per_phase[phases[i]] += 1
     limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
@@ -509,7 +718,9 @@ def decode_run(
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
-    duration = step_s(cost_ms, constant, nrun)
+    measured = clock_cost.kind == 2  # its steps grow with the context (decode_run.advance: cost.run_s)
+    duration = 0.0 if measured else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     covered = steps_covered(per_phase, nrun, free, block_size)  # the steps whose block boundaries the pool covers
     n = arrival.shape[0]
     j = 0
@@ -529,6 +740,10 @@ def decode_run(
         if j == covered:
             break  # a block boundary the pool cannot cover: it preempts
         free -= per_phase[phase]
+        if measured:
+            duration = measured_s(
+                clock_cost, nrun, context + nrun * j, nrun, context + nrun * j, 0, 0, low + 1 + j, high + 1 + j
+            )
         clock += duration
         kv += nrun
         end_s[s + j] = clock
@@ -567,7 +782,7 @@ def decode_run(
 def loop_sync(
     req,
     cfg,
-    cost_ms,
+    cost,
     state,
     fstate,
     running,
@@ -596,7 +811,8 @@ def loop_sync(
         req.finish_s,
     )  # locals: numba hoists them
     n = arrival.shape[0]
-    usable, constant, caching = cfg.num_usable_blocks, cfg.constant_step_cost, cfg.enable_caching
+    usable, caching = cfg.num_usable_blocks, cfg.enable_caching
+    acc = np.zeros(7, np.int64)  # the step's Batch beyond its tokens (schedule, step_s)
     nxt, free, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL],
         state[S_FREE],
@@ -625,7 +841,7 @@ def loop_sync(
         if runs:
             steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(
                 cfg,
-                cost_ms,
+                cost,
                 req,
                 running,
                 nrun,
@@ -660,11 +876,12 @@ def loop_sync(
             out_sample,
             False,
             pool,
+            acc,
         )
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
-        end = clock + step_s(cost_ms, constant, num_scheduled)
+        end = clock + step_s(cost, num_scheduled, acc)
         if npre:
             kv = 0
             for j in range(nrun):
@@ -716,7 +933,7 @@ def loop_sync(
 def loop_async(
     req,
     cfg,
-    cost_ms,
+    cost,
     state,
     fstate,
     running,
@@ -764,9 +981,9 @@ def loop_async(
         req.finish_s,
     )  # locals: numba hoists them
     n = arrival.shape[0]
-    usable, constant, caching, block_size = (
+    acc = np.zeros(7, np.int64)  # the step's Batch beyond its tokens (schedule, step_s)
+    usable, caching, block_size = (
         cfg.num_usable_blocks,
-        cfg.constant_step_cost,
         cfg.enable_caching,
         cfg.block_size,
     )
@@ -806,10 +1023,11 @@ def loop_async(
                 queue_sample[slot],
                 True,
                 pool,
+                acc,
             )
             has_finished = 0
             start = clock if clock > gpu_free_s else gpu_free_s
-            end = start + step_s(cost_ms, constant, num_scheduled) if num_scheduled else start
+            end = start + step_s(cost, num_scheduled, acc) if num_scheduled else start
             gpu_free_s = end
             queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
             queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens

@@ -45,7 +45,6 @@ Limits = namedtuple(
         "enable_chunked_prefill",
         "long_prefill_token_threshold",
         "num_usable_blocks",
-        "constant_step_cost",
         "enable_caching",
         "decode_runs",
     ],
@@ -103,3 +102,50 @@ F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
 # How a chunk of the loop ended: every request finished, the chunk's step records are full, or a step scheduled
 # nothing (the Python engine then says why).
 DONE, FULL, NO_PROGRESS = 0, 1, 2
+
+# The step cost, as the compiled loop reads it (fast/compiled.py packs it, _kernels.step_s evaluates it): kind 0
+# constant, 1 linear (cost_ms: ms a step, ms a token), 2 MeasuredStepCost, whose tables follow as float64 arrays (an
+# unused field an empty array of its rank): layers, the CUDA-graph capture sizes, the dense and per-sequence tables,
+# the attention grid's 4 axes, the grid and its decode-only plane, the MoE grid, the experts (E, k, EP, DP), the
+# dispatch per token, the all-reduce (per step, bytes per token, its table), the CPU's table and whether it overlaps,
+# the skew fit (its prefill chunks, 4 bin edges, alphas, pooled alpha) and the overhead.
+Clock = namedtuple(
+    "Clock",
+    [
+        "kind",
+        "cost_ms",
+        "layers",
+        "sizes",
+        "dense_tokens",
+        "dense_us",
+        "sequences",
+        "per_sequence_us",
+        "axis0",
+        "axis1",
+        "axis2",
+        "axis3",
+        "attention",
+        "decode_grid",
+        "moe_tokens",
+        "moe_experts",
+        "moe_us",
+        "experts",
+        "dispatch_us_per_token",
+        "all_reduce_per_step",
+        "all_reduce_bytes_per_token",
+        "all_reduce_sizes",
+        "all_reduce_us",
+        "cpu_sequences",
+        "cpu_us",
+        "cpu_overlapped",
+        "skew",
+        "skew_chunks",
+        "skew_bins0",
+        "skew_bins1",
+        "skew_bins2",
+        "skew_bins3",
+        "skew_alpha",
+        "skew_default",
+        "overhead_us",
+    ],
+)

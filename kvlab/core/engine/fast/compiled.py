@@ -2,7 +2,9 @@
 
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
 asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
-vLLM 0.33's v1 scheduler over paged blocks and a constant or linear step cost. The synchronous loop without prefix
+vLLM 0.33's v1 scheduler over paged blocks and a constant, linear or measured step cost (clock_of: the measured one's
+tables, evaluated by _kernels.measured_s with MeasuredStepCost.step_s's float operations in its order; a decode run's
+steps each timed as it grows, as its run_s times them). The synchronous loop without prefix
 caching also does decode runs at once, as decode_run.advance does (DECODE_RUNS; engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
@@ -22,6 +24,7 @@ the StepLog's.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -33,8 +36,19 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.block_pool import BlockPool
-from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine.fast.arrays import DONE, F_CLOCK, NO_PROGRESS, S_FREE, S_RUNS, S_STEPS, Limits, Pool, Requests
+from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost
+from kvlab.core.engine.fast.arrays import (
+    DONE,
+    F_CLOCK,
+    NO_PROGRESS,
+    S_FREE,
+    S_RUNS,
+    S_STEPS,
+    Clock,
+    Limits,
+    Pool,
+    Requests,
+)
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
@@ -61,12 +75,72 @@ def loaded() -> bool:
     return "kvlab.core.engine.fast._kernels" in sys.modules
 
 
+@functools.lru_cache(maxsize=64)
+def clock_of(cost) -> Clock | None:
+    """The step cost as the compiled loop reads it (arrays.Clock), or None for one it does not evaluate: constant,
+    linear and measured ones it does (the measured one's Python copies of its tables, as floats). Kept for the step
+    costs last asked about (a plan serves hundreds of runs on a few)."""
+    f1, f2, f4, f5 = np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0, 0, 0)), np.zeros((0, 0, 0, 0, 0))
+    kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2}.get(type(cost))
+    if kind is None:
+        return None
+    if kind < 2:
+        per_token = 0.0 if kind == 0 else float(cost.step_ms_per_token)
+        none = (0.0, np.zeros(0, np.int64), f1, f1, f1, f1, f1, f1, f1, f1, f4, f2, f1, f1, f2, np.zeros(4, np.int64))
+        return Clock(kind, np.array([float(cost.step_ms), per_token]), *none, 0.0, 0.0, 0.0, f1, f1, f1, f1, 0, 0,
+                     f1, f1, f1, f1, f1, f5, 0.0, 0.0)  # fmt: skip
+
+    def floats(values) -> np.ndarray:
+        return np.array(values, dtype=np.float64)
+
+    reduce, skew = cost.all_reduce, cost.skew
+    sequences, cpu_us = cost._cpu
+    if skew is None:
+        chunks, bins, alpha, default = f1, (f1, f1, f1, f1), f5, 0.0
+    else:
+        order = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
+        chunks, bins = floats(order), tuple(floats(b) for b in skew.bins)
+        alpha, default = floats(skew.alpha), float(skew.alpha_default)
+    attention = floats(cost._attention)
+    return Clock(
+        2,
+        np.zeros(2),
+        cost._layers,
+        np.array(cost._sizes, dtype=np.int64),
+        floats(cost._tokens),
+        floats(cost._dense),
+        floats(cost._sequences),
+        floats(cost._per_sequence),
+        *(floats(axis) for axis in cost._axes),
+        attention,
+        floats(cost._decode_grid),
+        floats(cost._moe[0]) if cost.num_experts else f1,
+        floats(cost._moe[1]) if cost.num_experts else f1,
+        floats(cost._moe[2]) if cost.num_experts else f2,
+        np.array([cost.num_experts, cost.num_experts_per_tok, cost.expert_parallel_size, cost.data_parallel_size]),
+        float(cost.dispatch_us_per_token),
+        0.0 if reduce is None else float(reduce.num_per_step),
+        0.0 if reduce is None else float(reduce.bytes_per_token),
+        f1 if reduce is None else floats(reduce._table[0]),
+        f1 if reduce is None else floats(reduce._table[1]),
+        floats(sequences),
+        floats(cpu_us),
+        int(cost.cpu_overlapped),
+        int(skew is not None),
+        chunks,
+        *bins,
+        alpha,
+        default,
+        float(cost._overhead_us),
+    )
+
+
 def eligible(engine) -> bool:
     """Whether the engine's run is one the compiled loop does (see the module's docstring)."""
     config = engine.config
     caching = config.cache.enable_prefix_caching
     return (
-        type(engine.cost) in (ConstantStepCost, LinearStepCost)
+        clock_of(engine.cost) is not None
         and engine.allocation == "paged"
         and config.scheduler.scheduler_cls == "v1"
         and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
@@ -146,7 +220,7 @@ def chosen(engine, path: str) -> bool:
                 "path",
                 "compiled",
                 "applies only to the v1 scheduler over paged blocks (prefix caching "
-                "by token ids, not Workload.prefix_hashes), a constant or linear step cost and no "
+                "by token ids, not Workload.prefix_hashes), a constant, linear or measured step cost and no "
                 "recorder",
             )
         if not available():
@@ -193,7 +267,6 @@ def serve(engine) -> Served | None:
     prompt = np.ascontiguousarray(w.prompt_tokens, dtype=np.int64)
     max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.max_model_len)
-    constant = type(engine.cost) is ConstantStepCost
     cfg = Limits(
         engine.block_size,
         sched.max_num_seqs,
@@ -202,11 +275,10 @@ def serve(engine) -> Served | None:
         int(sched.enable_chunked_prefill),
         sched.long_prefill_token_threshold,
         engine.num_gpu_blocks - 1,
-        int(constant),
         int(engine.config.cache.enable_prefix_caching),
         int(DECODE_RUNS),
     )
-    cost_ms = np.array([float(engine.cost.step_ms), 0.0 if constant else float(engine.cost.step_ms_per_token)])
+    cost = clock_of(engine.cost)
     state = np.zeros(12, np.int64)
     state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
@@ -230,7 +302,7 @@ def serve(engine) -> Served | None:
     end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
     counts = np.zeros(4, np.int64)
-    shared = (req, cfg, cost_ms, state, fstate, running, waiting, block_pool(engine, max_num_tokens))
+    shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens))
     loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
     if sched.async_scheduling:  # the batch queue: two batches, their counts and times
