@@ -5,7 +5,8 @@ Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decisio
 functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
 array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
 (decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time. The step cost
-(arrays.Clock) is a constant, linear or measured one (step_s, measured_s: MeasuredStepCost.step_s's float operations).
+(arrays.Clock) is a constant, linear, measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's
+float operations).
 """
 
 import builtins
@@ -555,6 +556,39 @@ def measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, l
     return with_cpu_us(clock, us, num_sequences) / 1e6
 
 
+@_jit
+def vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs):
+    """Vllm2023StepCost.step_s of the Batch of these fields (its figures in clock.cost_ms, arrays.VLLM_2023)."""
+    c = clock.cost_ms
+    weights, bandwidth, params, tflops, hidden = c[0], c[1], c[2], c[3], c[4]
+    launch, per_sequence, per_token, per_block, block_size, overhead_ms = c[5], c[6], c[7], c[8], c[9], c[10]
+    prefill_tokens = tokens - num_decodes
+    pairs_f = float(pairs)
+    if prefill_tokens and not num_prefills:  # one chunk
+        history = context - dctx - prefill_tokens
+        history = history if history > 0 else 0
+        pairs_f = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
+    memory_us = weights / (bandwidth * 1e3)
+    compute_us = 2.0 * params * float(tokens) / (tflops * 1e6)
+    dense = memory_us if memory_us >= compute_us else compute_us
+    decode_context = float(dctx)
+    attention = 0.0 * decode_context
+    if num_decodes:
+        blocks = decode_context / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
+        attention = launch + per_sequence * num_decodes + per_token * decode_context + per_block * blocks
+    prefill = 4.0 * hidden * pairs_f / (tflops * 1e6)
+    us = overhead_ms * 1000.0 + dense + clock.layers * (attention + prefill)
+    return us / 1e6
+
+
+@_jit
+def cost_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
+    """The measured or 2023 step cost's seconds for a step of these Batch fields."""
+    if clock.kind == 3:
+        return vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs)
+    return measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high)
+
+
 @_inline
 def step_s(clock, num_scheduled, acc):
     """The step cost's seconds for a step of num_scheduled tokens whose other Batch fields account() left in acc
@@ -563,7 +597,7 @@ def step_s(clock, num_scheduled, acc):
         return clock.cost_ms[0] / 1000.0
     if clock.kind == 1:
         return (clock.cost_ms[0] + clock.cost_ms[1] * num_scheduled) / 1000.0
-    return measured_s(clock, num_scheduled, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6])
+    return cost_s(clock, num_scheduled, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6])
 
 
 @_inline
@@ -718,8 +752,8 @@ def decode_run(
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
-    measured = clock_cost.kind == 2  # its steps grow with the context (decode_run.advance: cost.run_s)
-    duration = 0.0 if measured else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
+    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     covered = steps_covered(per_phase, nrun, free, block_size)  # the steps whose block boundaries the pool covers
     n = arrival.shape[0]
@@ -740,8 +774,8 @@ def decode_run(
         if j == covered:
             break  # a block boundary the pool cannot cover: it preempts
         free -= per_phase[phase]
-        if measured:
-            duration = measured_s(
+        if growing:
+            duration = cost_s(
                 clock_cost, nrun, context + nrun * j, nrun, context + nrun * j, 0, 0, low + 1 + j, high + 1 + j
             )
         clock += duration

@@ -104,8 +104,8 @@ F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
 DONE, FULL, NO_PROGRESS = 0, 1, 2
 
 # The step cost, as the compiled loop reads it (fast/compiled.py packs it, _kernels.step_s evaluates it): kind 0
-# constant, 1 linear (cost_ms: ms a step, ms a token), 2 MeasuredStepCost, whose tables follow as float64 arrays (an
-# unused field an empty array of its rank): layers, the CUDA-graph capture sizes, the dense and per-sequence tables,
+# constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 2
+# MeasuredStepCost, whose tables follow as float64 arrays (an unused field an empty array of its rank): layers, the CUDA-graph capture sizes, the dense and per-sequence tables,
 # the attention grid's 4 axes, the grid and its decode-only plane, the MoE grid, the experts (E, k, EP, DP), the
 # dispatch per token, the all-reduce (per step, bytes per token, its table), the CPU's table and whether it overlaps,
 # the skew fit (its prefill chunks, 4 bin edges, alphas, pooled alpha) and the overhead.
@@ -148,4 +148,18 @@ Clock = namedtuple(
         "skew_default",
         "overhead_us",
     ],
+)
+# Vllm2023StepCost's figures in Clock.cost_ms, in this order.
+VLLM_2023 = (
+    "weights_bytes",
+    "memory_bandwidth_gb_s",
+    "num_params",
+    "dense_tflops",
+    "hidden_size",
+    "attention_launch_us",
+    "attention_us_per_sequence",
+    "attention_us_per_token",
+    "attention_us_per_block",
+    "block_size",
+    "step_overhead_ms",
 )

@@ -2,9 +2,9 @@
 
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
 asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
-vLLM 0.33's v1 scheduler over paged blocks and a constant, linear or measured step cost (clock_of: the measured one's
-tables, evaluated by _kernels.measured_s with MeasuredStepCost.step_s's float operations in its order; a decode run's
-steps each timed as it grows, as its run_s times them). The synchronous loop without prefix
+vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured or 2023 step cost (clock_of: the measured
+one's tables and the 2023 one's figures, evaluated by _kernels.measured_s and vllm_2023_s with their step_s's float
+operations in their order; a decode run's steps each timed as it grows, as their run_s times them). The synchronous loop without prefix
 caching also does decode runs at once, as decode_run.advance does (DECODE_RUNS; engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
@@ -36,7 +36,7 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.block_pool import BlockPool
-from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost
+from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost, Vllm2023StepCost
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
@@ -44,6 +44,7 @@ from kvlab.core.engine.fast.arrays import (
     S_FREE,
     S_RUNS,
     S_STEPS,
+    VLLM_2023,
     Clock,
     Limits,
     Pool,
@@ -81,13 +82,17 @@ def clock_of(cost) -> Clock | None:
     linear and measured ones it does (the measured one's Python copies of its tables, as floats). Kept for the step
     costs last asked about (a plan serves hundreds of runs on a few)."""
     f1, f2, f4, f5 = np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0, 0, 0)), np.zeros((0, 0, 0, 0, 0))
-    kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2}.get(type(cost))
+    kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3}.get(type(cost))
     if kind is None:
         return None
-    if kind < 2:
-        per_token = 0.0 if kind == 0 else float(cost.step_ms_per_token)
-        none = (0.0, np.zeros(0, np.int64), f1, f1, f1, f1, f1, f1, f1, f1, f4, f2, f1, f1, f2, np.zeros(4, np.int64))
-        return Clock(kind, np.array([float(cost.step_ms), per_token]), *none, 0.0, 0.0, 0.0, f1, f1, f1, f1, 0, 0,
+    if kind != 2:
+        if kind == 3:
+            figures, layers = np.array([float(getattr(cost, name)) for name in VLLM_2023]), float(cost.num_layers)
+        else:
+            figures = np.array([float(cost.step_ms), 0.0 if kind == 0 else float(cost.step_ms_per_token)])
+            layers = 0.0
+        none = (np.zeros(0, np.int64), f1, f1, f1, f1, f1, f1, f1, f1, f4, f2, f1, f1, f2, np.zeros(4, np.int64))
+        return Clock(kind, figures, layers, *none, 0.0, 0.0, 0.0, f1, f1, f1, f1, 0, 0,
                      f1, f1, f1, f1, f1, f5, 0.0, 0.0)  # fmt: skip
 
     def floats(values) -> np.ndarray:
@@ -220,7 +225,7 @@ def chosen(engine, path: str) -> bool:
                 "path",
                 "compiled",
                 "applies only to the v1 scheduler over paged blocks (prefix caching "
-                "by token ids, not Workload.prefix_hashes), a constant, linear or measured step cost and no "
+                "by token ids, not Workload.prefix_hashes), a constant, linear, measured or 2023 step cost and no "
                 "recorder",
             )
         if not available():
