@@ -143,7 +143,7 @@ class GroupBatch(tuple):
 class GroupOutput:
     """One lockstep step's SchedulerOutputs, one a rank (None: nothing scheduled), read as one."""
 
-    __slots__ = ("outs", "batch", "admitted", "preempted", "num_hit_tokens", "scheduled")
+    __slots__ = ("outs", "batch", "admitted", "preempted", "num_hit_tokens")
 
     def __init__(self, outs):
         self.outs = outs
@@ -152,7 +152,6 @@ class GroupOutput:
         self.admitted = [r for o in mine for r in o.admitted]
         self.preempted = [r for o in mine for r in o.preempted]
         self.num_hit_tokens = sum(o.num_hit_tokens for o in mine)
-        self.scheduled = [s for o in mine for s in o.scheduled]
 
 
 class LockstepCost:
