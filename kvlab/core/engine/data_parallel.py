@@ -328,16 +328,16 @@ class DataParallelEngine(Engine):
     ):
         validate.one_of("vllm_version", vllm_version, DP_RULES)
         for name, value, allowed in (
-            ("allocation", allocation, "paged"),
-            ("path", path, "auto"),
-            ("recorder", recorder, None),
+            ("allocation", allocation, ("paged",)),
+            ("path", path, ("auto", "python", "reference")),  # each the per-step loop here
+            ("recorder", recorder, (None,)),
         ):
-            if value != allowed:
+            if value not in allowed:
                 validate.fail(
                     name,
                     value,
-                    f"must be {allowed!r} with data_parallel_size > 1 (kvlab serves data-parallel "
-                    "ranks on vLLM's paged pool, by the per-step loop, without a recorder)",
+                    f"must be {' or '.join(map(repr, allowed))} with data_parallel_size > 1 (kvlab serves "
+                    "data-parallel ranks on vLLM's paged pool, by the per-step loop, without a recorder)",
                 )
         super().__init__(
             workload,
