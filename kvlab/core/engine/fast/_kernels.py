@@ -178,11 +178,12 @@ def schedule(
     asynchronous,
     pool,
     acc,
+    fields,
 ):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
-    the rest of its Batch in acc (step_s); returns (its requests, preemptions, tokens, prompt tokens hit in the
-    prefix cache, nrun, head, nwait, free). Without prefix caching (cfg.enable_caching == 0) the pool is the count
-    free; with it, pool's blocks."""
+    and, where fields (a clock that reads them, step_s), the rest of its Batch in acc; returns (its requests,
+    preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free). Without prefix caching
+    (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
     (
         max_tokens_total,
         num_tokens,
@@ -335,17 +336,18 @@ def schedule(
         c = before + m
         computed[r] = c
         num_scheduled += m
-        context += c
         sample = samples(c, num_tokens[r], placeholders[r])
         out_sample[j] = sample
-        if m == 1 and sample:
-            decodes += 1
-            decode_context += c
-            low = c if low == 0 or c < low else low
-            high = c if c > high else high
-        else:
-            prefills += 1
-            pairs += m * before + m * (m + 1) // 2
+        if fields:  # the Batch's other fields, for a clock that reads them
+            context += c
+            if m == 1 and sample:
+                decodes += 1
+                decode_context += c
+                low = c if low == 0 or c < low else low
+                high = c if c > high else high
+            else:
+                prefills += 1
+                pairs += m * before + m * (m + 1) // 2
         if asynchronous:
             in_flight[r] += m
             if sample:
@@ -847,6 +849,7 @@ def loop_sync(
     n = arrival.shape[0]
     usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     acc = np.zeros(7, np.int64)  # the step's Batch beyond its tokens (schedule, step_s)
+    fields = cost.kind >= 2  # a clock that reads them
     nxt, free, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL],
         state[S_FREE],
@@ -911,6 +914,7 @@ def loop_sync(
             False,
             pool,
             acc,
+            fields,
         )
         if num_scheduled == 0:
             code = NO_PROGRESS
@@ -1016,6 +1020,7 @@ def loop_async(
     )  # locals: numba hoists them
     n = arrival.shape[0]
     acc = np.zeros(7, np.int64)  # the step's Batch beyond its tokens (schedule, step_s)
+    fields = cost.kind >= 2  # a clock that reads them
     usable, caching, block_size = (
         cfg.num_usable_blocks,
         cfg.enable_caching,
@@ -1058,6 +1063,7 @@ def loop_async(
                 True,
                 pool,
                 acc,
+                fields,
             )
             has_finished = 0
             start = clock if clock > gpu_free_s else gpu_free_s
