@@ -243,6 +243,7 @@ def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors:
     from kvlab.core.cost import make_step_cost
     from kvlab.core.engine import DataParallelEngine, simulate
     from kvlab.core.workload import Workload
+    from kvlab.studies.plan import percentile_metrics
     from kvlab.workloads.vllm_runs import load_vllm_run
 
     run = load_vllm_run(run_name)
@@ -271,17 +272,14 @@ def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors:
                     part = Workload(w.arrival_s[mine], w.prompt_tokens[mine], w.output_tokens[mine], name=w.name)
                     result = simulate(part, config, num_gpu_blocks=blocks, cost=cost)
                     first_token[mine], finish[mine] = result.first_token_s, result.finish_s
-            decoded = w.output_tokens > 1
-            tpot_s = (finish - first_token)[decoded] / (w.output_tokens[decoded] - 1)
+            metrics = percentile_metrics(w.arrival_s, w.output_tokens, first_token, finish)
             rows.append(
                 {
                     "load": f"{factor}x",
                     "deployment": deployment,
                     "gpus": 1 if deployment == "one GPU" else 2,
                     "num_gpu_blocks_per_gpu": blocks,
-                    "mean_ttft_s": float(np.mean(first_token - w.arrival_s)),
-                    "mean_tpot_ms": 1e3 * float(np.mean(tpot_s)),
-                    "mean_e2e_s": float(np.mean(finish - w.arrival_s)),
+                    **{name: metrics[name] for name in ("mean_ttft_s", "mean_tpot_ms", "mean_e2e_s")},
                     "dummy_batch_pct": dummy_pct,
                 }
             )

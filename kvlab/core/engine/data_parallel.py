@@ -265,7 +265,7 @@ class Ranks:
 
     def note(self) -> None:
         """After an event: whether a rank's (waiting, running) changed, which its engine core would send."""
-        sent = [(len(s.waiting) + pending, len(s.running)) for s, pending in zip(self.schedulers, self.pending)]
+        sent = [counts[:2] for counts in self.counts()]
         if sent != self.sent:
             self.sent, self.changed = sent, True
 
