@@ -44,6 +44,7 @@ from kvlab.core.engine.fast.arrays import (
     S_FREE,
     S_RUNS,
     S_STEPS,
+    TABLES,
     VLLM_2023,
     Clock,
     Limits,
@@ -79,65 +80,49 @@ def loaded() -> bool:
 @functools.lru_cache(maxsize=64)
 def clock_of(cost) -> Clock | None:
     """The step cost as the compiled loop reads it (arrays.Clock), or None for one it does not evaluate: constant,
-    linear and measured ones it does (the measured one's Python copies of its tables, as floats). Kept for the step
-    costs last asked about (a plan serves hundreds of runs on a few)."""
-    f1, f2, f4, f5 = np.zeros(0), np.zeros((0, 0)), np.zeros((0, 0, 0, 0)), np.zeros((0, 0, 0, 0, 0))
+    linear, measured and 2023 ones it does (the measured one's Python copies of its tables, as floats, packed one
+    after another). Kept for the step costs last asked about (a plan serves hundreds of runs on a few)."""
     kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3}.get(type(cost))
     if kind is None:
         return None
-    if kind != 2:
-        if kind == 3:
-            figures, layers = np.array([float(getattr(cost, name)) for name in VLLM_2023]), float(cost.num_layers)
-        else:
-            figures = np.array([float(cost.step_ms), 0.0 if kind == 0 else float(cost.step_ms_per_token)])
-            layers = 0.0
-        none = (np.zeros(0, np.int64), f1, f1, f1, f1, f1, f1, f1, f1, f4, f2, f1, f1, f2, np.zeros(4, np.int64))
-        return Clock(kind, figures, layers, *none, 0.0, 0.0, 0.0, f1, f1, f1, f1, 0, 0,
-                     f1, f1, f1, f1, f1, f5, 0.0, 0.0)  # fmt: skip
-
-    def floats(values) -> np.ndarray:
-        return np.array(values, dtype=np.float64)
-
-    reduce, skew = cost.all_reduce, cost.skew
-    sequences, cpu_us = cost._cpu
-    if skew is None:
-        chunks, bins, alpha, default = f1, (f1, f1, f1, f1), f5, 0.0
+    parts = dict.fromkeys(TABLES, ())
+    integers = ("num_experts", "num_experts_per_tok", "expert_parallel_size", "data_parallel_size")
+    scalars = {name: 0 if name in integers + ("cpu_overlapped", "skew") else 0.0 for name in Clock._fields[1:-2]}
+    if kind == 3:
+        parts["cost_ms"] = [float(getattr(cost, name)) for name in VLLM_2023]
+        scalars["layers"] = float(cost.num_layers)
+    elif kind < 2:
+        parts["cost_ms"] = [float(cost.step_ms), 0.0 if kind == 0 else float(cost.step_ms_per_token)]
     else:
-        order = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
-        chunks, bins = floats(order), tuple(floats(b) for b in skew.bins)
-        alpha, default = floats(skew.alpha), float(skew.alpha_default)
-    attention = floats(cost._attention)
-    return Clock(
-        2,
-        np.zeros(2),
-        cost._layers,
-        np.array(cost._sizes, dtype=np.int64),
-        floats(cost._tokens),
-        floats(cost._dense),
-        floats(cost._sequences),
-        floats(cost._per_sequence),
-        *(floats(axis) for axis in cost._axes),
-        attention,
-        floats(cost._decode_grid),
-        floats(cost._moe[0]) if cost.num_experts else f1,
-        floats(cost._moe[1]) if cost.num_experts else f1,
-        floats(cost._moe[2]) if cost.num_experts else f2,
-        np.array([cost.num_experts, cost.num_experts_per_tok, cost.expert_parallel_size, cost.data_parallel_size]),
-        float(cost.dispatch_us_per_token),
-        0.0 if reduce is None else float(reduce.num_per_step),
-        0.0 if reduce is None else float(reduce.bytes_per_token),
-        f1 if reduce is None else floats(reduce._table[0]),
-        f1 if reduce is None else floats(reduce._table[1]),
-        floats(sequences),
-        floats(cpu_us),
-        int(cost.cpu_overlapped),
-        int(skew is not None),
-        chunks,
-        *bins,
-        alpha,
-        default,
-        float(cost._overhead_us),
-    )
+        reduce, skew = cost.all_reduce, cost.skew
+        parts |= dict(
+            zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (cost._sizes, cost._tokens,
+                cost._dense, cost._sequences, cost._per_sequence))
+        )  # fmt: skip
+        parts |= dict(zip(("axis0", "axis1", "axis2", "axis3"), cost._axes))
+        parts["attention"], parts["decode_grid"] = cost._attention, cost._decode_grid
+        if cost.num_experts:
+            parts["moe_tokens"], parts["moe_experts"], parts["moe_us"] = cost._moe
+        if reduce is not None:
+            parts["all_reduce_sizes"], parts["all_reduce_us"] = reduce._table
+            scalars["all_reduce_per_step"] = float(reduce.num_per_step)
+            scalars["all_reduce_bytes_per_token"] = float(reduce.bytes_per_token)
+        parts["cpu_sequences"], parts["cpu_us"] = cost._cpu
+        if skew is not None:
+            parts["skew_chunks"] = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
+            parts |= dict(zip(("skew_bins0", "skew_bins1", "skew_bins2", "skew_bins3"), skew.bins))
+            parts["skew_alpha"] = skew.alpha
+            scalars["skew"], scalars["skew_default"] = 1, float(skew.alpha_default)
+        scalars |= {
+            "layers": float(cost._layers),
+            **{name: int(getattr(cost, name)) for name in integers},
+            "dispatch_us_per_token": float(cost.dispatch_us_per_token),
+            "cpu_overlapped": int(cost.cpu_overlapped),
+            "overhead_us": float(cost._overhead_us),
+        }
+    arrays = [np.asarray(parts[name], dtype=np.float64).ravel() for name in TABLES]
+    at = np.concatenate(([0], np.cumsum([len(a) for a in arrays]))).astype(np.int64)
+    return Clock(kind, **scalars, table=np.concatenate(arrays), at=at)
 
 
 def eligible(engine) -> bool:
