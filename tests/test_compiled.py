@@ -212,7 +212,8 @@ def test_a_run_that_must_compile_first_says_so_and_a_cached_one_says_nothing(mon
         assert warm.warm() == []  # nothing left to compile
         Engine(w, config, num_gpu_blocks=64, path="compiled").run()
         assert not caplog.records
-        monkeypatch.setattr(compiled, "cached", lambda loop: False)
+        monkeypatch.setattr(compiled, "cached", lambda loop: False)  # as in a process that has not run it yet
+        monkeypatch.setattr(compiled, "_RAN", set())
         Engine(w, config, num_gpu_blocks=64, path="compiled").run()
     mode = "asynchronous" if async_scheduling else "synchronous"
     said = [r.getMessage() for r in caplog.records]

@@ -48,7 +48,7 @@ from kvlab.core import validate
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearProfileStepCost, MeasuredStepCost, make_step_cost
-from kvlab.core.engine import NoProgressError, check_workload, simulate
+from kvlab.core.engine import NoProgressError, check_workload, simulate, warm
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
@@ -433,8 +433,7 @@ def search(
             "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
             "warning",
         )
-    if compiled.available():  # once here, not in every rung's workers (local ones fork from this process)
-        compiled.kernels()
+    warm.load()  # once here, not in every rung's workers (local ones fork from this process)
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
     alive = [g[0] for g in groups]
     n = workload.num_requests

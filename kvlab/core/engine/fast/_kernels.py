@@ -3,8 +3,8 @@
 Each loop is the Python engine's loop named in its docstring over the named arrays of fast/arrays.py (req: the
 Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
 functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
-array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync does decode runs
-(decode_run) where prefix caching is off; loop_async and prefix caching step one step at a time. The step cost
+array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync and loop_async do
+decode runs (decode_run, decode_run_async) where prefix caching is off; with it they step one step at a time. The step cost
 (arrays.Clock) is a constant, linear, measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's
 float operations).
 """
@@ -940,6 +940,245 @@ def decode_run(
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
+@_inline
+def blocks_taken(per_phase, num_running, num_steps, block_size):
+    """decode_run.blocks_taken: the blocks the running requests take in a run's first num_steps steps."""
+    taken = num_running * (num_steps // block_size)
+    for p in range(num_steps % block_size):
+        taken += per_phase[p]
+    return taken
+
+
+@_inline
+def decode_run_async(
+    cfg,
+    clock_cost,
+    req,
+    running,
+    nrun,
+    waiting,
+    head,
+    nwait,
+    nxt,
+    free,
+    clock,
+    last_end,
+    queue_r,
+    queue_n,
+    queue_sample,
+    queue_i,
+    queue_f,
+    slot,
+    phases,
+    per_phase,
+    times,
+    first,
+    logs,
+    events,
+    counts,
+):
+    """decode_run.advance_async (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight
+    that holds every running request, each of which sampled in it, k loop iterations at once (schedule batch j, process
+    batch j - 1), and the one after them where the run ends at a first finish (last_iteration, finish_async), recorded
+    as loop_async records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt,
+    nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    arrival, prompt, max_num_tokens, num_tokens, computed = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+    )
+    num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
+    first_token_s, finish_s = req.first_token_s, req.finish_s
+    block_size, max_num_seqs, budget, usable, threshold = (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_usable_blocks,
+        cfg.long_prefill_token_threshold,
+    )
+    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    if nrun == 0 or queue_i[slot, 0] != nrun:
+        return no
+    k = max_num_tokens[running[0]]
+    kv = 0
+    low = high = computed[running[0]]
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if placeholders[r] != 1 or c != num_tokens[r]:
+            return no  # it did not sample in the batch in flight (a prefill chunk)
+        left = max_num_tokens[r] - num_tokens[r] - 1
+        k = left if left < k else k
+        kv += c
+        low = c if c < low else low
+        high = c if c > high else high
+        phases[i] = -c % block_size
+        per_phase[phases[i]] += 1
+    first_finish = k
+    room = logs[0].shape[0] - counts[0] - 1  # records left in the chunk, the last one's included
+    if k > room:
+        k = room
+    budget_left = budget - nrun
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    if k > 0:  # run_limits
+        if k < (1 if first_finish == 1 else 2):
+            return no
+        if (
+            nwait
+            and may_admit
+            and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+        ):
+            return no
+        covered = steps_covered(per_phase, nrun, free, block_size)
+        k = covered if covered < k else k
+        if k < (1 if first_finish == 1 else 2):
+            return no
+    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step (run_s).
+    gpu_free_s = queue_f[slot, 1]
+    times[0] = gpu_free_s
+    context = kv + nrun  # the first step's decodes' context
+    run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
+    n = arrival.shape[0]
+    watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
+    m = 0  # times known up to times[m]
+    while m < k:
+        if clock_cost.kind == 2:
+            duration = decode_step_s(clock_cost, run, m)
+        elif clock_cost.kind == 3:
+            duration = cost_s(
+                clock_cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m
+            )
+        else:
+            duration = step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+        times[m + 1] = times[m] + duration
+        m += 1
+        if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
+            watch = False  # bisect_left(times, arrival, 0, k - 1) is m - 1: it joins at iteration m + 1
+            joins = m + 1
+            if joins <= k:
+                taken = blocks_taken(per_phase, nrun, joins, block_size)
+                if admitted_tokens(cfg, num_tokens, nxt, 0, 0, budget_left, free - taken, threshold)[0]:
+                    if joins - 1 < 2:
+                        return no
+                    k = joins - 1
+    # last_iteration: where the run reaches the first finish, iteration k + 1 as well, unless it changes more.
+    finishing = False
+    if k == first_finish:
+        num_left = 0
+        for i in range(nrun):
+            num_left += max_num_tokens[running[i]] - num_tokens[running[i]] - 1 != k
+        if num_left:
+            rest = k % block_size
+            taken = blocks_taken(per_phase, nrun, k, block_size)
+            for i in range(nrun):
+                r = running[i]
+                if phases[i] == rest and max_num_tokens[r] - num_tokens[r] - 1 != k:
+                    taken += 1
+            finishing = taken <= free
+            left_budget = budget - num_left
+            if finishing and left_budget > 0 and nrun < max_num_seqs:
+                at = times[k - 1] if k else clock
+                r = waiting[head] if nwait else nxt if nxt < n and arrival[nxt] <= at else -1
+                if r >= 0 and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, free - taken, threshold)[0]:
+                    finishing = False
+    if not finishing and k < 2:
+        return no
+    start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
+    if k:  # apply_async: batches 0..k-1 recorded, batch k queued
+        end0 = times[0]
+        for i in range(nrun):
+            r = running[i]
+            if num_tokens[r] == prompt[r]:
+                first_token_s[r] = end0  # its prefill's last chunk was in batch 0
+        # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
+        # by then join the waiting queue (behind a refused head) and count in its record.
+        for j in range(k):
+            free -= per_phase[j % block_size]
+            at = clock if j == 0 else times[j - 1]  # batch j + 1's schedule: its waiting count is batch j's record's
+            if j == 0:
+                record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free,
+                       kv + nrun, logs, events, counts)  # fmt: skip
+            else:
+                record(first, times[j - 1], times[j], times[j - 1], 0, 0, nrun, nrun, nwait, usable - free,
+                       kv + nrun * (j + 1), logs, events, counts)  # fmt: skip
+            nxt, nwait = add_arrivals(arrival, at, nxt, waiting, head, nwait)
+        last_end = times[k - 1]
+        periods, rest = k // block_size, k % block_size
+        for i in range(nrun):
+            r = running[i]
+            num_blocks[r] += periods + (1 if phases[i] < rest else 0)
+            computed[r] += k
+            num_tokens[r] += k
+            in_flight[r] = 1  # batch k's token
+        kv += nrun * k
+        clock = times[k - 1]  # it waited for batch k - 1's output
+        start_k, end_k, tokens_k, running_k, waiting_k = times[k - 1], times[k], nrun, nrun, nwait
+    else:
+        start_k, end_k, tokens_k, running_k, waiting_k = start0, times[0], tokens0, running0, waiting0
+    if not finishing:  # batch k queued (in the slot of the batch in flight)
+        queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, nrun, nrun, nwait
+        queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+        queue_f[slot, 0], queue_f[slot, 1] = times[k - 1], times[k]
+        for i in range(nrun):
+            queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = running[i], 1, True
+        return True, nxt, nwait, free, nrun, kv, clock, last_end, times[k], False
+    # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
+    # batch k's output finishes the others.
+    nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+    for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
+        phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
+    context = 0
+    low, high = -1, 0
+    num_left = 0
+    for i in range(nrun):
+        r = running[i]
+        if phases[i]:
+            continue
+        c = computed[r]
+        low = c if low < 0 or c < low else low
+        high = c if c > high else high
+        if c % block_size == 0:
+            num_blocks[r] += 1
+            free -= 1
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = end_k  # k = 0: batch 0 ended its prefill
+        computed[r] = c + 1
+        num_tokens[r] += 1  # batch k's token
+        in_flight[r] = 1  # batch k + 1's
+        context += c + 1
+        queue_r[slot, num_left], queue_n[slot, num_left], queue_sample[slot, num_left] = r, 1, True
+        num_left += 1
+    if clock_cost.kind >= 2:
+        end = end_k + cost_s(clock_cost, num_left, context, num_left, context, 0, 0, low + 1, high + 1)
+    else:
+        end = end_k + step_s(clock_cost, num_left, per_phase)
+    for i in range(nrun):
+        r = running[i]
+        if not phases[i]:
+            continue
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = end_k
+        num_tokens[r] += 1  # its last token
+        in_flight[r] = 0
+        placeholders[r] = 0
+        status[r] = FINISHED
+        free += num_blocks[r]  # release without prefix caching
+        num_blocks[r] = 0
+        finish_s[r] = end_k
+    nrun_before = nrun
+    nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    clock = end_k  # it waited for batch k's output
+    record(first, start_k, end_k, last_end, 0, 0, tokens_k, running_k, waiting_k, usable - free, context, logs, events,
+           counts)  # fmt: skip
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = num_left, num_left, nrun_before, nwait
+    queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+    queue_f[slot, 0], queue_f[slot, 1] = end_k, end
+    return True, nxt, nwait, free, nrun, context, clock, end_k, end, True
+
+
 @_jit
 def loop_sync(
     req,
@@ -1112,8 +1351,9 @@ def loop_async(
     events,
     counts,
 ):
-    """Engine.run_async's loop without decode runs (asynchronous scheduling, a batch queue of two) and
-    AsyncScheduler.update_from_output. queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt tokens hit;
+    """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs at once without prefix
+    caching (cfg.decode_runs: runs on; decode_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
+    requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
     queue_f[slot]: start, end. Stops as loop_sync does."""
     (
         arrival,
@@ -1164,6 +1404,9 @@ def loop_async(
     num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
     clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
     capacity = logs[0].shape[0]
+    runs = cfg.decode_runs and not caching
+    phases, per_phase = np.zeros(min(n, cfg.max_num_seqs), np.int64), np.zeros(block_size, np.int64)
+    times = np.empty(capacity + 2)  # a decode run's batch ends
     counts[:] = 0
     code = DONE
     while True:
@@ -1171,6 +1414,39 @@ def loop_async(
         if counts[0] == capacity:
             code = FULL
             break
+        if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run
+            ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(
+                cfg,
+                cost,
+                req,
+                running,
+                nrun,
+                waiting,
+                head,
+                nwait,
+                nxt,
+                free,
+                clock,
+                last_end,
+                queue_r,
+                queue_n,
+                queue_sample,
+                queue_i,
+                queue_f,
+                queue_head,
+                phases,
+                per_phase,
+                times,
+                first,
+                logs,
+                events,
+                counts,
+            )
+            if ran:
+                gpu_free_s = end
+                has_finished = 1 if finished else 0
+                state[S_RUNS] += 1
+                continue
         if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
             slot = (queue_head + queue_len) % 2
             ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
@@ -1197,6 +1473,7 @@ def loop_async(
             gpu_free_s = end
             queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
             queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens
+            queue_i[slot, 6] = num_scheduled and not npre and not num_hit_tokens  # a decode run may start from it
             queue_f[slot, 0], queue_f[slot, 1] = start, end
             queue_len += 1
             num_empty = 0 if num_scheduled else num_empty + 1
