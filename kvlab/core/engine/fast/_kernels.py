@@ -407,7 +407,7 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
 # and interp; MeasuredStepCost's step_s and what it calls), so that a step lasts the same bits either way.
 
 
-@_inline
+@_jit
 def search(axis, x, right):
     """np.searchsorted(axis, x, side="right" if right else "left") of a sorted axis and a number (not NaN), by
     bisection: numba's searchsorted costs about 40 ns a call more."""
@@ -448,13 +448,13 @@ def interp(axis, values, x):
     return values[last] + (values[last] - values[j]) * (x - axis[last]) / (axis[last] - axis[j])
 
 
-@_inline
+@_jit
 def part(clock, name):
     """The clock's table `name` (an arrays.TABLES index): a view of clock.table."""
     return clock.table[clock.at[name] : clock.at[name + 1]]
 
 
-@_inline
+@_jit
 def length(clock, name):
     """The number of values in the clock's table `name`."""
     return clock.at[name + 1] - clock.at[name]
@@ -949,7 +949,7 @@ def blocks_taken(per_phase, num_running, num_steps, block_size):
     return taken
 
 
-@_inline
+@_jit
 def decode_run_async(
     cfg,
     clock_cost,

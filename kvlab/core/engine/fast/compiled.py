@@ -16,7 +16,7 @@ holds the two to the same results, bit for bit, on hand cases and on hypothesis 
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
 already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
-of its cache (about 1.4 s) cost more than they save. numba compiles each loop once per machine (about 20 s each)
+of its cache (about 1.4 s) cost more than they save. numba compiles each loop once per machine (about 40-60 s each, the step costs with the first)
 into its cache (NUMBA_CACHE_DIR, by default the checkout's .cache/numba): `make setup` does it (kvlab.core.engine.warm), and a run
 that must compile first says so on the "kvlab" logger, which the command line prints. The loop runs
 in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
@@ -314,7 +314,7 @@ def serve(engine) -> Served | None:
     if compiling:
         mode = "asynchronous" if sched.async_scheduling else "synchronous"
         LOG.info(
-            "numba compiles the engine's %s loop, once for this machine (about 20 s; `make setup` does it ahead; "
+            "numba compiles the engine's %s loop, once for this machine (about a minute; `make setup` does it ahead; "
             "cached in %s)",
             mode,
             loop._cache._cache_path,
