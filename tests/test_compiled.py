@@ -135,15 +135,20 @@ def test_chunks_join_into_one_record(monkeypatch):
     assert python.num_preemptions.sum() > 0  # memory that preempts: the victims' path is exercised
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("block_size, num_gpu_blocks, threshold", [(16, 200, 0), (4, 700, 0), (1, 3000, 24)])
-def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_blocks, threshold):
-    """The synchronous loop's decode runs (ended by a finish, a block boundary the pool cannot cover, an arrival it
-    admits, the chunk's end) are taken, and change nothing: the Python engine's bits, and the loop's without runs."""
+def test_decode_runs_record_what_steps_record(monkeypatch, block_size, num_gpu_blocks, threshold, async_scheduling):
+    """Both loops' decode runs (ended by a finish, a block boundary the pool cannot cover, an arrival it admits, the
+    chunk's end; asynchronous ones by their last iteration too) are taken, and change nothing: the Python engine's
+    bits, and the loop's without runs."""
     rng = np.random.default_rng(3)
     n = 400
     workload = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 600, n), rng.integers(1, 200, n))
     config = EngineConfig().replace(
-        async_scheduling=False, max_model_len=1024, block_size=block_size, long_prefill_token_threshold=threshold
+        async_scheduling=async_scheduling,
+        max_model_len=1024,
+        block_size=block_size,
+        long_prefill_token_threshold=threshold,
     )
     args = {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": LinearStepCost(8.0, 0.01)}
     python = Engine(**args, path="reference").run()
