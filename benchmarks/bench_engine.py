@@ -35,22 +35,31 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 BINDING = {"num_gpu_blocks": 1100, "rate_per_s": 5.5}
 
 
-def binding_workload(num_requests: int) -> Workload:
-    """Azure-like lengths and Poisson arrivals (scheduler_workloads._azure_like), seed 0."""
+# Long prompts, short outputs (scheduler_workloads.long_prompt_short_output's lengths and rate) on a budget that binds.
+LONG_PROMPT = {"num_gpu_blocks": 6000, "rate_per_s": 6.0}
+
+
+def binding_workload(num_requests: int, kind: str = "long-output") -> Workload:
+    """long-output: Azure-like lengths and Poisson arrivals (scheduler_workloads._azure_like), seed 0; long-prompt:
+    prompts of 2,000-8,000 tokens and outputs of 16-128 at 6 requests/s (seed 4)."""
+    if kind == "long-prompt":
+        rng = np.random.default_rng(4)
+        prompt, output = rng.integers(2000, 8001, num_requests), rng.integers(16, 129, num_requests)
+        arrival = np.cumsum(rng.exponential(1 / LONG_PROMPT["rate_per_s"], num_requests))
+        return Workload(arrival - arrival[0], prompt, output)
     arrival, prompt, output = scheduler_workloads._azure_like(
         np.random.default_rng(0), num_requests, BINDING["rate_per_s"]
     )
     return Workload(arrival, prompt, output)
 
 
-def serve(workload: Workload, path: str = "auto"):
+def serve(workload: Workload, path: str = "auto", kind: str = "long-output", async_scheduling: bool = False):
     """The engine on a binding budget (path: kvlab.core.engine.PATHS; "auto" lets the engine choose): the result, its
     seconds and whether the compiled loop ran (its import counted)."""
-    config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
+    config = EngineConfig().replace(max_model_len=16384, async_scheduling=async_scheduling)
+    blocks = (LONG_PROMPT if kind == "long-prompt" else BINDING)["num_gpu_blocks"]
     start = time.perf_counter()
-    engine = Engine(
-        workload, config, num_gpu_blocks=BINDING["num_gpu_blocks"], cost=LinearStepCost(8.0, 0.01), path=path
-    )
+    engine = Engine(workload, config, num_gpu_blocks=blocks, cost=LinearStepCost(8.0, 0.01), path=path)
     result = engine.run()
     return result, time.perf_counter() - start, engine.compiled
 
@@ -97,11 +106,11 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def one_run(num_requests: int) -> None:
+def one_run(num_requests: int, kind: str = "long-output", async_scheduling: bool = False) -> None:
     """Child process: serve num_requests and print seconds, peak RSS and the summary as JSON."""
     baseline = peak_rss_mib()
-    workload = binding_workload(num_requests)
-    result, seconds, ran_compiled = serve(workload)
+    workload = binding_workload(num_requests, kind)
+    result, seconds, ran_compiled = serve(workload, kind=kind, async_scheduling=async_scheduling)
     summary = result.summary()
     print(
         json.dumps(
@@ -116,12 +125,37 @@ def one_run(num_requests: int) -> None:
     )
 
 
-def in_child(num_requests: int) -> dict:
+def in_child(num_requests: int, kind: str = "long-output", async_scheduling: bool = False) -> dict:
     """one_run in a fresh interpreter, so its peak memory is its own."""
-    done = subprocess.run(
-        [sys.executable, __file__, "--one", str(num_requests)], capture_output=True, text=True, check=True
-    )
-    return json.loads(done.stdout)
+    argv = [sys.executable, __file__, "--one", str(num_requests), kind, str(int(async_scheduling))]
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+
+HEAP_X = 10  # a million requests under binding memory: at most this many times a bare heap loop over a million events
+
+
+def million_against_heap() -> None:
+    """A million requests under binding memory, both scheduling modes, long outputs and long prompts with short
+    outputs, each against the bare heap loop of benchmarks/heap_loop.py over a million events (the engine's run
+    with the loading of its compiled loop, the workload's drawing excluded; the heap loop's with its drawing)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import heap_loop
+
+    start = time.perf_counter()
+    heap_loop.main(1_000_000)
+    heap_s = time.perf_counter() - start
+    print(f"   bare heap loop over 1,000,000 events (benchmarks/heap_loop.py): {heap_s:.2f} s")
+    for kind in ("long-output", "long-prompt"):
+        for async_scheduling in (False, True):
+            run = in_child(1_000_000, kind, async_scheduling)
+            x = run["seconds"] / heap_s
+            print(
+                f"   1,000,000 requests, {kind}, {'asynchronous' if async_scheduling else 'synchronous'}, binding "
+                f"memory ({run['num_preemptions']:,} preemptions, {run['num_steps']:,} steps, "
+                f"{'compiled' if run['compiled'] else 'Python'}): {run['seconds']:.2f} s, {x:.1f}x the heap loop "
+                f"(target <= {HEAP_X}x): {'PASS' if x <= HEAP_X else 'FAIL'}",
+                flush=True,
+            )
 
 
 # Replays of vLLM's scheduler a run (median): its time on this machine varies by up to 1.5x from one replay to the
@@ -244,6 +278,7 @@ def main() -> None:
                 f"   {ten_million:,} requests: the guard estimates {ten_million * PEAK_BYTES_PER_REQUEST / 2**30:.1f} "
                 f"GiB against {resources.available_memory_bytes() / 2**30:.1f} GiB available: {verdict}"
             )
+    million_against_heap()
     small = binding_workload(10_000)
     _, fast, _ = serve(small, path="python")
     _, slow, _ = serve(small, path="reference")
@@ -253,6 +288,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        one_run(int(sys.argv[2]))
+        one_run(int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1")
     else:
         main()

@@ -49,13 +49,130 @@ def heavy_plan():
     return plan.search(workload(), DEPLOYMENT, OBJECTIVES, SPACE, scheduler="serial")
 
 
-def test_a_heavy_rate_is_pruned_served_and_dropped_and_the_counts_add_up(heavy_plan):
+def test_a_heavy_rate_is_pruned_served_or_proven_to_miss_and_the_counts_add_up(heavy_plan):
+    """Under WHOLE_MAX_REQUESTS nothing is dropped: every candidate left is served in full or proven to miss on the
+    first PROOF_FRACTION (here MIN_RUNG_REQUESTS) of the workload."""
     counts = heavy_plan.counts()
     assert sum(counts.values()) == SPACE.size == 24
     kinds = {r.reason.split(":")[0] for r in heavy_plan.results if r.status == "pruned"}
     assert kinds == {"rate", "step cost"}  # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
-    assert counts["misses"] > 0 and counts["dropped"] > 0 and counts["meets"] == 0
-    assert all(r.served_requests == 400 for r in heavy_plan.results if r.status in ("meets", "misses"))
+    assert counts["misses"] > 0 and counts["dropped"] == 0 and counts["meets"] == 0
+    misses = [r for r in heavy_plan.results if r.status == "misses"]
+    proven = [r for r in misses if r.reason.startswith("proven on the first 200 requests: ")]
+    assert proven and all(r.served_requests == 200 and not r.metrics for r in proven)
+    assert all(r.served_requests == 400 and r.metrics for r in misses if r not in proven)
+    assert [(size, num) for size, num, _ in heavy_plan.rungs][0] == (200, counts["misses"])
+
+
+@pytest.fixture(scope="module")
+def llama_plan():
+    """Llama-3.1-8B on 600 requests within p95 TTFT 0.5 s and TPOT 25 ms: some candidates meet, some miss."""
+    deployment = plan.Deployment(get_model("meta-llama/Llama-3.1-8B"), get_gpu(GPU), 16384)
+    w = workload(n=600, rate=6.0, prompt=1000, output=200, seed=2)
+    objectives = plan.Objectives(ttft_p95_s=0.5, tpot_p95_ms=25.0)
+    space = plan.SearchSpace(
+        tensor_parallel_size=(1, 2),
+        max_num_seqs=(32, 256),
+        max_num_batched_tokens=(1024, 8192),
+        block_size=(16,),
+        kv_cache_dtype=("bf16",),
+        async_scheduling=(True, False),
+        num_replicas=(1, 2),
+    )
+    return deployment, w, objectives, space, plan.search(w, deployment, objectives, space, scheduler="serial")
+
+
+def test_the_halving_drops_on_its_prefixes_and_here_finds_the_whole_plans_best(llama_plan):
+    deployment, w, objectives, space, whole = llama_plan
+    halving = plan.search(w, deployment, objectives, space, scheduler="serial", rung_fractions=plan.RUNG_FRACTIONS)
+    assert whole.counts()["dropped"] == 0 and halving.counts()["dropped"] > 0
+    assert [size for size, _, _ in halving.rungs] == [200, 600] == [size for size, _, _ in whole.rungs]
+    assert all(r.reason.startswith("on the first 200 requests") for r in halving.results if r.status == "dropped")
+    assert halving.ranked()[0].candidate == whole.ranked()[0].candidate
+    by_candidate = {r.candidate: r.metrics for r in whole.results}
+    assert all(r.metrics == by_candidate[r.candidate] for r in halving.results if r.status in ("meets", "misses"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(30, 160),
+    st.floats(2.0, 40.0),
+    st.integers(0, 10_000),
+    st.sampled_from([1, 2, 3]),
+    st.booleans(),
+    st.sampled_from([16, 256]),
+    st.sampled_from([512, 4096]),
+    st.integers(10, 90),
+)
+def test_a_prefix_run_is_the_whole_run_until_the_next_arrival_and_its_proofs_hold(
+    n, rate, seed, replicas, async_scheduling, max_num_seqs, max_num_batched_tokens, percent
+):
+    """The engine is causal: on a prefix of its requests, a replica's run gives every request whose first token (finish)
+    comes before the replica's next arrival the same first token (finish) as the whole run; and what proven_misses
+    proves on the prefix, the whole run misses."""
+    w = workload(n=n, rate=rate, prompt=800, output=150, seed=seed)
+    candidate = plan.Candidate(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        async_scheduling=async_scheduling,
+        num_replicas=replicas,
+    )
+    config = candidate.config(DEPLOYMENT.max_model_len)
+    blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)[
+        "num_gpu_blocks"
+    ]
+    m = max(1, n * percent // 100)
+    whole_metrics, whole_first, whole_finish = plan.served(w, DEPLOYMENT, candidate, blocks)
+    _, first, finish = plan.served(plan.prefix(w, m), DEPLOYMENT, candidate, blocks)
+    nxt = [m + (rank - m) % replicas for rank in range(replicas)]
+    cutoff = np.array([w.arrival_s[i] if i < n else np.inf for i in nxt])[np.arange(m) % replicas]
+    assert np.array_equal(first[first < cutoff], whole_first[:m][first < cutoff])
+    assert np.array_equal(finish[finish < cutoff], whole_finish[:m][finish < cutoff])
+    objectives = plan.Objectives(
+        ttft_p95_s=0.05 * (1 + seed % 40), tpot_p95_ms=20.0 + seed % 30, e2e_p95_s=2.0 + seed % 20
+    )
+    multi = int(np.sum(np.minimum(w.prompt_tokens + w.output_tokens, DEPLOYMENT.max_model_len) - w.prompt_tokens > 1))
+    proof = (objectives, n, multi, w.arrival_s[m : m + replicas])
+    proven = plan.proven_misses(plan.prefix(w, m), candidate, first, finish, DEPLOYMENT.max_model_len, proof)
+    missed = objectives.misses(whole_metrics)
+    for words in proven:
+        name = words.split(" > ")[0]
+        assert any(miss.startswith(name + " ") for miss in missed), (words, missed)
+
+
+def test_pool_twins_found_on_the_run_give_what_serving_each_gives():
+    """Candidates that differ only in their pools, where the run of the largest proves no pool of theirs refuses a
+    block (never_refused), are served once; their figures are those each gives served alone, bit for bit."""
+    w = workload(n=300, rate=3.0, prompt=1500, output=300, seed=4)
+    space = plan.SearchSpace(
+        tensor_parallel_size=(2,),
+        max_num_seqs=(256,),
+        max_num_batched_tokens=(8192,),
+        block_size=(16, 32),
+        gpu_memory_utilization=(0.5, 0.9),
+        kv_cache_dtype=("bf16", "fp8"),
+        async_scheduling=(True, False),
+        num_replicas=(1,),
+    )
+    result = plan.search(w, DEPLOYMENT, plan.Objectives(e2e_p95_s=1000.0), space, scheduler="serial")
+    served = [r for r in result.results if r.status in ("meets", "misses")]
+    assert len(served) == 16 and sum(r.twin_of is not None for r in served) >= 8
+    assert not any(plan.never_binds(w, r.candidate, r.num_gpu_blocks, 16384) for r in served)  # found on the run
+    for r in served:
+        assert plan.serve(w, DEPLOYMENT, r.candidate, r.num_gpu_blocks) == r.metrics
+
+
+def test_never_refused_counts_every_request_present_at_its_longest():
+    """Two requests of 100 + 60 tokens (11 blocks of 16 with the in-flight token's slot) present together from
+    t = 1 to 2: 22 blocks, the null block apart; one at a time (the first finishes as the second arrives: both
+    present at that instant) the same."""
+    w = Workload(np.array([0.0, 1.0]), np.full(2, 100), np.full(2, 60))
+    c = plan.Candidate(block_size=16)
+    assert plan.never_refused(w, c, np.array([2.0, 3.0]), 23, 16384)
+    assert not plan.never_refused(w, c, np.array([2.0, 3.0]), 22, 16384)
+    assert not plan.never_refused(w, c, np.array([1.0, 3.0]), 22, 16384)  # a tie: both present
+    assert plan.never_refused(w, c, np.array([0.5, 3.0]), 12, 16384)  # never together
+    assert plan.never_refused(w, plan.Candidate(block_size=16, num_replicas=2), np.array([2.0, 3.0]), 12, 16384)
 
 
 def test_every_lower_bound_is_below_what_the_engine_serves():
@@ -187,21 +304,9 @@ def test_the_ttft_bound_is_within_2x_of_a_prefill_burst():
     assert served / 2 < bound <= served
 
 
-def test_what_the_plan_recommends_meets_every_objective_served_again_on_its_own():
-    model = get_model("meta-llama/Llama-3.1-8B")
-    deployment = plan.Deployment(model, get_gpu(GPU), 16384)
-    w = workload(n=600, rate=6.0, prompt=1000, output=200, seed=2)
-    objectives = plan.Objectives(ttft_p95_s=0.5, tpot_p95_ms=25.0)
-    space = plan.SearchSpace(
-        tensor_parallel_size=(1, 2),
-        max_num_seqs=(32, 256),
-        max_num_batched_tokens=(1024, 8192),
-        block_size=(16,),
-        kv_cache_dtype=("bf16",),
-        async_scheduling=(True, False),
-        num_replicas=(1, 2),
-    )
-    result = plan.search(w, deployment, objectives, space, scheduler="serial")
+def test_what_the_plan_recommends_meets_every_objective_served_again_on_its_own(llama_plan):
+    deployment, w, objectives, space, result = llama_plan
+    model = deployment.model
     ranked = result.ranked()
     assert ranked and result.counts()["misses"] + result.counts()["dropped"] > 0
     assert [r.candidate.num_gpus for r in ranked] == sorted(r.candidate.num_gpus for r in ranked)

@@ -79,8 +79,10 @@ def add(commands) -> None:
         "(vLLM would not start: the KV pool vLLM sizes cannot hold max_model_len; no operator profile measures the "
         "model at that tensor parallel size; or even the fastest steps the batch budget allows cannot serve the "
         "rate within an objective). The rest are served by kvlab's engine (vLLM 0.33's scheduler, its KV pool as "
-        "vLLM sizes it) on the measured clock, on growing prefixes of the workload (1/64, 1/16, 1/4, all), the "
-        "best quarter going on each time. Output: the configurations that meet every objective at the 95th "
+        "vLLM sizes it) on the measured clock. Up to 20,000 requests, every candidate is served on the whole "
+        "workload but those its first eighth proves miss (more requests over a limit already than a p95 allows); "
+        "above, on growing prefixes of it (1/64, 1/16, 1/4, all), the best quarter going on each time. Candidates "
+        "that make the same decisions (their pools never refuse a block) are served once. Output: the configurations that meet every objective at the 95th "
         "percentile, ranked by requests/s per GPU, the best as its `vllm serve` command, and why the others "
         "failed. Replicas get the requests in turn (a round-robin router). TTFT = first token - arrival, TPOT = "
         "(finish - first token) / (output tokens - 1), E2E = finish - arrival.",

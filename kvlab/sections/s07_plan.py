@@ -12,7 +12,6 @@ from kvlab.core.workload import Workload
 from kvlab.sections.s04_traces import open_trace
 from kvlab.sections.shared import phrases
 from kvlab.sections.shared.parameters import search_space  # noqa: F401 (the notebook's search space, checked there)
-from kvlab.studies import plan as planning
 from kvlab.studies.plan_space import (
     OBJECTIVE_UNITS,
     OBJECTIVE_WORDS,
@@ -112,11 +111,12 @@ def _label(c) -> str:
 
 def served_table(plan) -> pd.DataFrame:
     """Every configuration served on the whole workload, ranked: those that meet every objective first (plan.ranked's
-    order), then those that miss by their worst objective; requests/s per GPU is the workload's rate over the GPUs
+    order), then those that miss by their worst objective (not those proven to miss on a prefix); requests/s per GPU is the workload's rate over the GPUs
     (goodput where it meets)."""
     ranked = plan.ranked()
     misses = sorted(
-        (r for r in plan.results if r.status == "misses"), key=lambda r: (r.worst_share, r.candidate.num_gpus)
+        (r for r in plan.results if r.status == "misses" and not r.proven_miss),
+        key=lambda r: (r.worst_share, r.candidate.num_gpus),
     )
     rows = []
     for r in ranked + misses:
@@ -194,6 +194,8 @@ def outcome_table(plan) -> pd.DataFrame:
             kind, place = "pruned: " + proof, (0, ("capacity", "step cost", "rate").index(proof))
         elif r.status == "dropped":
             kind, place = f"dropped after the first {r.served_requests:,} requests", (1, r.served_requests)
+        elif r.proven_miss:
+            kind, place = f"proven to miss on the first {r.served_requests:,} requests", (1, r.served_requests)
         elif r.status == "misses" and not r.shares:
             kind, place = "served: the engine stopped", (2, 0)
         elif r.status == "misses":
@@ -265,28 +267,27 @@ def step_cost_table(fidelity: list[dict]) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- the halving's risk, measured
-def halving_check(plan, workload: Workload, num_checks: int) -> pd.DataFrame:
-    """The num_checks dropped candidates (twins once) that came closest to their objectives on their prefix, served
-    now on the whole workload: their worst objective's share of its limit (%) on the prefix and in full, and whether
-    they meet every objective in full (a configuration the halving lost)."""
+def halving_check(halving, whole, num_checks: int) -> pd.DataFrame:
+    """The num_checks candidates the halving dropped (twins once) that came closest to their objectives on their
+    prefix, and what the whole plan (every candidate served to the end) found for them: their worst objective's share
+    of its limit (%) on the prefix and in full (NaN: proven to miss on a prefix), and whether they meet every
+    objective in full (a configuration the halving lost)."""
     dropped = sorted(
-        (r for r in plan.results if r.status == "dropped" and r.twin_of is None),
+        (r for r in halving.results if r.status == "dropped" and r.twin_of is None),
         key=lambda r: (r.worst_share, r.candidate.num_gpus),
     )[:num_checks]
-    rows = []
-    for r in dropped:
-        metrics = planning.serve(workload, plan.deployment, r.candidate, r.num_gpu_blocks)
-        full = plan.objectives.shares(metrics)
-        rows.append(
-            {
-                "label": _label(r.candidate),
-                "num_gpus": r.candidate.num_gpus,
-                "dropped_after_requests": r.served_requests,
-                "prefix_worst_share_pct": 100 * r.worst_share,
-                "full_worst_share_pct": 100 * max(full.values()),
-                "meets_in_full": max(full.values()) <= 1,
-            }
-        )
+    full = {r.candidate: r for r in whole.results}
+    rows = [
+        {
+            "label": _label(r.candidate),
+            "num_gpus": r.candidate.num_gpus,
+            "dropped_after_requests": r.served_requests,
+            "prefix_worst_share_pct": 100 * r.worst_share,
+            "full_worst_share_pct": 100 * full[r.candidate].worst_share if full[r.candidate].shares else math.nan,
+            "meets_in_full": full[r.candidate].status == "meets",
+        }
+        for r in dropped
+    ]
     return pd.DataFrame(
         rows,
         columns=[
@@ -298,6 +299,23 @@ def halving_check(plan, workload: Workload, num_checks: int) -> pd.DataFrame:
             "meets_in_full",
         ],
     )
+
+
+def halving_versus(halving, whole) -> dict:
+    """The halving's plan against the whole plan's on the same workload: whether they name the same best
+    configuration, the halving's best, how many of the whole plan's meeting configurations the halving dropped, and
+    how many of those need fewer GPUs than the halving's best (better ones it lost)."""
+    best, whole_best = (halving.ranked() or [None])[0], (whole.ranked() or [None])[0]
+    status = {r.candidate: r.status for r in halving.results}
+    lost = [r for r in whole.ranked() if status[r.candidate] == "dropped"]
+    gpus = best.candidate.num_gpus if best else math.inf
+    return {
+        "same_best": (best and best.candidate) == (whole_best and whole_best.candidate),
+        "halving_best_label": _label(best.candidate) if best else None,
+        "lost": len(lost),
+        "lost_better": sum(r.candidate.num_gpus < gpus for r in lost),
+        "halving_rungs": len(halving.rungs),
+    }
 
 
 def step_cost_error_words(fidelity: list[dict], key: str) -> str:
@@ -385,9 +403,12 @@ def plan_figures(plan, summary: dict, served: pd.DataFrame, outcome: pd.DataFram
     best = served[served["best"]].iloc[0] if served["best"].any() else None
     fewest = int(served.loc[served["meets"], "num_gpus"].min()) if served["meets"].any() else None
     pruned = {k.split(": ")[1]: int(v) for k, v in outcome["num_candidates"].items() if k.startswith("pruned: ")}
+    proven = sum(r.proven_miss for r in plan.results)
     return {
         "num_candidates": len(plan.results),
         **counts,
+        "misses": counts["misses"] - proven,  # served in full
+        "proven": proven,
         "pruned_by": pruned,
         "num_served": int(len(served)),
         "num_twins": sum(r.twin_of is not None for r in plan.results),
@@ -410,7 +431,7 @@ def served_words(plan) -> str:
     names = {1: "one", 2: "two", 3: "three"}
     counts = {"meet every objective": plan.counts()["meets"]}
     counts |= {f"miss {names.get(k, k)}": missed.count(k) for k in sorted(set(missed))}
-    stopped = sum(1 for r in plan.results if r.status == "misses" and not r.shares)
+    stopped = sum(1 for r in plan.results if r.status == "misses" and not r.shares and not r.proven_miss)
     return phrases.counted(counts | {"stopped before the end": stopped})
 
 
@@ -420,8 +441,8 @@ def headline(plan, summary: dict, served: pd.DataFrame) -> list[str]:
     lines = [
         f"deployment      {plan.deployment.model.name} on {plan.deployment.gpu.name}, {f['objectives']}",
         f"workload        {plan.num_requests:,} requests at {f['rate_per_s']:.2f} requests/s",
-        f"candidates      {f['num_candidates']:,}: {f['pruned']:,} pruned, {f['dropped']:,} dropped on a prefix, "
-        f"{f['misses']:,} served in full miss, {f['meets']:,} meet",
+        f"candidates      {f['num_candidates']:,}: {f['pruned']:,} pruned, {f['proven']:,} proven to miss on a prefix, "
+        f"{f['dropped']:,} dropped on a prefix, {f['misses']:,} served in full miss, {f['meets']:,} meet",
     ]
     if f["best_label"] is None:
         lines.append("best            none meets every objective")

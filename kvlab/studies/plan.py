@@ -24,12 +24,17 @@ The search is not a grid:
      max_num_batched_tokens) steps, its output at least one step a token after the first, so the 95th percentile
      of those per-request bounds bounds p95 TTFT and E2E from below too (request_bounds). A candidate whose
      lower bound passes an objective is pruned, with the bound.
-2. Successive halving on prefixes of the workload: every candidate left is served on its first 1/64, the best
-   quarter (RUNG_KEEP) on its first 1/16, and so on to all of it (RUNG_FRACTIONS). "Best" is within each number of
-   GPUs (tensor parallel size x replicas): the smallest worst share, an objective's value over its limit. Ranking
-   across GPU counts on a prefix would favour too few GPUs, since a prefix's queues are shorter than the whole
-   workload's; so every GPU count keeps its best to the end, where the whole workload decides. Each rung runs
-   through kvlab.studies.sweep (local processes or a Dask cluster), in chunks of candidates.
+2. Serving, twins once (twins: the same decisions at the same times, so the same figures; families). Up to
+   WHOLE_MAX_REQUESTS requests, every candidate left is served on the whole workload, after a first rung on its first
+   PROOF_FRACTION: a candidate whose run there proves it misses an objective stops (proven_misses: the engine is
+   causal, so a prefix's run is the whole run's until the replica's next arrival, and more requests over a limit
+   by then than a p95 allows prove the p95 over it). Above WHOLE_MAX_REQUESTS, successive halving on prefixes:
+   every candidate left is served on its first 1/64, the best quarter (RUNG_KEEP) of those not proven to miss on
+   its first 1/16, and so on to all of it (RUNG_FRACTIONS). "Best" is within each number of GPUs (tensor parallel
+   size x replicas): the smallest worst share, an objective's value over its limit. Ranking across GPU counts on a
+   prefix would favour too few GPUs, since a prefix's queues are shorter than the whole workload's; so every GPU
+   count keeps its best to the end, where the whole workload decides. Each rung runs through kvlab.studies.sweep
+   (local processes or a Dask cluster), in chunks of candidates.
 
 The ranking: the configurations served in full that meet every objective, by requests/s per GPU (the
 workload's rate over the GPUs it uses: goodput, since every request is served), then by that worst share.
@@ -37,6 +42,7 @@ workload's rate over the GPUs it uses: goodput, since every request is served), 
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
 import math
@@ -64,7 +70,9 @@ from kvlab.studies.plan_space import (  # noqa: F401
 )
 
 PERCENTILE = 95
-RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)  # the workload's prefixes the rungs serve
+WHOLE_MAX_REQUESTS = 20_000  # up to this many requests, every candidate is served on the whole workload (no halving)
+PROOF_FRACTION = 1 / 8  # ...after a first rung on this share of it, which proves the hopeless candidates miss
+RUNG_FRACTIONS = (1 / 64, 1 / 16, 1 / 4, 1.0)  # above it, the workload's prefixes the halving's rungs serve
 RUNG_KEEP = 0.25  # the share of a rung's candidates the next rung serves
 MIN_RUNG_REQUESTS = 200  # a rung serves at least this many requests (or the whole workload)
 MIN_KEEP = 2  # a rung keeps at least this many candidates of each GPU count
@@ -86,12 +94,17 @@ def step_cost(deployment: Deployment, config: EngineConfig):
     return cost, isinstance(cost, (MeasuredStepCost, LinearProfileStepCost)), cost.source
 
 
-def rate_bounds(cost, max_num_batched_tokens: int, data_parallel_size: int = 1) -> tuple[float, float]:
+def rate_bounds(
+    cost, max_num_batched_tokens: int, data_parallel_size: int = 1, min_steps_s: list | None = None
+) -> tuple[float, float]:
     """The most tokens a second one replica can schedule, and the shortest step (s): max over T <=
     max_num_batched_tokens of T / cost.min_step_s(T) (every T, so no shape of the cost is assumed). Data-parallel
     ranks step in lockstep, each padded to the largest rank's tokens, so a rank of T tokens takes at least the least
-    min_step_s(T') over T' >= T, and the replica's rate is that of its ranks together."""
-    steps = [cost.min_step_s(t) for t in range(1, max_num_batched_tokens + 1)]
+    min_step_s(T') over T' >= T, and the replica's rate is that of its ranks together. min_steps_s: cost.min_step_s
+    of 1, 2, ... tokens known so far, extended here (for another cost whose min_step_s is the same)."""
+    steps = [] if min_steps_s is None else min_steps_s
+    steps += [cost.min_step_s(t) for t in range(len(steps) + 1, max_num_batched_tokens + 1)]
+    steps = steps[:max_num_batched_tokens]
     if data_parallel_size > 1:
         steps = list(itertools.accumulate(reversed(steps), min))[::-1]
     return data_parallel_size * max(t / step for t, step in enumerate(steps, 1)), min(steps)
@@ -101,13 +114,15 @@ def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, m
     """Whether the pool can never refuse a block: max_num_seqs requests at their longest fit it with the longest
     left free. Only running requests hold blocks (a preempted or waiting one holds none without prefix caching),
     so every allocation and every admission's whole-length check then passes, and the run's decisions are those
-    of any larger pool, of any block size."""
+    of any larger pool, of any block size. With data-parallel ranks, at most half of it: a rank's KV usage above
+    half weighs in vLLM's choice of rank (kvlab.core.engine.data_parallel)."""
     if candidate.enable_prefix_caching:
         return False  # hits depend on the blocks
     final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
     longest_blocks = -(-int(final.max()) // candidate.block_size)
     running = min(candidate.max_num_seqs, -(-workload.num_requests // candidate.num_replicas))
-    return running * longest_blocks <= num_gpu_blocks - 1
+    usable = num_gpu_blocks - 1
+    return running * longest_blocks <= (usable // 2 if candidate.data_parallel_size > 1 else usable)
 
 
 def lower_bounds(
@@ -190,12 +205,12 @@ def percentile_metrics(
     }
 
 
-def serve(
+def served(
     workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int, path: str = "auto"
-) -> dict:
+) -> tuple[dict, np.ndarray, np.ndarray]:
     """The candidate serving the workload: requests dealt to its replicas in turn, each replica kvlab's engine on
     the candidate's step cost and pool (path: the engine's, kvlab.core.engine.PATHS); percentile_metrics,
-    preemptions and the steps served."""
+    preemptions and the steps served; and each request's first token and finish times (s)."""
     config = candidate.config(deployment.max_model_len)
     cost = step_cost(deployment, config)[0]
     n, replicas = workload.num_requests, candidate.num_replicas
@@ -214,25 +229,114 @@ def serve(
         first_token[mine], finish[mine], outputs[mine] = result.first_token_s, result.finish_s, result.num_output_tokens
         preemptions += int(np.sum(result.num_preemptions))
         steps += result.num_steps
-    return percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {
+    metrics = percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {
         "num_preemptions": preemptions,
         "num_steps": steps,
     }
+    return metrics, first_token, finish
+
+
+def serve(
+    workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int, path: str = "auto"
+) -> dict:
+    """The candidate's metrics serving the workload (served)."""
+    return served(workload, deployment, candidate, num_gpu_blocks, path)[0]
+
+
+def never_refused(
+    workload: Workload, candidate: Candidate, finish_s: np.ndarray, num_gpu_blocks: int, max_model_len: int
+) -> bool:
+    """Whether a run that ended at finish_s (each request's finish, s) could never have been refused a block by a
+    pool of num_gpu_blocks at the candidate's block_size, so that it is the run of any pool, of any block size, that
+    passes this test (no prefix caching). Every block check the scheduler makes (an admission's whole-length check,
+    a running request's allocation) asks for at most the blocks the requests present then (arrived, not finished:
+    the one asking, and every holder; a finished request's blocks are freed by the next check) can hold, each at
+    most its final length and one more token (the in-flight one of asynchronous scheduling). If that sum, at its
+    peak over time, leaves the pool's usable blocks (the null block aside) enough in each replica, no check was
+    refused: the run's decisions are those of an unbounded pool."""
+    final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens + 1, max_model_len)
+    blocks = -(-final // candidate.block_size)
+    n, replicas = workload.num_requests, candidate.num_replicas
+    for rank in range(replicas):
+        mine = slice(rank, n, replicas)
+        times = np.concatenate((workload.arrival_s[mine], finish_s[mine]))
+        change = np.concatenate((blocks[mine], -blocks[mine]))
+        order = np.lexsort((change < 0, times))  # in time; at a tie, arrivals before finishes (both present)
+        if int(np.cumsum(change[order]).max()) > num_gpu_blocks - 1:
+            return False
+    return True
+
+
+def proven_misses(
+    workload: Workload, candidate: Candidate, first_token_s, finish_s, max_model_len: int, proof: tuple
+) -> list[str]:
+    """The objectives a run on a prefix of the workload (each request's first token and finish, s) proves the whole
+    workload misses, in words. proof: (objectives, the whole workload's requests and those of more than one output
+    token, the arrivals (s) after the prefix). The engine is causal: a replica's run on its first requests is its run
+    on all of them until its next request arrives (T), so a request of the prefix still without its first token (its
+    last, for E2E; for TPOT, its last at TPOT's limit) at a time before T is so in the whole run too. When more
+    requests than a 95th percentile allows (N - floor(0.95 (N - 1)) of N) are over a limit, its p95 is over it."""
+    objectives, num_requests, num_multi_token, following = proof
+    m, replicas = workload.num_requests, candidate.num_replicas
+    nxt = [m + (rank - m) % replicas for rank in range(replicas)]  # each replica's next request
+    arrival = workload.arrival_s
+    cutoff = np.array([following[i - m] if i - m < len(following) else np.inf for i in nxt])[np.arange(m) % replicas]
+    output = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
+    output -= workload.prompt_tokens
+    out = []
+    for name, limit in objectives.given().items():
+        margin = limit * (1 + 1e-9) + 1e-12  # past the limit by more than rounding
+        if name == "tpot_p95_ms":
+            start, end, among = first_token_s, finish_s, num_multi_token
+            late = start + margin / 1e3 * np.maximum(output - 1, 0)
+            over = (output > 1) & (end > late) & (late < cutoff)
+        else:
+            end = first_token_s if name == "ttft_p95_s" else finish_s
+            late, among = arrival + margin, num_requests
+            over = (end > late) & (late < cutoff)
+        count, needed = int(over.sum()), among - _k(among) + 1
+        if among and count >= needed:
+            out.append(
+                f"{OBJECTIVE_WORDS[name]} > {limit:g} {OBJECTIVE_UNITS[name]}: already {count:,} of its first {m:,} "
+                f"requests are over {limit:g} {OBJECTIVE_UNITS[name]}, and {needed:,} of all {among:,} put the p95 over"
+            )
+    return out
 
 
 def serve_chunk(point: tuple) -> list:
-    """A sweep point: (workload arrays, deployment, [(candidate, num_gpu_blocks)]) served, one result each (the
-    metrics, or the reason the engine stopped)."""
-    (arrival, prompt, output, hashes, hash_tokens), deployment, items = point
+    """A sweep point: (workload arrays, deployment, families, proof), each family a list of (candidate,
+    num_gpu_blocks) that differ only in their pools (_pool_free_key, families), the largest first. Each served, one result each (the
+    metrics, or the reason the engine stopped), but a family's candidate that a run of its first proves the same
+    (never_refused, or never_binds, on both): its first's metrics, with "twin": the index of that first. proof (on a
+    prefix; else None): proven_misses's, with "proven": the objectives it proves missed, if any."""
+    (arrival, prompt, output, hashes, hash_tokens), deployment, families, proof = point
     workload = Workload(arrival, prompt, output, hashes, hash_tokens)
     if compiled.available():  # loaded, the compiled loop serves every candidate it can, whatever its size
         compiled.kernels()
+    max_model_len = deployment.max_model_len
+
+    def same(c: Candidate, num_gpu_blocks: int, finish_s: np.ndarray) -> bool:
+        return never_binds(workload, c, num_gpu_blocks, max_model_len) or never_refused(
+            workload, c, finish_s, num_gpu_blocks, max_model_len
+        )
+
     out = []
-    for candidate, num_gpu_blocks in items:
-        try:
-            out.append(serve(workload, deployment, candidate, num_gpu_blocks))
-        except NoProgressError as error:
-            out.append({"error": str(error)})
+    for family in families:
+        first, unbounded, first_finish = len(out), False, None
+        for i, (candidate, num_gpu_blocks) in enumerate(family):
+            if unbounded and same(candidate, num_gpu_blocks, first_finish):
+                out.append(out[first] | {"twin": first})
+                continue
+            try:
+                metrics, first_token, finish = served(workload, deployment, candidate, num_gpu_blocks)
+            except NoProgressError as error:
+                out.append({"error": str(error)})
+                continue
+            if proof is not None:
+                metrics["proven"] = proven_misses(workload, candidate, first_token, finish, max_model_len, proof)
+            out.append(metrics)
+            if not i:
+                first_finish, unbounded = finish, same(candidate, num_gpu_blocks, finish)
     return out
 
 
@@ -250,6 +354,11 @@ class CandidateResult:
     metrics: dict = field(default_factory=dict)
     shares: dict = field(default_factory=dict)
     twin_of: Candidate | None = None  # served as this candidate (twins: the same decisions at the same times)
+
+    @property
+    def proven_miss(self) -> bool:
+        """Whether a prefix's run proved it misses (proven_misses), so it was not served in full."""
+        return self.status == "misses" and self.reason.startswith("proven on the first ")
 
     @property
     def worst_share(self) -> float:
@@ -285,6 +394,7 @@ class Plan:
     rungs: list  # (requests served, candidates served, seconds) per rung
     cost_source: str
     seconds: float
+    halving: bool = False  # the halving served it (above WHOLE_MAX_REQUESTS, or rung_fractions given)
 
     def ranked(self) -> list:
         """The configurations served in full that meet every objective, best first."""
@@ -321,6 +431,7 @@ def prefix(workload: Workload, n: int) -> Workload:
 def prune(workload: Workload, deployment: Deployment, objectives: Objectives, results: list) -> None:
     """Mark the candidates that cannot work (the module's docstring), each with its proof in words."""
     rates: dict = {}
+    min_steps: dict = {}
     for r in results:
         c = r.candidate
         config = c.config(deployment.max_model_len)
@@ -348,16 +459,18 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
                 f"step cost: no operator profile measures it ({source}); allow the roofline to plan it",
             )
             continue
-        key = (
+        same_steps = (  # what min_step_s depends on: the same for every max_num_batched_tokens of the same graphs
             c.tensor_parallel_size,
             c.data_parallel_size,
-            c.max_num_batched_tokens,
+            c.async_scheduling,  # the CPU's time overlaps the GPU's or adds to it
             cost.__class__,
             source,
             getattr(cost, "cudagraph_capture_sizes", ()),
         )
+        key = (same_steps, c.max_num_batched_tokens)
         if key not in rates:
-            rates[key] = rate_bounds(cost, c.max_num_batched_tokens, c.data_parallel_size)
+            steps = min_steps.setdefault(same_steps, [])
+            rates[key] = rate_bounds(cost, c.max_num_batched_tokens, c.data_parallel_size, steps)
         tokens_per_s, shortest_s = rates[key]
         fleet = fleet_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
         own = request_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
@@ -376,29 +489,46 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
             )
 
 
+def _pool_free_key(r: CandidateResult) -> tuple:
+    """A candidate's settings but its pool's (block_size, kv_cache_dtype, gpu_memory_utilization): those that leave
+    the scheduler's decisions and the measured clock unchanged while the pool refuses nothing (a roofline's KV reads
+    depend on the dtype, so it keeps the dtype)."""
+    c = r.candidate
+    return (
+        c.tensor_parallel_size,
+        c.data_parallel_size,
+        c.max_num_seqs,
+        c.max_num_batched_tokens,
+        c.enable_chunked_prefill,
+        c.async_scheduling,
+        c.num_replicas,
+        r.measured_cost or c.kv_cache_dtype,
+    )
+
+
 def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]:
     """The candidates left in groups that make the same decisions at the same times: those whose pool never binds
-    (never_binds) and that differ only in block_size, kv_cache_dtype and gpu_memory_utilization, which then change
-    neither the scheduler's decisions nor the measured clock (a roofline's KV reads depend on the dtype, so it
-    stays apart there); every other candidate alone. The first of a group is served for all."""
+    (never_binds) and that differ only in their pools (_pool_free_key); every other candidate alone. The first of a
+    group is served for all."""
     groups: dict = {}
     for r in alive:
-        c = r.candidate
-        if never_binds(workload, c, r.num_gpu_blocks, deployment.max_model_len):
-            key = (
-                c.tensor_parallel_size,
-                c.data_parallel_size,
-                c.max_num_seqs,
-                c.max_num_batched_tokens,
-                c.enable_chunked_prefill,
-                c.async_scheduling,
-                c.num_replicas,
-                r.measured_cost or c.kv_cache_dtype,
-            )
-        else:
-            key = c
-        groups.setdefault(key, []).append(r)
+        bound = never_binds(workload, r.candidate, r.num_gpu_blocks, deployment.max_model_len)
+        groups.setdefault(_pool_free_key(r) if bound else r.candidate, []).append(r)
     return list(groups.values())
+
+
+def families(alive: list) -> list[list]:
+    """The candidates to serve in families that differ only in their pools (_pool_free_key; no prefix caching, one
+    data-parallel rank: a data-parallel replica deals its requests by its ranks' KV usage), the largest pool (in
+    token slots) first: serve_chunk serves the first, and each other only if that run does not prove it the same
+    (never_refused)."""
+    out: dict = {}
+    for r in alive:
+        c = r.candidate
+        apart = c.enable_prefix_caching or c.data_parallel_size > 1
+        out.setdefault(id(r) if apart else _pool_free_key(r), []).append(r)
+    slots = lambda r: (r.num_gpu_blocks - 1) * r.candidate.block_size  # noqa: E731
+    return [sorted(family, key=slots, reverse=True) for family in out.values()]
 
 
 def search(
@@ -410,10 +540,13 @@ def search(
     scheduler: str | None = None,
     max_workers: int | None = None,
     progress: bool | None = None,
-    rung_fractions: tuple = RUNG_FRACTIONS,
+    rung_fractions: tuple | None = None,
 ) -> Plan:
-    """Prune, then serve the candidates left on growing prefixes of the workload, keeping the best RUNG_KEEP of
-    each rung (the module's docstring; twins served once); every candidate's outcome and the ranking."""
+    """Prune, then serve the candidates left on growing prefixes of the workload (the module's docstring; twins
+    served once): up to WHOLE_MAX_REQUESTS requests every candidate to the end but those its first PROOF_FRACTION
+    proves miss (proven_misses); above, the halving, each rung keeping the best RUNG_KEEP of those it does not
+    prove miss. rung_fractions: the halving's prefixes instead (its last 1.0). Every candidate's outcome and the
+    ranking."""
     import os
     import time
 
@@ -437,7 +570,11 @@ def search(
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
     alive = [g[0] for g in groups]
     n = workload.num_requests
-    sizes = sorted({min(n, max(MIN_RUNG_REQUESTS, math.ceil(f * n))) for f in rung_fractions})
+    halving = rung_fractions is not None or n > WHOLE_MAX_REQUESTS
+    fractions = (rung_fractions or RUNG_FRACTIONS) if halving else (PROOF_FRACTION, 1.0)
+    sizes = sorted({min(n, max(MIN_RUNG_REQUESTS, math.ceil(f * n))) for f in fractions})
+    final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, deployment.max_model_len)
+    num_multi_token = int(np.sum(final - workload.prompt_tokens > 1))
     workers = max_workers or os.cpu_count() or 1
     rungs = []
     for size in sizes:
@@ -445,10 +582,16 @@ def search(
             break
         rung_start = time.perf_counter()
         arrays = _arrays(workload, size)
-        num_chunks = min(len(alive), CHUNKS_PER_WORKER * workers)
-        chunks = [alive[i::num_chunks] for i in range(num_chunks)]
-        points = [(arrays, deployment, [(r.candidate, r.num_gpu_blocks) for r in chunk]) for chunk in chunks]
-        served, _ = sweep.run(
+        grouped = families(alive)
+        num_chunks = min(len(grouped), CHUNKS_PER_WORKER * workers)
+        chunks = [grouped[i::num_chunks] for i in range(num_chunks)]
+        following = workload.arrival_s[size : size + max(r.candidate.num_replicas for r in alive)]
+        proof = (objectives, n, num_multi_token, following) if size < n else None
+        points = [
+            (arrays, deployment, [[(r.candidate, r.num_gpu_blocks) for r in family] for family in chunk], proof)
+            for chunk in chunks
+        ]
+        outcomes, _ = sweep.run(
             serve_chunk,
             points,
             scheduler=scheduler,
@@ -456,13 +599,26 @@ def search(
             progress=progress,
             name=f"plan: {len(alive)} candidates on {size:,} requests",
         )
-        for chunk, outcomes in zip(chunks, served):
-            for r, metrics in zip(chunk, outcomes):
-                r.served_requests = size
+        for chunk, outcome in zip(chunks, outcomes):
+            flat = [r for family in chunk for r in family]
+            for r, metrics in zip(flat, outcome):
+                r.served_requests, r.twin_of = size, None
                 if "error" in metrics:
                     r.status, r.reason, r.metrics, r.shares = (
                         "misses",
                         f"the engine stopped: {metrics['error']}",
+                        {},
+                        {},
+                    )
+                    continue
+                metrics = dict(metrics)
+                if "twin" in metrics:
+                    r.twin_of = flat[metrics.pop("twin")].candidate
+                proven = metrics.pop("proven", [])
+                if proven:
+                    r.status, r.reason, r.metrics, r.shares = (
+                        "misses",
+                        f"proven on the first {size:,} requests: " + "; ".join(proven),
                         {},
                         {},
                     )
@@ -475,13 +631,17 @@ def search(
                 missed = objectives.misses(r.metrics)
                 r.status, r.reason = ("misses", "; ".join(missed)) if missed else ("meets", "")
             break
+        if not halving:
+            alive = served_ok
+            continue
         strata: dict = {}
         for r in served_ok:
             strata.setdefault(r.candidate.num_gpus, []).append(r)
+        num_served = collections.Counter(r.candidate.num_gpus for r in alive)  # those proven to miss included
         alive = []
         for gpus in sorted(strata):
             ranked = sorted(strata[gpus], key=lambda r: r.worst_share)
-            keep = max(MIN_KEEP, math.ceil(RUNG_KEEP * len(ranked)))
+            keep = max(MIN_KEEP, math.ceil(RUNG_KEEP * num_served[gpus]))
             alive += ranked[:keep]
             last_kept = ranked[min(keep, len(ranked)) - 1].worst_share
             for r in ranked[keep:]:
@@ -519,6 +679,7 @@ def search(
         rungs,
         "; ".join(sources),
         time.perf_counter() - start,
+        halving,
     )
 
 
@@ -590,6 +751,8 @@ def summary(plan: Plan, top: int = 10) -> dict:
         "search": {
             "num_candidates": len(plan.results),
             "counts": plan.counts(),
+            "num_proven_misses": sum(r.proven_miss for r in plan.results),  # of the misses, not served in full
+            "halving": plan.halving,
             "rungs": [{"num_requests": n, "num_candidates": c, "seconds": round(s, 2)} for n, c, s in plan.rungs],
             "seconds": round(plan.seconds, 2),
         },
@@ -648,13 +811,19 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         )
         or "none served"
     )
-    lines.append(
-        f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {rungs}; "
-        f"{s['seconds']:.0f} s"
+    how = (
+        "the halving"
+        if s["halving"]
+        else f"every candidate to the end (under {WHOLE_MAX_REQUESTS:,} requests) but those a prefix proves miss"
     )
     lines.append(
-        f"outcome              {c['meets']:,} meet every objective, {c['misses']:,} served in full miss, "
-        f"{c['dropped']:,} dropped on a prefix, {c['pruned']:,} pruned"
+        f"search               {s['num_candidates']:,} candidates: {c['pruned']:,} pruned, then {how}: {rungs}; "
+        f"{s['seconds']:.0f} s"
+    )
+    proven = s["num_proven_misses"]
+    lines.append(
+        f"outcome              {c['meets']:,} meet every objective, {c['misses'] - proven:,} served in full miss, "
+        f"{proven:,} proven to miss on a prefix, {c['dropped']:,} dropped on a prefix, {c['pruned']:,} pruned"
     )
     if out["ranked"]:
         lines.append("")
