@@ -1043,6 +1043,8 @@ def decode_run_async(
     run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     n = arrival.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
+    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
+    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
     while m < k:
         if clock_cost.kind == 2:
@@ -1051,8 +1053,6 @@ def decode_run_async(
             duration = cost_s(
                 clock_cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m
             )
-        else:
-            duration = step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
         times[m + 1] = times[m] + duration
         m += 1
         if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
