@@ -136,6 +136,18 @@ def test_simulate_sharegpt_needs_a_rate_and_draws_seeded_poisson_arrivals(tmp_pa
     assert first["makespan_s"] == pytest.approx(simulator.simulate(load.workload).summary()["makespan_s"])
 
 
+def test_a_trace_is_named_as_the_notebooks_name_it_and_read_from_the_trace_folder(tmp_path, capsys, monkeypatch):
+    """--trace azure: the azure trace's file in $TRACE_DIR (data/traces.toml's name); a name whose file is missing is
+    refused in one line naming the file looked for."""
+    monkeypatch.setenv("TRACE_DIR", str(tmp_path))
+    write(tmp_path, traces.read_manifest()["azure"]["file"], AZURE)
+    argv = ["simulate", "--policy", "static", "--slots", "2", "--ms-per-token", "10"]
+    assert run_json(capsys, *argv, "--trace", "azure")["num_requests"] == 3
+    status, _, err = run(capsys, *argv, "--trace", "mooncake")
+    missing = str(tmp_path / traces.read_manifest()["mooncake"]["file"])
+    assert status == 2 and f"--trace={missing!r} is not allowed: cannot be read" in err and len(err.splitlines()) == 1
+
+
 def test_simulate_refuses_a_rate_for_a_timed_trace(tmp_path, capsys):
     status, _, err = run(capsys, "simulate", "--trace", write(tmp_path, "az.csv", AZURE), "--arrival-rate", "3")
     assert status == 2 and "--arrival-rate=3.0 is not allowed: the azure trace has its own timestamps" in err

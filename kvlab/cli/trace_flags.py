@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 from kvlab.cli.common import exclusive, requires
 from kvlab.core import validate
 from kvlab.workloads import traces
+
+
+def trace_arg(text: str) -> str:
+    """--trace's value: a file's path, or the name of a trace of data/traces.toml (azure, mooncake, sharegpt) that
+    is no file here, for that trace's file in the trace folder (kvlab.workloads.traces.trace_dir: $TRACE_DIR, else
+    ../shared/traces, else data/traces)."""
+    if not os.path.exists(text) and text in traces.read_manifest():
+        return str(traces.trace_path(text))
+    return text
 
 
 def add_trace_flags(p, lengths_text: str):
@@ -13,7 +24,9 @@ def add_trace_flags(p, lengths_text: str):
     group.add_argument(
         "--trace",
         metavar="PATH",
-        help=f"an Azure LLM inference CSV, a Mooncake JSONL or a ShareGPT length CSV; {lengths_text}",
+        type=trace_arg,
+        help=f"an Azure LLM inference CSV, a Mooncake JSONL or a ShareGPT length CSV, or the name of one in the "
+        f"trace folder ({', '.join(traces.read_manifest())}; $TRACE_DIR, `make traces`); {lengths_text}",
     )
     group.add_argument(
         "--trace-format",
