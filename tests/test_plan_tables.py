@@ -208,6 +208,52 @@ def test_the_halving_figures_count_the_dropped_that_meet_on_fewer_gpus_than_the_
     assert plan_tables.halving_figures(empty, 6) == {"checked": 0, "meet": 0, "better": 0}
 
 
+def test_the_halving_is_set_beside_the_whole_plan_from_the_whole_plans_figures():
+    """The whole plan served every candidate; the halving dropped some. What it lost, and whether its best is the
+    whole plan's, come from the two plans; flipping which candidate the halving kept flips them."""
+    two, four, six = (
+        Candidate(tensor_parallel_size=2),
+        Candidate(num_replicas=4),
+        Candidate(tensor_parallel_size=2, num_replicas=3),
+    )
+    whole = Plan(
+        DEPLOYMENT,
+        OBJECTIVES,
+        "hand",
+        1000,
+        6.0,
+        [
+            served(two, "meets", 0.9, 30.0),
+            served(four, "meets", 0.5, 30.0),
+            served(six, "misses", 3.0, 30.0, "p95 TTFT 3 s > 1"),
+        ],
+        [(1000, 3, 1.0)],
+        "measured",
+        1.0,
+    )
+    dropped = lambda c, ttft: served(c, "dropped", ttft, 30.0, "on the first 200 requests: slow", served=200)  # noqa: E731
+    halving = Plan(
+        DEPLOYMENT,
+        OBJECTIVES,
+        "hand",
+        1000,
+        6.0,
+        [served(two, "meets", 0.9, 30.0), dropped(four, 0.8), dropped(six, 0.95)],
+        [(200, 3, 1.0), (1000, 1, 1.0)],
+        "measured",
+        1.0,
+        True,
+    )
+    v = plan_tables.halving_versus(halving, whole)
+    assert (v["same_best"], v["lost"], v["lost_better"]) == (True, 1, 0)  # four: 4 GPUs, the best's 2
+    check = plan_tables.halving_check(halving, whole, 2)
+    assert list(check["num_gpus"]) == [4, 6] and list(check["meets_in_full"]) == [True, False]
+    assert list(check["full_worst_share_pct"]) == [pytest.approx(75.0), pytest.approx(300.0)]
+    halving.results[:2] = [dropped(two, 0.8), served(four, "meets", 0.5, 30.0)]
+    v = plan_tables.halving_versus(halving, whole)
+    assert (v["same_best"], v["lost"], v["lost_better"]) == (False, 1, 1)  # it kept four, lost two on fewer GPUs
+
+
 def test_the_served_candidates_are_counted_by_how_many_objectives_each_misses():
     plan = hand_plan()
     assert plan_tables.served_words(plan) == "3 meet every objective and 1 miss two"  # TTFT 3 s and TPOT 80 ms

@@ -281,8 +281,7 @@ def proven_misses(
     nxt = [m + (rank - m) % replicas for rank in range(replicas)]  # each replica's next request
     arrival = workload.arrival_s
     cutoff = np.array([following[i - m] if i - m < len(following) else np.inf for i in nxt])[np.arange(m) % replicas]
-    output = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
-    output -= workload.prompt_tokens
+    output = _work(workload, candidate, max_model_len)[1]
     out = []
     for name, limit in objectives.given().items():
         margin = limit * (1 + 1e-9) + 1e-12  # past the limit by more than rounding
@@ -573,8 +572,7 @@ def search(
     halving = rung_fractions is not None or n > WHOLE_MAX_REQUESTS
     fractions = (rung_fractions or RUNG_FRACTIONS) if halving else (PROOF_FRACTION, 1.0)
     sizes = sorted({min(n, max(MIN_RUNG_REQUESTS, math.ceil(f * n))) for f in fractions})
-    final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, deployment.max_model_len)
-    num_multi_token = int(np.sum(final - workload.prompt_tokens > 1))
+    num_multi_token = int(np.sum(_work(workload, Candidate(), deployment.max_model_len)[1] > 1))  # output tokens
     workers = max_workers or os.cpu_count() or 1
     rungs = []
     for size in sizes:
