@@ -1095,16 +1095,21 @@ def decode_run_async(
                 first_token_s[r] = end0  # its prefill's last chunk was in batch 0
         # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
         # by then join the waiting queue (behind a refused head) and count in its record.
-        for j in range(k):
+        free -= per_phase[0]
+        record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv + nrun, logs,
+               events, counts)  # fmt: skip
+        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
+        # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
+        end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+        s = counts[0]
+        for j in range(1, k):
             free -= per_phase[j % block_size]
-            at = clock if j == 0 else times[j - 1]  # batch j + 1's schedule: its waiting count is batch j's record's
-            if j == 0:
-                record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free,
-                       kv + nrun, logs, events, counts)  # fmt: skip
-            else:
-                record(first, times[j - 1], times[j], times[j - 1], 0, 0, nrun, nrun, nwait, usable - free,
-                       kv + nrun * (j + 1), logs, events, counts)  # fmt: skip
-            nxt, nwait = add_arrivals(arrival, at, nxt, waiting, head, nwait)
+            end_s[s], held[s], kv_tokens[s] = times[j], usable - free, kv + nrun * (j + 1)
+            tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
+            s += 1
+            nxt, nwait = add_arrivals(arrival, times[j - 1], nxt, waiting, head, nwait)
+        counts[0] = s
         last_end = times[k - 1]
         periods, rest = k // block_size, k % block_size
         for i in range(nrun):
