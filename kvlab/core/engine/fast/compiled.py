@@ -297,6 +297,9 @@ def serve(engine) -> Served | None:
     shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens))
     loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
+    # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (_kernels.unowned): a
+    # step's Batch beyond its tokens, and a decode run's block phases (per running request) and counts (per phase).
+    scratch = (np.zeros(7, np.int64), np.zeros(size, np.int64), np.zeros(engine.block_size, np.int64))
     if sched.async_scheduling:  # the batch queue: two batches, their counts and times
         queue = (
             np.zeros((2, size), np.int64),
@@ -305,10 +308,11 @@ def serve(engine) -> Served | None:
             np.zeros((2, 7), np.int64),
             np.zeros((2, 2)),
         )
-        step = lambda: loops.loop_async(*shared, *queue, logs, events, counts)  # noqa: E731
+        scratch = (*scratch, np.zeros(chunk + 2))  # a decode run's batch ends
+        step = lambda: loops.loop_async(*shared, *queue, logs, events, counts, scratch)  # noqa: E731
     else:
         batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-        step = lambda: loops.loop_sync(*shared, *batch, logs, events, counts)  # noqa: E731
+        step = lambda: loops.loop_sync(*shared, *batch, logs, events, counts, scratch)  # noqa: E731
     loop = loops.loop_async if sched.async_scheduling else loops.loop_sync
     compiling = loop not in _RAN and not cached(loop)
     if compiling:
