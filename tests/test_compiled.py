@@ -285,3 +285,28 @@ def test_compiled_loop_on_the_measured_and_2023_clocks_equals_the_python_engine(
     step_by_step = Engine(**args, path="reference").run()
     assert_identical(step_by_step, Engine(**args, path="python").run())
     assert_identical(step_by_step, Engine(**args, path="compiled").run())
+
+
+def test_the_loops_leave_every_array_they_take_as_they_found_it_but_for_its_contents():
+    """The loops take their arrays unowned (_kernels.unowned): many runs later, no array has gained or lost a Python
+    reference (a view that owned one and dropped it, or kept it, would change the count), and a view
+    written through writes the array."""
+    import sys
+
+    from kvlab.core.engine.fast import _kernels
+
+    values = np.arange(6, dtype=np.int64)
+    tuple_of = (values, 3, np.zeros(2))
+    before = sys.getrefcount(values), sys.getrefcount(tuple_of[2])
+
+    @_kernels.numba.njit
+    def through(x):
+        view = _kernels.unowned(x)
+        view[0][1] = 100 + view[1]
+        view[2][0] = view[0].sum()
+        return view[0].shape[0]
+
+    for _ in range(1000):
+        assert through(tuple_of) == 6
+    assert (sys.getrefcount(values), sys.getrefcount(tuple_of[2])) == before
+    assert values[1] == 103 and tuple_of[2][0] == 100 + 3 + 0 + 2 + 3 + 4 + 5
