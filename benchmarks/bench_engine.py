@@ -9,6 +9,7 @@ issues 14 and 20), >= 50x on every parity run (issue 23); 100,000 requests under
 """
 
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -132,28 +133,34 @@ def in_child(num_requests: int, kind: str = "long-output", async_scheduling: boo
 
 
 HEAP_X = 10  # a million requests under binding memory: at most this many times a bare heap loop over a million events
+# The best of a few runs on each side: this machine's timings of the same run vary by up to 1.5x from one to the next.
+HEAP_RUNS, ENGINE_RUNS = 3, 2
 
 
 def million_against_heap() -> None:
     """A million requests under binding memory, both scheduling modes, long outputs and long prompts with short
     outputs, each against the bare heap loop of benchmarks/heap_loop.py over a million events (the engine's run
-    with the loading of its compiled loop, the workload's drawing excluded; the heap loop's with its drawing)."""
+    with the loading of its compiled loop, each in a fresh process, the workload's drawing excluded; the heap loop's
+    with its drawing); the best of HEAP_RUNS and ENGINE_RUNS runs."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import heap_loop
 
-    start = time.perf_counter()
-    heap_loop.main(1_000_000)
-    heap_s = time.perf_counter() - start
-    print(f"   bare heap loop over 1,000,000 events (benchmarks/heap_loop.py): {heap_s:.2f} s")
+    heap_s = math.inf
+    for _ in range(HEAP_RUNS):
+        start = time.perf_counter()
+        heap_loop.main(1_000_000)
+        heap_s = min(heap_s, time.perf_counter() - start)
+    print(f"   bare heap loop over 1,000,000 events (benchmarks/heap_loop.py, best of {HEAP_RUNS}): {heap_s:.2f} s")
     for kind in ("long-output", "long-prompt"):
         for async_scheduling in (False, True):
-            run = in_child(1_000_000, kind, async_scheduling)
+            runs = [in_child(1_000_000, kind, async_scheduling) for _ in range(ENGINE_RUNS)]
+            run = min(runs, key=lambda r: r["seconds"])
             x = run["seconds"] / heap_s
             print(
                 f"   1,000,000 requests, {kind}, {'asynchronous' if async_scheduling else 'synchronous'}, binding "
                 f"memory ({run['num_preemptions']:,} preemptions, {run['num_steps']:,} steps, "
-                f"{'compiled' if run['compiled'] else 'Python'}): {run['seconds']:.2f} s, {x:.1f}x the heap loop "
-                f"(target <= {HEAP_X}x): {'PASS' if x <= HEAP_X else 'FAIL'}",
+                f"{'compiled' if run['compiled'] else 'Python'}): {run['seconds']:.2f} s (best of {ENGINE_RUNS}), "
+                f"{x:.1f}x the heap loop (target <= {HEAP_X}x): {'PASS' if x <= HEAP_X else 'FAIL'}",
                 flush=True,
             )
 
