@@ -310,3 +310,77 @@ def test_the_loops_leave_every_array_they_take_as_they_found_it_but_for_its_cont
         assert through(tuple_of) == 6
     assert (sys.getrefcount(values), sys.getrefcount(tuple_of[2])) == before
     assert values[1] == 103 and tuple_of[2][0] == 100 + 3 + 0 + 2 + 3 + 4 + 5
+
+
+@pytest.mark.parametrize("clock", ["linear", *sorted(MEASURED, key=str)], ids=str)
+@pytest.mark.parametrize(
+    "block_size, num_gpu_blocks, max_num_batched_tokens, threshold",
+    [(16, 400, 64, 0), (16, 90, 100, 0), (4, 1200, 48, 16), (1, 4000, 40, 0)],
+)
+def test_prefill_runs_record_what_steps_record(
+    monkeypatch, clock, block_size, num_gpu_blocks, max_num_batched_tokens, threshold
+):
+    """Synchronous prefill runs (a long prompt's chunks beside the same decodes; ended by a finish, the blocks the pool
+    has not got, an arrival it admits, the prompt's last chunk, the chunk of records' end) are taken, and change
+    nothing: the Python engine's bits on every clock (each term of the measured one), and the loop's without runs."""
+    rng = np.random.default_rng(5)
+    n = 150
+    prompts = np.where(rng.random(n) < 0.3, rng.integers(200, 900, n), rng.integers(1, 40, n))
+    workload = Workload(np.cumsum(rng.exponential(0.08, n)), prompts, rng.integers(1, 120, n))
+    config = EngineConfig().replace(
+        async_scheduling=False,
+        max_model_len=1024,
+        block_size=block_size,
+        max_num_seqs=8,
+        max_num_batched_tokens=max_num_batched_tokens,
+        long_prefill_token_threshold=threshold,
+    )
+    cost = LinearStepCost(8.0, 0.01) if clock == "linear" else MEASURED[clock]
+    args = {"workload": workload, "config": config, "num_gpu_blocks": num_gpu_blocks, "cost": cost}
+    python = Engine(**args, path="reference").run()
+    engine = Engine(**args, path="compiled")
+    assert_identical(python, engine.run())
+    assert engine.num_prefill_runs > 0
+    monkeypatch.setattr(compiled, "CHUNK_STEPS", 29)
+    assert_identical(python, Engine(**args, path="compiled").run())
+    monkeypatch.setattr(compiled, "DECODE_RUNS", False)
+    stepping = Engine(**args, path="compiled")
+    assert_identical(python, stepping.run())
+    assert stepping.num_prefill_runs == 0
+
+
+@given(
+    st.sampled_from(sorted((k for k in MEASURED if k[1] != "vllm-2023"), key=str)),
+    st.integers(0, 40),
+    st.integers(1, 3000),
+    st.integers(0, 9000),
+    st.integers(1, 5000),
+    st.integers(0, 3000),
+    st.integers(0, 9),
+)
+@settings(max_examples=300, deadline=None)
+def test_a_prefill_runs_step_on_the_measured_clock_is_the_python_steps_bits(
+    which, num_decodes, chunk, before, low, spread, j
+):
+    """prefill_step_s, with what prefill_run_clock read once for the run, gives step j of a prefill run (the decodes
+    j + 1 tokens further, the prompt's chunk after before tokens) the bits of MeasuredStepCost.step_s of its Batch."""
+    cost = MEASURED[which]
+    kernels, clock = compiled.kernels(), compiled.clock_of(cost)
+    low, high = (low + j + 1, low + spread + j + 1) if num_decodes else (0, 0)
+    if num_decodes == 1:
+        high = low
+    decode_context = low * num_decodes + (high - low) * (num_decodes > 1)  # a total between their least and most
+    batch = Batch(
+        num_decodes + chunk,
+        decode_context + before + chunk,
+        num_decodes,
+        decode_context,
+        1,
+        chunk * before + chunk * (chunk + 1) // 2,
+        low,
+        high,
+    )
+    run = kernels.prefill_run_clock(clock, num_decodes, chunk)
+    assert kernels.prefill_step_s(clock, run, num_decodes, chunk, before, decode_context, low, high) == cost.step_s(
+        batch
+    )

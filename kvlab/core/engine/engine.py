@@ -109,7 +109,8 @@ class Engine:
         self._arrived: Request | None = None
         self.num_kv_tokens = 0  # computed tokens of the running requests
         self.all_decoding = False  # every running request was scheduled in the last step and sampled
-        self.num_decode_runs = 0  # decode runs done at once (the fast path)
+        self.num_decode_runs = 0  # decode runs done at once (the fast path; the compiled loop's prefill runs too)
+        self.num_prefill_runs = 0  # the compiled loop's runs of a prompt's chunks beside the same decodes
         self.clock = float(self.arrival_s[0])
         self.compiled = compiled_loop.chosen(self, path)
 
@@ -306,6 +307,7 @@ class Engine:
     def adopt(self, served) -> EngineResult:
         """Take a compiled run's records (compiled.Served) as this engine's; the result."""
         self.steps, self.num_decode_runs, self.clock = served.steps, served.num_decode_runs, served.clock
+        self.num_prefill_runs = served.num_prefill_runs
         self.next_arrival = len(self.arrival_list)
         self.requests = served.requests
         return self.result()

@@ -50,6 +50,7 @@ from kvlab.core.engine.fast.arrays import (
     S_NUM_EMPTY,
     S_NUM_RUNNING,
     S_NUM_WAITING,
+    S_PREFILL_RUNS,
     S_QUEUE_HEAD,
     S_QUEUE_LEN,
     S_RUNS,
@@ -687,6 +688,46 @@ def decode_step_s(clock, run, j):
 
 
 @_jit
+def prefill_run_clock(clock, num_decodes, chunk):
+    """What stays the same through the steps of a prefill run (prefill_run: num_decodes decodes beside a chunk of
+    chunk tokens) on the measured clock: every term but attention (the same tokens and sequences), the attention
+    grid's corners along the chunk and the decodes, and the CPU's time. prefill_step_s reads it."""
+    if clock.kind != 2:  # none to read
+        return 0.0, 0, 0.0, 0, 0.0, 0.0
+    fixed = fixed_us(clock, num_decodes + chunk, num_decodes + 1)
+    a, wa = bracket(part(clock, AXIS0), chunk)
+    c, wc = bracket(part(clock, AXIS2), num_decodes)
+    cpu = (
+        interp(part(clock, CPU_SEQUENCES), part(clock, CPU_US), num_decodes + 1)
+        if length(clock, CPU_SEQUENCES)
+        else 0.0
+    )
+    return fixed, a, wa, c, wc, cpu
+
+
+@_jit
+def prefill_step_s(clock, run, num_decodes, chunk, before, dctx, low, high):
+    """measured_s of a step of the prefill run prefill_run_clock described: its chunk after before tokens of the
+    prompt, its decodes of dctx context tokens in all, from low to high each; the same float operations, the run's
+    constant terms read from it."""
+    fixed, a, wa, c, wc, cpu = run
+    decode_history = (dctx - num_decodes) / num_decodes if num_decodes else 0.0
+    pairs = chunk * before + chunk * (chunk + 1) // 2
+    history = (pairs - chunk * (chunk + 1) / 2) / chunk
+    history = history if history > 0.0 else 0.0
+    b, wb = bracket(part(clock, AXIS1), history)
+    attention = mixed_at(clock, a, wa, b, wb, c, wc, decode_history)
+    corners = (a, wa, b, wb, c, wc)
+    us = fixed
+    us += clock.layers * skewed_attention_us(clock, attention, chunk, history, num_decodes, dctx, low, high, corners)
+    if length(clock, CPU_SEQUENCES) == 0:
+        return us / 1e6
+    if not clock.cpu_overlapped:
+        return (us + cpu) / 1e6
+    return (cpu if cpu > us else us) / 1e6
+
+
+@_jit
 def measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
     """MeasuredStepCost.step_s of the Batch of these fields."""
     prefill_tokens = tokens - num_decodes
@@ -957,6 +998,195 @@ def decode_run(
     periods, rest = j // block_size, j % block_size
     for i in range(nrun):
         r = running[i]
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
+        computed[r] += j
+        num_tokens[r] += j
+        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
+            status[r] = FINISHED
+            free += num_blocks[r]  # release without prefix caching
+            num_blocks[r] = 0
+            kv -= computed[r]
+            finish_s[r] = clock
+            finished = True
+    if finished:  # that step's record: after its finishes
+        held[s + j - 1] = usable - free
+        kv_tokens[s + j - 1] = kv
+        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    return j, nxt, nwait, free, nrun, kv, clock, last_end
+
+
+@_inline
+def prefill_run(
+    cfg,
+    clock_cost,
+    req,
+    running,
+    nrun,
+    waiting,
+    head,
+    nwait,
+    nxt,
+    free,
+    kv,
+    clock,
+    last_end,
+    phases,
+    per_phase,
+    logs,
+    counts,
+):
+    """A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its steps at once,
+    recorded as loop_sync records them. Every running request but one (the prompt's, P) decodes; each step gives each
+    decode its token and P the same chunk: the budget the decodes before it leave, at most the step's cap
+    (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes after it
+    each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a step whose
+    blocks (the decodes' crossings and P's, num_blocks_to_allocate) are more than the free ones (it preempts), or
+    that would admit the first request to arrive during it (or change the cap), and after the step that samples the
+    first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall). Each step costs
+    the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the measured clock,
+    prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token. Returns (steps,
+    nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.status,
+        req.finish_s,
+    )
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_usable_blocks,
+        cfg.long_prefill_token_threshold,
+        cfg.max_model_len,
+    )
+    if nrun == 0 or last_end != clock:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    at = -1  # P's place in the running list
+    k = logs[0].shape[0] - counts[0]  # the steps left in the chunk's records
+    low = high = decode_context = 0
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if c == num_tokens[r] - 1 and num_tokens[r] > prompt[r]:  # a decode
+            left = max_num_tokens[r] - num_tokens[r]
+            k = left if left < k else k  # its last token at step left - 1
+            low = c if low == 0 or c < low else low
+            high = c if c > high else high
+            decode_context += c
+            phases[i] = -c % block_size
+            per_phase[phases[i]] += 1
+        elif at < 0 and num_tokens[r] - c > 1:
+            at = i
+        else:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # two prompts, or a prompt's last token
+    if at < 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    p = running[at]
+    num_decodes = nrun - 1
+    chunk = budget - at  # the budget the decodes before it leave
+    cap_tokens = step_token_cap(threshold, nrun, nwait)
+    if 0 < cap_tokens < chunk:
+        chunk = cap_tokens
+    if chunk <= 0 or budget - at - chunk < nrun - at - 1:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end  # P or a decode after it not scheduled
+    before = computed[p]
+    chunks = (num_tokens[p] - before - 1) // chunk  # steps whose chunk leaves P more tokens
+    k = chunks if chunks < k else k
+    if k < 2:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    budget_left = budget - num_decodes - chunk
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
+    p_blocks = num_blocks[p]
+    need = per_phase[0] + max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+    if need > free:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    if (
+        refused
+        and may_admit
+        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+    ):
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    num_scheduled = num_decodes + chunk
+    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    n = arrival.shape[0]
+    j = 0
+    phase = 0  # j % block_size
+    while j < k:
+        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+        need = per_phase[phase] + p_new
+        if j and nxt < n and arrival[nxt] <= clock:
+            if not fixed_cap:
+                break
+            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+            if not refused:  # the first to arrive: admitted at this step ends the run
+                if (
+                    may_admit
+                    and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+                ):
+                    break
+                refused = True
+        if need > free:
+            break  # a block the pool has not got: it preempts
+        free -= need
+        p_blocks += p_new
+        if clock_cost.kind == 2:
+            duration = prefill_step_s(
+                clock_cost,
+                run,
+                num_decodes,
+                chunk,
+                before,
+                decode_context + num_decodes * (j + 1),
+                low + j + 1 if num_decodes else 0,
+                high + j + 1 if num_decodes else 0,
+            )
+        elif clock_cost.kind == 3:  # the step's Batch (schedule's account): each decode one token further, P a chunk
+            step_context = decode_context + num_decodes * (j + 1)
+            duration = cost_s(
+                clock_cost,
+                num_scheduled,
+                step_context + before + chunk,
+                num_decodes,
+                step_context,
+                1,
+                chunk * before + chunk * (chunk + 1) // 2,
+                low + j + 1 if num_decodes else 0,
+                high + j + 1 if num_decodes else 0,
+            )
+        clock += duration
+        kv += num_scheduled
+        before += chunk
+        end_s[s + j] = clock
+        held[s + j] = usable - free
+        kv_tokens[s + j] = kv
+        tokens[s + j] = num_scheduled
+        num_running_log[s + j] = nrun
+        num_waiting_log[s + j] = nwait
+        j += 1
+        phase = 0 if phase == block_size - 1 else phase + 1
+    if j == 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    counts[0] = s + j
+    last_end = clock
+    computed[p] = before
+    num_blocks[p] = p_blocks
+    finished = False
+    periods, rest = j // block_size, j % block_size
+    for i in range(nrun):
+        r = running[i]
+        if i == at:
+            continue
         num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
         computed[r] += j
         num_tokens[r] += j
@@ -1274,6 +1504,7 @@ def loop_sync(
     runs = cfg.decode_runs and not caching
     counts[:] = 0
     code = DONE
+    chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
     while True:
         nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
         if nrun == 0 and nwait == 0:
@@ -1305,6 +1536,27 @@ def loop_sync(
                 logs,
                 counts,
             )
+            if not steps and chunked:  # the last step scheduled a request more than one token
+                steps, nxt, nwait, free, nrun, kv, clock, last_end = prefill_run(
+                    cfg,
+                    cost,
+                    req,
+                    running,
+                    nrun,
+                    waiting,
+                    head,
+                    nwait,
+                    nxt,
+                    free,
+                    kv,
+                    clock,
+                    last_end,
+                    phases,
+                    per_phase,
+                    logs,
+                    counts,
+                )
+                state[S_PREFILL_RUNS] += steps > 0
             if steps:
                 state[S_RUNS] += 1
                 continue
@@ -1330,6 +1582,7 @@ def loop_sync(
             code = NO_PROGRESS
             break
         end = clock + step_s(cost, num_scheduled, acc)
+        chunked = num_scheduled > ns
         if npre:
             kv = 0
             for j in range(nrun):

@@ -97,7 +97,8 @@ Pool = namedtuple(
     S_NUM_EMPTY,
     S_HAS_FINISHED,
     S_RUNS,
-) = range(12)
+    S_PREFILL_RUNS,
+) = range(13)
 F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
 # How a chunk of the loop ended: every request finished, the chunk's step records are full, or a step scheduled
 # nothing (the Python engine then says why).

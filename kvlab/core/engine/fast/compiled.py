@@ -6,7 +6,8 @@ vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured or 2
 one's tables and the 2023 one's figures, evaluated by _kernels.measured_s and vllm_2023_s with their step_s's float
 operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
 caching both loops also do decode runs at once, as decode_run.advance and advance_async do (DECODE_RUNS;
-engine.num_decode_runs counts them).
+engine.num_decode_runs counts them), and the synchronous loop a long prompt's chunks beside the same decodes
+(_kernels.prefill_run; counted there too, and in engine.num_prefill_runs).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
@@ -43,6 +44,7 @@ from kvlab.core.engine.fast.arrays import (
     F_CLOCK,
     NO_PROGRESS,
     S_FREE,
+    S_PREFILL_RUNS,
     S_RUNS,
     S_STEPS,
     TABLES,
@@ -54,8 +56,9 @@ from kvlab.core.engine.fast.arrays import (
 )
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
-# What a compiled run recorded: the step log, decode runs done, the clock at the end and its RequestLog.
-Served = namedtuple("Served", ["steps", "num_decode_runs", "clock", "requests"])
+# What a compiled run recorded: the step log, runs done at once (decode runs and prefill runs) and of them prefill runs,
+# the clock at the end and its RequestLog.
+Served = namedtuple("Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests"])
 LOG = logging.getLogger("kvlab")
 COMPILED_FROM_REQUESTS = 15_000
 _RAN: set = set()  # the loops run in this process (numba's cache need not be asked again: ~0.2 ms a run)
@@ -271,7 +274,7 @@ def serve(engine) -> Served | None:
         int(DECODE_RUNS),
     )
     cost = clock_of(engine.cost)
-    state = np.zeros(12, np.int64)
+    state = np.zeros(13, np.int64)
     state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
@@ -349,6 +352,7 @@ def serve(engine) -> Served | None:
     return Served(
         log,
         int(state[S_RUNS]),
+        int(state[S_PREFILL_RUNS]),
         float(fstate[F_CLOCK]),
         RequestLog.of(
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions, req.num_tokens - prompt
