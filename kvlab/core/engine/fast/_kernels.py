@@ -880,6 +880,44 @@ def record(
 
 
 @_inline
+def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait,
+                     logs, s):  # fmt: skip
+    """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
+    prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
+    first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
+    Returns (free, kv, nrun, nwait)."""
+    max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.status,
+        req.finish_s,
+    )
+    finished = False
+    periods, rest = j // block_size, j % block_size
+    for i in range(nrun):
+        if i == skip:
+            continue
+        r = running[i]
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
+        computed[r] += j
+        num_tokens[r] += j
+        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
+            status[r] = FINISHED
+            free += num_blocks[r]  # release without prefix caching
+            num_blocks[r] = 0
+            kv -= computed[r]
+            finish_s[r] = clock
+            finished = True
+    if finished:  # that step's record: after its finishes
+        logs[2][s + j - 1] = usable - free  # held
+        logs[3][s + j - 1] = kv  # kv_tokens
+        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    return free, kv, nrun, nwait
+
+
+@_inline
 def decode_run(
     cfg,
     clock_cost,
@@ -905,16 +943,13 @@ def decode_run(
     first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
     waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
     free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+    arrival, prompt, max_num_tokens, num_tokens, computed = (
         req.arrival,
         req.prompt,
         req.max_num_tokens,
         req.num_tokens,
         req.computed,
-        req.num_blocks,
-        req.status,
-        req.finish_s,
-    )  # locals: numba hoists them
+    )
     block_size, max_num_seqs, budget, usable, threshold = (
         cfg.block_size,
         cfg.max_num_seqs,
@@ -994,24 +1029,9 @@ def decode_run(
     counts[0] = s + j
     if j:
         last_end = clock
-    finished = False
-    periods, rest = j // block_size, j % block_size
-    for i in range(nrun):
-        r = running[i]
-        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
-        computed[r] += j
-        num_tokens[r] += j
-        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
-            status[r] = FINISHED
-            free += num_blocks[r]  # release without prefix caching
-            num_blocks[r] = 0
-            kv -= computed[r]
-            finish_s[r] = clock
-            finished = True
-    if finished:  # that step's record: after its finishes
-        held[s + j - 1] = usable - free
-        kv_tokens[s + j - 1] = kv
-        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    free, kv, nrun, nwait = decodes_advanced(
+        req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait, logs, s
+    )
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
@@ -1046,15 +1066,13 @@ def prefill_run(
     the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the measured clock,
     prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token. Returns (steps,
     nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks = (
         req.arrival,
         req.prompt,
         req.max_num_tokens,
         req.num_tokens,
         req.computed,
         req.num_blocks,
-        req.status,
-        req.finish_s,
     )
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = (
         cfg.block_size,
@@ -1181,26 +1199,9 @@ def prefill_run(
     last_end = clock
     computed[p] = before
     num_blocks[p] = p_blocks
-    finished = False
-    periods, rest = j // block_size, j % block_size
-    for i in range(nrun):
-        r = running[i]
-        if i == at:
-            continue
-        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
-        computed[r] += j
-        num_tokens[r] += j
-        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
-            status[r] = FINISHED
-            free += num_blocks[r]  # release without prefix caching
-            num_blocks[r] = 0
-            kv -= computed[r]
-            finish_s[r] = clock
-            finished = True
-    if finished:  # that step's record: after its finishes
-        held[s + j - 1] = usable - free
-        kv_tokens[s + j - 1] = kv
-        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    free, kv, nrun, nwait = decodes_advanced(
+        req, running, nrun, at, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait, logs, s
+    )
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
