@@ -4,7 +4,8 @@ Each loop is the Python engine's loop named in its docstring over the named arra
 Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
 functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
 array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync and loop_async do
-decode runs (decode_run, decode_run_async) where prefix caching is off; with it they step one step at a time. The step cost
+decode runs (decode_run, decode_run_async), and loop_sync prefill runs (prefill_run), where prefix caching is off; with
+it they step one step at a time. Both take their arrays unowned (unowned), so that numba counts no references. The step cost
 (arrays.Clock) is a constant, linear, measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's
 float operations).
 """
