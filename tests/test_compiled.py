@@ -312,23 +312,24 @@ def test_the_loops_leave_every_array_they_take_as_they_found_it_but_for_its_cont
     assert values[1] == 103 and tuple_of[2][0] == 100 + 3 + 0 + 2 + 3 + 4 + 5
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("clock", ["linear", *sorted(MEASURED, key=str)], ids=str)
 @pytest.mark.parametrize(
     "block_size, num_gpu_blocks, max_num_batched_tokens, threshold",
     [(16, 400, 64, 0), (16, 90, 100, 0), (4, 1200, 48, 16), (1, 4000, 40, 0)],
 )
 def test_prefill_runs_record_what_steps_record(
-    monkeypatch, clock, block_size, num_gpu_blocks, max_num_batched_tokens, threshold
+    monkeypatch, clock, block_size, num_gpu_blocks, max_num_batched_tokens, threshold, async_scheduling
 ):
-    """Synchronous prefill runs (a long prompt's chunks beside the same decodes; ended by a finish, the blocks the pool
-    has not got, an arrival it admits, the prompt's last chunk, the chunk of records' end) are taken, and change
+    """Prefill runs in both modes (a long prompt's chunks beside the same decodes; ended by a finish, the blocks the
+    pool has not got, an arrival it admits, the prompt's last chunk, the chunk of records' end) are taken, and change
     nothing: the Python engine's bits on every clock (each term of the measured one), and the loop's without runs."""
     rng = np.random.default_rng(5)
     n = 150
     prompts = np.where(rng.random(n) < 0.3, rng.integers(200, 900, n), rng.integers(1, 40, n))
     workload = Workload(np.cumsum(rng.exponential(0.08, n)), prompts, rng.integers(1, 120, n))
     config = EngineConfig().replace(
-        async_scheduling=False,
+        async_scheduling=async_scheduling,
         max_model_len=1024,
         block_size=block_size,
         max_num_seqs=8,

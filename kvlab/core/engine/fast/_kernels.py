@@ -1,13 +1,13 @@
 """The compiled loops of kvlab.core.engine.fast.compiled (imported only when one runs: it imports numba).
 
 Each loop is the Python engine's loop named in its docstring over the named arrays of fast/arrays.py (req: the
-Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of kvlab.core.engine.rules, compiled here from the same
-functions the Python engine calls. The waiting queue is a ring (waiting, its head, its length); the running list an
-array and its length; the pool a count of free blocks, or with prefix caching a Pool. loop_sync and loop_async do
-decode runs (decode_run, decode_run_async), and loop_sync prefill runs (prefill_run), where prefix caching is off; with
-it they step one step at a time. Both take their arrays unowned (unowned), so that numba counts no references. The step cost
-(arrays.Clock) is a constant, linear, measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's
-float operations).
+Requests, indexed by request id; cfg: the Limits; pool: the Pool); every decision is a rule of
+kvlab.core.engine.rules, compiled here from the same functions the Python engine calls. The waiting queue is a ring
+(waiting, its head, its length); the running list an array and its length; the pool a count of free blocks, or with
+prefix caching a Pool. loop_sync and loop_async do decode runs (decode_run, decode_run_async) and prefill runs
+(prefill_run, prefill_run_async), where prefix caching is off; with it they step one step at a time. Both take their
+arrays unowned (unowned), so that numba counts no references. The step cost (arrays.Clock) is a constant, linear,
+measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's float operations).
 """
 
 import builtins
@@ -919,31 +919,58 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
 
 
 @_inline
-def decode_run(
-    cfg,
-    clock_cost,
-    req,
-    running,
-    nrun,
-    waiting,
-    head,
-    nwait,
-    nxt,
-    free,
-    kv,
-    clock,
-    last_end,
-    phases,
-    per_phase,
-    logs,
-    counts,
-):
-    """decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix caching: while every running request decodes
-    (it sampled in the last step), their steps at once, O(1) a step, recorded as loop_sync records them. A run
-    stops before a step that would cross more block boundaries than there are free blocks (it preempts) or admit the
-    first request to arrive during it, and after the step that samples the first finish or fills the chunk; the
-    waiting queue's head, refused in the first step, stays refused (free blocks only fall). Returns (steps, nxt, nwait,
-    free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+def prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j):
+    """The time of a prefill run's step on a measured (prefill_step_s) or 2023 clock (cost_s of the step's Batch, as
+    schedule's account builds it): its decodes j tokens further than the run found them (decode_context tokens in
+    all, from low to high each), its prompt's chunk after before tokens."""
+    low, high = (low + j, high + j) if num_decodes else (0, 0)
+    step_context = decode_context + num_decodes * j
+    if clock_cost.kind == 2:
+        return prefill_step_s(clock_cost, run, num_decodes, chunk, before, step_context, low, high)
+    pairs = chunk * before + chunk * (chunk + 1) // 2
+    return cost_s(clock_cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
+                  low, high)  # fmt: skip
+
+
+@_inline
+def prefill_run_chunk(budget, threshold, at, nrun, nwait, num_left):
+    """A prefill run's chunk (the budget the at decodes before P leave, at most the step's cap) and its steps whose
+    chunk leaves P more of its num_left tokens; (0, 0) where P or a decode after it would go unscheduled."""
+    chunk = budget - at
+    cap_tokens = step_token_cap(threshold, nrun, nwait)
+    if 0 < cap_tokens < chunk:
+        chunk = cap_tokens
+    if chunk <= 0 or budget - at - chunk < nrun - at - 1:
+        return 0, 0
+    return chunk, (num_left - 1) // chunk
+
+
+@_inline
+def limits_of(cfg):
+    """The Limits the runs read: block_size, max_num_seqs, max_num_batched_tokens, num_usable_blocks,
+    long_prefill_token_threshold, max_model_len."""
+    return (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_usable_blocks,
+        cfg.long_prefill_token_threshold,
+        cfg.max_model_len,
+    )
+
+
+@_inline
+def decode_run(at):
+    """at: loop_sync's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end,
+    phases, per_phase, logs, counts). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
+    caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
+    recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
+    are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
+    the first finish or fills the chunk; the waiting queue's head, refused in the first step, stays refused (free
+    blocks only fall). Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing
+    changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+     counts) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens, computed = (
         req.arrival,
         req.prompt,
@@ -951,13 +978,7 @@ def decode_run(
         req.num_tokens,
         req.computed,
     )
-    block_size, max_num_seqs, budget, usable, threshold = (
-        cfg.block_size,
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        cfg.num_usable_blocks,
-        cfg.long_prefill_token_threshold,
-    )
+    block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     per_phase[:] = 0  # per_phase[p]: requests of phase p
@@ -1037,52 +1058,23 @@ def decode_run(
 
 
 @_inline
-def prefill_run(
-    cfg,
-    clock_cost,
-    req,
-    running,
-    nrun,
-    waiting,
-    head,
-    nwait,
-    nxt,
-    free,
-    kv,
-    clock,
-    last_end,
-    phases,
-    per_phase,
-    logs,
-    counts,
-):
-    """A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its steps at once,
-    recorded as loop_sync records them. Every running request but one (the prompt's, P) decodes; each step gives each
-    decode its token and P the same chunk: the budget the decodes before it leave, at most the step's cap
-    (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes after it
-    each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a step whose
-    blocks (the decodes' crossings and P's, num_blocks_to_allocate) are more than the free ones (it preempts), or
-    that would admit the first request to arrive during it (or change the cap), and after the step that samples the
-    first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall). Each step costs
-    the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the measured clock,
-    prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token. Returns (steps,
-    nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks = (
-        req.arrival,
-        req.prompt,
-        req.max_num_tokens,
-        req.num_tokens,
-        req.computed,
-        req.num_blocks,
-    )
-    block_size, max_num_seqs, budget, usable, threshold, max_model_len = (
-        cfg.block_size,
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        cfg.num_usable_blocks,
-        cfg.long_prefill_token_threshold,
-        cfg.max_model_len,
-    )
+def prefill_run(at):
+    """at: decode_run's. A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its
+    steps at once, recorded as loop_sync records them. Every running request but one (the prompt's, P) decodes; each
+    step gives each decode its token and P the same chunk: the budget the decodes before it leave, at most the
+    step's cap (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes
+    after it each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a
+    step whose blocks (the decodes' crossings and P's, num_blocks_to_allocate) are more than the free ones (it
+    preempts), or that would admit the first request to arrive during it (or change the cap), and after the step
+    that samples the first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall).
+    Each step costs the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the
+    measured clock, prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token.
+    Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+     counts) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed, num_blocks = req.computed, req.num_blocks
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     if nrun == 0 or last_end != clock:
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     at = -1  # P's place in the running list
@@ -1108,14 +1100,10 @@ def prefill_run(
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     p = running[at]
     num_decodes = nrun - 1
-    chunk = budget - at  # the budget the decodes before it leave
-    cap_tokens = step_token_cap(threshold, nrun, nwait)
-    if 0 < cap_tokens < chunk:
-        chunk = cap_tokens
-    if chunk <= 0 or budget - at - chunk < nrun - at - 1:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end  # P or a decode after it not scheduled
     before = computed[p]
-    chunks = (num_tokens[p] - before - 1) // chunk  # steps whose chunk leaves P more tokens
+    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
+    if chunk == 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end  # P or a decode after it not scheduled
     k = chunks if chunks < k else k
     if k < 2:
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
@@ -1159,30 +1147,8 @@ def prefill_run(
             break  # a block the pool has not got: it preempts
         free -= need
         p_blocks += p_new
-        if clock_cost.kind == 2:
-            duration = prefill_step_s(
-                clock_cost,
-                run,
-                num_decodes,
-                chunk,
-                before,
-                decode_context + num_decodes * (j + 1),
-                low + j + 1 if num_decodes else 0,
-                high + j + 1 if num_decodes else 0,
-            )
-        elif clock_cost.kind == 3:  # the step's Batch (schedule's account): each decode one token further, P a chunk
-            step_context = decode_context + num_decodes * (j + 1)
-            duration = cost_s(
-                clock_cost,
-                num_scheduled,
-                step_context + before + chunk,
-                num_decodes,
-                step_context,
-                1,
-                chunk * before + chunk * (chunk + 1) // 2,
-                low + j + 1 if num_decodes else 0,
-                high + j + 1 if num_decodes else 0,
-            )
+        if clock_cost.kind >= 2:
+            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j + 1)
         clock += duration
         kv += num_scheduled
         before += chunk
@@ -1216,38 +1182,17 @@ def blocks_taken(per_phase, num_running, num_steps, block_size):
 
 
 @_jit
-def decode_run_async(
-    cfg,
-    clock_cost,
-    req,
-    running,
-    nrun,
-    waiting,
-    head,
-    nwait,
-    nxt,
-    free,
-    clock,
-    last_end,
-    queue_r,
-    queue_n,
-    queue_sample,
-    queue_i,
-    queue_f,
-    slot,
-    phases,
-    per_phase,
-    times,
-    first,
-    logs,
-    events,
-    counts,
-):
-    """decode_run.advance_async (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight
-    that holds every running request, each of which sampled in it, k loop iterations at once (schedule batch j, process
-    batch j - 1), and the one after them where the run ends at a first finish (last_iteration, finish_async), recorded
-    as loop_async records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt,
-    nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+def decode_run_async(at, times):
+    """at: loop_async's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end,
+    queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts; slot:
+    the batch in flight's); times: scratch for the batches' ends. decode_run.advance_async
+    (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
+    request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
+    one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
+    records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, free,
+    nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens, computed = (
         req.arrival,
         req.prompt,
@@ -1257,13 +1202,7 @@ def decode_run_async(
     )
     num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
     first_token_s, finish_s = req.first_token_s, req.finish_s
-    block_size, max_num_seqs, budget, usable, threshold = (
-        cfg.block_size,
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        cfg.num_usable_blocks,
-        cfg.long_prefill_token_threshold,
-    )
+    block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
     no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
     if nrun == 0 or queue_i[slot, 0] != nrun:
         return no
@@ -1451,6 +1390,141 @@ def decode_run_async(
 
 
 @_jit
+def prefill_run_async(at):
+    """at: decode_run_async's. prefill_run's asynchronous twin (without prefix caching): with one batch in flight (batch 0)
+    that holds every running request in order, each sampling in it but one prompt P, mid-prefill, k loop iterations
+    at once: schedule batch j (j = 1..k; each decode one token, P the same chunk, as prefill_run's steps), process
+    batch j - 1, recorded as loop_async records them; batch k is left queued in batch 0's slot. Batch j is scheduled
+    at the loop's clock (j = 1), else at batch j - 2's end (arrivals by then join the waiting queue), and runs from
+    batch j - 1's end. The run stops before a batch whose blocks are more than the free ones (it preempts), that
+    would admit the first request to arrive (or change the cap), or whose processing would leave a record the chunk
+    has no room for; and at the latest at the batch that schedules a decode's last token or P's last chunk but one
+    (no request samples its last token, nor P its first, in a batch the run processes). Returns decode_run_async's
+    (ran, nxt, nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing
+    changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed, num_blocks = req.computed, req.num_blocks
+    placeholders, in_flight, stale, first_token_s = req.placeholders, req.in_flight, req.stale, req.first_token_s
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    if nrun == 0 or queue_i[slot, 0] != nrun:
+        return no
+    at = -1  # P's place in the running list
+    k = logs[0].shape[0] - counts[0]  # batches 0..k-1 recorded
+    low = high = decode_context = 0
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if queue_r[slot, i] != r or stale[r]:
+            return no
+        if placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
+            left = max_num_tokens[r] - num_tokens[r] - 1  # batch left schedules its last token
+            k = left if left < k else k
+            low = c if low == 0 or c < low else low
+            high = c if c > high else high
+            decode_context += c
+            phases[i] = -c % block_size  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
+            per_phase[phases[i]] += 1
+        elif at < 0 and placeholders[r] == 0 and c < num_tokens[r]:
+            at = i
+        else:
+            return no  # two prompts
+    if at < 0:
+        return no
+    p = running[at]
+    num_decodes = nrun - 1
+    before = computed[p]
+    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
+    if chunk == 0:
+        return no  # P or a decode after it not scheduled
+    k = chunks if chunks < k else k
+    if k < 2:
+        return no
+    budget_left = budget - num_decodes - chunk
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
+    p_blocks = num_blocks[p]
+    num_scheduled = num_decodes + chunk
+    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
+    n = arrival.shape[0]
+    refused = False  # the waiting head refused: it stays refused (free blocks only fall)
+    at_clock = clock  # batch j's scheduling clock
+    end_before = queue_f[slot, 1]  # batch j - 1's end
+    start = end = 0.0
+    waiting_j = waiting0  # batch j - 1's waiting requests
+    kv = 0
+    s = counts[0]
+    j = 1
+    while j <= k:
+        if nxt < n and arrival[nxt] <= at_clock:
+            if not fixed_cap:
+                break
+            nxt, nwait = add_arrivals(arrival, at_clock, nxt, waiting, head, nwait)
+        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+        need = per_phase[(j - 1) % block_size] + p_new
+        if need > free:
+            break  # a block the pool has not got: it preempts
+        if nwait and not refused:
+            if (
+                may_admit
+                and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+            ):
+                break
+            refused = True
+        free -= need  # batch j scheduled
+        p_blocks += p_new
+        if clock_cost.kind >= 2:
+            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j)
+        before += chunk
+        start = at_clock if at_clock > end_before else end_before
+        end = start + duration
+        kv = decode_context + num_decodes * j + before  # the running requests' computed tokens, batch j's included
+        if j == 1:  # batch 0's record, after batch 1 is scheduled
+            record(first, start0, end_before, last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv, logs,
+                   events, counts)  # fmt: skip
+            s = counts[0]
+        else:  # batch j - 1's: record()'s columns (it starts where batch j - 2 ended: no event)
+            end_s[s], held[s], kv_tokens[s] = end_before, usable - free, kv
+            tokens[s], num_running_log[s], num_waiting_log[s] = num_scheduled, nrun, waiting_j
+            s += 1
+        waiting_j = nwait
+        at_clock = end_before
+        end_before = end
+        j += 1
+    k = j - 1  # batches scheduled (and 0..k-1 processed)
+    if k == 0:
+        return no
+    counts[0] = s
+    clock = last_end = at_clock  # batch k - 1's end: the loop waited for its output
+    periods, rest = k // block_size, k % block_size
+    for i in range(nrun):
+        r = running[i]
+        if i == at:
+            continue
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = queue_f[slot, 1]  # its prefill's last chunk was in batch 0
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in batches 1..k
+        computed[r] += k
+        num_tokens[r] += k  # batches 0..k-1's tokens
+        in_flight[r] = 1  # batch k's
+        queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = r, 1, True
+    computed[p] = before
+    num_blocks[p] = p_blocks
+    in_flight[p] = chunk
+    queue_r[slot, at], queue_n[slot, at], queue_sample[slot, at] = p, chunk, False
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, num_scheduled, nrun, waiting_j
+    queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+    queue_f[slot, 0], queue_f[slot, 1] = start, end
+    return True, nxt, nwait, free, nrun, kv, clock, last_end, end, False
+
+
+@_jit
 def loop_sync(
     req,
     cfg,
@@ -1468,9 +1542,10 @@ def loop_sync(
     counts,
     scratch,
 ):
-    """Engine.run's loop and Engine.step (synchronous), with decode runs at once without prefix caching (cfg.decode_runs: runs
-    on): steps until every request finished (DONE), the chunk's steps are filled (FULL) or a step schedules nothing
-    (NO_PROGRESS). Every array is taken unowned (unowned); scratch: the caller's scratch arrays (fast/compiled.py)."""
+    """Engine.run's loop and Engine.step (synchronous), with decode runs and prefill runs at once without prefix
+    caching (cfg.decode_runs: runs on): steps until every request finished (DONE), the chunk's steps are filled (FULL)
+    or a step schedules nothing (NO_PROGRESS). Every array is taken unowned (unowned); scratch: the caller's scratch
+    arrays (fast/compiled.py)."""
     req, cost, state, fstate, running, waiting, pool = (
         unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool)
     )  # fmt: skip
@@ -1518,46 +1593,13 @@ def loop_sync(
         if counts[0] == capacity:
             code = FULL
             break
-        if runs:
-            steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(
-                cfg,
-                cost,
-                req,
-                running,
-                nrun,
-                waiting,
-                head,
-                nwait,
-                nxt,
-                free,
-                kv,
-                clock,
-                last_end,
-                phases,
-                per_phase,
-                logs,
-                counts,
-            )
-            if not steps and chunked:  # the last step scheduled a request more than one token
-                steps, nxt, nwait, free, nrun, kv, clock, last_end = prefill_run(
-                    cfg,
-                    cost,
-                    req,
-                    running,
-                    nrun,
-                    waiting,
-                    head,
-                    nwait,
-                    nxt,
-                    free,
-                    kv,
-                    clock,
-                    last_end,
-                    phases,
-                    per_phase,
-                    logs,
-                    counts,
-                )
+        if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases,
+                  per_phase, logs, counts)  # fmt: skip
+            # (one tuple: numba inlines no call with *args)
+            steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(at)
+            if not steps and chunked:
+                steps, nxt, nwait, free, nrun, kv, clock, last_end = prefill_run(at)
                 state[S_PREFILL_RUNS] += steps > 0
             if steps:
                 state[S_RUNS] += 1
@@ -1652,8 +1694,8 @@ def loop_async(
     counts,
     scratch,
 ):
-    """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs at once without prefix
-    caching (cfg.decode_runs: runs on; decode_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
+    """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs and prefill runs at once
+    without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
     requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
     queue_f[slot]: start, end. Stops as loop_sync does."""
     req, cost, state, fstate, running, waiting, pool = (
@@ -1720,38 +1762,19 @@ def loop_async(
         if counts[0] == capacity:
             code = FULL
             break
-        if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run
-            ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(
-                cfg,
-                cost,
-                req,
-                running,
-                nrun,
-                waiting,
-                head,
-                nwait,
-                nxt,
-                free,
-                clock,
-                last_end,
-                queue_r,
-                queue_n,
-                queue_sample,
-                queue_i,
-                queue_f,
-                queue_head,
-                phases,
-                per_phase,
-                times,
-                first,
-                logs,
-                events,
-                counts,
-            )
+        if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run, or a prefill run
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r,
+                  queue_n, queue_sample, queue_i, queue_f, queue_head, phases, per_phase, first, logs, events,
+                  counts)  # fmt: skip
+            ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(at, times)
+            prefill = not ran and queue_i[queue_head, 1] > queue_i[queue_head, 0]  # batch 0 holds a prefill chunk
+            if prefill:
+                ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = prefill_run_async(at)
             if ran:
                 gpu_free_s = end
                 has_finished = 1 if finished else 0
                 state[S_RUNS] += 1
+                state[S_PREFILL_RUNS] += prefill
                 continue
         if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
             slot = (queue_head + queue_len) % 2

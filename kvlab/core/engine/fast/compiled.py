@@ -6,8 +6,8 @@ vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured or 2
 one's tables and the 2023 one's figures, evaluated by _kernels.measured_s and vllm_2023_s with their step_s's float
 operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
 caching both loops also do decode runs at once, as decode_run.advance and advance_async do (DECODE_RUNS;
-engine.num_decode_runs counts them), and the synchronous loop a long prompt's chunks beside the same decodes
-(_kernels.prefill_run; counted there too, and in engine.num_prefill_runs).
+engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
+(_kernels.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
