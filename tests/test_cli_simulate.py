@@ -313,7 +313,7 @@ def test_the_measured_step_cost_from_the_command_line(capsys):
         ),
         (
             ["--num-gpu-blocks", "10", "--model", "facebook/opt-13b", "--gpu", "A100-40GB"],
-            "--num-gpu-blocks and --model cannot be used together",
+            "--num-gpu-blocks and --gpu cannot be used together",
         ),
         (["--model", "facebook/opt-13b"], "--model needs --gpu too"),
         (
@@ -490,3 +490,16 @@ def test_a_config_json_is_refused_in_one_line_naming_the_flag(capsys, flags, mes
     err = capsys.readouterr().err
     assert err.startswith("kvlab simulate: error: " + message), err
     assert err.count("\n") == 1
+
+
+def test_a_hybrid_model_is_served_with_its_kv_cache_groups_over_exactly_the_blocks_given(capsys):
+    """--model with --num-gpu-blocks (vLLM's --num-gpu-blocks-override): a model with sliding-window layers is
+    served with vLLM's KV cache groups over those blocks, and says so; a full-attention model as one group."""
+    flags = ["--policy", "vllm", "--num-gpu-blocks", "2000", "--num-requests", "40", "--max-model-len", "4096"]
+    out = run_json(capsys, *flags, "--model", "google/gemma-3-27b-it")
+    assert out["num_gpu_blocks"] == 2000
+    assert out["kv_cache_groups"] == (
+        "7 sharing the pool: 6 of a 1,024-token sliding window (16 tokens a block), 1 of full attention (16 tokens a "
+        "block) (vLLM's hybrid KV cache manager)"
+    )
+    assert "kv_cache_groups" not in run_json(capsys, *flags, "--model", "facebook/opt-13b")

@@ -149,7 +149,9 @@ def add_vllm_engine_flags(p) -> None:
     g.add_argument(
         "--model",
         help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
-        "(weights from its parameter count) and names the model of --cost roofline",
+        "(weights from its parameter count) and names the model of --cost roofline; a model with sliding-window "
+        "layers (e.g. google/gemma-3-27b-it) is served with vLLM's KV cache groups, over --num-gpu-blocks where "
+        "given (vLLM's --num-gpu-blocks-override; prefix caching off)",
     )
     g.add_argument(
         "--config",
@@ -441,12 +443,14 @@ def check_vllm_flags(args, given: set[str], cost: str) -> None:
         exclusive(
             given,
             "--num-gpu-blocks",
-            ["--model", "--config", "--gpu", "--tensor-parallel-size"],
+            ["--gpu", "--tensor-parallel-size"],
             "--num-gpu-blocks is "
             "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)",
         )
     model_flag = "--config" if "--config" in given else "--model"  # --config names the model from a config.json
     sizing = given & {model_flag, "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
+    if "--num-gpu-blocks" in given:  # --model alone: its KV cache groups over exactly those blocks
+        sizing -= {model_flag}
     if sizing and not {model_flag, "--gpu"} <= given:
         missing = "--gpu" if model_flag in given else "--model"
         raise ValueError(
@@ -578,10 +582,12 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
+    groups = hybrid_groups(model, config)
     try:  # the engine refuses its config, pool and workload in one line before any step
         result = vllm_engine.simulate(
-            workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation
-        )
+            workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation,
+            kv_cache_groups=groups,
+        )  # fmt: skip
     except vllm_engine.NoProgressError as err:  # a run that cannot go on stops with why, in one line
         raise ValueError(str(err)) from None
     if args.requests_csv:
@@ -609,6 +615,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         "makespan_s": summary["makespan_s"],
         "mean_kv_token_share": summary["mean_kv_token_share"],
     }
+    if groups is not None:
+        out["kv_cache_groups"] = describe_groups(groups)
     ranks = config.parallel.data_parallel_size
     if ranks > 1:
         out |= {
@@ -637,6 +645,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         f"{num_gpu_blocks:,} GPU blocks of {config.cache.block_size} tokens ({usable:,} usable + vLLM's null block; "
         f"{pool_source})"
     )
+    if groups is not None:
+        print(f"KV cache groups      {out['kv_cache_groups']}")
     print(
         f"limits               max_num_seqs {scheduler.max_num_seqs:,}, max_num_batched_tokens "
         f"{scheduler.max_num_batched_tokens:,}, max_model_len {scheduler.max_model_len:,}, chunked prefill "
@@ -666,6 +676,29 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     )
     print(f"throughput           {out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")
     return out
+
+
+def hybrid_groups(model: ModelSpec | None, config: EngineConfig):
+    """The KV cache groups the engine serves a model with sliding-window layers over (kvlab.core.capacity's layout,
+    vLLM's), or None: one full-attention group (no model, or every layer full attention)."""
+    if model is None:
+        return None
+    groups = capacity.kv_cache_groups(model, config)
+    return None if len(groups) == 1 and groups[0].kind == "full_attention" else groups
+
+
+def describe_groups(groups) -> str:
+    """A hybrid model's KV cache groups in words: how many of each kind, their windows and block sizes."""
+    kinds: dict[tuple, int] = {}
+    for g in groups:
+        key = (g.kind, g.sliding_window, g.block_size)
+        kinds[key] = kinds.get(key, 0) + 1
+    parts = [
+        f"{n} of {'full attention' if kind == 'full_attention' else f'a {window:,}-token sliding window'} "
+        f"({bs} tokens a block)"
+        for (kind, window, bs), n in kinds.items()
+    ]
+    return f"{len(groups)} sharing the pool: " + ", ".join(parts) + " (vLLM's hybrid KV cache manager)"
 
 
 def describe_cost(cost, name: str) -> str:

@@ -253,14 +253,15 @@ class KVCacheGroup:
     kind: str  # "full_attention" (MLA included) or "sliding_attention"
     block_size: int
     layers: tuple[int, ...]
+    sliding_window: int = 0  # tokens a sliding-window layer attends to (its own included); 0 for full attention
 
-    def blocks_per_request(self, max_model_len: int, sliding_window: int, max_in_flight_tokens: int) -> int:
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
         every token for full attention; the window less one, the tokens in flight and a partly used first
         block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request)."""
         if self.kind == "full_attention":
             return cdiv(max_model_len, self.block_size)
-        return cdiv(min(sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
+        return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
 
 
 def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCacheGroup]:
@@ -285,7 +286,7 @@ def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCach
     sizes = [len(layers) for layers in buckets.values()]
     size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
     return [
-        KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]))
+        KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]), model.sliding_window if kind != "full_attention" else 0)
         for kind, layers in buckets.items()
         for n in [cdiv(len(layers), size)]
         for i in range(n)
@@ -296,7 +297,7 @@ def _estimated_max_model_len(groups, model, config: EngineConfig, max_model_len:
     """The longest max_model_len whose request needs at most blocks blocks, 0 if none (vLLM's binary search)."""
 
     def needed(length: int) -> int:
-        return sum(g.blocks_per_request(length, model.sliding_window, config.max_in_flight_tokens) for g in groups)
+        return sum(g.blocks_per_request(length, config.max_in_flight_tokens) for g in groups)
 
     return bisect.bisect_right(range(1, max_model_len + 1), blocks, key=needed)
 
@@ -329,9 +330,7 @@ def vllm_capacity(
     page = max(g.block_size for g in groups) * int(
         kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
     )
-    per_request = sum(
-        g.blocks_per_request(max_model_len, model.sliding_window, config.max_in_flight_tokens) for g in groups
-    )
+    per_request = sum(g.blocks_per_request(max_model_len, config.max_in_flight_tokens) for g in groups)
     stages, refusal, estimate = [], None, None
     for s, layers in enumerate(stage_layers(model.num_layers, pp)):
         available = budgets[s]

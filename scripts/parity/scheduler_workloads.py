@@ -4,11 +4,12 @@ Each run is a document for scripts/parity/vllm_scheduler.py (vLLM's side) and kv
 (kvlab's side): a config, a step cost and the requests. Everything is drawn from numpy default_rng with a
 fixed seed, or read from the Azure conversation trace (TRACE_DIR), so every run is the same on every machine.
 
-Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; about 1.5 minutes of vLLM's
-scheduler per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off, with a long-prefill threshold, with
-prefix caching over shared system prompts (tight memory, so cached blocks are evicted and requests
-preempted); and a long-prompt, short-output workload. Each in both of vLLM's scheduling modes: synchronous
-(NAME) and asynchronous, vLLM's default on a GPU (NAME-async).
+Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; about 1.5 minutes of vLLM's scheduler
+per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off,
+with a long-prefill threshold, with prefix caching over shared system prompts (tight memory, so cached blocks are
+evicted and requests preempted); a long-prompt, short-output workload; and two hybrid models' KV cache groups (gpt-
+oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out). Each in
+both of vLLM's scheduling modes: synchronous (NAME) and asynchronous, vLLM's default on a GPU (NAME-async).
 """
 
 from __future__ import annotations
@@ -123,6 +124,42 @@ def long_prompt_short_output(n: int = 2000) -> dict:
     }
 
 
+def hybrid_groups(model) -> list[dict]:
+    """A hybrid model's KV cache groups as kvlab.core.capacity lays them out (vLLM's order, block sizes and windows
+    on its default attention backend), as IN.json gives them to both sides."""
+    from kvlab.core.capacity import kv_cache_groups
+
+    return [
+        {"kind": g.kind, "block_size": g.block_size, "sliding_window": g.sliding_window} for g in kv_cache_groups(model)
+    ]
+
+
+def gpt_oss_20b():
+    """openai/gpt-oss-20b's attention layout (config.json: 24 layers, sliding_attention and full_attention in turn
+    from layer 0, a 128-token window; 64 query and 8 KV heads of 64): all its KV cache groups depend on."""
+    from kvlab.core.models import ModelSpec
+
+    return ModelSpec("openai/gpt-oss-20b", 24, 64, 8, 64, sliding_window=128, sliding_window_pattern=2)
+
+
+def hybrid(model, num_gpu_blocks: int, n: int = 2000) -> dict:
+    """Azure-like requests on a hybrid model's KV cache groups (sliding windows beside full attention), a step budget
+    of 2,048 tokens (long prompts cross a window in chunks) and memory that preempts."""
+    arrival, prompt, output = _azure_like(np.random.default_rng(6), n, 5.0, max_prompt=12_000)
+    config = _config(num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=2048, max_num_seqs=128)
+    return {
+        "config": config | {"kv_cache_groups": hybrid_groups(model)},
+        "cost": LINEAR,
+        "requests": _requests(arrival, prompt, output),
+    }
+
+
+def _gemma_3_27b():
+    from kvlab.core.models import get_model
+
+    return get_model("google/gemma-3-27b-it")
+
+
 # name -> (what it shows, the document's builder)
 RUNS = {
     "azure-preempt": (
@@ -140,6 +177,14 @@ RUNS = {
     ),
     "prefix-caching": ("synthetic, prefix caching over 8 shared system prompts, 700 blocks", prefix_caching),
     "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
+    "gpt-oss-20b": (
+        "gpt-oss-20b's KV cache groups (a 128-token window, full attention), Azure-like, 1,200 blocks",
+        lambda: hybrid(gpt_oss_20b(), 1200),
+    ),
+    "gemma-3-27b": (
+        "Gemma-3-27B's KV cache groups (six of a 1,024-token window, one full), Azure-like, 4,000 blocks",
+        lambda: hybrid(_gemma_3_27b(), 4000),
+    ),
 }
 SYNC_RUNS = dict(RUNS)
 

@@ -120,6 +120,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "long_prefill_token_threshold": 0,
     "enable_prefix_caching": False,
     "async_scheduling": False,
+    # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention", "block_size",
+    # "sliding_window"}]; None: one full-attention group of block_size tokens a block.
+    "kv_cache_groups": None,
 }
 
 # Fabricated token ids.  Prompts that IN.json does not spell out start with a
@@ -200,6 +203,16 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
     for key in ("enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"):
         if not isinstance(config[key], bool):
             raise BadInputError(f"config.{key} must be true or false")
+    if config["kv_cache_groups"] is not None:
+        groups = config["kv_cache_groups"]
+        if not isinstance(groups, list) or not groups:
+            raise BadInputError("config.kv_cache_groups must be a non-empty list of groups")
+        for i, g in enumerate(groups):
+            if g.get("kind") not in ("full_attention", "sliding_attention"):
+                raise BadInputError(f"config.kv_cache_groups[{i}].kind must be full_attention or sliding_attention")
+            g["block_size"] = _as_int(g.get("block_size"), f"config.kv_cache_groups[{i}].block_size", 1)
+            if g["kind"] == "sliding_attention":
+                g["sliding_window"] = _as_int(g.get("sliding_window"), f"config.kv_cache_groups[{i}].sliding_window", 1)
 
     raw_cost = doc.get("cost", {"kind": "constant", "step_ms": 8.0})
     kind = raw_cost.get("kind")
@@ -268,7 +281,7 @@ def _import_vllm() -> SimpleNamespace:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
@@ -286,6 +299,7 @@ def _import_vllm() -> SimpleNamespace:
         init_none_hash=kv_cache_utils.init_none_hash,
         resolve_kv_cache_block_sizes=kv_cache_utils.resolve_kv_cache_block_sizes,
         FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
@@ -361,16 +375,21 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
         )
     _check_effective_config(vllm_config, config)
 
-    # One full-attention KV cache group: a plain decoder.  EngineCore sets
+    # One full-attention KV cache group (a plain decoder), or the groups IN.json gives (a hybrid model's: the
+    # scheduler reads their kinds, block sizes and windows, never their page sizes).  EngineCore sets
     # cache_config.num_gpu_blocks to kv_cache_config.num_blocks, null block included.
+    shape = {"num_kv_heads": 1, "head_size": 1, "dtype": v.float32}
+    groups = config["kv_cache_groups"] or [{"kind": "full_attention", "block_size": block_size}]
+    specs = [
+        v.SlidingWindowSpec(block_size=g["block_size"], sliding_window=g["sliding_window"], **shape)
+        if g["kind"] == "sliding_attention"
+        else v.FullAttentionSpec(block_size=g["block_size"], **shape)
+        for g in groups
+    ]
     kv_cache_config = v.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[
-            v.KVCacheGroupSpec(
-                ["layer.0"], v.FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=v.float32)
-            )
-        ],
+        kv_cache_groups=[v.KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)],
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     scheduler_block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)

@@ -4,11 +4,15 @@ requests vLLM would refuse or that could never fit the pool; and why a run that 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.block_pool import check_num_gpu_blocks
+from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig, SchedulerConfig
+from kvlab.core.engine.kv_cache_manager import admission_caps
 from kvlab.core.engine.reservation import ReservationManager
 from kvlab.core.engine.scheduler_v0 import blocks_to_finish, watermark_blocks
 from kvlab.core.units import cdiv
@@ -63,6 +67,36 @@ class NoProgressError(RuntimeError):
     """The workload cannot finish: vLLM would wait forever (its message says why)."""
 
 
+def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: str, recorder) -> tuple | None:
+    """The engine's KV cache groups (capacity.KVCacheGroup, in vLLM's order), or None for one full-attention group of
+    block_size tokens (KVCacheManager): refused in one line where the engine does not serve them yet."""
+    if groups is None:
+        return None
+    groups = tuple(groups)
+    if not groups or not all(isinstance(g, KVCacheGroup) for g in groups):
+        validate.fail("kv_cache_groups", groups, "must be a non-empty sequence of kvlab.core.capacity.KVCacheGroup")
+    if len(groups) == 1 and groups[0].kind == "full_attention":
+        if groups[0].block_size != config.cache.block_size:
+            validate.fail(
+                "kv_cache_groups",
+                f"one full-attention group of {groups[0].block_size} tokens a block",
+                f"must have block_size={config.cache.block_size}, the config's",
+            )
+        return None
+    refusals = (
+        (allocation != "paged", "allocation", allocation, "paged"),
+        (config.scheduler.scheduler_cls != "v1", "scheduler_cls", config.scheduler.scheduler_cls, "v1"),
+        (config.cache.enable_prefix_caching, "enable_prefix_caching", True, "False (not modelled yet for them)"),
+        (path in ("python", "compiled"), "path", path, "'auto' or 'reference' (no fast path serves them yet)"),
+        (recorder is not None and recorder.block_ids is not None, "Recorder(block_ids=True)", True, "False"),
+        (recorder is not None and recorder.freed_tables is not None, "Recorder(frees=True)", True, "False"),
+    )
+    for refused, name, value, allowed in refusals:
+        if refused:
+            validate.fail(name, value, f"must be {allowed} with a hybrid model's KV cache groups")
+    return groups
+
+
 def check_engine(
     workload: Workload,
     config: EngineConfig,
@@ -71,8 +105,10 @@ def check_engine(
     path: str,
     prompt_token_ids,
     check: bool,
+    groups=None,
 ) -> tuple[int, int]:
-    """The Engine's arguments, each checked once (the requests too where check); (num_gpu_blocks, max_model_len)."""
+    """The Engine's arguments, each checked once (the requests too where check; groups already checked:
+    check_kv_cache_groups); (num_gpu_blocks, max_model_len)."""
     if not isinstance(workload, Workload):
         validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
     validate.one_of("allocation", allocation, ALLOCATIONS)
@@ -88,7 +124,7 @@ def check_engine(
         )
     max_model_len = check_scheduler_config(config.scheduler)
     if check:
-        check_requests(workload, config, num_gpu_blocks, allocation, max_model_len)
+        check_requests(workload, config, num_gpu_blocks, allocation, max_model_len, groups)
     return num_gpu_blocks, max_model_len
 
 
@@ -101,9 +137,10 @@ def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int
 
 
 def check_requests(
-    workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str, max_model_len: int
+    workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str, max_model_len: int, groups=None
 ) -> None:
-    """check_workload's requests, of settings already checked (the engine checks each thing once)."""
+    """check_workload's requests, of settings already checked (the engine checks each thing once; groups: the KV
+    cache groups of check_kv_cache_groups)."""
     v0 = config.scheduler.scheduler_cls == "v0-2023"
     bs = config.cache.block_size
     prompt, output = workload.prompt_tokens, workload.output_tokens
@@ -127,6 +164,12 @@ def check_requests(
                 f" with scheduler_cls='v0-2023' (one block free to decode, {watermark_blocks(num_gpu_blocks)} "
                 "watermark blocks to be admitted again)"
             )
+        elif groups is not None:  # admitted again at its longest: every group's blocks, a window's capped
+            need, why = 0, f" in its {len(groups)} KV cache groups (sliding windows capped)"
+            for g, cap in zip(groups, admission_caps(groups, max_model_len, config.max_in_flight_tokens)):
+                blocks = cdiv(final - 1, g.block_size)
+                need = need + (np.minimum(blocks, cap) if cap else blocks)
+            bs = math.lcm(*(g.block_size for g in groups))
         else:
             need, why = cdiv(final - 1, bs), ""  # a request computes every token but its last sampled one
         if need.max() > usable:
@@ -171,7 +214,7 @@ def no_progress_message(engine) -> str:
         if engine.allocation == "paged":
             detail = (
                 f"; the head of the waiting queue, request {head.request_id}, has {head.num_tokens:,} tokens = "
-                f"{cdiv(head.num_tokens, engine.block_size):,} blocks and {kv.num_free_blocks:,} of "
+                f"{kv.num_blocks_to_admit(head.num_tokens):,} blocks and {kv.num_free_blocks:,} of "
                 f"{engine.num_gpu_blocks - 1:,} usable blocks are free"
             )
         else:

@@ -29,6 +29,7 @@ plain per-step loop: the reference the tests hold the fast paths to (PATHS). The
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -37,10 +38,10 @@ from kvlab.core import validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
-from kvlab.core.engine.checks import NoProgressError, check_engine, no_progress_message
+from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cache_groups, no_progress_message
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
-from kvlab.core.engine.kv_cache_manager import KVCacheManager
+from kvlab.core.engine.kv_cache_manager import HybridKVCacheManager, KVCacheManager
 from kvlab.core.engine.records import EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.reservation import ReservationManager
@@ -84,14 +85,18 @@ class Engine:
         path: str = "auto",
         recorder: Recorder | None = None,
         check: bool = True,
+        kv_cache_groups=None,
     ):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
         config = _config(config)
+        groups = check_kv_cache_groups(kv_cache_groups, config, allocation, path, recorder)
         num_gpu_blocks, max_model_len = check_engine(
-            workload, config, num_gpu_blocks, allocation, path, prompt_token_ids, check
+            workload, config, num_gpu_blocks, allocation, path, prompt_token_ids, check, groups
         )
-        bs = config.cache.block_size
+        # the KV cache groups of a hybrid model (None: one full-attention group), the scheduler's block size theirs
+        self.kv_cache_groups = groups
+        bs = config.cache.block_size if groups is None else math.lcm(*(g.block_size for g in groups))
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.scheduler = self.make_scheduler(recorder)
@@ -99,7 +104,9 @@ class Engine:
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
-        self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
+        self.fast = (
+            path != "reference" and not (recorder is not None and recorder.block_ids is not None) and groups is None
+        )
         self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
@@ -118,7 +125,11 @@ class Engine:
         """A scheduler of the config's class over a KV-cache manager of its own: num_gpu_blocks blocks, paged (vLLM's)
         or a reservation baseline's."""
         config, bs = self.config, self.block_size
-        if self.allocation == "paged":
+        if self.kv_cache_groups is not None:
+            kv = HybridKVCacheManager(
+                self.num_gpu_blocks, self.kv_cache_groups, bs, self.max_model_len, config.max_in_flight_tokens
+            )
+        elif self.allocation == "paged":
             kv = KVCacheManager(
                 self.num_gpu_blocks, bs, self.max_model_len, config.cache.enable_prefix_caching, recorder
             )

@@ -4,20 +4,46 @@ KVCacheManager is vllm/v1/core/kv_cache_manager.py for one full-attention group 
 inert here left out (no lookahead, no watermark, no connector, no sliding window): allocate_slots gives a
 request blocks for the tokens it computes this step, nothing more, and on admission first checks that
 blocks for its whole current length are free (scheduler_reserve_full_isl, on by default in 0.33).
+HybridKVCacheManager is the same manager over several KV cache groups (a hybrid model's full-attention and
+sliding-window layers) sharing one pool, prefix caching off.
 """
 
 from __future__ import annotations
 
-from kvlab.core.block_pool import BlockPool, free_table, take_blocks, touch_blocks
+from kvlab.core.block_pool import NULL_BLOCK_ID, BlockPool, free_table, take_blocks, touch_blocks
 from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.request import Request
-from kvlab.core.engine.rules import admission_num_new_blocks, num_blocks_to_allocate, num_lookup_blocks
+from kvlab.core.engine.rules import (
+    admission_blocks,
+    admission_num_new_blocks,
+    blocks_to_admit,
+    num_blocks_to_allocate,
+    num_lookup_blocks,
+    num_skipped_tokens,
+)
 
 
-class KVCacheManager:
-    """vLLM's paged KV-cache manager over one BlockPool (prefix caching when the pool caches)."""
+class PagedPool:
+    """What the scheduler and the records read of a paged manager's BlockPool (self.pool)."""
 
     allocation = "paged"
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Free blocks of the pool (cached ones no request holds included)."""
+        return self.pool.num_free_blocks
+
+    @property
+    def num_held(self) -> int:
+        """What the requests hold, as the step records count it: blocks in use, every group's
+        (BlockPool.num_used_blocks)."""
+        return self.pool.num_used_blocks
+
+
+class KVCacheManager(PagedPool):
+    """vLLM's paged KV-cache manager over one BlockPool (prefix caching when the pool caches)."""
+
+    noop_decodes = True  # a decode inside its last block changes nothing: the scheduler need not call allocate_slots
 
     def __init__(
         self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = False, recorder=None
@@ -27,16 +53,6 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.recorder = recorder if recorder is not None and recorder.freed_tables is not None else None
-
-    @property
-    def num_free_blocks(self) -> int:
-        """Free blocks of the pool (cached ones no request holds included)."""
-        return self.pool.num_free_blocks
-
-    @property
-    def num_held(self) -> int:
-        """What the requests hold, as the step records count it: blocks in use (BlockPool.num_used_blocks)."""
-        return self.pool.num_used_blocks
 
     def get_computed_blocks(self, request: Request) -> list[int]:
         """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit),
@@ -52,6 +68,10 @@ class KVCacheManager:
                 break
             hits.append(block)
         return hits
+
+    def num_blocks_to_admit(self, num_tokens: int) -> int:
+        """Free blocks admitting a request of num_tokens needs without a prefix hit (rules.blocks_to_admit)."""
+        return blocks_to_admit(num_tokens, 0, 0, self.block_size, self.max_model_len)
 
     def admission_num_new_blocks(self, request: Request, num_new_tokens: int, hit_blocks, num_blocks_taken=0) -> int:
         """rules.admission_num_new_blocks for the request with num_blocks_taken blocks fewer free than now: its new
@@ -112,3 +132,108 @@ class KVCacheManager:
         request.block_ids = []
         request.num_cached_blocks = 0
         return len(table)
+
+
+def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int) -> list[int]:
+    """Each group's cap on the blocks admission needs (0: none): a sliding window's max_admission_blocks_per_request
+    (capacity.KVCacheGroup.blocks_per_request)."""
+    return [g.blocks_per_request(max_model_len, max_in_flight_tokens) if g.sliding_window else 0 for g in groups]
+
+
+class HybridKVCacheManager(PagedPool):
+    """vLLM's KV-cache manager over several KV cache groups that share one BlockPool, prefix caching off
+    (kv_cache_coordinator.py, KVCacheCoordinatorNoPrefixCache; single_type_kv_cache_manager.py, FullAttentionManager
+    and SlidingWindowManager).
+
+    A request holds one block table per group (groups: capacity.KVCacheGroup, in vLLM's group order), each of
+    cdiv(tokens, the group's block_size) entries. Every allocate_slots first frees, in each sliding-window group, the
+    blocks whose tokens no later token attends to (rules.num_skipped_tokens of the tokens computed and settled: a
+    batch still in flight counts not), last first, leaving the null block in their place (remove_skipped_blocks;
+    even if the allocation is then refused); then it takes each group's new blocks from the pool, group by group.
+    Admission needs every group's blocks for the request's whole current length, a sliding window's at most its
+    max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request, which the tokens in flight raise
+    under asynchronous scheduling). free gives back every group's blocks, group by group, each table last block
+    first, its nulls skipped."""
+
+    enable_caching = False
+    noop_decodes = False  # a decode inside its last block may still free a block behind its window
+
+    def __init__(self, num_gpu_blocks: int, groups, block_size: int, max_model_len: int, max_in_flight_tokens: int):
+        self.pool = BlockPool(num_gpu_blocks, False)
+        self.groups = tuple(groups)
+        self.block_size = block_size  # the scheduler's (the groups' common multiple)
+        self.max_model_len = max_model_len
+        self.caps = admission_caps(groups, max_model_len, max_in_flight_tokens)
+        self.tables: dict[int, list[list[int]]] = {}  # request_id -> its block table in each group
+
+    def get_computed_blocks(self, request: Request) -> list[int]:
+        """No prefix cache: no hit."""
+        return []
+
+    def num_blocks_to_admit(self, num_tokens: int) -> int:
+        """Free blocks admitting a request of num_tokens needs: every group's (rules.admission_blocks)."""
+        n = min(num_tokens, self.max_model_len)
+        return sum(admission_blocks(n, g.block_size, cap) for g, cap in zip(self.groups, self.caps))
+
+    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks, num_blocks_taken: int = 0) -> bool:
+        """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free."""
+        return self.num_blocks_to_admit(request.num_tokens) <= self.pool.num_free_blocks - num_blocks_taken
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (), full_sequence_must_fit: bool = False
+    ) -> bool:
+        """Blocks in every group for num_new_tokens more computed tokens, after those behind each window are freed
+        (KVCacheManager.allocate_slots); False, with nothing else changed, when the pool has too few free blocks."""
+        pool, max_len = self.pool, self.max_model_len
+        if full_sequence_must_fit and not self.can_admit(request, num_new_tokens, hit_blocks):
+            return False
+        tables = self.tables.get(request.request_id)
+        computed = min(request.num_computed_tokens, max_len)
+        if tables is not None:
+            self.remove_skipped_blocks(tables, computed - request.num_in_flight_tokens)
+        num_slots = min(computed + num_new_tokens, max_len)
+        held = tables or [()] * len(self.groups)
+        need = 0
+        for g, table in zip(self.groups, held):
+            need += max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
+        if need > pool.num_free_blocks:
+            return False
+        if tables is None:
+            tables = self.tables[request.request_id] = [[] for _ in self.groups]
+        for g, table in zip(self.groups, tables):
+            new = num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len)
+            if new > 0:
+                at = len(table)
+                table.extend([NULL_BLOCK_ID] * new)
+                take_blocks(pool, new, table, at)
+        return True
+
+    def remove_skipped_blocks(self, tables: list[list[int]], num_processed_tokens: int) -> None:
+        """Free each sliding-window group's blocks wholly before the window of the next token, right to left until
+        a block freed before (single_type_kv_cache_manager.py, remove_skipped_blocks, _remove_blocks_in_range)."""
+        if num_processed_tokens <= 0:
+            return
+        for g, table in zip(self.groups, tables):
+            if not g.sliding_window:
+                continue
+            end = min(num_skipped_tokens(num_processed_tokens, g.sliding_window) // g.block_size, len(table))
+            start = end
+            while start > 0 and table[start - 1] != NULL_BLOCK_ID:
+                start -= 1
+            if start < end:
+                free_table(self.pool, table[start:end], end - start)  # table[end - 1] freed first
+                table[start:end] = [NULL_BLOCK_ID] * (end - start)
+
+    def free(self, request: Request) -> int:
+        """Give back every group's blocks, group by group, each table last block first; the number of blocks."""
+        tables = self.tables.pop(request.request_id, None)
+        if tables is None:
+            return 0
+        num_freed = 0
+        for table in tables:
+            start = 0
+            while start < len(table) and table[start] == NULL_BLOCK_ID:
+                start += 1
+            free_table(self.pool, table[start:], len(table) - start)
+            num_freed += len(table) - start
+        return num_freed

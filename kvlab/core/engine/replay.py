@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.engine import Engine
@@ -31,7 +32,8 @@ DOCUMENT_DEFAULTS = {
 
 
 def from_document(doc: dict) -> dict:
-    """Engine arguments of an IN.json document: workload, config, num_gpu_blocks, cost, prompt_token_ids."""
+    """Engine arguments of an IN.json document: workload, config, num_gpu_blocks, cost, prompt_token_ids and
+    kv_cache_groups (config's, a hybrid model's; None: one full-attention group)."""
     settings = {**DOCUMENT_DEFAULTS, **doc.get("config", {})}
     requests = doc["requests"]
     order = sorted(range(len(requests)), key=lambda i: requests[i]["arrival_s"])
@@ -63,12 +65,16 @@ def from_document(doc: dict) -> dict:
         cost = ConstantStepCost(float(cost_doc["step_ms"]))
     else:
         cost = LinearStepCost(float(cost_doc["step_ms"]), float(cost_doc.get("step_ms_per_token", 0.0)))
+    groups = settings.get("kv_cache_groups")  # a hybrid model's: [{"kind", "block_size", "sliding_window"}]
+    if groups is not None:
+        groups = tuple(KVCacheGroup(g["kind"], g["block_size"], (), g.get("sliding_window", 0)) for g in groups)
     return {
         "workload": workload,
         "config": config,
         "num_gpu_blocks": settings["num_gpu_blocks"],
         "cost": cost,
         "prompt_token_ids": ids,
+        "kv_cache_groups": groups,
     }
 
 

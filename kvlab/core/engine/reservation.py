@@ -22,6 +22,7 @@ class ReservationManager:
     """A token pool from which a request reserves a buddy chunk on admission (max, pow2 or oracle); never preempts."""
 
     enable_caching = False
+    noop_decodes = True  # (the scheduler's shortcut; a reservation holds every slot a decode writes)
 
     def __init__(self, allocation: str, num_gpu_blocks: int, block_size: int, max_model_len: int, recorder=None):
         self.allocation = allocation

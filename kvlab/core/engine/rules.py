@@ -68,6 +68,24 @@ def num_blocks_to_allocate(
     return (num_slots + block_size - 1) // block_size - num_table_blocks
 
 
+def num_skipped_tokens(num_tokens: int, sliding_window: int) -> int:
+    """Leading tokens no later token attends to, whose blocks a group frees (0 for full attention, sliding_window
+    0): all but the last sliding_window - 1 before token num_tokens (single_type_kv_cache_manager.py,
+    SlidingWindowManager.get_num_skipped_tokens; no tokens retained for speculative decoding)."""
+    if sliding_window == 0:
+        return 0
+    n = num_tokens - sliding_window + 1
+    return n if n > 0 else 0
+
+
+def admission_blocks(num_tokens: int, block_size: int, max_admission_blocks: int) -> int:
+    """Blocks one group needs to admit a request of num_tokens (no prefix hit): its whole length, at most a sliding
+    window's max_admission_blocks (0: no cap; single_type_kv_cache_manager.py, get_num_blocks_to_allocate with
+    apply_admission_cap; kv_cache_interface.py, SlidingWindowSpec.max_admission_blocks_per_request)."""
+    n = (num_tokens + block_size - 1) // block_size
+    return n if max_admission_blocks == 0 or n < max_admission_blocks else max_admission_blocks
+
+
 def num_lookup_blocks(num_tokens: int, block_size: int) -> int:
     """Leading full blocks looked up in the prefix cache: all but a fully cached request's last token, which it
     computes to sample (kv_cache_manager.py, KVCacheManager.get_computed_blocks: max_cache_hit_length)."""

@@ -1,4 +1,4 @@
-"""vLLM 0.33's v1 scheduler (vllm/v1/core/sched/scheduler.py, async_scheduler.py), FCFS, one KV-cache group.
+"""vLLM 0.33's v1 scheduler (vllm/v1/core/sched/scheduler.py, async_scheduler.py), FCFS.
 
 Each step (schedule):
 1. running requests, in admission order, each get min(tokens left, long_prefill_token_threshold when more
@@ -16,7 +16,11 @@ tokens, or reached max_model_len, finishes and frees its blocks at once, in the 
 
 Asynchronous scheduling (the default on a GPU) is the subclass AsyncScheduler; every rule is a function of rules.py.
 
-Left out because it is inert for a text-only decoder with one full-attention group and no speculative
+The KV-cache manager holds one full-attention group (KVCacheManager) or a hybrid model's groups of full attention
+and sliding windows in one pool (HybridKVCacheManager; the running loop then calls allocate_slots for every
+request, since a decode inside its last block may still free a block behind its window).
+
+Left out because it is inert for a text-only decoder of full-attention and sliding-window layers and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
 deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, Mamba alignment, the
 watermark (0), drop-mode stale output (reset_prefix_cache and connectors only).
@@ -90,7 +94,7 @@ class Scheduler:
         cap = step_token_cap(self.long_prefill_token_threshold, len(running), len(waiting))
 
         i = 0
-        allocate, bs, caching = kv.allocate_slots, kv.block_size, kv.enable_caching
+        allocate, bs, caching, shortcut = kv.allocate_slots, kv.block_size, kv.enable_caching, kv.noop_decodes
         new_tokens, noop = running_num_new_tokens, allocation_is_noop
         while i < len(running) and budget > 0:
             request = running[i]
@@ -107,8 +111,9 @@ class Scheduler:
             if n == 0:  # async: its last token is in flight, or it is at max_model_len
                 i += 1
                 continue
-            # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op)
-            while not noop(n, computed, request.num_tokens, bs, caching) and not allocate(request, n):
+            # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op, where
+            # no sliding window frees blocks)
+            while not (shortcut and noop(n, computed, request.num_tokens, bs, caching)) and not allocate(request, n):
                 victim = running.pop(preemption_victim(len(running)))
                 self._preempt(victim)
                 preempted.append(victim)

@@ -145,6 +145,7 @@ def eligible(engine) -> bool:
             or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens))
         )
         and engine.recorder is None
+        and engine.kv_cache_groups is None
     )
 
 

@@ -1,0 +1,172 @@
+"""Hybrid models in the engine: KV cache groups of full attention and sliding windows sharing one pool
+(kvlab.core.engine.kv_cache_manager.HybridKVCacheManager), against hand-checked tables, equivalences with the
+one-group engine, and vLLM's refusals. make parity holds them to vLLM 0.33's own scheduler (gpt-oss-20b and
+Gemma-3-27B's groups, both scheduling modes)."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import draw_requests
+from kvlab.core import models
+from kvlab.core.capacity import KVCacheGroup, kv_cache_groups
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost import ConstantStepCost, LinearStepCost
+from kvlab.core.engine import Engine, Recorder
+from kvlab.core.engine.kv_cache_manager import HybridKVCacheManager
+from kvlab.core.engine.request import Request
+from kvlab.core.workload import Workload
+
+FULL = KVCacheGroup("full_attention", 2, ())
+WINDOW_4 = KVCacheGroup("sliding_attention", 2, (), 4)
+
+
+def test_a_window_frees_the_block_behind_it_and_the_next_block_taken_is_that_one():
+    """A 6-token prompt, blocks of 2 tokens, a window of 4: each group takes 3 blocks (the window's group first).
+    With 6 tokens computed the next, token 7, attends to tokens 4-7: block 1 (tokens 1-2) is freed, the null block
+    (0) left in its place, and the block the window's group then takes for token 7 is that same one, the free
+    queue's head; the full group takes the next."""
+    kv = HybridKVCacheManager(20, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=64)
+    request = Request(0, 0.0, 6, 4, 64)
+    assert kv.num_blocks_to_admit(6) == 6
+    assert kv.allocate_slots(request, 6, full_sequence_must_fit=True)
+    assert kv.tables[0] == [[1, 2, 3], [4, 5, 6]]
+    request.num_computed_tokens, request.num_tokens = 6, 7
+    assert kv.allocate_slots(request, 1)
+    assert kv.tables[0] == [[0, 2, 3, 1], [4, 5, 6, 7]]
+    assert kv.num_held == 7
+    request.num_computed_tokens, request.num_tokens = 7, 8
+    assert kv.allocate_slots(request, 1)  # token 8 attends to 5-8: block 2 freed; token 8 fits the 4th blocks
+    assert kv.tables[0] == [[0, 0, 3, 1], [4, 5, 6, 7]]
+    request.num_computed_tokens, request.num_tokens = 8, 9
+    assert kv.allocate_slots(request, 1)  # token 9 needs a 5th block in each group: block 2 again, then 8
+    assert kv.tables[0] == [[0, 0, 3, 1, 2], [4, 5, 6, 7, 8]]
+    assert kv.free(request) == 3 + 5
+    assert kv.pool.free_block_ids()[:8] == [8, 7, 6, 5, 4, 2, 1, 3]  # group by group, each table last block first
+
+
+def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused():
+    """Admission needs the window's blocks up to max_admission_blocks_per_request (cdiv(window - 1 + tokens in
+    flight, block size) + 1), the full group's all; a running request's blocks behind the window are freed before
+    the pool is asked, so a refused allocation still frees them (vLLM: 'we can do this even if we cannot
+    schedule')."""
+    kv = HybridKVCacheManager(12, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2)
+    assert kv.caps == [4, 0]  # cdiv(4 - 1 + 2, 2) + 1
+    assert kv.num_blocks_to_admit(20) == 4 + 10
+    assert not kv.allocate_slots(Request(0, 0.0, 20, 1, 64), 2, full_sequence_must_fit=True)  # 14 of 11 usable
+    request = Request(1, 0.0, 10, 50, 64)
+    assert kv.num_blocks_to_admit(10) == 4 + 5
+    assert kv.allocate_slots(request, 10, full_sequence_must_fit=True)  # the cap is admission's: it takes 5 + 5
+    assert kv.num_free_blocks == 1
+    request.num_computed_tokens, request.num_tokens = 10, 40  # (as if 30 tokens more were known)
+    assert not kv.allocate_slots(request, 20)  # 10 + 10 blocks more: refused ...
+    assert kv.tables[1][0] == [0, 0, 0, 4, 5]  # ... after tokens 1-6 left the window of token 11
+    assert kv.num_free_blocks == 4
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"enable_prefix_caching": True}, "enable_prefix_caching=True is not allowed: must be False"),
+        ({"path": "compiled"}, "path='compiled' is not allowed: must be 'auto' or 'reference'"),
+        ({"allocation": "max"}, "allocation='max' is not allowed: must be paged"),
+        ({"recorder": Recorder(frees=True)}, "Recorder\\(frees=True\\)=True is not allowed"),
+    ],
+)
+def test_what_the_engine_does_not_serve_for_hybrid_models_yet_is_refused_in_one_line(bad, message):
+    workload = Workload(np.zeros(2), np.array([5, 9]), np.array([3, 3]))
+    config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64,
+                                    enable_prefix_caching=bad.pop("enable_prefix_caching", False))  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=(WINDOW_4, FULL), **bad)
+
+
+@st.composite
+def hybrid_runs(draw):
+    """A small workload on a pool tight enough to preempt, either scheduling mode."""
+    n, bs, max_model_len, gaps, prompts, outputs = draw_requests(draw, st)
+    final = [min(p + o, max_model_len) for p, o in zip(prompts, outputs)]
+    least = max(-(-(f - 1) // bs) for f in final) + 1
+    config = EngineConfig().replace(
+        async_scheduling=draw(st.booleans()),
+        block_size=bs,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=draw(st.integers(8, 96)),
+        max_model_len=max_model_len,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3])),
+    )
+    workload = Workload(np.cumsum(gaps) - gaps[0], np.array(prompts), np.array(outputs))
+    cost = draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(5.0, 0.1)]))
+    return workload, config, least + draw(st.sampled_from([0, 1, 3, 10, 400])), cost
+
+
+@given(hybrid_runs())
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_two_groups_that_free_nothing_are_one_group_of_blocks_twice_as_large(run):
+    """A full-attention group beside a window no request outgrows (or a second full group) holds, in every group,
+    what the one group holds: the same decisions as the one-group engine over a pool of blocks twice as large,
+    every step, with twice the blocks in use."""
+    workload, config, num_gpu_blocks, cost = run
+    bs, max_len = config.cache.block_size, config.scheduler.max_model_len
+    one = Engine(workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, path="reference").run()
+    for other in (KVCacheGroup("full_attention", bs, ()), KVCacheGroup("sliding_attention", bs, (), max_len + 1)):
+        groups = (other, KVCacheGroup("full_attention", bs, ()))
+        two = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks - 1, cost=cost, kv_cache_groups=groups).run()
+        for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+            assert np.array_equal(getattr(one, name), getattr(two, name)), name
+        for name in one.steps:  # (the columns of token slots count blocks at block_size tokens: left out)
+            if name not in ("num_reserved_tokens", "num_internal_frag_tokens"):
+                scale = 2 if name == "num_blocks_in_use" else 1
+                assert np.array_equal(scale * one.steps[name], two.steps[name]), name
+
+
+@given(hybrid_runs(), st.integers(1, 40))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_a_window_holds_what_it_attends_to_and_every_block_comes_back(run, window):
+    """Between steps each request's window group holds, as real blocks, exactly the blocks of its table from the
+    first one the next token still attends to (its table nulls before), the full group every block; the pool's
+    blocks in use are the sum; at the end every block is free again."""
+    workload, config, num_gpu_blocks, cost = run
+    bs = config.cache.block_size
+    groups = (KVCacheGroup("sliding_attention", bs, (), window), KVCacheGroup("full_attention", bs, ()))
+    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, kv_cache_groups=groups)
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    original = scheduler.schedule
+
+    def checked():
+        held = 0
+        for request in scheduler.running:
+            sliding, full = kv.tables[request.request_id]
+            assert 0 not in full and len(full) == len(sliding)
+            processed = request.num_computed_tokens - request.num_in_flight_tokens
+            gone = max(processed - window + 1, 0) // bs  # blocks wholly outside the window, freed by now or next
+            live = [b for b in sliding if b]
+            assert sliding[: len(sliding) - len(live)] == [0] * (len(sliding) - len(live))
+            assert len(sliding) - len(live) <= gone
+            held += len(live) + len(full)
+        assert held == kv.num_held
+        return original()
+
+    scheduler.schedule = checked
+    result = engine.run()
+    assert kv.num_held == 0 and not kv.tables
+    assert int(result.num_output_tokens.sum()) == int(np.minimum(workload.prompt_tokens + workload.output_tokens,
+                                                                 config.scheduler.max_model_len).sum()
+                                                      - workload.prompt_tokens.sum())  # fmt: skip
+
+
+def test_a_hybrid_models_groups_are_the_ones_capacity_lays_out_with_their_windows():
+    """Gemma-3-27B: six groups of its 1,024-token window and one of full attention, as vLLM groups them; served by
+    the engine through them."""
+    model = models.get_model("google/gemma-3-27b-it")
+    groups = kv_cache_groups(model, EngineConfig())
+    assert [(g.kind, g.sliding_window, len(g.layers)) for g in groups] == [
+        ("sliding_attention", 1024, 9), ("sliding_attention", 1024, 9), ("sliding_attention", 1024, 9),
+        ("sliding_attention", 1024, 9), ("sliding_attention", 1024, 8), ("sliding_attention", 1024, 8),
+        ("full_attention", 0, 10),
+    ]  # fmt: skip
+    workload = Workload(np.array([0.0, 0.1]), np.array([3000, 200]), np.array([5, 5]))
+    engine = Engine(workload, EngineConfig().replace(max_model_len=4096), num_gpu_blocks=2000, kv_cache_groups=groups)
+    assert isinstance(engine.kv_cache_manager, HybridKVCacheManager)
+    assert engine.run().num_output_tokens.tolist() == [5, 5]
