@@ -170,3 +170,33 @@ def test_a_hybrid_models_groups_are_the_ones_capacity_lays_out_with_their_window
     engine = Engine(workload, EngineConfig().replace(max_model_len=4096), num_gpu_blocks=2000, kv_cache_groups=groups)
     assert isinstance(engine.kv_cache_manager, HybridKVCacheManager)
     assert engine.run().num_output_tokens.tolist() == [5, 5]
+
+
+def test_a_mamba_group_holds_one_block_a_request_its_state_from_admission_to_the_end():
+    """A Mamba group in vLLM's mode without prefix caching: blocks of max_model_len tokens, so admission needs one
+    and a request keeps that one as it grows, beside the full-attention group's blocks."""
+    mamba = KVCacheGroup("mamba", 64, ())
+    kv = HybridKVCacheManager(30, (mamba, FULL), 64, max_model_len=64, max_in_flight_tokens=64)
+    request = Request(0, 0.0, 6, 10, 64)
+    assert kv.num_blocks_to_admit(6) == 1 + 3
+    assert kv.allocate_slots(request, 6, full_sequence_must_fit=True)
+    for computed in range(6, 15):
+        request.num_computed_tokens, request.num_tokens = computed, computed + 1
+        assert kv.allocate_slots(request, 1)
+    assert kv.tables[0] == [[1], list(range(2, 10))]
+    assert kv.free(request) == 9
+
+
+@pytest.mark.parametrize(
+    "group, message",
+    [
+        (KVCacheGroup("mamba", 16, ()), "block_size=16 is not allowed: must be max_model_len=64 for Mamba layers"),
+        (KVCacheGroup("sliding_attention", 2, ()), r"sliding_window=0 is not allowed: must be > 0 exactly for sliding"),
+        (KVCacheGroup("cross_attention", 2, ()), r"kind='cross_attention' is not allowed"),
+    ],
+)
+def test_a_group_the_engine_cannot_serve_is_refused_in_one_line(group, message):
+    workload = Workload(np.zeros(1), np.array([5]), np.array([3]))
+    config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64)
+    with pytest.raises(ValueError, match=message):
+        Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=(group, FULL))

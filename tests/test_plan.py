@@ -409,6 +409,10 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
         (["--slo-e2e-p95-s", "5", "--replicas", "1,1"], "--replicas '1,1' is not allowed: a value is repeated"),
         (["--slo-e2e-p95-s", "5", "--replicas", "0"], "--replicas=0 is not allowed: must be an integer >= 1"),
         (["--slo-e2e-p95-s", "5", "--kv-cache-dtype", "fp9"], "--kv-cache-dtype='fp9' is not allowed: must be one of"),
+        (
+            ["--slo-e2e-p95-s", "5", "--model", "google/gemma-3-27b-it"],
+            "kvlab plan cannot plan google/gemma-3-27b-it yet: its sliding-window layers make vLLM's hybrid KV cache",
+        ),
     ],
 )
 def test_bad_objectives_and_lists_are_one_line(capsys, flags, message):

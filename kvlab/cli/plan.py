@@ -250,6 +250,11 @@ def deployment_of(args, given: set[str], workload):
         raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
     if model is None:
         raise ValueError("kvlab plan needs --model (a model of data/models.csv) or --config PATH (a config.json)")
+    if model.num_sliding_layers:  # (kvlab simulate serves them, by the per-step loop)
+        raise ValueError(
+            f"kvlab plan cannot plan {model.name} yet: its sliding-window layers make vLLM's hybrid KV cache groups, "
+            "which the compiled loop the planner runs on does not serve (kvlab simulate --model serves them)"
+        )
     gpu = models.get_gpu(args.gpu)
     if args.max_model_len is not None:
         max_model_len = validate.in_range("max_model_len", args.max_model_len, "tokens")

@@ -250,17 +250,20 @@ def sliding_window_block_size(block_size: int, attention_backend: str) -> int:
 class KVCacheGroup:
     """Layers that share one block table (vLLM's KVCacheGroupSpec): their kind, tokens per block, layer indices."""
 
-    kind: str  # "full_attention" (MLA included) or "sliding_attention"
-    block_size: int
+    kind: str  # "full_attention" (MLA included), "sliding_attention" or "mamba" (a state a request)
+    block_size: int  # tokens a block (a Mamba group's: max_model_len, vLLM's mamba_cache_mode "none")
     layers: tuple[int, ...]
-    sliding_window: int = 0  # tokens a sliding-window layer attends to (its own included); 0 for full attention
+    sliding_window: int = 0  # tokens a sliding-window layer attends to (its own included); 0 for the other kinds
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
         every token for full attention; the window less one, the tokens in flight and a partly used first
-        block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request)."""
+        block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request); one state for
+        Mamba layers (MambaSpec in mamba_cache_mode "none", vLLM's without prefix caching)."""
         if self.kind == "full_attention":
             return cdiv(max_model_len, self.block_size)
+        if self.kind == "mamba":
+            return 1
         return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
 
 

@@ -148,10 +148,29 @@ def hybrid(model, num_gpu_blocks: int, n: int = 2000) -> dict:
     arrival, prompt, output = _azure_like(np.random.default_rng(6), n, 5.0, max_prompt=12_000)
     config = _config(num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=2048, max_num_seqs=128)
     return {
-        "config": config | {"kv_cache_groups": hybrid_groups(model)},
+        "config": config | {"kv_cache_groups": hybrid_groups(model) if model is not None else None},
         "cost": LINEAR,
         "requests": _requests(arrival, prompt, output),
     }
+
+
+def qwen3_next_groups(max_model_len: int, attention_block_size: int = 64) -> list[dict]:
+    """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (config.json: full attention every 4th
+    layer, 12 of them; 36 Gated DeltaNet layers, Mamba-like, each a state a request): three Mamba groups of 12 layers,
+    then one of full attention. Without prefix caching vLLM holds a Mamba group's state in one block of
+    max_model_len tokens (mamba_cache_mode "none"). The attention groups' block size is chosen here, 64 tokens:
+    vLLM raises it until an attention page covers a Mamba state, which kvlab's capacity does not compute yet."""
+    mamba = {"kind": "mamba", "block_size": max_model_len, "sliding_window": 0}
+    return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
+
+
+def mamba_hybrid(num_gpu_blocks: int, n: int = 2000) -> dict:
+    """hybrid()'s requests on Qwen3-Next's groups (qwen3_next_groups): a state a request in each Mamba group, the
+    full-attention layers' blocks as tokens grow; memory that preempts."""
+    doc = hybrid(None, num_gpu_blocks, n)
+    doc["config"]["kv_cache_groups"] = qwen3_next_groups(doc["config"]["max_model_len"])
+    doc["config"]["block_size"] = 64
+    return doc
 
 
 def _gemma_3_27b():
@@ -184,6 +203,11 @@ RUNS = {
     "gemma-3-27b": (
         "Gemma-3-27B's KV cache groups (six of a 1,024-token window, one full), Azure-like, 4,000 blocks",
         lambda: hybrid(_gemma_3_27b(), 4000),
+    ),
+    "qwen3-next": (
+        "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "
+        "blocks",
+        lambda: mamba_hybrid(400),
     ),
 }
 SYNC_RUNS = dict(RUNS)

@@ -120,8 +120,9 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "long_prefill_token_threshold": 0,
     "enable_prefix_caching": False,
     "async_scheduling": False,
-    # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention", "block_size",
-    # "sliding_window"}]; None: one full-attention group of block_size tokens a block.
+    # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention" | "mamba",
+    # "block_size", "sliding_window"}] (a Mamba group's block_size is max_model_len, vLLM's mamba_cache_mode "none");
+    # None: one full-attention group of block_size tokens a block.
     "kv_cache_groups": None,
 }
 
@@ -208,8 +209,10 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
         if not isinstance(groups, list) or not groups:
             raise BadInputError("config.kv_cache_groups must be a non-empty list of groups")
         for i, g in enumerate(groups):
-            if g.get("kind") not in ("full_attention", "sliding_attention"):
-                raise BadInputError(f"config.kv_cache_groups[{i}].kind must be full_attention or sliding_attention")
+            if g.get("kind") not in ("full_attention", "sliding_attention", "mamba"):
+                raise BadInputError(
+                    f"config.kv_cache_groups[{i}].kind must be full_attention, sliding_attention or mamba"
+                )
             g["block_size"] = _as_int(g.get("block_size"), f"config.kv_cache_groups[{i}].block_size", 1)
             if g["kind"] == "sliding_attention":
                 g["sliding_window"] = _as_int(g.get("sliding_window"), f"config.kv_cache_groups[{i}].sliding_window", 1)
@@ -281,7 +284,13 @@ def _import_vllm() -> SimpleNamespace:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
-        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+        from vllm.v1.kv_cache_interface import (
+            FullAttentionSpec,
+            KVCacheConfig,
+            KVCacheGroupSpec,
+            MambaSpec,
+            SlidingWindowSpec,
+        )
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
@@ -300,6 +309,7 @@ def _import_vllm() -> SimpleNamespace:
         resolve_kv_cache_block_sizes=kv_cache_utils.resolve_kv_cache_block_sizes,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
+        MambaSpec=MambaSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
@@ -380,12 +390,17 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
     # cache_config.num_gpu_blocks to kv_cache_config.num_blocks, null block included.
     shape = {"num_kv_heads": 1, "head_size": 1, "dtype": v.float32}
     groups = config["kv_cache_groups"] or [{"kind": "full_attention", "block_size": block_size}]
-    specs = [
-        v.SlidingWindowSpec(block_size=g["block_size"], sliding_window=g["sliding_window"], **shape)
-        if g["kind"] == "sliding_attention"
-        else v.FullAttentionSpec(block_size=g["block_size"], **shape)
-        for g in groups
-    ]
+    specs = []
+    for g in groups:
+        if g["kind"] == "sliding_attention":
+            specs.append(v.SlidingWindowSpec(block_size=g["block_size"], sliding_window=g["sliding_window"], **shape))
+        elif g["kind"] == "mamba":  # mamba_cache_mode "none" (vLLM's without prefix caching): a state a request
+            state = {"shapes": ((1,),), "dtypes": (v.float32,), "mamba_cache_mode": "none"}
+            specs.append(v.MambaSpec(block_size=g["block_size"], **state))
+            vllm_config.cache_config.mamba_cache_mode = "none"  # what the scheduler reads
+            vllm_config.cache_config.mamba_block_size = g["block_size"]
+        else:
+            specs.append(v.FullAttentionSpec(block_size=g["block_size"], **shape))
     kv_cache_config = v.KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],

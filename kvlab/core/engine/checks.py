@@ -18,6 +18,12 @@ from kvlab.core.engine.scheduler_v0 import blocks_to_finish, watermark_blocks
 from kvlab.core.units import cdiv
 from kvlab.core.workload import Workload
 
+# The KV cache groups' kinds the engine serves (capacity.KVCacheGroup.kind).
+GROUP_KINDS = {
+    "full_attention": "every token's KV, blocks as tokens are computed",
+    "sliding_attention": "the last sliding_window tokens' KV; blocks behind the window freed",
+    "mamba": "one state a request, in one block of max_model_len tokens (vLLM's mamba_cache_mode 'none')",
+}
 ALLOCATIONS = {
     "paged": "vLLM: blocks of block_size tokens allocated as tokens are computed; preempts when the pool is empty",
     "max": "reserve max_model_len token slots at admission (Orca Max); never preempts",
@@ -75,6 +81,19 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
     groups = tuple(groups)
     if not groups or not all(isinstance(g, KVCacheGroup) for g in groups):
         validate.fail("kv_cache_groups", groups, "must be a non-empty sequence of kvlab.core.capacity.KVCacheGroup")
+    max_model_len = config.scheduler.max_model_len
+    for i, g in enumerate(groups):
+        validate.one_of(f"kv_cache_groups[{i}].kind", g.kind, GROUP_KINDS)
+        validate.in_range(f"kv_cache_groups[{i}].block_size", g.block_size, "count")
+        if (g.kind == "sliding_attention") != (g.sliding_window > 0):
+            validate.fail(f"kv_cache_groups[{i}].sliding_window", g.sliding_window, f"must be > 0 exactly for {g.kind}")
+        if g.kind == "mamba" and g.block_size != max_model_len:
+            validate.fail(
+                f"kv_cache_groups[{i}].block_size",
+                g.block_size,
+                f"must be max_model_len={max_model_len} for Mamba layers (vLLM's mamba_cache_mode 'none': one "
+                "block a request)",
+            )
     if len(groups) == 1 and groups[0].kind == "full_attention":
         if groups[0].block_size != config.cache.block_size:
             validate.fail(

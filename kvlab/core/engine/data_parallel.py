@@ -325,6 +325,7 @@ class DataParallelEngine(Engine):
         recorder=None,
         check: bool = True,
         vllm_version: str = "0.33",
+        kv_cache_groups=None,
     ):
         validate.one_of("vllm_version", vllm_version, DP_RULES)
         for name, value, allowed in (
@@ -347,6 +348,7 @@ class DataParallelEngine(Engine):
             prompt_token_ids=prompt_token_ids,
             path="reference",
             check=check,
+            kv_cache_groups=kv_cache_groups,
         )
         self.num_ranks = self.config.parallel.data_parallel_size
         self.num_gpu_blocks_per_rank = self.num_gpu_blocks

@@ -94,9 +94,10 @@ class Engine:
         num_gpu_blocks, max_model_len = check_engine(
             workload, config, num_gpu_blocks, allocation, path, prompt_token_ids, check, groups
         )
-        # the KV cache groups of a hybrid model (None: one full-attention group), the scheduler's block size theirs
+        # the KV cache groups of a hybrid model (None: one full-attention group); block_size: the attention groups'
+        # smallest, as vLLM's engine core sets it (the scheduler's, their least common multiple, is the manager's)
         self.kv_cache_groups = groups
-        bs = config.cache.block_size if groups is None else math.lcm(*(g.block_size for g in groups))
+        bs = config.cache.block_size if groups is None else min(g.block_size for g in groups if g.kind != "mamba")
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.scheduler = self.make_scheduler(recorder)
@@ -126,8 +127,13 @@ class Engine:
         or a reservation baseline's."""
         config, bs = self.config, self.block_size
         if self.kv_cache_groups is not None:
+            groups = self.kv_cache_groups
             kv = HybridKVCacheManager(
-                self.num_gpu_blocks, self.kv_cache_groups, bs, self.max_model_len, config.max_in_flight_tokens
+                self.num_gpu_blocks,
+                groups,
+                math.lcm(*(g.block_size for g in groups)),
+                self.max_model_len,
+                config.max_in_flight_tokens,
             )
         elif self.allocation == "paged":
             kv = KVCacheManager(

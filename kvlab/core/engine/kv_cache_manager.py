@@ -4,8 +4,8 @@ KVCacheManager is vllm/v1/core/kv_cache_manager.py for one full-attention group 
 inert here left out (no lookahead, no watermark, no connector, no sliding window): allocate_slots gives a
 request blocks for the tokens it computes this step, nothing more, and on admission first checks that
 blocks for its whole current length are free (scheduler_reserve_full_isl, on by default in 0.33).
-HybridKVCacheManager is the same manager over several KV cache groups (a hybrid model's full-attention and
-sliding-window layers) sharing one pool, prefix caching off.
+HybridKVCacheManager is the same manager over several KV cache groups (a hybrid model's full-attention,
+sliding-window and Mamba layers) sharing one pool, prefix caching off.
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int) -> lis
 
 class HybridKVCacheManager(PagedPool):
     """vLLM's KV-cache manager over several KV cache groups that share one BlockPool, prefix caching off
-    (kv_cache_coordinator.py, KVCacheCoordinatorNoPrefixCache; single_type_kv_cache_manager.py, FullAttentionManager
-    and SlidingWindowManager).
+    (kv_cache_coordinator.py, KVCacheCoordinatorNoPrefixCache; single_type_kv_cache_manager.py, FullAttentionManager,
+    SlidingWindowManager and MambaManager).
 
     A request holds one block table per group (groups: capacity.KVCacheGroup, in vLLM's group order), each of
     cdiv(tokens, the group's block_size) entries. Every allocate_slots first frees, in each sliding-window group, the
@@ -153,7 +153,8 @@ class HybridKVCacheManager(PagedPool):
     Admission needs every group's blocks for the request's whole current length, a sliding window's at most its
     max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request, which the tokens in flight raise
     under asynchronous scheduling). free gives back every group's blocks, group by group, each table last block
-    first, its nulls skipped."""
+    first, its nulls skipped. A Mamba group (MambaManager in mamba_cache_mode "none", vLLM's without prefix
+    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end."""
 
     enable_caching = False
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
