@@ -158,6 +158,7 @@ class HybridKVCacheManager(PagedPool):
 
     enable_caching = False
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
+    NEVER = 1 << 62  # a processed-token count no request reaches
 
     def __init__(self, num_gpu_blocks: int, groups, block_size: int, max_model_len: int, max_in_flight_tokens: int):
         self.pool = BlockPool(num_gpu_blocks, False)
@@ -166,6 +167,10 @@ class HybridKVCacheManager(PagedPool):
         self.max_model_len = max_model_len
         self.caps = admission_caps(groups, max_model_len, max_in_flight_tokens)
         self.tables: dict[int, list[list[int]]] = {}  # request_id -> its block table in each group
+        self.leading: dict[int, list[int]] = {}  # request_id -> each table's leading nulls (blocks freed behind)
+        # request_id -> (slots, processed): while a request's tokens need at most slots and fewer than processed are
+        # settled, allocate_slots neither frees nor takes a block (quiet_limits)
+        self.quiet: dict[int, tuple[int, int]] = {}
 
     def get_computed_blocks(self, request: Request) -> list[int]:
         """No prefix cache: no hit."""
@@ -184,57 +189,75 @@ class HybridKVCacheManager(PagedPool):
         self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (), full_sequence_must_fit: bool = False
     ) -> bool:
         """Blocks in every group for num_new_tokens more computed tokens, after those behind each window are freed
-        (KVCacheManager.allocate_slots); False, with nothing else changed, when the pool has too few free blocks."""
-        pool, max_len = self.pool, self.max_model_len
+        (KVCacheManager.allocate_slots); False, with nothing else changed, when the pool has too few free blocks.
+        A call that would free nothing and take nothing returns at once (quiet_limits)."""
+        pool, max_len, rid = self.pool, self.max_model_len, request.request_id
         if full_sequence_must_fit and not self.can_admit(request, num_new_tokens, hit_blocks):
             return False
-        tables = self.tables.get(request.request_id)
+        tables = self.tables.get(rid)
         computed = min(request.num_computed_tokens, max_len)
-        if tables is not None:
-            self.remove_skipped_blocks(tables, computed - request.num_in_flight_tokens)
         num_slots = min(computed + num_new_tokens, max_len)
-        held = tables or [()] * len(self.groups)
+        if tables is not None:
+            processed = computed - request.num_in_flight_tokens
+            slots, settled = self.quiet[rid]
+            if num_slots <= slots and processed < settled:
+                return True
+            self.remove_skipped_blocks(tables, self.leading[rid], processed)
         need = 0
-        for g, table in zip(self.groups, held):
+        for g, table in zip(self.groups, tables or [()] * len(self.groups)):
             need += max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
         if need > pool.num_free_blocks:
+            if tables is not None:
+                self.quiet[rid] = self.quiet_limits(tables, self.leading[rid])
             return False
         if tables is None:
-            tables = self.tables[request.request_id] = [[] for _ in self.groups]
+            tables = self.tables[rid] = [[] for _ in self.groups]
+            self.leading[rid] = [0] * len(self.groups)
         for g, table in zip(self.groups, tables):
             new = num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len)
             if new > 0:
                 at = len(table)
                 table.extend([NULL_BLOCK_ID] * new)
                 take_blocks(pool, new, table, at)
+        self.quiet[rid] = self.quiet_limits(tables, self.leading[rid])
         return True
 
-    def remove_skipped_blocks(self, tables: list[list[int]], num_processed_tokens: int) -> None:
+    def quiet_limits(self, tables: list[list[int]], leading: list[int]) -> tuple[int, int]:
+        """(slots, processed): every group's table covers slots tokens, so no group takes a block for a request that
+        needs at most those; and no window frees a block before processed tokens are settled (its next block leaves
+        the window of the token after (leading + 1) x block_size + window - 1 of them; rules.num_skipped_tokens)."""
+        slots, settled = self.max_model_len, self.NEVER
+        for g, table, nulls in zip(self.groups, tables, leading):
+            slots = min(slots, len(table) * g.block_size)
+            if g.sliding_window:
+                settled = min(settled, (nulls + 1) * g.block_size + g.sliding_window - 1)
+        return slots, settled
+
+    def remove_skipped_blocks(self, tables: list[list[int]], leading: list[int], num_processed_tokens: int) -> None:
         """Free each sliding-window group's blocks wholly before the window of the next token, right to left until
-        a block freed before (single_type_kv_cache_manager.py, remove_skipped_blocks, _remove_blocks_in_range)."""
+        a block freed before (single_type_kv_cache_manager.py, remove_skipped_blocks, _remove_blocks_in_range): the
+        blocks after the table's leading nulls up to the window's."""
         if num_processed_tokens <= 0:
             return
-        for g, table in zip(self.groups, tables):
+        for i, g in enumerate(self.groups):
             if not g.sliding_window:
                 continue
+            table, start = tables[i], leading[i]
             end = min(num_skipped_tokens(num_processed_tokens, g.sliding_window) // g.block_size, len(table))
-            start = end
-            while start > 0 and table[start - 1] != NULL_BLOCK_ID:
-                start -= 1
             if start < end:
                 free_table(self.pool, table[start:end], end - start)  # table[end - 1] freed first
                 table[start:end] = [NULL_BLOCK_ID] * (end - start)
+                leading[i] = end
 
     def free(self, request: Request) -> int:
         """Give back every group's blocks, group by group, each table last block first; the number of blocks."""
-        tables = self.tables.pop(request.request_id, None)
+        rid = request.request_id
+        tables = self.tables.pop(rid, None)
         if tables is None:
             return 0
         num_freed = 0
-        for table in tables:
-            start = 0
-            while start < len(table) and table[start] == NULL_BLOCK_ID:
-                start += 1
+        for table, start in zip(tables, self.leading.pop(rid)):
             free_table(self.pool, table[start:], len(table) - start)
             num_freed += len(table) - start
+        del self.quiet[rid]
         return num_freed
