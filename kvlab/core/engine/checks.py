@@ -4,8 +4,6 @@ requests vLLM would refuse or that could never fit the pool; and why a run that 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from kvlab.core import validate
@@ -188,7 +186,7 @@ def check_requests(
             for g, cap in zip(groups, admission_caps(groups, max_model_len, config.max_in_flight_tokens)):
                 blocks = cdiv(final - 1, g.block_size)
                 need = need + (np.minimum(blocks, cap) if cap else blocks)
-            bs = math.lcm(*(g.block_size for g in groups))
+            bs = min(g.block_size for g in groups)
         else:
             need, why = cdiv(final - 1, bs), ""  # a request computes every token but its last sampled one
         if need.max() > usable:

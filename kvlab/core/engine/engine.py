@@ -97,7 +97,11 @@ class Engine:
         # the KV cache groups of a hybrid model (None: one full-attention group); block_size: the attention groups'
         # smallest, as vLLM's engine core sets it (the scheduler's, their least common multiple, is the manager's)
         self.kv_cache_groups = groups
-        bs = config.cache.block_size if groups is None else min(g.block_size for g in groups if g.kind != "mamba")
+        bs = (
+            config.cache.block_size
+            if groups is None
+            else min((g.block_size for g in groups if g.kind != "mamba"), default=groups[0].block_size)
+        )
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
         self.scheduler = self.make_scheduler(recorder)

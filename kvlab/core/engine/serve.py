@@ -23,7 +23,10 @@ def simulate(workload: Workload, config: EngineConfig | None = None, **engine_op
     caching to find shared prompts (else only Workload.prefix_hashes, or nothing, is shared). path: PATHS
     ("reference": the plain per-step loop). recorder: a Recorder, to keep each step's batch, each step's block
     tables (per-step loop only) and every freed block table, in order, in the result. check=False: the requests
-    are not checked up front.
+    are not checked up front. kv_cache_groups: a hybrid model's KV cache groups (kvlab.core.capacity.kv_cache_groups:
+    full attention, sliding windows, Mamba states) sharing the pool, as vLLM's hybrid KV cache manager serves them
+    (kvlab.core.engine.kv_cache_manager.HybridKVCacheManager; prefix caching off, the per-step loop); None: one
+    full-attention group.
 
     data_parallel_size > 1 in config serves a mixture-of-experts model's data-parallel ranks in lockstep, each over
     num_gpu_blocks (kvlab.core.engine.data_parallel.DataParallelEngine: paged, no recorder, the per-step loop).
