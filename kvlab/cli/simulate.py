@@ -693,9 +693,9 @@ def describe_groups(groups) -> str:
     for g in groups:
         key = (g.kind, g.sliding_window, g.block_size)
         kinds[key] = kinds.get(key, 0) + 1
+    what = {"full_attention": "full attention", "mamba": "Mamba states"}
     parts = [
-        f"{n} of {'full attention' if kind == 'full_attention' else f'a {window:,}-token sliding window'} "
-        f"({bs} tokens a block)"
+        f"{n} of {what.get(kind) or f'a {window:,}-token sliding window'} ({bs:,} tokens a block)"
         for (kind, window, bs), n in kinds.items()
     ]
     return f"{len(groups)} sharing the pool: " + ", ".join(parts) + " (vLLM's hybrid KV cache manager)"
