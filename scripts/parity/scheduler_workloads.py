@@ -7,9 +7,10 @@ fixed seed, or read from the Azure conversation trace (TRACE_DIR), so every run 
 Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; about 1.5 minutes of vLLM's scheduler
 per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off,
 with a long-prefill threshold, with prefix caching over shared system prompts (tight memory, so cached blocks are
-evicted and requests preempted); a long-prompt, short-output workload; and two hybrid models' KV cache groups (gpt-
-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out). Each in
-both of vLLM's scheduling modes: synchronous (NAME) and asynchronous, vLLM's default on a GPU (NAME-async).
+evicted and requests preempted); a long-prompt, short-output workload; and three hybrid models' KV cache groups
+(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out;
+Qwen3-Next's Mamba states beside it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
+vLLM's default on a GPU (NAME-async).
 """
 
 from __future__ import annotations
@@ -142,35 +143,28 @@ def gpt_oss_20b():
     return ModelSpec("openai/gpt-oss-20b", 24, 64, 8, 64, sliding_window=128, sliding_window_pattern=2)
 
 
-def hybrid(model, num_gpu_blocks: int, n: int = 2000) -> dict:
-    """Azure-like requests on a hybrid model's KV cache groups (sliding windows beside full attention), a step budget
-    of 2,048 tokens (long prompts cross a window in chunks) and memory that preempts."""
+def hybrid(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int = 2000) -> dict:
+    """Azure-like requests on a hybrid model's KV cache groups (hybrid_groups, qwen3_next_groups), a step budget of
+    2,048 tokens (long prompts cross a window in chunks) and memory that preempts."""
     arrival, prompt, output = _azure_like(np.random.default_rng(6), n, 5.0, max_prompt=12_000)
-    config = _config(num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=2048, max_num_seqs=128)
+    config = _config(
+        num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_num_batched_tokens=2048, max_num_seqs=128
+    )
     return {
-        "config": config | {"kv_cache_groups": hybrid_groups(model) if model is not None else None},
+        "config": config | {"kv_cache_groups": groups},
         "cost": LINEAR,
         "requests": _requests(arrival, prompt, output),
     }
 
 
-def qwen3_next_groups(max_model_len: int, attention_block_size: int = 64) -> list[dict]:
+def qwen3_next_groups(attention_block_size: int = 64) -> list[dict]:
     """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (config.json: full attention every 4th
     layer, 12 of them; 36 Gated DeltaNet layers, Mamba-like, each a state a request): three Mamba groups of 12 layers,
     then one of full attention. Without prefix caching vLLM holds a Mamba group's state in one block of
     max_model_len tokens (mamba_cache_mode "none"). The attention groups' block size is chosen here, 64 tokens:
     vLLM raises it until an attention page covers a Mamba state, which kvlab's capacity does not compute yet."""
-    mamba = {"kind": "mamba", "block_size": max_model_len, "sliding_window": 0}
+    mamba = {"kind": "mamba", "block_size": _config()["max_model_len"], "sliding_window": 0}
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
-
-
-def mamba_hybrid(num_gpu_blocks: int, n: int = 2000) -> dict:
-    """hybrid()'s requests on Qwen3-Next's groups (qwen3_next_groups): a state a request in each Mamba group, the
-    full-attention layers' blocks as tokens grow; memory that preempts."""
-    doc = hybrid(None, num_gpu_blocks, n)
-    doc["config"]["kv_cache_groups"] = qwen3_next_groups(doc["config"]["max_model_len"])
-    doc["config"]["block_size"] = 64
-    return doc
 
 
 def _gemma_3_27b():
@@ -198,16 +192,16 @@ RUNS = {
     "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
     "gpt-oss-20b": (
         "gpt-oss-20b's KV cache groups (a 128-token window, full attention), Azure-like, 1,200 blocks",
-        lambda: hybrid(gpt_oss_20b(), 1200),
+        lambda: hybrid(hybrid_groups(gpt_oss_20b()), 1200),
     ),
     "gemma-3-27b": (
         "Gemma-3-27B's KV cache groups (six of a 1,024-token window, one full), Azure-like, 4,000 blocks",
-        lambda: hybrid(_gemma_3_27b(), 4000),
+        lambda: hybrid(hybrid_groups(_gemma_3_27b()), 4000),
     ),
     "qwen3-next": (
         "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "
         "blocks",
-        lambda: mamba_hybrid(400),
+        lambda: hybrid(qwen3_next_groups(), 400, block_size=64),
     ),
 }
 SYNC_RUNS = dict(RUNS)

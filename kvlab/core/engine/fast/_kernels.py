@@ -971,13 +971,8 @@ def decode_run(at):
     changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
      counts) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens, computed = (
-        req.arrival,
-        req.prompt,
-        req.max_num_tokens,
-        req.num_tokens,
-        req.computed,
-    )
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed = req.computed
     block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
@@ -1193,13 +1188,8 @@ def decode_run_async(at, times):
     nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens, computed = (
-        req.arrival,
-        req.prompt,
-        req.max_num_tokens,
-        req.num_tokens,
-        req.computed,
-    )
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed = req.computed
     num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
     first_token_s, finish_s = req.first_token_s, req.finish_s
     block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
