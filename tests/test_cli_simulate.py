@@ -481,8 +481,6 @@ def test_a_config_json_is_served_as_its_catalog_model(capsys):
         (["--config", str(CONFIGS / "gemma-3-27b-it.json"), "--gpu", "H100-SXM-80GB"],
          f"--config {CONFIGS / 'gemma-3-27b-it.json'}: config.json has no field 'vocab_size', which kvlab needs to "
          "count a gemma3_text model's parameters; give --num-params-b"),
-        (["--config", str(CONFIGS / "gemma-3-27b-it.json"), "--num-params-b", "27", "--gpu", "H100-SXM-80GB"],
-         f"--config='{CONFIGS / 'gemma-3-27b-it.json'}' is not allowed: has sliding-window layers"),
     ],
 )  # fmt: skip
 def test_a_config_json_is_refused_in_one_line_naming_the_flag(capsys, flags, message):
@@ -503,3 +501,17 @@ def test_a_hybrid_model_is_served_with_its_kv_cache_groups_over_exactly_the_bloc
         "block) (vLLM's hybrid KV cache manager)"
     )
     assert "kv_cache_groups" not in run_json(capsys, *flags, "--model", "facebook/opt-13b")
+
+
+def test_a_hybrid_model_on_a_gpu_gets_the_blocks_vllm_sizes_for_its_groups_and_caches_prefixes(capsys):
+    """--model and --gpu without --num-gpu-blocks: a hybrid model's pool is what vLLM sizes for its groups
+    (kvlab.core.capacity.plan_capacity, proven against vLLM's sizing code), served with prefix caching too."""
+    from kvlab.core import capacity, models
+    from kvlab.core.config import EngineConfig
+
+    flags = ["--policy", "vllm", "--num-requests", "40", "--max-model-len", "8192", "--gpu", "H100-SXM-80GB"]
+    out = run_json(capsys, *flags, "--model", "google/gemma-3-27b-it", "--enable-prefix-caching")
+    model = models.get_model("google/gemma-3-27b-it")
+    planned = capacity.plan_capacity(model, 80, 8192, EngineConfig().replace(max_model_len=8192))
+    assert out["num_gpu_blocks"] == planned["num_gpu_blocks"]
+    assert out["kv_cache_groups"].startswith("7 sharing the pool")

@@ -68,7 +68,7 @@ def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"enable_prefix_caching": True}, "enable_prefix_caching=True is not allowed: must be False"),
+        ({"enable_prefix_caching": True}, "enable_prefix_caching=True is not allowed: must be False with Mamba"),
         ({"path": "compiled"}, "path='compiled' is not allowed: must be 'auto' or 'reference'"),
         ({"allocation": "max"}, "allocation='max' is not allowed: must be paged"),
         ({"recorder": Recorder(frees=True)}, "Recorder\\(frees=True\\)=True is not allowed"),
@@ -78,8 +78,9 @@ def test_what_the_engine_does_not_serve_for_hybrid_models_yet_is_refused_in_one_
     workload = Workload(np.zeros(2), np.array([5, 9]), np.array([3, 3]))
     config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64,
                                     enable_prefix_caching=bad.pop("enable_prefix_caching", False))  # fmt: skip
+    groups = (KVCacheGroup("mamba", 64, ()), FULL) if config.cache.enable_prefix_caching else (WINDOW_4, FULL)
     with pytest.raises(ValueError, match=message):
-        Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=(WINDOW_4, FULL), **bad)
+        Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=groups, **bad)
 
 
 @st.composite
@@ -200,3 +201,118 @@ def test_a_group_the_engine_cannot_serve_is_refused_in_one_line(group, message):
     config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64)
     with pytest.raises(ValueError, match=message):
         Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=(group, FULL))
+
+
+# ---------------------------------------------------------------- prefix caching
+WINDOW_4_CACHED = (FULL, WINDOW_4)  # vLLM looks full attention up first whatever the order; here it is also first
+
+
+def computed(kv, request, num_tokens):
+    """Admit request with its prefix hit and compute its whole prompt in one step."""
+    hit, num_hit_tokens = kv.get_computed_blocks(request)
+    assert kv.allocate_slots(request, num_tokens - num_hit_tokens, hit, full_sequence_must_fit=True)
+    request.num_computed_tokens = num_tokens
+    return hit, num_hit_tokens
+
+
+def test_a_window_caches_its_blocks_at_the_prompts_end_and_a_repeat_hits_them_behind_nulls():
+    """Blocks of 2 tokens, a window of 4 (a hit needs the cdiv(4 - 1, 2) = 2 blocks before it). A 10-token prompt
+    caches all 5 of full attention's blocks, but the window only the 2 blocks before its last boundary (token
+    9 floored to 8: blocks 2 and 3; vLLM's prefix_cache_retention_interval 0). The same prompt again looks up 9
+    tokens: full attention finds 4 blocks, the window its 2 blocks before token 8, so it hits 8 tokens and its window
+    table holds the null block for blocks 0-1, behind the window of token 9."""
+    kv = HybridKVCacheManager(40, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    prompt = np.arange(10)
+    first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=prompt)
+    assert computed(kv, first, 10) == (None, 0)
+    full, window = kv.tables[0]
+    assert full == [1, 2, 3, 4, 5] and window == [6, 7, 8, 9, 10]
+    cached = {b for b in range(40) if kv.pool.hash_of[b] >= 0}
+    assert cached == {1, 2, 3, 4, 5, 8, 9}
+    again = Request(1, 0.0, 10, 5, 64, prompt_token_ids=prompt)
+    (tables, junction, hit_tokens), n = kv.get_computed_blocks(again)
+    assert (tables, junction, hit_tokens, n) == ([[1, 2, 3, 4], [0, 0, 8, 9]], 0, 8, 8)
+    assert kv.allocate_slots(again, 2, (tables, junction, hit_tokens), full_sequence_must_fit=True)
+    assert kv.tables[1] == [[1, 2, 3, 4, 11], [0, 0, 8, 9, 12]]  # skipped: (8 - 4 + 1) // 2 = 2 blocks behind
+    assert kv.pool.ref[8] == kv.pool.ref[1] == 2
+
+
+def test_where_full_attention_finds_more_than_the_window_the_window_caches_there_for_the_next_request():
+    """A prompt sharing 6 tokens with a cached one: full attention finds 3 blocks, the window none (only the first
+    prompt's last blocks are cached in it), so there is no hit, but 6 is its shared prefix boundary
+    (shared_prefix_boundary). Its window caches the blocks before it (1-2) besides those before its own end (2-3);
+    a third prompt sharing those 6 tokens then hits them: the window finds blocks 1-2 before token 6 (of block 2, the
+    block cached first under its hash)."""
+    kv = HybridKVCacheManager(60, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    computed(kv, Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10)), 10)
+    shared = np.concatenate([np.arange(6), [90, 91, 92, 93]])
+    second = Request(1, 0.0, 10, 5, 64, prompt_token_ids=shared)
+    hit, n = computed(kv, second, 10)
+    assert (hit[0], hit[1], n) == ([[], []], 6, 0)
+    window = kv.tables[1][1]
+    assert [kv.pool.hash_of[b] >= 0 for b in window] == [False, True, True, True, False]
+    third = Request(2, 0.0, 9, 5, 64, prompt_token_ids=np.concatenate([np.arange(6), [70, 71, 72]]))
+    (tables, junction, hit_tokens), n = kv.get_computed_blocks(third)
+    assert (n, junction) == (6, 0)
+    assert tables[1] == [0, window[1], 8]  # block 2: the first prompt's, cached first under that hash
+
+
+@st.composite
+def shared_prompts(draw):
+    """A hybrid run (hybrid_runs) whose prompts share prefixes: each is one of 3 stems cut at a drawn length."""
+    workload, config, num_gpu_blocks, cost = draw(hybrid_runs())
+    stems = [np.arange(1000 * s, 1000 * s + 64) for s in range(3)]
+    which = draw(st.lists(st.integers(0, 2), min_size=workload.num_requests, max_size=workload.num_requests))
+    ids = [stems[s][:p] for s, p in zip(which, workload.prompt_tokens)]
+    return workload, config.replace(enable_prefix_caching=True), num_gpu_blocks, cost, ids
+
+
+@given(shared_prompts())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_with_prefix_caching_and_memory_to_spare_a_second_full_group_is_one_group_of_blocks_twice_as_large(run):
+    """Where no cached block is ever evicted, a second full-attention group caches and hits what the first does: the
+    same decisions and prefix hits as the one-group engine with prefix caching, every step."""
+    workload, config, num_gpu_blocks, cost, ids = run
+    bs = config.cache.block_size
+    ample = num_gpu_blocks + workload.num_requests * (config.scheduler.max_model_len // bs + 1)
+    one = Engine(workload, config, num_gpu_blocks=ample, cost=cost, prompt_token_ids=ids, path="reference").run()
+    groups = (KVCacheGroup("full_attention", bs, ()), KVCacheGroup("full_attention", bs, ()))
+    two = Engine(workload, config, num_gpu_blocks=2 * ample - 1, cost=cost, prompt_token_ids=ids,
+                 kv_cache_groups=groups).run()  # fmt: skip
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(one, name), getattr(two, name)), name
+    assert np.array_equal(one.steps["num_hit_tokens"], two.steps["num_hit_tokens"])
+    assert np.array_equal(2 * one.steps["num_blocks_in_use"], two.steps["num_blocks_in_use"])
+
+
+@given(shared_prompts(), st.integers(1, 40))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(run, window):
+    """Prefix caching on a window and full attention with memory that preempts: every hit is a multiple of the block
+    size; between steps each block's reference count is the number of tables holding it, the pool's free queue and
+    cache agree, a window's table is nulls then real blocks; at the end every block is free again."""
+    workload, config, num_gpu_blocks, cost, ids = run
+    bs = config.cache.block_size
+    groups = (KVCacheGroup("sliding_attention", bs, (), window), KVCacheGroup("full_attention", bs, ()))
+    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
+                    kv_cache_groups=groups)  # fmt: skip
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    original = scheduler.schedule
+
+    def checked():
+        refs = {}
+        for tables in kv.tables.values():
+            sliding, full = tables
+            live = [b for b in sliding if b]
+            assert sliding[: len(sliding) - len(live)] == [0] * (len(sliding) - len(live)) and 0 not in full
+            for b in live + full:
+                refs[b] = refs.get(b, 0) + 1
+        assert all(kv.pool.ref[b] == refs.get(b, 0) for b in range(1, kv.pool.num_gpu_blocks))
+        kv.pool.check_invariants()
+        return original()
+
+    scheduler.schedule = checked
+    result = engine.run()
+    assert kv.num_held == 0 and not kv.tables
+    assert not (result.steps["num_hit_tokens"] % bs).any()
+    kv.pool.check_invariants()

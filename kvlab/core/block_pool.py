@@ -148,7 +148,7 @@ class BlockPool:
         self.ref = [0] * n  # with caching only
         self.hash_of, self.hash_next, self.hash_prev = [-1] * n, [-1] * n, [-1] * n
         self.hash_ends: list[int] = []  # per hash id h: its first and last cached block at 2h and 2h + 1, or -1
-        self._hash_ids: dict[bytes, int] = {}  # content hash -> hash id
+        self.hash_ids: dict[bytes, int] = {}  # content hash -> hash id
 
     @property
     def num_free_blocks(self) -> int:
@@ -179,12 +179,12 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: bytes) -> int | None:
         """The first cached block still holding block_hash, or None."""
-        h = self._hash_ids.get(block_hash)
+        h = self.hash_ids.get(block_hash)
         return None if h is None or self.hash_ends[2 * h] < 0 else self.hash_ends[2 * h]
 
     def cache_full_blocks(self, block_ids, block_hashes) -> None:
         """Record each held, full block under its content hash (vLLM caches a block when it is allocated)."""
-        ids = self._hash_ids
+        ids = self.hash_ids
         hash_ids = [ids.setdefault(block_hash, len(ids)) for block_hash in block_hashes]
         self.hash_ends += [-1] * (2 * len(ids) - len(self.hash_ends))
         block_ids = list(block_ids)

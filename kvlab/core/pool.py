@@ -12,20 +12,14 @@ ARTICLE_KV_TOKENS = int(article.MEMORY_GIB * 1024 / article.MIB_PER_TOKEN)
 
 
 def size_kv_pool(config: EngineConfig, model: ModelSpec | None = None, gpu: str | None = None) -> tuple[int, str]:
-    """num_gpu_blocks of blocks of config's block_size, vLLM's null block included, and where it comes from in words:
-    model on the GPU named gpu (data/gpus.csv) at config's max_model_len, else the article's KV memory."""
+    """num_gpu_blocks, vLLM's null block included, and where it comes from in words: model on the GPU named gpu
+    (data/gpus.csv) at config's max_model_len, in blocks of its KV cache groups' page (a hybrid model's
+    kvlab.core.capacity.kv_cache_groups share them), else the article's KV memory in blocks of config's block_size."""
     if model is None:
         return (
             ARTICLE_KV_TOKENS // config.cache.block_size + 1,
             f"the article's {article.MEMORY_GIB:g} GiB at {article.MIB_PER_TOKEN:g} MiB per token "
             f"({ARTICLE_KV_TOKENS:,} tokens)",
-        )
-    if model.sliding_window:
-        validate.fail(
-            "model",
-            model.name,
-            "has sliding-window layers: the engine models one full-attention KV "
-            "cache group (give num_gpu_blocks for a plain decoder)",
         )
     spec = models.get_gpu(gpu)
     planned = capacity.plan_capacity(model, spec.memory_gib, config.scheduler.max_model_len, config)

@@ -8,8 +8,8 @@ Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; a
 per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off,
 with a long-prefill threshold, with prefix caching over shared system prompts (tight memory, so cached blocks are
 evicted and requests preempted); a long-prompt, short-output workload; and three hybrid models' KV cache groups
-(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out;
-Qwen3-Next's Mamba states beside it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
+(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out, without
+and with prefix caching; Qwen3-Next's Mamba states beside it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
 vLLM's default on a GPU (NAME-async).
 """
 
@@ -157,6 +157,30 @@ def hybrid(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int
     }
 
 
+def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, n: int = 1000) -> dict:
+    """Prefix caching on a hybrid model's KV cache groups: each prompt is one of 8 system prompts (200-3,000 tokens)
+    plus its own question, and one request in five repeats an earlier request's prompt exactly (a window's blocks
+    are cached at a prompt's end and where prompts part, vLLM's default); a step budget of 2,048 tokens and memory
+    that preempts."""
+    rng = np.random.default_rng(7)
+    systems = [rng.integers(1000, 30_000, int(rng.integers(200, 3000))) for _ in range(8)]
+    arrival = np.cumsum(rng.exponential(1 / 5.0, n))
+    which = rng.integers(0, len(systems), n)
+    questions = [rng.integers(1000, 30_000, int(q)) for q in np.clip(rng.lognormal(np.log(150), 0.8, n), 1, 2000)]
+    ids = [np.concatenate([systems[s], q]) for s, q in zip(which, questions)]
+    for i in np.flatnonzero(rng.random(n) < 0.2)[1:]:
+        ids[i] = ids[int(rng.integers(0, i))]
+    output = np.clip(rng.lognormal(np.log(100), 1.0, n), 1, 800).astype(np.int64)
+    config = _config(
+        num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=2048, max_num_seqs=128, enable_prefix_caching=True
+    )
+    return {
+        "config": config | {"kv_cache_groups": groups},
+        "cost": LINEAR,
+        "requests": _requests(arrival - arrival[0], [len(x) for x in ids], output, ids),
+    }
+
+
 def qwen3_next_groups(attention_block_size: int = 64) -> list[dict]:
     """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (config.json: full attention every 4th
     layer, 12 of them; 36 Gated DeltaNet layers, Mamba-like, each a state a request): three Mamba groups of 12 layers,
@@ -197,6 +221,14 @@ RUNS = {
     "gemma-3-27b": (
         "Gemma-3-27B's KV cache groups (six of a 1,024-token window, one full), Azure-like, 4,000 blocks",
         lambda: hybrid(hybrid_groups(_gemma_3_27b()), 4000),
+    ),
+    "gpt-oss-20b-prefix": (
+        "gpt-oss-20b's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 600 blocks",
+        lambda: hybrid_prefix(hybrid_groups(gpt_oss_20b()), 600),
+    ),
+    "gemma-3-27b-prefix": (
+        "Gemma-3-27B's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 2,000 blocks",
+        lambda: hybrid_prefix(hybrid_groups(_gemma_3_27b()), 2000),
     ),
     "qwen3-next": (
         "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "

@@ -405,6 +405,9 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[v.KVCacheGroupSpec([f"layer.{i}"], spec) for i, spec in enumerate(specs)],
+        # vLLM's planner copies it from the cache config (0 by default: a sliding window caches its blocks at the
+        # prompt's end and the shared prefix only)
+        prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     scheduler_block_size, hash_block_size = v.resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)

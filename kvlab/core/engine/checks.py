@@ -103,7 +103,13 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
     refusals = (
         (allocation != "paged", "allocation", allocation, "paged"),
         (config.scheduler.scheduler_cls != "v1", "scheduler_cls", config.scheduler.scheduler_cls, "v1"),
-        (config.cache.enable_prefix_caching, "enable_prefix_caching", True, "False (not modelled yet for them)"),
+        (
+            config.cache.enable_prefix_caching and any(g.kind == "mamba" for g in groups),
+            "enable_prefix_caching",
+            True,
+            "False with Mamba layers (vLLM's mamba_cache_mode 'align', its mode with prefix caching, is not modelled "
+            "yet)",
+        ),
         (path in ("python", "compiled"), "path", path, "'auto' or 'reference' (no fast path serves them yet)"),
         (recorder is not None and recorder.block_ids is not None, "Recorder(block_ids=True)", True, "False"),
         (recorder is not None and recorder.freed_tables is not None, "Recorder(frees=True)", True, "False"),

@@ -138,6 +138,7 @@ class Engine:
                 math.lcm(*(g.block_size for g in groups)),
                 self.max_model_len,
                 config.max_in_flight_tokens,
+                config.cache.enable_prefix_caching,
             )
         elif self.allocation == "paged":
             kv = KVCacheManager(

@@ -10,6 +10,8 @@ sliding-window and Mamba layers) sharing one pool, prefix caching off.
 
 from __future__ import annotations
 
+import math
+
 from kvlab.core.block_pool import NULL_BLOCK_ID, BlockPool, free_table, take_blocks, touch_blocks
 from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.request import Request
@@ -17,9 +19,11 @@ from kvlab.core.engine.rules import (
     admission_blocks,
     admission_num_new_blocks,
     blocks_to_admit,
+    hit_num_new_blocks,
     num_blocks_to_allocate,
     num_lookup_blocks,
     num_skipped_tokens,
+    window_hit_blocks,
 )
 
 
@@ -54,11 +58,11 @@ class KVCacheManager(PagedPool):
         self.enable_caching = enable_caching
         self.recorder = recorder if recorder is not None and recorder.freed_tables is not None else None
 
-    def get_computed_blocks(self, request: Request) -> list[int]:
-        """The longest run of the request's leading full blocks found in the prefix cache (vLLM's cache hit),
-        at most rules.num_lookup_blocks of them."""
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """(hit blocks, num_hit_tokens): the longest run of the request's leading full blocks found in the prefix
+        cache (vLLM's cache hit), at most rules.num_lookup_blocks of them."""
         if not self.enable_caching:
-            return []
+            return [], 0
         num_blocks = num_lookup_blocks(request.num_tokens, self.block_size)
         hits = []
         get = self.pool.get_cached_block
@@ -67,7 +71,7 @@ class KVCacheManager(PagedPool):
             if block is None:
                 break
             hits.append(block)
-        return hits
+        return hits, len(hits) * self.block_size
 
     def num_blocks_to_admit(self, num_tokens: int) -> int:
         """Free blocks admitting a request of num_tokens needs without a prefix hit (rules.blocks_to_admit)."""
@@ -141,9 +145,9 @@ def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int) -> lis
 
 
 class HybridKVCacheManager(PagedPool):
-    """vLLM's KV-cache manager over several KV cache groups that share one BlockPool, prefix caching off
-    (kv_cache_coordinator.py, KVCacheCoordinatorNoPrefixCache; single_type_kv_cache_manager.py, FullAttentionManager,
-    SlidingWindowManager and MambaManager).
+    """vLLM's KV-cache manager over several KV cache groups that share one BlockPool (kv_cache_coordinator.py,
+    KVCacheCoordinatorNoPrefixCache and, with prefix caching, HybridKVCacheCoordinator; single_type_kv_cache_manager.py,
+    FullAttentionManager, SlidingWindowManager and MambaManager).
 
     A request holds one block table per group (groups: capacity.KVCacheGroup, in vLLM's group order), each of
     cdiv(tokens, the group's block_size) entries. Every allocate_slots first frees, in each sliding-window group, the
@@ -154,53 +158,239 @@ class HybridKVCacheManager(PagedPool):
     max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request, which the tokens in flight raise
     under asynchronous scheduling). free gives back every group's blocks, group by group, each table last block
     first, its nulls skipped. A Mamba group (MambaManager in mamba_cache_mode "none", vLLM's without prefix
-    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end."""
+    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end.
 
-    enable_caching = False
+    With prefix caching (full-attention and sliding-window groups), a block is cached under its content hash and
+    its group. A hit is the longest prefix, a multiple of the groups' common block size, that full attention finds
+    block by block from the start and every sliding window finds as the window's blocks before it (a hit of
+    block 0 onwards counts too); full attention is looked up first, then each window at the length found so far,
+    until the length holds (get_computed_blocks). A window caches only the blocks the window of two boundaries
+    needs, vLLM's default prefix_cache_retention_interval 0: the prompt's last (P - 1 floored to the common block
+    size) and the prefix full attention found beyond the window's hit (shared_prefix_boundary); full attention
+    caches every full block."""
+
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
     NEVER = 1 << 62  # a processed-token count no request reaches
 
-    def __init__(self, num_gpu_blocks: int, groups, block_size: int, max_model_len: int, max_in_flight_tokens: int):
-        self.pool = BlockPool(num_gpu_blocks, False)
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        groups,
+        block_size: int,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        enable_caching: bool = False,
+    ):
+        self.pool = BlockPool(num_gpu_blocks, enable_caching)
         self.groups = tuple(groups)
-        self.block_size = block_size  # the scheduler's (the groups' common multiple)
+        self.block_size = block_size  # the scheduler's (the groups' common multiple): a hit is a multiple of it
         self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
         self.caps = admission_caps(groups, max_model_len, max_in_flight_tokens)
         self.tables: dict[int, list[list[int]]] = {}  # request_id -> its block table in each group
         self.leading: dict[int, list[int]] = {}  # request_id -> each table's leading nulls (blocks freed behind)
-        # request_id -> (slots, processed): while a request's tokens need at most slots and fewer than processed are
-        # settled, allocate_slots neither frees nor takes a block (quiet_limits)
-        self.quiet: dict[int, tuple[int, int]] = {}
+        # request_id -> (slots, processed, cacheable): while a request's tokens need at most slots, fewer than
+        # processed are settled and fewer than cacheable are known and computed, allocate_slots neither frees, takes
+        # nor caches a block (quiet_limits)
+        self.quiet: dict[int, tuple[int, int, int]] = {}
+        self.num_cached: dict[int, list[int]] = {}  # request_id -> each table's leading blocks past caching
+        self.junction: dict[int, int] = {}  # request_id -> its shared_prefix_boundary (0: none)
+        self.keys: dict[int, list[list[bytes]]] = {}  # request_id -> its blocks' keys in each group (keyed_hashes)
+        self.hash_block_size = math.gcd(*(g.block_size for g in self.groups))
+        self.group_keys = [gid.to_bytes(4, "big") for gid in range(len(self.groups))]
+        # vLLM's lookup order: groups of one spec looked up together, full attention's first
+        specs: dict[tuple, list[int]] = {}
+        for gid, g in enumerate(self.groups):
+            specs.setdefault((g.kind, g.block_size, g.sliding_window), []).append(gid)
+        self.lookups = sorted(specs.items(), key=lambda item: item[0][0] != "full_attention")
 
-    def get_computed_blocks(self, request: Request) -> list[int]:
-        """No prefix cache: no hit."""
-        return []
+    # ---------------------------------------------------------------- prefix cache
+    def get_computed_blocks(self, request: Request) -> tuple[tuple | None, int]:
+        """(hit, num_hit_tokens): each group's table of the longest prefix every group finds in the prefix cache, at
+        most all but the request's last token, and the longer prefix full attention found ((tables,
+        shared_prefix_boundary or 0, num_hit_tokens); None if neither; HybridKVCacheCoordinator.find_longest_cache_hit,
+        KVCacheManager.get_computed_blocks)."""
+        if not self.enable_caching or request.num_tokens <= 1:
+            return None, 0
+        max_length = request.num_tokens - 1
+        tables: list[list[int] | None] = [None] * len(self.groups)
+        lengths = [0] * len(self.groups)
+        hit_length, longest = max_length, 0
+        simple = len(self.lookups) == 2 and self.lookups[0][0][0] == "full_attention"
+        while True:
+            length = hit_length
+            for (kind, bs, window), gids in self.lookups:
+                if kind == "full_attention" and tables[gids[0]] is not None:  # looked up once: its hit only shrinks
+                    length = min(length, lengths[gids[0]])
+                    continue
+                keyed = [self.keyed_hashes(request, gid, max_length // bs) for gid in gids]
+                found = self.window_hit(keyed, length, bs, window) if window else self.leading_hit(keyed, length, bs)
+                length = len(found[0]) * bs
+                for gid, table in zip(gids, found):
+                    tables[gid], lengths[gid] = table, length
+                longest = max(longest, length)
+            if length >= hit_length:
+                break
+            hit_length = length
+            if simple:
+                break
+        junction = longest if longest > hit_length else 0
+        if hit_length == 0 and junction == 0:
+            return None, 0
+        for gid, g in enumerate(self.groups):
+            if g.kind == "full_attention":
+                del tables[gid][cdiv(hit_length, g.block_size) :]
+        return (tables, junction, hit_length), hit_length
 
+    def keyed_hashes(self, request: Request, gid: int, num_blocks: int) -> list[bytes]:
+        """The prefix cache's keys of the request's first num_blocks full blocks in group gid: content hash and group
+        (vLLM's make_block_hash_with_group_id; a group of larger blocks takes the hash of each block's last
+        hash_block_size tokens, BlockHashListWithBlockSize), kept until the request frees its blocks."""
+        keyed = self.keys.setdefault(request.request_id, [[] for _ in self.groups])[gid]
+        if len(keyed) < num_blocks:
+            k = self.groups[gid].block_size // self.hash_block_size
+            hashes = block_hashes(request, num_blocks * k, self.hash_block_size)
+            key = self.group_keys[gid]
+            keyed.extend([hashes[(i + 1) * k - 1] + key for i in range(len(keyed), num_blocks)])
+        return keyed
+
+    def cached_blocks(self, keyed: list[list[bytes]], i: int) -> list[int] | None:
+        """Block i's first cached block in each group of a lookup (keyed: their keys), or None if one has none
+        (BlockPool.get_cached_block)."""
+        hash_ids, ends = self.pool.hash_ids, self.pool.hash_ends
+        found = []
+        for keys in keyed:
+            h = hash_ids.get(keys[i])
+            if h is None or ends[2 * h] < 0:
+                return None
+            found.append(ends[2 * h])
+        return found
+
+    def leading_hit(self, keyed: list[list[bytes]], max_length: int, bs: int) -> list[list[int]]:
+        """Full attention's hit: cached blocks from the first on, at most max_length tokens, floored to the common
+        block size (FullAttentionManager.find_longest_cache_hit)."""
+        tables = [[] for _ in keyed]
+        if len(keyed) == 1:  # one group: the same walk, inlined
+            keys, table, hash_ids, ends = keyed[0], tables[0], self.pool.hash_ids, self.pool.hash_ends
+            for i in range(max_length // bs):
+                h = hash_ids.get(keys[i], -1)
+                if h < 0 or ends[2 * h] < 0:
+                    break
+                table.append(ends[2 * h])
+        else:
+            for i in range(max_length // bs):
+                found = self.cached_blocks(keyed, i)
+                if found is None:
+                    break
+                for table, block in zip(tables, found):
+                    table.append(block)
+        keep = len(tables[0]) * bs // self.block_size * self.block_size // bs
+        return [table[:keep] for table in tables]
+
+    def window_hit(self, keyed: list[list[bytes]], max_length: int, bs: int, window: int) -> list[list[int]]:
+        """A sliding window's hit: the last window_hit_blocks cached blocks in a row before a multiple of the common
+        block size within max_length tokens, nulls before them, found right to left; else the cached blocks from the
+        first on (SlidingWindowManager.find_longest_cache_hit)."""
+        need, align = window_hit_blocks(window, bs), self.block_size
+        n = max_length // bs
+        tables = [[NULL_BLOCK_ID] * n for _ in keyed]
+        run = 0
+        for i in range(n - 1, -1, -1):
+            found = self.cached_blocks(keyed, i)
+            if found is None:
+                run = 0
+                continue
+            if run == 0 and ((i + 1) * bs) % align:
+                continue  # a hit ends on a multiple of the common block size
+            for table, block in zip(tables, found):
+                table[i] = block
+            run += 1
+            if run >= need:
+                return [table[: i + run] for table in tables]
+        while run * bs % align:
+            run -= 1
+        return [table[:run] for table in tables]
+
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Cache each group's blocks that num_tokens known, computed tokens (floored to the common block size) fill
+        and that are not yet past caching: every one of full attention's, a window's only those the window of the
+        prompt's last boundary or of the shared prefix needs; a null block never (KVCacheCoordinator.cache_blocks,
+        SlidingWindowManager.reachable_block_mask with prefix_cache_retention_interval 0)."""
+        rid, align = request.request_id, self.block_size
+        num_tokens = num_tokens // align * align
+        num_cached, tables = self.num_cached[rid], self.tables[rid]
+        for gid, g in enumerate(self.groups):
+            bs, start = g.block_size, num_cached[gid]
+            end = num_tokens // bs
+            if start >= end:
+                continue
+            table = tables[gid]
+            if g.sliding_window:
+                need = window_hit_blocks(g.sliding_window, bs)
+                marked = set()
+                for boundary in (request.num_prompt_tokens - 1, self.junction[rid]):
+                    if boundary > 0:
+                        last = boundary // align * align // bs
+                        marked.update(range(max(start, last - need), min(end, last)))
+                ids = [j for j in sorted(marked) if table[j] != NULL_BLOCK_ID]
+            else:
+                ids = [j for j in range(start, end) if table[j] != NULL_BLOCK_ID]
+            if ids:
+                keyed = self.keyed_hashes(request, gid, end)
+                self.pool.cache_full_blocks([table[j] for j in ids], [keyed[j] for j in ids])
+            num_cached[gid] = end
+
+    # ---------------------------------------------------------------- allocation
     def num_blocks_to_admit(self, num_tokens: int) -> int:
-        """Free blocks admitting a request of num_tokens needs: every group's (rules.admission_blocks)."""
+        """Free blocks admitting a request of num_tokens needs without a prefix hit: every group's
+        (rules.admission_blocks)."""
         n = min(num_tokens, self.max_model_len)
         return sum(admission_blocks(n, g.block_size, cap) for g, cap in zip(self.groups, self.caps))
 
-    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks, num_blocks_taken: int = 0) -> bool:
-        """Whether allocate_slots would admit the request with num_blocks_taken blocks fewer free."""
-        return self.num_blocks_to_admit(request.num_tokens) <= self.pool.num_free_blocks - num_blocks_taken
+    def hit_blocks_to_admit(self, hit, num_hit_tokens: int, num_tokens: int, capped: bool) -> int:
+        """Free blocks admitting a request with this prefix hit needs to hold num_tokens: each group's new blocks
+        (rules.hit_num_new_blocks, a window's capped) and its hit blocks no request holds (still in the free queue)."""
+        ref, total = self.pool.ref, 0
+        for g, cap, table in zip(self.groups, self.caps, hit[0]):
+            bs = g.block_size
+            skipped = num_skipped_tokens(num_hit_tokens, g.sliding_window) // bs
+            total += hit_num_new_blocks(num_tokens, bs, cap if capped else 0, skipped, len(table))
+            total += sum(1 for b in table[skipped:] if b != NULL_BLOCK_ID and ref[b] == 0)
+        return total
+
+    def can_admit(self, request: Request, num_new_tokens: int, hit, num_blocks_taken: int = 0) -> bool:
+        """Whether allocate_slots would admit the request (with this prefix hit) with num_blocks_taken blocks fewer
+        free: blocks for its whole current length, then for the tokens it computes now."""
+        free = self.pool.num_free_blocks - num_blocks_taken
+        if hit is None:
+            return self.num_blocks_to_admit(request.num_tokens) <= free
+        n, max_len, hit_tokens = request.num_tokens, self.max_model_len, hit[2]
+        if self.hit_blocks_to_admit(hit, hit_tokens, min(n, max_len), True) > free:
+            return False
+        return self.hit_blocks_to_admit(hit, hit_tokens, min(hit_tokens + num_new_tokens, max_len), False) <= free
 
     def allocate_slots(
-        self, request: Request, num_new_tokens: int, hit_blocks: list[int] = (), full_sequence_must_fit: bool = False
+        self, request: Request, num_new_tokens: int, hit=None, full_sequence_must_fit: bool = False
     ) -> bool:
         """Blocks in every group for num_new_tokens more computed tokens, after those behind each window are freed
-        (KVCacheManager.allocate_slots); False, with nothing else changed, when the pool has too few free blocks.
-        A call that would free nothing and take nothing returns at once (quiet_limits)."""
+        (KVCacheManager.allocate_slots), then the blocks they fill cached; on admission a prefix hit's blocks are
+        taken first (the tables get_computed_blocks found, the blocks behind each window left null). False, with
+        nothing else changed, when the pool has too few free blocks. A call that would free, take and cache nothing
+        returns at once (quiet_limits)."""
         pool, max_len, rid = self.pool, self.max_model_len, request.request_id
-        if full_sequence_must_fit and not self.can_admit(request, num_new_tokens, hit_blocks):
-            return False
+        if full_sequence_must_fit:
+            if not self.can_admit(request, num_new_tokens, hit):
+                return False
+            if hit is not None:
+                return self.admit_hit(request, num_new_tokens, hit)
         tables = self.tables.get(rid)
         computed = min(request.num_computed_tokens, max_len)
         num_slots = min(computed + num_new_tokens, max_len)
+        to_cache = min(computed + num_new_tokens, request.num_tokens)
         if tables is not None:
             processed = computed - request.num_in_flight_tokens
-            slots, settled = self.quiet[rid]
-            if num_slots <= slots and processed < settled:
+            slots, settled, cacheable = self.quiet[rid]
+            if num_slots <= slots and processed < settled and to_cache < cacheable:
                 return True
             self.remove_skipped_blocks(tables, self.leading[rid], processed)
         need = 0
@@ -208,30 +398,66 @@ class HybridKVCacheManager(PagedPool):
             need += max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
         if need > pool.num_free_blocks:
             if tables is not None:
-                self.quiet[rid] = self.quiet_limits(tables, self.leading[rid])
+                self.quiet[rid] = self.quiet_limits(rid)
             return False
         if tables is None:
             tables = self.tables[rid] = [[] for _ in self.groups]
             self.leading[rid] = [0] * len(self.groups)
+            self.num_cached[rid] = [0] * len(self.groups)
+            self.junction[rid] = 0
+        self.take_new_blocks(tables, num_slots)
+        if self.enable_caching:
+            self.cache_blocks(request, to_cache)
+        self.quiet[rid] = self.quiet_limits(rid)
+        return True
+
+    def admit_hit(self, request: Request, num_new_tokens: int, hit) -> bool:
+        """Admit a request with a prefix hit (the free blocks checked): every group's hit blocks touched first, behind
+        its window left null, then its new blocks taken and cached (allocate_new_computed_blocks, allocate_new_blocks,
+        cache_blocks)."""
+        rid, (hit_tables, junction, hit_tokens) = request.request_id, hit
+        tables, leading = [], []
+        for g, table in zip(self.groups, hit_tables):
+            skipped = num_skipped_tokens(hit_tokens, g.sliding_window) // g.block_size
+            held = [b for b in table[skipped:] if b != NULL_BLOCK_ID]
+            touch_blocks(self.pool, held, len(held))
+            tables.append([NULL_BLOCK_ID] * skipped + table[skipped:])
+            leading.append(skipped)
+        self.tables[rid], self.leading[rid] = tables, leading
+        self.num_cached[rid] = [len(t) for t in tables]
+        self.junction[rid] = junction
+        self.take_new_blocks(tables, min(hit_tokens + num_new_tokens, self.max_model_len))
+        self.cache_blocks(request, min(hit_tokens + num_new_tokens, request.num_tokens))
+        self.quiet[rid] = self.quiet_limits(rid)
+        return True
+
+    def take_new_blocks(self, tables: list[list[int]], num_slots: int) -> None:
+        """Extend each group's table to cover num_slots tokens from the free queue, group by group."""
+        pool, max_len = self.pool, self.max_model_len
         for g, table in zip(self.groups, tables):
             new = num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len)
             if new > 0:
                 at = len(table)
                 table.extend([NULL_BLOCK_ID] * new)
                 take_blocks(pool, new, table, at)
-        self.quiet[rid] = self.quiet_limits(tables, self.leading[rid])
-        return True
 
-    def quiet_limits(self, tables: list[list[int]], leading: list[int]) -> tuple[int, int]:
-        """(slots, processed): every group's table covers slots tokens, so no group takes a block for a request that
-        needs at most those; and no window frees a block before processed tokens are settled (its next block leaves
-        the window of the token after (leading + 1) x block_size + window - 1 of them; rules.num_skipped_tokens)."""
-        slots, settled = self.max_model_len, self.NEVER
+    def quiet_limits(self, rid: int) -> tuple[int, int, int]:
+        """(slots, processed, cacheable): every group's table covers slots tokens, so no group takes a block for a
+        request that needs at most those; no window frees a block before processed tokens are settled (its next
+        block leaves the window of the token after (leading + 1) x block_size + window - 1 of them;
+        rules.num_skipped_tokens); and no group caches a block before cacheable tokens are known and computed (its
+        next block past caching fills, floored to the common block size)."""
+        slots, settled, cacheable = self.max_model_len, self.NEVER, self.NEVER
+        tables, leading = self.tables[rid], self.leading[rid]
         for g, table, nulls in zip(self.groups, tables, leading):
             slots = min(slots, len(table) * g.block_size)
             if g.sliding_window:
                 settled = min(settled, (nulls + 1) * g.block_size + g.sliding_window - 1)
-        return slots, settled
+        if self.enable_caching:
+            align = self.block_size
+            for g, n in zip(self.groups, self.num_cached[rid]):
+                cacheable = min(cacheable, cdiv((n + 1) * g.block_size, align) * align)
+        return slots, settled, cacheable
 
     def remove_skipped_blocks(self, tables: list[list[int]], leading: list[int], num_processed_tokens: int) -> None:
         """Free each sliding-window group's blocks wholly before the window of the next token, right to left until
@@ -259,5 +485,10 @@ class HybridKVCacheManager(PagedPool):
         for table, start in zip(tables, self.leading.pop(rid)):
             free_table(self.pool, table[start:], len(table) - start)
             num_freed += len(table) - start
-        del self.quiet[rid]
+        del self.quiet[rid], self.num_cached[rid], self.junction[rid]
+        self.keys.pop(rid, None)
         return num_freed
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

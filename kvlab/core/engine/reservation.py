@@ -79,9 +79,9 @@ class ReservationManager:
         """Free slots in chunks too small for the waiting queue's head's reservation (0 when nothing waits)."""
         return self.buddy.free_slots_below(self.reservation_tokens(head)) if head is not None else 0
 
-    def get_computed_blocks(self, request: Request) -> list[int]:
-        """No prefix cache."""
-        return []
+    def get_computed_blocks(self, request: Request) -> tuple[list[int], int]:
+        """No prefix cache: no hit."""
+        return [], 0
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, hit_blocks=(), full_sequence_must_fit: bool = False

@@ -86,6 +86,23 @@ def admission_blocks(num_tokens: int, block_size: int, max_admission_blocks: int
     return n if max_admission_blocks == 0 or n < max_admission_blocks else max_admission_blocks
 
 
+def hit_num_new_blocks(
+    num_tokens: int, block_size: int, max_admission_blocks: int, num_skipped_blocks: int, num_hit_blocks: int
+) -> int:
+    """New blocks one group takes to admit a request of num_tokens whose prefix hit gave it num_hit_blocks table
+    entries, the first num_skipped_blocks of them behind its window (single_type_kv_cache_manager.py,
+    get_num_blocks_to_allocate for a request not yet running; max_admission_blocks 0: no cap)."""
+    n = admission_blocks(num_tokens, block_size, max_admission_blocks)
+    n -= num_skipped_blocks if num_skipped_blocks > num_hit_blocks else num_hit_blocks
+    return n if n > 0 else 0
+
+
+def window_hit_blocks(sliding_window: int, block_size: int) -> int:
+    """Cached blocks a sliding window's prefix hit must find in a row before its end: those the next token attends
+    to (single_type_kv_cache_manager.py, SlidingWindowManager._contiguous_blocks_for_hit)."""
+    return (sliding_window - 1 + block_size - 1) // block_size
+
+
 def num_lookup_blocks(num_tokens: int, block_size: int) -> int:
     """Leading full blocks looked up in the prefix cache: all but a fully cached request's last token, which it
     computes to sample (kv_cache_manager.py, KVCacheManager.get_computed_blocks: max_cache_hit_length)."""

@@ -131,8 +131,7 @@ class Scheduler:
                 if len(running) >= self.max_num_seqs:
                     break
                 request = waiting[0]
-                hits = kv.get_computed_blocks(request)
-                num_hit_tokens = len(hits) * bs
+                hits, num_hit_tokens = kv.get_computed_blocks(request)
                 n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget, chunked)
                 if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
                     break  # the scan stops at the first request that does not fit

@@ -167,11 +167,9 @@ def admissible(engine, request, budget_left: int, blocks_taken: int) -> bool:
     scheduler, kv = engine.scheduler, engine.kv_cache_manager
     if scheduler.admits_before_decodes:
         return scheduler.can_admit(request, 0, blocks_taken)
-    hits = kv.get_computed_blocks(request)
+    hits, num_hit_tokens = kv.get_computed_blocks(request)
     cap = scheduler.long_prefill_token_threshold  # active: a request runs and this one waits
-    n = admission_num_new_tokens(
-        request.num_tokens, len(hits) * engine.block_size, cap, budget_left, scheduler.enable_chunked_prefill
-    )
+    n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget_left, scheduler.enable_chunked_prefill)
     return n > 0 and kv.can_admit(request, n, hits, blocks_taken)
 
 
