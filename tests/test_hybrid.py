@@ -316,3 +316,43 @@ def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(r
     assert kv.num_held == 0 and not kv.tables
     assert not (result.steps["num_hit_tokens"] % bs).any()
     kv.pool.check_invariants()
+
+
+# ---------------------------------------------------------------- section 3, part 3
+def test_section_3s_hybrid_deployments_run_more_long_requests_at_once_with_their_windows():
+    """Gemma 3 27B on an H200 at 131,072 tokens: vLLM sizes 60,181 blocks for its 7 groups (9,706 with every layer
+    full) and logs a maximum concurrency of 4.09 (1.18); served, 6 requests of nearly that length run at once, against
+    1 with every layer full; Qwen3-32B, full attention, has one deployment."""
+    from kvlab.sections import s03_hybrid as hybrid
+
+    config = EngineConfig().replace(max_model_len=131072)
+    names = ["Qwen/Qwen3-32B", "google/gemma-3-27b-it"]
+    kv = hybrid.kv_cache_table(names, "H200-141GB", config)
+    assert list(kv.index) == ["Qwen/Qwen3-32B", "google/gemma-3-27b-it", "google/gemma-3-27b-it (every layer full)"]
+    assert kv["num_gpu_blocks"].tolist() == [16231, 60181, 9706]
+    assert kv["kv_cache_groups"].iloc[1] == "7 (6 of a 1,024-token window, 1 full)"
+    at_once = hybrid.at_once_table(kv, names, config, 12)
+    assert at_once["peak_running"].tolist() == [1, 6, 1]
+    assert hybrid.plain_models(kv) == ["Qwen/Qwen3-32B"]
+
+
+def test_section_3s_hybrid_prose_follows_its_figures():
+    """Each sentence's direction and cause come from the figures: flip them and the words flip."""
+    from kvlab.sections import s03_hybrid as hybrid
+
+    pair = {
+        "model": "m", "kv_cache_groups": "2 (1 of a 4-token window, 1 full)", "num_gpu_blocks": 200,
+        "num_gpu_blocks_full": 100, "max_concurrency": 2.5, "max_concurrency_full": 1.2, "at_once_peak_running": 4,
+        "at_once_peak_running_full": 1, "mean_running": 8.0, "mean_running_full": 4.0, "num_preemptions": 0,
+        "num_preemptions_full": 3, "mean_ttft_s": 0.5, "mean_ttft_s_full": 2.0, "window_blocks_returned_per_request": 9,
+        "prefix_hit_pct": 5.0, "prefix_hit_pct_full": 8.0,
+    }  # fmt: skip
+    text = hybrid.prose(pair, 12, 1024)
+    assert "4 run at once against 1, more than vLLM's figure" in text
+    assert "mean running batch rises from 4.0 to 8.0 (2.0x)" in text and "preemptions fall from 3 to 0" in text
+    assert "Prefix hits fall from 8.0 to 5.0% of the prompt tokens (to 0.62x): a window caches" in text
+    flipped = pair | {"at_once_peak_running": 2, "mean_running": 3.0, "prefix_hit_pct": 9.0}
+    text = hybrid.prose(flipped, 12, 1024)
+    assert "2 run at once against 1, as vLLM's figure says" in text
+    assert "mean running batch falls from 4.0 to 3.0" in text
+    assert "Prefix hits rise from 8.0 to 9.0% of the prompt tokens (1.1x)." in text

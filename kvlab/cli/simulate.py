@@ -151,7 +151,7 @@ def add_vllm_engine_flags(p) -> None:
         help="a model of data/models.csv: with --gpu, sizes the KV pool as vLLM does "
         "(weights from its parameter count) and names the model of --cost roofline; a model with sliding-window "
         "layers (e.g. google/gemma-3-27b-it) is served with vLLM's KV cache groups, over --num-gpu-blocks where "
-        "given (vLLM's --num-gpu-blocks-override; prefix caching off)",
+        "given (vLLM's --num-gpu-blocks-override); with --enable-prefix-caching too, except Mamba hybrids",
     )
     g.add_argument(
         "--config",

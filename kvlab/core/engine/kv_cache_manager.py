@@ -5,7 +5,7 @@ inert here left out (no lookahead, no watermark, no connector, no sliding window
 request blocks for the tokens it computes this step, nothing more, and on admission first checks that
 blocks for its whole current length are free (scheduler_reserve_full_isl, on by default in 0.33).
 HybridKVCacheManager is the same manager over several KV cache groups (a hybrid model's full-attention,
-sliding-window and Mamba layers) sharing one pool, prefix caching off.
+sliding-window and Mamba layers) sharing one pool, with vLLM's hybrid prefix cache (not with Mamba states).
 """
 
 from __future__ import annotations
@@ -196,6 +196,7 @@ class HybridKVCacheManager(PagedPool):
         self.num_cached: dict[int, list[int]] = {}  # request_id -> each table's leading blocks past caching
         self.junction: dict[int, int] = {}  # request_id -> its shared_prefix_boundary (0: none)
         self.keys: dict[int, list[list[bytes]]] = {}  # request_id -> its blocks' keys in each group (keyed_hashes)
+        self.num_window_freed = 0  # blocks the windows gave back while their requests ran (remove_skipped_blocks)
         self.hash_block_size = math.gcd(*(g.block_size for g in self.groups))
         self.group_keys = [gid.to_bytes(4, "big") for gid in range(len(self.groups))]
         # vLLM's lookup order: groups of one spec looked up together, full attention's first
@@ -472,6 +473,7 @@ class HybridKVCacheManager(PagedPool):
             end = min(num_skipped_tokens(num_processed_tokens, g.sliding_window) // g.block_size, len(table))
             if start < end:
                 free_table(self.pool, table[start:end], end - start)  # table[end - 1] freed first
+                self.num_window_freed += end - start
                 table[start:end] = [NULL_BLOCK_ID] * (end - start)
                 leading[i] = end
 

@@ -22,8 +22,9 @@ request, since a decode inside its last block may still free a block behind its 
 
 Left out because it is inert for a text-only decoder of full-attention and sliding-window layers and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
-deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, Mamba alignment, the
-watermark (0), drop-mode stale output (reset_prefix_cache and connectors only).
+deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, the watermark (0), drop-mode
+stale output (reset_prefix_cache and connectors only); and Mamba's block-aligned prefill split, which vLLM makes only
+in mamba_cache_mode "align" (with prefix caching, which the engine refuses for Mamba states).
 """
 
 from __future__ import annotations

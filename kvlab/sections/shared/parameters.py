@@ -32,6 +32,7 @@ SECONDS_PER_NOTEBOOK = 5.0  # a kernel's start, imports, figures
 SECONDS_PER_REQUEST_ENGINE = 6e-5  # section 6: one request through the engine (roofline cost, no prefix caching)
 SECONDS_PER_REQUEST_PREFIX = 4e-3  # section 6: one Mooncake request through the engine with prefix caching
 SECONDS_PER_ENGINE_RUN = 0.02  # section 6: a run's set-up and its pickling to a process
+SECONDS_PER_REQUEST_HYBRID = 0.02  # section 3: one long-context request through a deployment (per-step loop, hits)
 SECONDS_PER_REQUEST_PLAN = 2e-5  # section 7: one request through a candidate's replicas (the compiled loop on the
 # measured clock: 1.3e-5 s on a saturated replica of 10,000 Azure requests, the slowest case, on this machine)
 AZURE_REQUESTS = 19_366  # rows of the Azure conversation trace (the most section 6 serves from it)
@@ -201,6 +202,13 @@ RULES: dict[str, dict[str, Rule]] = {
         "GPU_MEMORY_UTILIZATION": _fraction,
         "BLOCK_SIZE": _range("block_size"),
         "LOG_MAX_MODEL_LEN": _tokens,
+        "HYBRID_GPU": _gpu_name,
+        "HYBRID_MODELS": _distinct(_model_name),
+        "HYBRID_MAX_MODEL_LEN": _tokens,
+        "HYBRID_AT_ONCE": _count,
+        "HYBRID_NUM_REQUESTS": _range("num_requests"),
+        "HYBRID_ARRIVAL_RATE": _range("arrival_rate"),
+        "HYBRID_SEED": _seed,
     },
     "04_traces": {
         "TRACE_DIR": _folder,
@@ -497,6 +505,13 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
             + cached * SECONDS_PER_REQUEST_PREFIX
             + (runs + azure_runs) * SECONDS_PER_ENGINE_RUN,
         )
+    if stem == "03_capacity":  # part 3: a hybrid model served twice (windows, every layer full), a plain one once
+        n = p["HYBRID_NUM_REQUESTS"]
+        deployments = sum(2 if models.get_model(m).sliding_window else 1 for m in p["HYBRID_MODELS"])
+        return resources.Estimate(
+            n * (ENGINE_BYTES_PER_REQUEST + 8 * p["HYBRID_MAX_MODEL_LEN"]),  # a request's prompt token ids
+            SECONDS_PER_NOTEBOOK + deployments * n * SECONDS_PER_REQUEST_HYBRID,
+        )
     if stem == "07_plan":
         from kvlab.studies.plan import MIN_RUNG_REQUESTS, PROOF_FRACTION, RUNG_FRACTIONS, RUNG_KEEP
 
@@ -518,6 +533,7 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
 # The parameter whose size drives each notebook's memory, to name in a refusal.
 SIZE_PARAMETER = {
     "01_allocation": "NUM_REQUESTS",
+    "03_capacity": "HYBRID_NUM_REQUESTS",
     "02_batching": "NUM_REQUESTS",
     "06_memory_budget": "NUM_REQUESTS",
     "07_plan": "NUM_REQUESTS",

@@ -424,6 +424,28 @@ def concurrency_vs_context(table: pd.DataFrame, gpu: str = "") -> matplotlib.fig
     return fig
 
 
+@captioned
+def hybrid_serving(served: pd.DataFrame) -> matplotlib.figure.Figure:
+    """The long-context workload on each deployment (section 3, part 3): mean running batch and mean TTFT, side by
+    side; a hybrid model's bar beside its every-layer-full one."""
+    fig, (left, right) = _figure(figsize=(9.0, 3.2), ncols=2)
+    names = [name.split("/")[-1] for name in served.index]
+    colors = ["tab:grey" if "every layer full" in name else "tab:blue" for name in served.index]
+    for ax, column, label in (
+        (left, "mean_running", "mean running batch (requests)"),
+        (right, "mean_ttft_s", "mean TTFT (s)"),
+    ):
+        ax.barh(names, served[column], color=colors)
+        ax.invert_yaxis()
+        ax.set_xlabel(label)
+        ax.grid(True, axis="x", alpha=0.3)
+    right.set_yticklabels([])
+    fig.suptitle(
+        "The same workload and step cost on one GPU: windows (blue) against every layer full (grey)", fontsize=10
+    )
+    return fig
+
+
 # ---------------------------------------------------------------- section 6: serving under one memory budget
 MODE_COLORS = {"Orca (Max)": "tab:red", "Orca (Pow2)": "tab:orange", "Orca (Oracle)": "tab:green", "vLLM": "tab:blue"}
 
