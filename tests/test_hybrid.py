@@ -356,3 +356,69 @@ def test_section_3s_hybrid_prose_follows_its_figures():
     assert "2 run at once against 1, as vLLM's figure says" in text
     assert "mean running batch falls from 4.0 to 3.0" in text
     assert "Prefix hits rise from 8.0 to 9.0% of the prompt tokens (1.1x)." in text
+
+
+# ---------------------------------------------------------------- chunked local attention
+CHUNK_4 = KVCacheGroup("chunked_local_attention", 2, (), attention_chunk_size=4)
+
+
+def test_chunked_local_attention_frees_a_chunk_once_the_next_starts_and_hits_from_its_chunk():
+    """Blocks of 2 tokens, chunks of 4: with 9 tokens computed, token 10 attends to tokens 9-10 only (its chunk is
+    9-12), so blocks 0-3 (tokens 1-8) are freed, null in the table, and the full group keeps all. A repeat of the
+    prompt looks up 8 tokens' blocks: full attention finds all 4, and the chunked group needs none, every block
+    before the chunk of token 9 a null; its cap at admission is cdiv(min(4 + tokens in flight, max_model_len), 2)."""
+    kv = HybridKVCacheManager(60, (CHUNK_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2, enable_caching=True)
+    assert kv.caps == [3, 0]
+    first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10))
+    computed(kv, first, 10)
+    assert kv.tables[0][0] == [1, 2, 3, 4, 5]
+    first.num_tokens = 11
+    assert kv.allocate_slots(first, 1)  # 10 settled: chunk 9-12 runs, tokens 1-8 are behind it
+    assert kv.tables[0][0] == [0, 0, 0, 0, 5, 11]
+    assert kv.num_window_freed == 4
+    (tables, junction, hit_tokens), n = kv.get_computed_blocks(
+        Request(1, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10))
+    )
+    assert (tables[0], tables[1], n, junction) == ([0, 0, 0, 0], [6, 7, 8, 9], 8, 0)
+
+
+def test_a_chunked_group_needs_the_common_block_size():
+    workload = Workload(np.zeros(1), np.array([5]), np.array([3]))
+    config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64)
+    chunked = KVCacheGroup("chunked_local_attention", 2, (), attention_chunk_size=4)
+    with pytest.raises(ValueError, match=r"block_size=2 is not allowed: must be 4, every group's common block size"):
+        Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=(chunked, KVCacheGroup("full_attention", 4, ())))
+
+
+@given(shared_prompts(), st.integers(1, 12), st.booleans())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_chunked_local_attention_holds_its_chunk_and_every_block_comes_back(run, chunks, caching):
+    """Chunked local attention beside full attention, with and without prefix caching and memory that preempts:
+    between steps a chunked table is nulls, then real blocks from at most the block of its current chunk's start;
+    reference counts are the tables holding each block; at the end every block is free again."""
+    workload, config, num_gpu_blocks, cost, ids = run
+    bs = config.cache.block_size
+    chunk = chunks * bs
+    groups = (KVCacheGroup("chunked_local_attention", bs, (), attention_chunk_size=chunk),
+              KVCacheGroup("full_attention", bs, ()))  # fmt: skip
+    config = config.replace(enable_prefix_caching=caching)
+    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
+                    kv_cache_groups=groups)  # fmt: skip
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    original = scheduler.schedule
+
+    def checked():
+        for request in scheduler.running:
+            local, full = kv.tables[request.request_id]
+            live = [b for b in local if b]
+            assert local[: len(local) - len(live)] == [0] * (len(local) - len(live)) and 0 not in full
+            processed = request.num_computed_tokens - request.num_in_flight_tokens
+            assert len(local) - len(live) <= processed // chunk * chunk // bs
+        if caching:
+            kv.pool.check_invariants()
+        return original()
+
+    scheduler.schedule = checked
+    engine.run()
+    assert kv.num_held == 0 and not kv.tables
+    kv.pool.check_invariants()

@@ -250,20 +250,24 @@ def sliding_window_block_size(block_size: int, attention_backend: str) -> int:
 class KVCacheGroup:
     """Layers that share one block table (vLLM's KVCacheGroupSpec): their kind, tokens per block, layer indices."""
 
-    kind: str  # "full_attention" (MLA included), "sliding_attention" or "mamba" (a state a request)
+    kind: str  # "full_attention" (MLA included), "sliding_attention", "chunked_local_attention" or "mamba"
     block_size: int  # tokens a block (a Mamba group's: max_model_len, vLLM's mamba_cache_mode "none")
     layers: tuple[int, ...]
     sliding_window: int = 0  # tokens a sliding-window layer attends to (its own included); 0 for the other kinds
+    attention_chunk_size: int = 0  # tokens of a chunked-local-attention layer's chunks; 0 for the other kinds
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
         every token for full attention; the window less one, the tokens in flight and a partly used first
-        block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request); one state for
-        Mamba layers (MambaSpec in mamba_cache_mode "none", vLLM's without prefix caching)."""
+        block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request); a chunk and the
+        tokens in flight for chunked local attention (ChunkedLocalAttentionSpec's); one state for Mamba layers
+        (MambaSpec in mamba_cache_mode "none", vLLM's without prefix caching)."""
         if self.kind == "full_attention":
             return cdiv(max_model_len, self.block_size)
         if self.kind == "mamba":
             return 1
+        if self.kind == "chunked_local_attention":
+            return cdiv(min(self.attention_chunk_size + max_in_flight_tokens, max_model_len), self.block_size)
         return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
 
 

@@ -8,8 +8,9 @@ Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; a
 per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off,
 with a long-prefill threshold, with prefix caching over shared system prompts (tight memory, so cached blocks are
 evicted and requests preempted); a long-prompt, short-output workload; and three hybrid models' KV cache groups
-(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out, without
-and with prefix caching; Qwen3-Next's Mamba states beside it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
+(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out, and
+Llama 4 Scout's attention chunks beside it, each without and with prefix caching; Qwen3-Next's Mamba states beside
+it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
 vLLM's default on a GPU (NAME-async).
 """
 
@@ -191,6 +192,15 @@ def qwen3_next_groups(attention_block_size: int = 64) -> list[dict]:
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
 
 
+def llama_4_scout_groups() -> list[dict]:
+    """Llama-4-Scout-17B-16E's KV cache groups as vLLM groups its 48 layers (config.json: attention_chunk_size 8,192;
+    every 4th layer, 12 of them, without RoPE and with full attention; the other 36 chunked local attention): three
+    groups of 12 chunked layers, then one of full attention, 16 tokens a block (vLLM 0.33 serves chunked local
+    attention with its hybrid manager by default: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is 1)."""
+    chunked = {"kind": "chunked_local_attention", "block_size": 16, "sliding_window": 0, "attention_chunk_size": 8192}
+    return [chunked, chunked, chunked, {"kind": "full_attention", "block_size": 16, "sliding_window": 0}]
+
+
 def _gemma_3_27b():
     from kvlab.core.models import get_model
 
@@ -229,6 +239,14 @@ RUNS = {
     "gemma-3-27b-prefix": (
         "Gemma-3-27B's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 2,000 blocks",
         lambda: hybrid_prefix(hybrid_groups(_gemma_3_27b()), 2000),
+    ),
+    "llama-4-scout": (
+        "Llama-4-Scout's KV cache groups (three of 8,192-token attention chunks, one full), Azure-like, 3,500 blocks",
+        lambda: hybrid(llama_4_scout_groups(), 3500),
+    ),
+    "llama-4-scout-prefix": (
+        "Llama-4-Scout's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 1,200 blocks",
+        lambda: hybrid_prefix(llama_4_scout_groups(), 1200),
     ),
     "qwen3-next": (
         "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "

@@ -120,7 +120,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "long_prefill_token_threshold": 0,
     "enable_prefix_caching": False,
     "async_scheduling": False,
-    # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention" | "mamba",
+    # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention" |
+    # "chunked_local_attention" | "mamba", "attention_chunk_size" (chunked local attention only),
     # "block_size", "sliding_window"}] (a Mamba group's block_size is max_model_len, vLLM's mamba_cache_mode "none");
     # None: one full-attention group of block_size tokens a block.
     "kv_cache_groups": None,
@@ -209,13 +210,18 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
         if not isinstance(groups, list) or not groups:
             raise BadInputError("config.kv_cache_groups must be a non-empty list of groups")
         for i, g in enumerate(groups):
-            if g.get("kind") not in ("full_attention", "sliding_attention", "mamba"):
+            if g.get("kind") not in ("full_attention", "sliding_attention", "chunked_local_attention", "mamba"):
                 raise BadInputError(
-                    f"config.kv_cache_groups[{i}].kind must be full_attention, sliding_attention or mamba"
+                    f"config.kv_cache_groups[{i}].kind must be full_attention, sliding_attention, "
+                    "chunked_local_attention or mamba"
                 )
             g["block_size"] = _as_int(g.get("block_size"), f"config.kv_cache_groups[{i}].block_size", 1)
             if g["kind"] == "sliding_attention":
                 g["sliding_window"] = _as_int(g.get("sliding_window"), f"config.kv_cache_groups[{i}].sliding_window", 1)
+            if g["kind"] == "chunked_local_attention":
+                g["attention_chunk_size"] = _as_int(
+                    g.get("attention_chunk_size"), f"config.kv_cache_groups[{i}].attention_chunk_size", 1
+                )
 
     raw_cost = doc.get("cost", {"kind": "constant", "step_ms": 8.0})
     kind = raw_cost.get("kind")
@@ -285,6 +291,7 @@ def _import_vllm() -> SimpleNamespace:
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
         from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec,
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
@@ -309,6 +316,7 @@ def _import_vllm() -> SimpleNamespace:
         resolve_kv_cache_block_sizes=kv_cache_utils.resolve_kv_cache_block_sizes,
         FullAttentionSpec=FullAttentionSpec,
         SlidingWindowSpec=SlidingWindowSpec,
+        ChunkedLocalAttentionSpec=ChunkedLocalAttentionSpec,
         MambaSpec=MambaSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
@@ -394,6 +402,9 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
     for g in groups:
         if g["kind"] == "sliding_attention":
             specs.append(v.SlidingWindowSpec(block_size=g["block_size"], sliding_window=g["sliding_window"], **shape))
+        elif g["kind"] == "chunked_local_attention":
+            chunk = g["attention_chunk_size"]
+            specs.append(v.ChunkedLocalAttentionSpec(block_size=g["block_size"], attention_chunk_size=chunk, **shape))
         elif g["kind"] == "mamba":  # mamba_cache_mode "none" (vLLM's without prefix caching): a state a request
             state = {"shapes": ((1,),), "dtypes": (v.float32,), "mamba_cache_mode": "none"}
             specs.append(v.MambaSpec(block_size=g["block_size"], **state))

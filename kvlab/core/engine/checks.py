@@ -4,6 +4,8 @@ requests vLLM would refuse or that could never fit the pool; and why a run that 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from kvlab.core import validate
@@ -20,6 +22,7 @@ from kvlab.core.workload import Workload
 GROUP_KINDS = {
     "full_attention": "every token's KV, blocks as tokens are computed",
     "sliding_attention": "the last sliding_window tokens' KV; blocks behind the window freed",
+    "chunked_local_attention": "the KV of the current attention_chunk_size chunk; blocks of past chunks freed",
     "mamba": "one state a request, in one block of max_model_len tokens (vLLM's mamba_cache_mode 'none')",
 }
 ALLOCATIONS = {
@@ -85,12 +88,26 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
         validate.in_range(f"kv_cache_groups[{i}].block_size", g.block_size, "count")
         if (g.kind == "sliding_attention") != (g.sliding_window > 0):
             validate.fail(f"kv_cache_groups[{i}].sliding_window", g.sliding_window, f"must be > 0 exactly for {g.kind}")
+        if (g.kind == "chunked_local_attention") != (g.attention_chunk_size > 0):
+            validate.fail(
+                f"kv_cache_groups[{i}].attention_chunk_size",
+                g.attention_chunk_size,
+                f"must be > 0 exactly for {g.kind}",
+            )
         if g.kind == "mamba" and g.block_size != max_model_len:
             validate.fail(
                 f"kv_cache_groups[{i}].block_size",
                 g.block_size,
                 f"must be max_model_len={max_model_len} for Mamba layers (vLLM's mamba_cache_mode 'none': one "
                 "block a request)",
+            )
+    common = math.lcm(*(g.block_size for g in groups))
+    for i, g in enumerate(groups):
+        if g.kind == "chunked_local_attention" and g.block_size != common:
+            validate.fail(
+                f"kv_cache_groups[{i}].block_size",
+                g.block_size,
+                f"must be {common}, every group's common block size, for chunked local attention (vLLM's rule)",
             )
     if len(groups) == 1 and groups[0].kind == "full_attention":
         if groups[0].block_size != config.cache.block_size:
@@ -188,7 +205,7 @@ def check_requests(
                 "watermark blocks to be admitted again)"
             )
         elif groups is not None:  # admitted again at its longest: every group's blocks, a window's capped
-            need, why = 0, f" in its {len(groups)} KV cache groups (sliding windows capped)"
+            need, why = 0, f" in its {len(groups)} KV cache groups (windows and chunks capped)"
             for g, cap in zip(groups, admission_caps(groups, max_model_len, config.max_in_flight_tokens)):
                 blocks = cdiv(final - 1, g.block_size)
                 need = need + (np.minimum(blocks, cap) if cap else blocks)

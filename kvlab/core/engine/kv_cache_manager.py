@@ -139,15 +139,18 @@ class KVCacheManager(PagedPool):
 
 
 def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int) -> list[int]:
-    """Each group's cap on the blocks admission needs (0: none): a sliding window's max_admission_blocks_per_request
-    (capacity.KVCacheGroup.blocks_per_request)."""
-    return [g.blocks_per_request(max_model_len, max_in_flight_tokens) if g.sliding_window else 0 for g in groups]
+    """Each group's cap on the blocks admission needs (0: none): a sliding window's or a chunked local attention's
+    max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request)."""
+    return [
+        g.blocks_per_request(max_model_len, max_in_flight_tokens) if g.sliding_window or g.attention_chunk_size else 0
+        for g in groups
+    ]
 
 
 class HybridKVCacheManager(PagedPool):
     """vLLM's KV-cache manager over several KV cache groups that share one BlockPool (kv_cache_coordinator.py,
     KVCacheCoordinatorNoPrefixCache and, with prefix caching, HybridKVCacheCoordinator; single_type_kv_cache_manager.py,
-    FullAttentionManager, SlidingWindowManager and MambaManager).
+    FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager and MambaManager).
 
     A request holds one block table per group (groups: capacity.KVCacheGroup, in vLLM's group order), each of
     cdiv(tokens, the group's block_size) entries. Every allocate_slots first frees, in each sliding-window group, the
@@ -158,16 +161,18 @@ class HybridKVCacheManager(PagedPool):
     max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request, which the tokens in flight raise
     under asynchronous scheduling). free gives back every group's blocks, group by group, each table last block
     first, its nulls skipped. A Mamba group (MambaManager in mamba_cache_mode "none", vLLM's without prefix
-    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end.
+    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end. A chunked
+    local attention group (ChunkedLocalAttentionManager) frees every block before the chunk of the next token, and
+    admits at most a chunk and the tokens in flight.
 
-    With prefix caching (full-attention and sliding-window groups), a block is cached under its content hash and
-    its group. A hit is the longest prefix, a multiple of the groups' common block size, that full attention finds
+    With prefix caching (no Mamba group), a block is cached under its content hash and its group. A hit is the longest prefix, a multiple of the groups' common block size, that full attention finds
     block by block from the start and every sliding window finds as the window's blocks before it (a hit of
     block 0 onwards counts too); full attention is looked up first, then each window at the length found so far,
     until the length holds (get_computed_blocks). A window caches only the blocks the window of two boundaries
     needs, vLLM's default prefix_cache_retention_interval 0: the prompt's last (P - 1 floored to the common block
     size) and the prefix full attention found beyond the window's hit (shared_prefix_boundary); full attention
-    caches every full block."""
+    caches every full block, and so does chunked local attention, whose hit is every block before the chunk of the
+    hit's end (nulls, no lookup) and the cached blocks of that chunk from its first on."""
 
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
     NEVER = 1 << 62  # a processed-token count no request reaches
@@ -196,13 +201,15 @@ class HybridKVCacheManager(PagedPool):
         self.num_cached: dict[int, list[int]] = {}  # request_id -> each table's leading blocks past caching
         self.junction: dict[int, int] = {}  # request_id -> its shared_prefix_boundary (0: none)
         self.keys: dict[int, list[list[bytes]]] = {}  # request_id -> its blocks' keys in each group (keyed_hashes)
-        self.num_window_freed = 0  # blocks the windows gave back while their requests ran (remove_skipped_blocks)
+        self.num_window_freed = (
+            0  # blocks windows and chunks gave back while their requests ran (remove_skipped_blocks)
+        )
         self.hash_block_size = math.gcd(*(g.block_size for g in self.groups))
         self.group_keys = [gid.to_bytes(4, "big") for gid in range(len(self.groups))]
         # vLLM's lookup order: groups of one spec looked up together, full attention's first
         specs: dict[tuple, list[int]] = {}
         for gid, g in enumerate(self.groups):
-            specs.setdefault((g.kind, g.block_size, g.sliding_window), []).append(gid)
+            specs.setdefault((g.kind, g.block_size, g.sliding_window, g.attention_chunk_size), []).append(gid)
         self.lookups = sorted(specs.items(), key=lambda item: item[0][0] != "full_attention")
 
     # ---------------------------------------------------------------- prefix cache
@@ -220,12 +227,17 @@ class HybridKVCacheManager(PagedPool):
         simple = len(self.lookups) == 2 and self.lookups[0][0][0] == "full_attention"
         while True:
             length = hit_length
-            for (kind, bs, window), gids in self.lookups:
+            for (kind, bs, window, chunk), gids in self.lookups:
                 if kind == "full_attention" and tables[gids[0]] is not None:  # looked up once: its hit only shrinks
                     length = min(length, lengths[gids[0]])
                     continue
                 keyed = [self.keyed_hashes(request, gid, max_length // bs) for gid in gids]
-                found = self.window_hit(keyed, length, bs, window) if window else self.leading_hit(keyed, length, bs)
+                if window:
+                    found = self.window_hit(keyed, length, bs, window)
+                elif chunk:
+                    found = self.chunk_hit(keyed, length, bs, chunk)
+                else:
+                    found = self.leading_hit(keyed, length, bs)
                 length = len(found[0]) * bs
                 for gid, table in zip(gids, found):
                     tables[gid], lengths[gid] = table, length
@@ -312,6 +324,20 @@ class HybridKVCacheManager(PagedPool):
             run -= 1
         return [table[:run] for table in tables]
 
+    def chunk_hit(self, keyed: list[list[bytes]], max_length: int, bs: int, chunk: int) -> list[list[int]]:
+        """Chunked local attention's hit: nulls for the blocks before the chunk of token max_length (no lookup), then
+        the cached blocks from the chunk's first on, at most max_length tokens
+        (ChunkedLocalAttentionManager.find_longest_cache_hit)."""
+        start = max_length // chunk * chunk // bs
+        tables = [[NULL_BLOCK_ID] * start for _ in keyed]
+        for i in range(start, max_length // bs):
+            found = self.cached_blocks(keyed, i)
+            if found is None:
+                break
+            for table, block in zip(tables, found):
+                table.append(block)
+        return tables
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache each group's blocks that num_tokens known, computed tokens (floored to the common block size) fill
         and that are not yet past caching: every one of full attention's, a window's only those the window of the
@@ -354,7 +380,7 @@ class HybridKVCacheManager(PagedPool):
         ref, total = self.pool.ref, 0
         for g, cap, table in zip(self.groups, self.caps, hit[0]):
             bs = g.block_size
-            skipped = num_skipped_tokens(num_hit_tokens, g.sliding_window) // bs
+            skipped = num_skipped_tokens(num_hit_tokens, g.sliding_window, g.attention_chunk_size) // bs
             total += hit_num_new_blocks(num_tokens, bs, cap if capped else 0, skipped, len(table))
             total += sum(1 for b in table[skipped:] if b != NULL_BLOCK_ID and ref[b] == 0)
         return total
@@ -419,7 +445,7 @@ class HybridKVCacheManager(PagedPool):
         rid, (hit_tables, junction, hit_tokens) = request.request_id, hit
         tables, leading = [], []
         for g, table in zip(self.groups, hit_tables):
-            skipped = num_skipped_tokens(hit_tokens, g.sliding_window) // g.block_size
+            skipped = num_skipped_tokens(hit_tokens, g.sliding_window, g.attention_chunk_size) // g.block_size
             held = [b for b in table[skipped:] if b != NULL_BLOCK_ID]
             touch_blocks(self.pool, held, len(held))
             tables.append([NULL_BLOCK_ID] * skipped + table[skipped:])
@@ -454,6 +480,10 @@ class HybridKVCacheManager(PagedPool):
             slots = min(slots, len(table) * g.block_size)
             if g.sliding_window:
                 settled = min(settled, (nulls + 1) * g.block_size + g.sliding_window - 1)
+            elif g.attention_chunk_size:  # its next block is freed once the chunk past it starts
+                settled = min(
+                    settled, cdiv((nulls + 1) * g.block_size, g.attention_chunk_size) * g.attention_chunk_size
+                )
         if self.enable_caching:
             align = self.block_size
             for g, n in zip(self.groups, self.num_cached[rid]):
@@ -467,10 +497,11 @@ class HybridKVCacheManager(PagedPool):
         if num_processed_tokens <= 0:
             return
         for i, g in enumerate(self.groups):
-            if not g.sliding_window:
+            if not (g.sliding_window or g.attention_chunk_size):
                 continue
             table, start = tables[i], leading[i]
-            end = min(num_skipped_tokens(num_processed_tokens, g.sliding_window) // g.block_size, len(table))
+            skipped = num_skipped_tokens(num_processed_tokens, g.sliding_window, g.attention_chunk_size)
+            end = min(skipped // g.block_size, len(table))
             if start < end:
                 free_table(self.pool, table[start:end], end - start)  # table[end - 1] freed first
                 self.num_window_freed += end - start

@@ -65,9 +65,12 @@ def from_document(doc: dict) -> dict:
         cost = ConstantStepCost(float(cost_doc["step_ms"]))
     else:
         cost = LinearStepCost(float(cost_doc["step_ms"]), float(cost_doc.get("step_ms_per_token", 0.0)))
-    groups = settings.get("kv_cache_groups")  # a hybrid model's: [{"kind", "block_size", "sliding_window"}]
+    groups = settings.get("kv_cache_groups")  # [{"kind", "block_size", "sliding_window", "attention_chunk_size"}]
     if groups is not None:
-        groups = tuple(KVCacheGroup(g["kind"], g["block_size"], (), g.get("sliding_window", 0)) for g in groups)
+        groups = tuple(
+            KVCacheGroup(g["kind"], g["block_size"], (), g.get("sliding_window", 0), g.get("attention_chunk_size", 0))
+            for g in groups
+        )
     return {
         "workload": workload,
         "config": config,

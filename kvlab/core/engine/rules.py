@@ -68,10 +68,13 @@ def num_blocks_to_allocate(
     return (num_slots + block_size - 1) // block_size - num_table_blocks
 
 
-def num_skipped_tokens(num_tokens: int, sliding_window: int) -> int:
-    """Leading tokens no later token attends to, whose blocks a group frees (0 for full attention, sliding_window
-    0): all but the last sliding_window - 1 before token num_tokens (single_type_kv_cache_manager.py,
-    SlidingWindowManager.get_num_skipped_tokens; no tokens retained for speculative decoding)."""
+def num_skipped_tokens(num_tokens: int, sliding_window: int, attention_chunk_size: int = 0) -> int:
+    """Leading tokens no later token attends to, whose blocks a group frees (0 for full attention, both sizes 0): all
+    but the last sliding_window - 1 before token num_tokens (single_type_kv_cache_manager.py,
+    SlidingWindowManager.get_num_skipped_tokens; no tokens retained for speculative decoding), or every token before
+    the attention chunk of token num_tokens (ChunkedLocalAttentionManager.get_num_skipped_tokens)."""
+    if attention_chunk_size:
+        return num_tokens // attention_chunk_size * attention_chunk_size
     if sliding_window == 0:
         return 0
     n = num_tokens - sliding_window + 1
