@@ -687,15 +687,18 @@ def hybrid_groups(model: ModelSpec | None, config: EngineConfig):
     return None if len(groups) == 1 and groups[0].kind == "full_attention" else groups
 
 
+KINDS_OF_WINDOW = {"sliding_attention": "sliding window", "chunked_local_attention": "attention chunk"}
+
+
 def describe_groups(groups) -> str:
     """A hybrid model's KV cache groups in words: how many of each kind, their windows and block sizes."""
     kinds: dict[tuple, int] = {}
     for g in groups:
-        key = (g.kind, g.sliding_window, g.block_size)
+        key = (g.kind, g.sliding_window or g.attention_chunk_size, g.block_size)
         kinds[key] = kinds.get(key, 0) + 1
     what = {"full_attention": "full attention", "mamba": "Mamba states"}
     parts = [
-        f"{n} of {what.get(kind) or f'a {window:,}-token sliding window'} ({bs:,} tokens a block)"
+        f"{n} of {what.get(kind) or f'a {window:,}-token {KINDS_OF_WINDOW[kind]}'} ({bs:,} tokens a block)"
         for (kind, window, bs), n in kinds.items()
     ]
     return f"{len(groups)} sharing the pool: " + ", ".join(parts) + " (vLLM's hybrid KV cache manager)"
