@@ -68,7 +68,7 @@ def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"enable_prefix_caching": True}, "enable_prefix_caching=True is not allowed: must be False with Mamba"),
+        ({"enable_prefix_caching": True}, r"block_size=64 is not allowed: must be every group's block size for Mamba"),
         ({"path": "compiled"}, "path='compiled' is not allowed: must be 'auto' or 'reference'"),
         ({"allocation": "max"}, "allocation='max' is not allowed: must be paged"),
         ({"recorder": Recorder(frees=True)}, "Recorder\\(frees=True\\)=True is not allowed"),
@@ -422,3 +422,67 @@ def test_chunked_local_attention_holds_its_chunk_and_every_block_comes_back(run,
     engine.run()
     assert kv.num_held == 0 and not kv.tables
     kv.pool.check_invariants()
+
+
+# ---------------------------------------------------------------- Mamba states with prefix caching ("align")
+MAMBA_2 = KVCacheGroup("mamba", 2, ())
+
+
+def test_mamba_states_with_prefix_caching_are_a_block_a_boundary_and_the_prefill_is_cut_there():
+    """vLLM's mamba_cache_mode "align", blocks of 2 tokens: a 9-token prompt's prefill is cut at the last block
+    boundary before its last token (8: rules.mamba_aligned_num_new_tokens); its Mamba table is nulls then the state
+    after token 8 (block index 3), which is cached (the prompt's boundary) and, with 9 tokens computed, the next
+    state block is taken and the one before it freed once the settled tokens pass it. A repeat hits the state."""
+    from kvlab.core.engine.rules import mamba_aligned_num_new_tokens
+
+    assert mamba_aligned_num_new_tokens(0, 9, 9, 9, 2, 100, 0) == 8
+    assert mamba_aligned_num_new_tokens(8, 1, 9, 9, 2, 100, 0) == 1
+    assert mamba_aligned_num_new_tokens(0, 7, 20, 20, 2, 100, 0) == 6  # a chunk before the end ends on a boundary
+    assert mamba_aligned_num_new_tokens(3, 9, 20, 20, 2, 100, 0) == 1  # starting mid-block: up to the next boundary
+    assert mamba_aligned_num_new_tokens(0, 12, 20, 20, 2, 100, 7) == 6  # the shared prefix, floored to blocks
+    kv = HybridKVCacheManager(40, (MAMBA_2, FULL), 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    assert kv.mamba_block_size == 2 and kv.caps == [1, 0]
+    first = Request(0, 0.0, 9, 5, 64, prompt_token_ids=np.arange(9))
+    assert kv.allocate_slots(first, 8, None, full_sequence_must_fit=True)
+    assert kv.tables[0][0] == [0, 0, 0, 1] and kv.tables[0][1] == [2, 3, 4, 5]
+    assert kv.pool.hash_of[1] >= 0  # the state after token 8 is cached
+    first.num_computed_tokens = 8
+    assert kv.allocate_slots(first, 1)
+    assert kv.tables[0][0] == [0, 0, 0, 1, 6]
+    first.num_computed_tokens, first.num_tokens = 9, 10
+    assert kv.allocate_slots(first, 1)  # 9 settled: the state after 8 (block 3) is behind; token 10 fits block 4
+    assert kv.tables[0][0] == [0, 0, 0, 0, 6]
+    kv.new_step_starts()
+    (tables, junction, hit_tokens), n = kv.get_computed_blocks(Request(1, 0.0, 9, 5, 64, prompt_token_ids=np.arange(9)))
+    assert (tables[0], n) == ([0, 0, 0, 1], 8)
+
+
+@given(shared_prompts())
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_mamba_states_with_prefix_caching_hold_at_most_two_blocks_and_every_block_comes_back(run):
+    """Mamba states beside full attention with prefix caching and memory that preempts: between steps a running
+    request's Mamba table holds at most two real blocks (its state and the one before, kept until the settled tokens
+    pass it), three under asynchronous scheduling (a batch in flight settles none); reference counts are the tables holding each block; at the end every block is free again."""
+    workload, config, num_gpu_blocks, cost, ids = run
+    bs = config.cache.block_size
+    groups = (KVCacheGroup("mamba", bs, ()), KVCacheGroup("full_attention", bs, ()))
+    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
+                    kv_cache_groups=groups)  # fmt: skip
+    kv, scheduler = engine.kv_cache_manager, engine.scheduler
+    original = scheduler.schedule
+
+    def checked():
+        refs = {}
+        for tables in kv.tables.values():
+            states, full = tables
+            assert len([b for b in states if b]) <= (3 if config.scheduler.async_scheduling else 2) and 0 not in full
+            for b in [b for b in states if b] + full:
+                refs[b] = refs.get(b, 0) + 1
+        assert all(kv.pool.ref[b] == refs.get(b, 0) for b in range(1, kv.pool.num_gpu_blocks))
+        kv.pool.check_invariants()
+        return original()
+
+    scheduler.schedule = checked
+    result = engine.run()
+    assert kv.num_held == 0 and not kv.tables
+    assert int(result.num_output_tokens.sum()) > 0

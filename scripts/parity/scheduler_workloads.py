@@ -158,7 +158,7 @@ def hybrid(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int
     }
 
 
-def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, n: int = 1000) -> dict:
+def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int = 1000) -> dict:
     """Prefix caching on a hybrid model's KV cache groups: each prompt is one of 8 system prompts (200-3,000 tokens)
     plus its own question, and one request in five repeats an earlier request's prompt exactly (a window's blocks
     are cached at a prompt's end and where prompts part, vLLM's default); a step budget of 2,048 tokens and memory
@@ -173,7 +173,11 @@ def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, n: int = 1000) -> dic
         ids[i] = ids[int(rng.integers(0, i))]
     output = np.clip(rng.lognormal(np.log(100), 1.0, n), 1, 800).astype(np.int64)
     config = _config(
-        num_gpu_blocks=num_gpu_blocks, max_num_batched_tokens=2048, max_num_seqs=128, enable_prefix_caching=True
+        num_gpu_blocks=num_gpu_blocks,
+        block_size=block_size,
+        max_num_batched_tokens=2048,
+        max_num_seqs=128,
+        enable_prefix_caching=True,
     )
     return {
         "config": config | {"kv_cache_groups": groups},
@@ -182,13 +186,17 @@ def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, n: int = 1000) -> dic
     }
 
 
-def qwen3_next_groups(attention_block_size: int = 64) -> list[dict]:
+def qwen3_next_groups(attention_block_size: int = 64, prefix_caching: bool = False) -> list[dict]:
     """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (config.json: full attention every 4th
     layer, 12 of them; 36 Gated DeltaNet layers, Mamba-like, each a state a request): three Mamba groups of 12 layers,
     then one of full attention. Without prefix caching vLLM holds a Mamba group's state in one block of
-    max_model_len tokens (mamba_cache_mode "none"). The attention groups' block size is chosen here, 64 tokens:
+    max_model_len tokens (mamba_cache_mode "none"); with it (prefix_caching), in blocks of the attention block size
+    (mamba_cache_mode "align"; kvlab models GDN layers that export no prefill checkpoints: the scheduler cuts
+    prefills at block boundaries instead). The attention groups' block size is chosen here, 64 tokens:
     vLLM raises it until an attention page covers a Mamba state, which kvlab's capacity does not compute yet."""
     mamba = {"kind": "mamba", "block_size": _config()["max_model_len"], "sliding_window": 0}
+    if prefix_caching:  # mamba_cache_mode "align": a state a block of the attention block size
+        mamba["block_size"] = attention_block_size
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
 
 
@@ -247,6 +255,11 @@ RUNS = {
     "llama-4-scout-prefix": (
         "Llama-4-Scout's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 1,200 blocks",
         lambda: hybrid_prefix(llama_4_scout_groups(), 1200),
+    ),
+    "qwen3-next-prefix": (
+        "Qwen3-Next-80B-A3B's KV cache groups with prefix caching (Mamba states in 64-token blocks, vLLM's 'align' "
+        "mode): 8 shared system prompts, repeated prompts, 200 blocks",
+        lambda: hybrid_prefix(qwen3_next_groups(prefix_caching=True), 200, block_size=64),
     ),
     "qwen3-next": (
         "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "

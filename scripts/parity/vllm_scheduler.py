@@ -122,7 +122,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     "async_scheduling": False,
     # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention" |
     # "chunked_local_attention" | "mamba", "attention_chunk_size" (chunked local attention only),
-    # "block_size", "sliding_window"}] (a Mamba group's block_size is max_model_len, vLLM's mamba_cache_mode "none");
+    # "block_size", "sliding_window"}] (a Mamba group's block_size: max_model_len in mamba_cache_mode "none", without
+    # prefix caching; the attention block size in "align", with it);
     # None: one full-attention group of block_size tokens a block.
     "kv_cache_groups": None,
 }
@@ -405,10 +406,11 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
         elif g["kind"] == "chunked_local_attention":
             chunk = g["attention_chunk_size"]
             specs.append(v.ChunkedLocalAttentionSpec(block_size=g["block_size"], attention_chunk_size=chunk, **shape))
-        elif g["kind"] == "mamba":  # mamba_cache_mode "none" (vLLM's without prefix caching): a state a request
-            state = {"shapes": ((1,),), "dtypes": (v.float32,), "mamba_cache_mode": "none"}
+        elif g["kind"] == "mamba":  # mamba_cache_mode "none" without prefix caching (a state a request), else "align"
+            mode = "align" if config["enable_prefix_caching"] else "none"
+            state = {"shapes": ((1,),), "dtypes": (v.float32,), "mamba_cache_mode": mode}
             specs.append(v.MambaSpec(block_size=g["block_size"], **state))
-            vllm_config.cache_config.mamba_cache_mode = "none"  # what the scheduler reads
+            vllm_config.cache_config.mamba_cache_mode = mode  # what the scheduler reads
             vllm_config.cache_config.mamba_block_size = g["block_size"]
         else:
             specs.append(v.FullAttentionSpec(block_size=g["block_size"], **shape))

@@ -94,12 +94,23 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
                 g.attention_chunk_size,
                 f"must be > 0 exactly for {g.kind}",
             )
-        if g.kind == "mamba" and g.block_size != max_model_len:
+        if g.kind == "mamba" and not config.cache.enable_prefix_caching and g.block_size != max_model_len:
             validate.fail(
                 f"kv_cache_groups[{i}].block_size",
                 g.block_size,
-                f"must be max_model_len={max_model_len} for Mamba layers (vLLM's mamba_cache_mode 'none': one "
-                "block a request)",
+                f"must be max_model_len={max_model_len} for Mamba layers without prefix caching (vLLM's "
+                "mamba_cache_mode 'none': one block a request)",
+            )
+        if (
+            g.kind == "mamba"
+            and config.cache.enable_prefix_caching
+            and {h.block_size for h in groups} != {g.block_size}
+        ):
+            validate.fail(
+                f"kv_cache_groups[{i}].block_size",
+                g.block_size,
+                "must be every group's block size for Mamba layers with prefix caching (vLLM's mamba_cache_mode "
+                "'align' sets mamba_block_size to the attention block size)",
             )
     common = math.lcm(*(g.block_size for g in groups))
     for i, g in enumerate(groups):
@@ -120,13 +131,6 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
     refusals = (
         (allocation != "paged", "allocation", allocation, "paged"),
         (config.scheduler.scheduler_cls != "v1", "scheduler_cls", config.scheduler.scheduler_cls, "v1"),
-        (
-            config.cache.enable_prefix_caching and any(g.kind == "mamba" for g in groups),
-            "enable_prefix_caching",
-            True,
-            "False with Mamba layers (vLLM's mamba_cache_mode 'align', its mode with prefix caching, is not modelled "
-            "yet)",
-        ),
         (path in ("python", "compiled"), "path", path, "'auto' or 'reference' (no fast path serves them yet)"),
         (recorder is not None and recorder.block_ids is not None, "Recorder(block_ids=True)", True, "False"),
         (recorder is not None and recorder.freed_tables is not None, "Recorder(frees=True)", True, "False"),
@@ -206,7 +210,10 @@ def check_requests(
             )
         elif groups is not None:  # admitted again at its longest: every group's blocks, a window's capped
             need, why = 0, f" in its {len(groups)} KV cache groups (windows and chunks capped)"
-            for g, cap in zip(groups, admission_caps(groups, max_model_len, config.max_in_flight_tokens)):
+            caps = admission_caps(
+                groups, max_model_len, config.max_in_flight_tokens, config.cache.enable_prefix_caching
+            )
+            for g, cap in zip(groups, caps):
                 blocks = cdiv(final - 1, g.block_size)
                 need = need + (np.minimum(blocks, cap) if cap else blocks)
             bs = min(g.block_size for g in groups)

@@ -5,7 +5,7 @@ inert here left out (no lookahead, no watermark, no connector, no sliding window
 request blocks for the tokens it computes this step, nothing more, and on admission first checks that
 blocks for its whole current length are free (scheduler_reserve_full_isl, on by default in 0.33).
 HybridKVCacheManager is the same manager over several KV cache groups (a hybrid model's full-attention,
-sliding-window and Mamba layers) sharing one pool, with vLLM's hybrid prefix cache (not with Mamba states).
+sliding-window, chunked-local-attention and Mamba layers) sharing one pool, with vLLM's hybrid prefix cache.
 """
 
 from __future__ import annotations
@@ -138,11 +138,16 @@ class KVCacheManager(PagedPool):
         return len(table)
 
 
-def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int) -> list[int]:
+def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int, enable_caching: bool = False) -> list[int]:
     """Each group's cap on the blocks admission needs (0: none): a sliding window's or a chunked local attention's
-    max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request)."""
+    max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request); with prefix caching a Mamba
+    group's one new state block (MambaManager.get_num_blocks_to_allocate in mamba_cache_mode "align")."""
     return [
-        g.blocks_per_request(max_model_len, max_in_flight_tokens) if g.sliding_window or g.attention_chunk_size else 0
+        g.blocks_per_request(max_model_len, max_in_flight_tokens)
+        if g.sliding_window or g.attention_chunk_size
+        else 1
+        if enable_caching and g.kind == "mamba"
+        else 0
         for g in groups
     ]
 
@@ -191,7 +196,7 @@ class HybridKVCacheManager(PagedPool):
         self.block_size = block_size  # the scheduler's (the groups' common multiple): a hit is a multiple of it
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.caps = admission_caps(groups, max_model_len, max_in_flight_tokens)
+        self.caps = admission_caps(groups, max_model_len, max_in_flight_tokens, enable_caching)
         self.tables: dict[int, list[list[int]]] = {}  # request_id -> its block table in each group
         self.leading: dict[int, list[int]] = {}  # request_id -> each table's leading nulls (blocks freed behind)
         # request_id -> (slots, processed, cacheable): while a request's tokens need at most slots, fewer than
@@ -211,6 +216,12 @@ class HybridKVCacheManager(PagedPool):
         for gid, g in enumerate(self.groups):
             specs.setdefault((g.kind, g.block_size, g.sliding_window, g.attention_chunk_size), []).append(gid)
         self.lookups = sorted(specs.items(), key=lambda item: item[0][0] != "full_attention")
+        # Mamba states with prefix caching (mamba_cache_mode "align"): a state a block of the groups' common size,
+        # prefill chunks cut at block boundaries (rules.mamba_aligned_num_new_tokens), one new block a step
+        self.mamba = [g.kind == "mamba" for g in self.groups]
+        self.mamba_block_size = self.block_size if enable_caching and any(self.mamba) else 0
+        self.last_state: dict[int, list[int | None]] = {}  # request_id -> each Mamba table's previous state block
+        self.cached_this_step: set[int] = set()  # hash ids of Mamba blocks cached this step
 
     # ---------------------------------------------------------------- prefix cache
     def get_computed_blocks(self, request: Request) -> tuple[tuple | None, int]:
@@ -234,6 +245,8 @@ class HybridKVCacheManager(PagedPool):
                 keyed = [self.keyed_hashes(request, gid, max_length // bs) for gid in gids]
                 if window:
                     found = self.window_hit(keyed, length, bs, window)
+                elif kind == "mamba":
+                    found = self.state_hit(keyed, length, bs)
                 elif chunk:
                     found = self.chunk_hit(keyed, length, bs, chunk)
                 else:
@@ -338,6 +351,19 @@ class HybridKVCacheManager(PagedPool):
                 table.append(block)
         return tables
 
+    def state_hit(self, keyed: list[list[bytes]], max_length: int, bs: int) -> list[list[int]]:
+        """A Mamba group's hit: its last cached state within max_length tokens, found right to left, nulls before it
+        (MambaManager.find_longest_cache_hit: a state is all a later token needs)."""
+        for i in range(max_length // bs - 1, -1, -1):
+            found = self.cached_blocks(keyed, i)
+            if found is not None:
+                return [[NULL_BLOCK_ID] * i + [block] for block in found]
+        return [[] for _ in keyed]
+
+    def new_step_starts(self) -> None:
+        """A new schedule(): a Mamba state cached before it may be hit (MambaManager.new_step_starts)."""
+        self.cached_this_step.clear()
+
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """Cache each group's blocks that num_tokens known, computed tokens (floored to the common block size) fill
         and that are not yet past caching: every one of full attention's, a window's only those the window of the
@@ -352,8 +378,8 @@ class HybridKVCacheManager(PagedPool):
             if start >= end:
                 continue
             table = tables[gid]
-            if g.sliding_window:
-                need = window_hit_blocks(g.sliding_window, bs)
+            if g.sliding_window or self.mamba[gid]:  # a window's last blocks, or the state, before each boundary
+                need = window_hit_blocks(g.sliding_window, bs) if g.sliding_window else 1
                 marked = set()
                 for boundary in (request.num_prompt_tokens - 1, self.junction[rid]):
                     if boundary > 0:
@@ -365,6 +391,8 @@ class HybridKVCacheManager(PagedPool):
             if ids:
                 keyed = self.keyed_hashes(request, gid, end)
                 self.pool.cache_full_blocks([table[j] for j in ids], [keyed[j] for j in ids])
+                if self.mamba[gid]:
+                    self.cached_this_step.update(self.pool.hash_of[table[j]] for j in ids)
             num_cached[gid] = end
 
     # ---------------------------------------------------------------- allocation
@@ -378,8 +406,14 @@ class HybridKVCacheManager(PagedPool):
         """Free blocks admitting a request with this prefix hit needs to hold num_tokens: each group's new blocks
         (rules.hit_num_new_blocks, a window's capped) and its hit blocks no request holds (still in the free queue)."""
         ref, total = self.pool.ref, 0
-        for g, cap, table in zip(self.groups, self.caps, hit[0]):
+        for g, cap, table, mamba in zip(self.groups, self.caps, hit[0], self.mamba):
             bs = g.block_size
+            if mamba:  # one new block at most, its hit state taken back from the free queue
+                if table and self.pool.hash_of[table[-1]] in self.cached_this_step:
+                    return self.NEVER  # a state cached this step is not there yet: not before the next step
+                new = cdiv(num_tokens, bs) - len(table)
+                total += min(new, 1) + sum(1 for b in table if b != NULL_BLOCK_ID and ref[b] == 0)
+                continue
             skipped = num_skipped_tokens(num_hit_tokens, g.sliding_window, g.attention_chunk_size) // bs
             total += hit_num_new_blocks(num_tokens, bs, cap if capped else 0, skipped, len(table))
             total += sum(1 for b in table[skipped:] if b != NULL_BLOCK_ID and ref[b] == 0)
@@ -419,10 +453,11 @@ class HybridKVCacheManager(PagedPool):
             slots, settled, cacheable = self.quiet[rid]
             if num_slots <= slots and processed < settled and to_cache < cacheable:
                 return True
-            self.remove_skipped_blocks(tables, self.leading[rid], processed)
+            self.remove_skipped_blocks(rid, processed)
         need = 0
-        for g, table in zip(self.groups, tables or [()] * len(self.groups)):
-            need += max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
+        for g, table, mamba in zip(self.groups, tables or [()] * len(self.groups), self.mamba):
+            new = max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
+            need += min(new, 1) if mamba and self.mamba_block_size else new
         if need > pool.num_free_blocks:
             if tables is not None:
                 self.quiet[rid] = self.quiet_limits(rid)
@@ -432,7 +467,8 @@ class HybridKVCacheManager(PagedPool):
             self.leading[rid] = [0] * len(self.groups)
             self.num_cached[rid] = [0] * len(self.groups)
             self.junction[rid] = 0
-        self.take_new_blocks(tables, num_slots)
+            self.last_state[rid] = [None] * len(self.groups)
+        self.take_new_blocks(rid, num_slots)
         if self.enable_caching:
             self.cache_blocks(request, to_cache)
         self.quiet[rid] = self.quiet_limits(rid)
@@ -444,25 +480,36 @@ class HybridKVCacheManager(PagedPool):
         cache_blocks)."""
         rid, (hit_tables, junction, hit_tokens) = request.request_id, hit
         tables, leading = [], []
-        for g, table in zip(self.groups, hit_tables):
-            skipped = num_skipped_tokens(hit_tokens, g.sliding_window, g.attention_chunk_size) // g.block_size
+        for g, table, mamba in zip(self.groups, hit_tables, self.mamba):
+            if mamba:  # the hit state only (MambaManager.get_num_skipped_tokens: all tokens but the last)
+                skipped = max(hit_tokens - 1, 0) // g.block_size
+            else:
+                skipped = num_skipped_tokens(hit_tokens, g.sliding_window, g.attention_chunk_size) // g.block_size
             held = [b for b in table[skipped:] if b != NULL_BLOCK_ID]
             touch_blocks(self.pool, held, len(held))
             tables.append([NULL_BLOCK_ID] * skipped + table[skipped:])
-            leading.append(skipped)
+            leading.append(0 if mamba else skipped)
         self.tables[rid], self.leading[rid] = tables, leading
         self.num_cached[rid] = [len(t) for t in tables]
         self.junction[rid] = junction
-        self.take_new_blocks(tables, min(hit_tokens + num_new_tokens, self.max_model_len))
+        self.last_state[rid] = [None] * len(tables)
+        self.take_new_blocks(rid, min(hit_tokens + num_new_tokens, self.max_model_len))
         self.cache_blocks(request, min(hit_tokens + num_new_tokens, request.num_tokens))
         self.quiet[rid] = self.quiet_limits(rid)
         return True
 
-    def take_new_blocks(self, tables: list[list[int]], num_slots: int) -> None:
-        """Extend each group's table to cover num_slots tokens from the free queue, group by group."""
-        pool, max_len = self.pool, self.max_model_len
-        for g, table in zip(self.groups, tables):
+    def take_new_blocks(self, rid: int, num_slots: int) -> None:
+        """Extend each group's table to cover num_slots tokens from the free queue, group by group; a Mamba group's
+        with prefix caching by nulls then one block, the state after its last token, its previous state kept until
+        the request's tokens are settled past it (MambaManager.allocate_new_blocks in mamba_cache_mode "align")."""
+        pool, max_len, tables = self.pool, self.max_model_len, self.tables[rid]
+        for gid, (g, table) in enumerate(zip(self.groups, tables)):
             new = num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len)
+            if new > 0 and self.mamba_block_size and self.mamba[gid]:
+                if table:
+                    self.last_state[rid][gid] = len(table) - 1
+                table.extend([NULL_BLOCK_ID] * (new - 1))
+                new = 1
             if new > 0:
                 at = len(table)
                 table.extend([NULL_BLOCK_ID] * new)
@@ -474,6 +521,8 @@ class HybridKVCacheManager(PagedPool):
         block leaves the window of the token after (leading + 1) x block_size + window - 1 of them;
         rules.num_skipped_tokens); and no group caches a block before cacheable tokens are known and computed (its
         next block past caching fills, floored to the common block size)."""
+        if self.mamba_block_size:
+            return 0, 0, 0  # Mamba states with prefix caching: never quiet
         slots, settled, cacheable = self.max_model_len, self.NEVER, self.NEVER
         tables, leading = self.tables[rid], self.leading[rid]
         for g, table, nulls in zip(self.groups, tables, leading):
@@ -490,14 +539,18 @@ class HybridKVCacheManager(PagedPool):
                 cacheable = min(cacheable, cdiv((n + 1) * g.block_size, align) * align)
         return slots, settled, cacheable
 
-    def remove_skipped_blocks(self, tables: list[list[int]], leading: list[int], num_processed_tokens: int) -> None:
+    def remove_skipped_blocks(self, rid: int, num_processed_tokens: int) -> None:
         """Free each sliding-window group's blocks wholly before the window of the next token, right to left until
         a block freed before (single_type_kv_cache_manager.py, remove_skipped_blocks, _remove_blocks_in_range): the
-        blocks after the table's leading nulls up to the window's."""
-        if num_processed_tokens <= 0:
-            return
+        blocks after the table's leading nulls up to the window's; a chunked group's before the next token's chunk;
+        a Mamba group's (with prefix caching) every state before the last token's and the previous state once the
+        settled tokens are past it."""
+        tables, leading = self.tables[rid], self.leading[rid]
         for i, g in enumerate(self.groups):
-            if not (g.sliding_window or g.attention_chunk_size):
+            if self.mamba_block_size and self.mamba[i]:
+                self.remove_states(rid, i, num_processed_tokens)
+                continue
+            if not (g.sliding_window or g.attention_chunk_size) or num_processed_tokens <= 0:
                 continue
             table, start = tables[i], leading[i]
             skipped = num_skipped_tokens(num_processed_tokens, g.sliding_window, g.attention_chunk_size)
@@ -508,17 +561,39 @@ class HybridKVCacheManager(PagedPool):
                 table[start:end] = [NULL_BLOCK_ID] * (end - start)
                 leading[i] = end
 
+    def remove_states(self, rid: int, gid: int, num_processed_tokens: int) -> None:
+        """MambaManager.remove_skipped_blocks in mamba_cache_mode "align" for group gid: the states before the last
+        processed token's block freed, right to left, nulls skipped, from the first not yet retired (leading); then
+        the previous state (last_state) once a whole block of settled tokens lies past it."""
+        pool, table, retired = self.pool, self.tables[rid][gid], self.leading[rid]
+        bs = self.groups[gid].block_size
+        if num_processed_tokens - 1 > 0:
+            end = min((num_processed_tokens - 1) // bs, len(table))
+            start = retired[gid]
+            if start < end:
+                held = [j for j in range(start, end) if table[j] != NULL_BLOCK_ID]
+                free_table(pool, [table[j] for j in held], len(held))  # the rightmost freed first
+                for j in held:
+                    table[j] = NULL_BLOCK_ID
+                retired[gid] = end
+        last = self.last_state[rid][gid]
+        if last is not None and last < cdiv(num_processed_tokens, bs) - 1 and table[last] != NULL_BLOCK_ID:
+            free_table(pool, [table[last]], 1)
+            table[last] = NULL_BLOCK_ID
+
     def free(self, request: Request) -> int:
-        """Give back every group's blocks, group by group, each table last block first; the number of blocks."""
+        """Give back every group's blocks, group by group, each table last block first (its nulls skipped); the
+        number of blocks."""
         rid = request.request_id
         tables = self.tables.pop(rid, None)
         if tables is None:
             return 0
         num_freed = 0
         for table, start in zip(tables, self.leading.pop(rid)):
-            free_table(self.pool, table[start:], len(table) - start)
-            num_freed += len(table) - start
-        del self.quiet[rid], self.num_cached[rid], self.junction[rid]
+            held = [b for b in table[start:] if b != NULL_BLOCK_ID]
+            free_table(self.pool, held, len(held))
+            num_freed += len(held)
+        del self.quiet[rid], self.num_cached[rid], self.junction[rid], self.last_state[rid]
         self.keys.pop(rid, None)
         return num_freed
 

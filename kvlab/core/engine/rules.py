@@ -159,6 +159,41 @@ def admission_num_new_blocks(
     return new
 
 
+def mamba_aligned_num_new_tokens(
+    num_computed_tokens: int,
+    num_new_tokens: int,
+    num_prompt_tokens: int,
+    num_tokens: int,
+    block_size: int,
+    max_prefill_tokens: int,
+    shared_prefix_boundary: int,
+) -> int:
+    """A prefill chunk cut where a Mamba state must be cached (sched/scheduler.py, _mamba_block_aligned_split, in
+    mamba_cache_mode "align" without prefill checkpoint blocks): a chunk before the prefill's end ends on a block
+    boundary (or runs on when no boundary is within reach and a block is wider than max_prefill_tokens), and no chunk
+    runs past the next block boundary when it starts mid-block, past the last block boundary before the request's
+    last token, or past the shared prefix (floored to blocks); 0: nothing this step."""
+    start = num_computed_tokens
+    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    if start >= prefill_end:
+        return num_new_tokens
+    end = start + num_new_tokens
+    if end < prefill_end:
+        aligned = end // block_size * block_size
+        if aligned > start or block_size <= max_prefill_tokens:
+            end = aligned
+    next_boundary = (start // block_size + 1) * block_size
+    last_cached = max((num_tokens - 1) // block_size * block_size, 0)
+    junction = shared_prefix_boundary
+    stops = (
+        next_boundary if start % block_size else 0,
+        last_cached,
+        start + (junction - start) // block_size * block_size if start < junction < end else 0,
+    )
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
 def preemption_victim(num_running: int) -> int:
     """The running request preempted when blocks run out: the last of the running list, the most recently
     admitted (sched/scheduler.py, Scheduler.schedule under FCFS: self.running.pop())."""

@@ -23,8 +23,8 @@ request, since a decode inside its last block may still free a block behind its 
 Left out because it is inert for a text-only decoder of full-attention and sliding-window layers and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
 deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, the watermark (0), drop-mode
-stale output (reset_prefix_cache and connectors only); and Mamba's block-aligned prefill split, which vLLM makes only
-in mamba_cache_mode "align" (with prefix caching, which the engine refuses for Mamba states).
+stale output (reset_prefix_cache and connectors only). With Mamba states and prefix caching (vLLM's mamba_cache_mode
+"align") a prefill chunk is cut where a state is cached (rules.mamba_aligned_num_new_tokens).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from kvlab.core.engine.rules import (
     admission_num_new_tokens,
     allocation_is_noop,
     is_finished,
+    mamba_aligned_num_new_tokens,
     preemption_victim,
     running_num_new_tokens,
     samples,
@@ -72,6 +73,12 @@ class Scheduler:
         self.enable_chunked_prefill = scheduler.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler.long_prefill_token_threshold
         self.kv_cache_manager = kv_cache_manager
+        # Mamba states cached at block boundaries (mamba_cache_mode "align"): prefill chunks cut there; 0: no cut
+        self.mamba_block_size = getattr(kv_cache_manager, "mamba_block_size", 0)
+        threshold = self.long_prefill_token_threshold
+        self.max_prefill_tokens = (
+            min(self.max_num_batched_tokens, threshold) if threshold > 0 else self.max_num_batched_tokens
+        )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.has_finished = False  # vLLM's finished_req_ids not yet sent: schedule() clears it
@@ -93,6 +100,9 @@ class Scheduler:
         running, waiting = self.running, self.waiting
         budget = self.max_num_batched_tokens
         cap = step_token_cap(self.long_prefill_token_threshold, len(running), len(waiting))
+        split = self.mamba_block_size
+        if split:
+            kv.new_step_starts()
 
         i = 0
         allocate, bs, caching, shortcut = kv.allocate_slots, kv.block_size, kv.enable_caching, kv.noop_decodes
@@ -109,7 +119,17 @@ class Scheduler:
                 budget,
                 self.max_model_len,
             )
-            if n == 0:  # async: its last token is in flight, or it is at max_model_len
+            if split and n:  # Mamba states: a prefill chunk ends where a state is cached
+                n = mamba_aligned_num_new_tokens(
+                    computed,
+                    n,
+                    request.num_prompt_tokens,
+                    request.num_tokens,
+                    split,
+                    self.max_prefill_tokens,
+                    kv.junction[request.request_id],
+                )
+            if n == 0:  # async: its last token is in flight, or it is at max_model_len (or a Mamba cut)
                 i += 1
                 continue
             # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op, where
@@ -134,6 +154,16 @@ class Scheduler:
                 request = waiting[0]
                 hits, num_hit_tokens = kv.get_computed_blocks(request)
                 n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget, chunked)
+                if split and n:
+                    n = mamba_aligned_num_new_tokens(
+                        num_hit_tokens,
+                        n,
+                        request.num_prompt_tokens,
+                        request.num_tokens,
+                        split,
+                        self.max_prefill_tokens,
+                        hits[1] if hits else 0,
+                    )
                 if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
                     break  # the scan stops at the first request that does not fit
                 waiting.popleft()

@@ -25,7 +25,7 @@ def simulate(workload: Workload, config: EngineConfig | None = None, **engine_op
     tables (per-step loop only) and every freed block table, in order, in the result. check=False: the requests
     are not checked up front. kv_cache_groups: a hybrid model's KV cache groups (kvlab.core.capacity.kv_cache_groups:
     full attention, sliding windows, Mamba states) sharing the pool, as vLLM's hybrid KV cache manager serves them
-    (kvlab.core.engine.kv_cache_manager.HybridKVCacheManager; the per-step loop; no prefix caching with Mamba states); None: one
+    (kvlab.core.engine.kv_cache_manager.HybridKVCacheManager; the per-step loop); None: one
     full-attention group.
 
     data_parallel_size > 1 in config serves a mixture-of-experts model's data-parallel ranks in lockstep, each over
