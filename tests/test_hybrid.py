@@ -285,37 +285,57 @@ def test_with_prefix_caching_and_memory_to_spare_a_second_full_group_is_one_grou
     assert np.array_equal(2 * one.steps["num_blocks_in_use"], two.steps["num_blocks_in_use"])
 
 
-@given(shared_prompts(), st.integers(1, 40))
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(run, window):
-    """Prefix caching on a window and full attention with memory that preempts: every hit is a multiple of the block
-    size; between steps each block's reference count is the number of tables holding it, the pool's free queue and
-    cache agree, a window's table is nulls then real blocks; at the end every block is free again."""
+def serve_checked(run, groups, each_request=None):
+    """Serve run (shared_prompts) over groups; between steps each running request's tables pass each_request(request,
+    tables) and, with prefix caching, each block's reference count is the number of tables holding it and the pool's
+    free queue and cache agree; at the end every block is free again. The result."""
     workload, config, num_gpu_blocks, cost, ids = run
-    bs = config.cache.block_size
-    groups = (KVCacheGroup("sliding_attention", bs, (), window), KVCacheGroup("full_attention", bs, ()))
     engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
                     kv_cache_groups=groups)  # fmt: skip
     kv, scheduler = engine.kv_cache_manager, engine.scheduler
     original = scheduler.schedule
 
     def checked():
-        refs = {}
-        for tables in kv.tables.values():
-            sliding, full = tables
-            live = [b for b in sliding if b]
-            assert sliding[: len(sliding) - len(live)] == [0] * (len(sliding) - len(live)) and 0 not in full
-            for b in live + full:
-                refs[b] = refs.get(b, 0) + 1
-        assert all(kv.pool.ref[b] == refs.get(b, 0) for b in range(1, kv.pool.num_gpu_blocks))
-        kv.pool.check_invariants()
+        for request in scheduler.running:
+            if each_request is not None:
+                each_request(request, kv.tables[request.request_id])
+        if kv.enable_caching:
+            refs = {}
+            for tables in kv.tables.values():
+                for b in (b for table in tables for b in table if b):
+                    refs[b] = refs.get(b, 0) + 1
+            assert all(kv.pool.ref[b] == refs.get(b, 0) for b in range(1, kv.pool.num_gpu_blocks))
+            kv.pool.check_invariants()
         return original()
 
     scheduler.schedule = checked
     result = engine.run()
     assert kv.num_held == 0 and not kv.tables
-    assert not (result.steps["num_hit_tokens"] % bs).any()
     kv.pool.check_invariants()
+    return result
+
+
+def nulls_then_blocks(table) -> int:
+    """The table's leading nulls, asserting no null follows a block."""
+    live = [b for b in table if b]
+    assert table[: len(table) - len(live)] == [0] * (len(table) - len(live))
+    return len(table) - len(live)
+
+
+@given(shared_prompts(), st.integers(1, 40))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(run, window):
+    """Prefix caching on a window and full attention with memory that preempts: every hit is a multiple of the block
+    size; between steps a window's table is nulls then real blocks, the full group's all real (serve_checked)."""
+    bs = run[1].cache.block_size
+    groups = (KVCacheGroup("sliding_attention", bs, (), window), KVCacheGroup("full_attention", bs, ()))
+
+    def tables_hold(request, tables):
+        nulls_then_blocks(tables[0])
+        assert 0 not in tables[1]
+
+    result = serve_checked(run, groups, tables_hold)
+    assert not (result.steps["num_hit_tokens"] % bs).any()
 
 
 # ---------------------------------------------------------------- section 3, part 3
@@ -394,34 +414,18 @@ def test_a_chunked_group_needs_the_common_block_size():
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_chunked_local_attention_holds_its_chunk_and_every_block_comes_back(run, chunks, caching):
     """Chunked local attention beside full attention, with and without prefix caching and memory that preempts:
-    between steps a chunked table is nulls, then real blocks from at most the block of its current chunk's start;
-    reference counts are the tables holding each block; at the end every block is free again."""
-    workload, config, num_gpu_blocks, cost, ids = run
-    bs = config.cache.block_size
+    between steps a chunked table is nulls, then real blocks from at most the block of its current chunk's start
+    (serve_checked)."""
+    bs = run[1].cache.block_size
     chunk = chunks * bs
     groups = (KVCacheGroup("chunked_local_attention", bs, (), attention_chunk_size=chunk),
               KVCacheGroup("full_attention", bs, ()))  # fmt: skip
-    config = config.replace(enable_prefix_caching=caching)
-    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
-                    kv_cache_groups=groups)  # fmt: skip
-    kv, scheduler = engine.kv_cache_manager, engine.scheduler
-    original = scheduler.schedule
 
-    def checked():
-        for request in scheduler.running:
-            local, full = kv.tables[request.request_id]
-            live = [b for b in local if b]
-            assert local[: len(local) - len(live)] == [0] * (len(local) - len(live)) and 0 not in full
-            processed = request.num_computed_tokens - request.num_in_flight_tokens
-            assert len(local) - len(live) <= processed // chunk * chunk // bs
-        if caching:
-            kv.pool.check_invariants()
-        return original()
+    def tables_hold(request, tables):
+        processed = request.num_computed_tokens - request.num_in_flight_tokens
+        assert nulls_then_blocks(tables[0]) <= processed // chunk * chunk // bs and 0 not in tables[1]
 
-    scheduler.schedule = checked
-    engine.run()
-    assert kv.num_held == 0 and not kv.tables
-    kv.pool.check_invariants()
+    serve_checked(run[:1] + (run[1].replace(enable_prefix_caching=caching),) + run[2:], groups, tables_hold)
 
 
 # ---------------------------------------------------------------- Mamba states with prefix caching ("align")
@@ -462,27 +466,13 @@ def test_mamba_states_with_prefix_caching_are_a_block_a_boundary_and_the_prefill
 def test_mamba_states_with_prefix_caching_hold_at_most_two_blocks_and_every_block_comes_back(run):
     """Mamba states beside full attention with prefix caching and memory that preempts: between steps a running
     request's Mamba table holds at most two real blocks (its state and the one before, kept until the settled tokens
-    pass it), three under asynchronous scheduling (a batch in flight settles none); reference counts are the tables holding each block; at the end every block is free again."""
-    workload, config, num_gpu_blocks, cost, ids = run
+    pass it), three under asynchronous scheduling (a batch in flight settles none) (serve_checked)."""
+    config = run[1]
     bs = config.cache.block_size
-    groups = (KVCacheGroup("mamba", bs, ()), KVCacheGroup("full_attention", bs, ()))
-    engine = Engine(workload, config, num_gpu_blocks=2 * num_gpu_blocks, cost=cost, prompt_token_ids=ids,
-                    kv_cache_groups=groups)  # fmt: skip
-    kv, scheduler = engine.kv_cache_manager, engine.scheduler
-    original = scheduler.schedule
+    most = 3 if config.scheduler.async_scheduling else 2
 
-    def checked():
-        refs = {}
-        for tables in kv.tables.values():
-            states, full = tables
-            assert len([b for b in states if b]) <= (3 if config.scheduler.async_scheduling else 2) and 0 not in full
-            for b in [b for b in states if b] + full:
-                refs[b] = refs.get(b, 0) + 1
-        assert all(kv.pool.ref[b] == refs.get(b, 0) for b in range(1, kv.pool.num_gpu_blocks))
-        kv.pool.check_invariants()
-        return original()
+    def tables_hold(request, tables):
+        assert len([b for b in tables[0] if b]) <= most and 0 not in tables[1]
 
-    scheduler.schedule = checked
-    result = engine.run()
-    assert kv.num_held == 0 and not kv.tables
+    result = serve_checked(run, (KVCacheGroup("mamba", bs, ()), KVCacheGroup("full_attention", bs, ())), tables_hold)
     assert int(result.num_output_tokens.sum()) > 0
