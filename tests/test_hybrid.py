@@ -268,7 +268,7 @@ def shared_prompts(draw):
 
 
 @given(shared_prompts())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_with_prefix_caching_and_memory_to_spare_a_second_full_group_is_one_group_of_blocks_twice_as_large(run):
     """Where no cached block is ever evicted, a second full-attention group caches and hits what the first does: the
     same decisions and prefix hits as the one-group engine with prefix caching, every step."""
@@ -323,7 +323,7 @@ def nulls_then_blocks(table) -> int:
 
 
 @given(shared_prompts(), st.integers(1, 40))
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(run, window):
     """Prefix caching on a window and full attention with memory that preempts: every hit is a multiple of the block
     size; between steps a window's table is nulls then real blocks, the full group's all real (serve_checked)."""
@@ -411,7 +411,7 @@ def test_a_chunked_group_needs_the_common_block_size():
 
 
 @given(shared_prompts(), st.integers(1, 12), st.booleans())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_chunked_local_attention_holds_its_chunk_and_every_block_comes_back(run, chunks, caching):
     """Chunked local attention beside full attention, with and without prefix caching and memory that preempts:
     between steps a chunked table is nulls, then real blocks from at most the block of its current chunk's start
@@ -462,7 +462,7 @@ def test_mamba_states_with_prefix_caching_are_a_block_a_boundary_and_the_prefill
 
 
 @given(shared_prompts())
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_mamba_states_with_prefix_caching_hold_at_most_two_blocks_and_every_block_comes_back(run):
     """Mamba states beside full attention with prefix caching and memory that preempts: between steps a running
     request's Mamba table holds at most two real blocks (its state and the one before, kept until the settled tokens
