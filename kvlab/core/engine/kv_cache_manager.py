@@ -165,19 +165,22 @@ class HybridKVCacheManager(PagedPool):
     Admission needs every group's blocks for the request's whole current length, a sliding window's at most its
     max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request, which the tokens in flight raise
     under asynchronous scheduling). free gives back every group's blocks, group by group, each table last block
-    first, its nulls skipped. A Mamba group (MambaManager in mamba_cache_mode "none", vLLM's without prefix
-    caching) has blocks of max_model_len tokens: a request holds one, its state, from admission to the end. A chunked
-    local attention group (ChunkedLocalAttentionManager) frees every block before the chunk of the next token, and
-    admits at most a chunk and the tokens in flight.
+    first, its nulls skipped. A Mamba group without prefix caching (MambaManager in mamba_cache_mode "none") has
+    blocks of max_model_len tokens: a request holds one, its state, from admission to the end. A chunked local
+    attention group (ChunkedLocalAttentionManager) frees every block before the chunk of the next token, and admits
+    at most a chunk and the tokens in flight.
 
-    With prefix caching (no Mamba group), a block is cached under its content hash and its group. A hit is the longest prefix, a multiple of the groups' common block size, that full attention finds
-    block by block from the start and every sliding window finds as the window's blocks before it (a hit of
-    block 0 onwards counts too); full attention is looked up first, then each window at the length found so far,
-    until the length holds (get_computed_blocks). A window caches only the blocks the window of two boundaries
-    needs, vLLM's default prefix_cache_retention_interval 0: the prompt's last (P - 1 floored to the common block
-    size) and the prefix full attention found beyond the window's hit (shared_prefix_boundary); full attention
-    caches every full block, and so does chunked local attention, whose hit is every block before the chunk of the
-    hit's end (nulls, no lookup) and the cached blocks of that chunk from its first on."""
+    With prefix caching, a block is cached under its content hash and its group. A hit is the longest prefix, a
+    multiple of the groups' common block size, that every group finds (get_computed_blocks): full attention block by
+    block from the start, looked up first; then, at the length found so far until it holds, a sliding window as the
+    window's blocks before the hit (a run from block 0 counts too), chunked local attention as nulls before the
+    hit's chunk and that chunk's cached blocks, a Mamba group as its last cached state. Full attention and chunked
+    local attention cache every full block; a window only the blocks the window of two boundaries needs, and a
+    Mamba group only the state at them (vLLM's default prefix_cache_retention_interval 0): the prompt's last (P - 1
+    floored to the common block size) and the prefix full attention found beyond the hit (shared_prefix_boundary).
+    Mamba states then follow mamba_cache_mode "align": a state a block of the common size, one new block a step
+    (take_new_blocks), the previous state freed once settled (remove_states), prefills cut where a state is cached
+    (rules.mamba_aligned_num_new_tokens, in the scheduler)."""
 
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
     NEVER = 1 << 62  # a processed-token count no request reaches
@@ -206,9 +209,7 @@ class HybridKVCacheManager(PagedPool):
         self.num_cached: dict[int, list[int]] = {}  # request_id -> each table's leading blocks past caching
         self.junction: dict[int, int] = {}  # request_id -> its shared_prefix_boundary (0: none)
         self.keys: dict[int, list[list[bytes]]] = {}  # request_id -> its blocks' keys in each group (keyed_hashes)
-        self.num_window_freed = (
-            0  # blocks windows and chunks gave back while their requests ran (remove_skipped_blocks)
-        )
+        self.num_window_freed = 0  # blocks windows and chunks gave back as their requests ran
         self.hash_block_size = math.gcd(*(g.block_size for g in self.groups))
         self.group_keys = [gid.to_bytes(4, "big") for gid in range(len(self.groups))]
         # vLLM's lookup order: groups of one spec looked up together, full attention's first
