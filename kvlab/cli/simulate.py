@@ -582,7 +582,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
     cost = vllm_cost(args, given, cost_name, model, config)
     workload, load = vllm_workload(args, given)
-    groups = hybrid_groups(model, config)
+    groups = None if model is None else capacity.engine_kv_cache_groups(model, config)
     try:  # the engine refuses its config, pool and workload in one line before any step
         result = vllm_engine.simulate(
             workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation,
@@ -676,15 +676,6 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     )
     print(f"throughput           {out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")
     return out
-
-
-def hybrid_groups(model: ModelSpec | None, config: EngineConfig):
-    """The KV cache groups the engine serves a model with sliding-window layers over (kvlab.core.capacity's layout,
-    vLLM's), or None: one full-attention group (no model, or every layer full attention)."""
-    if model is None:
-        return None
-    groups = capacity.kv_cache_groups(model, config)
-    return None if len(groups) == 1 and groups[0].kind == "full_attention" else groups
 
 
 KINDS_OF_WINDOW = {"sliding_attention": "sliding window", "chunked_local_attention": "attention chunk"}

@@ -300,6 +300,13 @@ def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCach
     ]
 
 
+def engine_kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCacheGroup] | None:
+    """The KV cache groups kvlab's engine serves the model over (kv_cache_groups), or None where that is one
+    full-attention group, which the engine serves as a plain decoder."""
+    groups = kv_cache_groups(model, config)
+    return None if len(groups) == 1 and groups[0].kind == "full_attention" else groups
+
+
 def _estimated_max_model_len(groups, model, config: EngineConfig, max_model_len: int, blocks: int) -> int:
     """The longest max_model_len whose request needs at most blocks blocks, 0 if none (vLLM's binary search)."""
 

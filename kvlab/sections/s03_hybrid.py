@@ -101,15 +101,13 @@ def long_context_workload(num_requests: int, arrival_rate: float, max_model_len:
 def serve(label: str, model, config: EngineConfig, num_gpu_blocks: int, workload: Workload, ids=None) -> dict:
     """One run of the engine on the deployment's pool and KV cache groups, summarised: requests running at once
     (peak and mean), preemptions, TTFT, TPOT, prefix hits and the blocks the windows gave back."""
-    groups = capacity.kv_cache_groups(model, config)
-    hybrid = len(groups) > 1 or groups[0].kind != "full_attention"
     engine = Engine(
         workload,
         config,
         num_gpu_blocks=num_gpu_blocks,
         cost=STEP_COST,
         prompt_token_ids=ids,
-        kv_cache_groups=groups if hybrid else None,
+        kv_cache_groups=capacity.engine_kv_cache_groups(model, config),
     )
     result = engine.run()
     steps, summary = result.steps, result.summary()
@@ -191,8 +189,8 @@ def prose(pair: dict, num_at_once: int, max_model_len: int) -> str:
         f"{p['window_blocks_returned_per_request']:,.0f} blocks a request as it moves past them. Prefix hits "
         f"{phrases.change(p['prefix_hit_pct_full'], p['prefix_hit_pct'], 1, unit='% of the prompt tokens')}"
         + (
-            ": a window caches its blocks only at a prompt's end and where prompts part (vLLM's default "
-            "prefix_cache_retention_interval 0), so a hit needs full attention and every window to find it."
+            ": a window caches its blocks only at a prompt's end and where prompts part (vLLM's default retention "
+            "interval of 0), so a hit needs full attention and every window to find it."
             if phrases.direction(p["prefix_hit_pct_full"], p["prefix_hit_pct"], 1) == "fall"
             else "."
         )

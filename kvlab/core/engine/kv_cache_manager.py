@@ -25,6 +25,7 @@ from kvlab.core.engine.rules import (
     num_skipped_tokens,
     window_hit_blocks,
 )
+from kvlab.core.units import cdiv
 
 
 class PagedPool:
@@ -597,7 +598,3 @@ class HybridKVCacheManager(PagedPool):
         del self.quiet[rid], self.num_cached[rid], self.junction[rid], self.last_state[rid]
         self.keys.pop(rid, None)
         return num_freed
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
