@@ -108,10 +108,10 @@ def test_layer_types_without_a_pattern_are_kept_per_layer():
     assert [spec.is_sliding(i) for i in range(5)] == [False, True, True, True, False]
     with pytest.raises(
         ValueError,
-        match=r"^config='cfg' is not allowed: layer_types holds linear_attention; "
-        "kvlab models full_attention and sliding_attention layers only$",
+        match=r"^config='cfg' is not allowed: layer_types holds mamba; "
+        "kvlab models full_attention, sliding_attention, chunked_attention and linear_attention layers only$",
     ):
-        models.from_config({**config, "layer_types": ["linear_attention"] * 8}, name="cfg")
+        models.from_config({**config, "layer_types": ["mamba"] * 8}, name="cfg")
     with pytest.raises(ValueError, match="layer_types must list num_hidden_layers=8 layers"):
         models.from_config({**config, "layer_types": types[:7]})
     with pytest.raises(ValueError, match="sliding_window=0 is not allowed: must be 0 exactly when layer_types"):

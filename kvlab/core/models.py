@@ -20,7 +20,9 @@ DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 MODELS_CSV = DATA_DIR / "models.csv"
 GPUS_CSV = DATA_DIR / "gpus.csv"
 ATTENTIONS = ("mha", "gqa", "mqa", "mla")
-LAYER_TYPES = ("full_attention", "sliding_attention")  # config.json's layer_types that kvlab models
+# config.json's layer_types that kvlab models: Llama 4's chunked local attention and Qwen3-Next's linear attention
+# (Gated DeltaNet, a Mamba-like state a request) besides full and sliding-window attention.
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,10 @@ class ModelSpec:
     sliding_window_pattern: 0 = no sliding-window layer; 1 = every layer slides; p >= 2 = layer i
     (from 0) is a full-attention layer when (i + 1) % p == 0 and a sliding-window layer otherwise
     (Gemma 2: p = 2, Gemma 3: p = 6). layer_types: each layer's kind as config.json's layer_types
-    names it ("full_attention" or "sliding_attention"), for layouts that repeat no such pattern
-    (sliding_window_pattern is then 0). For MLA, num_kv_heads is 1 and head_dim is the cached latent,
+    names it (LAYER_TYPES), for layouts that repeat no such pattern (sliding_window_pattern is then 0)
+    and for chunked local attention (attention_chunk_size tokens a chunk) and linear attention layers
+    (Gated DeltaNet: a conv state and a temporal state a request, sized by the linear_* fields, as
+    config.json names them). For MLA, num_kv_heads is 1 and head_dim is the cached latent,
     kv_lora_rank + qk_rope_head_dim values.
     """
 
@@ -58,6 +62,13 @@ class ModelSpec:
     expert_params_b: float = 0.0
     # Parameters vLLM adds by padding the vocabulary (vocab_padding_params): held in memory, not the model's own.
     vocab_padding_params: int = 0
+    attention_chunk_size: int = 0  # tokens a chunk of the chunked_attention layers (Llama 4); 0 for none
+    # Gated DeltaNet (linear_attention layers): key and value heads, their dims, the causal conv's kernel; 0 for none.
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -69,6 +80,9 @@ class ModelSpec:
         validate.non_negative_int("sliding_window_pattern", self.sliding_window_pattern)
         validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
         validate.non_negative_int("hidden_size", self.hidden_size)
+        validate.non_negative_int("attention_chunk_size", self.attention_chunk_size)
+        for name in LINEAR_FIELDS:
+            validate.non_negative_int(name, getattr(self, name))
         validate.non_negative_number("num_params_b", self.num_params_b)
         validate.non_negative_number("expert_params_b", self.expert_params_b)
         if self.num_params_b and self.expert_params_b > self.num_params_b:
@@ -95,6 +109,8 @@ class ModelSpec:
                 )
         if self.layer_types:
             self._check_layer_types()
+        elif self.attention_chunk_size or any(getattr(self, name) for name in LINEAR_FIELDS):
+            validate.fail("layer_types", (), "must say which layers are chunked_attention or linear_attention")
         elif (self.sliding_window == 0) != (self.sliding_window_pattern == 0):
             validate.fail(
                 "sliding_window_pattern", self.sliding_window_pattern, "must be 0 exactly when sliding_window is 0"
@@ -104,7 +120,7 @@ class ModelSpec:
         types = self.layer_types
         if len(types) != self.num_layers or not set(types) <= set(LAYER_TYPES):
             validate.fail(
-                "layer_types", types, f"must name each of the {self.num_layers} layers {' or '.join(LAYER_TYPES)}"
+                "layer_types", types, f"must name each of the {self.num_layers} layers {', '.join(LAYER_TYPES)}"
             )
         if self.sliding_window_pattern:
             validate.fail("sliding_window_pattern", self.sliding_window_pattern, "must be 0 beside layer_types")
@@ -114,6 +130,19 @@ class ModelSpec:
                 self.sliding_window,
                 "must be 0 exactly when layer_types has no sliding_attention layer",
             )
+        if (self.attention_chunk_size == 0) == ("chunked_attention" in types):
+            validate.fail(
+                "attention_chunk_size",
+                self.attention_chunk_size,
+                "must be 0 exactly when layer_types has no chunked_attention layer",
+            )
+        linear = [getattr(self, name) for name in LINEAR_FIELDS]
+        if ("linear_attention" in types) != all(linear) or any(linear) != all(linear):
+            validate.fail(
+                "linear_num_key_heads",
+                self.linear_num_key_heads,
+                f"{', '.join(LINEAR_FIELDS)} must all be > 0 exactly when layer_types has a linear_attention layer",
+            )
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer (0-based) attends over a sliding window."""
@@ -122,10 +151,31 @@ class ModelSpec:
         p = self.sliding_window_pattern
         return p == 1 or (p >= 2 and (layer + 1) % p != 0)
 
+    def layer_type(self, layer: int) -> str:
+        """Layer's kind (0-based), as config.json's layer_types names it (LAYER_TYPES)."""
+        if self.layer_types:
+            return self.layer_types[layer]
+        return "sliding_attention" if self.is_sliding(layer) else "full_attention"
+
     @property
     def num_sliding_layers(self) -> int:
         """Layers that attend over a sliding window."""
         return sum(self.is_sliding(i) for i in range(self.num_layers))
+
+
+LINEAR_FIELDS = (
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
+def interval_layer_types(num_layers: int, interval: int, local: str) -> tuple[str, ...]:
+    """Layer types where every interval-th layer (i + 1) % interval == 0 is full attention and the others are local
+    (Qwen3-Next's full_attention_interval, Llama 4's no_rope_layer_interval)."""
+    return tuple("full_attention" if (i + 1) % interval == 0 else local for i in range(num_layers))
 
 
 # ---------------------------------------------------------------- catalogs
@@ -189,13 +239,19 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         "sliding_window_pattern",
         "max_position_embeddings",
         "hidden_size",
+        "attention_chunk_size",
+        *LINEAR_FIELDS,
     ]
+    values = {k: int(row.get(k) or 0) for k in ints}
+    interval = int(row.get("full_attention_interval") or 0)
+    local = "chunked_attention" if values["attention_chunk_size"] else "linear_attention"
     return ModelSpec(
         name=row["name"],
         attention=row["attention"],
         num_params_b=float(row["num_params_b"]),
         expert_params_b=float(row.get("expert_params_b") or 0.0),
-        **{k: int(row[k]) for k in ints},
+        layer_types=interval_layer_types(values["num_layers"], interval, local) if interval else (),
+        **values,
     )
 
 
@@ -241,7 +297,8 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
             validate.fail(
                 "config",
                 source,
-                f"layer_types holds {', '.join(unknown)}; kvlab models {' and '.join(LAYER_TYPES)} layers only",
+                f"layer_types holds {', '.join(unknown)}; kvlab models {', '.join(LAYER_TYPES[:-1])} and "
+                f"{LAYER_TYPES[-1]} layers only",
             )
         sliding = [t == "sliding_attention" for t in layer_types]
         if not any(sliding):
@@ -261,6 +318,40 @@ def _sliding(config: dict, model_type: str, num_layers: int, source: str) -> tup
     if model_type.startswith("gemma3"):
         return window, _whole(config, "sliding_window_pattern", source, default=6), ()
     return window, 1, ()
+
+
+def _local_layers(config: dict, model_type: str, num_layers: int, source: str) -> dict:
+    """ModelSpec's layer_types, attention_chunk_size and linear_* fields for chunked local attention and linear
+    attention layers, as vLLM's model classes decide them: Llama 4 (llama4.py) chunks a layer's attention where
+    no_rope_layers[i] is 1 (transformers' default: all but every no_rope_layer_interval-th layer); Qwen3-Next
+    (qwen3_next.py) makes a layer Gated DeltaNet where layer_types says linear_attention (transformers' default: all
+    but every full_attention_interval-th layer). {} for a model with neither."""
+    types = config.get("layer_types") or []
+    if model_type.startswith("llama4") and config.get("attention_chunk_size"):
+        flags = config.get("no_rope_layers") or [
+            int((i + 1) % _whole(config, "no_rope_layer_interval", source, default=4) != 0) for i in range(num_layers)
+        ]
+        if not isinstance(flags, list) or len(flags) != num_layers:
+            validate.fail("config", source, f"no_rope_layers must list num_hidden_layers={num_layers} layers")
+        types = ["chunked_attention" if flag else "full_attention" for flag in flags]
+    elif model_type == "qwen3_next" and not types:
+        types = interval_layer_types(
+            num_layers, _whole(config, "full_attention_interval", source, default=4), "linear_attention"
+        )
+    types = tuple(types)
+    if not {"chunked_attention", "linear_attention"} & set(types):
+        return {}
+    if len(types) != num_layers or not set(types) <= {"full_attention", "chunked_attention", "linear_attention"}:
+        validate.fail("config", source, f"layer_types must name each of {num_layers} layers full, chunked or linear")
+    out = {"layer_types": types}
+    if "chunked_attention" in types:
+        _field(config, "attention_chunk_size", source, "its chunked_attention layers")
+        out["attention_chunk_size"] = _whole(config, "attention_chunk_size", source)
+    if "linear_attention" in types:
+        for name in LINEAR_FIELDS:
+            _field(config, name, source, "the state of its linear_attention layers")
+            out[name] = _whole(config, name, source)
+    return out
 
 
 # Families whose parameters kvlab counts from config.json (count_params), with whether they tie the lm_head to the
@@ -435,7 +526,8 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     layers = _whole(config, "num_hidden_layers", source)
     heads = _whole(config, "num_attention_heads", source)
     label = name or config.get("_name_or_path") or source
-    window, pattern, layer_types = _sliding(config, model_type, layers, source)
+    local = _local_layers(config, model_type, layers, source)
+    window, pattern, layer_types = (0, 0, ()) if local else _sliding(config, model_type, layers, source)
     counted = not num_params_b and count_params(config)[0] > 0  # a given count is taken as the weights, as given
     num_params_b = num_params_b or count_params(config)[0] / 1e9
     common = {
@@ -450,6 +542,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "hidden_size": _whole(config, "hidden_size", source, default=0),
         "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
         "vocab_padding_params": vocab_padding_params(config) if counted else 0,
+        **local,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
         _field(config, "kv_lora_rank", source, "the MLA latent size")
@@ -554,6 +647,9 @@ __all__ = [
     "get_model",
     "get_gpu",
     "from_config",
+    "interval_layer_types",
+    "LAYER_TYPES",
+    "LINEAR_FIELDS",
     "stage_layers",
     "weights_bytes_per_gpu",
 ]
