@@ -246,54 +246,152 @@ def sliding_window_block_size(block_size: int, attention_backend: str) -> int:
     return max(within) if within else min(offered)
 
 
+# Mamba (linear attention) layers: a request's state, not its tokens, sized as vLLM sizes it (MambaSpec).
+MAMBA_STATE_DTYPE_BYTES = 2  # vLLM's mamba_cache_dtype "auto": the model's dtype, bf16 for every catalog model
+# On a Hopper GPU vLLM's Gated DeltaNet prefill runs FlashInfer's kernel (qwen_gdn_linear_attn.py,
+# _resolve_gdn_prefill_backend), which exports a prefill checkpoint every 64 tokens in mamba_cache_mode "align"
+# (FLASHINFER_GDN_CHECKPOINT_ALIGNMENT): the attention block size becomes a multiple of it, and each Mamba group
+# holds one more block a request (MambaSpec.num_prefill_checkpoint_blocks).
+GDN_CHECKPOINT_ALIGNMENT_TOKENS = 64
+
+
+def mamba_cache_mode(config: EngineConfig = EngineConfig()) -> str:
+    """vLLM's mamba_cache_mode (MambaModelConfig.verify_and_update_config): "align" with prefix caching (a state a
+    block of the attention block size), "none" without (one state a request, in a block of max_model_len tokens)."""
+    return "align" if config.cache.enable_prefix_caching else "none"
+
+
+def mamba_state_shapes(model, tensor_parallel_size: int = 1) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A Gated DeltaNet layer's state on one GPU, (conv state, temporal state) (vLLM's MambaStateShapeCalculator.
+    gated_delta_net_state_shape): (conv_dim / TP, kernel - 1) with conv_dim = 2 x key heads x key dim + value heads
+    x value dim, and (value heads / TP, value dim, key dim)."""
+    tp = validate.positive_int("tensor_parallel_size", tensor_parallel_size)
+    conv_dim = 2 * model.linear_num_key_heads * model.linear_key_head_dim
+    conv_dim += model.linear_num_value_heads * model.linear_value_head_dim
+    if conv_dim % tp or model.linear_num_value_heads % tp:
+        validate.fail(
+            "tensor_parallel_size",
+            tp,
+            f"must divide {model.name}'s linear-attention conv dim ({conv_dim}) and value heads "
+            f"({model.linear_num_value_heads})",
+        )
+    return (conv_dim // tp, model.linear_conv_kernel_dim - 1), (
+        model.linear_num_value_heads // tp,
+        model.linear_value_head_dim,
+        model.linear_key_head_dim,
+    )
+
+
+def mamba_page_size_bytes(model, config: EngineConfig = EngineConfig()) -> int:
+    """Bytes of one Mamba layer's state on one GPU before padding (vLLM's MambaSpec.page_size_bytes); 0 for a model
+    without linear-attention layers."""
+    if not model.linear_num_key_heads:
+        return 0
+    shapes = mamba_state_shapes(model, config.parallel.tensor_parallel_size)
+    return sum(math.prod(shape) for shape in shapes) * MAMBA_STATE_DTYPE_BYTES
+
+
+def attention_block_size(model, config: EngineConfig = EngineConfig()) -> int:
+    """Tokens per block of the attention layers: block_size, raised for a model with Mamba layers until one
+    attention page holds a Mamba state (vLLM's Platform._align_hybrid_block_size): the smallest multiple of the
+    backend's kernel block (at least block_size; and of the prefill checkpoint grid in mamba_cache_mode "align")
+    whose page covers the state."""
+    bs = config.cache.block_size
+    state = mamba_page_size_bytes(model, config)
+    if not state:
+        return bs
+    sizes = ATTENTION_BACKENDS[config.cache.backend]
+    kernel = min(sizes) if isinstance(sizes, tuple) else sizes
+    alignment = max(kernel, bs)
+    if mamba_cache_mode(config) == "align":
+        alignment = math.lcm(alignment, GDN_CHECKPOINT_ALIGNMENT_TOKENS)
+    per_token = int(
+        kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
+    )
+    raised = alignment * cdiv(state, alignment * per_token)
+    return max(bs, kernel * cdiv(raised, kernel))
+
+
 @dataclass(frozen=True)
 class KVCacheGroup:
     """Layers that share one block table (vLLM's KVCacheGroupSpec): their kind, tokens per block, layer indices."""
 
     kind: str  # "full_attention" (MLA included), "sliding_attention", "chunked_local_attention" or "mamba"
-    block_size: int  # tokens a block (a Mamba group's: max_model_len, vLLM's mamba_cache_mode "none")
+    block_size: int  # tokens a block (a Mamba group's: max_model_len in mamba_cache_mode "none")
     layers: tuple[int, ...]
     sliding_window: int = 0  # tokens a sliding-window layer attends to (its own included); 0 for the other kinds
     attention_chunk_size: int = 0  # tokens of a chunked-local-attention layer's chunks; 0 for the other kinds
+    mamba_cache_mode: str = "none"  # a Mamba group's: "align" with prefix caching, "none" without
+    num_prefill_checkpoint_blocks: int = 0  # a Mamba group's blocks for a prefill checkpoint (align mode, Hopper)
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
         every token for full attention; the window less one, the tokens in flight and a partly used first
         block for a sliding window (vLLM's SlidingWindowSpec.max_admission_blocks_per_request); a chunk and the
-        tokens in flight for chunked local attention (ChunkedLocalAttentionSpec's); one state for Mamba layers
-        (MambaSpec in mamba_cache_mode "none", vLLM's without prefix caching)."""
+        tokens in flight for chunked local attention (ChunkedLocalAttentionSpec's); for Mamba layers (MambaSpec)
+        one state in mamba_cache_mode "none", two and the prefill checkpoints' in "align"."""
         if self.kind == "full_attention":
             return cdiv(max_model_len, self.block_size)
         if self.kind == "mamba":
-            return 1
+            return 1 if self.mamba_cache_mode == "none" else 2 + self.num_prefill_checkpoint_blocks
         if self.kind == "chunked_local_attention":
             return cdiv(min(self.attention_chunk_size + max_in_flight_tokens, max_model_len), self.block_size)
         return cdiv(min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len), self.block_size) + 1
 
 
+# A layer type of config.json (ModelSpec.layer_type) -> the kind of its KV cache group.
+GROUP_KINDS = {
+    "full_attention": "full_attention",
+    "sliding_attention": "sliding_attention",
+    "chunked_attention": "chunked_local_attention",
+    "linear_attention": "mamba",
+}
+
+
 def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCacheGroup]:
     """The whole model's layers grouped once, as vLLM's get_kv_cache_groups groups every worker's layers.
 
-    Without the hybrid manager a model with both kinds holds every token on every layer (one group). Otherwise
-    layers of one kind form a bucket (in the order of their first layer); the group size is the smallest
-    bucket's, or the largest's when that is under 1.5 times the smallest; a bucket of n layers makes
-    cdiv(n, size) groups, group i taking every cdiv(n, size)-th layer from layer i, so that pipeline stages
-    share groups evenly. Pages of both kinds are made equal by raising the smaller page's block size."""
-    kinds = ["sliding_attention" if model.is_sliding(i) else "full_attention" for i in range(model.num_layers)]
+    Without the hybrid manager a model with full attention beside windows or chunks holds every token on every
+    layer (one group; vLLM refuses it for Mamba layers). Otherwise layers of one kind form a bucket (in the order
+    of their first layer); the group size is the smallest bucket's, or the largest's when that is under 1.5 times
+    the smallest; a bucket of n layers makes cdiv(n, size) groups, group i taking every cdiv(n, size)-th layer from
+    layer i, so that pipeline stages share groups evenly. Pages of the attention kinds are made equal by raising
+    the smaller page's block size; a Mamba state is padded to the attention page (attention_block_size)."""
+    kinds = [GROUP_KINDS[model.layer_type(i)] for i in range(model.num_layers)]
+    if not config.cache.hybrid_kv_cache and "mamba" in kinds:
+        validate.fail(
+            "hybrid_kv_cache",
+            False,
+            f"{model.name}'s Mamba layers need vLLM's hybrid KV-cache manager (vLLM refuses: 'Failed to promote "
+            "local KV cache specs to one unified type'): drop --disable-hybrid-kv-cache-manager",
+        )
     if not config.cache.hybrid_kv_cache and "full_attention" in kinds:  # unify_hybrid_kv_cache_specs
         kinds = ["full_attention"] * model.num_layers
     buckets: dict[str, list[int]] = {}
     for i, kind in enumerate(kinds):
         buckets.setdefault(kind, []).append(i)
-    bs = config.cache.block_size
-    blocks = {"full_attention": bs, "sliding_attention": sliding_window_block_size(bs, config.cache.backend)}
-    if len(buckets) > 1:  # unify_kv_cache_spec_page_size: a page that divides the largest grows its block
-        largest = max(blocks.values())
+    bs = attention_block_size(model, config)
+    mode = mamba_cache_mode(config)
+    max_model_len = config.scheduler.max_model_len or model.max_position_embeddings
+    blocks = {
+        "full_attention": bs,
+        "chunked_local_attention": bs,
+        "sliding_attention": sliding_window_block_size(bs, config.cache.backend),
+    }
+    attention = {kind: blocks[kind] for kind in buckets if kind != "mamba"}
+    if len(attention) > 1:  # unify_kv_cache_spec_page_size: a page that divides the largest grows its block
+        largest = max(attention.values())
         blocks = {kind: largest if largest % b == 0 else b for kind, b in blocks.items()}  # else it is padded
+    blocks["mamba"] = bs if mode == "align" else max_model_len
     sizes = [len(layers) for layers in buckets.values()]
     size = max(sizes) if max(sizes) < 1.5 * min(sizes) else min(sizes)
+    local = {
+        "sliding_attention": {"sliding_window": model.sliding_window},
+        "chunked_local_attention": {"attention_chunk_size": model.attention_chunk_size},
+        "mamba": {"mamba_cache_mode": mode, "num_prefill_checkpoint_blocks": int(mode == "align")},
+    }
     return [
-        KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]), model.sliding_window if kind != "full_attention" else 0)
+        KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]), **local.get(kind, {}))
         for kind, layers in buckets.items()
         for n in [cdiv(len(layers), size)]
         for i in range(n)
@@ -340,8 +438,8 @@ def vllm_capacity(
         validate.fail("available_kv_bytes", budgets, f"must be one number or one per pipeline stage ({pp})")
     budgets = [math.floor(validate.non_negative_number("available_kv_bytes", b)) for b in budgets]
     max_model_len = validate.in_range("max_model_len", max_model_len, "tokens")
-    groups = kv_cache_groups(model, config)
-    page = max(g.block_size for g in groups) * int(
+    groups = kv_cache_groups(model, config.replace(max_model_len=max_model_len))
+    page = max(g.block_size for g in groups if g.kind != "mamba") * int(
         kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
     )
     per_request = sum(g.blocks_per_request(max_model_len, config.max_in_flight_tokens) for g in groups)
