@@ -68,8 +68,12 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "opt": "OPTForCausalLM",
     "gpt_neox": "GPTNeoXForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "llama4": "Llama4ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 FAMILIES = (
+    ("gpt-oss", "gpt-oss"),
     ("gemma-2", "Gemma 2"),
     ("gemma2", "Gemma 2"),
     ("gemma-3", "Gemma 3"),
@@ -135,6 +139,47 @@ def catalog_config(row: dict) -> dict:
             num_key_value_heads=heads,
         )
         del config["head_dim"]
+    if kind == "gpt_oss":  # layer_types as its config.json; yarn RoPE, as vLLM's GptOssAttention reads it
+        config.update(
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=window,
+            layer_types=[
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(config["num_hidden_layers"])
+            ],
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 32.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 4096,
+            },
+        )
+    if kind == "llama4":  # the text model alone (vLLM's Llama4ForCausalLM); no_rope_layers as transformers derives it
+        config.update(
+            model_type="llama4_text",
+            attention_chunk_size=int(row["attention_chunk_size"]),
+            no_rope_layer_interval=int(row["full_attention_interval"]),
+            num_local_experts=4,
+            num_experts_per_tok=1,
+            intermediate_size_mlp=4 * hidden,
+            interleave_moe_layer_step=1,
+            use_qk_norm=True,
+        )
+    if kind == "qwen3_next":  # full_attention_interval as its config.json; the Gated DeltaNet fields of the row
+        fields = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
+        config.update(
+            {f: int(row[f]) for f in (*fields, "linear_conv_kernel_dim")},
+            full_attention_interval=int(row["full_attention_interval"]),
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=512,
+            shared_expert_intermediate_size=512,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            partial_rotary_factor=0.25,
+        )
     if kind == "gemma3":
         text = {k: v for k, v in config.items() if k not in ("architectures", "torch_dtype")}
         text.update(
@@ -201,6 +246,10 @@ def kv_cache(spec) -> str:
     """The model's kind of KV cache, in a few words."""
     if spec.attention == "mla":
         return "MLA"
+    if spec.linear_num_key_heads:
+        return "Mamba hybrid"
+    if spec.attention_chunk_size:
+        return "chunked local"
     sliding = spec.num_sliding_layers
     return "full attention" if not sliding else "sliding window" if sliding == spec.num_layers else "hybrid"
 
@@ -208,6 +257,10 @@ def kv_cache(spec) -> str:
 def kv_layout(spec) -> str:
     """The model's KV-cache kind in words: attention, and which layers slide."""
     sliding = spec.num_sliding_layers
+    for kind, what in (("linear_attention", "linear-attention (Gated DeltaNet)"), ("chunked_attention", "chunked")):
+        local = sum(t == kind for t in spec.layer_types)
+        if local:
+            return f"{spec.attention}: {local} {what} + {spec.num_layers - local} full layers"
     if not sliding:
         return spec.attention
     if sliding == spec.num_layers:
@@ -308,7 +361,7 @@ def cases_for(model: dict, full: bool) -> list[dict]:
                     max_model_len=lens[0],
                     async_scheduling=async_,
                 )
-    if spec.num_sliding_layers:
+    if spec.num_sliding_layers or spec.attention_chunk_size:
         for pp in (1, 2):
             for length in (lens[0], lens[-1]):
                 for memory in (20 * GIB, *BOUNDARY):
@@ -319,6 +372,8 @@ def cases_for(model: dict, full: bool) -> list[dict]:
                         max_model_len=length,
                         hybrid_kv_cache_manager=False,
                     )
+                    if not spec.num_sliding_layers:
+                        continue
                     add(
                         f"tp1pp{pp}|auto|len={length}|CPU_ATTN",
                         memory,
@@ -326,6 +381,17 @@ def cases_for(model: dict, full: bool) -> list[dict]:
                         max_model_len=length,
                         attention_backend="CPU_ATTN",
                     )
+    if spec.linear_num_key_heads:  # without prefix caching: Mamba states in mamba_cache_mode "none"
+        for tp, length, mnbt in itertools.product([1, *tps], lens, (2048, 8192)):
+            for memory in (5 * GIB, 20 * GIB, *BOUNDARY):
+                add(
+                    f"tp{tp}pp1|auto|len={length}|mnbt={mnbt}|prefix=off",
+                    memory,
+                    tensor_parallel_size=tp,
+                    max_model_len=length,
+                    max_num_batched_tokens=mnbt,
+                    enable_prefix_caching=False,
+                )
     if spec.expert_params_b:  # data-parallel ranks, with expert parallelism or without
         for dp, tp, ep, memory in itertools.product((2, 4), [1, *tps[:1]], (False, True), (20 * GIB, *BOUNDARY)):
             settings = {"tensor_parallel_size": tp, "data_parallel_size": dp, "enable_expert_parallel": ep}
@@ -388,6 +454,7 @@ def kvlab_config(case: dict, config_json: dict) -> EngineConfig:
         "max_num_batched_tokens": case["max_num_batched_tokens"],
         "hybrid_kv_cache": case.get("hybrid_kv_cache_manager", True),
         "attention_backend": case.get("attention_backend"),
+        "enable_prefix_caching": case.get("enable_prefix_caching", True),  # vLLM's default for generative models
     }
     if case.get("async_scheduling") is not None:
         settings["async_scheduling"] = case["async_scheduling"]
@@ -550,11 +617,12 @@ def main(argv=None) -> int:
     parser.add_argument("--vllm-output", type=Path, help="compare this earlier OUT.json of vllm_capacity.py instead")
     parser.add_argument("--out", type=Path, default=ROOT / "data" / "parity", help="folder of the results")
     parser.add_argument("--keep", type=Path, help="folder to keep vLLM's IN.json and OUT.json in")
+    parser.add_argument("--models", help="only the models whose name holds this text (a quick check; writes --out)")
     opts = parser.parse_args(argv)
     if not opts.vllm_python and not opts.vllm_output:
         parser.error("give --vllm-python (or --vllm-output)")
     started = time.perf_counter()
-    all_models = models()
+    all_models = [m for m in models() if not opts.models or opts.models.lower() in m["name"].lower()]
     cases = grid(all_models)
     work = opts.keep or Path(tempfile.mkdtemp(prefix="kvlab_parity_"))
     work.mkdir(parents=True, exist_ok=True)

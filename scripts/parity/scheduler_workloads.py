@@ -8,9 +8,9 @@ Runs (RUNS): the whole Azure conversation trace (19,366 requests over an hour; a
 per run) with memory that forces preemption and with ample memory; synthetic workloads with chunked prefill off,
 with a long-prefill threshold, with prefix caching over shared system prompts (tight memory, so cached blocks are
 evicted and requests preempted); a long-prompt, short-output workload; and three hybrid models' KV cache groups
-(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, as kvlab.core.capacity lays them out, and
-Llama 4 Scout's attention chunks beside it, each without and with prefix caching; Qwen3-Next's Mamba states beside
-it). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
+(gpt-oss-20b's and Gemma-3-27B's sliding windows beside full attention, and Llama 4 Scout's attention chunks
+beside it, as kvlab.core.capacity lays them out for the catalog models, each without and with prefix caching;
+Qwen3-Next's Mamba states beside it, with a smaller attention block than vLLM's). Each in both of vLLM's scheduling modes: synchronous (NAME) and asynchronous,
 vLLM's default on a GPU (NAME-async).
 """
 
@@ -126,22 +126,20 @@ def long_prompt_short_output(n: int = 2000) -> dict:
     }
 
 
-def hybrid_groups(model) -> list[dict]:
-    """A hybrid model's KV cache groups as kvlab.core.capacity lays them out (vLLM's order, block sizes and windows
-    on its default attention backend), as IN.json gives them to both sides."""
-    from kvlab.core.capacity import kv_cache_groups
+def hybrid_groups(name: str) -> list[dict]:
+    """A catalog model's KV cache groups as kvlab.core.capacity lays them out (engine_kv_cache_groups: vLLM's order,
+    block sizes, windows and chunks on its default attention backend, the base config's max_model_len), as IN.json
+    gives them to both sides."""
+    from kvlab.core.capacity import engine_kv_cache_groups
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.models import get_model
 
+    config = EngineConfig().replace(max_model_len=_config()["max_model_len"])
     return [
-        {"kind": g.kind, "block_size": g.block_size, "sliding_window": g.sliding_window} for g in kv_cache_groups(model)
+        {"kind": g.kind, "block_size": g.block_size, "sliding_window": g.sliding_window}
+        | ({"attention_chunk_size": g.attention_chunk_size} if g.attention_chunk_size else {})
+        for g in engine_kv_cache_groups(get_model(name), config)
     ]
-
-
-def gpt_oss_20b():
-    """openai/gpt-oss-20b's attention layout (config.json: 24 layers, sliding_attention and full_attention in turn
-    from layer 0, a 128-token window; 64 query and 8 KV heads of 64): all its KV cache groups depend on."""
-    from kvlab.core.models import ModelSpec
-
-    return ModelSpec("openai/gpt-oss-20b", 24, 64, 8, 64, sliding_window=128, sliding_window_pattern=2)
 
 
 def hybrid(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int = 2000) -> dict:
@@ -187,32 +185,18 @@ def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, block_size: int = 16,
 
 
 def qwen3_next_groups(attention_block_size: int = 64, prefix_caching: bool = False) -> list[dict]:
-    """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (config.json: full attention every 4th
-    layer, 12 of them; 36 Gated DeltaNet layers, Mamba-like, each a state a request): three Mamba groups of 12 layers,
-    then one of full attention. Without prefix caching vLLM holds a Mamba group's state in one block of
-    max_model_len tokens (mamba_cache_mode "none"); with it (prefix_caching), in blocks of the attention block size
-    (mamba_cache_mode "align"; kvlab models GDN layers that export no prefill checkpoints: the scheduler cuts
-    prefills at block boundaries instead). The attention groups' block size is chosen here, 64 tokens:
-    vLLM raises it until an attention page covers a Mamba state, which kvlab's capacity does not compute yet."""
+    """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (three Mamba groups of 12 Gated DeltaNet
+    layers, then one of full attention; kvlab.core.capacity.kv_cache_groups lays them out alike), but with an
+    attention block size chosen here, 64 tokens, where vLLM raises it until an attention page covers a Mamba state
+    (544 tokens without prefix caching, 576 with it on a Hopper GPU, whose GDN layers also export prefill checkpoints
+    that kvlab's engine does not model): the runs keep the smaller block, so that prefills cross many blocks. Without
+    prefix caching vLLM holds a Mamba group's state in one block of max_model_len tokens (mamba_cache_mode "none");
+    with it (prefix_caching), in blocks of the attention block size (mamba_cache_mode "align"; the scheduler cuts
+    prefills at block boundaries)."""
     mamba = {"kind": "mamba", "block_size": _config()["max_model_len"], "sliding_window": 0}
     if prefix_caching:  # mamba_cache_mode "align": a state a block of the attention block size
         mamba["block_size"] = attention_block_size
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
-
-
-def llama_4_scout_groups() -> list[dict]:
-    """Llama-4-Scout-17B-16E's KV cache groups as vLLM groups its 48 layers (config.json: attention_chunk_size 8,192;
-    every 4th layer, 12 of them, without RoPE and with full attention; the other 36 chunked local attention): three
-    groups of 12 chunked layers, then one of full attention, 16 tokens a block (vLLM 0.33 serves chunked local
-    attention with its hybrid manager by default: VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is 1)."""
-    chunked = {"kind": "chunked_local_attention", "block_size": 16, "sliding_window": 0, "attention_chunk_size": 8192}
-    return [chunked, chunked, chunked, {"kind": "full_attention", "block_size": 16, "sliding_window": 0}]
-
-
-def _gemma_3_27b():
-    from kvlab.core.models import get_model
-
-    return get_model("google/gemma-3-27b-it")
 
 
 # name -> (what it shows, the document's builder)
@@ -234,27 +218,27 @@ RUNS = {
     "long-prompt": ("synthetic, prompts 2,000-8,000 tokens, outputs 16-128, 6,000 blocks", long_prompt_short_output),
     "gpt-oss-20b": (
         "gpt-oss-20b's KV cache groups (a 128-token window, full attention), Azure-like, 1,200 blocks",
-        lambda: hybrid(hybrid_groups(gpt_oss_20b()), 1200),
+        lambda: hybrid(hybrid_groups("openai/gpt-oss-20b"), 1200),
     ),
     "gemma-3-27b": (
         "Gemma-3-27B's KV cache groups (six of a 1,024-token window, one full), Azure-like, 4,000 blocks",
-        lambda: hybrid(hybrid_groups(_gemma_3_27b()), 4000),
+        lambda: hybrid(hybrid_groups("google/gemma-3-27b-it"), 4000),
     ),
     "gpt-oss-20b-prefix": (
         "gpt-oss-20b's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 600 blocks",
-        lambda: hybrid_prefix(hybrid_groups(gpt_oss_20b()), 600),
+        lambda: hybrid_prefix(hybrid_groups("openai/gpt-oss-20b"), 600),
     ),
     "gemma-3-27b-prefix": (
         "Gemma-3-27B's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 2,000 blocks",
-        lambda: hybrid_prefix(hybrid_groups(_gemma_3_27b()), 2000),
+        lambda: hybrid_prefix(hybrid_groups("google/gemma-3-27b-it"), 2000),
     ),
     "llama-4-scout": (
         "Llama-4-Scout's KV cache groups (three of 8,192-token attention chunks, one full), Azure-like, 3,500 blocks",
-        lambda: hybrid(llama_4_scout_groups(), 3500),
+        lambda: hybrid(hybrid_groups("meta-llama/Llama-4-Scout-17B-16E-Instruct"), 3500),
     ),
     "llama-4-scout-prefix": (
         "Llama-4-Scout's KV cache groups with prefix caching: 8 shared system prompts, repeated prompts, 1,200 blocks",
-        lambda: hybrid_prefix(llama_4_scout_groups(), 1200),
+        lambda: hybrid_prefix(hybrid_groups("meta-llama/Llama-4-Scout-17B-16E-Instruct"), 1200),
     ),
     "qwen3-next-prefix": (
         "Qwen3-Next-80B-A3B's KV cache groups with prefix caching (Mamba states in 64-token blocks, vLLM's 'align' "

@@ -30,6 +30,8 @@ path) and the settings vLLM's KV-cache sizing reads:
     async_scheduling        null: vLLM decides as on a GPU (on, except the V1 runner with PP > 1);
                             true or false as --async-scheduling / --no-async-scheduling
     hybrid_kv_cache_manager true (vLLM's default on a GPU); false as --disable-hybrid-kv-cache-manager
+    enable_prefix_caching   null: vLLM's default (on for generative models, so Mamba layers take
+                            mamba_cache_mode "align"); true or false as --(no-)enable-prefix-caching
     model_runner            "v2" (vLLM's default on a GPU with Triton) or "v1"
     attention_backend       null: the first backend of vLLM's Hopper (SM90) priority list that takes
                             the KV dtype and block size (FLASH_ATTN for bf16/fp8; for MLA,
@@ -54,9 +56,13 @@ machine without a GPU cannot even build a VllmConfig). The CPU platform changes 
 would not, so the script sets them back to what vLLM chooses on a CUDA GPU and records each
 change under "emulation" in OUT.json: the settings the CPU platform's check_and_update_config
 changes after vLLM resolved them (async scheduling, which it turns off; the block size, which it
-forces to 16 for MLA), the model runner (V2, which needs Triton; VLLM_USE_V2_MODEL_RUNNER), the
+forces to 16 for MLA; the Mamba SSM state dtype, which it makes float32), the model runner (V2, which needs Triton; VLLM_USE_V2_MODEL_RUNNER), the
 attention backend of every layer (CPU_ATTN takes multiples of 32 tokens only, which changes
-sliding-window block sizes) and the device name in the log line.
+sliding-window block sizes), the device name in the log line, and, for Gated DeltaNet layers,
+the prefill backend vLLM picks on a Hopper GPU (FlashInfer's, which exports prefill checkpoints in
+mamba_cache_mode "align"). After the model is built, vLLM's Platform.update_block_size_for_backend
+runs as a GPU worker runs it (the attention block size raised to cover a Mamba state, the Mamba
+page padded to the attention page).
 
 Only vLLM is imported (no kvlab, no pandas); a bad case is recorded and the next one runs.
 """
@@ -118,6 +124,7 @@ from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.model_executor.layers.attention.attention import _largest_kernel_block_within  # noqa: E402
 from vllm.model_executor.model_loader.utils import initialize_model  # noqa: E402
+from vllm.platforms.interface import Platform  # noqa: E402
 from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype, set_default_torch_dtype  # noqa: E402
 from vllm.v1.attention.backends.registry import AttentionBackendEnum  # noqa: E402
 from vllm.v1.attention.backends.utils import (  # noqa: E402
@@ -154,6 +161,7 @@ DEFAULTS = {
     "max_num_batched_tokens": 8192,
     "async_scheduling": None,
     "hybrid_kv_cache_manager": True,
+    "enable_prefix_caching": None,
     "model_runner": "v2",
     "attention_backend": None,
     "spec_source": "auto",
@@ -233,6 +241,8 @@ _WATCHED = (
     ("scheduler_config", "max_num_batched_tokens"),
     ("cache_config", "block_size"),
     ("cache_config", "cache_dtype"),
+    ("cache_config", "mamba_cache_dtype"),
+    ("cache_config", "mamba_ssm_cache_dtype"),  # the CPU's GDN backend wants float32 SSM states
     ("model_config", "max_model_len"),
 )
 
@@ -278,6 +288,7 @@ def build_vllm_config(case: dict, settings: dict):
         max_num_batched_tokens=settings["max_num_batched_tokens"],
         async_scheduling=settings["async_scheduling"],
         disable_hybrid_kv_cache_manager=None if settings["hybrid_kv_cache_manager"] else True,
+        enable_prefix_caching=settings["enable_prefix_caching"],
     )
     with _before_platform_hook() as resolved:
         config = args.create_engine_config()
@@ -412,6 +423,24 @@ def _gpu_backend_selected(backend):
         selector._cached_get_attn_backend.cache_clear()
 
 
+@contextlib.contextmanager
+def _hopper_gdn_prefill():
+    """Gated DeltaNet layers pick their prefill kernel by the device: FlashInfer's on a Hopper GPU (SM90), which
+    exports prefill checkpoints in mamba_cache_mode "align"; on the CPU they would pick Triton's."""
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+
+    original = gdn._resolve_gdn_prefill_backend
+    gdn._resolve_gdn_prefill_backend = lambda vllm_config: ("auto", "flashinfer")
+    try:
+        yield
+    finally:
+        gdn._resolve_gdn_prefill_backend = original
+
+
+# The cache settings update_block_size_for_backend may change, kept with a stage's specs.
+_BLOCK_SETTINGS = ("block_size", "mamba_block_size", "mamba_page_size_padded")
+
+
 def specs_from_model(config, backend, pp_rank: int) -> tuple[dict, int]:
     """One stage's specs from vLLM's model class: each attention layer's get_kv_cache_spec, and the
     bytes of the parameters one GPU of the stage holds (rank 0 of its TP and DP groups).
@@ -426,11 +455,15 @@ def specs_from_model(config, backend, pp_rank: int) -> tuple[dict, int]:
     config.compilation_config.static_forward_context.clear()
     with _as_rank(parallel.tensor_parallel_size, parallel.pipeline_parallel_size, pp_rank, parallel.data_parallel_size):
         with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
-            model = initialize_model(config)
+            with _hopper_gdn_prefill():
+                model = initialize_model(config)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         for layer in config.compilation_config.static_forward_context.values():
             if issubclass(getattr(layer, "attn_backend", object), backend):
                 layer.attn_backend = backend  # the real class, not the no-kernels stand-in
+        # A GPU worker's next step after load_model (vllm/v1/executor/uniproc_executor.py), on CUDA's platform
+        # class (the interface's; the CPU platform overrides it)
+        Platform.update_block_size_for_backend.__func__(Platform, config)
         with set_current_vllm_config(config):
             specs = worker_kv_cache_spec(config)
     config.compilation_config.static_forward_context.clear()
@@ -528,8 +561,12 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
         backend.get_name(),
         settings["spec_source"],
     )
+    if config.model_config.is_hybrid:  # Mamba specs read the length, the cache mode and the step budget too
+        key += (config.model_config.max_model_len, config.cache_config.mamba_cache_mode, config.max_in_flight_tokens)
     if key in _SPEC_CACHE:
-        stages, path, notes, agree, weights = _SPEC_CACHE[key]
+        stages, path, notes, agree, weights, block = _SPEC_CACHE[key]
+        for name, value in block.items():  # as update_block_size_for_backend left them
+            setattr(config.cache_config, name, value)
         return [dict(s) for s in stages], path, list(notes), agree, list(weights)
     pp = settings["pipeline_parallel_size"]
     notes: list[str] = []
@@ -555,7 +592,8 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
         # multimodal wrappers prefix theirs, e.g. language_model.model.layers.0.self_attn.attn)
         constructed = [specs_constructed(config, backend, r) for r in range(pp)]
         agree = [list(c.values()) for c in constructed] == [list(s.values()) for s in stages]
-    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes), agree, list(weights))
+    block = {name: getattr(config.cache_config, name) for name in _BLOCK_SETTINGS}
+    _SPEC_CACHE[key] = ([dict(s) for s in stages], path, list(notes), agree, list(weights), block)
     return stages, path, notes, agree, weights
 
 
