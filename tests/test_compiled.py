@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import draw_requests
 from kvlab.core import models
+from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import Batch, ConstantStepCost, LinearStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.engine import Engine, NoProgressError, Recorder, warm
@@ -203,6 +204,15 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
     roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
     assert not Engine(big, sync, num_gpu_blocks=100, cost=roofline).compiled
+    window = (KVCacheGroup("sliding_attention", 16, (), 32), KVCacheGroup("full_attention", 16, ()))
+    m = compiled.COMPILED_FROM_REQUESTS_HYBRID  # a hybrid model's groups: the Python loop has no decode runs for them
+    hybrid = Workload(big.arrival_s[:m], big.prompt_tokens[:m], big.output_tokens[:m])
+    assert Engine(hybrid, sync, num_gpu_blocks=100, kv_cache_groups=window).compiled
+    assert not Engine(hybrid, sync, num_gpu_blocks=100).compiled
+    assert not Engine(small, sync, num_gpu_blocks=100, kv_cache_groups=window).compiled
+    assert not Engine(
+        hybrid, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100, kv_cache_groups=window
+    ).compiled
     with pytest.raises(ValueError, match=r"^path='compiled' is not allowed: applies only to the v1 scheduler") as err:
         Engine(small, sync, num_gpu_blocks=100, path="compiled", recorder=Recorder(scheduled=True))
     assert "\n" not in str(err.value)
@@ -385,3 +395,69 @@ def test_a_prefill_runs_step_on_the_measured_clock_is_the_python_steps_bits(
     assert kernels.prefill_step_s(clock, run, num_decodes, chunk, before, decode_context, low, high) == cost.step_s(
         batch
     )
+
+
+@st.composite
+def hybrid_runs(draw):
+    """A hybrid model's groups (a window, full attention, maybe a chunked group and a Mamba state) on a small workload
+    and a pool tight enough to preempt, either scheduling mode, without prefix caching."""
+    n, bs, max_model_len, gaps, prompts, outputs = draw_requests(draw, st)
+    chunked = draw(st.booleans())
+    budget = draw(st.integers(8, 96)) if chunked else max_model_len + draw(st.integers(0, 40))
+    config = EngineConfig().replace(
+        async_scheduling=draw(st.booleans()),
+        block_size=bs,
+        max_num_seqs=draw(st.integers(1, 8)),
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3])) if chunked else 0,
+    )
+    groups = [KVCacheGroup("sliding_attention", bs, (), draw(st.integers(1, 40)))] * draw(st.integers(1, 3))
+    groups.append(KVCacheGroup("full_attention", bs, ()))
+    other = draw(st.sampled_from(["none", "chunked", "mamba"]))  # a chunk needs the groups' common block size
+    if other == "chunked":
+        groups.append(
+            KVCacheGroup("chunked_local_attention", bs, (), attention_chunk_size=bs * draw(st.integers(1, 4)))
+        )
+    elif other == "mamba":
+        groups.insert(0, KVCacheGroup("mamba", max_model_len, ()))
+    final = [min(p + o, max_model_len) for p, o in zip(prompts, outputs)]
+    least = len(groups) * (max(-(-(f - 1) // bs) for f in final) + 1)
+    return {
+        "workload": Workload(np.cumsum(gaps), np.minimum(prompts, max_model_len - 1), np.array(outputs)),
+        "config": config,
+        "cost": draw(st.sampled_from([ConstantStepCost(8.0), LinearStepCost(5.0, 0.1)])),
+        "num_gpu_blocks": least + draw(st.sampled_from([0, 1, 3, 10, 400])),
+        "kv_cache_groups": groups,
+    }
+
+
+@given(hybrid_runs())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_compiled_loop_serves_a_hybrid_models_groups_as_the_python_engine_does(args):
+    """Windows, chunks and Mamba states in the compiled loop: every request and step the Python engine's, and the
+    blocks the windows and chunks gave back."""
+    python = Engine(**args, path="reference")
+    loop = Engine(**args, path="compiled")
+    assert_identical(python.run(), loop.run())
+    assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed
+
+
+@pytest.mark.parametrize("async_scheduling", [False], ids=["sync"])
+def test_a_hybrid_models_decodes_run_at_once_as_they_run_step_by_step(async_scheduling):
+    """Gemma-3-like groups (two windows, one full) on long decodes, memory binding: the compiled loop does decode runs
+    (windows give blocks back in them, waiting requests are admitted once enough come back) and every request and step
+    is the Python engine's."""
+    rng = np.random.default_rng(7)
+    n = 300
+    workload = Workload(np.cumsum(rng.exponential(0.02, n)), rng.integers(8, 400, n), rng.integers(50, 600, n))
+    config = EngineConfig().replace(async_scheduling=async_scheduling, max_model_len=2048, max_num_seqs=64)
+    groups = [KVCacheGroup("sliding_attention", 16, (), 128)] * 2 + [KVCacheGroup("full_attention", 16, ())]
+    args = {"workload": workload, "config": config, "cost": LinearStepCost(8.0, 0.01), "num_gpu_blocks": 1200}
+    python = Engine(**args, kv_cache_groups=groups, path="reference")
+    loop = Engine(**args, kv_cache_groups=groups, path="compiled")
+    result = python.run()
+    assert_identical(result, loop.run())
+    assert result.summary()["num_preemptions"] > 0 and loop.num_decode_runs > 100
+    assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed > 0

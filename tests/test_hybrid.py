@@ -68,17 +68,22 @@ def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused
 @pytest.mark.parametrize(
     "bad, message",
     [
-        ({"enable_prefix_caching": True}, r"block_size=64 is not allowed: must be every group's block size for Mamba"),
-        ({"path": "compiled"}, "path='compiled' is not allowed: must be 'auto' or 'reference'"),
+        ({"mamba": True}, r"block_size=64 is not allowed: must be every group's block size for Mamba"),
+        ({"path": "python"}, "path='python' is not allowed: must be 'auto', 'compiled' or 'reference'"),
+        (
+            {"path": "compiled", "caching": True},
+            "path='compiled' is not allowed: must be 'auto' or 'reference' with pre",
+        ),
         ({"allocation": "max"}, "allocation='max' is not allowed: must be paged"),
         ({"recorder": Recorder(frees=True)}, "Recorder\\(frees=True\\)=True is not allowed"),
     ],
 )
 def test_what_the_engine_does_not_serve_for_hybrid_models_yet_is_refused_in_one_line(bad, message):
     workload = Workload(np.zeros(2), np.array([5, 9]), np.array([3, 3]))
+    mamba = bad.pop("mamba", False)
     config = EngineConfig().replace(async_scheduling=False, block_size=2, max_model_len=64,
-                                    enable_prefix_caching=bad.pop("enable_prefix_caching", False))  # fmt: skip
-    groups = (KVCacheGroup("mamba", 64, ()), FULL) if config.cache.enable_prefix_caching else (WINDOW_4, FULL)
+                                    enable_prefix_caching=bad.pop("caching", mamba))  # fmt: skip
+    groups = (KVCacheGroup("mamba", 64, ()), FULL) if mamba else (WINDOW_4, FULL)
     with pytest.raises(ValueError, match=message):
         Engine(workload, config, num_gpu_blocks=40, kv_cache_groups=groups, **bad)
 

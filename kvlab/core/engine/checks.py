@@ -131,7 +131,18 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
     refusals = (
         (allocation != "paged", "allocation", allocation, "paged"),
         (config.scheduler.scheduler_cls != "v1", "scheduler_cls", config.scheduler.scheduler_cls, "v1"),
-        (path in ("python", "compiled"), "path", path, "'auto' or 'reference' (no fast path serves them yet)"),
+        (
+            path == "python",
+            "path",
+            path,
+            "'auto', 'compiled' or 'reference' (the Python loop has no decode runs for them)",
+        ),
+        (
+            path == "compiled" and config.cache.enable_prefix_caching,
+            "path",
+            path,
+            "'auto' or 'reference' with prefix caching (the compiled loop serves them without)",
+        ),
         (recorder is not None and recorder.block_ids is not None, "Recorder(block_ids=True)", True, "False"),
         (recorder is not None and recorder.freed_tables is not None, "Recorder(frees=True)", True, "False"),
     )

@@ -109,9 +109,9 @@ class Engine:
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
-        self.fast = (
-            path != "reference" and not (recorder is not None and recorder.block_ids is not None) and groups is None
-        )
+        # fast paths: the compiled loop, and in the Python loop decode runs (not for a hybrid model's groups)
+        self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
+        self.decode_runs = self.fast and groups is None
         self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
@@ -202,7 +202,7 @@ class Engine:
                     break
                 self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
                 continue
-            if self.fast and self.all_decoding and scheduler.running and decode_run.advance(self):
+            if self.decode_runs and self.all_decoding and scheduler.running and decode_run.advance(self):
                 self.num_decode_runs += 1
                 continue
             self.step()
@@ -257,7 +257,7 @@ class Engine:
         # whether it scheduled decodes only)
         gpu_free_s = self.clock  # when the GPU has run every batch queued so far
         num_empty = 0  # schedule() calls in a row that scheduled nothing
-        fast, arrival = self.fast, self.arrival_list
+        fast, arrival = self.decode_runs, self.arrival_list
         recorder = self.recorder
         while True:
             if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
@@ -332,6 +332,8 @@ class Engine:
         self.num_prefill_runs = served.num_prefill_runs
         self.next_arrival = len(self.arrival_list)
         self.requests = served.requests
+        if self.kv_cache_groups is not None:
+            self.kv_cache_manager.num_window_freed = served.num_window_freed
         return self.result()
 
     def record_split(self, head: Request | None) -> None:

@@ -17,6 +17,8 @@ import sys
 import types
 from pathlib import Path
 
+import numpy as np
+
 from kvlab.core import block_pool
 from kvlab.core.engine import rules
 from kvlab.core.engine.fast import decode_run as python_decode_run
@@ -88,6 +90,7 @@ finally:
         del sys.modules["coverage"]
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+NEVER = 1 << 62  # free blocks no pool has
 
 
 def _jit(function, inline="never"):
@@ -160,6 +163,7 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
     _RULES[name]
     for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks", "preemption_victim")
 )
+num_skipped_tokens, admission_blocks = _RULES["num_skipped_tokens"], _RULES["admission_blocks"]
 samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
 steps_covered = _RULES["steps_covered"]
 num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
@@ -222,6 +226,194 @@ def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_t
     return m, new
 
 
+# ---------------------------------------------------------------- a hybrid model's KV cache groups
+# HybridKVCacheManager (kvlab/core/engine/kv_cache_manager.py) without prefix caching, over arrays.Groups: which
+# block a request gets changes nothing then, so each group's table is its length and its leading nulls.
+
+
+@_inline
+def held_in_groups(groups, r):
+    """The blocks request r holds in every group (its tables but their leading nulls)."""
+    held = 0
+    for g in range(groups.block_size.shape[0]):
+        held += groups.blocks[r, g] - groups.nulls[r, g]
+    return held
+
+
+@_inline
+def release_groups(groups, r):
+    """HybridKVCacheManager.free: every group's blocks given back; how many."""
+    held = held_in_groups(groups, r)
+    groups.blocks[r, :] = 0
+    groups.nulls[r, :] = 0
+    return held
+
+
+@_inline
+def remove_skipped_blocks(groups, r, num_processed_tokens):
+    """HybridKVCacheManager.remove_skipped_blocks: each window's and chunk's blocks before the next token's window or
+    chunk become leading nulls; how many blocks they give back."""
+    if num_processed_tokens <= 0:
+        return 0
+    freed = 0
+    for g in range(groups.block_size.shape[0]):
+        window, chunk = groups.window[g], groups.chunk[g]
+        if window == 0 and chunk == 0:
+            continue
+        end = num_skipped_tokens(num_processed_tokens, window, chunk) // groups.block_size[g]
+        if end > groups.blocks[r, g]:
+            end = groups.blocks[r, g]
+        if groups.nulls[r, g] < end:
+            freed += end - groups.nulls[r, g]
+            groups.nulls[r, g] = end
+    groups.freed[0] += freed
+    return freed
+
+
+@_inline
+def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_len, take):
+    """The new blocks every group's table needs to hold num_new_tokens more tokens (num_blocks_to_allocate); take:
+    and the tables grow by them."""
+    need = 0
+    for g in range(groups.block_size.shape[0]):
+        new = num_blocks_to_allocate(
+            num_computed_tokens, num_new_tokens, groups.blocks[r, g], groups.block_size[g], max_model_len
+        )
+        if new > 0:
+            need += new
+            if take:
+                groups.blocks[r, g] += new
+    return need
+
+
+@_inline
+def admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens):
+    """What admitting request r to a hybrid model's groups takes (HybridKVCacheManager.can_admit, then allocate_slots):
+    (its tokens, the free blocks it needs, its new blocks), or (0, 0, 0) if the budget refuses it. It needs every
+    group's blocks for its whole length free (a window's or chunk's at most its admission cap, rules.admission_blocks),
+    then those for the tokens it computes now."""
+    max_model_len = cfg.max_model_len
+    m = admission_num_new_tokens(num_tokens[r], 0, cap_tokens, budget, cfg.enable_chunked_prefill != 0)
+    if m == 0:
+        return 0, 0, 0
+    n = num_tokens[r] if num_tokens[r] < max_model_len else max_model_len
+    whole = 0
+    for g in range(groups.block_size.shape[0]):
+        whole += admission_blocks(n, groups.block_size[g], groups.cap[g])
+    new = blocks_for_groups(groups, r, 0, m, max_model_len, False)
+    return m, whole if whole > new else new, new
+
+
+@_inline
+def admitted_to_groups(cfg, groups, num_tokens, r, budget, free, cap_tokens):
+    """admitted_tokens for a hybrid model: (its tokens, its new blocks), or (0, 0) if refused (admission_to_groups)."""
+    m, need, new = admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens)
+    if m == 0 or need > free:
+        return 0, 0
+    return m, new
+
+
+@_inline
+def skipped_blocks(groups, g, num_processed_tokens):
+    """The blocks of group g before the window or chunk of the token after num_processed_tokens (a window's or
+    chunk's leading nulls once remove_skipped_blocks ran)."""
+    if num_processed_tokens <= 0:
+        return 0
+    return num_skipped_tokens(num_processed_tokens, groups.window[g], groups.chunk[g]) // groups.block_size[g]
+
+
+@_inline
+def group_phases(groups, running, nrun, computed, limit, max_model_len):
+    """A hybrid decode run's set-up (decode_run): in groups.hist, for each first group of a spec (groups.weight: the
+    groups of that spec), the running requests by the phase at which they take a block (the steps j with
+    (c + j) % block_size == 0, c their computed tokens) and, from the run's second step, give one back (a window's
+    block leaves it at (c + j - window + 1) % block_size == 0 once past its first block; a chunk's blocks at
+    (c + j) % chunk == 0, chunk / block_size of them); a window that starts to free within limit steps is an event
+    (groups.events: its step, its phase's place, its weight). Returns (the events, the blocks step 0 frees)."""
+    hist, events, weight, offset = groups.hist, groups.events, groups.weight, groups.offset
+    num_events = 0
+    freed = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        for g in range(groups.block_size.shape[0]):
+            window, chunk, bs = groups.window[g], groups.chunk[g], groups.block_size[g]
+            if window or chunk:  # step 0 frees what the window of token c + 1 left behind
+                end = skipped_blocks(groups, g, c)
+                if end > groups.nulls[r, g]:
+                    freed += end - groups.nulls[r, g]
+            w = weight[g]
+            if w == 0:
+                continue
+            at = offset[g]
+            if bs < max_model_len:  # (a Mamba state's block of max_model_len tokens takes none)
+                hist[at + (-c) % bs] += w
+            if window:
+                first = window - 1 - c + bs  # the first step at which it frees one
+                if first <= 0:
+                    hist[at + bs + (window - 1 - c) % bs] += w
+                elif first < limit:
+                    events[num_events, 0], events[num_events, 1] = first, at + bs + first % bs
+                    events[num_events, 2] = w
+                    num_events += 1
+            elif chunk:
+                hist[at + bs + (-c) % chunk] += w * (chunk // bs)
+    if num_events > 1:
+        order = np.argsort(events[:num_events, 0])
+        events[:num_events] = events[order]
+    return num_events, freed
+
+
+@_inline
+def group_blocks_at(groups, j, max_model_len):
+    """(blocks taken, blocks given back) at step j >= 1 of a hybrid decode run (group_phases' histograms)."""
+    hist, weight, offset = groups.hist, groups.weight, groups.offset
+    taken = freed = 0
+    for g in range(groups.block_size.shape[0]):
+        if weight[g] == 0:
+            continue
+        at, bs = offset[g], groups.block_size[g]
+        if bs < max_model_len:
+            taken += hist[at + j % bs]
+        if groups.window[g]:
+            freed += hist[at + bs + j % bs]
+        elif groups.chunk[g]:
+            freed += hist[at + bs + j % groups.chunk[g]]
+    return taken, freed
+
+
+@_inline
+def group_phases_cleared(groups, running, nrun, computed_before, max_model_len):
+    """groups.hist all zeros again after a run (group_phases' entries, from each request's computed tokens then)."""
+    hist, offset = groups.hist, groups.offset
+    for i in range(nrun):
+        c = computed_before[i]
+        for g in range(groups.block_size.shape[0]):
+            if groups.weight[g] == 0:
+                continue
+            at, bs, window, chunk = offset[g], groups.block_size[g], groups.window[g], groups.chunk[g]
+            if bs < max_model_len:
+                hist[at + (-c) % bs] = 0
+            if window:
+                hist[at + bs + (window - 1 - c) % bs] = 0
+            elif chunk:
+                hist[at + bs + (-c) % chunk] = 0
+
+
+@_inline
+def groups_advanced(groups, r, c, j, max_model_len):
+    """Request r's tables after j decode steps from c computed tokens: each group's blocks for c + j tokens, a window's
+    or chunk's leading nulls those of the last step's c + j - 1 processed tokens (their count added to groups.freed)."""
+    for g in range(groups.block_size.shape[0]):
+        bs = groups.block_size[g]
+        groups.blocks[r, g] += (c + j + bs - 1) // bs - (c + bs - 1) // bs
+        if groups.window[g] or groups.chunk[g]:
+            end = skipped_blocks(groups, g, c + j - 1)
+            if end > groups.nulls[r, g]:
+                groups.freed[0] += end - groups.nulls[r, g]
+                groups.nulls[r, g] = end
+
+
 @_inline
 def schedule(
     cfg,
@@ -238,13 +430,16 @@ def schedule(
     out_sample,
     asynchronous,
     pool,
+    groups,
     acc,
     fields,
 ):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
     and, where fields (a clock that reads them, step_s), the rest of its Batch in acc; returns (its requests,
     preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free). Without prefix caching
-    (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks."""
+    (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks. A hybrid model's groups (groups,
+    without prefix caching) take Requests.num_blocks's place, and every running request calls allocate_slots (a
+    decode inside its last block may still free a block behind its window)."""
     (
         max_tokens_total,
         num_tokens,
@@ -279,6 +474,7 @@ def schedule(
         cfg.enable_caching,
     )
     cap = waiting.shape[0]
+    hybrid = groups.block_size.shape[0] > 0
     cap_tokens = step_token_cap(threshold, nrun, nwait)
     ns = 0
     npre = 0
@@ -293,7 +489,9 @@ def schedule(
         if m == 0:  # async: its last token in flight, or at max_model_len
             i += 1
             continue
-        if allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
+        if hybrid:  # allocate_slots first frees the blocks behind each window (of the settled tokens)
+            free += remove_skipped_blocks(groups, r, (c if c < max_model_len else max_model_len) - in_flight[r])
+        elif allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
             out_r[ns] = r  # a decode inside its last block: allocate_slots not called
             out_n[ns] = 1
             ns += 1
@@ -302,9 +500,14 @@ def schedule(
             continue
         preempted_self = False
         while True:  # allocate_slots, preempting from the back
-            new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
+            if hybrid:
+                new = blocks_for_groups(groups, r, c, m, max_model_len, False)
+            else:
+                new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
             if new <= free:
-                if new > 0:
+                if hybrid:
+                    free -= blocks_for_groups(groups, r, c, m, max_model_len, True)
+                elif new > 0:
                     if caching:
                         take_blocks(pool, new, pool.tables[pool.slot_of[r]], num_blocks[r])
                     free -= new
@@ -318,6 +521,8 @@ def schedule(
                 release_table(pool, v, num_blocks[v])
                 free = num_free(pool)
                 num_cached[v] = 0
+            elif hybrid:
+                free += release_groups(groups, v)
             else:
                 free += num_blocks[v]
             num_blocks[v] = 0
@@ -357,7 +562,10 @@ def schedule(
                     num_hits += 1
                     if ref[b] == 0:
                         evictable += 1
-            m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens)
+            if hybrid:
+                m, new = admitted_to_groups(cfg, groups, num_tokens, r, budget, free, cap_tokens)
+            else:
+                m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens)
             if m == 0:
                 break
             start = computed[r] + num_hits * block_size
@@ -373,6 +581,8 @@ def schedule(
                     num_blocks[r] += new
                 cache_blocks(pool, r, num_cached, min(start + m, num_tokens[r]), block_size)
                 free = num_free(pool)
+            elif hybrid:
+                free -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
             elif new > 0:
                 free -= new
                 num_blocks[r] += new
@@ -823,13 +1033,15 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 
 
 @_inline
-def release(pool, caching, r, num_blocks, num_cached, free):
+def release(pool, groups, caching, r, num_blocks, num_cached, free):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
         if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
             release_table(pool, r, num_blocks[r])
         num_cached[r] = 0
         free = num_free(pool)
+    elif groups.block_size.shape[0]:
+        free += release_groups(groups, r)
     else:
         free += num_blocks[r]
     num_blocks[r] = 0
@@ -882,7 +1094,7 @@ def record(
 
 @_inline
 def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait,
-                     logs, s):  # fmt: skip
+                     logs, s, groups, max_model_len):  # fmt: skip
     """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
     prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
     first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
@@ -896,17 +1108,21 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
         req.finish_s,
     )
     finished = False
+    hybrid = groups.block_size.shape[0] > 0
     periods, rest = j // block_size, j % block_size
     for i in range(nrun):
         if i == skip:
             continue
         r = running[i]
-        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
+        if hybrid:
+            groups_advanced(groups, r, computed[r], j, max_model_len)
+        else:
+            num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
         computed[r] += j
         num_tokens[r] += j
         if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
             status[r] = FINISHED
-            free += num_blocks[r]  # release without prefix caching
+            free += release_groups(groups, r) if hybrid else num_blocks[r]  # release without prefix caching
             num_blocks[r] = 0
             kv -= computed[r]
             finish_s[r] = clock
@@ -970,12 +1186,13 @@ def decode_run(at):
     blocks only fall). Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing
     changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
-     counts) = at  # fmt: skip
+     counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed = req.computed
-    block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    hybrid = groups.block_size.shape[0] > 0
     per_phase[:] = 0  # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
     low = high = computed[running[0]]
@@ -988,8 +1205,11 @@ def decode_run(at):
             k = max_num_tokens[r] - num_tokens[r]
         low = c if c < low else low
         high = c if c > high else high
-        phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
-        per_phase[phases[i]] += 1
+        if hybrid:
+            phases[i] = c  # (its computed tokens: group_phases_cleared)
+        else:
+            phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
+            per_phase[phases[i]] += 1
     limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
     if limit < 2:
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
@@ -997,18 +1217,30 @@ def decode_run(at):
     may_admit = budget_left > 0 and nrun < max_num_seqs
     refused = nwait > 0  # the head, refused now, stays refused: free only falls
     if (
-        refused
+        not hybrid
+        and refused
         and may_admit
         and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
     ):
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    # A hybrid model's groups give blocks back as they take them (a window's, a chunk's), so free blocks may rise: the
+    # waiting queue's head is admitted at the first step that leaves need free (NEVER: none, or the budget refuses it),
+    # and a step runs only if it can take its blocks before any are given back (else it may preempt).
+    need = NEVER
+    num_events = freed_first = e = 0
+    if hybrid:
+        if refused and may_admit:
+            m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left, threshold)
+            need = need_head if m else NEVER
+        num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
     growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
     duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
-    covered = steps_covered(per_phase, nrun, free, block_size)  # the steps whose block boundaries the pool covers
+    # the steps whose block boundaries the pool covers
+    covered = limit if hybrid else steps_covered(per_phase, nrun, free, block_size)
     n = arrival.shape[0]
     j = 0
     phase = 0  # j % block_size
@@ -1016,7 +1248,12 @@ def decode_run(at):
         if j and nxt < n and arrival[nxt] <= clock:
             nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
-                if (
+                if hybrid:
+                    if may_admit:
+                        m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left,
+                                                              threshold)  # fmt: skip
+                        need = need_head if m else NEVER
+                elif (
                     may_admit
                     and admitted_tokens(
                         cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[phase], threshold
@@ -1026,7 +1263,18 @@ def decode_run(at):
                 refused = True
         if j == covered:
             break  # a block boundary the pool cannot cover: it preempts
-        free -= per_phase[phase]
+        if hybrid:
+            while e < num_events and groups.events[e, 0] == j:  # a window starts to give blocks back
+                groups.hist[groups.events[e, 1]] += groups.events[e, 2]
+                e += 1
+            taken, freed = group_blocks_at(groups, j, max_model_len)
+            if j == 0:
+                freed = freed_first
+            if taken > free or free - taken + freed >= need:
+                break  # it may preempt, or it admits the head
+            free += freed - taken
+        else:
+            free -= per_phase[phase]
         if clock_cost.kind == 2:
             duration = decode_step_s(clock_cost, run, j)
         elif growing:
@@ -1041,14 +1289,17 @@ def decode_run(at):
         num_waiting_log[s + j] = nwait
         j += 1
         phase = 0 if phase == block_size - 1 else phase + 1
+    if hybrid:
+        group_phases_cleared(groups, running, nrun, phases, max_model_len)
+        if j == 0:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end
     tokens[s : s + j] = nrun
     num_running_log[s : s + j] = nrun
     counts[0] = s + j
     if j:
         last_end = clock
-    free, kv, nrun, nwait = decodes_advanced(
-        req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait, logs, s
-    )
+    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock,
+                                             waiting, head, nwait, logs, s, groups, max_model_len)  # fmt: skip
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
@@ -1066,11 +1317,11 @@ def prefill_run(at):
     measured clock, prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token.
     Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
-     counts) = at  # fmt: skip
+     counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed, num_blocks = req.computed, req.num_blocks
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    if nrun == 0 or last_end != clock:
+    if nrun == 0 or last_end != clock or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
         return 0, nxt, nwait, free, nrun, kv, clock, last_end
     at = -1  # P's place in the running list
     k = logs[0].shape[0] - counts[0]  # the steps left in the chunk's records
@@ -1161,9 +1412,8 @@ def prefill_run(at):
     last_end = clock
     computed[p] = before
     num_blocks[p] = p_blocks
-    free, kv, nrun, nwait = decodes_advanced(
-        req, running, nrun, at, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait, logs, s
-    )
+    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, free, kv, clock,
+                                             waiting, head, nwait, logs, s, groups, max_model_len)  # fmt: skip
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
@@ -1524,6 +1774,7 @@ def loop_sync(
     running,
     waiting,
     pool,
+    groups,
     out_r,
     out_n,
     out_sample,
@@ -1536,8 +1787,9 @@ def loop_sync(
     caching (cfg.decode_runs: runs on): steps until every request finished (DONE), the chunk's steps are filled (FULL)
     or a step schedules nothing (NO_PROGRESS). Every array is taken unowned (unowned); scratch: the caller's scratch
     arrays (fast/compiled.py)."""
-    req, cost, state, fstate, running, waiting, pool = (
-        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool)
+    req, cost, state, fstate, running, waiting, pool, groups = (
+        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
+        unowned(groups),
     )  # fmt: skip
     out_r, out_n, out_sample, logs, events, counts = (
         unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
@@ -1585,7 +1837,7 @@ def loop_sync(
             break
         if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
             at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases,
-                  per_phase, logs, counts)  # fmt: skip
+                  per_phase, logs, counts, groups)  # fmt: skip
             # (one tuple: numba inlines no call with *args)
             steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(at)
             if not steps and chunked:
@@ -1609,6 +1861,7 @@ def loop_sync(
             out_sample,
             False,
             pool,
+            groups,
             acc,
             fields,
         )
@@ -1632,7 +1885,7 @@ def loop_sync(
                     first_token_s[r] = end
                 if is_finished(num_tokens[r], max_num_tokens[r]):
                     status[r] = FINISHED
-                    free = release(pool, caching, r, num_blocks, num_cached, free)
+                    free = release(pool, groups, caching, r, num_blocks, num_cached, free)
                     kv -= computed[r]
                     finish_s[r] = end
                     finished = True
@@ -1674,6 +1927,7 @@ def loop_async(
     running,
     waiting,
     pool,
+    groups,
     queue_r,
     queue_n,
     queue_sample,
@@ -1688,8 +1942,9 @@ def loop_async(
     without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
     requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
     queue_f[slot]: start, end. Stops as loop_sync does."""
-    req, cost, state, fstate, running, waiting, pool = (
-        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool)
+    req, cost, state, fstate, running, waiting, pool, groups = (
+        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
+        unowned(groups),
     )  # fmt: skip
     queue_r, queue_n, queue_sample, queue_i, queue_f = (
         unowned(queue_r), unowned(queue_n), unowned(queue_sample), unowned(queue_i), unowned(queue_f)
@@ -1744,7 +1999,7 @@ def loop_async(
     num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
     clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
     capacity = logs[0].shape[0]
-    runs = cfg.decode_runs and not caching
+    runs = cfg.decode_runs and not caching and groups.block_size.shape[0] == 0
     counts[:] = 0
     code = DONE
     while True:
@@ -1783,6 +2038,7 @@ def loop_async(
                 queue_sample[slot],
                 True,
                 pool,
+                groups,
                 acc,
                 fields,
             )
@@ -1841,7 +2097,7 @@ def loop_async(
                     cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
             if is_finished(num_tokens[r], max_num_tokens[r]):
                 status[r] = FINISHED
-                free = release(pool, caching, r, num_blocks, num_cached, free)
+                free = release(pool, groups, caching, r, num_blocks, num_cached, free)
                 finish_s[r] = end
                 finished = True
                 if not was_running:

@@ -11,7 +11,9 @@ engine.num_decode_runs counts them), and runs of a long prompt's chunks beside t
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
-block_hashes.block_content tells blocks apart). Everything else (Workload.prefix_hashes, the reservation baselines,
+block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
+attention, Mamba states in mamba_cache_mode "none"; HybridKVCacheManager) are served here without prefix caching, each
+group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. Everything else (Workload.prefix_hashes, the reservation baselines,
 vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
@@ -50,6 +52,7 @@ from kvlab.core.engine.fast.arrays import (
     TABLES,
     VLLM_2023,
     Clock,
+    Groups,
     Limits,
     Pool,
     Requests,
@@ -58,9 +61,12 @@ from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, runs done at once (decode runs and prefill runs) and of them prefill runs,
 # the clock at the end and its RequestLog.
-Served = namedtuple("Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests"])
+Served = namedtuple("Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests", "num_window_freed"])
 LOG = logging.getLogger("kvlab")
 COMPILED_FROM_REQUESTS = 15_000
+# A hybrid model's groups: the Python loop serves them step by step (no decode runs), about 1.6 ms a request, so the
+# compiled loop pays from far fewer requests (numba's import and cache load, about 1.4 s, over that).
+COMPILED_FROM_REQUESTS_HYBRID = 1_000
 _RAN: set = set()  # the loops run in this process (numba's cache need not be asked again: ~0.2 ms a run)
 CHUNK_STEPS = 1 << 18
 DECODE_RUNS = True  # the loops do decode runs at once (False: step by step)
@@ -71,10 +77,10 @@ def available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-def worth_it(num_requests: int) -> bool:
-    """Whether the compiled loop pays for itself: a run of COMPILED_FROM_REQUESTS requests or more, or any run once
-    the loops are loaded in this process (a sweep of many small runs)."""
-    return num_requests >= COMPILED_FROM_REQUESTS or loaded()
+def worth_it(num_requests: int, hybrid: bool = False) -> bool:
+    """Whether the compiled loop pays for itself: a run of COMPILED_FROM_REQUESTS requests or more (a hybrid model's:
+    COMPILED_FROM_REQUESTS_HYBRID), or any run once the loops are loaded in this process (a sweep of many small runs)."""
+    return num_requests >= (COMPILED_FROM_REQUESTS_HYBRID if hybrid else COMPILED_FROM_REQUESTS) or loaded()
 
 
 def loaded() -> bool:
@@ -145,7 +151,7 @@ def eligible(engine) -> bool:
             or all(len(ids) == p for ids, p in zip(engine.prompt_token_ids, engine.workload.prompt_tokens))
         )
         and engine.recorder is None
-        and engine.kv_cache_groups is None
+        and (engine.kv_cache_groups is None or not caching)
     )
 
 
@@ -204,12 +210,41 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     )
 
 
+def kv_cache_groups(engine) -> Groups:
+    """A hybrid model's KV cache groups as the loops read them (arrays.Groups; every array empty for one
+    full-attention group): each group's sizes and admission cap (HybridKVCacheManager.caps), every table empty, and
+    the decode runs' weights and histograms (a group's: its block phases unless its block is a Mamba state's of
+    max_model_len tokens, then a window's block phases or a chunk's phases)."""
+    groups = engine.kv_cache_groups or ()
+    n, num_groups = engine.workload.num_requests if groups else 1, len(groups)
+    caps = engine.kv_cache_manager.caps if groups else []
+    specs = [(g.block_size, g.sliding_window, g.attention_chunk_size) for g in groups]
+    weight = [specs.count(spec) if specs.index(spec) == i else 0 for i, spec in enumerate(specs)]
+    sizes = [
+        w and (bs if bs < engine.max_model_len else 0) + (bs if window else chunk)
+        for w, (bs, window, chunk) in zip(weight, specs)
+    ]
+    offset = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64)))
+    columns = [*zip(*specs)] if groups else [(), (), ()]
+    return Groups(
+        *(np.array(column, dtype=np.int64) for column in (*columns, caps)),
+        blocks=np.zeros((n, num_groups), np.int64),
+        nulls=np.zeros((n, num_groups), np.int64),
+        freed=np.zeros(1, np.int64),
+        weight=np.array(weight, dtype=np.int64),
+        offset=offset[:-1].copy(),
+        hist=np.zeros(int(offset[-1]), np.int64),
+        events=np.zeros((min(engine.config.scheduler.max_num_seqs, n) * num_groups, 3), np.int64),
+    )
+
+
 def chosen(engine, path: str) -> bool:
     """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
-    (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests or the loops already loaded);
+    (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests, or the loops already loaded);
     "compiled" insists; "reference" and "python" never."""
     if path == "auto":
-        return engine.fast and worth_it(engine.workload.num_requests) and eligible(engine) and available()
+        hybrid = engine.kv_cache_groups is not None
+        return engine.fast and worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()
     if path == "compiled":
         if not eligible(engine):
             validate.fail(
@@ -272,7 +307,7 @@ def serve(engine) -> Served | None:
         sched.long_prefill_token_threshold,
         engine.num_gpu_blocks - 1,
         int(engine.config.cache.enable_prefix_caching),
-        int(DECODE_RUNS),
+        int(DECODE_RUNS and all(g.attention_chunk_size % g.block_size == 0 for g in engine.kv_cache_groups or ())),
     )
     cost = clock_of(engine.cost)
     state = np.zeros(13, np.int64)
@@ -298,7 +333,8 @@ def serve(engine) -> Served | None:
     end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
     counts = np.zeros(4, np.int64)
-    shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens))
+    groups = kv_cache_groups(engine)
+    shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens), groups)
     loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
     # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (_kernels.unowned): a
@@ -358,4 +394,5 @@ def serve(engine) -> Served | None:
         RequestLog.of(
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions, req.num_tokens - prompt
         ),
+        int(groups.freed[0]),
     )
