@@ -444,7 +444,7 @@ def test_the_compiled_loop_serves_a_hybrid_models_groups_as_the_python_engine_do
     assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed
 
 
-@pytest.mark.parametrize("async_scheduling", [False], ids=["sync"])
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_a_hybrid_models_decodes_run_at_once_as_they_run_step_by_step(async_scheduling):
     """Gemma-3-like groups (two windows, one full) on long decodes, memory binding: the compiled loop does decode runs
     (windows give blocks back in them, waiting requests are admitted once enough come back) and every request and step

@@ -228,7 +228,9 @@ def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_t
 
 # ---------------------------------------------------------------- a hybrid model's KV cache groups
 # HybridKVCacheManager (kvlab/core/engine/kv_cache_manager.py) without prefix caching, over arrays.Groups: which
-# block a request gets changes nothing then, so each group's table is its length and its leading nulls.
+# block a request gets changes nothing then, so each group's table is its length and its leading nulls. Groups of one
+# spec hold tables of the same lengths and nulls at every step: only the first of them (Groups.weight: how many) is
+# kept, and counted that many times.
 
 
 @_inline
@@ -236,7 +238,7 @@ def held_in_groups(groups, r):
     """The blocks request r holds in every group (its tables but their leading nulls)."""
     held = 0
     for g in range(groups.block_size.shape[0]):
-        held += groups.blocks[r, g] - groups.nulls[r, g]
+        held += groups.weight[g] * (groups.blocks[r, g] - groups.nulls[r, g])
     return held
 
 
@@ -258,13 +260,13 @@ def remove_skipped_blocks(groups, r, num_processed_tokens):
     freed = 0
     for g in range(groups.block_size.shape[0]):
         window, chunk = groups.window[g], groups.chunk[g]
-        if window == 0 and chunk == 0:
+        if window == 0 and chunk == 0 or groups.weight[g] == 0:
             continue
         end = num_skipped_tokens(num_processed_tokens, window, chunk) // groups.block_size[g]
         if end > groups.blocks[r, g]:
             end = groups.blocks[r, g]
         if groups.nulls[r, g] < end:
-            freed += end - groups.nulls[r, g]
+            freed += groups.weight[g] * (end - groups.nulls[r, g])
             groups.nulls[r, g] = end
     groups.freed[0] += freed
     return freed
@@ -276,11 +278,13 @@ def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_
     and the tables grow by them."""
     need = 0
     for g in range(groups.block_size.shape[0]):
+        if groups.weight[g] == 0:
+            continue
         new = num_blocks_to_allocate(
             num_computed_tokens, num_new_tokens, groups.blocks[r, g], groups.block_size[g], max_model_len
         )
         if new > 0:
-            need += new
+            need += groups.weight[g] * new
             if take:
                 groups.blocks[r, g] += new
     return need
@@ -299,7 +303,7 @@ def admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens):
     n = num_tokens[r] if num_tokens[r] < max_model_len else max_model_len
     whole = 0
     for g in range(groups.block_size.shape[0]):
-        whole += admission_blocks(n, groups.block_size[g], groups.cap[g])
+        whole += groups.weight[g] * admission_blocks(n, groups.block_size[g], groups.cap[g])
     new = blocks_for_groups(groups, r, 0, m, max_model_len, False)
     return m, whole if whole > new else new, new
 
@@ -323,13 +327,14 @@ def skipped_blocks(groups, g, num_processed_tokens):
 
 
 @_inline
-def group_phases(groups, running, nrun, computed, limit, max_model_len):
+def group_phases(groups, running, nrun, computed, limit, max_model_len, lag):
     """A hybrid decode run's set-up (decode_run): in groups.hist, for each first group of a spec (groups.weight: the
     groups of that spec), the running requests by the phase at which they take a block (the steps j with
-    (c + j) % block_size == 0, c their computed tokens) and, from the run's second step, give one back (a window's
-    block leaves it at (c + j - window + 1) % block_size == 0 once past its first block; a chunk's blocks at
-    (c + j) % chunk == 0, chunk / block_size of them); a window that starts to free within limit steps is an event
-    (groups.events: its step, its phase's place, its weight). Returns (the events, the blocks step 0 frees)."""
+    (c + j) % block_size == 0, c their computed tokens) and, from the run's second step, give one back as the c + j -
+    lag tokens settled by step j (lag: 1 under asynchronous scheduling, a token in flight) move on (a window's block
+    leaves it at (c + j - lag - window + 1) % block_size == 0 once past its first block; a chunk's blocks at
+    (c + j - lag) % chunk == 0, chunk / block_size of them); a window that starts to free within limit steps is an
+    event (groups.events: its step, its phase's place, its weight). Returns (the events, the blocks step 0 frees)."""
     hist, events, weight, offset = groups.hist, groups.events, groups.weight, groups.offset
     num_events = 0
     freed = 0
@@ -337,27 +342,27 @@ def group_phases(groups, running, nrun, computed, limit, max_model_len):
         r = running[i]
         c = computed[r]
         for g in range(groups.block_size.shape[0]):
-            window, chunk, bs = groups.window[g], groups.chunk[g], groups.block_size[g]
-            if window or chunk:  # step 0 frees what the window of token c + 1 left behind
-                end = skipped_blocks(groups, g, c)
-                if end > groups.nulls[r, g]:
-                    freed += end - groups.nulls[r, g]
             w = weight[g]
             if w == 0:
                 continue
+            window, chunk, bs = groups.window[g], groups.chunk[g], groups.block_size[g]
+            if window or chunk:  # step 0 frees what the window of token c - lag + 1 left behind
+                end = skipped_blocks(groups, g, c - lag)
+                if end > groups.nulls[r, g]:
+                    freed += w * (end - groups.nulls[r, g])
             at = offset[g]
             if bs < max_model_len:  # (a Mamba state's block of max_model_len tokens takes none)
                 hist[at + (-c) % bs] += w
             if window:
-                first = window - 1 - c + bs  # the first step at which it frees one
+                first = window - 1 - c + lag + bs  # the first step at which it frees one
                 if first <= 0:
-                    hist[at + bs + (window - 1 - c) % bs] += w
+                    hist[at + bs + (window - 1 - c + lag) % bs] += w
                 elif first < limit:
                     events[num_events, 0], events[num_events, 1] = first, at + bs + first % bs
                     events[num_events, 2] = w
                     num_events += 1
             elif chunk:
-                hist[at + bs + (-c) % chunk] += w * (chunk // bs)
+                hist[at + bs + (lag - c) % chunk] += w * (chunk // bs)
     if num_events > 1:
         order = np.argsort(events[:num_events, 0])
         events[:num_events] = events[order]
@@ -383,7 +388,7 @@ def group_blocks_at(groups, j, max_model_len):
 
 
 @_inline
-def group_phases_cleared(groups, running, nrun, computed_before, max_model_len):
+def group_phases_cleared(groups, nrun, computed_before, max_model_len, lag):
     """groups.hist all zeros again after a run (group_phases' entries, from each request's computed tokens then)."""
     hist, offset = groups.hist, groups.offset
     for i in range(nrun):
@@ -395,22 +400,25 @@ def group_phases_cleared(groups, running, nrun, computed_before, max_model_len):
             if bs < max_model_len:
                 hist[at + (-c) % bs] = 0
             if window:
-                hist[at + bs + (window - 1 - c) % bs] = 0
+                hist[at + bs + (window - 1 - c + lag) % bs] = 0
             elif chunk:
-                hist[at + bs + (-c) % chunk] = 0
+                hist[at + bs + (lag - c) % chunk] = 0
 
 
 @_inline
-def groups_advanced(groups, r, c, j, max_model_len):
+def groups_advanced(groups, r, c, j, lag):
     """Request r's tables after j decode steps from c computed tokens: each group's blocks for c + j tokens, a window's
-    or chunk's leading nulls those of the last step's c + j - 1 processed tokens (their count added to groups.freed)."""
+    or chunk's leading nulls those of the last step's c + j - 1 - lag settled tokens (their count added to
+    groups.freed)."""
     for g in range(groups.block_size.shape[0]):
+        if groups.weight[g] == 0:
+            continue
         bs = groups.block_size[g]
         groups.blocks[r, g] += (c + j + bs - 1) // bs - (c + bs - 1) // bs
         if groups.window[g] or groups.chunk[g]:
-            end = skipped_blocks(groups, g, c + j - 1)
+            end = skipped_blocks(groups, g, c + j - 1 - lag)
             if end > groups.nulls[r, g]:
-                groups.freed[0] += end - groups.nulls[r, g]
+                groups.freed[0] += groups.weight[g] * (end - groups.nulls[r, g])
                 groups.nulls[r, g] = end
 
 
@@ -1094,7 +1102,7 @@ def record(
 
 @_inline
 def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait,
-                     logs, s, groups, max_model_len):  # fmt: skip
+                     logs, s, groups):  # fmt: skip
     """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
     prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
     first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
@@ -1115,7 +1123,7 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
             continue
         r = running[i]
         if hybrid:
-            groups_advanced(groups, r, computed[r], j, max_model_len)
+            groups_advanced(groups, r, computed[r], j, 0)
         else:
             num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
         computed[r] += j
@@ -1232,7 +1240,7 @@ def decode_run(at):
         if refused and may_admit:
             m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left, threshold)
             need = need_head if m else NEVER
-        num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len)
+        num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
     growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
@@ -1290,7 +1298,7 @@ def decode_run(at):
         j += 1
         phase = 0 if phase == block_size - 1 else phase + 1
     if hybrid:
-        group_phases_cleared(groups, running, nrun, phases, max_model_len)
+        group_phases_cleared(groups, nrun, phases, max_model_len, 0)
         if j == 0:
             return 0, nxt, nwait, free, nrun, kv, clock, last_end
     tokens[s : s + j] = nrun
@@ -1299,7 +1307,7 @@ def decode_run(at):
     if j:
         last_end = clock
     free, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock,
-                                             waiting, head, nwait, logs, s, groups, max_model_len)  # fmt: skip
+                                             waiting, head, nwait, logs, s, groups)  # fmt: skip
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
@@ -1413,7 +1421,7 @@ def prefill_run(at):
     computed[p] = before
     num_blocks[p] = p_blocks
     free, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, free, kv, clock,
-                                             waiting, head, nwait, logs, s, groups, max_model_len)  # fmt: skip
+                                             waiting, head, nwait, logs, s, groups)  # fmt: skip
     return j, nxt, nwait, free, nrun, kv, clock, last_end
 
 
@@ -1424,6 +1432,41 @@ def blocks_taken(per_phase, num_running, num_steps, block_size):
     for p in range(num_steps % block_size):
         taken += per_phase[p]
     return taken
+
+
+@_inline
+def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit, budget_left,
+                   computed_before):  # fmt: skip
+    """How many of batches 1..k a hybrid model's asynchronous decode run schedules (decode_run_async): batch j takes
+    and gives back the blocks of group_phases' step j - 1 (lag 1: a token in flight), and the run stops before a batch
+    that cannot take its blocks before any come back (it may preempt) or that leaves the waiting queue's head (the first
+    to arrive from iteration joins on, if none waits) enough free blocks to be admitted. groups.free_at[j]: the free
+    blocks after batch j."""
+    max_model_len, threshold = cfg.max_model_len, cfg.long_prefill_token_threshold
+    num_events, freed_first = group_phases(groups, running, nrun, req.computed, k, max_model_len, 1)
+    need = NEVER
+    if nwait and may_admit:
+        m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, waiting[head], budget_left, threshold)
+        need = need_head if m else NEVER
+    e = 0
+    j = 1
+    while j <= k:
+        if j == joins and not nwait and may_admit:
+            m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, nxt, budget_left, threshold)
+            need = need_head if m else NEVER
+        while e < num_events and groups.events[e, 0] == j - 1:  # a window starts to give blocks back
+            groups.hist[groups.events[e, 1]] += groups.events[e, 2]
+            e += 1
+        taken, freed = group_blocks_at(groups, j - 1, max_model_len)
+        if j == 1:
+            freed = freed_first
+        if taken > free or free - taken + freed >= need:
+            break
+        free += freed - taken
+        groups.free_at[j] = free
+        j += 1
+    group_phases_cleared(groups, nrun, computed_before, max_model_len, 1)
+    return j - 1
 
 
 @_jit
@@ -1437,15 +1480,16 @@ def decode_run_async(at, times):
     records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, free,
     nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
-     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts) = at  # fmt: skip
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed = req.computed
     num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
     first_token_s, finish_s = req.first_token_s, req.finish_s
-    block_size, max_num_seqs, budget, usable, threshold, _ = limits_of(cfg)
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
     if nrun == 0 or queue_i[slot, 0] != nrun:
         return no
+    hybrid = groups.block_size.shape[0] > 0
     k = max_num_tokens[running[0]]
     kv = 0
     low = high = computed[running[0]]
@@ -1455,20 +1499,28 @@ def decode_run_async(at, times):
         c = computed[r]
         if placeholders[r] != 1 or c != num_tokens[r]:
             return no  # it did not sample in the batch in flight (a prefill chunk)
+        if hybrid and in_flight[r] != 1:
+            return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
         left = max_num_tokens[r] - num_tokens[r] - 1
         k = left if left < k else k
         kv += c
         low = c if c < low else low
         high = c if c > high else high
-        phases[i] = -c % block_size
-        per_phase[phases[i]] += 1
+        if hybrid:
+            phases[i] = c  # (its computed tokens: group_phases_cleared)
+        else:
+            phases[i] = -c % block_size
+            per_phase[phases[i]] += 1
     first_finish = k
     room = logs[0].shape[0] - counts[0] - 1  # records left in the chunk, the last one's included
     if k > room:
         k = room
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
-    if k > 0:  # run_limits
+    if hybrid:  # its batches' blocks after the times (hybrid_batches), the run's last iteration step by step
+        if k < 2:
+            return no
+    elif k > 0:  # run_limits
         if k < (1 if first_finish == 1 else 2):
             return no
         if (
@@ -1491,6 +1543,7 @@ def decode_run_async(at, times):
     growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
     duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
+    joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)
     while m < k:
         if clock_cost.kind == 2:
             duration = decode_step_s(clock_cost, run, m)
@@ -1503,15 +1556,21 @@ def decode_run_async(at, times):
         if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
             watch = False  # bisect_left(times, arrival, 0, k - 1) is m - 1: it joins at iteration m + 1
             joins = m + 1
-            if joins <= k:
+            if joins <= k and not hybrid:
                 taken = blocks_taken(per_phase, nrun, joins, block_size)
                 if admitted_tokens(cfg, num_tokens, nxt, 0, 0, budget_left, free - taken, threshold)[0]:
                     if joins - 1 < 2:
                         return no
                     k = joins - 1
-    # last_iteration: where the run reaches the first finish, iteration k + 1 as well, unless it changes more.
+    if hybrid:
+        k = hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit,
+                           budget_left, phases)  # fmt: skip
+        if k < 2:
+            return no
+    # last_iteration: where the run reaches the first finish, iteration k + 1 as well, unless it changes more (a
+    # hybrid model's: step by step).
     finishing = False
-    if k == first_finish:
+    if k == first_finish and not hybrid:
         num_left = 0
         for i in range(nrun):
             num_left += max_num_tokens[running[i]] - num_tokens[running[i]] - 1 != k
@@ -1540,7 +1599,7 @@ def decode_run_async(at, times):
                 first_token_s[r] = end0  # its prefill's last chunk was in batch 0
         # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
         # by then join the waiting queue (behind a refused head) and count in its record.
-        free -= per_phase[0]
+        free = groups.free_at[1] if hybrid else free - per_phase[0]
         record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv + nrun, logs,
                events, counts)  # fmt: skip
         nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
@@ -1549,7 +1608,7 @@ def decode_run_async(at, times):
         end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
         s = counts[0]
         for j in range(1, k):
-            free -= per_phase[j % block_size]
+            free = groups.free_at[j + 1] if hybrid else free - per_phase[j % block_size]
             end_s[s], held[s], kv_tokens[s] = times[j], usable - free, kv + nrun * (j + 1)
             tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
             s += 1
@@ -1559,7 +1618,10 @@ def decode_run_async(at, times):
         periods, rest = k // block_size, k % block_size
         for i in range(nrun):
             r = running[i]
-            num_blocks[r] += periods + (1 if phases[i] < rest else 0)
+            if hybrid:
+                groups_advanced(groups, r, computed[r], k, 1)
+            else:
+                num_blocks[r] += periods + (1 if phases[i] < rest else 0)
             computed[r] += k
             num_tokens[r] += k
             in_flight[r] = 1  # batch k's token
@@ -1643,13 +1705,13 @@ def prefill_run_async(at):
     (ran, nxt, nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing
     changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
-     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts) = at  # fmt: skip
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed, num_blocks = req.computed, req.num_blocks
     placeholders, in_flight, stale, first_token_s = req.placeholders, req.in_flight, req.stale, req.first_token_s
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
-    if nrun == 0 or queue_i[slot, 0] != nrun:
+    if nrun == 0 or queue_i[slot, 0] != nrun or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
         return no
     at = -1  # P's place in the running list
     k = logs[0].shape[0] - counts[0]  # batches 0..k-1 recorded
@@ -1999,7 +2061,7 @@ def loop_async(
     num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
     clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
     capacity = logs[0].shape[0]
-    runs = cfg.decode_runs and not caching and groups.block_size.shape[0] == 0
+    runs = cfg.decode_runs and not caching
     counts[:] = 0
     code = DONE
     while True:
@@ -2010,7 +2072,7 @@ def loop_async(
         if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run, or a prefill run
             at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r,
                   queue_n, queue_sample, queue_i, queue_f, queue_head, phases, per_phase, first, logs, events,
-                  counts)  # fmt: skip
+                  counts, groups)  # fmt: skip
             ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(at, times)
             prefill = not ran and queue_i[queue_head, 1] > queue_i[queue_head, 0]  # batch 0 holds a prefill chunk
             if prefill:

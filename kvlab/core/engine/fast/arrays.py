@@ -86,13 +86,28 @@ Pool = namedtuple(
 # A hybrid model's KV cache groups without prefix caching (capacity.KVCacheGroup; HybridKVCacheManager), as the
 # compiled loop reads them: per group its block_size, sliding window, attention chunk and admission cap (0: none; a
 # Mamba group's block of max_model_len tokens is a full group's), and per request and group its table's length
-# (blocks) and leading nulls (the blocks a window or chunk gave back); freed[0]: the blocks windows and chunks gave
-# back in all. No groups (every array empty): one full-attention group, Requests.num_blocks. For decode runs
-# (_kernels.group_phases): per group its weight (the groups of its spec if it is the first of them, else 0) and its
-# place in hist (per phase, the requests that take a block, then those that give one back), all zeros between runs;
-# events, a run's windows that start to give blocks back (step, place in hist, weight).
+# (blocks) and leading nulls (the blocks a window or chunk gave back), kept for the first group of each spec only (the
+# others' are the same); freed[0]: the blocks windows and chunks gave back in all. No groups (every array empty): one
+# full-attention group, Requests.num_blocks. Per group its weight (the groups of its spec if it is the first of them,
+# else 0) and, for decode runs (_kernels.group_phases), its place in hist (per phase, the requests that take a block, then those that give one back), all zeros between runs;
+# events, a run's windows that start to give blocks back (step, place in hist, weight); free_at, an asynchronous
+# run's free blocks after each batch.
 Groups = namedtuple(
-    "Groups", ["block_size", "window", "chunk", "cap", "blocks", "nulls", "freed", "weight", "offset", "hist", "events"]
+    "Groups",
+    [
+        "block_size",
+        "window",
+        "chunk",
+        "cap",
+        "blocks",
+        "nulls",
+        "freed",
+        "weight",
+        "offset",
+        "hist",
+        "events",
+        "free_at",
+    ],
 )
 
 # The loop's integer state between chunks (state[S_*]) and its float state (fstate[F_*]).

@@ -235,6 +235,7 @@ def kv_cache_groups(engine) -> Groups:
         offset=offset[:-1].copy(),
         hist=np.zeros(int(offset[-1]), np.int64),
         events=np.zeros((min(engine.config.scheduler.max_num_seqs, n) * num_groups, 3), np.int64),
+        free_at=np.zeros(min(CHUNK_STEPS, 64 + 64 * n) + 2 if groups else 1, np.int64),
     )
 
 
