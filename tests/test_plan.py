@@ -413,6 +413,14 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
             ["--slo-e2e-p95-s", "5", "--model", "google/gemma-3-27b-it"],
             "kvlab plan cannot plan google/gemma-3-27b-it yet: its sliding-window layers make vLLM's hybrid KV cache",
         ),
+        (
+            ["--slo-e2e-p95-s", "5", "--model", "Qwen/Qwen3-Next-80B-A3B-Instruct"],
+            "kvlab plan cannot plan Qwen/Qwen3-Next-80B-A3B-Instruct yet: its linear-attention (Mamba) layers make",
+        ),
+        (
+            ["--slo-e2e-p95-s", "5", "--model", "meta-llama/Llama-4-Scout-17B-16E-Instruct"],
+            "kvlab plan cannot plan meta-llama/Llama-4-Scout-17B-16E-Instruct yet: its chunked-attention layers make",
+        ),
     ],
 )
 def test_bad_objectives_and_lists_are_one_line(capsys, flags, message):

@@ -250,10 +250,14 @@ def deployment_of(args, given: set[str], workload):
         raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
     if model is None:
         raise ValueError("kvlab plan needs --model (a model of data/models.csv) or --config PATH (a config.json)")
-    if model.num_sliding_layers:  # (kvlab simulate serves them, by the per-step loop)
+    local = sorted({model.layer_type(i) for i in range(model.num_layers)} - {"full_attention"})
+    if local:  # (the planner's proofs that a pool never binds count one full-attention group's blocks)
+        kinds = {"sliding_attention": "sliding-window", "chunked_attention": "chunked-attention",
+                 "linear_attention": "linear-attention (Mamba)"}  # fmt: skip
         raise ValueError(
-            f"kvlab plan cannot plan {model.name} yet: its sliding-window layers make vLLM's hybrid KV cache groups, "
-            "which the compiled loop the planner runs on does not serve (kvlab simulate --model serves them)"
+            f"kvlab plan cannot plan {model.name} yet: its {' and '.join(kinds[k] for k in local)} layers make vLLM's "
+            "hybrid KV cache groups, whose blocks the planner's shortcuts do not count yet (kvlab simulate --model "
+            "serves them)"
         )
     gpu = models.get_gpu(args.gpu)
     if args.max_model_len is not None:

@@ -1186,13 +1186,14 @@ def limits_of(cfg):
 @_inline
 def decode_run(at):
     """at: loop_sync's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end,
-    phases, per_phase, logs, counts). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
+    phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
     caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
     recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
     are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
     the first finish or fills the chunk; the waiting queue's head, refused in the first step, stays refused (free
-    blocks only fall). Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing
-    changed."""
+    blocks only fall). A hybrid model's groups (groups): O(groups) a step (group_phases), the head checked at every
+    step, since windows give blocks back. Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no
+    run, nothing changed."""
     (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
@@ -1472,8 +1473,8 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, f
 @_jit
 def decode_run_async(at, times):
     """at: loop_async's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end,
-    queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts; slot:
-    the batch in flight's); times: scratch for the batches' ends. decode_run.advance_async
+    queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
+    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
     (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
     request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
     one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
