@@ -515,3 +515,13 @@ def test_a_hybrid_model_on_a_gpu_gets_the_blocks_vllm_sizes_for_its_groups_and_c
     planned = capacity.plan_capacity(model, 80, 8192, EngineConfig().replace(max_model_len=8192))
     assert out["num_gpu_blocks"] == planned["num_gpu_blocks"]
     assert out["kv_cache_groups"].startswith("7 sharing the pool")
+
+
+def test_qwen3_next_with_prefix_caching_is_served_in_the_layout_vllm_builds_on_a_hopper_gpu(capsys):
+    """--enable-prefix-caching on a model with Gated DeltaNet layers: its Mamba groups hold states in blocks of the
+    attention block size (576 tokens, mamba_cache_mode "align"), with in-kernel prefill checkpoints
+    (num_prefill_checkpoint_blocks 1), which the engine serves."""
+    flags = ["--policy", "vllm", "--num-gpu-blocks", "400", "--num-requests", "40", "--max-model-len", "8192"]
+    out = run_json(capsys, *flags, "--model", "Qwen3-Next-80B-A3B-Instruct", "--enable-prefix-caching")
+    assert out["enable_prefix_caching"] and out["num_output_tokens"] > 0
+    assert out["kv_cache_groups"].startswith("4 sharing the pool: 3 of Mamba states (576 tokens a block)")

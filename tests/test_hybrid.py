@@ -199,6 +199,14 @@ def test_a_mamba_group_holds_one_block_a_request_its_state_from_admission_to_the
         (KVCacheGroup("mamba", 16, ()), "block_size=16 is not allowed: must be max_model_len=64 for Mamba layers"),
         (KVCacheGroup("sliding_attention", 2, ()), r"sliding_window=0 is not allowed: must be > 0 exactly for sliding"),
         (KVCacheGroup("cross_attention", 2, ()), r"kind='cross_attention' is not allowed"),
+        (
+            KVCacheGroup("mamba", 64, (), mamba_cache_mode="align", num_prefill_checkpoint_blocks=2),
+            r"num_prefill_checkpoint_blocks=2 is not allowed: must be 0, or 1 for Mamba layers",
+        ),
+        (
+            KVCacheGroup("full_attention", 2, (), num_prefill_checkpoint_blocks=1),
+            r"num_prefill_checkpoint_blocks=1 is not allowed: must be 0, or 1 for Mamba layers",
+        ),
     ],
 )
 def test_a_group_the_engine_cannot_serve_is_refused_in_one_line(group, message):
@@ -480,4 +488,83 @@ def test_mamba_states_with_prefix_caching_hold_at_most_two_blocks_and_every_bloc
         assert len([b for b in tables[0] if b]) <= most and 0 not in tables[1]
 
     result = serve_checked(run, (KVCacheGroup("mamba", bs, ()), KVCacheGroup("full_attention", bs, ())), tables_hold)
+    assert int(result.num_output_tokens.sum()) > 0
+
+
+# ---------------------------------------------------------------- Mamba prefill checkpoints (a Hopper GPU's kernel)
+MAMBA_CK_4 = KVCacheGroup(
+    "mamba", 4, (), mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=4
+)
+FULL_4 = KVCacheGroup("full_attention", 4, ())
+
+
+def test_a_checkpointed_prefill_runs_through_and_caches_its_checkpoint_in_a_block_of_its_own():
+    """Blocks of 4 tokens, a Mamba group with a prefill checkpoint block. A 10-token prompt is not cut at 8, its last
+    cacheable boundary (it would be without checkpoint blocks): the kernel exports the state after token 8 into the
+    block before last, so the Mamba table is a null, the checkpoint (block 1, index 1) and the running state (block
+    2), both counted at admission (2 + 3 full-attention blocks); block 1 is cached under the prompt's boundary, the
+    running state not. With 10 tokens settled the checkpoint is freed (it stays cached, at the free queue's tail).
+    An 18-token prompt sharing the first 10 hits 8 tokens (Mamba: block 1 back from the free queue, counted at
+    admission) and checkpoints again from there: nulls up to index 3, the checkpoint (state after 16, block 6) and
+    the running state (block 7), the hit state kept as the previous one until the settled tokens pass it; both are
+    then freed, the checkpoint first. A 19-token repeat hits 16 tokens on the checkpoint."""
+    from kvlab.core.engine.rules import mamba_aligned_num_new_tokens
+
+    assert mamba_aligned_num_new_tokens(0, 10, 10, 10, 4, 100, 0, 4) == 10  # the checkpoint is exported: no cut
+    assert mamba_aligned_num_new_tokens(0, 10, 10, 10, 4, 100, 0) == 8  # without checkpoint blocks: cut at 8
+    assert mamba_aligned_num_new_tokens(8, 2, 10, 10, 4, 100, 0, 4) == 2  # no checkpoint inside: as before
+    assert mamba_aligned_num_new_tokens(8, 10, 18, 18, 4, 100, 0, 4) == 10  # after a hit on a block boundary
+    assert mamba_aligned_num_new_tokens(2, 8, 10, 10, 4, 100, 0, 4) == 2  # mid-block: no checkpoint, next boundary
+    kv = HybridKVCacheManager(
+        40, (MAMBA_CK_4, FULL_4), 4, max_model_len=64, max_in_flight_tokens=64, enable_caching=True
+    )
+    assert kv.caps == [2, 0] and kv.checkpoint_alignment == 4
+    first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10))
+    assert kv.num_blocks_to_admit(10, 10) == 5
+    assert kv.allocate_slots(first, 10, None, full_sequence_must_fit=True)
+    assert kv.tables[0] == [[0, 1, 2], [3, 4, 5]] and kv.checkpoints[0] == [(8, 1), None]
+    hashed = [b for b in range(1, 7) if kv.pool.hash_of[b] >= 0]
+    assert hashed == [1, 3, 4]  # the checkpoint, full attention's two full blocks
+    first.num_computed_tokens, first.num_tokens = 10, 11
+    assert kv.allocate_slots(first, 1)
+    assert kv.tables[0] == [[0, 0, 2], [3, 4, 5]] and kv.checkpoints[0] == [None, None]
+    assert kv.num_held == 4 and kv.pool.free_block_ids()[-1] == 1
+    kv.new_step_starts()
+    second = Request(2, 0.0, 18, 5, 64, prompt_token_ids=np.arange(18))
+    hit, n = kv.get_computed_blocks(second)
+    assert hit == ([[0, 1], [3, 4]], 0, 8) and n == 8
+    assert kv.hit_blocks_to_admit(hit, 8, 18, True, 18) == 6  # Mamba: 2 new + its hit state; full attention: 3 new
+    assert kv.allocate_slots(second, 10, hit, full_sequence_must_fit=True)
+    assert kv.tables[2] == [[0, 1, 0, 6, 7], [3, 4, 8, 9, 10]] and kv.checkpoints[2] == [(16, 3), None]
+    assert kv.last_state[2][0] == 1 and kv.pool.hash_of[6] >= 0 and kv.pool.hash_of[7] < 0
+    second.num_computed_tokens, second.num_tokens = 18, 19
+    assert kv.allocate_slots(second, 1)
+    assert kv.tables[2][0] == [0, 0, 0, 0, 7] and kv.pool.free_block_ids()[-2:] == [6, 1]
+    kv.new_step_starts()
+    hit, n = kv.get_computed_blocks(Request(3, 0.0, 19, 5, 64, prompt_token_ids=np.arange(19)))
+    assert hit[0][0] == [0, 0, 0, 6] and n == 16
+    kv.free(first)
+    kv.free(second)
+    assert kv.num_held == 0
+    kv.pool.check_invariants()
+
+
+@given(shared_prompts())
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_mamba_prefill_checkpoints_hold_at_most_three_blocks_and_every_block_comes_back(run):
+    """Two Mamba groups with prefill checkpoint blocks beside full attention, prefix caching and memory that
+    preempts: between steps every block's reference count is the number of tables holding it, and a running
+    request's Mamba table holds at most three real blocks (its state, the one before, and a checkpoint), four under
+    asynchronous scheduling; at the end every block is free again (serve_checked)."""
+    config = run[1]
+    bs = config.cache.block_size
+    most = 4 if config.scheduler.async_scheduling else 3
+    mamba = KVCacheGroup(
+        "mamba", bs, (), mamba_cache_mode="align", num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=bs
+    )
+
+    def tables_hold(request, tables):
+        assert all(len([b for b in tables[i] if b]) <= most for i in (0, 1)) and 0 not in tables[2]
+
+    result = serve_checked(run, (mamba, mamba, KVCacheGroup("full_attention", bs, ())), tables_hold)
     assert int(result.num_output_tokens.sum()) > 0

@@ -323,6 +323,9 @@ class KVCacheGroup:
     attention_chunk_size: int = 0  # tokens of a chunked-local-attention layer's chunks; 0 for the other kinds
     mamba_cache_mode: str = "none"  # a Mamba group's: "align" with prefix caching, "none" without
     num_prefill_checkpoint_blocks: int = 0  # a Mamba group's blocks for a prefill checkpoint (align mode, Hopper)
+    # the tokens a prefill checkpoint's offset is a multiple of (MambaSpec.prefill_checkpoint_alignment, vLLM's
+    # get_mamba_prefill_checkpoint_grid: the Mamba block size); 0: the group's block size
+    prefill_checkpoint_alignment: int = 0
 
     def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int) -> int:
         """Blocks one request of max_model_len tokens holds (cdiv of vLLM's max_memory_usage_bytes by the page):
@@ -388,7 +391,11 @@ def kv_cache_groups(model, config: EngineConfig = EngineConfig()) -> list[KVCach
     local = {
         "sliding_attention": {"sliding_window": model.sliding_window},
         "chunked_local_attention": {"attention_chunk_size": model.attention_chunk_size},
-        "mamba": {"mamba_cache_mode": mode, "num_prefill_checkpoint_blocks": int(mode == "align")},
+        "mamba": {
+            "mamba_cache_mode": mode,
+            "num_prefill_checkpoint_blocks": int(mode == "align"),
+            "prefill_checkpoint_alignment": blocks["mamba"] if mode == "align" else 0,
+        },
     }
     return [
         KVCacheGroup(kind, blocks[kind], tuple(layers[i::n]), **local.get(kind, {}))

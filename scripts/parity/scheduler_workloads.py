@@ -126,18 +126,28 @@ def long_prompt_short_output(n: int = 2000) -> dict:
     }
 
 
-def hybrid_groups(name: str) -> list[dict]:
+def hybrid_groups(name: str, prefix_caching: bool = False) -> list[dict]:
     """A catalog model's KV cache groups as kvlab.core.capacity lays them out (engine_kv_cache_groups: vLLM's order,
-    block sizes, windows and chunks on its default attention backend, the base config's max_model_len), as IN.json
-    gives them to both sides."""
+    block sizes, windows and chunks on its default attention backend, the base config's max_model_len; with
+    prefix_caching, a Mamba group's mamba_cache_mode "align" and its prefill checkpoint blocks and alignment, as a
+    Hopper GPU's Gated DeltaNet kernel exports them), as IN.json gives them to both sides."""
     from kvlab.core.capacity import engine_kv_cache_groups
     from kvlab.core.config import EngineConfig
     from kvlab.core.models import get_model
 
-    config = EngineConfig().replace(max_model_len=_config()["max_model_len"])
+    config = EngineConfig().replace(max_model_len=_config()["max_model_len"], enable_prefix_caching=prefix_caching)
     return [
         {"kind": g.kind, "block_size": g.block_size, "sliding_window": g.sliding_window}
         | ({"attention_chunk_size": g.attention_chunk_size} if g.attention_chunk_size else {})
+        | (
+            {
+                "mamba_cache_mode": g.mamba_cache_mode,
+                "num_prefill_checkpoint_blocks": g.num_prefill_checkpoint_blocks,
+                "prefill_checkpoint_alignment": g.prefill_checkpoint_alignment,
+            }
+            if g.num_prefill_checkpoint_blocks
+            else {}
+        )
         for g in engine_kv_cache_groups(get_model(name), config)
     ]
 
@@ -244,6 +254,14 @@ RUNS = {
         "Qwen3-Next-80B-A3B's KV cache groups with prefix caching (Mamba states in 64-token blocks, vLLM's 'align' "
         "mode): 8 shared system prompts, repeated prompts, 200 blocks",
         lambda: hybrid_prefix(qwen3_next_groups(prefix_caching=True), 200, block_size=64),
+    ),
+    "qwen3-next-prefix-hopper": (
+        "Qwen3-Next-80B-A3B's KV cache groups with prefix caching as vLLM lays them out on a Hopper GPU (576-token "
+        "blocks; Mamba states in 'align' mode with in-kernel prefill checkpoints): 8 shared system prompts, repeated "
+        "prompts, 80 blocks",
+        lambda: hybrid_prefix(
+            hybrid_groups("Qwen/Qwen3-Next-80B-A3B-Instruct", prefix_caching=True), 80, block_size=576
+        ),
     ),
     "qwen3-next": (
         "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "

@@ -123,7 +123,8 @@ DEFAULT_CONFIG: dict[str, Any] = {
     # A hybrid model's KV cache groups, in order: [{"kind": "full_attention" | "sliding_attention" |
     # "chunked_local_attention" | "mamba", "attention_chunk_size" (chunked local attention only),
     # "block_size", "sliding_window"}] (a Mamba group's block_size: max_model_len in mamba_cache_mode "none", without
-    # prefix caching; the attention block size in "align", with it);
+    # prefix caching; the attention block size in "align", with it; and optionally its "mamba_cache_mode",
+    # "num_prefill_checkpoint_blocks" and "prefill_checkpoint_alignment", MambaSpec's);
     # None: one full-attention group of block_size tokens a block.
     "kv_cache_groups": None,
 }
@@ -409,6 +410,9 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
         elif g["kind"] == "mamba":  # mamba_cache_mode "none" without prefix caching (a state a request), else "align"
             mode = "align" if config["enable_prefix_caching"] else "none"
             state = {"shapes": ((1,),), "dtypes": (v.float32,), "mamba_cache_mode": mode}
+            if g.get("num_prefill_checkpoint_blocks"):  # a GDN kernel that exports prefill checkpoints (Hopper)
+                state["num_prefill_checkpoint_blocks"] = g["num_prefill_checkpoint_blocks"]
+                state["prefill_checkpoint_alignment"] = g.get("prefill_checkpoint_alignment")
             specs.append(v.MambaSpec(block_size=g["block_size"], **state))
             vllm_config.cache_config.mamba_cache_mode = mode  # what the scheduler reads
             vllm_config.cache_config.mamba_block_size = g["block_size"]

@@ -94,6 +94,20 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
                 g.attention_chunk_size,
                 f"must be > 0 exactly for {g.kind}",
             )
+        if g.num_prefill_checkpoint_blocks not in (0, 1) or (g.num_prefill_checkpoint_blocks and g.kind != "mamba"):
+            validate.fail(
+                f"kv_cache_groups[{i}].num_prefill_checkpoint_blocks",
+                g.num_prefill_checkpoint_blocks,
+                "must be 0, or 1 for Mamba layers (vLLM's in-kernel prefill checkpoint: one block a request)",
+            )
+        if g.prefill_checkpoint_alignment < 0 or (
+            g.prefill_checkpoint_alignment and not g.num_prefill_checkpoint_blocks
+        ):
+            validate.fail(
+                f"kv_cache_groups[{i}].prefill_checkpoint_alignment",
+                g.prefill_checkpoint_alignment,
+                "must be 0, or > 0 for Mamba layers with prefill checkpoint blocks",
+            )
         if g.kind == "mamba" and not config.cache.enable_prefix_caching and g.block_size != max_model_len:
             validate.fail(
                 f"kv_cache_groups[{i}].block_size",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from kvlab.core.block_pool import NULL_BLOCK_ID, BlockPool, free_table, take_blocks, touch_blocks
+from kvlab.core.block_pool import NULL_BLOCK_ID, BlockPool, free_table, take_blocks, touch_blocks, unlink
 from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.rules import (
@@ -20,6 +20,8 @@ from kvlab.core.engine.rules import (
     admission_num_new_blocks,
     blocks_to_admit,
     hit_num_new_blocks,
+    mamba_checkpoint_position,
+    mamba_checkpoint_valid,
     num_blocks_to_allocate,
     num_lookup_blocks,
     num_skipped_tokens,
@@ -142,11 +144,12 @@ class KVCacheManager(PagedPool):
 def admission_caps(groups, max_model_len: int, max_in_flight_tokens: int, enable_caching: bool = False) -> list[int]:
     """Each group's cap on the blocks admission needs (0: none): a sliding window's or a chunked local attention's
     max_admission_blocks_per_request (capacity.KVCacheGroup.blocks_per_request); with prefix caching a Mamba
-    group's one new state block (MambaManager.get_num_blocks_to_allocate in mamba_cache_mode "align")."""
+    group's one new state block and its prefill checkpoint blocks (MambaManager.get_num_blocks_to_allocate in
+    mamba_cache_mode "align": at most one more, when the prefill's checkpoint is exported into a block of its own)."""
     return [
         g.blocks_per_request(max_model_len, max_in_flight_tokens)
         if g.sliding_window or g.attention_chunk_size
-        else 1
+        else 1 + g.num_prefill_checkpoint_blocks
         if enable_caching and g.kind == "mamba"
         else 0
         for g in groups
@@ -181,7 +184,14 @@ class HybridKVCacheManager(PagedPool):
     floored to the common block size) and the prefix full attention found beyond the hit (shared_prefix_boundary).
     Mamba states then follow mamba_cache_mode "align": a state a block of the common size, one new block a step
     (take_new_blocks), the previous state freed once settled (remove_states), prefills cut where a state is cached
-    (rules.mamba_aligned_num_new_tokens, in the scheduler)."""
+    (rules.mamba_aligned_num_new_tokens, in the scheduler). A Mamba group with prefill checkpoint blocks
+    (num_prefill_checkpoint_blocks > 0, a Hopper GPU's Gated DeltaNet kernel) lets the chunk that ends the prefill
+    run through its last cacheable boundary when the kernel can export the state there (rules.mamba_checkpoint_valid):
+    that step the group takes two blocks, the checkpoint's (the state at mamba_checkpoint_position of the chunk's
+    end, in the block before last) and the running state's, both counted at admission; the checkpoint's block is
+    cached under its position when it is the prompt's last boundary or the shared prefix, else any key it holds is
+    dropped (MambaManager._needs_internal_checkpoint, allocate_new_blocks, _cache_partial_tail_block); it is freed
+    like any state once the settled tokens pass it."""
 
     noop_decodes = False  # a decode inside its last block may still free a block behind its window
     NEVER = 1 << 62  # a processed-token count no request reaches
@@ -223,6 +233,22 @@ class HybridKVCacheManager(PagedPool):
         self.mamba = [g.kind == "mamba" for g in self.groups]
         self.mamba_block_size = self.block_size if enable_caching and any(self.mamba) else 0
         self.last_state: dict[int, list[int | None]] = {}  # request_id -> each Mamba table's previous state block
+        # prefill checkpoint blocks (MambaManager.has_prefill_checkpoint_blocks): each group's alignment (0: none;
+        # MambaSpec.prefill_checkpoint_alignment, the group's block size when the group gives none), and the
+        # scheduler's: the first Mamba group's when every Mamba group has checkpoint blocks, else 0
+        self.checkpoint_alignments = (
+            [
+                (g.prefill_checkpoint_alignment or g.block_size) if m and g.num_prefill_checkpoint_blocks > 0 else 0
+                for g, m in zip(self.groups, self.mamba)
+            ]
+            if self.mamba_block_size
+            else [0] * len(self.groups)
+        )
+        mamba_alignments = [a for a, m in zip(self.checkpoint_alignments, self.mamba) if m]
+        self.checkpoint_alignment = mamba_alignments[0] if mamba_alignments and all(mamba_alignments) else 0
+        # request_id -> each group's (checkpoint position, block index) of its last allocation, or None
+        # (MambaManager._checkpoints)
+        self.checkpoints: dict[int, list[tuple[int, int] | None]] = {}
         self.cached_this_step: set[int] = set()  # hash ids of Mamba blocks cached this step
 
     # ---------------------------------------------------------------- prefix cache
@@ -397,24 +423,97 @@ class HybridKVCacheManager(PagedPool):
                     self.cached_this_step.update(self.pool.hash_of[table[j]] for j in ids)
             num_cached[gid] = end
 
-    # ---------------------------------------------------------------- allocation
-    def num_blocks_to_admit(self, num_tokens: int) -> int:
-        """Free blocks admitting a request of num_tokens needs without a prefix hit: every group's
-        (rules.admission_blocks)."""
-        n = min(num_tokens, self.max_model_len)
-        return sum(admission_blocks(n, g.block_size, cap) for g, cap in zip(self.groups, self.caps))
+    def checkpoint(self, gid: int, table, query_start: int, num_tokens: int, prefill_end: int):
+        """(position, block index) of the prefill checkpoint Mamba group gid exports from inside the kernel into a
+        block of its own as it computes tokens [query_start, num_tokens) of a prefill ending at prefill_end, with the
+        table it holds now; None if not (MambaManager._needs_internal_checkpoint: the group has checkpoint blocks,
+        the chunk reaches the prefill's end, the kernel can export the state at the last cacheable position before
+        the chunk's end, rules.mamba_checkpoint_valid, and the block before the chunk's last is not yet held)."""
+        align = self.checkpoint_alignments[gid]
+        if not align or num_tokens < prefill_end:
+            return None
+        bs = self.groups[gid].block_size
+        position = mamba_checkpoint_position(num_tokens, self.block_size)
+        idx = cdiv(num_tokens, bs) - 2
+        if idx < 0 or not mamba_checkpoint_valid(query_start, num_tokens, position, self.hash_block_size, bs, align):
+            return None
+        if idx < len(table) and table[idx] != NULL_BLOCK_ID:
+            return None
+        return position, idx
 
-    def hit_blocks_to_admit(self, hit, num_hit_tokens: int, num_tokens: int, capped: bool) -> int:
+    def checkpoints_of(self, tables, query_start: int, num_tokens: int, prefill_end: int) -> list:
+        """Each group's checkpoint (checkpoint) for a chunk of tokens [query_start, num_tokens); None for the groups
+        without checkpoint blocks."""
+        return [
+            self.checkpoint(gid, table, query_start, num_tokens, prefill_end) if align else None
+            for gid, (table, align) in enumerate(zip(tables, self.checkpoint_alignments))
+        ]
+
+    def cache_checkpoints(self, request: Request) -> None:
+        """Key each checkpoint block the request's last allocation took at its position: when it is the prompt's
+        last cacheable boundary or the shared prefix (vLLM's prefix_cache_retention_interval 0), unless the block
+        already holds that key; else drop any key the block holds, the state being transient
+        (MambaManager._cache_partial_tail_block with a checkpoint; BlockPool.cache_partial_block with
+        replace_existing_hashes, _maybe_evict_cached_block)."""
+        rid = request.request_id
+        tables, pool = self.tables[rid], self.pool
+        prompt = mamba_checkpoint_position(request.num_prompt_tokens, self.block_size)
+        for gid, cp in enumerate(self.checkpoints[rid]):
+            if cp is None:
+                continue
+            position, idx = cp
+            block = tables[gid][idx]
+            if position != prompt and position != self.junction[rid]:
+                self.uncache(block)
+                continue
+            # every group's block is the scheduler's block (checks.check_kv_cache_groups), so the position ends
+            # block idx and its key is that block's
+            key = self.keyed_hashes(request, gid, idx + 1)[idx]
+            h = pool.hash_ids.get(key, -1)
+            if h >= 0 and pool.hash_of[block] == h:
+                continue
+            self.uncache(block)
+            pool.cache_full_blocks([block], [key])
+            self.cached_this_step.add(pool.hash_of[block])
+
+    def uncache(self, block: int) -> None:
+        """Take a held block out of the prefix cache (BlockPool._remove_cached_block_hashes)."""
+        pool = self.pool
+        h = pool.hash_of[block]
+        if h >= 0:
+            unlink(pool.hash_next, pool.hash_prev, pool.hash_ends, 2 * h, 2 * h + 1, block)
+            pool.hash_of[block] = -1
+
+    # ---------------------------------------------------------------- allocation
+    def num_blocks_to_admit(self, num_tokens: int, prefill_end: int = 0) -> int:
+        """Free blocks admitting a request of num_tokens needs without a prefix hit: every group's
+        (rules.admission_blocks); a Mamba group's with checkpoint blocks one more when its prefill (ending at
+        prefill_end > 0) exports a checkpoint (checkpoint), at most one more without prefill_end."""
+        n = min(num_tokens, self.max_model_len)
+        total = 0
+        for gid, (g, cap) in enumerate(zip(self.groups, self.caps)):
+            if prefill_end and self.checkpoint_alignments[gid]:
+                cap = 2 if self.checkpoint(gid, (), 0, n, prefill_end) is not None else 1
+            total += admission_blocks(n, g.block_size, cap)
+        return total
+
+    def hit_blocks_to_admit(self, hit, num_hit_tokens: int, num_tokens: int, capped: bool, prefill_end: int) -> int:
         """Free blocks admitting a request with this prefix hit needs to hold num_tokens: each group's new blocks
-        (rules.hit_num_new_blocks, a window's capped) and its hit blocks no request holds (still in the free queue)."""
+        (rules.hit_num_new_blocks, a window's capped; a Mamba group's one, two with a checkpoint) and its hit blocks
+        no request holds (still in the free queue)."""
         ref, total = self.pool.ref, 0
-        for g, cap, table, mamba in zip(self.groups, self.caps, hit[0], self.mamba):
+        for gid, (g, cap, table, mamba) in enumerate(zip(self.groups, self.caps, hit[0], self.mamba)):
             bs = g.block_size
-            if mamba:  # one new block at most, its hit state taken back from the free queue
+            if mamba:  # one new block at most (two with a checkpoint), its hit state taken back from the free queue
                 if table and self.pool.hash_of[table[-1]] in self.cached_this_step:
                     return self.NEVER  # a state cached this step is not there yet: not before the next step
                 new = cdiv(num_tokens, bs) - len(table)
-                total += min(new, 1) + sum(1 for b in table if b != NULL_BLOCK_ID and ref[b] == 0)
+                most = 1
+                if self.checkpoint_alignments[gid] and self.checkpoint(
+                    gid, (), num_hit_tokens, num_tokens, prefill_end
+                ):
+                    most = 2
+                total += min(new, most) + sum(1 for b in table if b != NULL_BLOCK_ID and ref[b] == 0)
                 continue
             skipped = num_skipped_tokens(num_hit_tokens, g.sliding_window, g.attention_chunk_size) // bs
             total += hit_num_new_blocks(num_tokens, bs, cap if capped else 0, skipped, len(table))
@@ -425,12 +524,14 @@ class HybridKVCacheManager(PagedPool):
         """Whether allocate_slots would admit the request (with this prefix hit) with num_blocks_taken blocks fewer
         free: blocks for its whole current length, then for the tokens it computes now."""
         free = self.pool.num_free_blocks - num_blocks_taken
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if hit is None:
-            return self.num_blocks_to_admit(request.num_tokens) <= free
+            return self.num_blocks_to_admit(request.num_tokens, prefill_end) <= free
         n, max_len, hit_tokens = request.num_tokens, self.max_model_len, hit[2]
-        if self.hit_blocks_to_admit(hit, hit_tokens, min(n, max_len), True) > free:
+        if self.hit_blocks_to_admit(hit, hit_tokens, min(n, max_len), True, prefill_end) > free:
             return False
-        return self.hit_blocks_to_admit(hit, hit_tokens, min(hit_tokens + num_new_tokens, max_len), False) <= free
+        num_slots = min(hit_tokens + num_new_tokens, max_len)
+        return self.hit_blocks_to_admit(hit, hit_tokens, num_slots, False, prefill_end) <= free
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, hit=None, full_sequence_must_fit: bool = False
@@ -457,9 +558,12 @@ class HybridKVCacheManager(PagedPool):
                 return True
             self.remove_skipped_blocks(rid, processed)
         need = 0
-        for g, table, mamba in zip(self.groups, tables or [()] * len(self.groups), self.mamba):
+        held = tables or [()] * len(self.groups)
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        checkpoints = self.checkpoints_of(held, computed, computed + num_new_tokens, prefill_end)
+        for g, table, mamba, cp in zip(self.groups, held, self.mamba, checkpoints):
             new = max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
-            need += min(new, 1) if mamba and self.mamba_block_size else new
+            need += min(new, 1 if cp is None else 2) if mamba and self.mamba_block_size else new
         if need > pool.num_free_blocks:
             if tables is not None:
                 self.quiet[rid] = self.quiet_limits(rid)
@@ -470,9 +574,11 @@ class HybridKVCacheManager(PagedPool):
             self.num_cached[rid] = [0] * len(self.groups)
             self.junction[rid] = 0
             self.last_state[rid] = [None] * len(self.groups)
+        self.checkpoints[rid] = checkpoints
         self.take_new_blocks(rid, num_slots)
         if self.enable_caching:
             self.cache_blocks(request, to_cache)
+            self.cache_checkpoints(request)
         self.quiet[rid] = self.quiet_limits(rid)
         return True
 
@@ -495,23 +601,35 @@ class HybridKVCacheManager(PagedPool):
         self.num_cached[rid] = [len(t) for t in tables]
         self.junction[rid] = junction
         self.last_state[rid] = [None] * len(tables)
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        self.checkpoints[rid] = self.checkpoints_of(
+            [()] * len(tables), hit_tokens, hit_tokens + num_new_tokens, prefill_end
+        )
         self.take_new_blocks(rid, min(hit_tokens + num_new_tokens, self.max_model_len))
         self.cache_blocks(request, min(hit_tokens + num_new_tokens, request.num_tokens))
+        self.cache_checkpoints(request)
         self.quiet[rid] = self.quiet_limits(rid)
         return True
 
     def take_new_blocks(self, rid: int, num_slots: int) -> None:
         """Extend each group's table to cover num_slots tokens from the free queue, group by group; a Mamba group's
-        with prefix caching by nulls then one block, the state after its last token, its previous state kept until
-        the request's tokens are settled past it (MambaManager.allocate_new_blocks in mamba_cache_mode "align")."""
+        with prefix caching by nulls then one block, the state after its last token (two with a checkpoint: the
+        checkpoint's in the block before last), its previous state kept until the request's tokens are settled past
+        it (MambaManager.allocate_new_blocks in mamba_cache_mode "align")."""
         pool, max_len, tables = self.pool, self.max_model_len, self.tables[rid]
+        checkpoints = self.checkpoints.get(rid) or [None] * len(tables)
         for gid, (g, table) in enumerate(zip(self.groups, tables)):
             new = num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len)
-            if new > 0 and self.mamba_block_size and self.mamba[gid]:
+            if self.mamba_block_size and self.mamba[gid]:
+                ck = int(checkpoints[gid] is not None)
+                if new <= 0 and not ck:
+                    continue
                 if table:
                     self.last_state[rid][gid] = len(table) - 1
-                table.extend([NULL_BLOCK_ID] * (new - 1))
-                new = 1
+                required = len(table) + new
+                if len(table) < required - 1 - ck:  # nulls up to the last block, or to the checkpoint's
+                    table.extend([NULL_BLOCK_ID] * (required - 1 - ck - len(table)))
+                new = required - len(table)
             if new > 0:
                 at = len(table)
                 table.extend([NULL_BLOCK_ID] * new)
@@ -597,4 +715,5 @@ class HybridKVCacheManager(PagedPool):
             num_freed += len(held)
         del self.quiet[rid], self.num_cached[rid], self.junction[rid], self.last_state[rid]
         self.keys.pop(rid, None)
+        self.checkpoints.pop(rid, None)
         return num_freed

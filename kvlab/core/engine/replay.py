@@ -68,7 +68,16 @@ def from_document(doc: dict) -> dict:
     groups = settings.get("kv_cache_groups")  # [{"kind", "block_size", "sliding_window", "attention_chunk_size"}]
     if groups is not None:
         groups = tuple(
-            KVCacheGroup(g["kind"], g["block_size"], (), g.get("sliding_window", 0), g.get("attention_chunk_size", 0))
+            KVCacheGroup(
+                g["kind"],
+                g["block_size"],
+                (),
+                g.get("sliding_window", 0),
+                g.get("attention_chunk_size", 0),
+                g.get("mamba_cache_mode", "none"),
+                g.get("num_prefill_checkpoint_blocks", 0),
+                g.get("prefill_checkpoint_alignment") or 0,
+            )
             for g in groups
         )
     return {

@@ -159,6 +159,39 @@ def admission_num_new_blocks(
     return new
 
 
+def mamba_checkpoint_position(num_tokens: int, block_size: int) -> int:
+    """The last position before token num_tokens whose Mamba state can be cached: all but the last token, floored to
+    block_size (kv_cache_interface.py, get_mamba_prefill_checkpoint_position; no EAGLE, no hash lookahead)."""
+    position = (num_tokens - 1) // block_size * block_size
+    return position if position > 0 else 0
+
+
+def mamba_checkpoint_valid(
+    query_start: int,
+    query_end: int,
+    checkpoint_position: int,
+    hash_block_size: int,
+    mamba_block_size: int,
+    checkpoint_alignment: int,
+) -> bool:
+    """Whether a chunk of tokens [query_start, query_end) can export the Mamba state at checkpoint_position from
+    inside the kernel into a block of its own (kv_cache_interface.py, is_mamba_prefill_checkpoint_valid;
+    checkpoint_alignment 0: the backend exports none): the chunk starts on a hash block, its block before last lies
+    past the block of its initial state, the checkpoint lies inside it at least a hash block past its start, on the
+    alignment."""
+    if checkpoint_alignment <= 0:
+        return False
+    initial_state_col = (query_start - 1) // mamba_block_size
+    checkpoint_col = (query_end + mamba_block_size - 1) // mamba_block_size - 2
+    return (
+        query_start % hash_block_size == 0
+        and checkpoint_col > initial_state_col
+        and query_start + hash_block_size <= checkpoint_position
+        and query_start < checkpoint_position < query_end
+        and (checkpoint_position - query_start) % checkpoint_alignment == 0
+    )
+
+
 def mamba_aligned_num_new_tokens(
     num_computed_tokens: int,
     num_new_tokens: int,
@@ -167,26 +200,44 @@ def mamba_aligned_num_new_tokens(
     block_size: int,
     max_prefill_tokens: int,
     shared_prefix_boundary: int,
+    checkpoint_alignment: int = 0,
 ) -> int:
     """A prefill chunk cut where a Mamba state must be cached (sched/scheduler.py, _mamba_block_aligned_split, in
-    mamba_cache_mode "align" without prefill checkpoint blocks): a chunk before the prefill's end ends on a block
-    boundary (or runs on when no boundary is within reach and a block is wider than max_prefill_tokens), and no chunk
-    runs past the next block boundary when it starts mid-block, past the last block boundary before the request's
-    last token, or past the shared prefix (floored to blocks); 0: nothing this step."""
+    mamba_cache_mode "align"; every group's block block_size, no partial-block hits): a chunk before the prefill's
+    end ends on a block boundary (or runs on when no boundary is within reach and a block is wider than
+    max_prefill_tokens), and no chunk runs past the next block boundary when it starts mid-block, past the last block
+    boundary before the request's last token, or past the shared prefix (floored to blocks); 0: nothing this step.
+    With prefill checkpoint blocks in every Mamba group (checkpoint_alignment > 0, the first group's
+    prefill_checkpoint_alignment), a final chunk that can export the prefill's checkpoint from inside the kernel
+    (mamba_checkpoint_valid) runs on past the last block boundary and past the next one."""
     start = num_computed_tokens
     prefill_end = max(num_prompt_tokens, num_tokens - 1)
     if start >= prefill_end:
         return num_new_tokens
     end = start + num_new_tokens
+    last_cached = mamba_checkpoint_position(num_tokens, block_size)
+    internal = (
+        checkpoint_alignment > 0
+        and end >= prefill_end
+        and mamba_checkpoint_valid(
+            start,
+            end,
+            mamba_checkpoint_position(prefill_end, block_size),
+            block_size,
+            block_size,
+            checkpoint_alignment,
+        )
+    )
+    if internal:
+        last_cached = 0
     if end < prefill_end:
         aligned = end // block_size * block_size
         if aligned > start or block_size <= max_prefill_tokens:
             end = aligned
     next_boundary = (start // block_size + 1) * block_size
-    last_cached = max((num_tokens - 1) // block_size * block_size, 0)
     junction = shared_prefix_boundary
     stops = (
-        next_boundary if start % block_size else 0,
+        next_boundary if start % block_size and not internal else 0,
         last_cached,
         start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )

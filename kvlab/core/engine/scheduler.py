@@ -24,7 +24,8 @@ Left out because it is inert for a text-only decoder of full-attention and slidi
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
 deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, the watermark (0), drop-mode
 stale output (reset_prefix_cache and connectors only). With Mamba states and prefix caching (vLLM's mamba_cache_mode
-"align") a prefill chunk is cut where a state is cached (rules.mamba_aligned_num_new_tokens).
+"align") a prefill chunk is cut where a state is cached (rules.mamba_aligned_num_new_tokens), the prefill's last
+chunk not when the Mamba groups export its checkpoint from inside the kernel (prefill checkpoint blocks).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         # Mamba states cached at block boundaries (mamba_cache_mode "align"): prefill chunks cut there; 0: no cut
         self.mamba_block_size = getattr(kv_cache_manager, "mamba_block_size", 0)
+        # every Mamba group with prefill checkpoint blocks: the first one's alignment (a final chunk that exports its
+        # checkpoint from inside the kernel is not cut); 0: none
+        self.mamba_checkpoint_alignment = getattr(kv_cache_manager, "checkpoint_alignment", 0)
         threshold = self.long_prefill_token_threshold
         self.max_prefill_tokens = (
             min(self.max_num_batched_tokens, threshold) if threshold > 0 else self.max_num_batched_tokens
@@ -128,6 +132,7 @@ class Scheduler:
                     split,
                     self.max_prefill_tokens,
                     kv.junction[request.request_id],
+                    self.mamba_checkpoint_alignment,
                 )
             if n == 0:  # async: its last token is in flight, or it is at max_model_len (or a Mamba cut)
                 i += 1
@@ -163,6 +168,7 @@ class Scheduler:
                         split,
                         self.max_prefill_tokens,
                         hits[1] if hits else 0,
+                        self.mamba_checkpoint_alignment,
                     )
                 if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
                     break  # the scan stops at the first request that does not fit
