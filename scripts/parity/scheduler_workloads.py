@@ -153,7 +153,7 @@ def hybrid_groups(name: str, prefix_caching: bool = False) -> list[dict]:
 
 
 def hybrid(groups: list[dict], num_gpu_blocks: int, block_size: int = 16, n: int = 2000) -> dict:
-    """Azure-like requests on a hybrid model's KV cache groups (hybrid_groups, qwen3_next_groups), a step budget of
+    """Azure-like requests on a hybrid model's KV cache groups (hybrid_groups), a step budget of
     2,048 tokens (long prompts cross a window in chunks) and memory that preempts."""
     arrival, prompt, output = _azure_like(np.random.default_rng(6), n, 5.0, max_prompt=12_000)
     config = _config(
@@ -194,18 +194,14 @@ def hybrid_prefix(groups: list[dict], num_gpu_blocks: int, block_size: int = 16,
     }
 
 
-def qwen3_next_groups(attention_block_size: int = 64, prefix_caching: bool = False) -> list[dict]:
-    """Qwen3-Next-80B-A3B's KV cache groups as vLLM groups its 48 layers (three Mamba groups of 12 Gated DeltaNet
-    layers, then one of full attention; kvlab.core.capacity.kv_cache_groups lays them out alike), but with an
-    attention block size chosen here, 64 tokens, where vLLM raises it until an attention page covers a Mamba state
-    (544 tokens without prefix caching, 576 with it on a Hopper GPU, whose GDN layers also export prefill checkpoints
-    that kvlab's engine does not model): the runs keep the smaller block, so that prefills cross many blocks. Without
-    prefix caching vLLM holds a Mamba group's state in one block of max_model_len tokens (mamba_cache_mode "none");
-    with it (prefix_caching), in blocks of the attention block size (mamba_cache_mode "align"; the scheduler cuts
-    prefills at block boundaries)."""
-    mamba = {"kind": "mamba", "block_size": _config()["max_model_len"], "sliding_window": 0}
-    if prefix_caching:  # mamba_cache_mode "align": a state a block of the attention block size
-        mamba["block_size"] = attention_block_size
+def qwen3_next_prefix_groups(attention_block_size: int = 64) -> list[dict]:
+    """Qwen3-Next-80B-A3B's KV cache groups with prefix caching as vLLM groups its 48 layers (three Mamba groups of
+    12 Gated DeltaNet layers, then one of full attention; mamba_cache_mode "align": a state a block of the attention
+    block size, the scheduler cutting prefills at block boundaries), but with an attention block size chosen here,
+    64 tokens, and no in-kernel prefill checkpoints: the run holds the scheduler's align-mode cuts at many block
+    boundaries to vLLM's. qwen3-next-prefix-hopper takes the layout vLLM builds on a Hopper GPU (576-token blocks,
+    prefill checkpoints), and the runs without prefix caching capacity's own layout (hybrid_groups)."""
+    mamba = {"kind": "mamba", "block_size": attention_block_size, "sliding_window": 0}
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
 
 
@@ -253,7 +249,7 @@ RUNS = {
     "qwen3-next-prefix": (
         "Qwen3-Next-80B-A3B's KV cache groups with prefix caching (Mamba states in 64-token blocks, vLLM's 'align' "
         "mode): 8 shared system prompts, repeated prompts, 200 blocks",
-        lambda: hybrid_prefix(qwen3_next_groups(prefix_caching=True), 200, block_size=64),
+        lambda: hybrid_prefix(qwen3_next_prefix_groups(), 200, block_size=64),
     ),
     "qwen3-next-prefix-hopper": (
         "Qwen3-Next-80B-A3B's KV cache groups with prefix caching as vLLM lays them out on a Hopper GPU (576-token "
@@ -264,9 +260,9 @@ RUNS = {
         ),
     ),
     "qwen3-next": (
-        "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full; 64-token blocks), Azure-like, 400 "
-        "blocks",
-        lambda: hybrid(qwen3_next_groups(), 400, block_size=64),
+        "Qwen3-Next-80B-A3B's KV cache groups (three of Mamba states, one full of 544-token blocks, as vLLM raises "
+        "them), Azure-like, 60 blocks",
+        lambda: hybrid(hybrid_groups("Qwen/Qwen3-Next-80B-A3B-Instruct"), 60, block_size=544),
     ),
 }
 SYNC_RUNS = dict(RUNS)
