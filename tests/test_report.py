@@ -276,8 +276,8 @@ def test_two_builds_give_identical_numbers(tmp_path, built_report):
     a = report_build.build(params, [], tmp_path / "a", notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
     b = built_report
     assert _outputs(a / "notebooks" / "03_capacity.ipynb") == _outputs(b / "notebooks" / "03_capacity.ipynb")
-    rows, again = (pd.read_csv(out / "ledger.csv", dtype={"row": str}) for out in (a, b))
-    rows, again = (r[r["section"] == 3].reset_index(drop=True) for r in (rows, again))
+    rows, again = (pd.read_csv(out / "ledger.csv", dtype=str, keep_default_na=False) for out in (a, b))
+    rows, again = (r[r["section"] == "3"].reset_index(drop=True) for r in (rows, again))
     pd.testing.assert_frame_equal(rows, again)
     assert len(rows) and (rows["status"] == "pass").all()
 
