@@ -25,6 +25,7 @@ from kvlab.core.engine.rules import (
     num_blocks_to_allocate,
     num_lookup_blocks,
     num_skipped_tokens,
+    prefill_end_tokens,
     window_hit_blocks,
 )
 from kvlab.core.units import cdiv
@@ -524,7 +525,7 @@ class HybridKVCacheManager(PagedPool):
         """Whether allocate_slots would admit the request (with this prefix hit) with num_blocks_taken blocks fewer
         free: blocks for its whole current length, then for the tokens it computes now."""
         free = self.pool.num_free_blocks - num_blocks_taken
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        prefill_end = prefill_end_tokens(request.num_prompt_tokens, request.num_tokens)
         if hit is None:
             return self.num_blocks_to_admit(request.num_tokens, prefill_end) <= free
         n, max_len, hit_tokens = request.num_tokens, self.max_model_len, hit[2]
@@ -559,7 +560,7 @@ class HybridKVCacheManager(PagedPool):
             self.remove_skipped_blocks(rid, processed)
         need = 0
         held = tables or [()] * len(self.groups)
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        prefill_end = prefill_end_tokens(request.num_prompt_tokens, request.num_tokens)
         checkpoints = self.checkpoints_of(held, computed, computed + num_new_tokens, prefill_end)
         for g, table, mamba, cp in zip(self.groups, held, self.mamba, checkpoints):
             new = max(num_blocks_to_allocate(0, num_slots, len(table), g.block_size, max_len), 0)
@@ -601,7 +602,7 @@ class HybridKVCacheManager(PagedPool):
         self.num_cached[rid] = [len(t) for t in tables]
         self.junction[rid] = junction
         self.last_state[rid] = [None] * len(tables)
-        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        prefill_end = prefill_end_tokens(request.num_prompt_tokens, request.num_tokens)
         self.checkpoints[rid] = self.checkpoints_of(
             [()] * len(tables), hit_tokens, hit_tokens + num_new_tokens, prefill_end
         )

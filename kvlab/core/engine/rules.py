@@ -159,6 +159,12 @@ def admission_num_new_blocks(
     return new
 
 
+def prefill_end_tokens(num_prompt_tokens: int, num_tokens: int) -> int:
+    """Where a request's prefill ends: its prompt, or all its known tokens but the last after a preemption (the
+    tokens it computes again before it samples; sched/scheduler.py's max(num_prompt_tokens, num_tokens - 1))."""
+    return max(num_prompt_tokens, num_tokens - 1)
+
+
 def mamba_checkpoint_position(num_tokens: int, block_size: int) -> int:
     """The last position before token num_tokens whose Mamba state can be cached: all but the last token, floored to
     block_size (kv_cache_interface.py, get_mamba_prefill_checkpoint_position; no EAGLE, no hash lookahead)."""
@@ -211,7 +217,7 @@ def mamba_aligned_num_new_tokens(
     prefill_checkpoint_alignment), a final chunk that can export the prefill's checkpoint from inside the kernel
     (mamba_checkpoint_valid) runs on past the last block boundary and past the next one."""
     start = num_computed_tokens
-    prefill_end = max(num_prompt_tokens, num_tokens - 1)
+    prefill_end = prefill_end_tokens(num_prompt_tokens, num_tokens)
     if start >= prefill_end:
         return num_new_tokens
     end = start + num_new_tokens
