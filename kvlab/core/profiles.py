@@ -40,7 +40,11 @@ INTERCONNECTS_CSV = PROFILES_DIR / "interconnects.csv"
 SCHEDULER_CPU_CSV = PROFILES_DIR / "cpu" / "vllm_scheduler.csv"
 # The CPU data/profiles/cpu/vllm_scheduler.csv was timed on (scripts/profiles/time_vllm_scheduler.py).
 SCHEDULER_CPU_MACHINE = "vLLM 0.33.0's scheduler timed on a 2-core Intel Xeon virtual machine"
-SOURCES = {"llmservingsim": "LLMServingSim profile", "vidur": "vidur profile"}
+SOURCES = {
+    "llmservingsim": "LLMServingSim profile",
+    "vidur": "vidur profile",
+    "aiconfigurator": "operator tables composed",
+}
 # Calls of each dense operator in one decoder layer as vLLM's Llama and Qwen3 models run them (input and
 # post-attention RMSNorm; Qwen3's q_norm and k_norm), and once per step (before and after the layers).
 LAYER_CALLS = {

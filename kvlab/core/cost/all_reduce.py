@@ -92,8 +92,8 @@ class AllReduceCost:
     @classmethod
     def for_step(cls, link, num_gpus: int, hidden_size: int, num_layers: int) -> AllReduceCost | None:
         """The all-reduces of one step of a model of num_layers decoder layers and hidden_size on num_gpus GPUs
-        joined by link (None: no link figure, the all-reduce is left out): vidur's measured NCCL times where
-        data/profiles holds them for that GPU count, else the ring's bound, 2 (n - 1) / n x size over the link's
+        joined by link (None: no link figure, the all-reduce is left out): the link's measured times where
+        data/ holds them for that GPU count (AIConfigurator's of vLLM's custom all-reduce, or vidur's NCCL), else the ring's bound, 2 (n - 1) / n x size over the link's
         bandwidth each way (no latency)."""
         from kvlab.core import profiles
 
@@ -104,7 +104,10 @@ class AllReduceCost:
         if table is not None:
             sizes, times = table
             source = (
-                f"vidur's NCCL all-reduce measured among {num_gpus} GPUs over {link.interconnect} "
+                f"vLLM's custom all-reduce in a CUDA graph measured among {num_gpus} GPUs over {link.interconnect} "
+                "by AIConfigurator (bf16; it stands for the kernel vLLM runs where it runs another)"
+                if link.all_reduce_profile.startswith("../operators/")
+                else f"vidur's NCCL all-reduce measured among {num_gpus} GPUs over {link.interconnect} "
                 "(eager, fp16; not the kernel vLLM runs where it runs another)"
             )
         else:

@@ -237,9 +237,12 @@ class MeasuredStepCost:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def from_profile(cls, profile, model, config=None, step_overhead_ms: float = 0.0) -> MeasuredStepCost:
+    def from_profile(
+        cls, profile, model, config=None, step_overhead_ms: float = 0.0, words: str = ""
+    ) -> MeasuredStepCost:
         """The measured step cost of a complete kvlab.core.profiles.OperatorProfile for model (its layers) under
-        config's scheduler (CUDA-graph sizes) and tensor parallelism (the all-reduce)."""
+        config's scheduler (CUDA-graph sizes) and tensor parallelism (the all-reduce); words: where the profile
+        comes from (default: its label)."""
         from kvlab.core import profiles
         from kvlab.core.config import EngineConfig
 
@@ -260,7 +263,7 @@ class MeasuredStepCost:
         step_us = sum(calls * dense[op] for op, calls in profiles.STEP_CALLS.items() if op in dense)
         sequences, per_sequence = profile.per_sequence
         axes, attention = profile.attention
-        source = entry.label
+        source = words or entry.label
         if entry.model != model.name:
             source += f" (a model of {model.name}'s layer shapes, timed at its {model.num_layers} layers)"
         all_reduce, why = step_all_reduce(entry.gpu, tp, entry.hidden_size, model.num_layers)
@@ -651,36 +654,45 @@ def measured_step_cost(
 ) -> MeasuredStepCost | RooflineStepCost:
     """The measured step cost of a ModelSpec on a GpuSpec at config's parallelism: its operator profile where
     data/profiles has one (same GPU and tensor_parallel_size, no pipeline parallelism; the model's own, else a model's
-    of the same layer shapes, kvlab.core.profiles.find_profile), else its linear layers where a profile times only
+    of the same layer shapes, kvlab.core.profiles.find_profile: LLMServingSim's, which times vLLM's own layers whole
+    and mixed batches as they run), else its profile composed from the GPU's operator tables by shape
+    (kvlab.core.operators.compose_profile: vLLM's kernels one at a time, AIConfigurator's, which time every term and so
+    win over the next), else its linear layers where a profile times only
     those (vidur's: kvlab.core.cost.linear_profile.LinearProfileStepCost), else the roofline
     at the GPU's sustained bandwidth and FLOP/s (kvlab.core.profiles.sustained_fractions), a RooflineStepCost
     whose provenance says so; a GPU no profile measures is refused, unless fractions_gpu names a measured GPU of
     the same chip whose sustained fractions it takes (e.g. the A100-40GB from the A100-SXM-80GB)."""
-    from kvlab.core import profiles
+    from kvlab.core import operators, profiles
     from kvlab.core.config import EngineConfig
 
     config = EngineConfig() if config is None else config
+    covered = sorted(set(profiles.measured_gpus()) | set(operators.operator_gpus()))
     if fractions_gpu is not None:
-        validate.one_of("fractions_gpu", fractions_gpu, profiles.measured_gpus())
-    elif gpu.name not in profiles.measured_gpus():
+        validate.one_of("fractions_gpu", fractions_gpu, covered)
+    elif gpu.name not in covered:
         validate.fail(
             "gpu",
             gpu.name,
-            f"has no operator-level measurement for the measured clock; GPUs with "
-            f"measurements: {', '.join(profiles.measured_gpus())} (or use the roofline clock: "
-            "--cost roofline)",
+            f"has no operator-level measurement for the measured clock; GPUs with measurements: {', '.join(covered)} "
+            "(or use the roofline clock: --cost roofline)",
         )
     tp, pp = config.parallel.tensor_parallel_size, config.parallel.pipeline_parallel_size
     profile = profiles.find_profile(gpu.name, model, tp) if pp == 1 else None
     if profile is not None:
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
+    why_not_tables = ""
+    if pp == 1 and fractions_gpu is None:
+        composed, words = operators.compose_profile(model, gpu.name, tp, config.cache.kv_cache_dtype)
+        if composed is not None:
+            return MeasuredStepCost.from_profile(composed, model, config, step_overhead_ms, words)
+        why_not_tables = f"; operator tables: {words}"
     if pp == 1 and fractions_gpu is None and not step_overhead_ms:
         partly = linear_profile_step_cost(model, gpu, config)
         if partly is not None:
             return partly
     why = "pipeline parallelism is not profiled" if pp > 1 else f"no profile of {model.name} at TP {tp}"
     source = fractions_gpu or gpu.name
-    return sustained_roofline(model, gpu, config, source, f"{why}; {fallback_error_text(source)}")
+    return sustained_roofline(model, gpu, config, source, f"{why}{why_not_tables}; {fallback_error_text(source)}")
 
 
 def linear_profile_step_cost(model, gpu, config):
@@ -728,13 +740,21 @@ def linear_profile_step_cost(model, gpu, config):
     return None
 
 
+def gpu_fractions(gpu_name: str):
+    """The sustained fractions of a GPU's datasheet: its profiles' (kvlab.core.profiles.sustained_fractions), else
+    its operator tables' (kvlab.core.operators.table_fractions)."""
+    from kvlab.core import operators, profiles
+
+    if gpu_name not in profiles.measured_gpus() and gpu_name in operators.operator_gpus():
+        return operators.table_fractions(gpu_name)
+    return profiles.sustained_fractions(gpu_name)
+
+
 def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> RooflineStepCost:
     """The roofline of model on gpu at the bandwidth and FLOP/s fractions the profiles of fractions_gpu sustain
     (kvlab.core.profiles.sustained_fractions), plus the all-reduces at TP > 1 (step_all_reduce): the measured step
     cost's fallback, its provenance saying why."""
-    from kvlab.core import profiles
-
-    fractions = profiles.sustained_fractions(fractions_gpu)
+    fractions = gpu_fractions(fractions_gpu)
     roofline = RooflineStepCost.from_specs(model, gpu, config)
     all_reduce, all_reduce_why = model_all_reduce(model, gpu.name, config.parallel.tensor_parallel_size)
     return RooflineStepCost(

@@ -1,0 +1,110 @@
+"""Operator tables by shape (kvlab.core.operators): lookups equal the measured points, interpolation exact where
+the time has the form it assumes, and a composed step set against an independent profile of the same GPU."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvlab.core import models, operators, profiles
+from kvlab.core.config import EngineConfig
+from kvlab.core.cost.batch import Batch
+from kvlab.core.cost.measured import MeasuredStepCost, measured_step_cost
+
+LLAMA_8B = dataclasses.replace(models.get_model("meta-llama/Llama-3.1-8B"), layer_sizes=(14336, 128256, 0, 0, 0))
+RTX_PRO = "RTX-PRO-6000-Server-96GB"
+
+
+def test_every_gpu_with_tables_names_its_source_commit_and_versions():
+    assert {"H100-SXM-80GB", "H200-141GB", "B200-180GB", "A100-SXM-80GB", RTX_PRO} <= set(operators.operator_gpus())
+    for gpu in operators.operator_gpus():
+        meta = json.loads((operators.OPERATORS_DIR / operators.operator_systems()[gpu] / "meta.json").read_text())
+        assert len(meta["commit"]) == 40 and "Apache-2.0" in meta["source"]
+        assert {"gemm", "context_attention", "generation_attention"} <= set(meta["tables"])
+        assert all(t["vllm_version"].startswith("0.") for t in meta["tables"].values())
+    size = sum(p.stat().st_size for p in operators.OPERATORS_DIR.rglob("*") if p.is_file())
+    assert size < 6e6
+
+
+def test_a_measured_gemm_is_read_as_measured():
+    tables = operators.operator_tables("H200-141GB")
+    z = np.load(tables.folder / "gemm.npz")
+    gemm = tables.gemm("bf16")
+    for row in (0, 1000, 20000, len(z["bf16_m"]) - 1):
+        m, n, k = (int(z[f"bf16_{c}"][row]) for c in "mnk")
+        assert gemm.us_at(m, n, k) == pytest.approx(float(z["bf16_us"][row]), rel=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(1, 64), st.floats(32, 200_000), st.floats(32, 200_000))
+def test_gemm_interpolation_is_exact_where_time_grows_as_m_n_k(m, n, k):
+    axes = [np.array([1.0, 16, 64]), np.array([32.0, 1024, 65536]), np.array([32.0, 4096, 65536])]
+    grid = np.einsum("i,j,k->ijk", *axes) * 1e-6  # t = m n k x 1e-6 us
+    table = operators.GemmTable(*axes, grid)
+    assert table.us_at(m, n, k) == pytest.approx(m * n * k * 1e-6, rel=1e-9)
+
+
+def test_prefill_pairs_by_hand():
+    assert operators.prefill_pairs(4, 0) == 10  # 1 + 2 + 3 + 4
+    assert operators.prefill_pairs(2, 5) == 6 + 7
+    # a window of 4: queries see min(4, 5 + i) keys: 4 + 4
+    assert operators.prefill_pairs(2, 5, window=4) == 8
+    # a window of 3 over a fresh chunk of 5: 1 + 2 + 3 + 3 + 3
+    assert operators.prefill_pairs(5, 0, window=3) == 12
+    assert operators.equal_pairs_prompt(operators.prefill_pairs(1000, 0)) == pytest.approx(1000)
+
+
+def test_the_composed_dense_term_is_the_sum_of_the_models_gemms():
+    profile, words = operators.compose_profile(LLAMA_8B, "H200-141GB", 2)
+    tables = operators.operator_tables("H200-141GB")
+    gemm = tables.gemm("bf16")
+    tokens, dense = profile.dense
+    # Llama-3.1-8B at TP 2: qkv (16 + 2 x 4) x 128 out of 4096; gate_up 2 x 7168 out of 4096; down 4096 out of 7168
+    assert dense["qkv_proj"][0] == pytest.approx(gemm.us_at(1, 3072, 4096)[()], rel=1e-9)
+    assert dense["gate_up_proj"][-1] == pytest.approx(gemm.us_at(tokens[-1], 14336, 4096)[()], rel=1e-9)
+    assert dense["down_proj"][5] == pytest.approx(gemm.us_at(tokens[5], 4096, 7168)[()], rel=1e-9)
+    assert words.startswith("composed from the H200-141GB's operator tables (AIConfigurator, vLLM 0.24.0)")
+    assert "vllm_flash_attn_fa3" in words
+
+
+def test_a_composed_step_is_near_an_independent_profile_of_the_same_gpu():
+    """LLMServingSim timed Llama-3.1-8B through vLLM's layers on the RTX PRO 6000; AIConfigurator timed the same GEMMs
+    and attention kernels one at a time: decode steps composed from the second are within 8% of the first."""
+    config = EngineConfig()
+    whole = MeasuredStepCost.from_profile(profiles.find_profile(RTX_PRO, LLAMA_8B, 1), LLAMA_8B, config)
+    composed = MeasuredStepCost.from_profile(operators.compose_profile(LLAMA_8B, RTX_PRO, 1)[0], LLAMA_8B, config)
+    for n, context in ((1, 512), (8, 2048), (32, 2048), (128, 1024)):
+        batch = Batch(n, n * context, n, n * context)
+        assert composed.step_s(batch) / whole.step_s(batch) - 1 == pytest.approx(0, abs=0.08), (n, context)
+
+
+def test_any_covered_gpu_is_timed_from_the_tables_and_the_rest_refused_or_named():
+    config = EngineConfig()
+    for gpu in ("H100-SXM-80GB", "H200-141GB", "B200-180GB"):
+        cost = measured_step_cost(LLAMA_8B, models.get_gpu(gpu), config)
+        assert isinstance(cost, MeasuredStepCost) and cost.source.startswith(f"composed from the {gpu}'s")
+    # a faster GPU takes less time for the same decode step
+    times = {
+        gpu: measured_step_cost(LLAMA_8B, models.get_gpu(gpu), config).step_s(Batch(32, 65536, 32, 65536))
+        for gpu in ("H100-SXM-80GB", "H200-141GB", "B200-180GB")
+    }
+    assert times["B200-180GB"] < times["H200-141GB"] < times["H100-SXM-80GB"]
+    mla = models.get_model("deepseek-ai/DeepSeek-V2-Lite")
+    assert "multi-head latent attention" in operators.composable(mla) or "unknown" in operators.composable(mla)
+
+
+def test_a_windowed_model_reads_fewer_keys_than_full_attention():
+    gemma = dataclasses.replace(
+        LLAMA_8B, name="windowed", sliding_window=1024, sliding_window_pattern=6, max_position_embeddings=131072
+    )
+    full, _ = operators.compose_profile(LLAMA_8B, "H200-141GB", 1)
+    windowed, words = operators.compose_profile(gemma, "H200-141GB", 1)
+    axes, grid = full.attention
+    _, wgrid = windowed.attention
+    long_history = list(axes[3]).index(16384)
+    assert (wgrid[0, 0, 1:, long_history] < grid[0, 0, 1:, long_history]).all()
+    assert np.array_equal(wgrid[0, 0, 1:, 1], grid[0, 0, 1:, 1])  # 16 tokens: inside the window
+    assert "windowed layers read at the keys their window keeps" in words
