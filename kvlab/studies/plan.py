@@ -90,7 +90,7 @@ def step_cost(deployment: Deployment, config: EngineConfig):
         cost = make_step_cost("measured", **hardware)
     except ValueError:  # a GPU no profile measures
         cost = make_step_cost("roofline", **hardware)
-        return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator profile of this GPU)"
+        return cost, False, "the roofline at the datasheet's bandwidth and FLOPS (no operator measurement of this GPU)"
     return cost, isinstance(cost, (MeasuredStepCost, LinearProfileStepCost)), cost.source
 
 
@@ -560,10 +560,10 @@ def search(
         validate.fail(
             "model",
             deployment.model.name,
-            f"has no operator profile on {deployment.gpu.name} at tensor "
+            f"has no operator profile or operator table that times it on {deployment.gpu.name} at tensor "
             f"parallel size {', '.join(map(str, space.tensor_parallel_size))} for the measured clock (see "
-            "data/profiles/index.csv); allow the roofline to plan it (kvlab plan --allow-roofline), with its "
-            "warning",
+            "data/profiles/index.csv and data/operators/); allow the roofline to plan it (kvlab plan "
+            "--allow-roofline), with its warning",
         )
     warm.load()  # once here, not in every rung's workers (local ones fork from this process)
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
