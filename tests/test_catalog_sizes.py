@@ -43,7 +43,7 @@ def test_moe_rows_have_no_dense_mlp_and_some_experts():
         intermediate, vocab, experts, per_token, expert = get_model(name).layer_sizes
         assert intermediate == 0 and vocab > 0 and experts > per_token > 0 and expert > 0, name
         assert get_model(name).expert_params_b > 0, name
-    for name, row in load_models().items():
+    for name in load_models():
         if name not in moe and name not in SIZES_UNKNOWN:
             assert get_model(name).layer_sizes[0] > 0 and get_model(name).layer_sizes[2:] == (0, 0, 0), name
 
