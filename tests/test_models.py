@@ -271,4 +271,6 @@ def test_a_config_gives_the_layer_shape_a_profile_is_matched_on():
     spec = models.from_config(CONFIGS / "qwen3-30b-a3b.json")
     # heads, KV heads, head dim, hidden, no dense MLP, vocabulary, 128 experts, 8 a token, 768 wide
     assert models.layer_shape(spec) == (32, 4, 128, 2048, 0, 151936, 128, 8, 768)
-    assert models.layer_shape(models.get_model("Qwen/Qwen3-30B-A3B")) == ()  # the catalog holds no MLP size
+    # the catalog's row holds the same config.json's sizes (data/models.csv), so it has the same shape
+    assert models.layer_shape(models.get_model("Qwen/Qwen3-30B-A3B")) == models.layer_shape(spec)
+    assert models.layer_shape(models.get_model("facebook/opt-13b")) == ()  # sizes unknown: OPT's config has ffn_dim

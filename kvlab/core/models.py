@@ -69,6 +69,7 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    quantization: str = ""  # weights as vLLM loads them: "" (the checkpoint's 16-bit dtype), "fp8" (per-tensor FP8), "fp8_block" (block-scaled FP8), "mxfp4" (gpt-oss's MoE experts)
 
     def __post_init__(self):
         validate.positive_int("num_layers", self.num_layers)
@@ -251,6 +252,8 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         num_params_b=float(row["num_params_b"]),
         expert_params_b=float(row.get("expert_params_b") or 0.0),
         layer_types=interval_layer_types(values["num_layers"], interval, local) if interval else (),
+        layer_sizes=_layer_sizes({k: int(row[k]) if row.get(k) else None for k in LAYER_SIZE_COLUMNS}),
+        quantization=row.get("quantization") or "",
         **values,
     )
 
@@ -549,7 +552,13 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         _field(config, "qk_rope_head_dim", source, "the MLA latent size")
         rank, rope = _whole(config, "kv_lora_rank", source), _whole(config, "qk_rope_head_dim", source)
         return ModelSpec(
-            **common, num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank, qk_rope_head_dim=rope
+            **common,
+            num_kv_heads=1,
+            head_dim=rank + rope,
+            attention="mla",
+            kv_lora_rank=rank,
+            qk_rope_head_dim=rope,
+            layer_sizes=_layer_sizes(config),
         )
     kv = _whole(config, "num_key_value_heads", source, default=1 if config.get("multi_query") else heads)
     head_dim = config.get("head_dim")
@@ -573,15 +582,20 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
 
 def layer_shape(model: ModelSpec) -> tuple[int, ...]:
     """The shapes a decoder layer's operators run at: (heads, KV heads, head dim, hidden size, *model.layer_sizes),
-    or () where the sizes are unknown (a model of data/models.csv, which holds no MLP or vocabulary size)."""
+    or () where the sizes are unknown (a config.json that lacks one, or a data/models.csv row whose sizes are empty)."""
     if not model.layer_sizes or not model.hidden_size:
         return ()
     return (model.num_attention_heads, model.num_kv_heads, model.head_dim, model.hidden_size, *model.layer_sizes)
 
 
+# data/models.csv's columns of a model's layer sizes, as config.json names them (num_experts: also its
+# num_local_experts or n_routed_experts); empty where unknown.
+LAYER_SIZE_COLUMNS = ("intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+
 def _layer_sizes(config: dict) -> tuple[int, ...]:
-    """from_config's layer_sizes; () when config.json lacks a size."""
-    experts = config.get("num_experts", config.get("num_local_experts")) or 0
+    """from_config's layer_sizes (and get_model's, from the catalog's columns); () when config.json lacks a size."""
+    experts = config.get("num_experts", config.get("num_local_experts", config.get("n_routed_experts"))) or 0
     if experts:  # every layer sparse: no dense MLP (Mixtral's experts are intermediate_size wide)
         expert = config.get("moe_intermediate_size") or config.get("intermediate_size")
         fields = [0, config.get("vocab_size"), experts, config.get("num_experts_per_tok"), expert]
@@ -650,6 +664,7 @@ __all__ = [
     "interval_layer_types",
     "LAYER_TYPES",
     "LINEAR_FIELDS",
+    "LAYER_SIZE_COLUMNS",
     "stage_layers",
     "weights_bytes_per_gpu",
 ]

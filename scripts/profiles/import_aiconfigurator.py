@@ -18,6 +18,7 @@ import names exactly what it read. Needs pyarrow (pinned in requirements.lock) t
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import subprocess
@@ -28,18 +29,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES_DIR = "aic-core/src/aiconfigurator_core/systems/data"
-# AIConfigurator's system folders with vLLM tables, by kvlab's GPU name (data/gpus.csv)
-SYSTEMS = {
-    "A100-SXM-80GB": "a100_sxm",
-    "H100-SXM-80GB": "h100_sxm",
-    "H200-141GB": "h200_sxm",
-    "B200-180GB": "b200_sxm",
-    "B300-SXM-288GB": "b300_sxm",
-    "GB200-186GB": "gb200",
-    "GB300-288GB": "gb300",
-    "L40S-48GB": "l40s",
-    "RTX-PRO-6000-Server-96GB": "rtx_pro_6000_server",
-}
+# AIConfigurator's system folders with vLLM tables, by kvlab's GPU name (data/gpus.csv): data/operator_gpus.csv
+OPERATOR_GPUS_CSV = ROOT / "data" / "operator_gpus.csv"
 # Weight dtypes kvlab times, by AIConfigurator's gemm_dtype / moe_dtype names.
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MOE_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "w4a16_mxfp4": "mxfp4"}
@@ -202,7 +193,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     commit = git(args.repo, "rev-parse", args.commit).decode().strip()
     args.out.mkdir(parents=True, exist_ok=True)
-    for gpu, system in SYSTEMS.items():
+    with open(OPERATOR_GPUS_CSV, newline="") as f:
+        systems = {row["gpu"]: row["aiconfigurator_system"] for row in csv.DictReader(f)}
+    for gpu, system in systems.items():
         folder = args.out / system
         folder.mkdir(exist_ok=True)
         meta = {
