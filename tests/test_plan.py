@@ -55,7 +55,7 @@ def test_a_heavy_rate_is_pruned_served_or_proven_to_miss_and_the_counts_add_up(h
     counts = heavy_plan.counts()
     assert sum(counts.values()) == SPACE.size == 24
     kinds = {r.reason.split(":")[0] for r in heavy_plan.results if r.status == "pruned"}
-    assert kinds == {"rate", "step cost"}  # TP 4 has no Qwen3-32B profile; 512 tokens a step cannot keep up
+    assert kinds == {"rate"}  # 512 tokens a step cannot keep up (TP 4, with no Qwen3-32B profile, is timed from tables)
     assert counts["misses"] > 0 and counts["dropped"] == 0 and counts["meets"] == 0
     misses = [r for r in heavy_plan.results if r.status == "misses"]
     proven = [r for r in misses if r.reason.startswith("proven on the first 200 requests: ")]
