@@ -122,6 +122,7 @@ def test_bad_values_give_one_line_naming_the_flag_and_status_2(capsys, flags, me
         (["--policy", "greedy"], "argument --policy: invalid choice: 'greedy'"),
         (["--lengths", "zipf"], "argument --lengths: invalid choice: 'zipf'"),
         (["--slots", "eight"], "argument --slots: invalid int value: 'eight'"),
+        (["--max-concurrency", "2.5"], "argument --max-concurrency: invalid int value: '2.5'"),
     ],
 )
 def test_unparsable_flags_give_one_line_and_status_2(capsys, flags, message):
@@ -525,3 +526,74 @@ def test_qwen3_next_with_prefix_caching_is_served_in_the_layout_vllm_builds_on_a
     out = run_json(capsys, *flags, "--model", "Qwen3-Next-80B-A3B-Instruct", "--enable-prefix-caching")
     assert out["enable_prefix_caching"] and out["num_output_tokens"] > 0
     assert out["kv_cache_groups"].startswith("4 sharing the pool: 3 of Mamba states (576 tokens a block)")
+
+
+# ---------------------------------------------------------------- --max-concurrency: a closed loop
+def read_requests_csv(path):
+    lines = path.read_text().splitlines()
+    return np.array([[float(v) for v in line.split(",")[1:8]] for line in lines[1:]])  # arrival_s .. num_preemptions
+
+
+def test_max_concurrency_is_the_engines_closed_loop_from_t0_with_the_send_in_the_csv(tmp_path, capsys):
+    from kvlab.core import engine
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.cost import ConstantStepCost
+
+    path = tmp_path / "requests.csv"
+    flags = ["--policy", "vllm", "--num-requests", "200", "--prompt-tokens", "100", "--seed", "2"]
+    out = run_json(capsys, *flags, "--max-concurrency", "8", "--requests-csv", str(path))
+    assert out["max_concurrency"] == 8
+    w = synthetic.article_s2_workload(200, 11.0, "article", np.random.default_rng(2))
+    w = type(w)(np.zeros(200), np.full(200, 100), w.output_tokens)  # vLLM bench's default rate, inf: all at t=0
+    config = EngineConfig().replace(max_model_len=8192)
+    result = engine.simulate(w, config, num_gpu_blocks=7681, cost=ConstantStepCost(8.0), max_concurrency=8)
+    summary = result.summary()
+    assert {k: out[k] for k in VLLM_KEYS} == pytest.approx({k: summary[k] for k in VLLM_KEYS})
+    rows = read_requests_csv(path)
+    assert np.array_equal(rows[:, 0], result.arrival_s) and np.array_equal(rows[:, 5], result.finish_s)
+    assert (rows[:8, 0] == 0).all() and (rows[8:, 0] > 0).all()  # 8 sent at t=0, the rest as slots free
+    assert "max_concurrency" not in run_json(capsys, *flags)  # the open loop's output is unchanged
+
+
+def test_one_in_flight_sends_each_request_as_the_one_before_finishes(tmp_path, capsys):
+    path = tmp_path / "requests.csv"
+    run_json(capsys, "--policy", "vllm", "--num-requests", "30", "--max-concurrency", "1", "--requests-csv", str(path))
+    arrival, finish = read_requests_csv(path)[:, [0, 5]].T
+    assert arrival[0] == 0 and np.array_equal(arrival[1:], finish[:-1])
+
+
+def test_max_concurrency_with_a_rate_waits_for_both_and_a_trace_gives_its_lengths(tmp_path, capsys):
+    path, again = tmp_path / "requests.csv", tmp_path / "again.csv"
+    flags = ["--policy", "vllm", "--num-requests", "60", "--prompt-tokens", "40", "--no-async-scheduling"]
+    run_json(capsys, *flags, "--arrival-rate", "50", "--max-concurrency", "3", "--requests-csv", str(path))
+    poisson = synthetic.poisson_arrivals(60, 50.0, np.random.default_rng(0))
+    sent = read_requests_csv(path)[:, 0]
+    assert (sent >= poisson).all() and (sent > poisson).any() and (np.diff(sent) >= 0).all()
+    # the trace's lengths, its timestamps unused: all 60 sent from t=0, 3 at a time
+    out = run_json(capsys, "--policy", "vllm", "--trace", str(path), "--max-concurrency", "3", "--requests-csv",
+                   str(again), "--no-async-scheduling")  # fmt: skip
+    rows = read_requests_csv(again)
+    assert out["num_requests"] == 60 and (rows[:3, 0] == 0).all()
+    assert np.array_equal(rows[:, 1:3], read_requests_csv(path)[:, 1:3])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-concurrency", "0"], "--max-concurrency=0 is not allowed: must be a whole number of requests >= 1"),
+        (["--max-concurrency", "-2"], "--max-concurrency=-2 is not allowed: must be a whole number of requests"),
+        (["--max-concurrency", "2", "--trace", "x.csv", "--seed", "1"], "--seed applies with --trace and --max-con"),
+    ],
+)
+def test_a_bad_max_concurrency_is_refused_in_one_line(capsys, monkeypatch, tmp_path, flags, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,5,5\n")
+    assert cli.main(["simulate", "--policy", "vllm", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvlab simulate: error: " + message), err
+    assert err.count("\n") == 1
+
+
+def test_max_concurrency_needs_policy_vllm(capsys):
+    assert cli.main(["simulate", "--max-concurrency", "4"]) == 2
+    assert "--max-concurrency applies only with --policy vllm" in capsys.readouterr().err

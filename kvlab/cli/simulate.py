@@ -10,11 +10,12 @@ resources)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 
 from kvlab.cli.common import exclusive, model_from_flags, print_json, requires
-from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
+from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, file_format, load_trace_arg, trace_note
 from kvlab.core import article, batching, capacity, models, resources, validate
 from kvlab.core import engine as vllm_engine
 from kvlab.core.config import KV_CACHE_DTYPES, CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
@@ -274,6 +275,16 @@ def add_vllm_engine_flags(p) -> None:
     )
     g.add_argument("--calibration", metavar="FILE", help="a calibration CSV of kvlab calibrate, for --cost calibrated")
     g.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a closed loop, vLLM bench's --max-concurrency: a request is sent once fewer than N are in flight (sent, "
+        "last token not yet out), in the workload's order, never before its arrival; arrivals are all at t=0 "
+        "(vLLM bench's default request rate, inf) or Poisson at --arrival-rate; a --trace gives its lengths only; "
+        "TTFT and latency count from the send, the --requests-csv arrival_s column is it (default: open loop)",
+    )
+    g.add_argument(
         "--requests-csv",
         metavar="FILE",
         help=f"write one row per request: {', '.join(REQUESTS_CSV_COLUMNS)} (request_id: 0-based input "
@@ -297,19 +308,41 @@ def simulate_workload(args, given: set[str], peak_bytes_per_request: float) -> t
         workload = synthetic.article_s2_workload(
             num_requests, rate, args.lengths, np.random.default_rng(seed), constant_tokens=args.constant_tokens
         )
+        if getattr(args, "max_concurrency", None) is not None and args.arrival_rate is None:
+            workload = dataclasses.replace(workload, arrival_s=np.zeros(num_requests))  # vLLM bench's rate inf
         return workload, None
+    closed = getattr(args, "max_concurrency", None) is not None
+    rate = args.arrival_rate
+    if closed:  # the file's lengths only: a ShareGPT file's arrivals are drawn at any rate, then replaced
+        fmt = args.trace_format if args.trace_format != "auto" else file_format(args.trace)
+        rate = (rate or 1.0) if fmt == "sharegpt" else None
     load = load_trace_arg(
         args,
-        arrival_rate_per_s=args.arrival_rate,
+        arrival_rate_per_s=rate,
         rng=np.random.default_rng(seed),
         max_requests=num_requests if "--num-requests" in given else None,
     )
+    if closed:
+        if "--seed" in given and args.arrival_rate is None:
+            raise ValueError(
+                "--seed applies with --trace and --max-concurrency only beside --arrival-rate: the closed loop sends "
+                "the trace's requests from t=0, and --seed draws Poisson arrivals at --arrival-rate"
+            )
+        return closed_loop_arrivals(load.workload, args.arrival_rate, seed), load
     if "--seed" in given and not load.poisson_arrivals:
         raise ValueError(
             f"--seed and --trace cannot be used together: the {load.trace_format} trace has its own "
             "arrival times (--seed draws Poisson arrivals for a ShareGPT file only)"
         )
     return load.workload, load
+
+
+def closed_loop_arrivals(workload: Workload, rate: float | None, seed: int) -> Workload:
+    """A closed loop's open-loop arrivals, vLLM bench's --request-rate: all at t=0 (its default, inf), or Poisson at
+    rate requests/s drawn with seed; the workload's lengths and prefixes kept."""
+    n = workload.num_requests
+    arrival = np.zeros(n) if rate is None else synthetic.poisson_arrivals(n, rate, np.random.default_rng(seed))
+    return dataclasses.replace(workload, arrival_s=arrival)
 
 
 def run(args, given: set[str]) -> dict:
@@ -378,6 +411,7 @@ VLLM_SIMULATE_FLAGS = {
     "step_ms_per_token": "--step-ms-per-token",
     "calibration": "--calibration",
     "requests_csv": "--requests-csv",
+    "max_concurrency": "--max-concurrency",
 }
 VLLM_ENGINE_FLAGS = [
     "--num-gpu-blocks",
@@ -403,6 +437,7 @@ VLLM_ENGINE_FLAGS = [
     "--step-ms-per-token",
     "--calibration",
     "--requests-csv",
+    "--max-concurrency",
     "--async-scheduling",
     "--no-async-scheduling",
 ]
@@ -576,6 +611,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     args.flags = VLLM_SIMULATE_FLAGS
     cost_name = args.cost or ("linear" if "--step-ms-per-token" in given else "constant")
     check_vllm_flags(args, given, cost_name)
+    if args.max_concurrency is not None:
+        vllm_engine.check_max_concurrency(args.max_concurrency)
     model = model_from_flags(args, given)
     config = vllm_config(args, model)
     check_data_parallel(model, config)
@@ -586,7 +623,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     try:  # the engine refuses its config, pool and workload in one line before any step
         result = vllm_engine.simulate(
             workload, config, num_gpu_blocks=num_gpu_blocks, cost=cost, allocation=args.allocation,
-            kv_cache_groups=groups,
+            kv_cache_groups=groups, max_concurrency=args.max_concurrency,
         )  # fmt: skip
     except vllm_engine.NoProgressError as err:  # a run that cannot go on stops with why, in one line
         raise ValueError(str(err)) from None
@@ -615,6 +652,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         "makespan_s": summary["makespan_s"],
         "mean_kv_token_share": summary["mean_kv_token_share"],
     }
+    if args.max_concurrency is not None:
+        out["max_concurrency"] = args.max_concurrency
     if groups is not None:
         out["kv_cache_groups"] = describe_groups(groups)
     ranks = config.parallel.data_parallel_size
@@ -659,6 +698,11 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
             + (", expert parallel" if config.parallel.enable_expert_parallel else "")
             + f"), each with the pool above; requests per rank {', '.join(f'{n:,}' for n in out['requests_per_rank'])}"
             " (vLLM's load-balancing rule)"
+        )
+    if args.max_concurrency is not None:
+        print(
+            f"closed loop          at most {args.max_concurrency:,} requests in flight (vLLM bench's "
+            "--max-concurrency), each sent in order as one finishes; TTFT counts from the send"
         )
     print(f"step cost            {out['cost_source']}")
     print(

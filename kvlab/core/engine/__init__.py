@@ -2,7 +2,8 @@
 
 The reference path, in the order a reader meets it: request (Request), rules (each vLLM rule, once), block pool
 (kvlab.core.block_pool), kv_cache_manager (vLLM's paged KVCacheManager), scheduler (vLLM's schedule() and
-update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop), data_parallel (vLLM's data-parallel
+update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop), closed_loop (vLLM bench's
+--max-concurrency: when each request is sent), data_parallel (vLLM's data-parallel
 ranks in lockstep), serve (simulate, the entry point). Beside it:
 block_hashes (a full block's content hash, for prefix caching), checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
 paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
@@ -11,6 +12,7 @@ loop, calling the same rules).
 
 from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import ALLOCATIONS, PATHS, NoProgressError, check_scheduler_config, check_workload
+from kvlab.core.engine.closed_loop import check_max_concurrency
 from kvlab.core.engine.data_parallel import DataParallelEngine, RankChooser
 from kvlab.core.engine.engine import DEFAULT_CONFIG, PEAK_BYTES_PER_REQUEST, Engine
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
@@ -40,6 +42,7 @@ __all__ = [
     "Scheduler",
     "SchedulerOutput",
     "SchedulerV0",
+    "check_max_concurrency",
     "check_scheduler_config",
     "check_workload",
     "simulate",

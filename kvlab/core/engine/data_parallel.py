@@ -326,6 +326,7 @@ class DataParallelEngine(Engine):
         check: bool = True,
         vllm_version: str = "0.33",
         kv_cache_groups=None,
+        max_concurrency: int | None = None,
     ):
         validate.one_of("vllm_version", vllm_version, DP_RULES)
         for name, value, allowed in (
@@ -349,6 +350,7 @@ class DataParallelEngine(Engine):
             path="reference",
             check=check,
             kv_cache_groups=kv_cache_groups,
+            max_concurrency=max_concurrency,
         )
         self.num_ranks = self.config.parallel.data_parallel_size
         self.num_gpu_blocks_per_rank = self.num_gpu_blocks

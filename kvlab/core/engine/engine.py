@@ -19,6 +19,10 @@ preempted a request (it takes no time then). With requests unfinished and no bat
 schedule() calls in a row that scheduled nothing mean nothing can change before the next arrival: the clock
 jumps to it.
 
+A closed loop (max_concurrency N, vLLM bench's --max-concurrency; closed_loop.py): the arrival times are the send
+times, each unknown (inf) until the finish that frees its slot; a request that finishes at a step's end sends the
+next one then, and it joins the waiting queue with the next add_arrivals, as a request arriving then would.
+
 Speed: where every running request is decoding and nothing can change for a while -- no admission (the
 waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
 arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
@@ -39,6 +43,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cache_groups, no_progress_message
+from kvlab.core.engine.closed_loop import ClosedLoop
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import HybridKVCacheManager, KVCacheManager
@@ -86,6 +91,7 @@ class Engine:
         recorder: Recorder | None = None,
         check: bool = True,
         kv_cache_groups=None,
+        max_concurrency: int | None = None,
     ):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
@@ -115,8 +121,10 @@ class Engine:
         self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
+        # a closed loop (vLLM bench's --max-concurrency): arrival_list is its send times, each inf until a slot frees
+        self.closed_loop = None if max_concurrency is None else ClosedLoop(workload.arrival_s, max_concurrency)
         self.arrival_s = workload.arrival_s
-        self.arrival_list = workload.arrival_s.tolist()
+        self.arrival_list = workload.arrival_s.tolist() if self.closed_loop is None else self.closed_loop.send
         self.next_arrival = 0  # index of the next request to arrive
         self._arrived: Request | None = None
         self.num_kv_tokens = 0  # computed tokens of the running requests
@@ -166,7 +174,7 @@ class Engine:
                 blocks = w.prefix_hashes[i]
             self._arrived = Request(
                 i,
-                float(w.arrival_s[i]),
+                self.arrival_list[i],
                 int(w.prompt_tokens[i]),
                 int(w.output_tokens[i]),
                 self.scheduler.max_request_tokens,
@@ -231,7 +239,7 @@ class Engine:
             request.first_token_s = end
         for request in finished:
             num_kv_tokens -= request.num_computed_tokens
-            self.requests.finished(request, end)
+            self.finished(request, end)
         self.num_kv_tokens = num_kv_tokens
         self.steps.append(
             start,
@@ -291,7 +299,7 @@ class Engine:
                     and (scheduler.running or scheduler.waiting)
                     and not any(batch[0].batch.num_scheduled_tokens for batch in queue)
                 ):
-                    if self.next_arrival == n:
+                    if self.next_arrival == n or self.arrival_list[self.next_arrival] == math.inf:
                         raise NoProgressError(no_progress_message(self))
                     self.clock = self.arrival_list[self.next_arrival]  # nothing changes before it arrives
                     num_empty = 0
@@ -309,7 +317,7 @@ class Engine:
             for request in first_tokens:
                 request.first_token_s = end
             for request in finished:
-                self.requests.finished(request, end)
+                self.finished(request, end)
             if out.batch.num_scheduled_tokens or out.preempted:
                 self.steps.append(
                     start,
@@ -325,6 +333,13 @@ class Engine:
                 if self.reserving:
                     self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         return self.result()
+
+    def finished(self, request: Request, end_s: float) -> None:
+        """Record a request that finished at end_s (finishes come in time order); in a closed loop its slot sends the
+        next request."""
+        self.requests.finished(request, end_s)
+        if self.closed_loop is not None:
+            self.closed_loop.finished(end_s)
 
     def adopt(self, served) -> EngineResult:
         """Take a compiled run's records (compiled.Served) as this engine's; the result."""
@@ -347,7 +362,7 @@ class Engine:
             self.allocation,
             self.num_gpu_blocks,
             self.block_size,
-            w.arrival_s,
+            w.arrival_s if self.closed_loop is None else np.array(self.closed_loop.send),
             w.prompt_tokens,
             w.output_tokens,
             *self.requests.columns(),

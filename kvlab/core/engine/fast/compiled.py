@@ -242,7 +242,16 @@ def kv_cache_groups(engine) -> Groups:
 def chosen(engine, path: str) -> bool:
     """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
     (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests, or the loops already loaded);
-    "compiled" insists; "reference" and "python" never."""
+    "compiled" insists; "reference" and "python" never. A closed loop (max_concurrency) never takes it, and
+    "compiled" refuses one."""
+    if engine.closed_loop is not None:  # its send times move with each finish: the Python loop serves it
+        if path == "compiled":
+            validate.fail(
+                "path",
+                "compiled",
+                "does not serve a closed loop (max_concurrency) yet: use path 'auto', 'python' or 'reference'",
+            )
+        return False
     if path == "auto":
         hybrid = engine.kv_cache_groups is not None
         return engine.fast and worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()

@@ -223,7 +223,7 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
             request.status = FINISHED
             kv.free(request)
             num_kv_tokens -= request.num_computed_tokens
-            engine.requests.finished(request, end)
+            engine.finished(request, end)
         scheduler.running = [r for r in running if r.status != FINISHED]
         kv_tokens[-1] = num_kv_tokens
         held[-1] = kv.num_held
@@ -420,7 +420,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
             request.num_in_flight_tokens = request.num_output_placeholders = 0
             request.status = FINISHED
             kv.free(request)
-            engine.requests.finished(request, end_k)
+            engine.finished(request, end_k)
     scheduler.running = left
     scheduler.has_finished = True
     engine.clock = end_k  # it waited for batch k's output
