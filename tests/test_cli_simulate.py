@@ -326,10 +326,10 @@ def test_the_measured_step_cost_from_the_command_line(capsys):
         (["--cost", "calibrated"], "--cost calibrated needs --calibration FILE"),
         (["--cost", "measured"], "--cost measured needs --model and --gpu"),
         (
-            ["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "H200-141GB"],
-            "--gpu='H200-141GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
-            "measurements: A100-SXM-80GB, A40-48GB, H100-SXM-80GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline "
-            "clock: --cost roofline)",
+            ["--cost", "measured", "--model", "Qwen3-14B", "--gpu", "MI300X-192GB"],
+            "--gpu='MI300X-192GB' is not allowed: has no operator-level measurement for the measured clock; GPUs with "
+            "measurements: A100-SXM-80GB, A40-48GB, Arc-Pro-B60-24GB, B200-180GB, B300-SXM, GB200, GB300, H100-SXM-80GB, "
+            "H200-141GB, L40S-48GB, RTX-4090-24GB, RTX-PRO-6000-Server-96GB (or use the roofline clock: --cost roofline)",
         ),
         (
             ["--enable-prefix-caching", "--allocation", "oracle"],
@@ -395,10 +395,8 @@ def test_engine_flags_need_policy_vllm(capsys, flag):
                 "--cost",
                 "measured",
             ],
-            "measured, roofline scaled by sustained fractions measured on RTX-PRO-6000-Server-96GB "
-            "(no profile of Qwen/Qwen3-14B at TP 1; where both are known, on decode steps of 1-128 requests x "
-            "512-8,192 tokens on the RTX-PRO-6000-Server-96GB, this fallback is off the profile by -18% to +4% on 4 "
-            "dense profiles; -5% to +801% on 1 mixture-of-experts profile): ",
+            "measured, composed from the RTX-PRO-6000-Server-96GB's operator tables (AIConfigurator, vLLM 0.24.0): "
+            "GEMMs (torch.nn.functional.linear, bf16), attention (vllm_flash_attn_fa2, bf16 KV); small operators",
         ),
     ],
 )
