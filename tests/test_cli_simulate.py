@@ -571,7 +571,7 @@ def test_max_concurrency_with_a_rate_waits_for_both_and_a_trace_gives_its_length
     out = run_json(capsys, "--policy", "vllm", "--trace", str(path), "--max-concurrency", "3", "--requests-csv",
                    str(again), "--no-async-scheduling")  # fmt: skip
     rows = read_requests_csv(again)
-    assert out["num_requests"] == 60 and (rows[:3, 0] == 0).all()
+    assert out["num_requests"] == 60 and (rows[:3, 0] == 0).all() and out["poisson_arrivals"] is False
     assert np.array_equal(rows[:, 1:3], read_requests_csv(path)[:, 1:3])
 
 

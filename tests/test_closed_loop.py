@@ -110,3 +110,23 @@ def test_the_compiled_loop_refuses_a_closed_loop_and_auto_takes_the_python_loop(
     with pytest.raises(ValueError, match=r"^path='compiled' is not allowed: does not serve a closed loop"):
         Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=1, path="compiled")
     assert not Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=1).compiled
+
+
+@given(
+    st.integers(2, 3),
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=24),
+    st.integers(1, 6),
+    st.booleans(),
+)
+@settings(max_examples=40, deadline=None)
+def test_data_parallel_ranks_share_one_closed_loop(num_ranks, lengths, n_max, async_scheduling):
+    """Ranks in lockstep finish in time order too: the sends are their definition's, and never more than N in flight
+    across the ranks."""
+    prompts, outputs = (np.array(x) for x in zip(*lengths))
+    w = Workload(np.zeros(len(prompts)), prompts, outputs)
+    settings_ = config(async_scheduling=async_scheduling, max_model_len=128).replace(data_parallel_size=num_ranks)
+    result = simulate(w, settings_, num_gpu_blocks=40, cost=ConstantStepCost(8.0), max_concurrency=n_max)
+    send, finish = result.arrival_s, result.finish_s
+    assert send.tolist() == reference_sends(w.arrival_s.tolist(), finish.tolist(), n_max)
+    for t in send:
+        assert ((send <= t) & (finish > t)).sum() <= n_max

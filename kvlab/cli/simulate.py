@@ -663,8 +663,9 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
             "enable_expert_parallel": config.parallel.enable_expert_parallel,
             "requests_per_rank": np.bincount(result.data_parallel_rank, minlength=ranks).tolist(),
         }
-    if load is not None:
-        out |= trace_note(load) | {"poisson_arrivals": load.poisson_arrivals}
+    if load is not None:  # a closed loop draws its own arrivals: Poisson only at --arrival-rate
+        poisson = load.poisson_arrivals if args.max_concurrency is None else args.arrival_rate is not None
+        out |= trace_note(load) | {"poisson_arrivals": poisson}
     if args.json:
         print_json(out)
         return out
