@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from kvlab.core import article, capacity, profiles, validate
@@ -20,7 +21,7 @@ from kvlab.core.calibration import (
     decode_bound_ms,
     decode_bytes_per_step,
 )
-from kvlab.core.models import get_gpu, get_model, weights_bytes_per_gpu
+from kvlab.core.models import DATA_DIR, get_gpu, get_model, weights_bytes_per_gpu
 from kvlab.core.service_time import CalibratedServiceTime
 from kvlab.core.units import GIB, KIB, MIB
 from kvlab.sections.s02_batching import Experiment, compare_policies
@@ -486,4 +487,203 @@ def cpu_share_text(table: pd.DataFrame, model: str = CPU_MODEL, gpu: str = CPU_G
         f"{cell(last['cpu_scheduling_ms'], 2)} ms for {table.index[-1]:,}, {cell(table['cpu_share_pct'].min(), 1)}% "
         f"to {cell(table['cpu_share_pct'].max(), 1)}% of a synchronous step; {overlap}. It was timed on kvlab's "
         "machine (data/profiles/cpu/); vLLM's other CPU work per step is not measured and not counted."
+    )
+
+
+# ---------------------------------------------------------------- the answer, from the GPU runs
+def answer_text(
+    calibrations: list[Calibration],
+    article_ms: float = article.MS_PER_TOKEN,
+    article_mib: float = article.MIB_PER_TOKEN,
+    context_tokens: int = 1024,
+) -> str:
+    """The section's answer in one paragraph, from each calibration file: the KV bytes a token the allocator held
+    against the article's, and the measured decode step at context_tokens cached tokens from batch 1 to the largest
+    batch measured below the article's ms per token, against it."""
+    if not calibrations:
+        return (
+            "No GPU has measured the article's shape yet: the figures below are arithmetic, operator measurements "
+            "of other GPUs and bounds."
+        )
+    parts = []
+    for c in calibrations:
+        kv = [r["value"] for r in c.kind("kv_bytes_per_token")]
+        steps = {r["batch_size"]: r["value"] for r in c.kind("decode_step_ms") if r["context_tokens"] == context_tokens}
+        words = [f"On the {c.name} (measured for kvlab)"]
+        if kv:
+            held = kv[0] / MIB
+            relation = "exactly" if held == article_mib else ("more than" if held > article_mib else "less than")
+            words.append(
+                f"a token's K and V held {kv[0]:,.0f} bytes, {held:g} MiB: {relation} the article's {article_mib:g} MB"
+            )
+        if steps:
+            batches = sorted(steps)
+            under = [b for b in batches if steps[b] <= article_ms]
+            first = steps[batches[0]]
+            step_words = (
+                f"a decode step of the article's shape at {context_tokens:,} cached tokens took {first:.2f} ms at "
+                f"batch {batches[0]}"
+            )
+            if under and under[-1] != batches[0]:
+                step_words += f" and {steps[under[-1]]:.2f} ms at batch {under[-1]}"
+            if under:
+                step_words += (
+                    f": under the article's {article_ms:g} ms up to batch {under[-1]} (the largest batch measured "
+                    f"under it), so on this GPU the article's per-token time is an upper bound for small batches"
+                )
+            else:
+                step_words += f": more than the article's {article_ms:g} ms at every batch measured"
+            over = [b for b in batches if steps[b] > article_ms]
+            if over:
+                step_words += f", and {steps[over[0]]:.2f} ms from batch {over[0]}, over it"
+            words.append(step_words)
+        parts.append(words[0] + ", " + "; ".join(words[1:]) + ".")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------- one H200, two sources
+H200_SHARDS = DATA_DIR / "profiles" / "kvlab" / "h200"
+H200_GPU = "H200-141GB"
+H200_LINEAR = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+H200_ATTENTION_MODEL = "meta-llama/Llama-3.1-8B"
+
+
+def _linear_shapes(meta: dict) -> dict[str, tuple[int, int]]:
+    """(out, in) of each linear layer of one of kvlab's H200 shards (its meta.json: one GPU's share at its TP)."""
+    tp = meta["tensor_parallel_size"]
+    heads, kv, head_dim, hidden = meta["heads"] // tp, max(1, meta["kv"] // tp), meta["hd"], meta["hidden"]
+    inter = meta.get("inter", 0) // tp
+    shapes = {"qkv_proj": ((heads + 2 * kv) * head_dim, hidden), "o_proj": (hidden, heads * head_dim)}
+    if inter:
+        shapes |= {"gate_up_proj": (2 * inter, hidden), "down_proj": (hidden, inter)}
+    return shapes
+
+
+def h200_gemm_table() -> pd.DataFrame:
+    """kvlab's own H200 GEMMs (F.linear through cuBLAS) against AIConfigurator's H200 table (vLLM 0.24's
+    F.linear) at every shape both measured: (tokens, out, in) on both grids, no interpolation. One row a shard and
+    layer: shapes compared, the median and range of kvlab / AIConfigurator - 1 (%)."""
+    import json
+
+    from kvlab.core import operators
+
+    z = np.load(operators.operator_tables(H200_GPU).folder / "gemm.npz")
+    aic = {
+        (int(m), int(n), int(k)): float(us) for m, n, k, us in zip(z["bf16_m"], z["bf16_n"], z["bf16_k"], z["bf16_us"])
+    }
+    rows = []
+    for meta_path in sorted(H200_SHARDS.glob("*/*/bf16/tp*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        dense = pd.read_csv(meta_path.parent / "dense.csv")
+        for layer, (n, k) in _linear_shapes(meta).items():
+            ours = dense[dense["layer"] == layer]
+            diffs = [us / aic[(t, n, k)] - 1 for t, us in zip(ours["tokens"], ours["time_us"]) if (t, n, k) in aic]
+            if diffs:
+                rows.append(
+                    {
+                        "shard": f"{meta['model'].split('/')[-1]} TP {meta['tensor_parallel_size']}",
+                        "layer": layer,
+                        "out x in": f"{n:,} x {k:,}",
+                        "shapes": len(diffs),
+                        "median_pct": 100 * float(np.median(diffs)),
+                        "min_pct": 100 * min(diffs),
+                        "max_pct": 100 * max(diffs),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def h200_attention_table() -> pd.DataFrame:
+    """One layer's attention of Llama-3.1-8B (32 heads, 8 KV heads, head dim 128) on the H200 by three kernels:
+    PyTorch's flash and cuDNN backends (kvlab's measurements, attention_backends.csv; each the faster of its
+    packed and grouped-heads calls) and vLLM's FlashAttention 3 (AIConfigurator's tables): decodes at 2,048 and
+    16,384 cached tokens, and prefills with no history (us)."""
+    from kvlab.core import operators
+
+    backends = pd.read_csv(H200_SHARDS / "attention_backends.csv")
+    backends = backends[backends["model"] == H200_ATTENTION_MODEL]
+    tables = operators.operator_tables(H200_GPU)
+    generation, context = tables.attention("generation", "bf16"), tables.attention("context", "bf16")
+    shape = [(1.0, (32, 8, 128))]
+    rows = []
+    for n, kv in [(n, kv) for kv in (2048, 16384) for n in (1, 8, 64, 256)]:
+        at = backends[(backends["prefill_chunk"] == 0) & (backends["n_decode"] == n) & (backends["kv_decode"] == kv)]
+        rows.append(
+            {
+                "batch": f"{n} decode{'s' if n > 1 else ''} x {kv:,} tokens",
+                "flash_us": float(at.loc[at["backend"].isin(["flash", "flash-gqa"]), "time_us"].min()),
+                "cudnn_us": float(at.loc[at["backend"].isin(["cudnn", "cudnn-gqa"]), "time_us"].min()),
+                "fa3_us": float(generation.us_at(shape, n, kv)),
+            }
+        )
+    for chunk in (256, 2048, 8192):
+        at = backends[(backends["prefill_chunk"] == chunk) & (backends["kv_prefill"] == 0)]
+        rows.append(
+            {
+                "batch": f"prefill of {chunk:,} tokens",
+                "flash_us": float(at.loc[at["backend"].isin(["flash", "flash-gqa"]), "time_us"].min()),
+                "cudnn_us": float(at.loc[at["backend"].isin(["cudnn", "cudnn-gqa"]), "time_us"].min()),
+                "fa3_us": float(context.us_at(shape, 1, chunk)),
+            }
+        )
+    table = pd.DataFrame(rows).set_index("batch")
+    table["fa3_vs_cudnn_pct"] = 100 * (table["fa3_us"] / table["cudnn_us"] - 1)
+    return table
+
+
+def h200_sources_text(gemm: pd.DataFrame, attention: pd.DataFrame) -> str:
+    """The two H200 sources compared, in words, from the two tables (their rounding)."""
+    shapes = int(gemm["shapes"].sum())
+    low, high = gemm["min_pct"].min(), gemm["max_pct"].max()
+    weighted = float(np.average(gemm["median_pct"], weights=gemm["shapes"]))
+    decode = attention[attention.index.str.contains("decode")]
+    small = decode.iloc[0]
+    large = decode.iloc[-1]
+
+    def relation(pct: float) -> str:
+        return f"{abs(pct):.0f}% {'slower' if pct > 0 else 'faster'} than"
+
+    return (
+        f"At the {shapes:,} GEMM shapes both measured on the H200, kvlab's times are {low:+.1f}% to {high:+.1f}% off "
+        f"AIConfigurator's, the per-layer medians {weighted:+.1f}% on average (weighted by shapes): "
+        + (
+            "the two agree at the median and scatter shape by shape, "
+            if abs(weighted) < 5
+            else "the two differ even at the median, "
+        )
+        + "and the measured clock reads AIConfigurator's, which cover every shape a model asks for. For attention "
+        f"the kernels differ: vLLM's FlashAttention 3 is "
+        f"{relation(small['fa3_vs_cudnn_pct'])} PyTorch's cuDNN backend at {small.name} and "
+        f"{relation(large['fa3_vs_cudnn_pct'])} it at {large.name}. AIConfigurator's call also writes the new keys "
+        f"and values into the paged cache, which PyTorch's does not; kvlab has not isolated how much of the gap that "
+        f"is. The clock reads vLLM's own kernel, the one vLLM runs."
+    )
+
+
+def h200_whole_step_table() -> pd.DataFrame:
+    """What a whole step adds to its operators timed one by one, on kvlab's H200 (scripts/gpu/time_whole_step.py:
+    Llama-3.1-8B's step in one CUDA graph against the sum of the same kernels alone, the KV-cache write included):
+    per step kind, the steps measured and the least, median and most of whole / composed - 1 (%)."""
+    steps = pd.read_csv(H200_SHARDS / "whole_step" / "whole_step.csv")
+    steps = steps[steps["error"].isna()]
+    gap = 100 * (steps["ratio_whole_over_composed_with_kv_write"] - 1)
+    table = gap.groupby(steps["step_kind"]).agg(["count", "min", "median", "max"])
+    table.columns = ["steps", "least_pct", "median_pct", "most_pct"]
+    return table.reindex([k for k in ("decode", "prefill", "mixed") if k in table.index])
+
+
+def h200_whole_step_text(table: pd.DataFrame) -> str:
+    """h200_whole_step_table in words, with its rounding."""
+    parts = [
+        (f"{row.least_pct:.1f}% to {row.most_pct:.1f}%" if row.steps > 1 else f"{row.least_pct:.1f}%")
+        + f" on {int(row.steps)} {kind} step{'s' if row.steps > 1 else ''}"
+        for kind, row in table.iterrows()
+    ]
+    return (
+        "The same H200 also timed whole steps of Llama-3.1-8B, each captured in one CUDA graph, against the sum of the "
+        "same kernels timed one at a time, the KV-cache write included: the whole step "
+        + ("took longer than the sum by " if (table["least_pct"] > 0).all() else "differed from the sum by ")
+        + "; ".join(parts)
+        + ". A clock that sums operators, as the measured clock does, leaves this out: it is stated here as the "
+        "measured clock's known shortfall, not added to it."
     )
