@@ -67,8 +67,11 @@ def serve(workload: Workload, path: str = "auto", kind: str = "long-output", asy
 
 # The step costs' comparison: a model and GPU with an operator profile (data/profiles), the binding workload.
 STEP_COST_COMPARISON = {
-    "model": "meta-llama/Llama-3.1-8B",
-    "gpu": "RTX-PRO-6000-Server-96GB",
+    # (model, GPU): a whole-model profile (LLMServingSim's), and a step composed from the operator tables by shape
+    "pairs": (
+        ("meta-llama/Llama-3.1-8B", "RTX-PRO-6000-Server-96GB"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "H100-SXM-80GB"),
+    ),
     "num_requests": 20_000,
     "repeats": 5,
     "max_slowdown_x": 2.0,
@@ -77,8 +80,13 @@ STEP_COST_COMPARISON = {
 
 def step_costs_against_each_other() -> None:
     """Engine requests/s with the measured step cost against the roofline on the same workload and pool (the median
-    of STEP_COST_COMPARISON["repeats"] runs each; synchronous, so both run with decode runs)."""
-    model, gpu = get_model(STEP_COST_COMPARISON["model"]), get_gpu(STEP_COST_COMPARISON["gpu"])
+    of STEP_COST_COMPARISON["repeats"] runs each; synchronous, so both run with decode runs), for each pair."""
+    for model_name, gpu_name in STEP_COST_COMPARISON["pairs"]:
+        one_step_cost_comparison(get_model(model_name), get_gpu(gpu_name))
+
+
+def one_step_cost_comparison(model, gpu) -> None:
+    """step_costs_against_each_other for one model on one GPU."""
     config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
     workload = binding_workload(STEP_COST_COMPARISON["num_requests"])
     costs = {name: make_step_cost(name, model=model, gpu=gpu, config=config) for name in ("roofline", "measured")}
