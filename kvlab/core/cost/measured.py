@@ -682,7 +682,9 @@ def measured_step_cost(
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
     why_not_tables = ""
     if pp == 1 and fractions_gpu is None:
-        composed, words = operators.compose_profile(model, gpu.name, tp, config.cache.kv_cache_dtype)
+        parallel = config.parallel
+        expert_parallel = parallel.enable_expert_parallel and parallel.data_parallel_size * tp > 1
+        composed, words = operators.compose_profile(model, gpu.name, tp, config.cache.kv_cache_dtype, expert_parallel)
         if composed is not None:
             return MeasuredStepCost.from_profile(composed, model, config, step_overhead_ms, words)
         why_not_tables = f"; operator tables: {words}"
