@@ -108,3 +108,13 @@ def test_a_windowed_model_reads_fewer_keys_than_full_attention():
     assert (wgrid[0, 0, 1:, long_history] < grid[0, 0, 1:, long_history]).all()
     assert np.array_equal(wgrid[0, 0, 1:, 1], grid[0, 0, 1:, 1])  # 16 tokens: inside the window
     assert "windowed layers read at the keys their window keeps" in words
+
+
+def test_a_composed_step_says_how_far_the_composition_is_off_where_a_profile_also_measures():
+    from kvlab.core.cost import measured as module
+
+    low, high, n, gpus = module.composition_error()
+    assert n == 5 and gpus == (RTX_PRO,)  # LLMServingSim's complete profiles on a GPU the tables cover
+    assert -0.5 < low < 0 < high < 0.5
+    cost = measured_step_cost(LLAMA_8B, models.get_gpu("H200-141GB"), EngineConfig())
+    assert f"are off it by {100 * low:+.0f}% to {100 * high:+.0f}%" in cost.source

@@ -686,6 +686,7 @@ def measured_step_cost(
         expert_parallel = parallel.enable_expert_parallel and parallel.data_parallel_size * tp > 1
         composed, words = operators.compose_profile(model, gpu.name, tp, config.cache.kv_cache_dtype, expert_parallel)
         if composed is not None:
+            words += f"; {composition_error_text()}"
             return MeasuredStepCost.from_profile(composed, model, config, step_overhead_ms, words)
         why_not_tables = f"; operator tables: {words}"
     if pp == 1 and fractions_gpu is None and not step_overhead_ms:
@@ -830,6 +831,48 @@ def linear_fallback_error(gpu_name: str) -> tuple[float, float, int] | None:
             errors.append(rule_s * 1e6 / measured_us - 1.0)
         compared += 1
     return (min(errors), max(errors), compared) if compared else None
+
+
+@lru_cache(maxsize=1)
+def composition_error() -> tuple[float, float, int, tuple[str, ...]]:
+    """How far a step composed from the operator tables (kvlab.core.operators) is off a whole-model profile where
+    both measure the same model on the same GPU at the same TP: each decode step of FALLBACK_CHECK_BATCHES x
+    FALLBACK_CHECK_CONTEXTS, composed / profile - 1, as (lowest, highest, profiles compared, their GPUs)."""
+    from kvlab.core import operators, profiles
+    from kvlab.core.config import EngineConfig, ParallelConfig
+    from kvlab.core.models import get_model
+
+    errors, compared, gpus = [], 0, set()
+    for entry in profiles.load_index():
+        profile = profiles.load_profile(entry)
+        if not profile.complete or entry.gpu not in operators.operator_gpus():
+            continue
+        model = get_model(entry.model)
+        composed, _ = operators.compose_profile(model, entry.gpu, entry.tensor_parallel_size)
+        if composed is None:
+            continue
+        config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=entry.tensor_parallel_size))
+        whole = MeasuredStepCost.from_profile(profile, model, config)
+        parts = MeasuredStepCost.from_profile(composed, model, config)
+        for b in FALLBACK_CHECK_BATCHES:
+            for c in FALLBACK_CHECK_CONTEXTS:
+                batch = Batch(b, b * c, b, b * c)
+                errors.append(parts.step_s(batch) / whole.step_s(batch) - 1.0)
+        compared += 1
+        gpus.add(entry.gpu)
+    return (min(errors), max(errors), compared, tuple(sorted(gpus))) if compared else (0.0, 0.0, 0, ())
+
+
+def composition_error_text() -> str:
+    """composition_error in words, for a composed step cost's provenance."""
+    low, high, n, gpus = composition_error()
+    if not n:
+        return "no whole-model profile measures a GPU the tables cover, to say how far the composition is off"
+    return (
+        f"where a whole-model profile also measures (LLMServingSim's, {n} on the {', '.join(gpus)}), decode steps of "
+        f"{FALLBACK_CHECK_BATCHES[0]}-{FALLBACK_CHECK_BATCHES[-1]} requests x {FALLBACK_CHECK_CONTEXTS[0]:,}-"
+        f"{FALLBACK_CHECK_CONTEXTS[-1]:,} tokens composed this way are off it by {100 * low:+.0f}% to {100 * high:+.0f}%"
+    )
 
 
 def fallback_error_text(gpu_name: str) -> str:
