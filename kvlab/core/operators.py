@@ -374,6 +374,21 @@ def table_fractions(gpu: str):
     )
 
 
+WHOLE_STEP_CSV = DATA_DIR / "profiles" / "kvlab" / "h200" / "whole_step" / "whole_step.csv"
+WHOLE_STEP_LAYERS = 32  # the decoder those steps ran (Llama-3.1-8B's shape)
+
+
+@lru_cache(maxsize=1)
+def kernel_gap_us_per_layer() -> tuple[float, int]:
+    """What a whole decode step takes beyond its kernels timed one at a time, a decoder layer (us), and the steps it
+    is the median of: kvlab's H200 measurement (scripts/gpu/time_whole_step.py: Llama-3.1-8B's step in one CUDA
+    graph against the sum of its kernels alone, the KV-cache write and the copies it timed apart taken out), the
+    median over its decode steps of the time left, / the decoder's layers."""
+    with open(WHOLE_STEP_CSV, newline="") as f:
+        left = [float(r["unexplained_us"]) for r in csv.DictReader(f) if r["step_kind"] == "decode" and not r["error"]]
+    return float(np.median(left)) / WHOLE_STEP_LAYERS, len(left)
+
+
 def _kv_dtype(kv_cache_dtype: str) -> str:
     """The attention tables' KV dtype for vLLM's --kv-cache-dtype."""
     return "fp8" if kv_cache_dtype.startswith("fp8") else "bf16"

@@ -682,12 +682,9 @@ def measured_step_cost(
         return MeasuredStepCost.from_profile(profile, model, config, step_overhead_ms)
     why_not_tables = ""
     if pp == 1 and fractions_gpu is None:
-        parallel = config.parallel
-        expert_parallel = parallel.enable_expert_parallel and parallel.data_parallel_size * tp > 1
-        composed, words = operators.compose_profile(model, gpu.name, tp, config.cache.kv_cache_dtype, expert_parallel)
+        composed, words = composed_step_cost(model, gpu.name, config, step_overhead_ms)
         if composed is not None:
-            words += f"; {composition_error_text()}"
-            return MeasuredStepCost.from_profile(composed, model, config, step_overhead_ms, words)
+            return replace(composed, source=f"{composed.source}; {composition_error_text()}")
         why_not_tables = f"; operator tables: {words}"
     if pp == 1 and fractions_gpu is None and not step_overhead_ms:
         partly = linear_profile_step_cost(model, gpu, config)
@@ -833,6 +830,27 @@ def linear_fallback_error(gpu_name: str) -> tuple[float, float, int] | None:
     return (min(errors), max(errors), compared) if compared else None
 
 
+def composed_step_cost(model, gpu_name: str, config, step_overhead_ms: float = 0.0):
+    """(the MeasuredStepCost of model's profile composed from gpu_name's operator tables, with the kernel gaps a whole
+    step adds (kvlab.core.operators.kernel_gap_us_per_layer) as its step overhead, or None; in words: its provenance,
+    or why the tables cannot time it)."""
+    from kvlab.core import operators
+
+    parallel = config.parallel
+    tp = parallel.tensor_parallel_size
+    expert_parallel = parallel.enable_expert_parallel and parallel.data_parallel_size * tp > 1
+    composed, words = operators.compose_profile(model, gpu_name, tp, config.cache.kv_cache_dtype, expert_parallel)
+    if composed is None:
+        return None, words
+    gap_us, steps = operators.kernel_gap_us_per_layer()
+    gap_ms = gap_us * model.num_layers / 1000.0
+    words += (
+        f"; kernel gaps: {gap_us:.1f} us a decoder layer, {gap_ms:.2f} ms a step (a whole decode step on kvlab's H200 "
+        f"against its kernels timed alone, median of {steps} steps; taken for every GPU)"
+    )
+    return MeasuredStepCost.from_profile(composed, model, config, step_overhead_ms + gap_ms, words), words
+
+
 @lru_cache(maxsize=1)
 def composition_error() -> tuple[float, float, int, tuple[str, ...]]:
     """How far a step composed from the operator tables (kvlab.core.operators) is off a whole-model profile where
@@ -848,12 +866,11 @@ def composition_error() -> tuple[float, float, int, tuple[str, ...]]:
         if not profile.complete or entry.gpu not in operators.operator_gpus():
             continue
         model = get_model(entry.model)
-        composed, _ = operators.compose_profile(model, entry.gpu, entry.tensor_parallel_size)
-        if composed is None:
-            continue
         config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=entry.tensor_parallel_size))
+        parts, _ = composed_step_cost(model, entry.gpu, config)
+        if parts is None:
+            continue
         whole = MeasuredStepCost.from_profile(profile, model, config)
-        parts = MeasuredStepCost.from_profile(composed, model, config)
         for b in FALLBACK_CHECK_BATCHES:
             for c in FALLBACK_CHECK_CONTEXTS:
                 batch = Batch(b, b * c, b, b * c)
