@@ -118,3 +118,18 @@ def test_a_composed_step_says_how_far_the_composition_is_off_where_a_profile_als
     assert -0.5 < low < 0 < high < 0.5
     cost = measured_step_cost(LLAMA_8B, models.get_gpu("H200-141GB"), EngineConfig())
     assert f"are off it by {100 * low:+.0f}% to {100 * high:+.0f}%" in cost.source
+
+
+def test_expert_parallelism_reads_the_tables_expert_parallel_rows_by_the_ranks_tokens():
+    qwen = models.get_model("Qwen/Qwen3-30B-A3B")
+    tables = operators.operator_tables("H200-141GB")
+    profile, words = operators.compose_profile(qwen, "H200-141GB", 1, expert_parallel_size=4, data_parallel_size=4)
+    tokens, experts, grid = profile.moe
+    measured_tokens, measured_us = tables.moe("bf16").shapes[(2048, 768, 8, 128, 1, 4)]
+    # a rank's 16 tokens meet every rank's at its experts: the table's 64 tokens on one GPU, plus the router's GEMM
+    row = list(tokens).index(16)
+    router = tables.gemm("bf16").us_at(16, 128, 2048)
+    assert grid[row, 0] == pytest.approx(measured_us[list(measured_tokens).index(64)] + router, rel=1e-9)
+    assert tokens[0] >= 1
+    missing, why = operators.compose_profile(qwen, "H200-141GB", 1, expert_parallel_size=3, data_parallel_size=3)
+    assert missing is None and "over 3 GPUs of expert parallelism" in why

@@ -407,10 +407,16 @@ def composable(model) -> str:
 
 
 def compose_profile(
-    model, gpu: str, tensor_parallel_size: int, kv_cache_dtype: str = "bf16", expert_parallel: bool = False
+    model,
+    gpu: str,
+    tensor_parallel_size: int,
+    kv_cache_dtype: str = "bf16",
+    expert_parallel_size: int = 1,
+    data_parallel_size: int = 1,
 ):
-    """The OperatorProfile of model on gpu at tensor_parallel_size composed from the GPU's operator tables (the
-    module's docstring says how), and its provenance in words; None and why where the tables cannot time it."""
+    """The OperatorProfile of model on gpu at tensor_parallel_size (and, for an MoE, expert_parallel_size GPUs of
+    expert parallelism over data_parallel_size ranks) composed from the GPU's operator tables (the module's docstring
+    says how), and its provenance in words; None and why where the tables cannot time it."""
     from kvlab.core import profiles
 
     tables = operator_tables(gpu)
@@ -448,21 +454,34 @@ def compose_profile(
         )
     moe = None
     if experts:
-        if expert_parallel:
-            return None, "expert parallelism is not composed from the operator tables yet"
         moe_table = tables.moe(MOE_DTYPE[quantization])
         shape = (hidden, expert_intermediate, top_k, experts)
-        measured_tp = sorted(k[4] for k in (moe_table.shapes if moe_table else {}) if k[:4] == shape and k[5] == 1)
-        below = [m for m in measured_tp if m <= t]
-        if not below:
-            return None, (
-                f"the {gpu}'s MoE table has no block of hidden {hidden}, expert MLP {expert_intermediate}, {experts} "
-                f"experts, top-{top_k} at TP {t} or less in {MOE_DTYPE[quantization]}"
-            )
-        moe_tokens, moe_us = moe_table.shapes[(*shape, below[-1], 1)]
-        if below[-1] != t:  # each GPU's share of every expert shrinks as 1 / TP: its bytes and FLOPs alike
-            moe_us = moe_us * below[-1] / t
-            notes.append(f"the MoE block at TP {t} read from TP {below[-1]}'s, x {below[-1]}/{t}")
+        if expert_parallel_size > 1:
+            # vLLM's expert parallelism over DP x TP GPUs: each holds E / EP whole experts and runs them on the
+            # tokens of every data-parallel rank (its all-gather), the table's tokens on one GPU; read by this
+            # rank's tokens, the table's / DP
+            key = (*shape, 1, expert_parallel_size)
+            if moe_table is None or key not in moe_table.shapes:
+                return None, (
+                    f"the {gpu}'s MoE table has no block of hidden {hidden}, expert MLP {expert_intermediate}, "
+                    f"{experts} experts, top-{top_k} over {expert_parallel_size} GPUs of expert parallelism in "
+                    f"{MOE_DTYPE[quantization]}"
+                )
+            moe_tokens, moe_us = moe_table.shapes[key]
+            keep = moe_tokens >= data_parallel_size  # a rank's tokens from 1
+            moe_tokens, moe_us = moe_tokens[keep] / data_parallel_size, moe_us[keep]
+        else:
+            measured_tp = sorted(k[4] for k in (moe_table.shapes if moe_table else {}) if k[:4] == shape and k[5] == 1)
+            below = [m for m in measured_tp if m <= t]
+            if not below:
+                return None, (
+                    f"the {gpu}'s MoE table has no block of hidden {hidden}, expert MLP {expert_intermediate}, "
+                    f"{experts} experts, top-{top_k} at TP {t} or less in {MOE_DTYPE[quantization]}"
+                )
+            moe_tokens, moe_us = moe_table.shapes[(*shape, below[-1], 1)]
+            if below[-1] != t:  # each GPU's share of every expert shrinks as 1 / TP: its bytes and FLOPs alike
+                moe_us = moe_us * below[-1] / t
+                notes.append(f"the MoE block at TP {t} read from TP {below[-1]}'s, x {below[-1]}/{t}")
         router = lm_head.us_at(moe_tokens, experts, hidden)
         block = moe_us + router
         moe = (moe_tokens, np.array([1.0, float(experts)]), np.stack([block, block], axis=1))

@@ -838,8 +838,9 @@ def composed_step_cost(model, gpu_name: str, config, step_overhead_ms: float = 0
 
     parallel = config.parallel
     tp = parallel.tensor_parallel_size
-    expert_parallel = parallel.enable_expert_parallel and parallel.data_parallel_size * tp > 1
-    composed, words = operators.compose_profile(model, gpu_name, tp, config.cache.kv_cache_dtype, expert_parallel)
+    dp = parallel.data_parallel_size
+    ep = dp * tp if parallel.enable_expert_parallel else 1
+    composed, words = operators.compose_profile(model, gpu_name, tp, config.cache.kv_cache_dtype, ep, dp)
     if composed is None:
         return None, words
     gap_us, steps = operators.kernel_gap_us_per_layer()
