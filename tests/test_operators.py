@@ -133,3 +133,16 @@ def test_expert_parallelism_reads_the_tables_expert_parallel_rows_by_the_ranks_t
     assert tokens[0] >= 1
     missing, why = operators.compose_profile(qwen, "H200-141GB", 1, expert_parallel_size=3, data_parallel_size=3)
     assert missing is None and "over 3 GPUs of expert parallelism" in why
+
+
+def test_deepseek_v3s_mla_is_read_from_the_module_tables_and_other_mla_shapes_are_refused():
+    v3 = models.get_model("deepseek-ai/DeepSeek-V3")
+    profile, words = operators.compose_profile(v3, "H200-141GB", 8, expert_parallel_size=8)
+    assert "MLA: the whole attention module of DeepSeek-V3's shape" in words
+    assert "qkv_proj" not in profile.dense[1] and "o_proj" not in profile.dense[1]  # inside the module
+    axes, grid = profile.attention
+    generation = operators.operator_tables("H200-141GB").mla("generation", "bf16", "fp8_block")
+    decodes, history = list(axes[2]).index(32), list(axes[3]).index(2048)
+    assert grid[0, 0, decodes, history] == pytest.approx(generation.us_at([(1.0, (16, 1, 576))], 32, 2048))
+    lite = models.get_model("deepseek-ai/DeepSeek-V2-Lite")
+    assert "not DeepSeek-V3's" in operators.composable(lite)

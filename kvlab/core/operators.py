@@ -62,6 +62,9 @@ SEQUENCES = tuple(range(1, 17)) + tuple(range(24, 1025, 8))
 GEMM_DTYPE = {"": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "bf16"}
 MOE_DTYPE = {"": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "mxfp4"}
 MOE_DISTRIBUTION = "balanced"
+# The MLA module tables measure DeepSeek-V3's attention: (hidden, heads, kv_lora_rank, qk_rope_head_dim)
+MLA_SHAPE = (7168, 128, 512, 64)
+MLA_HEAD_DIM = 576  # the cached latent, kv_lora_rank + qk_rope_head_dim
 
 
 @lru_cache(maxsize=1)
@@ -291,6 +294,21 @@ class OperatorTables:
         cols = ("distribution", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size")
         return MoeTable.from_columns(*(z[f"{dtype}_{c}"] for c in cols), z[f"{dtype}_num_tokens"], z[f"{dtype}_us"])
 
+    @lru_cache(maxsize=8)  # noqa: B019
+    def mla(self, phase: str, kv_dtype: str, gemm_dtype: str) -> AttentionTable | None:
+        """The whole MLA attention module of DeepSeek-V3's shape (projections and attention of one layer) for one
+        phase (context, generation), KV dtype and projection dtype, keyed (heads on the GPU, 1, MLA_HEAD_DIM), or
+        None."""
+        z = self._npz(f"{phase}_mla")
+        prefix = f"{kv_dtype}_{gemm_dtype}"
+        if z is None or f"{prefix}_us" not in z:
+            return None
+        heads = z[f"{prefix}_heads"]
+        ones = np.ones_like(heads)
+        return AttentionTable.from_columns(
+            heads, ones, ones * MLA_HEAD_DIM, z[f"{prefix}_batch"], z[f"{prefix}_tokens"], z[f"{prefix}_us"]
+        )
+
     def version(self, table: str) -> str:
         """The vLLM version a table was measured with."""
         return self.meta["tables"].get(table, {}).get("vllm_version", "")
@@ -399,7 +417,12 @@ def composable(model) -> str:
     if not model.layer_sizes or not model.hidden_size:
         return f"{model.name}'s MLP and vocabulary sizes are unknown (give its config.json)"
     if model.attention == "mla":
-        return "multi-head latent attention (MLA) is not composed from the tables yet"
+        shape = (model.hidden_size, model.num_attention_heads, model.kv_lora_rank, model.qk_rope_head_dim)
+        if shape != MLA_SHAPE:
+            return (
+                f"its multi-head latent attention (hidden, heads, kv_lora_rank, qk_rope_head_dim = {shape}) is not "
+                f"DeepSeek-V3's {MLA_SHAPE}, the one shape the MLA tables measure"
+            )
     kinds = {model.layer_type(i) for i in range(model.num_layers)}
     if "linear_attention" in kinds:
         return "linear-attention (Gated DeltaNet) layers are not composed from the tables yet"
@@ -438,16 +461,24 @@ def compose_profile(
     notes = []
     q_heads, kv_per_gpu = heads // t, max(1, kv_heads // t)
     tokens = gemm.m
-    dense = {
-        "qkv_proj": gemm.at((q_heads + 2 * kv_per_gpu) * head_dim, hidden),
-        "o_proj": gemm.at(hidden, q_heads * head_dim),
-    }
+    mla = model.attention == "mla"  # its projections are in the MLA module the attention term reads
+    dense = (
+        {}
+        if mla
+        else {
+            "qkv_proj": gemm.at((q_heads + 2 * kv_per_gpu) * head_dim, hidden),
+            "o_proj": gemm.at(hidden, q_heads * head_dim),
+        }
+    )
     bandwidth = get_gpu(gpu).memory_bandwidth_gb_s
     norm = small_op_us("layernorm", tokens, hidden / 4096, bandwidth)
     dense["layernorm"] = norm
     dense["final_layernorm"] = small_op_us("final_layernorm", tokens, hidden / 4096, bandwidth)
     dense["embedding"] = small_op_us("embedding", tokens, hidden / 4096, bandwidth)
-    dense["rotary_emb"] = small_op_us("rotary_emb", tokens, (q_heads + kv_per_gpu) * head_dim / (40 * 128), bandwidth)
+    if not mla:
+        dense["rotary_emb"] = small_op_us(
+            "rotary_emb", tokens, (q_heads + kv_per_gpu) * head_dim / (40 * 128), bandwidth
+        )
     if "qwen3" in model.name.lower():
         dense["qk_norm"] = small_op_us(
             "qk_norm", tokens, q_heads * head_dim / (64 * 128), bandwidth, REFERENCE_QK_NORM_MODEL
@@ -496,7 +527,10 @@ def compose_profile(
         "lm_head": lm_head.us_at(sequences, -(-vocab // t), hidden),
         "sampler": small_op_us("sampler", sequences, vocab / 128256, bandwidth),
     }
-    attention, attention_words = _attention_grid(tables, model, q_heads, kv_per_gpu, _kv_dtype(kv_cache_dtype))
+    if mla:
+        attention, attention_words = _mla_grid(tables, model, q_heads, _kv_dtype(kv_cache_dtype), gemm_dtype)
+    else:
+        attention, attention_words = _attention_grid(tables, model, q_heads, kv_per_gpu, _kv_dtype(kv_cache_dtype))
     if attention is None:
         return None, attention_words
     if attention_words:
@@ -533,6 +567,39 @@ def compose_profile(
     return profile, words
 
 
+def _grid_axes():
+    """The attention grid's axes and the meshes of its two planes: (axes, chunk, history, decodes, decode history)."""
+    axes = tuple(np.array(a, dtype=np.float64) for a in (PREFILL_CHUNKS, HISTORIES, DECODES, HISTORIES))
+    chunk, history = np.meshgrid(axes[0], axes[1], indexing="ij")
+    decodes, decode_history = np.meshgrid(axes[2], axes[3], indexing="ij")
+    return axes, chunk, history, decodes, decode_history
+
+
+def _mla_grid(tables: OperatorTables, model, q_heads: int, kv_dtype: str, gemm_dtype: str):
+    """The MLA module of one layer (projections and attention) on the attention grid: a prefill chunk from the
+    context table at batch 1 as the prompt of the same query-key pairs, decodes from the generation table; (None,
+    why) where the GPU's tables lack them."""
+    context, generation = tables.mla("context", kv_dtype, gemm_dtype), tables.mla("generation", kv_dtype, gemm_dtype)
+    if context is None or generation is None:
+        return None, f"the {tables.gpu}'s MLA tables have no {kv_dtype} KV cache with {gemm_dtype} projections"
+    shape = (q_heads, 1, MLA_HEAD_DIM)
+    if shape not in context.shapes or shape not in generation.shapes:
+        return None, f"the {tables.gpu}'s MLA tables have no module of {q_heads} heads on a GPU"
+    axes, chunk, history, decodes, decode_history = _grid_axes()
+    parts = [(1.0, shape)]
+    prompt = equal_pairs_prompt(prefill_pairs(chunk, history))
+    longest = context.shapes[shape][1][-1]
+    p = context.us_at(parts, np.ones_like(prompt), np.maximum(prompt, 1.0))
+    p = np.where(prompt > longest, context.us_at(parts, 1.0, longest) * (prompt / longest) ** 2, p)
+    d = generation.us_at(parts, np.maximum(decodes, 1.0), decode_history)
+    grid = np.where(chunk > 0, p, 0.0)[:, :, None, None] + np.where(decodes > 0, d, 0.0)[None, None, :, :]
+    return (axes, grid), (
+        f"MLA: the whole attention module of DeepSeek-V3's shape ({tables.kernel('generation_mla', f'{kv_dtype}_{gemm_dtype}')}), "
+        "its projections included, read for the prefill and the decodes apart; the first dense layers and the "
+        "shared expert are left out"
+    )
+
+
 def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, kv_dtype: str):
     """(axes, one layer's attention on them (us): the mean of the model's layers), words; (None, why) where the
     tables lack the KV dtype."""
@@ -542,9 +609,7 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
     head_dim = model.head_dim
     prefill_parts, prefill_words = context.shape_for(q_heads, kv_heads, head_dim, "context")
     decode_parts, decode_words = generation.shape_for(q_heads, kv_heads, head_dim, "generation")
-    axes = tuple(np.array(a, dtype=np.float64) for a in (PREFILL_CHUNKS, HISTORIES, DECODES, HISTORIES))
-    chunk, history = np.meshgrid(axes[0], axes[1], indexing="ij")
-    decodes, decode_history = np.meshgrid(axes[2], axes[3], indexing="ij")
+    axes, chunk, history, decodes, decode_history = _grid_axes()
     windows: dict[int, int] = {}
     for layer in range(model.num_layers):
         kind = model.layer_type(layer)

@@ -169,6 +169,35 @@ def import_moe(frame) -> tuple[dict, dict]:
     return arrays, meta
 
 
+# vLLM's MLA backend by KV dtype, in the order kvlab prefers where a GPU's table holds several: FlashMLA where it
+# measured fp8 KV on Hopper, FlashAttention's MLA backend for bf16 KV on Hopper, FlashInfer's on Blackwell, Triton's
+# on Ada and Blackwell workstation GPUs.
+MLA_KERNELS = ("FLASHMLA", "FLASH_ATTN_MLA", "FLASHINFER_MLA", "CUTLASS_MLA", "TRITON_MLA", "FLASH_ATTN")
+MLA_GEMMS = {"bfloat16": "bf16", "fp8_block": "fp8_block"}
+
+
+def import_mla(frame, phase: str) -> tuple[dict, dict]:
+    """The whole MLA attention module of DeepSeek-V3's shape (its projections and attention, one layer, one GPU),
+    per KV dtype and projection dtype: heads on the GPU, batch, tokens (prompt for context, cached for generation)."""
+    arrays, meta = {}, {}
+    length = "isl" if phase == "context" else "step"
+    for kv_source, kv in KV_DTYPES.items():
+        for gemm_source, gemm in MLA_GEMMS.items():
+            rows = frame[(frame["kv_cache_dtype"] == kv_source) & (frame["gemm_type"] == gemm_source)]
+            kernel = first_kernel(rows, MLA_KERNELS) if not rows.empty else None
+            if kernel is None:
+                continue
+            rows = rows[rows["kernel_source"] == kernel]
+            keys = ["num_heads", "batch_size", length]
+            rows = rows.sort_values(keys).drop_duplicates(keys)
+            prefix = f"{kv}_{gemm}"
+            for col, name in zip(keys, ("heads", "batch", "tokens")):
+                arrays[f"{prefix}_{name}"] = rows[col].to_numpy(np.int32)
+            arrays[f"{prefix}_us"] = us(rows["latency"])
+            meta[prefix] = {"kernel": kernel, "rows": len(rows), "model": str(rows["model"].iloc[0])}
+    return arrays, meta
+
+
 def write_all_reduce(frame, path: Path) -> dict:
     """vLLM's custom all-reduce captured in a CUDA graph (as vLLM runs it in its graphs), bf16, as
     data/profiles' all_reduce.csv (num_gpus, size_bytes, time_us)."""
@@ -211,8 +240,17 @@ def main(argv=None) -> int:
             ("context_attention", "context_attention_perf.parquet", lambda f: import_attention(f, "context")),
             ("generation_attention", "generation_attention_perf.parquet", lambda f: import_attention(f, "generation")),
             ("moe", "moe_perf.parquet", import_moe),
+            ("context_mla", "mla_context_module_perf.parquet", lambda f: import_mla(f, "context")),
+            ("generation_mla", "mla_generation_module_perf.parquet", lambda f: import_mla(f, "generation")),
         )
-        op_dirs = {"gemm": "gemm", "context_attention": "attention", "generation_attention": "attention", "moe": "moe"}
+        op_dirs = {
+            "gemm": "gemm",
+            "context_attention": "attention",
+            "generation_attention": "attention",
+            "moe": "moe",
+            "context_mla": "mla",
+            "generation_mla": "mla",
+        }
         for name, filename, reader in tables:
             found = newest_table(args.repo, commit, system, op_dirs[name], filename)
             if found is None:
