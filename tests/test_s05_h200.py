@@ -57,3 +57,12 @@ def test_the_whole_step_gap_is_read_from_the_measurement_and_its_direction_from_
     assert "took longer than the sum by" in calibration.h200_whole_step_text(table)
     faster = pd.DataFrame(table).assign(least_pct=-table["least_pct"])
     assert "differed from the sum by" in calibration.h200_whole_step_text(faster)
+
+
+def test_the_clock_against_whole_steps_names_the_kernel_relation_from_the_table():
+    table = calibration.h200_clock_table()
+    assert list(table.index) == ["decode", "prefill", "mixed"]
+    attention = calibration.h200_attention_table()
+    assert "as long as vLLM's FlashAttention 3" in calibration.h200_clock_text(table, attention)
+    faster = attention.assign(flash_us=attention["fa3_us"] / 2)
+    assert "2.0x as fast as vLLM's FlashAttention 3" in calibration.h200_clock_text(table, faster)

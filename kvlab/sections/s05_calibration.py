@@ -687,3 +687,47 @@ def h200_whole_step_text(table: pd.DataFrame) -> str:
         + ". A clock that sums operators, as the measured clock does, leaves this out: it is stated here as the "
         "measured clock's known shortfall, not added to it."
     )
+
+
+def h200_clock_table() -> pd.DataFrame:
+    """The measured clock (composed from vLLM's kernels by shape, its CPU term off) against the whole steps kvlab
+    timed on its H200 (PyTorch's attention, Triton's small operators: not vLLM's kernels), by step kind: steps, and
+    the least, median and most of clock / whole step - 1 (%)."""
+    from kvlab.core.config import EngineConfig
+    from kvlab.core.cost.batch import Batch
+    from kvlab.core.cost.measured import measured_step_cost
+
+    model = get_model("meta-llama/Llama-3.1-8B")
+    clock = measured_step_cost(model, get_gpu(H200_GPU), EngineConfig()).without("CPU scheduling")
+    steps = pd.read_csv(H200_SHARDS / "whole_step" / "whole_step.csv")
+    steps = steps[steps["error"].isna()]
+    errors = []
+    for row in steps.itertuples():
+        chunk, decodes, context = int(row.chunk_tokens), int(row.B), int(row.C)
+        pairs = chunk * (chunk + 1) // 2
+        batch = Batch(chunk + decodes, chunk + decodes * context, decodes, decodes * context, int(chunk > 0), pairs)
+        errors.append(100 * (clock.step_s(batch) * 1e6 / row.whole_step_us - 1))
+    gap = pd.Series(errors, index=steps.index)
+    table = gap.groupby(steps["step_kind"]).agg(["count", "min", "median", "max"])
+    table.columns = ["steps", "least_pct", "median_pct", "most_pct"]
+    return table.reindex([k for k in ("decode", "prefill", "mixed") if k in table.index])
+
+
+def h200_clock_text(table: pd.DataFrame, attention: pd.DataFrame) -> str:
+    """h200_clock_table in words, with what h200_attention_table says of the kernels the two ran."""
+    largest = attention[attention.index.str.contains("decode")].iloc[-1]
+    ratio = largest["flash_us"] / largest["fa3_us"]
+    relation = f"{ratio:.1f}x as long as" if ratio >= 1 else f"{1 / ratio:.1f}x as fast as"
+    parts = [
+        (f"{row.least_pct:+.0f}% to {row.most_pct:+.0f}%" if row.steps > 1 else f"{row.least_pct:+.0f}%")
+        + f" on {int(row.steps)} {kind} step{'s' if row.steps > 1 else ''}"
+        for kind, row in table.iterrows()
+    ]
+    return (
+        "Set against those whole steps, the measured clock for Llama-3.1-8B on the H200 (its CPU term off) is off by "
+        + "; ".join(parts)
+        + ". The two do not run the same kernels: the whole steps ran PyTorch's attention (its flash backend for "
+        f"decodes, {relation} vLLM's FlashAttention 3 at {largest.name} in the table of kernels above) and Triton "
+        "stand-ins for the small operators, so this compares the clock with another composition of kernels; it does "
+        "not measure the clock's error."
+    )
