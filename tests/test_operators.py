@@ -146,3 +146,16 @@ def test_deepseek_v3s_mla_is_read_from_the_module_tables_and_other_mla_shapes_ar
     assert grid[0, 0, decodes, history] == pytest.approx(generation.us_at([(1.0, (16, 1, 576))], 32, 2048))
     lite = models.get_model("deepseek-ai/DeepSeek-V2-Lite")
     assert "not DeepSeek-V3's" in operators.composable(lite)
+
+
+def test_a_chunk_after_history_is_read_at_its_pairs_and_the_measured_chunk_shape():
+    # no history: the fresh prompt itself; with history: the measured ratio at its points, clamped past them
+    assert operators.chunk_ratio(16, 0) == 1.0 and operators.chunk_ratio(8192, 0) == 1.0
+    assert operators.chunk_ratio(128, 4096) == pytest.approx(1.6474)  # chunked_prefill.csv's point
+    assert operators.chunk_ratio(128, 10**6) == operators.chunk_ratio(128, 32768)
+    profile, _ = operators.compose_profile(LLAMA_8B, "H200-141GB", 1)
+    axes, grid = profile.attention
+    context = operators.operator_tables("H200-141GB").attention("context", "bf16")
+    n, c = list(axes[0]).index(128), list(axes[1]).index(4096)
+    fresh = context.us_at([(1.0, (32, 8, 128))], 1.0, operators.equal_pairs_prompt(128 * 4096 + 128 * 129 / 2))
+    assert grid[n, c, 0, 0] == pytest.approx(fresh / 1.6474, rel=1e-9)

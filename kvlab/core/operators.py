@@ -21,7 +21,9 @@ builds, from a model's shapes, the OperatorProfile (kvlab.core.profiles) that Me
 - attention, one layer's (the mean over the model's layers, each at its window), on the grid MeasuredStepCost reads
   (prefill chunk, its history, decodes, their mean history): a prefill chunk of n tokens after c cached is read
   from the context table at batch 1 as the prompt of the same query-key pairs (n x c + n(n+1)/2 = s(s+1)/2; the
-  FLOPs), decodes from the generation table at (decodes, history); a sliding window keeps min(history, window) keys
+  FLOPs), divided by how much longer such a prompt takes than the chunk after its history as kvlab measured it on
+  an H200 (chunk_ratio: up to 1.67x for chunks of 64-1,024 tokens after history; PyTorch's flash kernel, its shape
+  taken for vLLM's), decodes from the generation table at (decodes, history); a sliding window keeps min(history, window) keys
   for a decode and its pairs for a chunk; a mixed batch is the sum of the two (vLLM runs them in one varlen
   launch; kvlab's H200 measurements put both kernels in one graph at -5% to +14% of the sum). Head shapes the
   table did not measure: linear in KV heads (decode) from the two nearest at the same heads and head dim, the
@@ -392,6 +394,32 @@ def table_fractions(gpu: str):
     )
 
 
+CHUNKED_PREFILL_CSV = DATA_DIR / "profiles" / "kvlab" / "h200" / "chunked_prefill" / "chunked_prefill.csv"
+
+
+@lru_cache(maxsize=1)
+def _chunk_ratios() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(chunk tokens, history tokens, fresh prompt of equal pairs / chunk) measured on kvlab's H200."""
+    with open(CHUNKED_PREFILL_CSV, newline="") as f:
+        rows = [(int(r["chunk_tokens"]), int(r["history_tokens"]), float(r["ratio"])) for r in csv.DictReader(f)]
+    chunks, histories = sorted({r[0] for r in rows}), sorted({r[1] for r in rows})
+    grid = np.full((len(chunks), len(histories)), np.nan)
+    for n, c, ratio in rows:
+        grid[chunks.index(n), histories.index(c)] = ratio
+    grid[:, histories.index(0)] = 1.0  # no history: the chunk is its own prompt (the two timings differ by noise)
+    return np.array(chunks, dtype=np.float64), np.array(histories, dtype=np.float64), grid
+
+
+def chunk_ratio(chunk, history) -> np.ndarray:
+    """How much longer a fresh prompt of a chunk's query-key pairs takes than the chunk after its history, measured
+    for kvlab on an H200 (scripts/gpu/time_chunked_prefill.py: PyTorch's flash attention, Llama-3.1-8B's heads, in
+    CUDA graphs): bilinear between its (chunk, history) points, the nearest edge's past them. 1 with no history."""
+    chunks, histories, grid = _chunk_ratios()
+    chunk = np.clip(np.asarray(chunk, dtype=np.float64), chunks[0], chunks[-1])
+    history = np.clip(np.asarray(history, dtype=np.float64), histories[0], histories[-1])
+    return bilinear(chunk, history, chunks, histories, grid)
+
+
 WHOLE_STEP_CSV = DATA_DIR / "profiles" / "kvlab" / "h200" / "whole_step" / "whole_step.csv"
 WHOLE_STEP_LAYERS = 32  # the decoder those steps ran (Llama-3.1-8B's shape)
 
@@ -624,6 +652,7 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
         longest = max(context.shapes[s][1][-1] for _, s in prefill_parts)
         at_longest = context.us_at(prefill_parts, 1.0, longest)
         p = np.where(prompt > longest, at_longest * (prompt / longest) ** 2, p)
+        p = p / chunk_ratio(chunk, history)  # a chunk after history against the fresh prompt of its pairs
         kept = np.minimum(decode_history, window) if window else decode_history
         d = generation.us_at(decode_parts, np.maximum(decodes, 1.0), kept)
         prefill = prefill + count * np.where(chunk > 0, p, 0.0)
