@@ -667,6 +667,7 @@ def search(
     served = [r for r in results if r.status in ("meets", "misses")]
     timed = served or [r for r in results if r.reason.startswith("rate")]  # none served: those the rate pruned
     sources = sorted({step_cost(deployment, r.candidate.config(deployment.max_model_len))[2] for r in timed})
+    clauses = list(dict.fromkeys(part for source in sources for part in source.split("; ")))  # each said once
     return Plan(
         deployment,
         objectives,
@@ -675,7 +676,7 @@ def search(
         arrival_rate_per_s(workload.arrival_s),
         results,
         rungs,
-        "; ".join(sources),
+        "; ".join(clauses),
         time.perf_counter() - start,
         halving,
     )
