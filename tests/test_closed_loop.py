@@ -14,12 +14,13 @@ from conftest import assert_same
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.engine import Engine, Recorder, simulate
 from kvlab.core.engine.closed_loop import send_s
+from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
 TIMES = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions")
 
 
-@pytest.mark.parametrize("path", ["reference", "python", "auto"])
+@pytest.mark.parametrize("path", ["reference", "python", "auto", *(["compiled"] if compiled.available() else [])])
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 def test_one_in_flight_sends_each_request_when_the_one_before_finishes(path, async_scheduling):
     """10 ms steps, all four made at t=0: request 0 (2 output tokens) prefills in 0-10 ms and decodes in 10-20 ms;
@@ -105,11 +106,13 @@ def test_a_bad_limit_is_refused_in_one_line_before_any_work(bad):
         Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=bad)
 
 
-def test_the_compiled_loop_refuses_a_closed_loop_and_auto_takes_the_python_loop():
+def test_path_auto_takes_the_compiled_loop_for_a_closed_loop_as_for_an_open_one(monkeypatch):
     w = Workload(np.zeros(2), np.array([1, 1]), np.array([1, 1]))
-    with pytest.raises(ValueError, match=r"^path='compiled' is not allowed: does not serve a closed loop"):
-        Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=1, path="compiled")
-    assert not Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=1).compiled
+    for loaded in (False, True):
+        monkeypatch.setattr(compiled, "loaded", lambda: loaded)  # noqa: B023
+        for n_max in (None, 1):
+            engine = Engine(w, config(max_model_len=64), num_gpu_blocks=10, max_concurrency=n_max)
+            assert engine.compiled == (loaded and compiled.available())
 
 
 @given(

@@ -20,8 +20,8 @@ pytest.importorskip("numba", reason="numba is not installed (fix: make setup ins
 
 def assert_identical(python, loop) -> None:
     """Every request's times, tokens and preemptions and every step's record are the same bits."""
-    for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
-        assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name  # arrival_s: sends
     for name in python.steps:
         assert np.array_equal(python.steps[name], loop.steps[name]), name
     np.testing.assert_equal(python.summary(), loop.summary())  # NaN where both have none
@@ -65,6 +65,50 @@ def test_compiled_loop_equals_the_python_engine(args):
     step_by_step = Engine(**args, path="reference").run()
     assert_identical(step_by_step, Engine(**args, path="python").run())
     assert_identical(step_by_step, Engine(**args, path="compiled").run())
+
+
+@given(compiled_runs(), st.integers(1, 6), st.booleans())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_loop_under_a_closed_loop_equals_the_python_engine(args, max_concurrency, at_zero):
+    """A closed loop (vLLM bench's --max-concurrency; every request made at t=0, its default rate, or at the drawn
+    arrivals): the per-step loop, the Python decode runs and the compiled loop (its decode and prefill runs) send every
+    request at the same bits and agree on every request and step, in both scheduling modes, with memory that
+    preempts."""
+    if at_zero:
+        w = args["workload"]
+        args["workload"] = Workload(np.zeros(w.num_requests), w.prompt_tokens, w.output_tokens)
+    step_by_step = Engine(**args, path="reference", max_concurrency=max_concurrency).run()
+    assert_identical(step_by_step, Engine(**args, path="python", max_concurrency=max_concurrency).run())
+    loop = Engine(**args, path="compiled", max_concurrency=max_concurrency)
+    assert loop.compiled
+    assert_identical(step_by_step, loop.run())
+
+
+def test_the_closed_loops_decode_runs_in_the_compiled_loop_send_what_steps_send(monkeypatch):
+    """Long decodes and chunked prompts under a closed loop of 24 in flight, all made at t=0, memory that preempts: the
+    compiled loop's decode and prefill runs (hundreds) send and record what its step-by-step loop and the Python engine
+    do."""
+    rng = np.random.default_rng(3)
+    n = 400
+    workload = Workload(np.zeros(n), rng.integers(1, 300, n), rng.integers(20, 300, n))
+    for async_scheduling in (False, True):
+        args = {
+            "workload": workload,
+            "config": EngineConfig().replace(
+                async_scheduling=async_scheduling, max_model_len=1024, max_num_seqs=32, max_num_batched_tokens=64
+            ),
+            "num_gpu_blocks": 260,
+            "cost": LinearStepCost(8.0, 0.01),
+            "max_concurrency": 24,
+        }
+        fast = Engine(**args, path="compiled")
+        result = fast.run()
+        assert fast.num_decode_runs > 50 and fast.num_prefill_runs > 0
+        assert result.num_preemptions.sum() > 0 and result.arrival_s[-1] > 0
+        assert_identical(Engine(**args, path="python").run(), result)
+        monkeypatch.setattr(compiled, "DECODE_RUNS", False)
+        assert_identical(Engine(**args, path="compiled").run(), result)
+        monkeypatch.setattr(compiled, "DECODE_RUNS", True)
 
 
 @st.composite
@@ -115,6 +159,16 @@ def caching_runs(draw):
 def test_compiled_prefix_caching_equals_the_python_engine(args):
     """With prefix caching (hits, evictions from the free queue's tail, preemptions), the same bits too."""
     assert_identical(Engine(**args, path="reference").run(), Engine(**args, path="compiled").run())
+
+
+@given(caching_runs(), st.integers(1, 4))
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_prefix_caching_under_a_closed_loop_equals_the_python_engine(args, max_concurrency):
+    """Prefix caching under a closed loop: the same sends and the same bits."""
+    assert_identical(
+        Engine(**args, path="reference", max_concurrency=max_concurrency).run(),
+        Engine(**args, path="compiled", max_concurrency=max_concurrency).run(),
+    )
 
 
 def test_chunks_join_into_one_record(monkeypatch):
@@ -195,6 +249,8 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     assert Engine(small, sync, num_gpu_blocks=100).compiled
     monkeypatch.setattr(compiled, "loaded", lambda: False)
     assert not Engine(big, sync, num_gpu_blocks=100, path="reference").compiled
+    assert Engine(big, sync, num_gpu_blocks=100, max_concurrency=8).compiled  # a closed loop as an open one
+    assert not Engine(small, sync, num_gpu_blocks=100, max_concurrency=8).compiled
     assert Engine(big, sync.replace(async_scheduling=True), num_gpu_blocks=100).compiled
     assert Engine(big, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
     hashed = Workload(
@@ -442,6 +498,15 @@ def test_the_compiled_loop_serves_a_hybrid_models_groups_as_the_python_engine_do
     loop = Engine(**args, path="compiled")
     assert_identical(python.run(), loop.run())
     assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed
+
+
+@given(hybrid_runs(), st.integers(1, 4))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_compiled_loop_serves_a_hybrid_models_groups_under_a_closed_loop_as_the_python_engine_does(args, n_max):
+    assert_identical(
+        Engine(**args, path="reference", max_concurrency=n_max).run(),
+        Engine(**args, path="compiled", max_concurrency=n_max).run(),
+    )
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])

@@ -14,6 +14,7 @@ from kvlab import cli
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import Batch, MeasuredStepCost, RooflineStepCost, make_step_cost
+from kvlab.core.engine import simulate
 from kvlab.core.models import get_gpu, get_model
 from kvlab.core.workload import Workload
 from kvlab.studies import plan
@@ -122,8 +123,8 @@ def test_a_prefix_run_is_the_whole_run_until_the_next_arrival_and_its_proofs_hol
         "num_gpu_blocks"
     ]
     m = max(1, n * percent // 100)
-    whole_metrics, whole_first, whole_finish = plan.served(w, DEPLOYMENT, candidate, blocks)
-    _, first, finish = plan.served(plan.prefix(w, m), DEPLOYMENT, candidate, blocks)
+    whole_metrics, whole_first, whole_finish, _ = plan.served(w, DEPLOYMENT, candidate, blocks)
+    _, first, finish, _ = plan.served(plan.prefix(w, m), DEPLOYMENT, candidate, blocks)
     nxt = [m + (rank - m) % replicas for rank in range(replicas)]
     cutoff = np.array([w.arrival_s[i] if i < n else np.inf for i in nxt])[np.arange(m) % replicas]
     assert np.array_equal(first[first < cutoff], whole_first[:m][first < cutoff])
@@ -138,6 +139,87 @@ def test_a_prefix_run_is_the_whole_run_until_the_next_arrival_and_its_proofs_hol
     for words in proven:
         name = words.split(" > ")[0]
         assert any(miss.startswith(name + " ") for miss in missed), (words, missed)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.integers(30, 120),
+    st.sampled_from([0.0, 20.0]),
+    st.integers(0, 10_000),
+    st.integers(1, 40),
+    st.booleans(),
+    st.sampled_from([16, 256]),
+    st.integers(10, 90),
+)
+def test_under_a_closed_loop_a_prefix_run_is_the_whole_run_until_the_next_send_and_its_proofs_hold(
+    n, rate, seed, max_concurrency, async_scheduling, max_num_seqs, percent
+):
+    """A closed loop (made at t=0, or Poisson): a prefix's run gives every request whose first token (finish) comes
+    before the next request's send (closed_send, from the prefix's own run) the whole run's, sends included; and what
+    proven_misses proves on the prefix, counted from the sends, the whole run misses."""
+    w = workload(n=n, rate=rate or 1.0, prompt=800, output=150, seed=seed)
+    if not rate:
+        w = Workload(np.zeros(n), w.prompt_tokens, w.output_tokens)
+    candidate = plan.Candidate(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=2048, async_scheduling=async_scheduling
+    )
+    config = candidate.config(DEPLOYMENT.max_model_len)
+    blocks = plan_capacity(DEPLOYMENT.model, DEPLOYMENT.gpu.memory_gib, DEPLOYMENT.max_model_len, config)[
+        "num_gpu_blocks"
+    ]
+    m = max(1, n * percent // 100)
+    whole_metrics, whole_first, whole_finish, whole_send = plan.served(
+        w, DEPLOYMENT, candidate, blocks, max_concurrency=max_concurrency
+    )
+    _, first, finish, send = plan.served(
+        plan.prefix(w, m), DEPLOYMENT, candidate, blocks, max_concurrency=max_concurrency
+    )
+    cutoff = plan.closed_send(w.arrival_s[m], send, finish, max_concurrency)
+    assert cutoff == whole_send[m]  # the next send, bit for bit, from the prefix's run alone
+    assert np.array_equal(send, whole_send[:m])
+    assert np.array_equal(first[first < cutoff], whole_first[:m][first < cutoff])
+    assert np.array_equal(finish[finish < cutoff], whole_finish[:m][finish < cutoff])
+    objectives = plan.Objectives(
+        ttft_p95_s=0.02 * (1 + seed % 40), tpot_p95_ms=20.0 + seed % 30, e2e_p95_s=1.0 + seed % 9
+    )
+    multi = int(np.sum(np.minimum(w.prompt_tokens + w.output_tokens, DEPLOYMENT.max_model_len) - w.prompt_tokens > 1))
+    proof = (objectives, n, multi, w.arrival_s[m : m + 1])
+    proven = plan.proven_misses(
+        plan.prefix(w, m), candidate, first, finish, DEPLOYMENT.max_model_len, proof, send, max_concurrency
+    )
+    missed = objectives.misses(whole_metrics)
+    for words in proven:
+        name = words.split(" > ")[0]
+        assert any(miss.startswith(name + " ") for miss in missed), (words, missed)
+
+
+def test_under_a_closed_loop_pool_twins_give_what_serving_each_gives():
+    """Pool twins under a closed loop (never_binds at N in flight, never_refused from the first run's sends) are served
+    once; their figures are those each gives served alone, bit for bit."""
+    w = workload(n=300, rate=3.0, prompt=1500, output=300, seed=4)
+    w = Workload(np.zeros(300), w.prompt_tokens, w.output_tokens)
+    space = plan.SearchSpace(
+        tensor_parallel_size=(2,),
+        max_num_seqs=(256,),
+        max_num_batched_tokens=(8192,),
+        block_size=(16, 32),
+        gpu_memory_utilization=(0.5, 0.9),
+        kv_cache_dtype=("bf16", "fp8"),
+        async_scheduling=(True, False),
+        num_replicas=(1,),
+    )
+    for n_max in (8, 200):
+        result = plan.search(
+            w, DEPLOYMENT, plan.Objectives(e2e_p95_s=1000.0), space, scheduler="serial", max_concurrency=n_max
+        )
+        served = [r for r in result.results if r.status in ("meets", "misses")]
+        binds = [plan.never_binds(w, r.candidate, r.num_gpu_blocks, 16384, n_max) for r in served]
+        if n_max == 8:  # 8 in flight at most: no pool binds, two families (async on, off) of 8
+            assert all(binds) and sum(r.twin_of is not None for r in served) == 14
+        else:  # found on the run, from its sends (never_refused)
+            assert not any(binds) and sum(r.twin_of is not None for r in served) >= 4
+        for r in served:
+            assert plan.served(w, DEPLOYMENT, r.candidate, r.num_gpu_blocks, max_concurrency=n_max)[0] == r.metrics
 
 
 def test_pool_twins_found_on_the_run_give_what_serving_each_gives():
@@ -389,6 +471,124 @@ def test_the_command_prints_the_plan_and_its_json(capsys):
     text = capsys.readouterr().out
     assert "best                 1 x: vllm serve meta-llama/Llama-3.1-8B" in text
     assert "why the others failed" in text and "step cost checked   against a real vLLM run" in text
+
+
+def test_one_in_flight_serves_each_request_alone_back_to_back_and_ranks_by_completed_requests():
+    """A closed loop of N=1 over 4 requests made at t=0: each request is served alone, sent when the one before
+    finishes, so its TTFT and E2E (from its send) are those of the request served alone in an empty engine, and the
+    candidate completes 4 requests in the sum of their E2E; the 2-replica candidates are pruned (one replica's loop
+    only); the two served rank by completed requests/s per GPU."""
+    deployment = plan.Deployment(get_model("meta-llama/Llama-3.1-8B"), get_gpu(GPU), 16384)
+    w = Workload(np.zeros(4), np.array([100, 300, 50, 200]), np.array([5, 3, 8, 2]))
+    space = plan.SearchSpace(
+        tensor_parallel_size=(1,),
+        max_num_seqs=(64,),
+        max_num_batched_tokens=(8192,),
+        block_size=(16,),
+        kv_cache_dtype=("bf16",),
+        async_scheduling=(True, False),
+        num_replicas=(1, 2),
+    )
+    result = plan.search(w, deployment, plan.Objectives(e2e_p95_s=100.0), space, scheduler="serial", max_concurrency=1)
+    pruned = [r for r in result.results if r.status == "pruned"]
+    assert [r.candidate.num_replicas for r in pruned] == [2, 2]
+    assert all(r.reason.startswith("closed loop: 2 replicas share the client's 1 in flight") for r in pruned)
+    ranked = result.ranked()
+    assert len(ranked) == 2
+    for r in ranked:
+        config = r.candidate.config(deployment.max_model_len)
+        cost = plan.step_cost(deployment, config)[0]
+        alone = [
+            simulate(
+                Workload(np.zeros(1), w.prompt_tokens[i : i + 1], w.output_tokens[i : i + 1]),
+                config,
+                num_gpu_blocks=r.num_gpu_blocks,
+                cost=cost,
+            )  # fmt: skip
+            for i in range(4)
+        ]
+        ttft = np.array([a.first_token_s[0] for a in alone])
+        e2e = np.array([a.finish_s[0] for a in alone])
+        assert r.metrics["ttft_p95_s"] == pytest.approx(np.percentile(ttft, 95), rel=1e-12)
+        assert r.metrics["e2e_p95_s"] == pytest.approx(np.percentile(e2e, 95), rel=1e-12)
+        assert r.metrics["mean_e2e_s"] == pytest.approx(e2e.mean(), rel=1e-12)
+        assert r.metrics["requests_per_s"] == pytest.approx(4 / e2e.sum(), rel=1e-12)
+        _, _, finish, send = plan.served(w, deployment, r.candidate, r.num_gpu_blocks, max_concurrency=1)
+        assert send[0] == 0 and np.array_equal(send[1:], finish[:-1])
+    assert ranked[0].metrics["requests_per_s"] >= ranked[1].metrics["requests_per_s"]
+    rows = {row["async_scheduling"]: row for row in result.rows() if row["status"] == "meets"}
+    for r in ranked:
+        assert rows[r.candidate.async_scheduling]["requests_per_s_per_gpu"] == r.metrics["requests_per_s"]
+
+
+CLOSED = [
+    "plan",
+    "--model",
+    "meta-llama/Llama-3.1-8B",
+    "--gpu",
+    GPU,
+    "--num-requests",
+    "40",
+    "--max-model-len",
+    "16384",
+    "--tensor-parallel-size",
+    "1",
+    "--max-num-seqs",
+    "64",
+    "--max-num-batched-tokens",
+    "8192",
+    "--block-size",
+    "16",
+    "--kv-cache-dtype",
+    "bf16",
+    "--scheduler",
+    "serial",
+    "--slo-e2e-p95-s",
+    "60",
+    "--max-concurrency",
+    "4",
+]
+
+
+def test_the_command_plans_a_closed_loop_and_says_so(capsys):
+    """--max-concurrency: requests made at t=0 (no --arrival-rate), the JSON's max_concurrency, no rate, the rows'
+    requests/s per GPU the candidates' own; the default replicas beyond 1 pruned with the note; the text's workload
+    line names vLLM bench's flag."""
+    assert cli.main([*CLOSED, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["max_concurrency"] == 4 and out["workload"]["rate_per_s"] is None
+    assert out["workload"]["name"].startswith("synthetic (all made at t=0, seed 0;")
+    assert out["search"]["counts"]["meets"] == 2 and out["failed"]["by_kind"] == {"pruned: closed loop": 6}
+    assert all(row["requests_per_s_per_gpu"] == row["requests_per_s"] > 0 for row in out["ranked"])  # 1 GPU each
+    assert out["best"]["requests_per_s"] == out["ranked"][0]["requests_per_s"]
+    assert [row["requests_per_s"] for row in out["ranked"]] == sorted(
+        (row["requests_per_s"] for row in out["ranked"]), reverse=True
+    )
+    assert cli.main(CLOSED) == 0
+    text = capsys.readouterr().out
+    assert (
+        "40 requests in a closed loop of at most 4 in flight, each sent in order as one finishes (vllm bench serve "
+        "--max-concurrency 4; --request-rate inf: all made at t=0); latencies count from the send" in text
+    )
+    assert "ranked by completed requests/s per GPU" in text
+    assert cli.main([*BASE, "--slo-e2e-p95-s", "60", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["max_concurrency"] is None  # the open loop's plan
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-concurrency", "0"], "--max-concurrency=0 is not allowed: must be a whole number of requests >= 1"),
+        (
+            ["--replicas", "2,3"],
+            "--replicas 2,3 is not allowed with --max-concurrency: kvlab serves one replica's closed loop",
+        ),
+    ],
+)
+def test_a_bad_closed_loop_is_refused_in_one_line(capsys, flags, message):
+    assert cli.main([*CLOSED, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

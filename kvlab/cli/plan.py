@@ -39,6 +39,7 @@ PLAN_FLAGS = {
     "trace": "--trace",
     "num_params_b": "--num-params-b",
     "top": "--top",
+    "max_concurrency": "--max-concurrency",
     "SWEEP_SCHEDULER": "--scheduler",
 }
 # The searched knobs: (flag, SearchSpace field, kind of value, help).
@@ -137,6 +138,17 @@ def add(commands) -> None:
         help="mean output tokens (default 250; gamma lengths of CV 1, kvlab's choice)",
     )
     work.add_argument("--seed", type=int, default=0, help="random seed of arrivals and lengths (default 0)")
+    work.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a closed loop, vLLM bench's --max-concurrency: the client keeps at most N requests in flight over the "
+        "deployment, each sent in order once one finishes, never before it is made; requests are made at t=0 (vLLM "
+        "bench's default request rate, inf) or Poisson at --arrival-rate (a --trace gives its lengths only); TTFT "
+        "and E2E count from the send, and configurations rank by completed requests/s per GPU; one replica only "
+        "(default: the open loop of the arrivals)",
+    )
     add_trace_flags(p, "arrivals from its timestamps, prompt and output tokens from its rows")
     space = p.add_argument_group("the search space (comma-separated values; every combination is a candidate)")
     defaults = {f.name: f.default for f in dataclasses.fields(SearchSpace)}
@@ -207,7 +219,9 @@ def objectives_of(args):
 
 
 def workload_of(args, given: set[str]):
-    """The workload: the --trace file's (its first --num-requests) or a synthetic one; (workload, trace load)."""
+    """The workload: the --trace file's (its first --num-requests) or a synthetic one; (workload, trace load). Under
+    --max-concurrency the arrivals are when requests are made: all at t=0, or Poisson at --arrival-rate (a trace's
+    lengths kept, as kvlab simulate's closed loop makes them)."""
     import numpy as np
 
     from kvlab.core import resources, validate
@@ -217,10 +231,31 @@ def workload_of(args, given: set[str]):
 
     if args.num_requests is not None:
         validate.in_range("num_requests", args.num_requests, "num_requests")
+    closed = args.max_concurrency is not None
     if args.trace is not None:
-        load = load_trace_arg(args, max_requests=args.num_requests)
+        rate = None
+        if closed:
+            from kvlab.cli.simulate import closed_loop_arrivals, file_format
+
+            fmt = args.trace_format if args.trace_format != "auto" else file_format(args.trace)
+            rate = (args.arrival_rate or 1.0) if fmt == "sharegpt" else None  # (its arrivals replaced below)
+        load = load_trace_arg(args, max_requests=args.num_requests, arrival_rate_per_s=rate)
         resources.refuse_if_too_big("num_requests", load.workload.num_requests, PEAK_BYTES_PER_REQUEST)
+        if closed:
+            return closed_loop_arrivals(load.workload, args.arrival_rate, args.seed), load
         return load.workload, load
+    if closed and args.arrival_rate is None:  # vLLM bench's default rate, inf: every request made at t=0
+        n = 10_000 if args.num_requests is None else args.num_requests
+        resources.refuse_if_too_big("num_requests", n, PEAK_BYTES_PER_REQUEST)
+        for name in ("prompt_tokens", "output_tokens"):
+            validate.in_range(name, getattr(args, name), "tokens")
+        rng = np.random.default_rng(validate.in_range("seed", args.seed, "seed"))
+        w = synthetic.gamma_workload(n, 1.0, args.prompt_tokens, args.output_tokens, rng)
+        name = (
+            f"synthetic (all made at t=0, seed {args.seed}; gamma lengths of CV 1, means {args.prompt_tokens:,} "
+            f"prompt and {args.output_tokens:,} output tokens)"
+        )
+        return Workload(np.zeros(n), w.prompt_tokens, w.output_tokens, name=name), None
     if args.arrival_rate is None:
         raise ValueError(
             "kvlab plan needs a workload: --trace FILE, or --arrival-rate R for a synthetic one "
@@ -279,14 +314,31 @@ def deployment_of(args, given: set[str], workload):
 
 def run(args, given: set[str]) -> dict:
     """Search, then print the ranking, the best configuration's `vllm serve` command and why the others failed."""
+    closed = args.max_concurrency is not None
     check_trace_flags(
         given,
-        ["--arrival-rate", "--prompt-tokens", "--output-tokens", "--seed"],
-        "a trace's requests have their own arrivals and lengths",
+        ["--prompt-tokens", "--output-tokens"] + ([] if closed else ["--arrival-rate", "--seed"]),
+        "a trace's requests have their own arrivals and lengths"
+        + (" (under --max-concurrency its lengths only: --arrival-rate and --seed may make them)" if closed else ""),
     )
+    from kvlab.core import validate
+
+    if closed:
+        from kvlab.core.engine.closed_loop import check_max_concurrency
+
+        check_max_concurrency(args.max_concurrency)
+        if args.trace is not None and "--seed" in given and args.arrival_rate is None:
+            raise ValueError(
+                "--seed applies with --trace and --max-concurrency only beside --arrival-rate: the closed loop makes "
+                "the trace's requests at t=0, and --seed draws Poisson arrivals at --arrival-rate"
+            )
     objectives = objectives_of(args)
     space = search_space(args)
-    from kvlab.core import validate
+    if closed and min(space.num_replicas) > 1:
+        raise ValueError(
+            f"--replicas {args.replicas} is not allowed with --max-concurrency: kvlab serves one replica's closed loop "
+            "(the client's N in flight over several replicas interleave their finishes); plan --replicas 1"
+        )
 
     top = validate.in_range("top", args.top, "count")
     if args.scheduler is not None:
@@ -297,7 +349,9 @@ def run(args, given: set[str]) -> dict:
     deployment = deployment_of(args, given, workload)
     from kvlab.studies import plan as planning
 
-    result = planning.search(workload, deployment, objectives, space, scheduler=args.scheduler)
+    result = planning.search(
+        workload, deployment, objectives, space, scheduler=args.scheduler, max_concurrency=args.max_concurrency
+    )
     out = planning.summary(result, top=top)
     if load is not None:
         out["workload"] |= trace_note(load)

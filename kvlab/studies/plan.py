@@ -38,6 +38,28 @@ The search is not a grid:
 
 The ranking: the configurations served in full that meet every objective, by requests/s per GPU (the
 workload's rate over the GPUs it uses: goodput, since every request is served), then by that worst share.
+
+A closed loop (max_concurrency N, vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): the client keeps at
+most N requests in flight over the whole fleet, each sent in order once one finishes, never before its open-loop
+arrival, and TTFT and E2E count from the send. Each candidate is served so (the engine's closed loop; the metrics
+from the sends), and each shortcut above holds for it as follows:
+- replicas: N is one semaphore over every replica, whose finishes interleave in time; kvlab does not serve replicas
+  together, so a candidate of more than one replica is pruned ("closed loop: ...") rather than planned wrongly (the
+  data-parallel ranks of one replica step in lockstep and share the loop: DataParallelEngine serves them);
+- rate: the fleet's bound counts from the first arrival over the arrivals' span, but a request's latency counts from
+  its send, which the loop delays past its arrival: it does not hold and is switched off (its TTFT and E2E terms are
+  0). Each request's own bound (request_bounds) still holds, counted from its send: its own work is done after it;
+  so does TPOT's shortest step;
+- prefixes (the proofs and the halving): the engine is causal, and the sends of the first m requests are made by
+  their own finishes, so a prefix's run is the whole run's until request m is sent: at send_s(its open-loop
+  arrival, the send of request m - 1, the (m - N + 1)-th finish of the prefix's run), a finish before that send and
+  so the whole run's too (closed_send). proven_misses counts to that time, from the sends;
+- twins: never_binds counts the requests present at once, never more than N (sent, not finished); never_refused
+  counts each request present from its send in the first run, and a pool that run never refuses is the run of an
+  unbounded pool, whose finishes, and so sends, are the same;
+- the ranking's rate: the requests are sent as the candidate serves them, so each candidate's throughput is its own:
+  completed requests per second from the first send to the last finish (vLLM bench's request throughput), over its
+  GPUs.
 """
 
 from __future__ import annotations
@@ -55,6 +77,7 @@ from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearProfileStepCost, MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate, warm
+from kvlab.core.engine.closed_loop import check_max_concurrency, send_s
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
@@ -110,29 +133,43 @@ def rate_bounds(
     return data_parallel_size * max(t / step for t, step in enumerate(steps, 1)), min(steps)
 
 
-def never_binds(workload: Workload, candidate: Candidate, num_gpu_blocks: int, max_model_len: int) -> bool:
+def never_binds(
+    workload: Workload,
+    candidate: Candidate,
+    num_gpu_blocks: int,
+    max_model_len: int,
+    max_concurrency: int | None = None,
+) -> bool:
     """Whether the pool can never refuse a block: max_num_seqs requests at their longest fit it with the longest
     left free. Only running requests hold blocks (a preempted or waiting one holds none without prefix caching),
     so every allocation and every admission's whole-length check then passes, and the run's decisions are those
     of any larger pool, of any block size. With data-parallel ranks, at most half of it: a rank's KV usage above
-    half weighs in vLLM's choice of rank (kvlab.core.engine.data_parallel)."""
+    half weighs in vLLM's choice of rank (kvlab.core.engine.data_parallel). A closed loop of max_concurrency: never more
+    requests than that present (sent, not finished), so never more running."""
     if candidate.enable_prefix_caching:
         return False  # hits depend on the blocks
     final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens, max_model_len)
     longest_blocks = -(-int(final.max()) // candidate.block_size)
     running = min(candidate.max_num_seqs, -(-workload.num_requests // candidate.num_replicas))
+    if max_concurrency is not None:
+        running = min(running, max_concurrency)
     usable = num_gpu_blocks - 1
     return running * longest_blocks <= (usable // 2 if candidate.data_parallel_size > 1 else usable)
 
 
 def lower_bounds(
-    workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float, max_model_len: int
+    workload: Workload,
+    candidate: Candidate,
+    tokens_per_s: float,
+    min_step_s: float,
+    max_model_len: int,
+    max_concurrency: int | None = None,
 ) -> dict:
     """Lower bounds on the candidate's p95 TTFT (s), TPOT (ms) and E2E latency (s) over the workload that hold
     for any scheduling (the module's docstring): the replicas schedule at most tokens_per_s each, a step lasts at
     least min_step_s, and a request ends at max_model_len tokens; the larger of the fleet's bound and each request's
-    own (request_bounds)."""
-    fleet = fleet_bounds(workload, candidate, tokens_per_s, min_step_s, max_model_len)
+    own (request_bounds). A closed loop (max_concurrency): the fleet's TTFT and E2E bounds do not hold (fleet_bounds)."""
+    fleet = fleet_bounds(workload, candidate, tokens_per_s, min_step_s, max_model_len, max_concurrency)
     own = request_bounds(workload, candidate, tokens_per_s, min_step_s, max_model_len)
     return {name: max(value, own.get(name, 0.0)) for name, value in fleet.items()}
 
@@ -170,19 +207,27 @@ def request_bounds(
 
 
 def fleet_bounds(
-    workload: Workload, candidate: Candidate, tokens_per_s: float, min_step_s: float, max_model_len: int
+    workload: Workload,
+    candidate: Candidate,
+    tokens_per_s: float,
+    min_step_s: float,
+    max_model_len: int,
+    max_concurrency: int | None = None,
 ) -> dict:
     """The fleet's rate bound (the module's docstring): the k requests within the p95 scheduled by the replicas at
-    tokens_per_s each since the first arrival; p95 TPOT at least the shortest step."""
+    tokens_per_s each since the first arrival; p95 TPOT at least the shortest step. A closed loop (max_concurrency):
+    latencies count from sends the loop delays past the arrivals (N = 1 of requests all made at t=0 serves each alone),
+    so the TTFT and E2E bounds, which count from the arrivals, are 0: switched off."""
     n = workload.num_requests
     k = _k(n)
     first, output, whole = _work(workload, candidate, max_model_len)
     span = float(workload.arrival_s[-1] - workload.arrival_s[0])
     fleet = candidate.num_replicas * tokens_per_s
     smallest = lambda values: float(np.partition(values, k - 1)[:k].sum())  # noqa: E731
+    closed = max_concurrency is not None
     return {
-        "ttft_p95_s": max(0.0, smallest(first) / fleet - span),
-        "e2e_p95_s": max(0.0, smallest(whole) / fleet - span),
+        "ttft_p95_s": 0.0 if closed else max(0.0, smallest(first) / fleet - span),
+        "e2e_p95_s": 0.0 if closed else max(0.0, smallest(whole) / fleet - span),
         "tpot_p95_ms": 1e3 * min_step_s if (output > 1).any() else 0.0,
     }  # a step between two tokens
 
@@ -206,15 +251,25 @@ def percentile_metrics(
 
 
 def served(
-    workload: Workload, deployment: Deployment, candidate: Candidate, num_gpu_blocks: int, path: str = "auto"
-) -> tuple[dict, np.ndarray, np.ndarray]:
+    workload: Workload,
+    deployment: Deployment,
+    candidate: Candidate,
+    num_gpu_blocks: int,
+    path: str = "auto",
+    max_concurrency: int | None = None,
+) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
     """The candidate serving the workload: requests dealt to its replicas in turn, each replica kvlab's engine on
     the candidate's step cost and pool (path: the engine's, kvlab.core.engine.PATHS); percentile_metrics,
-    preemptions and the steps served; and each request's first token and finish times (s)."""
+    preemptions and the steps served; and each request's first token, finish and send times (s; the send is its
+    arrival in an open loop). A closed loop of max_concurrency (one replica: the module's docstring): the engine's,
+    the metrics from the sends, with requests_per_s, the completed requests per second from the first send to the
+    last finish (vLLM bench's request throughput)."""
+    if max_concurrency is not None and candidate.num_replicas > 1:
+        validate.fail("num_replicas", candidate.num_replicas, "must be 1 under a closed loop (max_concurrency)")
     config = candidate.config(deployment.max_model_len)
     cost = step_cost(deployment, config)[0]
     n, replicas = workload.num_requests, candidate.num_replicas
-    first_token, finish, outputs = np.empty(n), np.empty(n), np.empty(n, np.int64)
+    first_token, finish, outputs, send = np.empty(n), np.empty(n), np.empty(n, np.int64), np.empty(n)
     preemptions = steps = 0
     for rank in range(replicas):
         mine = np.arange(rank, n, replicas)
@@ -225,15 +280,20 @@ def served(
             None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in mine),
             workload.prefix_block_tokens,
         )
-        result = simulate(part, config, num_gpu_blocks=num_gpu_blocks, cost=cost, path=path)
+        result = simulate(
+            part, config, num_gpu_blocks=num_gpu_blocks, cost=cost, path=path, max_concurrency=max_concurrency
+        )
         first_token[mine], finish[mine], outputs[mine] = result.first_token_s, result.finish_s, result.num_output_tokens
+        send[mine] = result.arrival_s
         preemptions += int(np.sum(result.num_preemptions))
         steps += result.num_steps
-    metrics = percentile_metrics(workload.arrival_s, outputs, first_token, finish) | {
+    metrics = percentile_metrics(send, outputs, first_token, finish) | {
         "num_preemptions": preemptions,
         "num_steps": steps,
     }
-    return metrics, first_token, finish
+    if max_concurrency is not None:
+        metrics["requests_per_s"] = n / float(finish.max() - send.min())
+    return metrics, first_token, finish, send
 
 
 def serve(
@@ -244,7 +304,12 @@ def serve(
 
 
 def never_refused(
-    workload: Workload, candidate: Candidate, finish_s: np.ndarray, num_gpu_blocks: int, max_model_len: int
+    workload: Workload,
+    candidate: Candidate,
+    finish_s: np.ndarray,
+    num_gpu_blocks: int,
+    max_model_len: int,
+    send_s: np.ndarray | None = None,
 ) -> bool:
     """Whether a run that ended at finish_s (each request's finish, s) could never have been refused a block by a
     pool of num_gpu_blocks at the candidate's block_size, so that it is the run of any pool, of any block size, that
@@ -253,13 +318,16 @@ def never_refused(
     the one asking, and every holder; a finished request's blocks are freed by the next check) can hold, each at
     most its final length and one more token (the in-flight one of asynchronous scheduling). If that sum, at its
     peak over time, leaves the pool's usable blocks (the null block aside) enough in each replica, no check was
-    refused: the run's decisions are those of an unbounded pool."""
+    refused: the run's decisions are those of an unbounded pool. send_s: when each request was sent in a closed loop
+    (present from then; default its arrival): a run never refused is an unbounded pool's, whose finishes, and so
+    sends, are the same, so the same sends present the same requests to the pool tested."""
+    arrival = workload.arrival_s if send_s is None else send_s
     final = np.minimum(workload.prompt_tokens.astype(np.int64) + workload.output_tokens + 1, max_model_len)
     blocks = -(-final // candidate.block_size)
     n, replicas = workload.num_requests, candidate.num_replicas
     for rank in range(replicas):
         mine = slice(rank, n, replicas)
-        times = np.concatenate((workload.arrival_s[mine], finish_s[mine]))
+        times = np.concatenate((arrival[mine], finish_s[mine]))
         change = np.concatenate((blocks[mine], -blocks[mine]))
         order = np.lexsort((change < 0, times))  # in time; at a tie, arrivals before finishes (both present)
         if int(np.cumsum(change[order]).max()) > num_gpu_blocks - 1:
@@ -267,20 +335,46 @@ def never_refused(
     return True
 
 
+def closed_send(open_loop_s: float, send: np.ndarray, finish_s: np.ndarray, max_concurrency: int) -> float:
+    """When a closed loop sends the request after a prefix of m requests (send, finish_s: the prefix run's, s) in the
+    whole run: send_s of its open-loop arrival, request m - 1's send and the (m - N + 1)-th finish (the slot it takes;
+    -inf while m < N). The prefix's run is the whole run's until then (the module's docstring), so that finish is the
+    whole run's too."""
+    m = len(send)
+    slot = (
+        float(np.partition(finish_s, m - max_concurrency)[m - max_concurrency]) if m >= max_concurrency else -math.inf
+    )
+    return send_s(float(open_loop_s), float(send[-1]), slot)
+
+
 def proven_misses(
-    workload: Workload, candidate: Candidate, first_token_s, finish_s, max_model_len: int, proof: tuple
+    workload: Workload,
+    candidate: Candidate,
+    first_token_s,
+    finish_s,
+    max_model_len: int,
+    proof: tuple,
+    send: np.ndarray | None = None,
+    max_concurrency: int | None = None,
 ) -> list[str]:
     """The objectives a run on a prefix of the workload (each request's first token and finish, s) proves the whole
     workload misses, in words. proof: (objectives, the whole workload's requests and those of more than one output
     token, the arrivals (s) after the prefix). The engine is causal: a replica's run on its first requests is its run
     on all of them until its next request arrives (T), so a request of the prefix still without its first token (its
     last, for E2E; for TPOT, its last at TPOT's limit) at a time before T is so in the whole run too. When more
-    requests than a 95th percentile allows (N - floor(0.95 (N - 1)) of N) are over a limit, its p95 is over it."""
+    requests than a 95th percentile allows (N - floor(0.95 (N - 1)) of N) are over a limit, its p95 is over it. A
+    closed loop of max_concurrency (one replica; send: the prefix run's sends): T is the next request's send
+    (closed_send), each latency counted from its send."""
     objectives, num_requests, num_multi_token, following = proof
     m, replicas = workload.num_requests, candidate.num_replicas
-    nxt = [m + (rank - m) % replicas for rank in range(replicas)]  # each replica's next request
-    arrival = workload.arrival_s
-    cutoff = np.array([following[i - m] if i - m < len(following) else np.inf for i in nxt])[np.arange(m) % replicas]
+    if max_concurrency is not None:
+        arrival = send
+        cutoff = closed_send(following[0], send, finish_s, max_concurrency) if len(following) else np.inf
+    else:
+        nxt = [m + (rank - m) % replicas for rank in range(replicas)]  # each replica's next request
+        arrival = workload.arrival_s
+        cutoff = np.array([following[i - m] if i - m < len(following) else np.inf for i in nxt])
+        cutoff = cutoff[np.arange(m) % replicas]
     output = _work(workload, candidate, max_model_len)[1]
     out = []
     for name, limit in objectives.given().items():
@@ -303,39 +397,45 @@ def proven_misses(
 
 
 def serve_chunk(point: tuple) -> list:
-    """A sweep point: (workload arrays, deployment, families, proof), each family a list of (candidate,
+    """A sweep point: (workload arrays, deployment, families, proof, max_concurrency), each family a list of (candidate,
     num_gpu_blocks) that differ only in their pools (_pool_free_key, families), the largest first. Each served, one result each (the
     metrics, or the reason the engine stopped), but a family's candidate that a run of its first proves the same
     (never_refused, or never_binds, on both): its first's metrics, with "twin": the index of that first. proof (on a
-    prefix; else None): proven_misses's, with "proven": the objectives it proves missed, if any."""
-    (arrival, prompt, output, hashes, hash_tokens), deployment, families, proof = point
+    prefix; else None): proven_misses's, with "proven": the objectives it proves missed, if any. max_concurrency: a
+    closed loop's (None: open)."""
+    (arrival, prompt, output, hashes, hash_tokens), deployment, families, proof, max_concurrency = point
     workload = Workload(arrival, prompt, output, hashes, hash_tokens)
     if compiled.available():  # loaded, the compiled loop serves every candidate it can, whatever its size
         compiled.kernels()
     max_model_len = deployment.max_model_len
 
-    def same(c: Candidate, num_gpu_blocks: int, finish_s: np.ndarray) -> bool:
-        return never_binds(workload, c, num_gpu_blocks, max_model_len) or never_refused(
-            workload, c, finish_s, num_gpu_blocks, max_model_len
+    def same(c: Candidate, num_gpu_blocks: int, finish_s: np.ndarray, send: np.ndarray) -> bool:
+        return never_binds(workload, c, num_gpu_blocks, max_model_len, max_concurrency) or never_refused(
+            workload, c, finish_s, num_gpu_blocks, max_model_len, send
         )
 
     out = []
     for family in families:
-        first, unbounded, first_finish = len(out), False, None
+        first, unbounded, first_finish, first_send = len(out), False, None, None
         for i, (candidate, num_gpu_blocks) in enumerate(family):
-            if unbounded and same(candidate, num_gpu_blocks, first_finish):
+            if unbounded and same(candidate, num_gpu_blocks, first_finish, first_send):
                 out.append(out[first] | {"twin": first})
                 continue
             try:
-                metrics, first_token, finish = served(workload, deployment, candidate, num_gpu_blocks)
+                metrics, first_token, finish, send = served(
+                    workload, deployment, candidate, num_gpu_blocks, max_concurrency=max_concurrency
+                )
             except NoProgressError as error:
                 out.append({"error": str(error)})
                 continue
             if proof is not None:
-                metrics["proven"] = proven_misses(workload, candidate, first_token, finish, max_model_len, proof)
+                metrics["proven"] = proven_misses(
+                    workload, candidate, first_token, finish, max_model_len, proof, send, max_concurrency
+                )
             out.append(metrics)
             if not i:
-                first_finish, unbounded = finish, same(candidate, num_gpu_blocks, finish)
+                first_finish, first_send = finish, send
+                unbounded = same(candidate, num_gpu_blocks, finish, send)
     return out
 
 
@@ -363,9 +463,12 @@ class CandidateResult:
     def worst_share(self) -> float:
         return max(self.shares.values()) if self.shares else math.inf
 
-    def row(self, rate_per_s: float) -> dict:
-        """One flat row (the candidate's knobs, its outcome, its figures)."""
+    def row(self, rate_per_s: float | None) -> dict:
+        """One flat row (the candidate's knobs, its outcome, its figures). rate_per_s: the workload's (None: a closed
+        loop, each candidate's own requests_per_s)."""
         c = self.candidate
+        if rate_per_s is None:
+            rate_per_s = self.metrics.get("requests_per_s", 0.0)
         return {
             **asdict(c),
             "num_gpus": c.num_gpus,
@@ -394,10 +497,19 @@ class Plan:
     cost_source: str
     seconds: float
     halving: bool = False  # the halving served it (above WHOLE_MAX_REQUESTS, or rung_fractions given)
+    max_concurrency: int | None = None  # a closed loop's N (None: the open loop of the arrivals)
+
+    @property
+    def row_rate_per_s(self) -> float | None:
+        """The rate CandidateResult.row divides by the GPUs: the workload's, or None in a closed loop (each its own)."""
+        return None if self.max_concurrency is not None else self.rate_per_s
 
     def ranked(self) -> list:
-        """The configurations served in full that meet every objective, best first."""
+        """The configurations served in full that meet every objective, best first: by requests/s per GPU (in a closed
+        loop, each candidate's completed requests/s), then by the worst share."""
         meets = [r for r in self.results if r.status == "meets"]
+        if self.max_concurrency is not None:
+            return sorted(meets, key=lambda r: (-r.metrics["requests_per_s"] / r.candidate.num_gpus, r.worst_share))
         return sorted(meets, key=lambda r: (r.candidate.num_gpus, r.worst_share))
 
     def counts(self) -> dict:
@@ -408,7 +520,7 @@ class Plan:
         return out
 
     def rows(self) -> list[dict]:
-        return [r.row(self.rate_per_s) for r in self.results]
+        return [r.row(self.row_rate_per_s) for r in self.results]
 
 
 def _arrays(workload: Workload, n: int) -> tuple:
@@ -427,12 +539,26 @@ def prefix(workload: Workload, n: int) -> Workload:
     return Workload(*_arrays(workload, n))
 
 
-def prune(workload: Workload, deployment: Deployment, objectives: Objectives, results: list) -> None:
-    """Mark the candidates that cannot work (the module's docstring), each with its proof in words."""
+def prune(
+    workload: Workload,
+    deployment: Deployment,
+    objectives: Objectives,
+    results: list,
+    max_concurrency: int | None = None,
+) -> None:
+    """Mark the candidates that cannot work (the module's docstring), each with its proof in words; in a closed loop
+    (max_concurrency), those of more than one replica too, which it does not serve."""
     rates: dict = {}
     min_steps: dict = {}
     for r in results:
         c = r.candidate
+        if max_concurrency is not None and c.num_replicas > 1:
+            r.status, r.reason = (
+                "pruned",
+                f"closed loop: {c.num_replicas} replicas share the client's {max_concurrency:,} in flight, whose "
+                "finishes interleave across them; kvlab serves one replica's closed loop only (plan --replicas 1)",
+            )
+            continue
         config = c.config(deployment.max_model_len)
         planned = plan_capacity(deployment.model, deployment.gpu.memory_gib, deployment.max_model_len, config)
         if planned is None or not planned["starts"]:
@@ -471,7 +597,7 @@ def prune(workload: Workload, deployment: Deployment, objectives: Objectives, re
             steps = min_steps.setdefault(same_steps, [])
             rates[key] = rate_bounds(cost, c.max_num_batched_tokens, c.data_parallel_size, steps)
         tokens_per_s, shortest_s = rates[key]
-        fleet = fleet_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
+        fleet = fleet_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len, max_concurrency)
         own = request_bounds(workload, c, tokens_per_s, shortest_s, deployment.max_model_len)
         over = [
             f"{OBJECTIVE_WORDS[name]} is at least {figure(bound)} {OBJECTIVE_UNITS[name]} > {limit:g}"
@@ -505,13 +631,13 @@ def _pool_free_key(r: CandidateResult) -> tuple:
     )
 
 
-def twins(workload: Workload, deployment: Deployment, alive: list) -> list[list]:
+def twins(workload: Workload, deployment: Deployment, alive: list, max_concurrency: int | None = None) -> list[list]:
     """The candidates left in groups that make the same decisions at the same times: those whose pool never binds
     (never_binds) and that differ only in their pools (_pool_free_key); every other candidate alone. The first of a
     group is served for all."""
     groups: dict = {}
     for r in alive:
-        bound = never_binds(workload, r.candidate, r.num_gpu_blocks, deployment.max_model_len)
+        bound = never_binds(workload, r.candidate, r.num_gpu_blocks, deployment.max_model_len, max_concurrency)
         groups.setdefault(_pool_free_key(r) if bound else r.candidate, []).append(r)
     return list(groups.values())
 
@@ -540,22 +666,26 @@ def search(
     max_workers: int | None = None,
     progress: bool | None = None,
     rung_fractions: tuple | None = None,
+    max_concurrency: int | None = None,
 ) -> Plan:
     """Prune, then serve the candidates left on growing prefixes of the workload (the module's docstring; twins
     served once): up to WHOLE_MAX_REQUESTS requests every candidate to the end but those its first PROOF_FRACTION
     proves miss (proven_misses); above, the halving, each rung keeping the best RUNG_KEEP of those it does not
-    prove miss. rung_fractions: the halving's prefixes instead (its last 1.0). Every candidate's outcome and the
-    ranking."""
+    prove miss. rung_fractions: the halving's prefixes instead (its last 1.0). max_concurrency: a closed loop of at
+    most that many requests in flight (the module's docstring; workload.arrival_s: when each is made). Every
+    candidate's outcome and the ranking."""
     import os
     import time
 
     start = time.perf_counter()
+    if max_concurrency is not None:
+        max_concurrency = check_max_concurrency(max_concurrency)
     if workload.num_requests < 2:
         validate.fail(
             "num_requests", workload.num_requests, "must be at least 2 to plan on (a rate needs two arrivals)"
         )
     results = [CandidateResult(c) for c in space.candidates(deployment.model)]
-    prune(workload, deployment, objectives, results)
+    prune(workload, deployment, objectives, results, max_concurrency)
     if all(r.reason.startswith("step cost") for r in results):
         validate.fail(
             "model",
@@ -566,7 +696,7 @@ def search(
             "--allow-roofline), with its warning",
         )
     warm.load()  # once here, not in every rung's workers (local ones fork from this process)
-    groups = twins(workload, deployment, [r for r in results if r.status == "pending"])
+    groups = twins(workload, deployment, [r for r in results if r.status == "pending"], max_concurrency)
     alive = [g[0] for g in groups]
     n = workload.num_requests
     halving = rung_fractions is not None or n > WHOLE_MAX_REQUESTS
@@ -586,7 +716,13 @@ def search(
         following = workload.arrival_s[size : size + max(r.candidate.num_replicas for r in alive)]
         proof = (objectives, n, num_multi_token, following) if size < n else None
         points = [
-            (arrays, deployment, [[(r.candidate, r.num_gpu_blocks) for r in family] for family in chunk], proof)
+            (
+                arrays,
+                deployment,
+                [[(r.candidate, r.num_gpu_blocks) for r in family] for family in chunk],
+                proof,
+                max_concurrency,
+            )
             for chunk in chunks
         ]
         outcomes, _ = sweep.run(
@@ -679,6 +815,7 @@ def search(
         "; ".join(clauses),
         time.perf_counter() - start,
         halving,
+        max_concurrency,
     )
 
 
@@ -717,7 +854,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
     rest failed."""
     d = plan.deployment
     ranked = plan.ranked()
-    rows = {id(r): r.row(plan.rate_per_s) for r in plan.results}
+    rows = {id(r): r.row(plan.row_rate_per_s) for r in plan.results}
     measured = all(r.measured_cost for r in plan.results if r.status in ("meets", "misses"))
     fidelity = step_cost_fidelity(d) if measured else []
     failed = [r for r in plan.results if r.status != "meets"]
@@ -735,8 +872,10 @@ def summary(plan: Plan, top: int = 10) -> dict:
         "workload": {
             "name": plan.workload_name,
             "num_requests": plan.num_requests,
-            "rate_per_s": round(plan.rate_per_s, 4),
+            # the rate requests are made at (a closed loop's all at t=0, vLLM bench's default: None)
+            "rate_per_s": round(plan.rate_per_s, 4) if math.isfinite(plan.rate_per_s) else None,
         },
+        "max_concurrency": plan.max_concurrency,  # a closed loop's N (vLLM bench's --max-concurrency); None: open
         "step_cost": {
             "measured": measured,
             "source": plan.cost_source,
@@ -786,10 +925,22 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
     w, s, cost = out["workload"], out["search"], out["step_cost"]
     objectives = ", ".join(f"{OBJECTIVE_WORDS[k]} <= {v:g} {OBJECTIVE_UNITS[k]}" for k, v in out["objectives"].items())
     c = s["counts"]
+    closed = out["max_concurrency"]
+    if closed is None:
+        load = f"at {w['rate_per_s']:.3g} requests/s"
+    else:
+        made = (
+            "--request-rate inf: all made at t=0"
+            if w["rate_per_s"] is None
+            else f"made at {w['rate_per_s']:.3g} requests/s"
+        )
+        load = (
+            f"in a closed loop of at most {closed:,} in flight, each sent in order as one finishes (vllm bench serve "
+            f"--max-concurrency {closed}; {made}); latencies count from the send"
+        )
     lines = [
         f"deployment           {out['model']} on {out['gpu']}, max_model_len {out['max_model_len']:,}",
-        f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests at {w['rate_per_s']:.3g} "
-        "requests/s",
+        f"workload             {w['name'] or 'trace'}: {w['num_requests']:,} requests {load}",
         f"objectives           {objectives}",
         f"step cost            {cost['source']}",
     ]
@@ -826,6 +977,8 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
     )
     if out["ranked"]:
         lines.append("")
+        if closed is not None:
+            lines.append("ranked by completed requests/s per GPU (first send to last finish, vLLM bench's throughput)")
         lines.append(
             f"{'rank':>4}  {'GPUs':>4}  {'req/s/GPU':>9}  {'TTFT p95 s':>10}  {'TPOT p95 ms':>11}  "
             f"{'E2E p95 s':>9}  configuration"

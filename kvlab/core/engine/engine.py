@@ -347,6 +347,9 @@ class Engine:
         self.num_prefill_runs = served.num_prefill_runs
         self.next_arrival = len(self.arrival_list)
         self.requests = served.requests
+        if served.send_s is not None:  # a closed loop: the sends the compiled loop made
+            self.closed_loop.send = self.arrival_list = served.send_s.tolist()
+            self.closed_loop.num_finished = self.workload.num_requests
         if self.kv_cache_groups is not None:
             self.kv_cache_manager.num_window_freed = served.num_window_freed
         return self.result()

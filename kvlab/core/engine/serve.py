@@ -28,7 +28,7 @@ def simulate(workload: Workload, config: EngineConfig | None = None, **engine_op
     (kvlab.core.engine.kv_cache_manager.HybridKVCacheManager; the per-step loop); None: one
     full-attention group. max_concurrency: a closed loop, vLLM bench's --max-concurrency N (kvlab.core.engine.closed_loop:
     each request sent once fewer than N are in flight, in workload order, never before its arrival; the result's
-    arrival_s is when each was sent, and TTFT and latency count from it); the Python loop serves it.
+    arrival_s is when each was sent, and TTFT and latency count from it); the compiled loop serves it as the Python one.
 
     data_parallel_size > 1 in config serves a mixture-of-experts model's data-parallel ranks in lockstep, each over
     num_gpu_blocks (kvlab.core.engine.data_parallel.DataParallelEngine: paged, no recorder, the per-step loop).

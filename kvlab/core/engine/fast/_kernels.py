@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.core import block_pool
-from kvlab.core.engine import rules
+from kvlab.core.engine import closed_loop, rules
 from kvlab.core.engine.fast import decode_run as python_decode_run
 from kvlab.core.engine.fast.arrays import (
     ALL_REDUCE_SIZES,
@@ -107,14 +107,15 @@ def _inline(function):
 
 
 def _compiled_rules() -> dict:
-    """Every function of kvlab.core.engine.rules, decode_run.steps_covered and the free queue of kvlab.core.block_pool
-    (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
+    """Every function of kvlab.core.engine.rules, decode_run.steps_covered, closed_loop.send_s and the free queue of
+    kvlab.core.block_pool (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
     resolved to their compiled selves (and block_pool's integer constants as its)."""
     namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int}
     functions = [
         f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
     ]
-    functions += [python_decode_run.steps_covered] + [getattr(block_pool, name) for name in block_pool.QUEUE]
+    functions += [python_decode_run.steps_covered, closed_loop.send_s]
+    functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
         namespace[function.__name__] = _inline(copy)
@@ -165,7 +166,7 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
 )
 num_skipped_tokens, admission_blocks = _RULES["num_skipped_tokens"], _RULES["admission_blocks"]
 samples, is_finished, settles_placeholder = (_RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
-steps_covered = _RULES["steps_covered"]
+steps_covered, send_s = _RULES["steps_covered"], _RULES["send_s"]
 num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
     _RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
 )
@@ -655,6 +656,19 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
     return nxt, nwait
 
 
+@_inline
+def finished_at(req, end):
+    """ClosedLoop.finished (kvlab/core/engine/closed_loop.py): a request finished at end, in time order; in a closed loop
+    the next request waiting for a slot is sent (closed_loop.send_s, compiled), its send written into req.arrival. An
+    open loop (req.closed_loop empty): nothing."""
+    loop = req.closed_loop
+    if loop.shape[0]:
+        i = loop[0] + loop[1]
+        loop[1] += 1
+        if i < req.arrival.shape[0]:
+            req.arrival[i] = send_s(req.open_loop[i], req.arrival[i - 1], end)
+
+
 # ---------------------------------------------------------------- the step cost
 # ConstantStepCost, LinearStepCost and MeasuredStepCost (kvlab/core/cost/) over the named arrays of arrays.Clock, each
 # function the float operations of its Python namesake in the same order (kvlab.core.cost.interpolate's bracket, blend
@@ -1134,6 +1148,7 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
             num_blocks[r] = 0
             kv -= computed[r]
             finish_s[r] = clock
+            finished_at(req, clock)
             finished = True
     if finished:  # that step's record: after its finishes
         logs[2][s + j - 1] = usable - free  # held
@@ -1681,6 +1696,7 @@ def decode_run_async(at, times):
         free += num_blocks[r]  # release without prefix caching
         num_blocks[r] = 0
         finish_s[r] = end_k
+        finished_at(req, end_k)
     nrun_before = nrun
     nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
     clock = end_k  # it waited for batch k's output
@@ -1951,6 +1967,7 @@ def loop_sync(
                     free = release(pool, groups, caching, r, num_blocks, num_cached, free)
                     kv -= computed[r]
                     finish_s[r] = end
+                    finished_at(req, end)
                     finished = True
         num_running_step = nrun
         if finished:
@@ -2120,7 +2137,7 @@ def loop_async(
                 if queue_len == 2:
                     queued_tokens += queue_i[queue_head, 1]
                 if queued_tokens == 0:
-                    if nxt == n:
+                    if nxt == n or arrival[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
                         code = NO_PROGRESS
                         break
                     clock = arrival[nxt]  # nothing changes before it arrives
@@ -2162,6 +2179,7 @@ def loop_async(
                 status[r] = FINISHED
                 free = release(pool, groups, caching, r, num_blocks, num_cached, free)
                 finish_s[r] = end
+                finished_at(req, end)
                 finished = True
                 if not was_running:
                     finished_waiting = True

@@ -12,6 +12,9 @@ from collections import namedtuple
 # max_tokens_total (prompt + max_tokens, for the async early stop), and its state as the loop moves it (Request's
 # num_tokens, num_computed_tokens, block-table length, prefix-cached blocks, status, preemptions, and, asynchronous
 # only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN until set).
+# A closed loop (vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): arrival holds the send times, inf
+# until a finish frees the slot (_kernels.finished_at), open_loop the open-loop arrivals and closed_loop [N, finishes so
+# far]; an open loop: both empty.
 Requests = namedtuple(
     "Requests",
     [
@@ -31,6 +34,8 @@ Requests = namedtuple(
         "first_scheduled_s",
         "first_token_s",
         "finish_s",
+        "open_loop",
+        "closed_loop",
     ],
 )
 

@@ -14,7 +14,9 @@ full prompt blocks of equal token ids under equal parents share one, every other
 block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
 attention, Mamba states in mamba_cache_mode "none"; HybridKVCacheManager) are served here without prefix caching, each
 group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. Everything else (Workload.prefix_hashes, the reservation baselines,
-vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. tests/test_compiled.py
+vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. A closed loop
+(max_concurrency, kvlab.core.engine.closed_loop) is served here too: each finish sends the request that waited for its
+slot (_kernels.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
@@ -60,8 +62,10 @@ from kvlab.core.engine.fast.arrays import (
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, runs done at once (decode runs and prefill runs) and of them prefill runs,
-# the clock at the end and its RequestLog.
-Served = namedtuple("Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests", "num_window_freed"])
+# the clock at the end, its RequestLog, the blocks windows gave back and, in a closed loop, the send times (else None).
+Served = namedtuple(
+    "Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests", "num_window_freed", "send_s"]
+)
 LOG = logging.getLogger("kvlab")
 COMPILED_FROM_REQUESTS = 15_000
 # A hybrid model's groups: the Python loop serves them step by step (no decode runs), about 1.6 ms a request, so the
@@ -242,16 +246,8 @@ def kv_cache_groups(engine) -> Groups:
 def chosen(engine, path: str) -> bool:
     """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
     (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests, or the loops already loaded);
-    "compiled" insists; "reference" and "python" never. A closed loop (max_concurrency) never takes it, and
-    "compiled" refuses one."""
-    if engine.closed_loop is not None:  # its send times move with each finish: the Python loop serves it
-        if path == "compiled":
-            validate.fail(
-                "path",
-                "compiled",
-                "does not serve a closed loop (max_concurrency) yet: use path 'auto', 'python' or 'reference'",
-            )
-        return False
+    "compiled" insists; "reference" and "python" never. A closed loop (max_concurrency) as an open one: the loops
+    send each request as the finish that frees its slot comes (_kernels.finished_at, closed_loop.send_s compiled)."""
     if path == "auto":
         hybrid = engine.kv_cache_groups is not None
         return engine.fast and worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()
@@ -324,7 +320,14 @@ def serve(engine) -> Served | None:
     state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
     fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
     zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
-    arrival = np.ascontiguousarray(w.arrival_s, dtype=np.float64)
+    sends = engine.closed_loop  # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
+    if sends is None:
+        arrival = np.array(w.arrival_s, dtype=np.float64)  # writable (finished_at's closed loop writes its sends)
+        open_loop, closed = np.empty(0), np.empty(0, np.int64)
+    else:
+        arrival = np.array(sends.send, dtype=np.float64)
+        open_loop = np.array(sends.open_loop, dtype=np.float64)
+        closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
     req = Requests(
         arrival,
         prompt,
@@ -335,6 +338,8 @@ def serve(engine) -> Served | None:
         nans(),
         nans(),
         nans(),
+        open_loop,
+        closed,
     )
     running, waiting = zeros(), zeros()
     chunk = min(CHUNK_STEPS, 64 + 64 * n)
@@ -405,4 +410,5 @@ def serve(engine) -> Served | None:
             req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions, req.num_tokens - prompt
         ),
         int(groups.freed[0]),
+        None if sends is None else arrival,
     )
