@@ -13,7 +13,14 @@ import argparse
 
 import numpy as np
 
-from kvlab.cli.common import exclusive, model_from_flags, print_json, requires
+from kvlab.cli.common import (
+    add_quantization_flag,
+    apply_quantization,
+    exclusive,
+    model_from_flags,
+    print_json,
+    requires,
+)
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
 from kvlab.core import article, batching, capacity, models, resources, validate
 from kvlab.core import engine as vllm_engine
@@ -163,6 +170,7 @@ def add_vllm_engine_flags(p) -> None:
         type=float,
         help="parameters of the --config model, billions (default: counted from the config.json)",
     )
+    add_quantization_flag(g)
     g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
     cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig  # their fields' defaults: vLLM's
     g.add_argument(
@@ -358,6 +366,7 @@ VLLM_SIMULATE_FLAGS = {
     "model": "--model",
     "config": "--config",
     "num_params_b": "--num-params-b",
+    "quantization": "--quantization",
     "gpu": "--gpu",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "kv_cache_dtype": "--kv-cache-dtype",
@@ -384,6 +393,7 @@ VLLM_ENGINE_FLAGS = [
     "--model",
     "--config",
     "--num-params-b",
+    "--quantization",
     "--gpu",
     "--gpu-memory-utilization",
     "--kv-cache-dtype",
@@ -407,7 +417,7 @@ VLLM_ENGINE_FLAGS = [
     "--no-async-scheduling",
 ]
 # Flags that only size the KV pool from a model and a GPU.
-SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
+SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"]
 VLLM_SUMMARY_KEYS = (
     "mean_ttft_s",
     "p95_ttft_s",
@@ -576,7 +586,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     args.flags = VLLM_SIMULATE_FLAGS
     cost_name = args.cost or ("linear" if "--step-ms-per-token" in given else "constant")
     check_vllm_flags(args, given, cost_name)
-    model = model_from_flags(args, given)
+    model = apply_quantization(model_from_flags(args, given), args.quantization)
     config = vllm_config(args, model)
     check_data_parallel(model, config)
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
@@ -615,6 +625,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
         "makespan_s": summary["makespan_s"],
         "mean_kv_token_share": summary["mean_kv_token_share"],
     }
+    if model is not None:
+        out["quantization"] = model.quantization or "none"
     if groups is not None:
         out["kv_cache_groups"] = describe_groups(groups)
     ranks = config.parallel.data_parallel_size

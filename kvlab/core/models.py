@@ -741,7 +741,8 @@ def quantized_weights_bytes(
                 "quantization",
                 quant,
                 f"kvlab sizes {quant} weights of dense (not MLA, not mixture-of-experts) decoders read from a "
-                f"config.json; {model.name} is not one",
+                f"config.json; {model.name} is not one"
+                + ("" if model.layer_sizes else " (no layer shapes: give its config.json with --config)"),
             )
         h, heads, kv, d, ffn = (
             model.hidden_size,
