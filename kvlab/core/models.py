@@ -391,7 +391,7 @@ def routed_expert_params(config: dict) -> int:
             return (n - dense) * experts * 3 * h * expert
         if family == "qwen3_moe":
             return n * int(config["num_experts"]) * 3 * h * int(config["moe_intermediate_size"])
-        if family == "mixtral":
+        if family in ("mixtral", "gpt_oss"):
             return n * int(config["num_local_experts"]) * 3 * h * int(config["intermediate_size"])
     except (KeyError, TypeError, ValueError):
         return 0
