@@ -172,6 +172,20 @@ def test_fp8_block_deepseek_v3_is_estimated_from_its_parameters():
     assert models.weights_bytes_per_gpu(v3, 2, 1, 1, 2) == pytest.approx(estimate - experts / 2, rel=1e-12)
     with pytest.raises(ValueError, match="not MLA, not mixture-of-experts"):
         models.weights_bytes_per_gpu(dataclasses.replace(v3, quantization="fp8"), 2)
+    # DeepSeek-R1: the same architecture and checkpoint format, the same bytes
+    assert models.weights_bytes_per_gpu(models.get_model("DeepSeek-R1"), 2) == models.weights_bytes_per_gpu(v3, 2)
+
+
+def test_mxfp4_gpt_oss_120b():
+    # 36 layers x 128 experts x 3 x 2,880 x 2,880 = 114,661,785,600 expert weights at 17/32 bytes; the other 2.14 B
+    # of its 116.8 B bf16. At TP 2 each GPU's 1,440 of an expert pads to 1,472 (36 x 128 x 32 rows and columns more).
+    big = models.get_model("gpt-oss-120b")
+    experts = 114_661_785_600
+    assert models.weights_bytes_per_gpu(big, 2) == pytest.approx(116.8e9 * 2 - experts * 2 + experts * 17 / 32)
+    pad = 36 * 128 * 32 * (3 * 2880 * 17 / 32 + 2 * 2)
+    assert models.weights_bytes_per_gpu(big, 2, 2) == pytest.approx(
+        (116.8e9 * 2 - experts * 2 + experts * 17 / 32) / 2 + pad, rel=1e-12
+    )
 
 
 def test_notebook_03s_deepseek_v3_sentence():
