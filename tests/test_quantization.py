@@ -33,6 +33,21 @@ def test_fp8_per_tensor_llama_8b():
     assert models.weights_bytes_per_gpu(spec, 2) == 16_060_522_496 - 6_979_321_856 + 32 * 4 * 4 == 9_081_201_152
 
 
+def test_fp8_per_tensor_gpt_neox_20b_has_a_plain_mlp():
+    # GPT-NeoX's MLP is up and down alone (dense_h_to_4h, dense_4h_to_h): a layer's linear weights are qkv
+    # 6,144 x 3 x 6,144 = 113,246,208; dense 37,748,736; the MLP 2 x 6,144 x 24,576 = 301,989,888: 452,984,832, x 44
+    # layers = 19,931,332,608 at 1 byte; 4 fp32 scales a layer. Its 20,554,567,680 parameters (count_params).
+    spec = models.from_config(ROOT / "tests" / "data" / "configs" / "gpt-neox-20b.json")
+    assert not spec.gated_mlp and llama().gated_mlp
+    fp8 = dataclasses.replace(spec, quantization="fp8")
+    expected = 20_554_567_680 * 2 - 19_931_332_608 + 44 * 16
+    assert models.weights_bytes_per_gpu(fp8, 2) == expected == 21_177_803_456
+    # the catalog row (its model_type gpt_neox) alike, from its rounded 20.55 B
+    row = dataclasses.replace(models.get_model("gpt-neox-20b"), quantization="fp8")
+    assert not row.gated_mlp
+    assert models.weights_bytes_per_gpu(row, 2) == pytest.approx(20.55e9 * 2 - 19_931_332_608 + 44 * 16, rel=1e-12)
+
+
 def test_fp8_block_llama_8b():
     # fp32 scales a 128 x 128 block: qkv 48 x 32, o 32 x 32, gate_up 224 x 32, down 32 x 112 = 13,312 a layer.
     spec = dataclasses.replace(llama(), quantization="fp8_block")

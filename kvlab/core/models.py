@@ -23,6 +23,8 @@ ATTENTIONS = ("mha", "gqa", "mqa", "mla")
 # config.json's layer_types that kvlab models: Llama 4's chunked local attention and Qwen3-Next's linear attention
 # (Gated DeltaNet, a Mamba-like state a request) besides full and sliding-window attention.
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+# config.json model_types whose MLP is up and down projections alone (no gate): ModelSpec.gated_mlp False.
+PLAIN_MLP_FAMILIES = ("gpt_neox", "opt", "gpt2", "gptj", "gpt_bigcode", "falcon", "bloom", "phi", "starcoder2")
 # ModelSpec.quantization: how vLLM holds the weights ("" for the checkpoint's 16-bit dtype; quantized_weights_bytes).
 QUANTIZATIONS = ("", "fp8", "fp8_block", "mxfp4")
 
@@ -71,6 +73,9 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # The dense MLP's shape: gate and up projections beside down (SwiGLU, GeGLU: 3 matrices), or up and down alone
+    # (GPT-NeoX, OPT: 2; PLAIN_MLP_FAMILIES). What quantized_weights_bytes counts of an MLP's linear layers.
+    gated_mlp: bool = True
     quantization: str = ""  # weights as vLLM loads them: "" (the checkpoint's 16-bit dtype), "fp8" (per-tensor FP8), "fp8_block" (block-scaled FP8), "mxfp4" (gpt-oss's MoE experts)
 
     def __post_init__(self):
@@ -257,6 +262,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         layer_types=interval_layer_types(values["num_layers"], interval, local) if interval else (),
         layer_sizes=_layer_sizes({k: int(row[k]) if row.get(k) else None for k in LAYER_SIZE_COLUMNS}),
         quantization=row.get("quantization") or "",
+        gated_mlp=row.get("model_type") not in PLAIN_MLP_FAMILIES,
         **values,
     )
 
@@ -573,6 +579,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
         "vocab_padding_params": vocab_padding_params(config) if counted else 0,
         "quantization": quantization,
+        "gated_mlp": model_type not in PLAIN_MLP_FAMILIES,
         **local,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
@@ -702,13 +709,14 @@ MXFP4_INTERMEDIATE_ALIGN = 64
 
 def _dense_linear_shapes(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
     """(output, input) per GPU of one decoder layer's linear layers as vLLM builds them: qkv_proj (QKVParallelLinear:
-    KV heads replicated when TP exceeds them), o_proj, gate_up_proj (merged gate and up) and down_proj."""
+    KV heads replicated when TP exceeds them), o_proj, gate_up_proj (merged gate and up; the up projection alone of a
+    plain MLP, model.gated_mlp False: GPT-NeoX's dense_h_to_4h) and down_proj."""
     h, heads, kv, d = model.hidden_size, model.num_attention_heads, model.num_kv_heads, model.head_dim
     ffn = model.layer_sizes[0]
     return [
         ((heads // tp + 2 * max(1, kv // tp)) * d, h),
         (h, heads * d // tp),
-        (2 * ffn // tp, h),
+        ((2 if model.gated_mlp else 1) * ffn // tp, h),
         (h, ffn // tp),
     ]
 
@@ -770,7 +778,8 @@ def quantized_weights_bytes(
             model.head_dim,
             model.layer_sizes[0],
         )
-        linear = model.num_layers * (h * (heads + 2 * kv) * d + heads * d * h + 3 * h * ffn)  # whole model
+        mlp = (3 if model.gated_mlp else 2) * h * ffn
+        linear = model.num_layers * (h * (heads + 2 * kv) * d + heads * d * h + mlp)  # whole model
         shapes = _dense_linear_shapes(model, tp)
         if quant == "fp8":
             scales = len(shapes) * 4
@@ -836,4 +845,5 @@ __all__ = [
     "quantized_weights_bytes",
     "fp8_block_estimate",
     "QUANTIZATIONS",
+    "PLAIN_MLP_FAMILIES",
 ]

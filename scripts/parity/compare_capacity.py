@@ -291,14 +291,22 @@ GPT_OSS_20B_PARAMS_B = 20.914757184
 
 
 def quantized_models() -> list[dict]:
-    """Quantized weights as vLLM loads them: Llama 3.1 8B with `--quantization fp8` (online per-tensor FP8), Qwen3-8B-FP8
-    (block-scaled FP8 checkpoint) and gpt-oss-20b (MXFP4 experts); the case's quantization travels as vLLM's flag."""
+    """Quantized weights as vLLM loads them: Llama 3.1 8B and GPT-NeoX-20B (a plain MLP) with `--quantization fp8`
+    (online per-tensor FP8), Qwen3-8B-FP8 (block-scaled FP8 checkpoint) and gpt-oss-20b (MXFP4 experts); the case's
+    quantization travels as vLLM's flag."""
     llama = json.loads((FIXTURES / "llama-3.1-8b-instruct.json").read_text())
+    neox = json.loads((FIXTURES / "gpt-neox-20b.json").read_text())
     return [
         {
             "name": "quantized:llama-3.1-8b-instruct-fp8",
             "config": llama,
             "spec": dataclasses.replace(from_config(llama, name="llama-3.1-8b-instruct"), quantization="fp8"),
+            "quantization": "fp8",
+        },
+        {  # a plain (ungated) MLP: dense_h_to_4h and dense_4h_to_h
+            "name": "quantized:gpt-neox-20b-fp8",
+            "config": neox,
+            "spec": dataclasses.replace(from_config(neox, name="gpt-neox-20b"), quantization="fp8"),
             "quantization": "fp8",
         },
         {
