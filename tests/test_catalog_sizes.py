@@ -38,7 +38,7 @@ def test_every_row_has_its_layer_sizes_or_is_listed_unknown():
 
 def test_moe_rows_have_no_dense_mlp_and_some_experts():
     moe = [name for name, row in load_models().items() if int(row["num_experts"] or 0)]
-    assert len(moe) == 8
+    assert len(moe) == 11
     for name in moe:
         intermediate, vocab, experts, per_token, expert = get_model(name).layer_sizes
         assert intermediate == 0 and vocab > 0 and experts > per_token > 0 and expert > 0, name
@@ -59,6 +59,8 @@ def test_moe_rows_have_no_dense_mlp_and_some_experts():
         ("mistralai/Mixtral-8x7B-v0.1", (0, 32000, 8, 2, 14336)),
         # DeepSeek names its experts n_routed_experts; the first 3 dense layers' 18432 is not in the tuple
         ("deepseek-ai/DeepSeek-V3", (0, 129280, 256, 8, 2048)),
+        ("deepseek-ai/DeepSeek-R1", (0, 129280, 256, 8, 2048)),
+        ("Qwen/Qwen3-4B", (9728, 151936, 0, 0, 0)),
     ],
 )
 def test_hand_checked_sizes(name, sizes):
@@ -86,11 +88,38 @@ def test_quantization_column_holds_allowed_values():
     assert set(values.values()) <= set(QUANTIZATIONS)
     assert {n for n, q in values.items() if q} == {
         "deepseek-ai/DeepSeek-V3",
+        "deepseek-ai/DeepSeek-R1",
         "openai/gpt-oss-20b",
+        "openai/gpt-oss-120b",
     }
-    assert get_model("DeepSeek-V3").quantization == "fp8_block"
-    assert get_model("gpt-oss-20b").quantization == "mxfp4"
+    assert get_model("DeepSeek-V3").quantization == get_model("DeepSeek-R1").quantization == "fp8_block"
+    assert get_model("gpt-oss-20b").quantization == get_model("gpt-oss-120b").quantization == "mxfp4"
     assert get_model("Llama-3.1-8B").quantization == ""
+
+
+def test_new_rows_are_in_the_catalog():
+    names = set(load_models())
+    for name in [
+        "meta-llama/Llama-3.3-70B-Instruct",
+        "Qwen/Qwen3-8B",
+        "Qwen/Qwen3-4B",
+        "openai/gpt-oss-120b",
+        "mistralai/Mixtral-8x22B-v0.1",
+        "deepseek-ai/DeepSeek-R1",
+        "meta-llama/Llama-3.1-8B",
+    ]:
+        assert name in names
+    assert len(names) == 35
+    r1, v3 = get_model("DeepSeek-R1"), get_model("DeepSeek-V3")
+    assert (r1.num_layers, r1.head_dim, r1.kv_lora_rank, r1.expert_params_b) == (
+        v3.num_layers,
+        v3.head_dim,
+        v3.kv_lora_rank,
+        v3.expert_params_b,
+    )
+    big = get_model("gpt-oss-120b")
+    assert (big.num_layers, big.sliding_window, big.sliding_window_pattern) == (36, 128, 2)
+    assert big.expert_params_b == pytest.approx(36 * 128 * 3 * 2880 * 2880 / 1e9)
 
 
 def test_every_operator_gpu_is_a_catalog_gpu():

@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import math
 
-from kvlab.cli.common import exclusive, print_json
+from kvlab.cli.common import add_quantization_flag, apply_quantization, exclusive, print_json
 from kvlab.core import article, models, validate
 from kvlab.core import capacity as cap
 from kvlab.core.config import ATTENTION_BACKENDS, EngineConfig
@@ -48,6 +48,7 @@ CAPACITY_FLAGS = {
     "config": "--config",
     "weight_dtype": "--weight-dtype",
     "attention_backend": "--attention-backend",
+    "quantization": "--quantization",
 }
 # Flags that switch `kvlab capacity` from the article's arithmetic to vLLM's accounting.
 VLLM_FLAGS = [
@@ -73,6 +74,7 @@ VLLM_FLAGS = [
     "gpu",
     "gpu_memory_utilization",
     "weight_dtype",
+    "quantization",
     "activation_peak_gib",
     "non_torch_gib",
 ]
@@ -211,6 +213,7 @@ def add(commands) -> None:
         choices=sorted(cap.WEIGHT_DTYPE_BYTES),
         help="weight dtype for the weights estimate (default bf16)",
     )
+    add_quantization_flag(budget)
     budget.add_argument("--activation-peak-gib", type=float, help="activation peak per GPU, GiB (default 2.0)")
     budget.add_argument(
         "--non-torch-gib", type=float, help="non-torch memory per GPU (NCCL, CUDA context), GiB (default 0.4)"
@@ -261,6 +264,12 @@ def check_capacity_flags(given: set[str], vllm: bool) -> None:
     exclusive(given, "--gpu", ["--gpu-memory-gib"], "--gpu sets the GPU memory from data/gpus.csv")
     exclusive(
         given, "--weights-gib", ["--weight-dtype"], "--weight-dtype only estimates weights that --weights-gib gives"
+    )
+    exclusive(
+        given,
+        "--quantization",
+        ["--weights-gib", "--available-kv-gib", "--weight-dtype"],
+        "--quantization sets how the estimated weights are held",
     )
     if "--unit" in given and not given & {"--gpu-memory-gib", "--weights-gib"}:
         raise ValueError("--unit applies only to --gpu-memory-gib and --weights-gib, and neither was given")
@@ -376,7 +385,7 @@ def capacity_budget(args, model: ModelSpec, config: EngineConfig) -> cap.MemoryB
 def run_vllm_capacity(args, given: set[str]) -> dict:
     """Print the figures vLLM logs for the model and per-GPU budget (bytes, blocks, tokens, concurrency x)."""
     config = capacity_config(args)
-    model = _capacity_model(args, config.parallel.tensor_parallel_size)
+    model = apply_quantization(_capacity_model(args, config.parallel.tensor_parallel_size), args.quantization)
     cap.check_expert_parallel(model, config)
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
@@ -424,6 +433,7 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
     result = {
         "model": model.name,
         "attention": model.attention,
+        "quantization": model.quantization or "none",
         "kv_cache_dtype": config.cache.kv_cache_dtype,
         "tensor_parallel_size": config.parallel.tensor_parallel_size,
         "pipeline_parallel_size": config.parallel.pipeline_parallel_size,
@@ -458,6 +468,7 @@ def run_vllm_capacity(args, given: set[str]) -> dict:
             weights_note = (
                 (
                     f" ({model.num_params_b:g}B parameters"
+                    + (f", {model.quantization} as vLLM loads them" if model.quantization else "")
                     + (
                         f", {model.expert_params_b:.2f}B of them routed experts split over {parallel.world_size} GPUs"
                         if model.expert_params_b and parallel.data_parallel_size > 1

@@ -86,6 +86,37 @@ def model_from_flags(args, given: set[str]):
     return model
 
 
+QUANTIZATION_HELP = (
+    "vLLM's --quantization: fp8 holds a 16-bit checkpoint's linear layers in FP8 (1 byte a weight and a scale a "
+    "layer; embeddings, lm_head and norms stay 16-bit); none (default) as the checkpoint is"
+)
+
+
+def add_quantization_flag(group) -> None:
+    """--quantization {fp8,none}, as `vllm serve` names it."""
+    group.add_argument("--quantization", choices=["fp8", "none"], help=QUANTIZATION_HELP)
+
+
+def apply_quantization(model, quantization: str | None):
+    """The model as --quantization loads it: fp8 on a 16-bit checkpoint makes its weights per-tensor FP8 (a
+    checkpoint already in FP8 is loaded as it is, as vLLM loads it); none keeps a 16-bit checkpoint; one line for a
+    checkpoint quantized otherwise (vLLM refuses a --quantization other than its quantization_config's method)."""
+    import dataclasses
+
+    if quantization is None or model is None:
+        return model
+    if quantization not in ("fp8", "none"):
+        raise ValueError(f"--quantization={quantization!r} is not allowed: kvlab serves fp8 and none")
+    if not model.quantization:
+        return dataclasses.replace(model, quantization="fp8") if quantization == "fp8" else model
+    if quantization == "fp8" and model.quantization in ("fp8", "fp8_block"):
+        return model
+    raise ValueError(
+        f"--quantization={quantization!r} is not allowed: {model.name}'s checkpoint is already {model.quantization}, "
+        "which vLLM loads as it is; drop --quantization"
+    )
+
+
 def print_json(result: dict) -> None:
     """Print result as one indented JSON object (--json)."""
     print(json.dumps(result, indent=2, sort_keys=False))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from kvlab.cli.common import model_from_flags, print_json
+from kvlab.cli.common import add_quantization_flag, apply_quantization, model_from_flags, print_json
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg, trace_note
 from kvlab.studies.plan_space import Objectives, SearchSpace, knob_value
 
@@ -38,6 +38,7 @@ PLAN_FLAGS = {
     "gpu": "--gpu",
     "trace": "--trace",
     "num_params_b": "--num-params-b",
+    "quantization": "--quantization",
     "top": "--top",
     "max_concurrency": "--max-concurrency",
     "SWEEP_SCHEDULER": "--scheduler",
@@ -105,6 +106,7 @@ def add(commands) -> None:
         type=float,
         help="parameters of the --config model, billions (its weights; default: counted from the config.json)",
     )
+    add_quantization_flag(what)
     what.add_argument("--gpu", required=False, help="a GPU of data/gpus.csv (e.g. RTX-PRO-6000-Server-96GB)")
     what.add_argument("--max-model-len", type=int, help="longest request, tokens (default: the model's context)")
     what.add_argument(
@@ -280,7 +282,7 @@ def deployment_of(args, given: set[str], workload):
     from kvlab.core import models, validate
     from kvlab.studies.plan_space import Deployment, check_max_model_len
 
-    model = model_from_flags(args, given)
+    model = apply_quantization(model_from_flags(args, given), args.quantization)
     if args.gpu is None:
         raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
     if model is None:
@@ -353,6 +355,7 @@ def run(args, given: set[str]) -> dict:
         workload, deployment, objectives, space, scheduler=args.scheduler, max_concurrency=args.max_concurrency
     )
     out = planning.summary(result, top=top)
+    out["quantization"] = deployment.model.quantization or "none"
     if load is not None:
         out["workload"] |= trace_note(load)
     if args.json:

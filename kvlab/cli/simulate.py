@@ -14,7 +14,14 @@ import dataclasses
 
 import numpy as np
 
-from kvlab.cli.common import exclusive, model_from_flags, print_json, requires
+from kvlab.cli.common import (
+    add_quantization_flag,
+    apply_quantization,
+    exclusive,
+    model_from_flags,
+    print_json,
+    requires,
+)
 from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, file_format, load_trace_arg, trace_note
 from kvlab.core import article, batching, capacity, models, resources, validate
 from kvlab.core import engine as vllm_engine
@@ -164,6 +171,7 @@ def add_vllm_engine_flags(p) -> None:
         type=float,
         help="parameters of the --config model, billions (default: counted from the config.json)",
     )
+    add_quantization_flag(g)
     g.add_argument("--gpu", help="a GPU of data/gpus.csv (memory, bandwidth, bf16 TFLOPS)")
     cache, parallel, scheduler = CacheConfig, ParallelConfig, SchedulerConfig  # their fields' defaults: vLLM's
     g.add_argument(
@@ -391,6 +399,7 @@ VLLM_SIMULATE_FLAGS = {
     "model": "--model",
     "config": "--config",
     "num_params_b": "--num-params-b",
+    "quantization": "--quantization",
     "gpu": "--gpu",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "kv_cache_dtype": "--kv-cache-dtype",
@@ -418,6 +427,7 @@ VLLM_ENGINE_FLAGS = [
     "--model",
     "--config",
     "--num-params-b",
+    "--quantization",
     "--gpu",
     "--gpu-memory-utilization",
     "--kv-cache-dtype",
@@ -442,7 +452,7 @@ VLLM_ENGINE_FLAGS = [
     "--no-async-scheduling",
 ]
 # Flags that only size the KV pool from a model and a GPU.
-SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype"]
+SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"]
 VLLM_SUMMARY_KEYS = (
     "mean_ttft_s",
     "p95_ttft_s",
@@ -613,7 +623,7 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     check_vllm_flags(args, given, cost_name)
     if args.max_concurrency is not None:
         vllm_engine.check_max_concurrency(args.max_concurrency)
-    model = model_from_flags(args, given)
+    model = apply_quantization(model_from_flags(args, given), args.quantization)
     config = vllm_config(args, model)
     check_data_parallel(model, config)
     num_gpu_blocks, pool_source = vllm_pool(args, model, config)
@@ -654,6 +664,8 @@ def run_vllm_simulate(args, given: set[str]) -> dict:
     }
     if args.max_concurrency is not None:
         out["max_concurrency"] = args.max_concurrency
+    if model is not None:
+        out["quantization"] = model.quantization or "none"
     if groups is not None:
         out["kv_cache_groups"] = describe_groups(groups)
     ranks = config.parallel.data_parallel_size

@@ -199,8 +199,15 @@ class MemoryBudget:
 
 def estimated_weights_gib(model, weight_dtype: str = "bf16", config: EngineConfig = EngineConfig()) -> float:
     """Weights one GPU holds: parameters x bytes per parameter of weight_dtype / (TP x PP), the routed experts
-    / (DP x TP x PP) (GiB; kvlab.core.models.weights_bytes_per_gpu)."""
+    / (DP x TP x PP), or a quantized model's (model.quantization) as vLLM loads them (GiB;
+    kvlab.core.models.weights_bytes_per_gpu)."""
     validate.one_of("weight_dtype", weight_dtype, WEIGHT_DTYPE_BYTES)
+    if model.quantization and WEIGHT_DTYPE_BYTES[weight_dtype] != 2:
+        validate.fail(
+            "weight_dtype",
+            weight_dtype,
+            f"must be bf16 or fp16 for {model.name}: its {model.quantization} weights are sized as vLLM loads them",
+        )
     return weights_bytes_per_gpu(model, WEIGHT_DTYPE_BYTES[weight_dtype], *_split(config)) / GIB
 
 
@@ -226,10 +233,10 @@ def check_expert_parallel(model, config: EngineConfig) -> None:
         )
 
 
-def _split(config: EngineConfig) -> tuple[int, int, int]:
-    """(TP, PP, DP) of config: how weights_bytes_per_gpu splits a model."""
+def _split(config: EngineConfig) -> tuple[int, int, int, bool]:
+    """(TP, PP, DP, expert parallelism) of config: how weights_bytes_per_gpu splits a model."""
     p = config.parallel
-    return p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size
+    return p.tensor_parallel_size, p.pipeline_parallel_size, p.data_parallel_size, p.enable_expert_parallel
 
 
 def format_gib(num_bytes: float) -> str:

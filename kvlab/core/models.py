@@ -23,6 +23,10 @@ ATTENTIONS = ("mha", "gqa", "mqa", "mla")
 # config.json's layer_types that kvlab models: Llama 4's chunked local attention and Qwen3-Next's linear attention
 # (Gated DeltaNet, a Mamba-like state a request) besides full and sliding-window attention.
 LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+# config.json model_types whose MLP is up and down projections alone (no gate): ModelSpec.gated_mlp False.
+PLAIN_MLP_FAMILIES = ("gpt_neox", "opt", "gpt2", "gptj", "gpt_bigcode", "falcon", "bloom", "phi", "starcoder2")
+# ModelSpec.quantization: how vLLM holds the weights ("" for the checkpoint's 16-bit dtype; quantized_weights_bytes).
+QUANTIZATIONS = ("", "fp8", "fp8_block", "mxfp4")
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,9 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # The dense MLP's shape: gate and up projections beside down (SwiGLU, GeGLU: 3 matrices), or up and down alone
+    # (GPT-NeoX, OPT: 2; PLAIN_MLP_FAMILIES). What quantized_weights_bytes counts of an MLP's linear layers.
+    gated_mlp: bool = True
     quantization: str = ""  # weights as vLLM loads them: "" (the checkpoint's 16-bit dtype), "fp8" (per-tensor FP8), "fp8_block" (block-scaled FP8), "mxfp4" (gpt-oss's MoE experts)
 
     def __post_init__(self):
@@ -77,6 +84,7 @@ class ModelSpec:
         validate.positive_int("num_kv_heads", self.num_kv_heads)
         validate.positive_int("head_dim", self.head_dim)
         validate.one_of("attention", self.attention, ATTENTIONS)
+        validate.one_of("quantization", self.quantization, QUANTIZATIONS)
         validate.non_negative_int("sliding_window", self.sliding_window)
         validate.non_negative_int("sliding_window_pattern", self.sliding_window_pattern)
         validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
@@ -254,6 +262,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         layer_types=interval_layer_types(values["num_layers"], interval, local) if interval else (),
         layer_sizes=_layer_sizes({k: int(row[k]) if row.get(k) else None for k in LAYER_SIZE_COLUMNS}),
         quantization=row.get("quantization") or "",
+        gated_mlp=row.get("model_type") not in PLAIN_MLP_FAMILIES,
         **values,
     )
 
@@ -390,7 +399,7 @@ def routed_expert_params(config: dict) -> int:
             return (n - dense) * experts * 3 * h * expert
         if family == "qwen3_moe":
             return n * int(config["num_experts"]) * 3 * h * int(config["moe_intermediate_size"])
-        if family == "mixtral":
+        if family in ("mixtral", "gpt_oss"):
             return n * int(config["num_local_experts"]) * 3 * h * int(config["intermediate_size"])
     except (KeyError, TypeError, ValueError):
         return 0
@@ -515,8 +524,31 @@ def load_config(path: str | Path | dict, name: str | None = None) -> tuple[dict,
     if not isinstance(config, dict):
         validate.fail("config", source, f"must hold a JSON object, not a {type(config).__name__}")
     if isinstance(config.get("text_config"), dict):  # multimodal wrappers (Gemma 3) keep the decoder here
-        config = {"model_type": config.get("model_type", ""), **config["text_config"]}
+        wrapper = {k: config[k] for k in ("model_type", "quantization_config") if k in config}
+        config = {"model_type": "", **wrapper, **config["text_config"]}
     return config, source
+
+
+def _quantization(config: dict, source: str, model_type: str) -> str:
+    """ModelSpec.quantization of a config.json, read as vLLM reads quantization_config (Fp8Config.from_config in
+    vllm/model_executor/layers/quantization/fp8.py, GptOssMxfp4Config in mxfp4.py): quant_method fp8 with
+    weight_block_size is "fp8_block", without it "fp8"; mxfp4 (gpt-oss) is "mxfp4"; none is "" (16-bit)."""
+    quant = config.get("quantization_config")
+    if quant is None:
+        return ""
+    served = "kvlab sizes fp8 (per tensor or 128 x 128 blocks) and mxfp4 (gpt-oss) weights"
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "fp8":
+        block = quant.get("weight_block_size")
+        if block is None:
+            return "fp8"
+        if list(block) != [FP8_BLOCK, FP8_BLOCK]:
+            validate.fail("config", source, f"quantization_config's weight_block_size is {block!r}; {served}")
+        return "fp8_block"
+    if method == "mxfp4" and model_type == "gpt_oss":
+        return "mxfp4"
+    what = f"quant_method {method!r}" if method != "mxfp4" else f"mxfp4 on a {model_type or 'non-gpt-oss'} model"
+    validate.fail("config", source, f"quantization_config's {what} is not served; {served}")
 
 
 def from_config(path: str | Path | dict, name: str | None = None, num_params_b: float = 0.0) -> ModelSpec:
@@ -531,6 +563,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
     label = name or config.get("_name_or_path") or source
     local = _local_layers(config, model_type, layers, source)
     window, pattern, layer_types = (0, 0, ()) if local else _sliding(config, model_type, layers, source)
+    quantization = _quantization(config, source, model_type)
     counted = not num_params_b and count_params(config)[0] > 0  # a given count is taken as the weights, as given
     num_params_b = num_params_b or count_params(config)[0] / 1e9
     common = {
@@ -545,6 +578,8 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "hidden_size": _whole(config, "hidden_size", source, default=0),
         "expert_params_b": routed_expert_params(config) / 1e9 if num_params_b else 0.0,
         "vocab_padding_params": vocab_padding_params(config) if counted else 0,
+        "quantization": quantization,
+        "gated_mlp": model_type not in PLAIN_MLP_FAMILIES,
         **local,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
@@ -628,22 +663,162 @@ def weights_bytes_per_gpu(
     tensor_parallel_size: int = 1,
     pipeline_parallel_size: int = 1,
     data_parallel_size: int = 1,
+    enable_expert_parallel: bool = False,
 ) -> float:
     """Weights one GPU holds (bytes): parameters x bytes per parameter / (TP x PP), embeddings split alike, except
     the routed experts (model.expert_params_b), which vLLM splits over the data-parallel GPUs too: / (DP x TP x PP),
     with expert parallelism or without (routed_expert_params); vLLM's vocabulary padding included where kvlab knows
-    it (vocab_padding_params, a config.json's)."""
+    it (vocab_padding_params, a config.json's). A quantized model (model.quantization) of a 16-bit checkpoint's
+    2 bytes a parameter holds what quantized_weights_bytes says."""
+    if model.quantization:
+        if weight_bytes_per_param != 2:
+            validate.fail(
+                "weight_bytes_per_param",
+                weight_bytes_per_param,
+                f"must be 2 (a 16-bit checkpoint) for {model.name}'s {model.quantization} weights",
+            )
+        return quantized_weights_bytes(
+            model, tensor_parallel_size, pipeline_parallel_size, data_parallel_size, enable_expert_parallel
+        )
+    return _weights_bytes(
+        model, weight_bytes_per_param, tensor_parallel_size, pipeline_parallel_size, data_parallel_size
+    )
+
+
+def _weights_bytes(model: ModelSpec, weight_bytes_per_param: float, tp: int, pp: int, dp: int) -> float:
+    """weights_bytes_per_gpu of every parameter at weight_bytes_per_param bytes."""
     if model.num_params_b <= 0:
         validate.fail(
             "num_params_b", model.num_params_b, "must be > 0 to estimate the weights; give weights_gib instead"
         )
     validate.positive_number("weight_bytes_per_param", weight_bytes_per_param)
-    validate.positive_int("data_parallel_size", data_parallel_size)
+    validate.positive_int("data_parallel_size", dp)
     params_b = model.num_params_b
-    if data_parallel_size > 1:
-        params_b -= model.expert_params_b * (1 - 1 / data_parallel_size)
+    if dp > 1:
+        params_b -= model.expert_params_b * (1 - 1 / dp)
     params = params_b * 1e9 + model.vocab_padding_params if model.vocab_padding_params else params_b * 1e9
-    return params * weight_bytes_per_param / (tensor_parallel_size * pipeline_parallel_size)
+    return params * weight_bytes_per_param / (tp * pp)
+
+
+FP8_BLOCK = 128  # the block of block-scaled FP8 (weight_block_size [128, 128]): one fp32 scale a 128 x 128 block
+MXFP4_BLOCK = 32  # OCP_MX_BLOCK_SIZE: one e8m0 scale (1 byte) a 32 4-bit values
+# Hopper's MXFP4 MoE backend (Triton's, the first of _get_priority_backends_for_gpt_oss an SM90 GPU takes) rounds an
+# expert's intermediate size per GPU up to a multiple of 64 (mxfp4_round_up_hidden_size_and_intermediate_size).
+MXFP4_INTERMEDIATE_ALIGN = 64
+
+
+def _dense_linear_shapes(model: ModelSpec, tp: int) -> list[tuple[int, int]]:
+    """(output, input) per GPU of one decoder layer's linear layers as vLLM builds them: qkv_proj (QKVParallelLinear:
+    KV heads replicated when TP exceeds them), o_proj, gate_up_proj (merged gate and up; the up projection alone of a
+    plain MLP, model.gated_mlp False: GPT-NeoX's dense_h_to_4h) and down_proj."""
+    h, heads, kv, d = model.hidden_size, model.num_attention_heads, model.num_kv_heads, model.head_dim
+    ffn = model.layer_sizes[0]
+    return [
+        ((heads // tp + 2 * max(1, kv // tp)) * d, h),
+        (h, heads * d // tp),
+        ((2 if model.gated_mlp else 1) * ffn // tp, h),
+        (h, ffn // tp),
+    ]
+
+
+def quantized_weights_bytes(
+    model: ModelSpec,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
+    enable_expert_parallel: bool = False,
+) -> float:
+    """Weights one GPU holds (bytes) as vLLM 0.33 loads model.quantization's: the 16-bit estimate of
+    weights_bytes_per_gpu (embeddings, lm_head, norms, biases, routers stay 16-bit), less what the quantized weights
+    save, plus their scales.
+
+    "fp8" (per-tensor FP8: `--quantization fp8` on a 16-bit checkpoint, which vLLM runs as fp8_per_tensor,
+    Fp8PerTensorOnlineLinearMethod.process_weights_after_loading in
+    vllm/model_executor/layers/quantization/online/fp8.py; or a checkpoint's fp8 without blocks): every linear layer
+    of a decoder layer (qkv_proj, o_proj, gate_up_proj, down_proj) 1 byte a weight and one fp32 scale.
+    "fp8_block" (a checkpoint's fp8 with weight_block_size [128, 128], Fp8LinearMethod.create_weights in
+    vllm/model_executor/layers/quantization/fp8.py): those layers 1 byte a weight and one fp32 scale (weight_scale_inv)
+    a 128 x 128 block of each GPU's slice, cdiv(output, 128) x cdiv(input, 128). The embeddings and lm_head are no
+    LinearBase and stay 16-bit. Exact for dense decoders with layer shapes (a config.json's, or a data/models.csv row's
+    sizes). A mixture-of-experts or MLA model in fp8_block (DeepSeek-V3 and R1's checkpoints, which vLLM loads in
+    block FP8; fp8_block_estimate) is estimated from its parameter count: the embeddings and lm_head 16-bit, every
+    other parameter 1 byte and a 128 x 128 block's scale; "fp8" on such a model is refused.
+    "mxfp4" (gpt-oss, GptOssMxfp4MoEMethod.create_weights in vllm/model_executor/layers/quantization/mxfp4.py): the
+    routed experts' gate_up (w13) and down (w2) weights 4 bits a weight and one e8m0 byte a 32 (w13_weight_scale,
+    w2_weight_scale), with an expert's intermediate size per GPU (intermediate_size / (DP x TP), whole with expert
+    parallelism) rounded up to a multiple of 64 (MXFP4_INTERMEDIATE_ALIGN) as is the bf16 w13_bias; attention, router
+    and embeddings stay bf16 (Mxfp4Config.get_quant_method: UnquantizedLinearMethod). Without the expert size (a
+    config.json or data/models.csv row without layer sizes) no padding is added: exact where that size per GPU is a
+    multiple of 64 (gpt-oss's 2,880 at TP 1 or with expert parallelism)."""
+    tp = validate.positive_int("tensor_parallel_size", tensor_parallel_size)
+    pp = validate.positive_int("pipeline_parallel_size", pipeline_parallel_size)
+    dp = validate.positive_int("data_parallel_size", data_parallel_size)
+    quant = validate.one_of("quantization", model.quantization, QUANTIZATIONS)
+    bf16 = _weights_bytes(model, 2, tp, pp, dp)
+    if not quant:
+        return bf16
+    layers = model.num_layers / pp
+    if quant in ("fp8", "fp8_block"):
+        dense = len(model.layer_sizes) == 5 and model.layer_sizes[0] > 0 and model.layer_sizes[2] == 0
+        if quant == "fp8_block" and len(model.layer_sizes) == 5 and model.hidden_size:
+            if model.attention == "mla" or not dense:
+                return fp8_block_estimate(model, tp, pp, dp)
+        if model.attention == "mla" or not dense or not model.hidden_size:
+            validate.fail(
+                "quantization",
+                quant,
+                f"kvlab sizes {quant} weights of dense (not MLA, not mixture-of-experts) decoders read from a "
+                f"config.json; {model.name} is not one"
+                + ("" if model.layer_sizes else " (no layer shapes: give its config.json with --config)"),
+            )
+        h, heads, kv, d, ffn = (
+            model.hidden_size,
+            model.num_attention_heads,
+            model.num_kv_heads,
+            model.head_dim,
+            model.layer_sizes[0],
+        )
+        mlp = (3 if model.gated_mlp else 2) * h * ffn
+        linear = model.num_layers * (h * (heads + 2 * kv) * d + heads * d * h + mlp)  # whole model
+        shapes = _dense_linear_shapes(model, tp)
+        if quant == "fp8":
+            scales = len(shapes) * 4
+        else:
+            scales = sum(-(-out // FP8_BLOCK) * -(-inp // FP8_BLOCK) for out, inp in shapes) * 4
+        return bf16 - linear * (2 - 1) / (tp * pp) + layers * scales
+    return _mxfp4_weights_bytes(model, bf16, tp, pp, dp, enable_expert_parallel)
+
+
+def fp8_block_estimate(model: ModelSpec, tp: int = 1, pp: int = 1, dp: int = 1) -> float:
+    """Weights one GPU holds (bytes) of a mixture-of-experts or MLA model whose checkpoint is block FP8 (DeepSeek-V3
+    and R1), estimated from its parameter count and sizes, not its layers: the embeddings and lm_head (2 x vocab x
+    hidden, untied, and vLLM's vocabulary padding where known) 16-bit, every other parameter 1 byte and one fp32 scale
+    a 128 x 128 block (4 / 16,384 bytes a weight), split as weights_bytes_per_gpu splits the 16-bit parameters (the
+    routed experts over DP x TP x PP too). What it leaves out: the routers (DeepSeek's gate stays bf16 and its
+    e_score_correction_bias fp32) and norms are counted at 1 byte, and each GPU's slices round up to whole blocks;
+    for DeepSeek-V3 at TP 1 it is 0.016% under the bytes its layers give (673,043,149,609 of 673,150,611,808 from
+    its 671,026,419,200 parameters; 0.020% under from the catalog's rounded 671.0 B)."""
+    embeddings = 2 * model.layer_sizes[1] * model.hidden_size + model.vocab_padding_params
+    per_weight = 1 + 4 / FP8_BLOCK**2
+    return _weights_bytes(model, per_weight, tp, pp, dp) + embeddings * (2 - per_weight) / (tp * pp)
+
+
+def _mxfp4_weights_bytes(model: ModelSpec, bf16: float, tp: int, pp: int, dp: int, enable_expert_parallel: bool):
+    """quantized_weights_bytes of an mxfp4 model, from its 16-bit estimate bf16."""
+    layers = model.num_layers / pp
+    if model.expert_params_b <= 0 or not model.hidden_size:
+        validate.fail("quantization", "mxfp4", f"mxfp4 quantizes gpt-oss's routed experts, and {model.name} has none")
+    group = dp * tp
+    expert_params = model.expert_params_b * 1e9 / (group * pp)  # what the 16-bit estimate charges a GPU
+    packed = expert_params * (1 / 2 + 1 / MXFP4_BLOCK)
+    padding = 0.0
+    if len(model.layer_sizes) == 5 and model.layer_sizes[2]:
+        experts, size = model.layer_sizes[2], model.layer_sizes[4]
+        local_experts, local_size = (experts // group, size) if enable_expert_parallel else (experts, size / group)
+        padded = -(-int(local_size) // MXFP4_INTERMEDIATE_ALIGN) * MXFP4_INTERMEDIATE_ALIGN
+        extra = local_experts * (padded - local_size)  # rows of w13 (x2) and columns of w2 each expert gains
+        padding = layers * extra * (3 * model.hidden_size * (1 / 2 + 1 / MXFP4_BLOCK) + 2 * 2)
+    return bf16 - expert_params * 2 + packed + padding
 
 
 __all__ = [
@@ -667,4 +842,8 @@ __all__ = [
     "LAYER_SIZE_COLUMNS",
     "stage_layers",
     "weights_bytes_per_gpu",
+    "quantized_weights_bytes",
+    "fp8_block_estimate",
+    "QUANTIZATIONS",
+    "PLAIN_MLP_FAMILIES",
 ]

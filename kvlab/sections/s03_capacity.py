@@ -355,10 +355,11 @@ def example_figures(
     config: EngineConfig, gpu_name: str, tensor_parallel_sizes: Iterable[int], kv_cache_dtypes: Iterable[str]
 ) -> dict:
     """What the prose says about the models it names (EXAMPLES): KV bytes per token against the article's shape
-    (x and %), heads and layers, parameters (billions) and bf16 weights (GiB); Gemma 3's sliding-window layers, and
-    the tokens in flight (config's batches in flight x max_num_batched_tokens) where its lines bend, and that plus
-    its window; vLLM's budget terms kvlab assumes (GiB); the GPU's memory (GiB), the GPU counts and KV dtypes tried
-    (in words) and the most GPUs tried."""
+    (x and %), heads and layers, parameters (billions), weights as vLLM loads them (GiB, on one GPU and on each of
+    the most GPUs tried; 16-bit unless the checkpoint is quantized) and the checkpoint's quantization; Gemma 3's
+    sliding-window layers, and the tokens in flight (config's batches in flight x max_num_batched_tokens) where its
+    lines bend, and that plus its window; vLLM's budget terms kvlab assumes (GiB); the GPU's memory (GiB), the part vLLM may use (GiB), the GPU
+    counts and KV dtypes tried (in words) and the most GPUs tried."""
     sizes = [str(n) for n in validate.non_empty("tensor_parallel_sizes", tensor_parallel_sizes)]
     dtypes = list(validate.non_empty("kv_cache_dtypes", kv_cache_dtypes))
     out = {
@@ -388,9 +389,14 @@ def example_figures(
                 f"{key}_global_layers": spec.num_layers - spec.num_sliding_layers,
                 f"{key}_window": spec.sliding_window,
                 f"{key}_params_b": spec.num_params_b,
-                f"{key}_weights_gib": spec.num_params_b * 1e9 * 2 / GIB,
+                f"{key}_weights_gib": capacity.estimated_weights_gib(spec, "bf16"),
+                f"{key}_weights_max_gpus_gib": capacity.estimated_weights_gib(
+                    spec, "bf16", config.replace(tensor_parallel_size=out["max_gpus"])
+                ),
+                f"{key}_quantization": spec.quantization,
             }
         )
+    out["usable_gib"] = out["gpu_gib"] * out["gpu_memory_utilization"]
     out["gemma3_beyond_tokens"] = out["in_flight_tokens"] + out["gemma3_window"]
     return out
 

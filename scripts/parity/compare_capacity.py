@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import dataclasses
 import itertools
 import json
 import re
@@ -220,6 +221,107 @@ def synthetic_configs() -> dict[str, dict]:
     }
 
 
+QWEN3_8B_FP8 = {  # Qwen/Qwen3-8B-FP8's config.json: block-scaled FP8 (128 x 128)
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 4096,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000,
+    "rms_norm_eps": 1e-06,
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
+}
+GPT_OSS_20B = {  # openai/gpt-oss-20b's config.json: MXFP4 experts
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "experts_per_token": 4,
+    "vocab_size": 201088,
+    "max_position_embeddings": 131072,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
+    "rope_theta": 150000,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "rms_norm_eps": 1e-05,
+    "swiglu_limit": 7.0,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "quantization_config": {
+        "modules_to_not_convert": [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ],
+        "quant_method": "mxfp4",
+    },
+}
+# gpt-oss-20b's parameters (kvlab does not count the family): embeddings and lm_head 2 x 201,088 x 2,880, the final
+# norm 2,880, and 24 layers of qkv (2,880 x 80 x 64 + 5,120 bias), o (4,096 x 2,880 + 2,880), 64 sinks, 2 norms,
+# the router (2,880 x 32 + 32) and 32 experts (3 x 2,880 x 2,880 + 3 x 2,880 biases): 20,914,757,184.
+GPT_OSS_20B_PARAMS_B = 20.914757184
+
+
+def quantized_models() -> list[dict]:
+    """Quantized weights as vLLM loads them: Llama 3.1 8B and GPT-NeoX-20B (a plain MLP) with `--quantization fp8`
+    (online per-tensor FP8), Qwen3-8B-FP8 (block-scaled FP8 checkpoint) and gpt-oss-20b (MXFP4 experts); the case's
+    quantization travels as vLLM's flag."""
+    llama = json.loads((FIXTURES / "llama-3.1-8b-instruct.json").read_text())
+    neox = json.loads((FIXTURES / "gpt-neox-20b.json").read_text())
+    return [
+        {
+            "name": "quantized:llama-3.1-8b-instruct-fp8",
+            "config": llama,
+            "spec": dataclasses.replace(from_config(llama, name="llama-3.1-8b-instruct"), quantization="fp8"),
+            "quantization": "fp8",
+        },
+        {  # a plain (ungated) MLP: dense_h_to_4h and dense_4h_to_h
+            "name": "quantized:gpt-neox-20b-fp8",
+            "config": neox,
+            "spec": dataclasses.replace(from_config(neox, name="gpt-neox-20b"), quantization="fp8"),
+            "quantization": "fp8",
+        },
+        {
+            "name": "quantized:qwen3-8b-fp8",
+            "config": QWEN3_8B_FP8,
+            "spec": from_config(QWEN3_8B_FP8, name="Qwen3-8B-FP8"),
+        },
+        {
+            "name": "quantized:gpt-oss-20b",
+            "config": GPT_OSS_20B,
+            "spec": from_config(GPT_OSS_20B, name="gpt-oss-20b", num_params_b=GPT_OSS_20B_PARAMS_B),
+        },
+    ]
+
+
 def models() -> list[dict]:
     """[{name, config, spec (kvlab's ModelSpec)}]: fixtures, catalog rows, synthetic layouts."""
     out = [
@@ -234,12 +336,12 @@ def models() -> list[dict]:
         {"name": f"synthetic:{name}", "config": config, "spec": from_config(config, name=name)}
         for name, config in synthetic_configs().items()
     ]
-    return out
+    return out + quantized_models()
 
 
 def family(name: str) -> str:
     kind, rest = name.split(":", 1)
-    return "synthetic" if kind == "synthetic" else next(f for key, f in FAMILIES if key in rest.lower())
+    return kind if kind in ("synthetic", "quantized") else next(f for key, f in FAMILIES if key in rest.lower())
 
 
 def kv_cache(spec) -> str:
@@ -304,6 +406,7 @@ def cases_for(model: dict, full: bool) -> list[dict]:
                 "available_kv_bytes": memory,
                 "block_size": 16,
                 "max_num_batched_tokens": 2048,
+                **({"quantization": model["quantization"]} if model.get("quantization") else {}),
                 **settings,
             }
         )
@@ -428,7 +531,8 @@ def grid(all_models: list[dict]) -> list[dict]:
     out = []
     for model in all_models:
         kind, name = model["name"].split(":", 1)
-        out += cases_for(model, full=not (kind == "catalog" and name.split("/")[-1].lower() in fixtures))
+        repeat = kind == "catalog" and name.split("/")[-1].lower() in fixtures
+        out += cases_for(model, full=not repeat and kind != "quantized")  # quantized: weights, one GPU
     return out
 
 
@@ -592,7 +696,8 @@ def weights_figures(model: dict, case: dict, vllm: dict) -> tuple[int, int] | No
     if case.get("pipeline_parallel_size", 1) != 1:
         return None
     tp, dp = case.get("tensor_parallel_size", 1), case.get("data_parallel_size", 1)
-    return weights, round(weights_bytes_per_gpu(spec, WEIGHT_BYTES, tp, 1, dp))
+    ep = case.get("enable_expert_parallel", False)
+    return weights, round(weights_bytes_per_gpu(spec, WEIGHT_BYTES, tp, 1, dp, ep))
 
 
 # ---------------------------------------------------------------- run

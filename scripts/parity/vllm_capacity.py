@@ -39,6 +39,8 @@ path) and the settings vLLM's KV-cache sizing reads:
                             GPU: both take any multiple of 16 tokens); or a name of
                             vllm.v1.attention.backends.registry.AttentionBackendEnum
     spec_source             "auto" (model class, else constructed), "model" or "constructed"
+    quantization            null (the checkpoint's quantization_config, if any) or vLLM's --quantization, e.g.
+                            "fp8" (online per-tensor FP8 of a 16-bit checkpoint)
 
 For every case the script (1) builds vLLM's VllmConfig from the config.json; (2) builds the
 per-layer KV cache specs of every pipeline stage the way a vLLM worker does: it instantiates
@@ -165,6 +167,7 @@ DEFAULTS = {
     "model_runner": "v2",
     "attention_backend": None,
     "spec_source": "auto",
+    "quantization": None,
 }
 # The order vLLM's CUDA platform tries attention backends in on a Hopper GPU (SM90;
 # vllm/platforms/cuda.py, _get_backend_priorities). The first that takes the KV dtype and block
@@ -289,6 +292,7 @@ def build_vllm_config(case: dict, settings: dict):
         async_scheduling=settings["async_scheduling"],
         disable_hybrid_kv_cache_manager=None if settings["hybrid_kv_cache_manager"] else True,
         enable_prefix_caching=settings["enable_prefix_caching"],
+        quantization=settings["quantization"],
     )
     with _before_platform_hook() as resolved:
         config = args.create_engine_config()
@@ -441,6 +445,24 @@ def _hopper_gdn_prefill():
 _BLOCK_SETTINGS = ("block_size", "mamba_block_size", "mamba_page_size_padded")
 
 
+def loaded_weight_bytes(model) -> int:
+    """The bytes of the parameters one GPU holds once loaded: each parameter as vLLM's create_weights allocates it,
+    except a layer of an online FP8 method (`--quantization fp8` on a 16-bit checkpoint: Fp8PerTensorOnlineLinearMethod
+    in vllm/model_executor/layers/quantization/online/fp8.py), whose 16-bit weight create_weights puts on the meta
+    device and process_weights_after_loading replaces with the FP8 weight (1 byte a value) and its one fp32 scale."""
+    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineLinearMethod
+
+    total = 0
+    for module in model.modules():
+        online = isinstance(getattr(module, "quant_method", None), Fp8PerTensorOnlineLinearMethod)
+        for name, param in module.named_parameters(recurse=False):
+            if online and name == "weight":
+                total += param.numel() * torch.finfo(torch.float8_e4m3fn).bits // 8 + 4  # + weight_scale, fp32 [1]
+            else:
+                total += param.numel() * param.element_size()
+    return total
+
+
 def specs_from_model(config, backend, pp_rank: int) -> tuple[dict, int]:
     """One stage's specs from vLLM's model class: each attention layer's get_kv_cache_spec, and the
     bytes of the parameters one GPU of the stage holds (rank 0 of its TP and DP groups).
@@ -457,7 +479,7 @@ def specs_from_model(config, backend, pp_rank: int) -> tuple[dict, int]:
         with _gpu_backend_selected(backend), set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
             with _hopper_gdn_prefill():
                 model = initialize_model(config)
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = loaded_weight_bytes(model)
         for layer in config.compilation_config.static_forward_context.values():
             if issubclass(getattr(layer, "attn_backend", object), backend):
                 layer.attn_backend = backend  # the real class, not the no-kernels stand-in
@@ -560,6 +582,7 @@ def stage_specs(case: dict, config, settings: dict, backend) -> tuple[list[dict]
         settings["block_size"],
         backend.get_name(),
         settings["spec_source"],
+        settings["quantization"],
     )
     if config.model_config.is_hybrid:  # Mamba specs read the length, the cache mode and the step budget too
         key += (config.model_config.max_model_len, config.cache_config.mamba_cache_mode, config.max_in_flight_tokens)
