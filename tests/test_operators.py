@@ -159,3 +159,12 @@ def test_a_chunk_after_history_is_read_at_its_pairs_and_the_measured_chunk_shape
     n, c = list(axes[0]).index(128), list(axes[1]).index(4096)
     fresh = context.us_at([(1.0, (32, 8, 128))], 1.0, operators.equal_pairs_prompt(128 * 4096 + 128 * 129 / 2))
     assert grid[n, c, 0, 0] == pytest.approx(fresh / 1.6474, rel=1e-9)
+
+
+def test_a_plain_mlp_is_one_up_projection_not_gate_and_up():
+    neox = models.get_model("EleutherAI/gpt-neox-20b")
+    assert not neox.gated_mlp
+    profile, _ = operators.compose_profile(neox, "H200-141GB", 2)
+    gemm = operators.operator_tables("H200-141GB").gemm("bf16")
+    intermediate, hidden = neox.layer_sizes[0], neox.hidden_size
+    assert profile.dense[1]["gate_up_proj"][0] == pytest.approx(gemm.us_at(1, intermediate // 2, hidden)[()])

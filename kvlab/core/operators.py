@@ -476,7 +476,7 @@ def compose_profile(
     why = composable(model)
     if why:
         return None, why
-    quantization = getattr(model, "quantization", "")
+    quantization = model.quantization
     intermediate, vocab, experts, top_k, expert_intermediate = model.layer_sizes
     t = tensor_parallel_size
     heads, kv_heads, head_dim, hidden = model.num_attention_heads, model.num_kv_heads, model.head_dim, model.hidden_size
@@ -547,7 +547,8 @@ def compose_profile(
     else:
         if intermediate % t:
             return None, f"an MLP of {intermediate} does not split over {t} GPUs"
-        dense["gate_up_proj"] = gemm.at(2 * intermediate // t, hidden)
+        gates = 2 if model.gated_mlp else 1  # gate and up (Llama, Qwen), or up alone (GPT-NeoX)
+        dense["gate_up_proj"] = gemm.at(gates * intermediate // t, hidden)
         dense["down_proj"] = gemm.at(hidden, intermediate // t)
         dense["act_fn"] = small_op_us("act_fn", tokens, intermediate / t / 14336, bandwidth)
     sequences = np.array(SEQUENCES, dtype=np.float64)
