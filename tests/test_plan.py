@@ -749,3 +749,10 @@ def test_data_parallel_ranks_for_a_dense_model_are_refused_in_one_line(capsys):
     assert cli.main(["plan", "--model", MODEL, "--gpu", GPU, *flags]) == 2
     err = capsys.readouterr().err
     assert "--data-parallel-size 1,2 is not allowed for Qwen/Qwen3-32B: it is dense" in err and err.count("\n") == 1
+
+
+def test_the_serve_command_names_online_fp8_and_not_a_checkpoints_own_quantization():
+    candidate = plan.Candidate()
+    assert candidate.serve_command("m", 4096, "fp8").startswith("vllm serve m --quantization fp8 ")
+    assert "--quantization" not in candidate.serve_command("m", 4096, "mxfp4")
+    assert "--quantization" not in candidate.serve_command("m", 4096)

@@ -900,7 +900,7 @@ def summary(plan: Plan, top: int = 10) -> dict:
         if best is None
         else {
             **rows[id(best)],
-            "vllm_serve": best.candidate.serve_command(d.model.name, d.max_model_len),
+            "vllm_serve": best.candidate.serve_command(d.model.name, d.max_model_len, d.model.quantization),
             "num_replicas": best.candidate.num_replicas,
         },
         "failed": {

@@ -128,10 +128,12 @@ class Candidate:
         parallel = {"enable_expert_parallel": self.data_parallel_size > 1}
         return EngineConfig().replace(**settings, **parallel, max_model_len=max_model_len)
 
-    def serve_command(self, model_name: str, max_model_len: int) -> str:
-        """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server)."""
+    def serve_command(self, model_name: str, max_model_len: int, quantization: str = "") -> str:
+        """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server);
+        quantization "fp8" adds --quantization fp8 (a checkpoint's own block FP8 or MXFP4 needs no flag)."""
         flags = [
             f"vllm serve {model_name}",
+            *(["--quantization fp8"] if quantization == "fp8" else []),
             f"--tensor-parallel-size {self.tensor_parallel_size}",
             *(
                 [f"--data-parallel-size {self.data_parallel_size}", "--enable-expert-parallel"]
