@@ -66,3 +66,11 @@ def test_the_clock_against_whole_steps_names_the_kernel_relation_from_the_table(
     assert "as long as vLLM's FlashAttention 3" in calibration.h200_clock_text(table, attention)
     faster = attention.assign(flash_us=attention["fa3_us"] / 2)
     assert "2.0x as fast as vLLM's FlashAttention 3" in calibration.h200_clock_text(table, faster)
+
+
+def test_the_whole_step_text_says_what_the_clock_adds_and_what_it_does_not():
+    table = calibration.h200_whole_step_table()
+    text = calibration.h200_whole_step_text(table)
+    assert "6.7 us a decoder layer (the median of 11 steps)" in text and "stays short there" in text
+    smaller = table.assign(median_pct=table["median_pct"].where(table.index != "prefill", 0.0))
+    assert "stays short there" not in calibration.h200_whole_step_text(smaller)

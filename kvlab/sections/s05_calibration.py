@@ -660,6 +660,22 @@ def h200_sources_text(gemm: pd.DataFrame, attention: pd.DataFrame) -> str:
     )
 
 
+def _ranges_by_step_kind(percent: pd.Series, kinds: pd.Series) -> pd.DataFrame:
+    """Per step kind (decode, prefill, mixed): the steps and the least, median and most of percent."""
+    table = percent.groupby(kinds).agg(["count", "min", "median", "max"])
+    table.columns = ["steps", "least_pct", "median_pct", "most_pct"]
+    return table.reindex([k for k in ("decode", "prefill", "mixed") if k in table.index])
+
+
+def _ranges_text(table: pd.DataFrame, number: str) -> str:
+    """_ranges_by_step_kind's rows in words, each percentage in the format number (e.g. "+.0f")."""
+    return "; ".join(
+        (f"{row.least_pct:{number}}% to {row.most_pct:{number}}%" if row.steps > 1 else f"{row.least_pct:{number}}%")
+        + f" on {int(row.steps)} {kind} step{'s' if row.steps > 1 else ''}"
+        for kind, row in table.iterrows()
+    )
+
+
 def h200_whole_step_table() -> pd.DataFrame:
     """What a whole step adds to its operators timed one by one, on kvlab's H200 (scripts/gpu/time_whole_step.py:
     Llama-3.1-8B's step in one CUDA graph against the sum of the same kernels alone, the KV-cache write included):
@@ -667,25 +683,26 @@ def h200_whole_step_table() -> pd.DataFrame:
     steps = pd.read_csv(H200_SHARDS / "whole_step" / "whole_step.csv")
     steps = steps[steps["error"].isna()]
     gap = 100 * (steps["ratio_whole_over_composed_with_kv_write"] - 1)
-    table = gap.groupby(steps["step_kind"]).agg(["count", "min", "median", "max"])
-    table.columns = ["steps", "least_pct", "median_pct", "most_pct"]
-    return table.reindex([k for k in ("decode", "prefill", "mixed") if k in table.index])
+    return _ranges_by_step_kind(gap, steps["step_kind"])
 
 
 def h200_whole_step_text(table: pd.DataFrame) -> str:
-    """h200_whole_step_table in words, with its rounding."""
-    parts = [
-        (f"{row.least_pct:.1f}% to {row.most_pct:.1f}%" if row.steps > 1 else f"{row.least_pct:.1f}%")
-        + f" on {int(row.steps)} {kind} step{'s' if row.steps > 1 else ''}"
-        for kind, row in table.iterrows()
-    ]
+    """h200_whole_step_table in words, with its rounding, and what of it the measured clock adds."""
+    from kvlab.core.operators import kernel_gap_us_per_layer
+
+    gap_us, steps = kernel_gap_us_per_layer()
     return (
         "The same H200 also timed whole steps of Llama-3.1-8B, each captured in one CUDA graph, against the sum of the "
         "same kernels timed one at a time, the KV-cache write included: the whole step "
         + ("took longer than the sum by " if (table["least_pct"] > 0).all() else "differed from the sum by ")
-        + "; ".join(parts)
-        + ". A clock that sums operators, as the measured clock does, leaves this out: it is stated here as the "
-        "measured clock's known shortfall, not added to it."
+        + _ranges_text(table, ".1f")
+        + f". The measured clock adds the time the decode steps left unexplained by their kernels, {gap_us:.1f} us a "
+        f"decoder layer (the median of {steps} steps), as its kernel gaps"
+        + (
+            "; the larger share prefill steps left is not added, so the clock stays short there."
+            if "prefill" in table.index and table.loc["prefill", "median_pct"] > table.loc["decode", "median_pct"]
+            else "."
+        )
     )
 
 
@@ -707,10 +724,7 @@ def h200_clock_table() -> pd.DataFrame:
         pairs = chunk * (chunk + 1) // 2
         batch = Batch(chunk + decodes, chunk + decodes * context, decodes, decodes * context, int(chunk > 0), pairs)
         errors.append(100 * (clock.step_s(batch) * 1e6 / row.whole_step_us - 1))
-    gap = pd.Series(errors, index=steps.index)
-    table = gap.groupby(steps["step_kind"]).agg(["count", "min", "median", "max"])
-    table.columns = ["steps", "least_pct", "median_pct", "most_pct"]
-    return table.reindex([k for k in ("decode", "prefill", "mixed") if k in table.index])
+    return _ranges_by_step_kind(pd.Series(errors, index=steps.index), steps["step_kind"])
 
 
 def h200_clock_text(table: pd.DataFrame, attention: pd.DataFrame) -> str:
@@ -718,14 +732,9 @@ def h200_clock_text(table: pd.DataFrame, attention: pd.DataFrame) -> str:
     largest = attention[attention.index.str.contains("decode")].iloc[-1]
     ratio = largest["flash_us"] / largest["fa3_us"]
     relation = f"{ratio:.1f}x as long as" if ratio >= 1 else f"{1 / ratio:.1f}x as fast as"
-    parts = [
-        (f"{row.least_pct:+.0f}% to {row.most_pct:+.0f}%" if row.steps > 1 else f"{row.least_pct:+.0f}%")
-        + f" on {int(row.steps)} {kind} step{'s' if row.steps > 1 else ''}"
-        for kind, row in table.iterrows()
-    ]
     return (
         "Set against those whole steps, the measured clock for Llama-3.1-8B on the H200 (its CPU term off) is off by "
-        + "; ".join(parts)
+        + _ranges_text(table, "+.0f")
         + ". The two do not run the same kernels: the whole steps ran PyTorch's attention (its flash backend for "
         f"decodes, {relation} vLLM's FlashAttention 3 at {largest.name} in the table of kernels above) and Triton "
         "stand-ins for the small operators, so this compares the clock with another composition of kernels; it does "
