@@ -168,3 +168,16 @@ def test_a_plain_mlp_is_one_up_projection_not_gate_and_up():
     gemm = operators.operator_tables("H200-141GB").gemm("bf16")
     intermediate, hidden = neox.layer_sizes[0], neox.hidden_size
     assert profile.dense[1]["gate_up_proj"][0] == pytest.approx(gemm.us_at(1, intermediate // 2, hidden)[()])
+
+
+def test_kv_heads_past_the_measured_ones_scale_the_nearest_and_never_go_negative():
+    """Llama-2-7B's 32 KV heads: the generation tables measured 1-8, so 8's times x 4 (a secant from 4 and 8 went
+    below 0 on the A100's table)."""
+    llama2 = dataclasses.replace(models.get_model("meta-llama/Llama-2-7b-hf"), layer_sizes=(11008, 32000, 0, 0, 0))
+    for gpu in ("A100-SXM-80GB", "H100-SXM-80GB", "H200-141GB"):
+        profile, words = operators.compose_profile(llama2, gpu, 1)
+        assert profile.attention[1].min() >= 0, gpu
+        assert "read from 32/8/128 x 4" in words
+    generation = operators.operator_tables("A100-SXM-80GB").attention("generation", "bf16")
+    parts, _ = generation.shape_for(32, 32, 128, "generation")
+    assert parts == [(4.0, (32, 8, 128))]

@@ -210,14 +210,14 @@ class AttentionTable:
             kvs = sorted(s[1] for s in same_dim if s[0] == near_heads)
             if kv_heads in kvs:
                 parts = [(1.0, (near_heads, kv_heads, near_dim))]
-            elif len(kvs) >= 2:
-                lo = max([k for k in kvs if k < kv_heads] or kvs[:1])
-                lo = lo if lo != kvs[-1] else kvs[-2]
-                hi = kvs[kvs.index(lo) + 1]
+            elif kvs[0] < kv_heads < kvs[-1]:  # between two measured: linear in the KV heads
+                lo = max(k for k in kvs if k < kv_heads)
+                hi = min(k for k in kvs if k > kv_heads)
                 w = (kv_heads - lo) / (hi - lo)
                 parts = [(1 - w, (near_heads, lo, near_dim)), (w, (near_heads, hi, near_dim))]
-            else:
-                parts = [(kv_heads / kvs[0], (near_heads, kvs[0], near_dim))]
+            else:  # past them: the nearest measured, scaled by the KV bytes read (never a secant's sign flip)
+                near_kv = kvs[-1] if kv_heads > kvs[-1] else kvs[0]
+                parts = [(kv_heads / near_kv, (near_heads, near_kv, near_dim))]
             scale = head_dim / near_dim
         else:
             kvs = sorted(s[1] for s in same_dim if s[0] == near_heads)
@@ -225,7 +225,11 @@ class AttentionTable:
             parts = [(1.0, (near_heads, near_kv, near_dim))]
             scale = heads * head_dim / (near_heads * near_dim)
         parts = [(w * scale, s) for w, s in parts]
-        measured = " and ".join(f"{s[0]}/{s[1]}/{s[2]}" for _, s in parts)
+        measured = (
+            f"{parts[0][1][0]}/{parts[0][1][1]}/{parts[0][1][2]} x {parts[0][0]:.3g}"
+            if len(parts) == 1
+            else " and ".join(f"{s[0]}/{s[1]}/{s[2]}" for _, s in parts)
+        )
         return (
             parts,
             f"{phase} attention of {heads}/{kv_heads}/{head_dim} (heads/KV heads/head dim) read from {measured}",
