@@ -95,13 +95,17 @@ def test_a_replay_schedules_as_the_run_ran():
             "roofline",
             "all 128 experts for every token, where a token runs 8; the expert dispatch and combine is a bandwidth bound",
         ),
-        (RUNS[1], "measured", "The expert dispatch and combine is a bandwidth bound without latency"),
+        (
+            RUNS[1],
+            "measured",
+            "The expert dispatch and combine is NCCL's all-gather and reduce-scatter each timed alone",
+        ),
         (RUNS[2], "roofline", "it has no all-reduce."),
         (
             RUNS[2],
             "measured",
-            "The all-reduce (vLLM's custom all-reduce (one-stage) at 1-819 tokens, NCCL at 820-2,048 tokens) over PCIe 5.0 "
-            "x16 is a bandwidth bound without latency: no public measurement times it.",
+            "The all-reduce (vLLM's custom all-reduce (one-stage) at 1-819 tokens, NCCL at 820-2,048 tokens) is each "
+            "kernel timed alone over PCIe 5.0 x16;",
         ),
         (RUNS[0], "measured", "No cause identified"),
     ],

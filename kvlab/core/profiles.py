@@ -486,6 +486,20 @@ def all_reduce_us(folder: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] |
     return np.array([0.0] + [p[0] for p in points]), np.array([0.0] + [p[1] for p in points])
 
 
+@lru_cache(maxsize=32)
+def nccl_us(folder: str, op: str, num_gpus: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(sizes in bytes, from 0; one call's time, us) of NCCL's op (all_reduce, all_gather, reduce_scatter) among
+    num_gpus GPUs from a folder's nccl.csv (nccl-tests' size: the whole buffer), or None where it has none."""
+    path = PROFILES_DIR / folder / "nccl.csv"
+    if not path.exists():
+        return None
+    rows = [r for r in _rows(path) if r["op"] == op and int(r["num_gpus"]) == num_gpus]
+    if not rows:
+        return None
+    points = sorted((int(r["size_bytes"]), float(r["time_us"])) for r in rows)
+    return np.array([0.0] + [p[0] for p in points]), np.array([0.0] + [p[1] for p in points])
+
+
 __all__ = [
     "INDEX_CSV",
     "LAYER_CALLS",
@@ -500,6 +514,7 @@ __all__ = [
     "Interconnect",
     "all_reduce_us",
     "interconnect",
+    "nccl_us",
     "linear_layers_ms",
     "linear_weights_bytes",
     "load_index",

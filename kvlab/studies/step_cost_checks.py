@@ -128,25 +128,32 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
         )
         if tp > 1:
             reasons.append("it has no all-reduce")
+    link = profiles.interconnect(s["gpu"])
+    measured_link = link is not None and link.all_reduce_profile.startswith("../operators/")
     if dp > 1 and s["enable_expert_parallel"]:
         reasons.append(
-            "the expert dispatch and combine is a bandwidth bound without latency (no public measurement times "
-            "them) and the MoE block's table holds one GPU's experts at one rank's tokens"
+            (
+                "the expert dispatch and combine is NCCL's all-gather and reduce-scatter each timed alone (nccl-tests), "
+                "not vLLM's all_gatherv of unequal shares with the top-k ids and weights"
+                if measured_link and cost_name == "measured"
+                else "the expert dispatch and combine is a bandwidth bound without latency (no measurement times them)"
+            )
+            + ", and the MoE block's table holds one GPU's experts at one rank's tokens"
         )
     elif dp > 1:
         reasons.append("vLLM slices every expert over all the GPUs, which kvlab does not model")
     if cost_name == "measured" and tp > 1:
-        link = profiles.interconnect(s["gpu"])
         if link is None:
             reasons.append("the all-reduce is left out (no link figure for the GPU)")
-        elif not link.all_reduce_profile:
+        else:
             kernels = kernel_ranges(link, tp, 2.0 * get_model(s["model"]).hidden_size, s["max_num_batched_tokens"])
             reasons.append(
-                f"the all-reduce ({kernels}) over {link.interconnect} is a bandwidth bound without latency: no public "
-                "measurement times it"
+                f"the all-reduce ({kernels}) is each kernel timed alone over {link.interconnect}; what the run's ranks "
+                "add to it (waiting for each other, sending each step to the workers) is measured nowhere"
+                if measured_link
+                else f"the all-reduce ({kernels}) over {link.interconnect} is a bandwidth bound without latency: no "
+                "public measurement times it"
             )
-        else:
-            reasons.append("the all-reduce is timed by NCCL measurements where vLLM may run another kernel")
     if not reasons:
         reasons.append("no cause identified: the replay leaves out only what its notes list")
     text = "; ".join(reasons)

@@ -64,19 +64,23 @@ def git(repo: Path, *args: str) -> bytes:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True).stdout
 
 
-def newest_table(repo: Path, commit: str, system: str, op: str, filename: str) -> tuple[str, str] | None:
-    """(vLLM version, path) of the newest vLLM version folder of system/op that holds filename, or None."""
-    listing = git(repo, "ls-tree", "-r", "--name-only", commit, f"{TABLES_DIR}/{system}/{op}/vllm/").decode().split()
+def newest_table(
+    repo: Path, commit: str, system: str, op: str, filename: str, framework: str = "vllm"
+) -> tuple[str, str] | None:
+    """(version, path) of the newest version folder of system/op/framework (vLLM's by default; "nccl" for the NCCL
+    library's collectives) that holds filename, or None."""
+    folder = f"/{framework}/"
+    listing = git(repo, "ls-tree", "-r", "--name-only", commit, f"{TABLES_DIR}/{system}/{op}{folder}").decode().split()
     found = [p for p in listing if p.endswith("/" + filename)]
     if not found:
         return None
 
     def version(path: str) -> tuple:
-        text = path.split("/vllm/")[1].split("/")[0]
+        text = path.split(folder)[1].split("/")[0]
         return tuple(int(x) if x.isdigit() else -1 for x in text.replace("dev", ".").split("."))
 
     path = max(found, key=version)
-    return path.split("/vllm/")[1].split("/")[0], path
+    return path.split(folder)[1].split("/")[0], path
 
 
 def read_parquet(repo: Path, commit: str, path: str):
@@ -214,6 +218,22 @@ def write_all_reduce(frame, path: Path) -> dict:
     return {"kernel": kernel, "rows": len(rows)}
 
 
+def write_nccl(frame, path: Path) -> dict:
+    """NCCL's all-reduce, all-gather and reduce-scatter in half precision, timed by nccl-tests (AIConfigurator's
+    collect_nccl.py: one out-of-place call, eager, outside a CUDA graph), as nccl.csv (op, num_gpus, size_bytes,
+    time_us). size_bytes is nccl-tests' size: the whole buffer (an all-gather's gathered output, a reduce-scatter's
+    input)."""
+    ops = ("all_reduce", "all_gather", "reduce_scatter")
+    rows = frame[(frame["nccl_dtype"] == "half") & frame["op_name"].isin(ops)]
+    rows = rows.sort_values(["op_name", "num_gpus", "message_size"])
+    lines = ["op,num_gpus,size_bytes,time_us"]
+    for op, gpus, size, latency in zip(rows["op_name"], rows["num_gpus"], rows["message_size"], rows["latency"]):
+        # message_size counts half elements (collect_nccl.py: size // bytes_per_element); 2 bytes each
+        lines.append(f"{op},{int(gpus)},{int(size) * 2},{float(latency) * 1000.0:.4g}")
+    path.write_text("\n".join(lines) + "\n")
+    return {"kernel": "NCCL (nccl-tests, eager)", "ops": list(ops), "rows": len(rows)}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, required=True, help="a clone or bare mirror of ai-dynamo/aiconfigurator")
@@ -266,8 +286,16 @@ def main(argv=None) -> int:
             version, path = found
             table_meta = write_all_reduce(read_parquet(args.repo, commit, path), folder / "all_reduce.csv")
             meta["tables"]["all_reduce"] = {"vllm_version": version, "path": path, **table_meta}
+        found = newest_table(args.repo, commit, system, "comm", "nccl_perf.parquet", framework="nccl")
+        if found is not None:
+            version, path = found
+            table_meta = write_nccl(read_parquet(args.repo, commit, path), folder / "nccl.csv")
+            meta["tables"]["nccl"] = {"nccl_version": version, "path": path, **table_meta}
         (folder / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-        versions = ", ".join(f"{k} (vLLM {v['vllm_version']})" for k, v in meta["tables"].items())
+        versions = ", ".join(
+            f"{k} (vLLM {v['vllm_version']})" if "vllm_version" in v else f"{k} (NCCL {v['nccl_version']})"
+            for k, v in meta["tables"].items()
+        )
         print(f"{gpu}: {versions}")
     return 0
 

@@ -1,5 +1,6 @@
 """Tensor parallelism's all-reduces as vLLM 0.33 runs them: how many a step runs, which kernel it picks for each
-size, and their time from a measured latency-and-size table or, where none is measured, a bound over the link.
+size, and their time from that kernel's measured latency-and-size table or, where none is measured, a bound over the
+link; and the expert dispatch and combine of data and expert parallelism, timed the same way.
 
 Which kernel (vllm/distributed/device_communicators/cuda_communicator.py CudaCommunicator.all_reduce, in order):
 FlashInfer's all-reduce on compute capability 9.0 and 10.x up to its size limit per GPU count; then vLLM's custom
@@ -92,22 +93,25 @@ class AllReduceCost:
     @classmethod
     def for_step(cls, link, num_gpus: int, hidden_size: int, num_layers: int) -> AllReduceCost | None:
         """The all-reduces of one step of a model of num_layers decoder layers and hidden_size on num_gpus GPUs
-        joined by link (None: no link figure, the all-reduce is left out): the link's measured times where
-        data/ holds them for that GPU count (AIConfigurator's of vLLM's custom all-reduce, or vidur's NCCL), else the ring's bound, 2 (n - 1) / n x size over the link's
-        bandwidth each way (no latency)."""
+        joined by link (None: no link figure, the all-reduce is left out), each size timed by the kernel vLLM runs
+        there (vllm_kernel) where data/ measures it for that GPU count: AIConfigurator's vLLM custom all-reduce and
+        NCCL tables (by_kernel), or vidur's NCCL for every size; else the ring's bound, 2 (n - 1) / n x size over the
+        link's bandwidth each way (no latency)."""
         from kvlab.core import profiles
 
         if link is None or num_gpus == 1:
             return None
         bytes_per_token = 2.0 * hidden_size
-        table = profiles.all_reduce_us(link.all_reduce_profile, num_gpus) if link.all_reduce_profile else None
-        if table is not None:
-            sizes, times = table
+        folder = link.all_reduce_profile
+        custom = profiles.all_reduce_us(folder, num_gpus) if folder else None
+        kernels = kernel_ranges(link, num_gpus, bytes_per_token)
+        if custom is not None and folder.startswith("../operators/"):
+            nccl = profiles.nccl_us(folder, "all_reduce", num_gpus)
+            sizes, times, source = by_kernel(link, num_gpus, bytes_per_token, custom, nccl)
+        elif custom is not None:
+            sizes, times = custom
             source = (
-                f"vLLM's custom all-reduce in a CUDA graph measured among {num_gpus} GPUs over {link.interconnect} "
-                "by AIConfigurator (bf16; it stands for the kernel vLLM runs where it runs another)"
-                if link.all_reduce_profile.startswith("../operators/")
-                else f"vidur's NCCL all-reduce measured among {num_gpus} GPUs over {link.interconnect} "
+                f"vidur's NCCL all-reduce measured among {num_gpus} GPUs over {link.interconnect} "
                 "(eager, fp16; not the kernel vLLM runs where it runs another)"
             )
         else:
@@ -117,9 +121,7 @@ class AllReduceCost:
                 f"no measurement of an all-reduce among {num_gpus} of these GPUs: the ring's bound over "
                 f"{link.interconnect} at {link.bandwidth_gb_s:g} GB/s each way, no latency (a lower bound)"
             )
-        return cls(
-            sizes, times, bytes_per_token, 2 * num_layers + 1, kernel_ranges(link, num_gpus, bytes_per_token), source
-        )
+        return cls(sizes, times, bytes_per_token, 2 * num_layers + 1, kernels, source)
 
     def step_us(self, num_tokens: float) -> float:
         """The step's all-reduces for num_tokens tokens (us)."""
@@ -134,15 +136,111 @@ class AllReduceCost:
         return f"{self.num_per_step} all-reduces a step ({self.kernels}); timed by {self.source}"
 
 
+class DispatchCombine(AllReduceCost):
+    """The expert dispatch and combine of a step under data and expert parallelism, as vLLM 0.33's default all2all
+    backend runs them (allgather_reducescatter: vllm/distributed/device_communicators/all2all.py AgRsAll2AllManager,
+    among the data-parallel group's ranks): before each MoE block an all-gather of every rank's hidden states, after it
+    a reduce-scatter of the experts' outputs, each a buffer of the tokens of all the ranks x hidden_size x 2 bytes.
+    Read by the tokens of all the ranks."""
+
+    @classmethod
+    def for_step(cls, link, num_ranks: int, hidden_size: int, num_layers: int) -> DispatchCombine:
+        """A step's dispatch and combine among num_ranks GPUs joined by link: NCCL's all-gather plus its reduce-scatter
+        as AIConfigurator measured them (nccl-tests) where data/ has them among that many GPUs, else the ring's bound
+        of both, 2 (n - 1) / n x the buffer over the link's bandwidth each way (no latency)."""
+        from kvlab.core import profiles
+
+        folder = link.all_reduce_profile
+        gather, scatter = (
+            (profiles.nccl_us(folder, op, num_ranks) for op in ("all_gather", "reduce_scatter"))
+            if folder.startswith("../operators/")
+            else (None, None)
+        )
+        kernels = "vLLM's allgather_reducescatter"
+        if gather is not None and scatter is not None:
+            sizes = np.union1d(gather[0], scatter[0])
+            times = np.interp(sizes, *gather) + np.interp(sizes, *scatter)
+            source = (
+                f"NCCL's all-gather and reduce-scatter among {num_ranks} GPUs over {link.interconnect} measured by "
+                "AIConfigurator (nccl-tests, eager, half; the top-k ids and weights gathered with the hidden states "
+                "left out)"
+            )
+        else:
+            ring = 2.0 * (num_ranks - 1) / num_ranks
+            sizes, times = np.array([0.0, MIB]), np.array([0.0, 2 * ring * MIB / (link.bandwidth_gb_s * 1e3)])
+            source = (
+                f"the ring's bound of both over {link.interconnect} at {link.bandwidth_gb_s:g} GB/s each way, no "
+                "latency (no measurement of either among these GPUs)"
+            )
+        return cls(sizes, times, 2.0 * hidden_size, num_layers, kernels, source)
+
+    def describe(self) -> str:
+        return f"dispatch and combine ({self.kernels}), {self.num_per_step} a step: {self.source}"
+
+
+def by_kernel(link, num_gpus: int, bytes_per_token: float, custom, nccl) -> tuple[np.ndarray, np.ndarray, str]:
+    """(sizes, times, in words) of one all-reduce that reads, at each step's tokens, the table of the kernel vLLM
+    runs there: nccl's (sizes, times) where it runs NCCL, custom's (vLLM's custom all-reduce) elsewhere, FlashInfer's
+    and torch symmetric memory's all-reduce included (unmeasured; said). One piecewise-linear table whose pieces
+    are each kernel's own measurements inside its token range, so integer tokens read exactly that kernel's table;
+    without nccl, custom stands for NCCL too."""
+    tables = {"custom": custom, "nccl": nccl if nccl is not None else custom}
+    sizes, times = [0.0], [0.0]
+    ranges = token_ranges(link, num_gpus, bytes_per_token, max_tokens=None)
+    for i, (kernel, first, last) in enumerate(ranges):
+        axis, values = tables["nccl" if kernel == "NCCL" else "custom"]
+        axis, values = axis.tolist(), values.tolist()
+        lo = first * bytes_per_token
+        hi = last * bytes_per_token if i + 1 < len(ranges) else np.inf
+        inner = [(a, v) for a, v in zip(axis, values) if lo < a < hi]
+        ends = [(lo, interp(axis, values, lo))] + inner + ([(hi, interp(axis, values, hi))] if hi < np.inf else [])
+        for a, v in ends:
+            if a > sizes[-1]:
+                sizes.append(a)
+                times.append(v)
+    used = {k for k, _, _ in ranges}
+    words = [f"vLLM's custom all-reduce in a CUDA graph measured among {num_gpus} GPUs over {link.interconnect} by "
+             "AIConfigurator (bf16)"]  # fmt: skip
+    if "NCCL" in used:
+        words.append(
+            "NCCL's all-reduce by nccl-tests (eager, half) where vLLM runs NCCL"
+            if nccl is not None
+            else "the custom all-reduce's times where vLLM runs NCCL (no NCCL measurement among these GPUs)"
+        )
+    others = sorted(k for k in used if k != "NCCL" and "custom" not in k)
+    if others:
+        words.append(f"the custom all-reduce's times where vLLM runs {' or '.join(others)} (unmeasured)")
+    return np.array(sizes), np.array(times), "; ".join(words)
+
+
+def token_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int | None = 8192) -> list[list]:
+    """[kernel, first, last tokens] of each run of step tokens (1 to max_tokens; None: the last run open-ended) over
+    which vLLM runs one all-reduce kernel (vllm_kernel). The kernel changes only where the size crosses one of
+    vllm_kernel's limits, or, for sizes not a multiple of 16 bytes, between tokens; tokens are read there only."""
+    cap = link.compute_capability
+    limits = [CUSTOM_MAX_BYTES, 512 * 1024, 256 * 1024]
+    for table in (FLASHINFER_MAX_MIB, CUSTOM_MAX_WITH_SYMM_MEM_MIB, SYMM_MEM_MAX_MIB):
+        limits += [mib * MIB for mib in table.get(cap, {}).values()]
+    end = max_tokens if max_tokens is not None else int(max(limits) // bytes_per_token) + 2
+    if bytes_per_token % 16:
+        candidates = range(1, end + 1)
+    else:
+        candidates = sorted({1} | {t for b in limits for t in (int(b // bytes_per_token), int(b // bytes_per_token) + 1)
+                                   if 1 <= t <= end})  # fmt: skip
+    ranges: list[list] = []
+    for tokens in candidates:
+        kernel = vllm_kernel(link, num_gpus, int(tokens * bytes_per_token))
+        if ranges and ranges[-1][0] == kernel:
+            continue
+        if ranges:
+            ranges[-1][2] = tokens - 1
+        ranges.append([kernel, tokens, end])
+    return ranges
+
+
 @lru_cache(maxsize=64)
 def kernel_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int = 8192) -> str:
     """Which kernel vLLM runs for a step's all-reduces, by the step's tokens, in words, e.g. "vLLM's custom
     all-reduce (one-stage) at 1-1,023 tokens, NCCL at 1,024-8,192 tokens"."""
-    ranges: list[list] = []
-    for tokens in range(1, max_tokens + 1):
-        kernel = vllm_kernel(link, num_gpus, int(tokens * bytes_per_token))
-        if ranges and ranges[-1][0] == kernel:
-            ranges[-1][2] = tokens
-        else:
-            ranges.append([kernel, tokens, tokens])
+    ranges = token_ranges(link, num_gpus, bytes_per_token, max_tokens)
     return ", ".join(f"{k} at {a:,}-{b:,} tokens" for k, a, b in ranges)

@@ -9,7 +9,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvlab.core import validate
-from kvlab.core.cost.all_reduce import AllReduceCost
+from kvlab.core.cost.all_reduce import AllReduceCost, DispatchCombine
 from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.cpu import combine_cpu
 from kvlab.core.cost.interpolate import blend, bracket, bracket_array, interp
@@ -103,12 +103,13 @@ class MeasuredStepCost:
       the MoE block is read at (the rank's tokens, the experts of its E / EP hit by DP x those tokens: E / EP x (1 - (1 - k/E)^(DP x
       tokens))), the table's tokens routing as many token-expert pairs as the rank's share of all the ranks'; and
       the expert dispatch and combine, vLLM 0.33's default all2all backend (allgather_reducescatter: an all-gather
-      of every rank's hidden states and a reduce-scatter of the experts' outputs in each MoE layer), each moving
-      (EP - 1) / EP of DP x tokens x hidden_size x 2 bytes, at the ring's bound over the link (no measurement of
-      either; no latency);
+      of every rank's hidden states and a reduce-scatter of the experts' outputs in each MoE layer, among the DP
+      ranks), each a buffer of DP x tokens x hidden_size x 2 bytes, timed by NCCL's measured all-gather and
+      reduce-scatter where data/operators holds them for the GPU (kvlab.core.cost.all_reduce.DispatchCombine), else
+      at the ring's bound over the link (no latency);
     - all-reduce when TP > 1: 2 x num_layers + 1 a step (after o_proj and the MLP, and the embedding's), each
       summing tokens x hidden_size x 2 bytes (kvlab.core.cost.all_reduce.AllReduceCost: which kernel vLLM runs
-      at each size; the time measured where data/profiles holds a measurement for the GPU, else the ring's
+      at each size, and that kernel's measured time where data/operators holds it for the GPU, else the ring's
       bound over the link, data/profiles/interconnects.csv, its latency left out);
     - CUDA graphs: a step of at most max_cudagraph_capture_size tokens runs padded to the next of
       cudagraph_capture_sizes (vLLM 0.33's CudagraphDispatcher, vllm/v1/cudagraph_dispatcher.py: a decode-only
@@ -158,7 +159,9 @@ class MeasuredStepCost:
     skew: SkewFit | None = None  # the attention's penalty for decodes of unequal history (None: none)
     expert_parallel_size: int = 1  # GPUs the experts are split over (1: every expert on this GPU)
     data_parallel_size: int = 1  # ranks whose tokens meet at the experts (expert parallelism)
-    dispatch_us_per_token: float = 0.0  # the expert dispatch and combine, a step, per token of all the ranks
+    dispatch: AllReduceCost | None = (
+        None  # the expert dispatch and combine, by the tokens of all the ranks (None: none)
+    )
     name = "measured"
 
     def __post_init__(self):
@@ -189,12 +192,12 @@ class MeasuredStepCost:
         validate.one_of("cpu_overlapped", self.cpu_overlapped, [True, False])
         validate.positive_int("expert_parallel_size", self.expert_parallel_size)
         validate.positive_int("data_parallel_size", self.data_parallel_size)
-        validate.in_range("dispatch_us_per_token", self.dispatch_us_per_token, "step_ms")
         sizes = list(self.cudagraph_capture_sizes)
         if sizes and (sizes != sorted(set(sizes)) or sizes[0] < 1):
             validate.fail("cudagraph_capture_sizes", tuple(sizes), "must be increasing token counts >= 1")
-        if self.all_reduce is not None and not isinstance(self.all_reduce, AllReduceCost):
-            validate.fail("all_reduce", type(self.all_reduce).__name__, "must be an AllReduceCost or None")
+        for name in ("all_reduce", "dispatch"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), AllReduceCost):
+                validate.fail(name, type(getattr(self, name)).__name__, "must be an AllReduceCost or None")
         if self.skew is not None and not isinstance(self.skew, SkewFit):
             validate.fail("skew", type(self.skew).__name__, "must be a SkewFit or None")
         # Python copies of the tables: a step is a few bisections and blends, no numpy call.
@@ -308,7 +311,7 @@ class MeasuredStepCost:
         only where it has them)."""
         has = {
             "MoE block": bool(self.num_experts),
-            "expert dispatch": bool(self.dispatch_us_per_token),
+            "expert dispatch": self.dispatch is not None,
             "all-reduce": self.all_reduce is not None,
             "CUDA-graph padding": bool(self.cudagraph_capture_sizes),
             "CPU scheduling": bool(len(self.cpu_sequences)),
@@ -325,7 +328,7 @@ class MeasuredStepCost:
             "attention": {"attention_us": np.zeros_like(np.asarray(self.attention_us))},
             "lm_head and sampler": {"per_sequence_us": np.zeros_like(self.per_sequence_us)},
             "MoE block": {"moe_us": np.zeros_like(self.moe_us)},
-            "expert dispatch": {"dispatch_us_per_token": 0.0},
+            "expert dispatch": {"dispatch": None},
             "all-reduce": {"all_reduce": None},
             "CUDA-graph padding": {"cudagraph_capture_sizes": ()},
             "CPU scheduling": {"cpu_sequences": np.zeros(0), "cpu_us": np.zeros(0)},
@@ -372,8 +375,8 @@ class MeasuredStepCost:
             us += interp(self._sequences, self._per_sequence, num_sequences)
         if self.all_reduce is not None:
             us += self.all_reduce.step_us(padded)
-        if self.dispatch_us_per_token:
-            us += self.dispatch_us_per_token * self.data_parallel_size * experts
+        if self.dispatch is not None:
+            us += self.dispatch.step_us(self.data_parallel_size * experts)
         return us + self._overhead_us
 
     def with_cpu_us(self, gpu_us, num_sequences: int):
@@ -590,23 +593,23 @@ def step_all_reduce(gpu_name: str, tensor_parallel_size: int, hidden_size: int, 
     return cost, f"; all-reduce: {cost.describe()}"
 
 
-def expert_parallel(entry, model, config) -> tuple[int, int, float, str]:
-    """(expert_parallel_size, data_parallel_size, dispatch_us_per_token, in words) of a MoE profile under config:
-    expert parallelism over DP x TP GPUs where config enables it (MeasuredStepCost's docstring), else (1, 1, 0, "")
-    or, with data parallelism alone, the MoE block as on one rank, saying so."""
+def expert_parallel(entry, model, config) -> tuple[int, int, AllReduceCost | None, str]:
+    """(expert_parallel_size, data_parallel_size, the expert dispatch and combine or None, in words) of a MoE profile
+    under config: expert parallelism over DP x TP GPUs where config enables it (MeasuredStepCost's docstring), else
+    (1, 1, None, "") or, with data parallelism alone, the MoE block as on one rank, saying so."""
     from kvlab.core import profiles
 
     parallel = config.parallel
     dp, tp = parallel.data_parallel_size, parallel.tensor_parallel_size
     if not entry.num_experts or dp * tp == 1:
-        return 1, 1, 0.0, ""
+        return 1, 1, None, ""
     if not parallel.enable_expert_parallel:
         if dp == 1:
-            return 1, 1, 0.0, ""
+            return 1, 1, None, ""
         return (
             1,
             1,
-            0.0,
+            None,
             (
                 f"; data parallelism without expert parallelism: the MoE block as one rank's alone (vLLM slices every "
                 f"expert over the {dp * tp} GPUs; not modelled)"
@@ -614,19 +617,13 @@ def expert_parallel(entry, model, config) -> tuple[int, int, float, str]:
         )
     ep = dp * tp
     link = profiles.interconnect(entry.gpu)
-    per_token = 0.0
     words = f"; expert parallelism over {ep} GPUs: {entry.num_experts // ep} of {entry.num_experts} experts a GPU"
     words += f", the {dp} ranks in lockstep (padded to the largest rank's tokens where all run CUDA graphs)"
     if link is None:
         words += f"; the expert dispatch and combine left out (data/profiles/interconnects.csv has no link for the {entry.gpu})"
-    else:
-        moved = 2 * model.num_layers * (ep - 1) / ep * entry.hidden_size * 2  # bytes a token, both collectives
-        per_token = moved / (link.bandwidth_gb_s * 1e3)
-        words += (
-            f"; dispatch and combine (vLLM's allgather_reducescatter): the ring's bound over {link.interconnect} at "
-            f"{link.bandwidth_gb_s:g} GB/s each way, no latency (no measurement of either)"
-        )
-    return ep, dp, per_token, words
+        return ep, dp, None, words
+    dispatch = DispatchCombine.for_step(link, dp, entry.hidden_size, model.num_layers)
+    return ep, dp, dispatch, words + f"; {dispatch.describe()}"
 
 
 def model_all_reduce(model, gpu_name: str, tensor_parallel_size: int):

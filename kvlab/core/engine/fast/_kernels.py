@@ -36,6 +36,8 @@ from kvlab.core.engine.fast.arrays import (
     DECODE_GRID,
     DENSE_TOKENS,
     DENSE_US,
+    DISPATCH_SIZES,
+    DISPATCH_US,
     DONE,
     F_CLOCK,
     F_GPU_FREE,
@@ -763,8 +765,12 @@ def fixed_us(clock, num_tokens, num_sequences):
         us += clock.all_reduce_per_step * interp(
             part(clock, ALL_REDUCE_SIZES), part(clock, ALL_REDUCE_US), padded * clock.all_reduce_bytes_per_token
         )
-    if clock.dispatch_us_per_token:
-        us += clock.dispatch_us_per_token * clock.data_parallel_size * padded
+    if clock.dispatch_per_step:
+        us += clock.dispatch_per_step * interp(
+            part(clock, DISPATCH_SIZES),
+            part(clock, DISPATCH_US),
+            clock.data_parallel_size * padded * clock.dispatch_bytes_per_token,
+        )
     return us + clock.overhead_us
 
 

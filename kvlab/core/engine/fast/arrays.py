@@ -138,11 +138,11 @@ DONE, FULL, NO_PROGRESS = 0, 1, 2
 
 # The step cost, as the compiled loop reads it (fast/compiled.py packs it, _kernels.step_s evaluates it): kind 0
 # constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 2
-# MeasuredStepCost: layers, the experts (E, k, EP, DP), the dispatch per token, the all-reduce's count a step and
+# MeasuredStepCost: layers, the experts (E, k, EP, DP), the all-reduce's and the expert dispatch's count a step and
 # bytes a token, whether the CPU overlaps, whether a skew fit is there and its pooled alpha, the overhead; and its
 # tables, one after another in `table` (float64), part p from at[p] to at[p + 1] (TABLES; an unused one empty): the
 # CUDA-graph capture sizes, the dense and per-sequence tables, the attention grid's 4 axes, the grid and its
-# decode-only plane (C order, shaped by the axes), the MoE grid (by its two axes), the all-reduce's table, the CPU's,
+# decode-only plane (C order, shaped by the axes), the MoE grid (by its two axes), the all-reduce's table, the dispatch's, the CPU's,
 # the skew fit's prefill chunks, 4 bin edges and alphas (shaped by the chunks and the bins between the edges). Two
 # arrays and scalars, so that a compiled function takes the clock at the cost of a few words (a tuple of thirty
 # arrays cost ~0.4 us a call).
@@ -164,6 +164,8 @@ TABLES = (
     "moe_us",
     "all_reduce_sizes",
     "all_reduce_us",
+    "dispatch_sizes",
+    "dispatch_us",
     "cpu_sequences",
     "cpu_us",
     "skew_chunks",
@@ -191,6 +193,8 @@ TABLES = (
     MOE_US,
     ALL_REDUCE_SIZES,
     ALL_REDUCE_US,
+    DISPATCH_SIZES,
+    DISPATCH_US,
     CPU_SEQUENCES,
     CPU_US,
     SKEW_CHUNKS,
@@ -209,9 +213,10 @@ Clock = namedtuple(
         "num_experts_per_tok",
         "expert_parallel_size",
         "data_parallel_size",
-        "dispatch_us_per_token",
         "all_reduce_per_step",
         "all_reduce_bytes_per_token",
+        "dispatch_per_step",
+        "dispatch_bytes_per_token",
         "cpu_overlapped",
         "skew",
         "skew_default",

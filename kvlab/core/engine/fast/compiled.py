@@ -109,7 +109,7 @@ def clock_of(cost) -> Clock | None:
     elif kind < 2:
         parts["cost_ms"] = [float(cost.step_ms), 0.0 if kind == 0 else float(cost.step_ms_per_token)]
     else:
-        reduce, skew = cost.all_reduce, cost.skew
+        reduce, dispatch, skew = cost.all_reduce, cost.dispatch, cost.skew
         parts |= dict(
             zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (cost._sizes, cost._tokens,
                 cost._dense, cost._sequences, cost._per_sequence))
@@ -122,6 +122,10 @@ def clock_of(cost) -> Clock | None:
             parts["all_reduce_sizes"], parts["all_reduce_us"] = reduce._table
             scalars["all_reduce_per_step"] = float(reduce.num_per_step)
             scalars["all_reduce_bytes_per_token"] = float(reduce.bytes_per_token)
+        if dispatch is not None:
+            parts["dispatch_sizes"], parts["dispatch_us"] = dispatch._table
+            scalars["dispatch_per_step"] = float(dispatch.num_per_step)
+            scalars["dispatch_bytes_per_token"] = float(dispatch.bytes_per_token)
         parts["cpu_sequences"], parts["cpu_us"] = cost._cpu
         if skew is not None:
             parts["skew_chunks"] = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
@@ -131,7 +135,6 @@ def clock_of(cost) -> Clock | None:
         scalars |= {
             "layers": float(cost._layers),
             **{name: int(getattr(cost, name)) for name in integers},
-            "dispatch_us_per_token": float(cost.dispatch_us_per_token),
             "cpu_overlapped": int(cost.cpu_overlapped),
             "overhead_us": float(cost._overhead_us),
         }
