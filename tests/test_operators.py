@@ -1,6 +1,7 @@
 """Operator tables by shape (kvlab.core.operators): lookups equal the measured points, interpolation exact where
 the time has the form it assumes, and a composed step set against an independent profile of the same GPU."""
 
+import csv
 import dataclasses
 import json
 
@@ -185,3 +186,30 @@ def test_kv_heads_past_the_measured_ones_scale_the_nearest_and_never_go_negative
     parts, _ = generation.shape_for(32, 32, 128, "generation")
     assert parts == [(4.0, (32, 8, 128))]
 
+
+def reference_share(chunk: int, decodes: int, history: int) -> float:
+    """mixed_decode_share at a measured point, straight from LLMServingSim's RTX PRO 6000 attention.csv files: the
+    median over the GQA profiles of ((mixed - prefill alone) / decodes alone - 1) / (heads per KV head - 1)."""
+    shares = []
+    for path in sorted((operators.REFERENCE_DIR).rglob("attention.csv")):
+        model = models.get_model("/".join(path.relative_to(operators.REFERENCE_DIR).parts[:2]))
+        g = model.num_attention_heads / model.num_kv_heads
+        with open(path, newline="") as f:
+            t = {tuple(int(r[c]) for c in ("prefill_chunk", "kv_prefill", "n_decode", "kv_decode")): float(r["time_us"])
+                 for r in csv.DictReader(f)}  # fmt: skip
+        mixed, prefill, alone = t[(chunk, 0, decodes, history)], t[(chunk, 0, 0, 0)], t[(0, 0, decodes, history)]
+        shares.append(((mixed - prefill) / alone - 1) / (g - 1))
+    return float(np.median(shares))
+
+
+@pytest.mark.parametrize("chunk, decodes, history", [(512, 32, 1024), (128, 128, 4096), (2048, 8, 256)])
+def test_flash_attention_2_mixed_batches_pay_the_measured_share_of_unpacked_gqa(chunk, decodes, history):
+    # RTX PRO 6000 at a bf16 KV cache runs vLLM's FlashAttention 2: a mixed batch's decodes cost
+    # 1 + (g - 1) x the share LLMServingSim measured there (Llama-3.1-8B: g = 4)
+    axes, grid = operators.compose_profile(LLAMA_8B, RTX_PRO, 1)[0].attention
+    i, k, j = (int(np.flatnonzero(a == v)[0]) for a, v in zip((axes[0], axes[2], axes[3]), (chunk, decodes, history)))
+    prefill, decode = grid[i, 0, 0, 0], grid[0, 0, k, j]
+    assert grid[i, 0, k, j] == pytest.approx(prefill + decode * (1 + 3 * reference_share(chunk, decodes, history)))
+    # FlashAttention 3 (H200) packs GQA heads in every varlen launch: the sum of the two
+    axes, grid = operators.compose_profile(LLAMA_8B, "H200-141GB", 1)[0].attention
+    assert grid[i, 0, k, j] == pytest.approx(grid[i, 0, 0, 0] + grid[0, 0, k, j], rel=1e-12)

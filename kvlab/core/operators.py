@@ -24,8 +24,15 @@ builds, from a model's shapes, the OperatorProfile (kvlab.core.profiles) that Me
   FLOPs), divided by how much longer such a prompt takes than the chunk after its history as kvlab measured it on
   an H200 (chunk_ratio: up to 1.67x for chunks of 64-1,024 tokens after history; PyTorch's flash kernel, its shape
   taken for vLLM's), decodes from the generation table at (decodes, history); a sliding window keeps min(history, window) keys
-  for a decode and its pairs for a chunk; a mixed batch is the sum of the two (vLLM runs them in one varlen
-  launch; kvlab's H200 measurements put both kernels in one graph at -5% to +14% of the sum). Head shapes the
+  for a decode and its pairs for a chunk; a mixed batch (prefill chunks with decodes) is the sum of the two, except
+  under FlashAttention 2 (Ampere, Ada and workstation Blackwell at a bf16 KV cache): vLLM runs a mixed batch in
+  one varlen launch, and FlashAttention 2 packs a GQA group's query heads onto one KV head only when every query is
+  one token (flash_api.cpp mha_varlen_fwd: seqlenq_ngroups_swapped needs max_seqlen_q == 1), so in a mixed batch
+  each query head reads its KV head again. There the decodes' part is multiplied by 1 + (g - 1) x the share of
+  that re-reading that shows (mixed_decode_share: measured by LLMServingSim on the RTX PRO 6000 for vLLM's
+  FlashAttention 2, g the model's query heads per KV head). FlashAttention 3 (Hopper) packs GQA heads in every
+  varlen launch and FlashInfer (data-center Blackwell, an fp8 KV cache) runs prefills and decodes as two launches:
+  the sum stands there (kvlab's H200 measurements put both kernels in one graph at -5% to +14% of it). Head shapes the
   table did not measure: linear in KV heads (decode) from the two nearest at the same heads and head dim, the
   nearest measured heads, scaled by head dim (decode: the bytes) or heads x head dim (prefill: the FLOPs);
   batches past the largest measured at a length, linear in the batch; prompts past the largest, as the square;
@@ -633,6 +640,49 @@ def _mla_grid(tables: OperatorTables, model, q_heads: int, kv_dtype: str, gemm_d
     )
 
 
+# Attention kernels that run a mixed batch as one varlen launch without packing GQA heads (FlashAttention 2)
+UNPACKED_MIXED_KERNELS = ("vllm_flash_attn", "vllm_flash_attn_fa2")
+
+
+@lru_cache(maxsize=1)
+def mixed_decode_share() -> tuple[tuple[np.ndarray, ...], np.ndarray, int]:
+    """How much of FlashAttention 2's un-packed GQA re-reading shows in a mixed batch, where LLMServingSim measured
+    vLLM's attention on the reference GPU (RTX PRO 6000): at each (prefill chunk, decodes, decode history) of its
+    grids with no prefill history, ((mixed - prefill alone) / decodes alone - 1) / (g - 1) for each profile of a model
+    with g > 1 query heads per KV head, the median over the profiles. ((chunk, decodes, history) axes, share grid,
+    profiles read)."""
+    from kvlab.core import profiles
+
+    shares, axes = [], None
+    for entry in profiles.load_index():
+        if entry.gpu != REFERENCE_GPU or entry.num_kv_heads in (0, entry.num_attention_heads):
+            continue
+        profile = profiles.load_profile(entry)
+        if profile.attention is None:
+            continue
+        (chunk, history, decodes, decode_history), grid = profile.attention
+        at = grid[:, 0, :, :]  # no prefill history
+        mixed, prefill, decode = at[1:, 1:, 1:], at[1:, :1, :1], at[:1, 1:, 1:]
+        g = entry.num_attention_heads / entry.num_kv_heads
+        shares.append(((mixed - prefill) / decode - 1.0) / (g - 1.0))
+        found = (chunk[1:], decodes[1:], decode_history[1:])
+        if axes is not None and any(not np.array_equal(a, b) for a, b in zip(axes, found)):
+            raise ValueError(f"{entry.label}: attention axes differ from the other reference profiles'")
+        axes = found
+    return axes, np.median(np.array(shares), axis=0), len(shares)
+
+
+def _mixed_share_at(chunk, decodes, decode_history) -> np.ndarray:
+    """mixed_decode_share read at these points: linear in log2 of each axis between its measured points, the nearest
+    measured point past them."""
+    from scipy.interpolate import RegularGridInterpolator
+
+    axes, share, _ = mixed_decode_share()
+    logs = tuple(np.log2(a) for a in axes)
+    points = [np.clip(np.log2(np.maximum(x, 1.0)), a[0], a[-1]) for x, a in zip((chunk, decodes, decode_history), logs)]
+    return RegularGridInterpolator(logs, share)(np.stack(np.broadcast_arrays(*points), axis=-1))
+
+
 def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, kv_dtype: str):
     """(axes, one layer's attention on them (us): the mean of the model's layers), words; (None, why) where the
     tables lack the KV dtype."""
@@ -665,6 +715,17 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
     prefill, decode = prefill / model.num_layers, decode / model.num_layers
     grid = prefill[:, :, None, None] + decode[None, None, :, :]
     words = "; ".join(w for w in (prefill_words, decode_words) if w)
+    g = q_heads / kv_heads
+    if tables.kernel("context_attention", kv_dtype) in UNPACKED_MIXED_KERNELS and g > 1:
+        c, n, h = np.meshgrid(axes[0], axes[2], axes[3], indexing="ij")
+        factor = 1.0 + (g - 1.0) * _mixed_share_at(c, n, h)  # (chunk, decodes, history)
+        mixed = decode[None, None, :, :] * (factor[:, None, :, :] - 1.0)
+        grid = grid + np.where((axes[0] > 0)[:, None, None, None] & (axes[2] > 0)[None, None, :, None], mixed, 0.0)
+        _, _, read = mixed_decode_share()
+        words += ("; " if words else "") + (
+            f"a mixed batch's decodes x (1 + {g:g} - 1 x the share of FlashAttention 2's un-packed GQA re-reading "
+            f"that LLMServingSim measured in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles)"
+        )
     if len(windows) > 1 or 0 not in windows:
         words += ("; " if words else "") + "windowed layers read at the keys their window keeps"
     return (axes, grid), words
