@@ -53,7 +53,10 @@ def test_a_decode_step_is_the_layers_measured_plus_the_rest_and_the_cpu():
 def test_tensor_parallelism_reads_that_tps_profile_and_adds_the_all_reduce():
     tp2 = cost(config=SYNC.replace(tensor_parallel_size=2))
     assert isinstance(tp2, LinearProfileStepCost) and "tp2" in tp2.describe()
-    assert tp2.rest.all_reduce is not None and "vidur's NCCL all-reduce measured among 2 GPUs" in tp2.describe()
+    assert (
+        tp2.rest.all_reduce is not None
+        and "vLLM's custom all-reduce in a CUDA graph measured among 2 GPUs" in tp2.describe()
+    )
 
 
 def test_a_model_with_no_such_profile_falls_back_to_the_roofline():

@@ -210,6 +210,34 @@ def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
     assert term_text(table(40.0, within=True)) == ""
 
 
+def test_section_5s_composed_against_measured_prose_follows_each_terms_difference():
+    import pandas as pd
+
+    from kvlab.sections.s05_calibration import term_pair_text, term_pair_view
+
+    def table(clock, whole_ms, attention_ms, skew_ms=None):
+        steps = {clock: whole_ms, f"{clock} without attention": whole_ms - attention_ms}
+        if skew_ms is not None:
+            steps[f"{clock} without attention skew"] = whole_ms - skew_ms
+        index = pd.MultiIndex.from_tuples([("r", s) for s in steps], names=["run", "step_cost"])
+        return pd.DataFrame(
+            {"label": "R", "kvlab_mean_tpot_ms": list(steps.values()), "vllm_mean_tpot_ms": 50.0,
+             "kvlab_mean_ttft_s": 1.0},
+            index=index,
+        )  # fmt: skip
+
+    measured, composed = table("measured", 50.0, 20.0, skew_ms=2.0), table("composed", 45.0, 17.0)
+    view = term_pair_view(measured, composed)
+    assert view.loc[("R", "attention"), "difference_ms"] == -3.0
+    assert view.loc[("R", "attention skew")].tolist() == [2.0, 0.0, -2.0]  # a term the composed clock lacks adds 0
+    assert term_pair_text(measured, composed) == (
+        "- R: the composed clock's mean TPOT is 45.0 ms, 5.0 ms below the measured clock's 50.0 ms (vLLM's: 50.0 "
+        "ms); composed less measured, by term: the attention -3.0 ms, the attention skew -2.0 ms."
+    )
+    flipped = term_pair_text(measured, table("composed", 58.0, 24.0))
+    assert "8.0 ms above the measured clock's 50.0 ms" in flipped and "the attention +4.0 ms" in flipped
+
+
 def test_section_5s_ttft_sentence_follows_the_median_and_the_wait():
     from kvlab.sections.s05_calibration import ttft_words
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from kvlab.core.config import EngineConfig
+from kvlab.core.models import get_gpu, get_model
 from kvlab.sections import s05_calibration as calibration
 from kvlab.sections.shared import plots
 from kvlab.studies import step_cost_checks
@@ -62,7 +63,7 @@ def test_an_unknown_run_is_refused_naming_the_runs():
 
 def test_the_check_table_compares_kvlab_with_vllm():
     table = step_cost_checks.check_run_table([RUNS[0]])
-    assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured")]
+    assert table.index.tolist() == [(RUNS[0], "roofline"), (RUNS[0], "measured"), (RUNS[0], "composed")]
     run = load_vllm_run(RUNS[0])
     row = table.loc[(RUNS[0], "measured")]
     assert row["vllm_mean_e2e_s"] == pytest.approx(run.e2e_s.mean())
@@ -108,6 +109,7 @@ def test_a_replay_schedules_as_the_run_ran():
             "kernel timed alone over PCIe 5.0 x16;",
         ),
         (RUNS[0], "measured", "No cause identified"),
+        (RUNS[0], "composed", "The composed clock has no term for decodes of unequal history"),
     ],
 )
 def test_a_miss_keeps_its_reason_from_the_runs_settings(name, cost_name, words):
@@ -117,7 +119,7 @@ def test_a_miss_keeps_its_reason_from_the_runs_settings(name, cost_name, words):
 
 def test_the_check_view_puts_the_step_costs_beside_each_other():
     requests = step_cost_checks.check_requests([RUNS[0]])
-    assert requests.index.names == ["run", "step_cost", "request"] and len(requests) == 2 * 300
+    assert requests.index.names == ["run", "step_cost", "request"] and len(requests) == 3 * 300
     table = step_cost_checks.check_run_table(requests=requests)
     view = calibration.check_view(table)
     assert view.index.get_level_values("run").tolist() == ["Llama-3.1-8B"] * 4
@@ -129,6 +131,9 @@ def test_the_check_view_puts_the_step_costs_beside_each_other():
         "kvlab_measured",
         "measured_error_pct",
         "measured_within_target",
+        "kvlab_composed",
+        "composed_error_pct",
+        "composed_within_target",
     ]
     e2e = view.iloc[0]
     assert e2e.name[1] == "mean E2E latency (s), target ±5%"
@@ -148,3 +153,14 @@ def test_the_check_view_puts_the_step_costs_beside_each_other():
     figure = plots.check_scatter(requests)  # one panel per run, axes with units
     assert [ax.get_xlabel() for ax in figure.axes] == ["vLLM's E2E latency (s)"]
     assert figure.axes[0].get_ylabel() == "kvlab's E2E latency (s)" and figure.png().startswith(b"\x89PNG")
+
+
+def test_the_composed_clock_is_checked_from_the_operator_tables_where_a_profile_also_exists():
+    run = load_vllm_run(RUNS[0])
+    model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
+    composed = step_cost_checks.check_step_cost("composed", model, gpu, run.engine_config())
+    measured = step_cost_checks.check_step_cost("measured", model, gpu, run.engine_config())
+    assert composed.source.startswith("composed from the RTX-PRO-6000-Server-96GB's operator tables")
+    assert measured.source.startswith("LLMServingSim profile") and "attention skew" not in composed.terms
+    with pytest.raises(ValueError, match="needs operator tables that time"):
+        step_cost_checks.check_step_cost("composed", get_model("facebook/opt-13b"), gpu, run.engine_config())

@@ -723,8 +723,9 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
         grid = grid + np.where((axes[0] > 0)[:, None, None, None] & (axes[2] > 0)[None, None, :, None], mixed, 0.0)
         _, _, read = mixed_decode_share()
         words += ("; " if words else "") + (
-            f"a mixed batch's decodes x (1 + {g:g} - 1 x the share of FlashAttention 2's un-packed GQA re-reading "
-            f"that LLMServingSim measured in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles)"
+            f"a mixed batch's decodes x (1 + ({g:g} - 1) x the share of FlashAttention 2's un-packed GQA re-reading "
+            f"that LLMServingSim measured in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles; "
+            "the nearest measured point past them)"
         )
     if len(windows) > 1 or 0 not in windows:
         words += ("; " if words else "") + "windowed layers read at the keys their window keeps"

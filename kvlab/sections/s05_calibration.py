@@ -356,18 +356,18 @@ def check_figures(table: pd.DataFrame) -> dict:
 WHOLE = "measured"  # the step_cost of check_run_table's row with every term on
 
 
-def term_view(table: pd.DataFrame) -> pd.DataFrame:
+def term_view(table: pd.DataFrame, whole_cost: str = WHOLE) -> pd.DataFrame:
     """check_run_table of term_requests as the report shows it: one row per run (its label) and term switched off
-    ("none" for the whole measured clock), kvlab's mean TPOT (ms) and TTFT (s), and what the term adds to each: the
-    whole clock's figure less the figure without the term."""
+    ("none" for the whole clock, step_cost whole_cost), kvlab's mean TPOT (ms) and TTFT (s), and what the term adds
+    to each: the whole clock's figure less the figure without the term."""
     rows = []
     for name, r in table.groupby(level="run", sort=False):
-        whole = r.loc[(name, WHOLE)]
+        whole = r.loc[(name, whole_cost)]
         for (_, step_cost), row in r.iterrows():
             rows.append(
                 {
                     "run": row["label"],
-                    "term_off": step_cost.removeprefix(f"{WHOLE} without ") if step_cost != WHOLE else "none",
+                    "term_off": step_cost.removeprefix(f"{whole_cost} without ") if step_cost != whole_cost else "none",
                     "kvlab_mean_tpot_ms": row["kvlab_mean_tpot_ms"],
                     "adds_tpot_ms": whole["kvlab_mean_tpot_ms"] - row["kvlab_mean_tpot_ms"],
                     "kvlab_mean_ttft_s": row["kvlab_mean_ttft_s"],
@@ -377,14 +377,14 @@ def term_view(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["run", "term_off"])
 
 
-def term_text(table: pd.DataFrame) -> str:
+def term_text(table: pd.DataFrame, whole_cost: str = WHOLE) -> str:
     """For each run the whole measured clock misses, a Markdown item built from term_view's figures (ms at 1
     decimal, as the check table shows TPOT): kvlab's mean TPOT against vLLM's, the gap, and the gap as a multiple of
     what each term adds (largest share first): a term whose share the gap far exceeds cannot close it alone by being
     mis-sized; '' when the clock meets every target on every run."""
-    view, items = term_view(table), []
+    view, items = term_view(table, whole_cost), []
     for name, r in table.groupby(level="run", sort=False):
-        whole = r.loc[(name, WHOLE)]
+        whole = r.loc[(name, whole_cost)]
         if whole["within_targets"]:
             continue
         kv, vllm = phrases.shown(whole["kvlab_mean_tpot_ms"], 1), phrases.shown(whole["vllm_mean_tpot_ms"], 1)
@@ -400,6 +400,40 @@ def term_text(table: pd.DataFrame) -> str:
         items.append(
             f"- {whole['label']}: kvlab's mean TPOT is {cell(kv, 1)} ms, {cell(gap, 1)} ms a token {way} vLLM's "
             f"{cell(vllm, 1)} ms; that gap is {shares}." + ttft_words(whole)
+        )
+    return "\n".join(items)
+
+
+def term_pair_view(measured: pd.DataFrame, composed: pd.DataFrame) -> pd.DataFrame:
+    """What each term adds to each run's mean TPOT (ms) under the measured clock (a whole-model profile) and under the
+    same clock composed from the GPU's operator tables (term_view of check_run_table(term_requests(...)) of each),
+    and the composed less the measured: where the composition departs from the profile, term by term. A term one
+    clock lacks adds 0 there."""
+    a = term_view(measured, "measured")["adds_tpot_ms"].drop("none", level="term_off")
+    b = term_view(composed, "composed")["adds_tpot_ms"].drop("none", level="term_off")
+    view = pd.concat({"measured_adds_tpot_ms": a, "composed_adds_tpot_ms": b}, axis=1).fillna(0.0)
+    view["difference_ms"] = view["composed_adds_tpot_ms"] - view["measured_adds_tpot_ms"]
+    order = {run: i for i, run in enumerate(dict.fromkeys(a.index.get_level_values("run")))}
+    return view.sort_index(level="run", key=lambda runs: runs.map(order), sort_remaining=False)
+
+
+def term_pair_text(measured: pd.DataFrame, composed: pd.DataFrame) -> str:
+    """For each run, a Markdown item from term_pair_view's and the check tables' figures (ms at 1 decimal): the
+    composed clock's mean TPOT against the measured clock's, and the terms whose shares differ most between them
+    (those of at least 0.1 ms, largest first)."""
+    view, items = term_pair_view(measured, composed), []
+    for name, r in composed.groupby(level="run", sort=False):
+        whole = r.loc[(name, "composed")]
+        other = measured.loc[(name, "measured")]
+        kc, km = phrases.shown(whole["kvlab_mean_tpot_ms"], 1), phrases.shown(other["kvlab_mean_tpot_ms"], 1)
+        way = phrases.direction(km, kc, 1, ("above", "below", "equal to"))
+        diff = view.loc[whole["label"], "difference_ms"]
+        diff = diff[diff.abs().round(1) >= 0.1].reindex(diff.abs().sort_values(ascending=False).index).dropna()
+        terms = ", ".join(f"the {term} {d:+.1f} ms" for term, d in diff.items()) or "no term by 0.1 ms or more"
+        items.append(
+            f"- {whole['label']}: the composed clock's mean TPOT is {cell(kc, 1)} ms, {cell(abs(kc - km), 1)} ms "
+            f"{way} the measured clock's {cell(km, 1)} ms (vLLM's: {cell(whole['vllm_mean_tpot_ms'], 1)} ms); "
+            f"composed less measured, by term: {terms}."
         )
     return "\n".join(items)
 

@@ -11,6 +11,7 @@ from kvlab.core import validate
 from kvlab.core.capacity import plan_capacity
 from kvlab.core.cost import make_step_cost
 from kvlab.core.cost.all_reduce import kernel_ranges
+from kvlab.core.cost.measured import composed_step_cost
 from kvlab.core.engine import simulate
 from kvlab.core.engine.data_parallel import DP_RULES
 from kvlab.core.models import get_gpu, get_model
@@ -23,12 +24,22 @@ CHECK_TARGETS = {
     "median_request_e2e_error": 0.08,
     "mean_ttft_error": 0.15,
 }
-CHECK_STEP_COSTS = ("roofline", "measured")
+# roofline and measured as kvlab simulate --step-cost names them; composed: the measured clock built from the GPU's
+# operator tables alone (kvlab.core.cost.measured.composed_step_cost), as the GPUs without a whole-model profile get it
+CHECK_STEP_COSTS = ("roofline", "measured", "composed")
 
 
 def check_step_cost(cost_name: str, model, gpu, config):
-    """The step cost a check runs kvlab with: the roofline or the measured step cost of model on gpu."""
+    """The step cost a check runs kvlab with: the roofline, the measured step cost of model on gpu, or the measured
+    step cost composed from gpu's operator tables even where a whole-model profile exists."""
     validate.one_of("cost_name", cost_name, CHECK_STEP_COSTS)
+    if cost_name == "composed":
+        cost, words = composed_step_cost(model, gpu.name, config)
+        if cost is None:
+            validate.fail(
+                "cost_name", cost_name, f"needs operator tables that time {model.name} on {gpu.name}: {words}"
+            )
+        return cost
     return make_step_cost(cost_name, model=model, gpu=gpu, config=config)
 
 
@@ -128,6 +139,11 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
         )
         if tp > 1:
             reasons.append("it has no all-reduce")
+    if cost_name == "composed":
+        reasons.append(
+            "the composed clock has no term for decodes of unequal history (the measured clock's attention skew, "
+            "fitted per whole-model profile)"
+        )
     link = profiles.interconnect(s["gpu"])
     measured_link = link is not None and link.all_reduce_profile.startswith("../operators/")
     if dp > 1 and s["enable_expert_parallel"]:
@@ -135,14 +151,14 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
             (
                 "the expert dispatch and combine is NCCL's all-gather and reduce-scatter each timed alone (nccl-tests), "
                 "not vLLM's all_gatherv of unequal shares with the top-k ids and weights"
-                if measured_link and cost_name == "measured"
+                if measured_link and cost_name != "roofline"
                 else "the expert dispatch and combine is a bandwidth bound without latency (no measurement times them)"
             )
             + ", and the MoE block's table holds one GPU's experts at one rank's tokens"
         )
     elif dp > 1:
         reasons.append("vLLM slices every expert over all the GPUs, which kvlab does not model")
-    if cost_name == "measured" and tp > 1:
+    if cost_name != "roofline" and tp > 1:
         if link is None:
             reasons.append("the all-reduce is left out (no link figure for the GPU)")
         else:
@@ -169,15 +185,16 @@ def check_requests(names=None, cost_names=CHECK_STEP_COSTS) -> pd.DataFrame:
     return _replays(names, lambda run: replays)
 
 
-def term_requests(names=None) -> pd.DataFrame:
-    """check_requests of the measured step cost, whole and with each of its terms switched off in turn (step_cost
-    "measured without attention", ...): what each term adds to each real run's replay (a run whose model has no
-    operator profile, replayed on the roofline, has none)."""
+def term_requests(names=None, cost_name: str = "measured") -> pd.DataFrame:
+    """check_requests of the measured step cost (or the composed one), whole and with each of its terms switched off
+    in turn (step_cost "measured without attention", ...): what each term adds to each real run's replay (a run
+    whose model has no operator profile, replayed on the roofline, has none)."""
+    validate.one_of("cost_name", cost_name, CHECK_STEP_COSTS[1:])
 
     def replays(run):
         model, gpu = get_model(run.settings["model"]), get_gpu(run.settings["gpu"])
-        terms = getattr(check_step_cost("measured", model, gpu, run.engine_config()), "terms", ())
-        return [("measured", "")] + [("measured", term) for term in terms]
+        terms = getattr(check_step_cost(cost_name, model, gpu, run.engine_config()), "terms", ())
+        return [(cost_name, "")] + [(cost_name, term) for term in terms]
 
     return _replays(names, replays)
 

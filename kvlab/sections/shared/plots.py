@@ -563,7 +563,7 @@ def preemption_vs_memory(table: pd.DataFrame) -> matplotlib.figure.Figure:
     return fig
 
 
-STEP_COST_COLORS = {"roofline": "tab:grey", "measured": "tab:blue"}
+STEP_COST_COLORS = {"roofline": "tab:grey", "measured": "tab:blue", "composed": "tab:orange"}
 
 
 @captioned
