@@ -18,6 +18,7 @@ DIFFERENT_QUANTITIES = {
     ("06_memory_budget", "14.37", "14.4"): "Orca (Oracle)'s batch at 8 requests/s; its batch at 2 in the variant table",
     ("06_memory_budget", "2.55", "2.551"): "vLLM's batch over Orca (Oracle)'s; vLLM's normalized latency at 8/s",
     ("05_calibration", "20.0", "19.98"): "a term's share of a miss over another's; a step's time on the A100 (ms)",
+    ("05_calibration", "11.8", "11.82"): "Qwen3-32B's TPOT gap to vLLM (ms); a step's time on the H100 (ms)",
     (
         "05_calibration",
         "25.21",
