@@ -449,13 +449,18 @@ def loaded_weight_bytes(model) -> int:
     """The bytes of the parameters one GPU holds once loaded: each parameter as vLLM's create_weights allocates it,
     except a layer of an online FP8 method (`--quantization fp8` on a 16-bit checkpoint: Fp8PerTensorOnlineLinearMethod
     in vllm/model_executor/layers/quantization/online/fp8.py), whose 16-bit weight create_weights puts on the meta
-    device and process_weights_after_loading replaces with the FP8 weight (1 byte a value) and its one fp32 scale."""
+    device and process_weights_after_loading replaces with the FP8 weight (1 byte a value) and its one fp32 scale.
+    A parameter two modules share (a tied lm_head: ParallelLMHead.tie_weights points its weight at the embedding's)
+    is one tensor on the GPU and counts once."""
     from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineLinearMethod
 
-    total = 0
+    total, seen = 0, set()
     for module in model.modules():
         online = isinstance(getattr(module, "quant_method", None), Fp8PerTensorOnlineLinearMethod)
         for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
             if online and name == "weight":
                 total += param.numel() * torch.finfo(torch.float8_e4m3fn).bits // 8 + 4  # + weight_scale, fp32 [1]
             else:
