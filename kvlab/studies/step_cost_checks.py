@@ -150,7 +150,7 @@ def check_reason(run: VllmRun, cost_name: str) -> str:
         reasons.append(
             (
                 "the expert dispatch and combine is NCCL's all-gather and reduce-scatter each timed alone (nccl-tests), "
-                "not vLLM's all_gatherv of unequal shares with the top-k ids and weights"
+                "not vLLM's all-gather of each rank's own share of tokens with their top-k ids and weights"
                 if measured_link and cost_name != "roofline"
                 else "the expert dispatch and combine is a bandwidth bound without latency (no measurement times them)"
             )

@@ -159,7 +159,8 @@ class DispatchCombine(AllReduceCost):
         kernels = "vLLM's allgather_reducescatter"
         if gather is not None and scatter is not None:
             sizes = np.union1d(gather[0], scatter[0])
-            times = np.interp(sizes, *gather) + np.interp(sizes, *scatter)
+            tables = [(t[0].tolist(), t[1].tolist()) for t in (gather, scatter)]
+            times = np.array([sum(interp(*table, size) for table in tables) for size in sizes.tolist()])
             source = (
                 f"NCCL's all-gather and reduce-scatter among {num_ranks} GPUs over {link.interconnect} measured by "
                 "AIConfigurator (nccl-tests, eager, half; the top-k ids and weights gathered with the hidden states "
