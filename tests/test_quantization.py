@@ -75,23 +75,8 @@ def test_mxfp4_pads_the_expert_size_per_gpu_to_64():
 
 
 def _gpt_oss_config():
-    return models.from_config(
-        {
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "num_local_experts": 32,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "max_position_embeddings": 131072,
-            "quantization_config": {"quant_method": "mxfp4"},
-        },
-        num_params_b=20.914757184,
-    )
+    raw = {k: v for k, v in _gpt_oss_raw().items() if k != "_name_or_path"}
+    return models.from_config(raw, num_params_b=20.914757184)
 
 
 def test_from_config_reads_quantization_config():
