@@ -195,21 +195,25 @@ def test_under_a_closed_loop_a_prefix_run_is_the_whole_run_until_the_next_send_a
         assert any(miss.startswith(name + " ") for miss in missed), (words, missed)
 
 
+# Candidates that differ only in their pools (block size, memory share, KV dtype) and their scheduling mode
+POOL_SPACE = plan.SearchSpace(
+    tensor_parallel_size=(2,),
+    max_num_seqs=(256,),
+    max_num_batched_tokens=(8192,),
+    block_size=(16, 32),
+    gpu_memory_utilization=(0.5, 0.9),
+    kv_cache_dtype=("bf16", "fp8"),
+    async_scheduling=(True, False),
+    num_replicas=(1,),
+)
+
+
 def test_under_a_closed_loop_pool_twins_give_what_serving_each_gives():
     """Pool twins under a closed loop (never_binds at N in flight, never_refused from the first run's sends) are served
     once; their figures are those each gives served alone, bit for bit."""
     w = workload(n=300, rate=3.0, prompt=1500, output=300, seed=4)
     w = Workload(np.zeros(300), w.prompt_tokens, w.output_tokens)
-    space = plan.SearchSpace(
-        tensor_parallel_size=(2,),
-        max_num_seqs=(256,),
-        max_num_batched_tokens=(8192,),
-        block_size=(16, 32),
-        gpu_memory_utilization=(0.5, 0.9),
-        kv_cache_dtype=("bf16", "fp8"),
-        async_scheduling=(True, False),
-        num_replicas=(1,),
-    )
+    space = POOL_SPACE
     for n_max in (8, 200):
         result = plan.search(
             w, DEPLOYMENT, plan.Objectives(e2e_p95_s=1000.0), space, scheduler="serial", max_concurrency=n_max
@@ -228,16 +232,7 @@ def test_pool_twins_found_on_the_run_give_what_serving_each_gives():
     """Candidates that differ only in their pools, where the run of the largest proves no pool of theirs refuses a
     block (never_refused), are served once; their figures are those each gives served alone, bit for bit."""
     w = workload(n=300, rate=3.0, prompt=1500, output=300, seed=4)
-    space = plan.SearchSpace(
-        tensor_parallel_size=(2,),
-        max_num_seqs=(256,),
-        max_num_batched_tokens=(8192,),
-        block_size=(16, 32),
-        gpu_memory_utilization=(0.5, 0.9),
-        kv_cache_dtype=("bf16", "fp8"),
-        async_scheduling=(True, False),
-        num_replicas=(1,),
-    )
+    space = POOL_SPACE
     result = plan.search(w, DEPLOYMENT, plan.Objectives(e2e_p95_s=1000.0), space, scheduler="serial")
     served = [r for r in result.results if r.status in ("meets", "misses")]
     assert len(served) == 16 and sum(r.twin_of is not None for r in served) >= 8
