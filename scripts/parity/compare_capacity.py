@@ -89,6 +89,17 @@ FAMILIES = (
 )
 
 
+# gpt-oss's YaRN rope scaling (openai/gpt-oss-20b's config.json), shared by the fixture and the catalog's row
+GPT_OSS_ROPE_SCALING = {
+    "rope_type": "yarn",
+    "factor": 32.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 4096,
+}
+
+
 def catalog_config(row: dict) -> dict:
     """A config.json for one models.csv row: the row's KV-cache fields, and weight shapes (which the KV cache
     does not depend on) that vLLM's model classes split for any tensor size up to 8."""
@@ -148,14 +159,7 @@ def catalog_config(row: dict) -> dict:
             layer_types=[
                 "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(config["num_hidden_layers"])
             ],
-            rope_scaling={
-                "rope_type": "yarn",
-                "factor": 32.0,
-                "beta_fast": 32.0,
-                "beta_slow": 1.0,
-                "truncate": False,
-                "original_max_position_embeddings": 4096,
-            },
+            rope_scaling=dict(GPT_OSS_ROPE_SCALING),
         )
     if kind == "llama4":  # the text model alone (vLLM's Llama4ForCausalLM); no_rope_layers as transformers derives it
         config.update(
@@ -262,14 +266,7 @@ GPT_OSS_20B = {  # openai/gpt-oss-20b's config.json: MXFP4 experts
     "sliding_window": 128,
     "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(24)],
     "rope_theta": 150000,
-    "rope_scaling": {
-        "rope_type": "yarn",
-        "factor": 32.0,
-        "beta_fast": 32.0,
-        "beta_slow": 1.0,
-        "truncate": False,
-        "original_max_position_embeddings": 4096,
-    },
+    "rope_scaling": dict(GPT_OSS_ROPE_SCALING),
     "rms_norm_eps": 1e-05,
     "swiglu_limit": 7.0,
     "tie_word_embeddings": False,
