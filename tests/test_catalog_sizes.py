@@ -11,9 +11,6 @@ CONFIGS = DATA_DIR.parent / "tests" / "data" / "configs"
 QUANTIZATIONS = ("", "fp8", "fp8_block", "mxfp4")
 # Rows whose config.json sizes no citable public copy was found for (data/README.md): their sizes stay empty.
 SIZES_UNKNOWN = {
-    # sizes found (data/README.md) but held back: with them the measured clock composes it from the A100 operator
-    # tables instead of vidur's linear-layer profile, and that composition times its attention below zero
-    "meta-llama/Llama-2-7b-hf",
     "Qwen/Qwen2.5-72B-Instruct",
     "microsoft/phi-4",
     "facebook/opt-13b",  # its config.json has ffn_dim, no intermediate_size: () as from_config gives

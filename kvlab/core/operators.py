@@ -11,11 +11,13 @@ builds, from a model's shapes, the OperatorProfile (kvlab.core.profiles) that Me
 - dense: each decoder layer's linear layers as GEMMs of (tokens, out, in) at the weights' dtype at the model's
   tensor-parallel split (qkv_proj, o_proj, gate_up_proj, down_proj; an MoE layer's MLP is its MoE block), read at
   the table's measured tokens (the step's batched tokens); between measured (n, k) bilinear in n and k (exact where
-  time grows as n x k), past the table's largest n or k linear from its last two;
+  time grows as n x k), past the table's largest n, k or m in proportion (a GEMM's bytes and FLOPs grow as each),
+  below its smallest the smallest's (a launch's floor);
 - the small operators no table holds (RMSNorm with the residual, rotary, SiLU-and-mul, Qwen3's q/k norm, the
   embedding): LLMServingSim's measurements of vLLM's own layers on the RTX PRO 6000 (data/profiles/llmservingsim/)
   read at the same bytes: the time of the reference model's operator at tokens x (this model's bytes a token / the
-  reference's) x (the reference GPU's datasheet bandwidth / this GPU's), so a launch's floor stays a floor;
+  reference's) x (the reference GPU's datasheet bandwidth / this GPU's), so a launch's floor stays a floor
+  (below the fewest bytes measured, the fewest's time; past the most, in proportion);
 - per sequence: lm_head as a GEMM of (sequences, vocabulary / TP, hidden) in bf16; the sampler as the small
   operators are (its bytes: the vocabulary);
 - attention, one layer's (the mean over the model's layers, each at its window), on the grid MeasuredStepCost reads
@@ -30,7 +32,8 @@ builds, from a model's shapes, the OperatorProfile (kvlab.core.profiles) that Me
   one token (flash_api.cpp mha_varlen_fwd: seqlenq_ngroups_swapped needs max_seqlen_q == 1), so in a mixed batch
   each query head reads its KV head again. There the decodes' part is multiplied by 1 + (g - 1) x the share of
   that re-reading that shows (mixed_decode_share: measured by LLMServingSim on the RTX PRO 6000 for vLLM's
-  FlashAttention 2, g the model's query heads per KV head). FlashAttention 3 (Hopper) packs GQA heads in every
+  FlashAttention 2, g the model's query heads per KV head; where it is negative, the decodes cheaper merged than
+  alone, a launch saved rather than re-reading, it is taken as 0). FlashAttention 3 (Hopper) packs GQA heads in every
   varlen launch and FlashInfer (data-center Blackwell, an fp8 KV cache) runs prefills and decodes as two launches:
   the sum stands there (kvlab's H200 measurements put both kernels in one graph at -5% to +14% of it). Head shapes the
   table did not measure: linear in KV heads (decode) from the two nearest at the same heads and head dim, the
@@ -133,21 +136,31 @@ def bilinear(x, y, xs: np.ndarray, ys: np.ndarray, grid: np.ndarray) -> np.ndarr
     )
 
 
-def _fill_along(values: np.ndarray, axis_values: np.ndarray, axis: int) -> np.ndarray:
-    """values with each NaN filled by linear interpolation (extrapolation at the ends) along one axis from the
-    measured points of its line; a line with fewer than two measured points is left as it is."""
+def extend(x, xs, ys) -> np.ndarray:
+    """ys over xs read at x: linear between measured points, the first's value below them (a launch's floor), and
+    past the last in proportion to x (x / xs[-1] times the last: a kernel whose bytes and FLOPs grow with x)."""
+    x, xs, ys = np.asarray(x, dtype=np.float64), np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    return np.interp(x, xs, ys) * np.maximum(1.0, x / xs[-1])
+
+
+def _fill_along(values: np.ndarray, axis_values: np.ndarray, axis: int, fill=None) -> np.ndarray:
+    """values with each NaN filled along one axis from the measured points of its line, by fill(x, xs, ys)
+    (interp_linear: linear, extrapolated from the two end points, unless given); a line with fewer than two
+    measured points is left as it is."""
+    fill = interp_linear if fill is None else fill
     moved = np.moveaxis(values.copy(), axis, -1)
     flat = moved.reshape(-1, moved.shape[-1])
     for row in flat:
         known = ~np.isnan(row)
         if known.sum() >= 2 and not known.all():
-            row[~known] = interp_linear(axis_values[~known], axis_values[known], row[known])
+            row[~known] = fill(axis_values[~known], axis_values[known], row[known])
     return np.moveaxis(flat.reshape(moved.shape), -1, axis)
 
 
 @dataclass(frozen=True)
 class GemmTable:
-    """One weight dtype's GEMMs on a dense (m, n, k) grid (us); unmeasured cells filled along m."""
+    """One weight dtype's GEMMs on a dense (m, n, k) grid (us); unmeasured cells filled along m, then k, then n
+    (extend: linear between measured points, in proportion past the last)."""
 
     m: np.ndarray
     n: np.ndarray
@@ -159,24 +172,37 @@ class GemmTable:
         axes = [np.unique(a) for a in (m, n, k)]
         grid = np.full(tuple(len(a) for a in axes), np.nan)
         grid[tuple(np.searchsorted(a, v) for a, v in zip(axes, (m, n, k)))] = us
-        grid = _fill_along(grid, axes[0].astype(np.float64), 0)
+        for axis in (0, 2, 1):
+            grid = _fill_along(grid, axes[axis].astype(np.float64), axis, extend)
         return cls(*(a.astype(np.float64) for a in axes), grid)
 
     def at(self, n: int, k: int) -> np.ndarray:
-        """The GEMM of (m, n, k) at every measured m (us): bilinear in (n, k), linear past the grid's ends."""
-        i, u = _extrapolating(n, self.n)
-        j, v = _extrapolating(k, self.k)
+        """The GEMM of (m, n, k) at every measured m (us): bilinear in (n, k) between measured points, the smallest
+        measured below them, and past the largest n or k in proportion (the time at the largest x n / largest: a
+        GEMM's weight bytes and FLOPs grow as n and as k)."""
+        i, u = _extrapolating(min(max(n, self.n[0]), self.n[-1]), self.n)
+        j, v = _extrapolating(min(max(k, self.k[0]), self.k[-1]), self.k)
         g = self.us
-        return (
+        inside = (
             (1 - u) * (1 - v) * g[:, i, j]
             + u * (1 - v) * g[:, i + 1, j]
             + (1 - u) * v * g[:, i, j + 1]
             + u * v * g[:, i + 1, j + 1]
         )
+        return inside * max(1.0, n / self.n[-1]) * max(1.0, k / self.k[-1])
 
     def us_at(self, m, n: int, k: int) -> np.ndarray:
-        """The GEMM of (m, n, k) (us) at any m: piecewise linear between measured m, linear past the last."""
-        return interp_linear(m, self.m, self.at(n, k))
+        """The GEMM of (m, n, k) (us) at any m: piecewise linear between measured m, in proportion past the last."""
+        return extend(m, self.m, self.at(n, k))
+
+    def past(self, name: str, n: int, k: int) -> str:
+        """Words for a GEMM whose n or k lies past the table's largest ("" where none does)."""
+        over = [
+            f"{axis} {x:,} past the largest measured {top:,.0f}"
+            for axis, x, top in (("n", n, self.n[-1]), ("k", k, self.k[-1]))
+            if x > top
+        ]
+        return f"{name} ({', '.join(over)}: in proportion)" if over else ""
 
 
 @dataclass(frozen=True)
@@ -249,7 +275,8 @@ class AttentionTable:
 
 @dataclass(frozen=True)
 class MoeTable:
-    """The fused MoE block's measured shapes: (hidden, expert MLP, top-k, experts, moe TP, moe EP) -> (tokens, us)."""
+    """The fused MoE block's measured shapes: (hidden, expert MLP, top-k, experts, moe TP, moe EP) -> (tokens, us);
+    a shape measured at fewer than two token counts is left out (nothing to read between)."""
 
     shapes: dict
 
@@ -261,7 +288,8 @@ class MoeTable:
         for key in np.unique(keys, axis=0):
             rows = np.flatnonzero(rows_of)[np.all(keys == key, axis=1)]
             order = np.argsort(tokens[rows])
-            shapes[tuple(int(x) for x in key)] = (tokens[rows][order].astype(np.float64), us[rows][order])
+            if len(rows) >= 2:
+                shapes[tuple(int(x) for x in key)] = (tokens[rows][order].astype(np.float64), us[rows][order])
         return cls(shapes)
 
 
@@ -356,12 +384,11 @@ def _reference_ops(model: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 def small_op_us(op: str, count, bytes_ratio: float, gpu_bandwidth_gb_s: float, model: str = REFERENCE_MODEL):
     """A small (memory-bound) operator's time (us) at count tokens or sequences: the reference's time at the same
-    bytes on the reference GPU (count x bytes_ratio), read faster or slower by the datasheet bandwidths."""
+    bytes on the reference GPU (count x bytes_ratio), read faster or slower by the datasheet bandwidths; below the
+    fewest it measured, the fewest's (a launch's floor), past the most, in proportion to the bytes."""
     axis, us = _reference_ops(model)[op]
     reference_gb_s = get_gpu(REFERENCE_GPU).memory_bandwidth_gb_s
-    return interp_linear(
-        np.asarray(count, dtype=np.float64) * bytes_ratio * reference_gb_s / gpu_bandwidth_gb_s, axis, us
-    )
+    return extend(np.asarray(count, dtype=np.float64) * bytes_ratio * reference_gb_s / gpu_bandwidth_gb_s, axis, us)
 
 
 def prefill_pairs(chunk, history, window: int = 0):
@@ -498,6 +525,12 @@ def compose_profile(
     if gemm is None or lm_head is None:
         return None, f"the {gpu}'s table has no {gemm_dtype} GEMMs"
     notes = []
+
+    def linear(table: GemmTable, name: str, n: int, k: int, m=None) -> np.ndarray:
+        """table's GEMM of (m, n, k) at the table's m (or at m), its extrapolation noted."""
+        notes.append(table.past(name, n, k))
+        return table.at(n, k) if m is None else table.us_at(m, n, k)
+
     q_heads, kv_per_gpu = heads // t, max(1, kv_heads // t)
     tokens = gemm.m
     mla = model.attention == "mla"  # its projections are in the MLA module the attention term reads
@@ -505,8 +538,8 @@ def compose_profile(
         {}
         if mla
         else {
-            "qkv_proj": gemm.at((q_heads + 2 * kv_per_gpu) * head_dim, hidden),
-            "o_proj": gemm.at(hidden, q_heads * head_dim),
+            "qkv_proj": linear(gemm, "qkv_proj", (q_heads + 2 * kv_per_gpu) * head_dim, hidden),
+            "o_proj": linear(gemm, "o_proj", hidden, q_heads * head_dim),
         }
     )
     bandwidth = get_gpu(gpu).memory_bandwidth_gb_s
@@ -524,47 +557,24 @@ def compose_profile(
         )
     moe = None
     if experts:
-        moe_table = tables.moe(MOE_DTYPE[quantization])
         shape = (hidden, expert_intermediate, top_k, experts)
-        if expert_parallel_size > 1:
-            # vLLM's expert parallelism over DP x TP GPUs: each holds E / EP whole experts and runs them on the
-            # tokens of every data-parallel rank (its all-gather), the table's tokens on one GPU; read by this
-            # rank's tokens, the table's / DP
-            key = (*shape, 1, expert_parallel_size)
-            if moe_table is None or key not in moe_table.shapes:
-                return None, (
-                    f"the {gpu}'s MoE table has no block of hidden {hidden}, expert MLP {expert_intermediate}, "
-                    f"{experts} experts, top-{top_k} over {expert_parallel_size} GPUs of expert parallelism in "
-                    f"{MOE_DTYPE[quantization]}"
-                )
-            moe_tokens, moe_us = moe_table.shapes[key]
-            keep = moe_tokens >= data_parallel_size  # a rank's tokens from 1
-            moe_tokens, moe_us = moe_tokens[keep] / data_parallel_size, moe_us[keep]
-        else:
-            measured_tp = sorted(k[4] for k in (moe_table.shapes if moe_table else {}) if k[:4] == shape and k[5] == 1)
-            below = [m for m in measured_tp if m <= t]
-            if not below:
-                return None, (
-                    f"the {gpu}'s MoE table has no block of hidden {hidden}, expert MLP {expert_intermediate}, "
-                    f"{experts} experts, top-{top_k} at TP {t} or less in {MOE_DTYPE[quantization]}"
-                )
-            moe_tokens, moe_us = moe_table.shapes[(*shape, below[-1], 1)]
-            if below[-1] != t:  # each GPU's share of every expert shrinks as 1 / TP: its bytes and FLOPs alike
-                moe_us = moe_us * below[-1] / t
-                notes.append(f"the MoE block at TP {t} read from TP {below[-1]}'s, x {below[-1]}/{t}")
-        router = lm_head.us_at(moe_tokens, experts, hidden)
+        moe_tokens, moe_us, moe_words = _moe_block(
+            tables, quantization, shape, t, expert_parallel_size, data_parallel_size
+        )
+        notes.append(moe_words)
+        router = linear(lm_head, "the router", experts, hidden, moe_tokens)
         block = moe_us + router
         moe = (moe_tokens, np.array([1.0, float(experts)]), np.stack([block, block], axis=1))
     else:
         if intermediate % t:
             return None, f"an MLP of {intermediate} does not split over {t} GPUs"
         gates = 2 if model.gated_mlp else 1  # gate and up (Llama, Qwen), or up alone (GPT-NeoX)
-        dense["gate_up_proj"] = gemm.at(gates * intermediate // t, hidden)
-        dense["down_proj"] = gemm.at(hidden, intermediate // t)
+        dense["gate_up_proj"] = linear(gemm, "gate_up_proj", gates * intermediate // t, hidden)
+        dense["down_proj"] = linear(gemm, "down_proj", hidden, intermediate // t)
         dense["act_fn"] = small_op_us("act_fn", tokens, intermediate / t / 14336, bandwidth)
     sequences = np.array(SEQUENCES, dtype=np.float64)
     per_sequence = {
-        "lm_head": lm_head.us_at(sequences, -(-vocab // t), hidden),
+        "lm_head": linear(lm_head, "lm_head", -(-vocab // t), hidden, sequences),
         "sampler": small_op_us("sampler", sequences, vocab / 128256, bandwidth),
     }
     if mla:
@@ -602,9 +612,161 @@ def compose_profile(
         f"{_kv_dtype(kv_cache_dtype)} KV)"
         + (f", MoE ({tables.kernel('moe', MOE_DTYPE[quantization])}, {MOE_DISTRIBUTION} routing)" if experts else "")
         + "; small operators and the sampler from LLMServingSim's RTX PRO 6000 measurements of vLLM's layers at the same bytes"
-        + "".join(f"; {n}" for n in notes)
+        + "".join(f"; {n}" for n in notes if n)
     )
     return profile, words
+
+
+def _moe_block(tables: OperatorTables, quantization: str, shape: tuple, tp: int, ep: int, dp: int):
+    """(a rank's tokens, the MoE block's us at them, words: "" where measured) of shape (hidden, expert MLP, top-k,
+    experts) at TP tp, or under expert parallelism over ep GPUs of dp data-parallel ranks: the MoE table's block where
+    it measured it, else moe_from_gemms, named."""
+    dtype = MOE_DTYPE[quantization]
+    moe_table = tables.moe(dtype)
+    measured = moe_table.shapes if moe_table else {}
+    if ep > 1:
+        # vLLM's expert parallelism over DP x TP GPUs: each holds E / EP whole experts and runs them on the tokens of
+        # every data-parallel rank (its all-gather), the table's tokens on one GPU; read by this rank's tokens, the
+        # table's / DP
+        if (*shape, 1, ep) in measured:
+            moe_tokens, moe_us = measured[(*shape, 1, ep)]
+            keep = moe_tokens >= dp  # a rank's tokens from 1
+            return moe_tokens[keep] / dp, moe_us[keep], ""
+    else:
+        below = [k[4] for k in sorted(measured) if k[:4] == shape and k[5] == 1 and k[4] <= tp]
+        if below:
+            moe_tokens, moe_us = measured[(*shape, below[-1], 1)]
+            if below[-1] == tp:
+                return moe_tokens, moe_us, ""
+            # each GPU's share of every expert shrinks as 1 / TP: its bytes and FLOPs alike
+            return (
+                moe_tokens,
+                moe_us * below[-1] / tp,
+                f"the MoE block at TP {tp} read from TP {below[-1]}'s, x {below[-1]}/{tp}",
+            )
+    where = f"{tp} GPUs of TP" if ep == 1 else f"{ep} GPUs of expert parallelism"
+    what = (
+        f"the MoE block (hidden {shape[0]}, expert MLP {shape[1]}, top-{shape[2]} of {shape[3]} experts over {where}) "
+        f"is not in the {tables.gpu}'s {dtype} MoE table: "
+    )
+    if measured:
+        near = nearest_moe_block(measured, shape, tp, ep)
+        tokens, us = measured[near]
+        us = us * moe_roofline_ratio(shape, tp, ep, near, tokens, quantization, tables.gpu)
+        low, high, median, compared = moe_fallback_error(tables.gpu, quantization)
+        if ep > 1:
+            keep = tokens >= dp
+            tokens, us = tokens[keep] / dp, us[keep]
+        return (
+            tokens,
+            us,
+            (
+                f"{what}the nearest measured block ({near[0]}, {near[1]}, top-{near[2]} of {near[3]}, TP {near[4]}, EP "
+                f"{near[5]}) x the two blocks' roofline ratio (nearest_moe_block); each block measured at TP 1 read this way "
+                f"from its own nearest other shape is off by {100 * low:+.0f}% to {100 * high:+.0f}% (median "
+                f"{100 * median:.0f}%, {compared} shapes)"
+            ),
+        )
+    gemm_dtype = GEMM_DTYPE[quantization]
+    tokens = tables.gemm(gemm_dtype).m
+    us = moe_from_gemms(tables.gemm(gemm_dtype), shape, tp, ep, dp, tokens)
+    low, high, median, compared = moe_gemm_rule_error(quantization)
+    return (
+        tokens,
+        us,
+        (
+            f"{what}it measures no {dtype} block, so the active experts run as two {gemm_dtype} GEMMs of the same bytes and "
+            f"FLOPs (moe_from_gemms); on the GPUs whose tables measure {dtype} blocks at TP 1 this rule is off them by "
+            f"{100 * low:+.0f}% to {100 * high:+.0f}% (median {100 * median:.0f}%, {compared} blocks)"
+        ),
+    )
+
+
+def _moe_active(shape: tuple, tp: int, ep: int, tokens) -> tuple[np.ndarray, np.ndarray]:
+    """(expert slots, active experts) on one GPU of a block of shape (hidden, expert MLP, top-k, experts) holding
+    experts / ep of them, at tokens routed to its group (balanced routing: a = min(experts / ep, slots))."""
+    slots = np.asarray(tokens, dtype=np.float64) * shape[2] / ep
+    return slots, np.minimum(shape[3] / ep, slots)
+
+
+def moe_roofline_ratio(shape: tuple, tp: int, ep: int, near: tuple, tokens, quantization: str, gpu: str) -> np.ndarray:
+    """At each count of tokens routed to the group, the roofline time of block shape at (tp, ep) over that of the
+    measured block near (its key: shape, TP, EP) on gpu: each max(active experts' gate, up and down weights /
+    datasheet bandwidth, 2 x their FLOPs / datasheet dense bf16 FLOP/s, twice that for fp8 weights)."""
+    spec = get_gpu(gpu)
+    flops = spec.bf16_dense_tflops * 1e12 * (2.0 if quantization.startswith("fp8") else 1.0)
+
+    def roofline(s, t, e):
+        slots, active = _moe_active(s, t, e, tokens)
+        weights = 3.0 * s[0] * s[1] / t
+        read = active * weights * WEIGHT_BYTES_MOE[quantization] / (spec.memory_bandwidth_gb_s * 1e9)
+        return np.maximum(read, 2.0 * slots * weights / flops)
+
+    return roofline(shape, tp, ep) / roofline(near[:4], near[4], near[5])
+
+
+# Bytes a weight of an expert, by ModelSpec.quantization (mxfp4: 4 bits and one 8-bit scale per 32 weights)
+WEIGHT_BYTES_MOE = {"": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 0.53125}
+
+
+def nearest_moe_block(measured: dict, shape: tuple, tp: int, ep: int) -> tuple:
+    """The measured block key nearest (shape, tp, ep): the least sum of |log| ratios of hidden, expert MLP, top-k,
+    experts, TP and EP, another shape than its own."""
+    want = (*shape, tp, ep)
+    others = [k for k in measured if k[:4] != shape]
+    return min(others or measured, key=lambda k: (sum(abs(math.log(a / b)) for a, b in zip(k, want)), k))
+
+
+@lru_cache(maxsize=32)
+def moe_fallback_error(gpu: str, quantization: str) -> tuple[float, float, float, int]:
+    """How far the nearest-block rule is off the GPU's own MoE table: each block it measured (each shape at each TP
+    and EP) read from its nearest other shape (nearest_moe_block, moe_roofline_ratio) at its measured tokens,
+    fallback / measured - 1: (lowest, highest, median of |error|, blocks compared); zeros where none."""
+    table = operator_tables(gpu).moe(MOE_DTYPE[quantization])
+    errors, compared = [], 0
+    for key, (tokens, us) in sorted(table.shapes.items() if table else ()):
+        near = nearest_moe_block(table.shapes, key[:4], *key[4:])
+        near_tokens, near_us = table.shapes[near]
+        ratio = moe_roofline_ratio(key[:4], *key[4:], near, tokens, quantization, gpu)
+        guess = extend(tokens, near_tokens, near_us) * ratio
+        errors.extend(guess / us - 1.0)
+        compared += 1
+    if not compared:
+        return 0.0, 0.0, 0.0, 0
+    return float(min(errors)), float(max(errors)), float(np.median(np.abs(errors))), compared
+
+
+def moe_from_gemms(gemm: GemmTable, shape: tuple, tp: int, ep: int, dp: int, tokens) -> np.ndarray:
+    """The MoE block's time (us) at each of a rank's tokens on a GPU whose tables measure no MoE block: under balanced
+    routing a GPU holding E / ep experts (each of expert MLP I / tp) gets A = tokens x dp x top-k / ep of the tokens'
+    expert slots, spread over a = min(E / ep, A) active experts of m = A / a tokens each; their gate-and-up and down
+    projections read from the GEMM table as the two GEMMs of the same weight bytes and FLOPs, (m, a x 2I / tp, hidden)
+    and (m, a x hidden, I / tp), a grouped GEMM's work in one launch."""
+    hidden, inter = shape[0], shape[1]
+    slots, active = _moe_active(shape, tp, ep, np.asarray(tokens, dtype=np.float64) * dp)
+    return np.array(
+        [
+            gemm.us_at(m, int(a * 2 * inter / tp), hidden)[()] + gemm.us_at(m, int(a * hidden), inter // tp)[()]
+            for m, a in zip(slots / active, active)
+        ]
+    )
+
+
+@lru_cache(maxsize=8)
+def moe_gemm_rule_error(quantization: str) -> tuple[float, float, float, int]:
+    """How far moe_from_gemms is off the MoE blocks measured at TP 1 without expert parallelism on every GPU whose
+    tables hold them in quantization's dtype: (lowest, highest, median of |error|, blocks compared)."""
+    errors, compared = [], 0
+    for gpu in operator_gpus():
+        tables = operator_tables(gpu)
+        table, gemm = tables.moe(MOE_DTYPE[quantization]), tables.gemm(GEMM_DTYPE[quantization])
+        for key, (tokens, us) in sorted(table.shapes.items() if table and gemm else ()):
+            if key[4:] == (1, 1):
+                errors.extend(moe_from_gemms(gemm, key[:4], 1, 1, 1, tokens) / us - 1.0)
+                compared += 1
+    if not compared:
+        return 0.0, 0.0, 0.0, 0
+    return float(min(errors)), float(max(errors)), float(np.median(np.abs(errors))), compared
 
 
 def _grid_axes():
@@ -718,14 +880,16 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
     g = q_heads / kv_heads
     if tables.kernel("context_attention", kv_dtype) in UNPACKED_MIXED_KERNELS and g > 1:
         c, n, h = np.meshgrid(axes[0], axes[2], axes[3], indexing="ij")
-        factor = 1.0 + (g - 1.0) * _mixed_share_at(c, n, h)  # (chunk, decodes, history)
+        # a negative share (the decodes cheaper in the mixed launch than alone: a launch saved, not re-reading) is
+        # taken as none, the sum of the parts, so that it is not multiplied by g - 1
+        factor = 1.0 + (g - 1.0) * np.maximum(_mixed_share_at(c, n, h), 0.0)  # (chunk, decodes, history)
         mixed = decode[None, None, :, :] * (factor[:, None, :, :] - 1.0)
         grid = grid + np.where((axes[0] > 0)[:, None, None, None] & (axes[2] > 0)[None, None, :, None], mixed, 0.0)
         _, _, read = mixed_decode_share()
         words += ("; " if words else "") + (
             f"a mixed batch's decodes x (1 + ({g:g} - 1) x the share of FlashAttention 2's un-packed GQA re-reading "
             f"that LLMServingSim measured in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles; "
-            "the nearest measured point past them)"
+            "the nearest measured point past them; a negative share taken as 0)"
         )
     if len(windows) > 1 or 0 not in windows:
         words += ("; " if words else "") + "windowed layers read at the keys their window keeps"

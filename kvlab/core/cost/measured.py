@@ -766,6 +766,9 @@ def sustained_roofline(model, gpu, config, fractions_gpu: str, why: str) -> Roof
     )
 
 
+# The models on which the fallback is set against a step composed from the operator tables, on a GPU no complete
+# profile measures (TP 1, vLLM's defaults): a dense one and a mixture of experts every table GPU composes.
+TABLE_CHECK_MODELS = ("meta-llama/Llama-3.1-8B", "Qwen/Qwen3-30B-A3B")
 # The decode steps on which the fallback is set against a profile: requests x tokens cached per request.
 FALLBACK_CHECK_BATCHES = (1, 8, 32, 128)
 FALLBACK_CHECK_CONTEXTS = (512, 2048, 8192)
@@ -778,23 +781,32 @@ def fallback_error(gpu_name: str) -> dict[str, tuple[float, float, int]]:
     (vLLM's default settings at the profile's TP), fallback / profile - 1. By kind of model ("dense", "mixture-of-
     experts", whose every expert the roofline counts): (lowest, highest, profiles compared); {} where the GPU has
     no complete profile."""
-    from kvlab.core import profiles
+    from kvlab.core import operators, profiles
     from kvlab.core.config import EngineConfig, ParallelConfig
     from kvlab.core.models import get_gpu, get_model
 
-    gpu, errors, compared = get_gpu(gpu_name), {}, {}
+    gpu, references = get_gpu(gpu_name), []  # (model, kind, config, the measured or composed step cost)
     for entry in profiles.load_index():
         profile = profiles.load_profile(entry) if entry.gpu == gpu_name else None
         if profile is None or not profile.complete:
             continue
         model, kind = get_model(entry.model), "mixture-of-experts" if entry.num_experts else "dense"
         config = EngineConfig(parallel=ParallelConfig(tensor_parallel_size=entry.tensor_parallel_size))
-        measured = MeasuredStepCost.from_profile(profile, model, config)
+        references.append((model, kind, config, MeasuredStepCost.from_profile(profile, model, config)))
+    if gpu_name not in profiles.measured_gpus() and gpu_name in operators.operator_gpus():
+        # a GPU the tables alone measure: set against the steps they compose
+        for name in TABLE_CHECK_MODELS:
+            model, config = get_model(name), EngineConfig()
+            composed, _ = composed_step_cost(model, gpu_name, config)
+            if composed is not None:
+                references.append((model, "mixture-of-experts" if model.layer_sizes[2] else "dense", config, composed))
+    errors, compared = {}, {}
+    for model, kind, config, reference in references:
         fallback = sustained_roofline(model, gpu, config, gpu_name, "")
         for b in FALLBACK_CHECK_BATCHES:
             for c in FALLBACK_CHECK_CONTEXTS:
                 batch = Batch(b, b * c, b, b * c)
-                errors.setdefault(kind, []).append(fallback.step_s(batch) / measured.step_s(batch) - 1.0)
+                errors.setdefault(kind, []).append(fallback.step_s(batch) / reference.step_s(batch) - 1.0)
         compared[kind] = compared.get(kind, 0) + 1
     return {kind: (min(e), max(e), compared[kind]) for kind, e in errors.items()}
 
@@ -892,9 +904,11 @@ def composition_error_text() -> str:
 
 def fallback_error_text(gpu_name: str) -> str:
     """fallback_error in words, for the fallback's provenance."""
+    from kvlab.core import profiles
+
     found = fallback_error(gpu_name)
     if not found:
-        linear = linear_fallback_error(gpu_name)
+        linear = linear_fallback_error(gpu_name) if gpu_name in profiles.measured_gpus() else None
         if linear is None:
             return f"no complete profile on the {gpu_name} to say how far this fallback is off"
         low, high, n = linear
@@ -904,12 +918,14 @@ def fallback_error_text(gpu_name: str) -> str:
             f"profile{'s' if n > 1 else ''} by {100 * low:+.0f}% to {100 * high:+.0f}% (the spread around the fractions, "
             "their median)"
         )
+    profiled = any(e.gpu == gpu_name and profiles.load_profile(e).complete for e in profiles.load_index())
+    unit, against = ("profile", "the profile") if profiled else ("model", "the step composed from its operator tables")
     kinds = "; ".join(
-        f"{100 * low:+.0f}% to {100 * high:+.0f}% on {n} {kind} profile{'s' if n > 1 else ''}"
+        f"{100 * low:+.0f}% to {100 * high:+.0f}% on {n} {kind} {unit}{'s' if n > 1 else ''}"
         for kind, (low, high, n) in found.items()
     )
     return (
         f"where both are known, on decode steps of {FALLBACK_CHECK_BATCHES[0]}-{FALLBACK_CHECK_BATCHES[-1]} requests x "
         f"{FALLBACK_CHECK_CONTEXTS[0]:,}-{FALLBACK_CHECK_CONTEXTS[-1]:,} tokens on the {gpu_name}, this fallback is "
-        f"off the profile by {kinds}"
+        f"off {against} by {kinds}"
     )
