@@ -13,7 +13,6 @@ QUANTIZATIONS = ("", "fp8", "fp8_block", "mxfp4")
 SIZES_UNKNOWN = {
     "Qwen/Qwen2.5-72B-Instruct",
     "microsoft/phi-4",
-    "facebook/opt-13b",  # its config.json has ffn_dim, no intermediate_size: () as from_config gives
     "Qwen/Qwen3-Next-80B-A3B-Instruct",
 }
 

@@ -317,3 +317,35 @@ def test_flash_attention_2_mixed_batches_pay_the_measured_share_of_unpacked_gqa(
     # FlashAttention 3 (H200) packs GQA heads in every varlen launch: the sum of the two
     axes, grid = operators.compose_profile(LLAMA_8B, "H200-141GB", 1)[0].attention
     assert grid[i, 0, k, j] == pytest.approx(grid[i, 0, 0, 0] + grid[0, 0, k, j], rel=1e-12)
+
+
+def test_shared_experts_overlap_the_routed_ones_up_to_vllms_threshold_and_dense_layers_take_their_share():
+    """DeepSeek-V3 at TP 8 with expert parallelism on the H200: each MoE layer's block is the routed experts and the
+    shared expert (MLP 2,048 split over 8) on two streams (the longer) up to 256 tokens, one after the other past
+    them; its first 3 of 61 layers run a dense MLP of 18,432 instead, averaged in by 3 / 61; plus the router."""
+    v3 = models.get_model("deepseek-ai/DeepSeek-V3")
+    assert (v3.shared_expert_intermediate_size, v3.first_k_dense_replace, v3.dense_intermediate_size) == (
+        2048,
+        3,
+        18432,
+    )
+    bare = dataclasses.replace(
+        v3, shared_expert_intermediate_size=0, first_k_dense_replace=0, dense_intermediate_size=0
+    )
+    profile, words = operators.compose_profile(v3, "H200-141GB", 8, expert_parallel_size=8)
+    routed, _ = operators.compose_profile(bare, "H200-141GB", 8, expert_parallel_size=8)
+    tables = operators.operator_tables("H200-141GB")
+    gemm = tables.gemm("fp8_block")
+    tokens, _, grid = profile.moe
+    router = tables.gemm("bf16").us_at(tokens, 256, 7168)
+    alone = routed.moe[2][:, 0] - router
+    shared = gemm.us_at(tokens, 512, 7168) + gemm.us_at(tokens, 7168, 256)
+    dense = gemm.us_at(tokens, 4608, 7168) + gemm.us_at(tokens, 7168, 2304)
+    moe = np.where(tokens <= 256, np.maximum(alone, shared), alone + shared) + router
+    np.testing.assert_allclose(grid[:, 0], (58 * moe + 3 * dense) / 61, rtol=1e-12)
+    assert "overlapping the routed experts on a second stream up to 256 tokens" in words
+    assert "the first 3 of 61 layers' dense MLP (18,432)" in words
+    # the extras change the block where they run and only there
+    assert (grid[:, 0] != routed.moe[2][:, 0]).all()
+    qwen = models.get_model("Qwen/Qwen3-30B-A3B")
+    assert (qwen.shared_expert_intermediate_size, qwen.first_k_dense_replace) == (0, 0)

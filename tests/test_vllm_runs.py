@@ -163,4 +163,4 @@ def test_the_composed_clock_is_checked_from_the_operator_tables_where_a_profile_
     assert composed.source.startswith("composed from the RTX-PRO-6000-Server-96GB's operator tables")
     assert measured.source.startswith("LLMServingSim profile") and "attention skew" not in composed.terms
     with pytest.raises(ValueError, match="needs operator tables that time"):
-        step_cost_checks.check_step_cost("composed", get_model("facebook/opt-13b"), gpu, run.engine_config())
+        step_cost_checks.check_step_cost("composed", get_model("Qwen/Qwen2.5-72B-Instruct"), gpu, run.engine_config())

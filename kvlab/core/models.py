@@ -61,6 +61,13 @@ class ModelSpec:
     # size), with the attention's shape and hidden_size what an operator profile's layers are measured at
     # (layer_shape); () where unknown.
     layer_sizes: tuple[int, ...] = ()
+    # Beside the routed experts (moe_extras): the shared experts' MLP width every MoE layer runs on every token
+    # (DeepSeek's n_shared_experts x moe_intermediate_size, Qwen's shared_expert_intermediate_size, Llama 4's
+    # intermediate_size), and the leading dense layers of an MoE (DeepSeek's first_k_dense_replace) with their MLP
+    # width (its intermediate_size); 0 for none.
+    shared_expert_intermediate_size: int = 0
+    first_k_dense_replace: int = 0
+    dense_intermediate_size: int = 0
     # The routed experts' parameters (billions; 0 for a dense model): what vLLM splits over every GPU of the data-
     # and tensor-parallel group (routed_expert_params).
     expert_params_b: float = 0.0
@@ -90,6 +97,12 @@ class ModelSpec:
         validate.non_negative_int("max_position_embeddings", self.max_position_embeddings)
         validate.non_negative_int("hidden_size", self.hidden_size)
         validate.non_negative_int("attention_chunk_size", self.attention_chunk_size)
+        for name in ("shared_expert_intermediate_size", "first_k_dense_replace", "dense_intermediate_size"):
+            validate.non_negative_int(name, getattr(self, name))
+        if self.first_k_dense_replace >= self.num_layers:
+            validate.fail(
+                "first_k_dense_replace", self.first_k_dense_replace, f"must be below num_layers ({self.num_layers})"
+            )
         for name in LINEAR_FIELDS:
             validate.non_negative_int(name, getattr(self, name))
         validate.non_negative_number("num_params_b", self.num_params_b)
@@ -252,6 +265,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         *LINEAR_FIELDS,
     ]
     values = {k: int(row.get(k) or 0) for k in ints}
+    extras = moe_extras({k: int(row[k]) for k in MOE_EXTRA_COLUMNS + ("intermediate_size",) if row.get(k)})
     interval = int(row.get("full_attention_interval") or 0)
     local = "chunked_attention" if values["attention_chunk_size"] else "linear_attention"
     return ModelSpec(
@@ -263,6 +277,7 @@ def get_model(name: str, path: str | Path = MODELS_CSV) -> ModelSpec:
         layer_sizes=_layer_sizes({k: int(row[k]) if row.get(k) else None for k in LAYER_SIZE_COLUMNS}),
         quantization=row.get("quantization") or "",
         gated_mlp=row.get("model_type") not in PLAIN_MLP_FAMILIES,
+        **extras,
         **values,
     )
 
@@ -580,6 +595,7 @@ def from_config(path: str | Path | dict, name: str | None = None, num_params_b: 
         "vocab_padding_params": vocab_padding_params(config) if counted else 0,
         "quantization": quantization,
         "gated_mlp": model_type not in PLAIN_MLP_FAMILIES,
+        **moe_extras(_config_moe_extras(config, model_type)),
         **local,
     }
     if "kv_lora_rank" in config or model_type.startswith("deepseek_v"):
@@ -628,6 +644,43 @@ def layer_shape(model: ModelSpec) -> tuple[int, ...]:
 LAYER_SIZE_COLUMNS = ("intermediate_size", "vocab_size", "num_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
+# data/models.csv's columns of moe_extras, as config.json names them (DeepSeek's shared width: n_shared_experts x
+# moe_intermediate_size; Llama 4's: its intermediate_size).
+MOE_EXTRA_COLUMNS = ("shared_expert_intermediate_size", "first_k_dense_replace")
+
+
+def moe_extras(columns: dict) -> dict:
+    """ModelSpec's shared_expert_intermediate_size, first_k_dense_replace and dense_intermediate_size from
+    MOE_EXTRA_COLUMNS and intermediate_size (the leading dense layers' MLP); zeros where absent."""
+    dense = int(columns.get("first_k_dense_replace") or 0)
+    return {
+        "shared_expert_intermediate_size": int(columns.get("shared_expert_intermediate_size") or 0),
+        "first_k_dense_replace": dense,
+        "dense_intermediate_size": int(columns.get("intermediate_size") or 0) if dense else 0,
+    }
+
+
+def _config_moe_extras(config: dict, model_type: str) -> dict:
+    """A config.json's MOE_EXTRA_COLUMNS (and intermediate_size) as moe_extras reads them: DeepSeek's shared experts
+    (n_shared_experts x moe_intermediate_size) and first_k_dense_replace, Qwen2-MoE's and Qwen3-Next's
+    shared_expert_intermediate_size, Llama 4's one shared expert of intermediate_size; {} for other models."""
+    try:
+        if model_type.startswith("deepseek"):
+            shared = int(config.get("n_shared_experts") or 0) * int(config.get("moe_intermediate_size") or 0)
+            return {
+                "shared_expert_intermediate_size": shared,
+                "first_k_dense_replace": int(config.get("first_k_dense_replace") or 0),
+                "intermediate_size": int(config.get("intermediate_size") or 0),
+            }
+        if config.get("shared_expert_intermediate_size"):
+            return {"shared_expert_intermediate_size": int(config["shared_expert_intermediate_size"])}
+        if model_type.startswith("llama4") and config.get("num_local_experts"):
+            return {"shared_expert_intermediate_size": int(config.get("intermediate_size") or 0)}
+    except (TypeError, ValueError):
+        return {}
+    return {}
+
+
 def _layer_sizes(config: dict) -> tuple[int, ...]:
     """from_config's layer_sizes (and get_model's, from the catalog's columns); () when config.json lacks a size."""
     experts = config.get("num_experts", config.get("num_local_experts", config.get("n_routed_experts"))) or 0
@@ -635,7 +688,8 @@ def _layer_sizes(config: dict) -> tuple[int, ...]:
         expert = config.get("moe_intermediate_size") or config.get("intermediate_size")
         fields = [0, config.get("vocab_size"), experts, config.get("num_experts_per_tok"), expert]
     else:
-        fields = [config.get("intermediate_size"), config.get("vocab_size"), 0, 0, 0]
+        mlp = config.get("intermediate_size", config.get("ffn_dim"))  # OPT names its MLP ffn_dim
+        fields = [mlp, config.get("vocab_size"), 0, 0, 0]
     if any(f is None for f in fields):
         return ()
     try:

@@ -40,7 +40,11 @@ builds, from a model's shapes, the OperatorProfile (kvlab.core.profiles) that Me
   nearest measured heads, scaled by head dim (decode: the bytes) or heads x head dim (prefill: the FLOPs);
   batches past the largest measured at a length, linear in the batch; prompts past the largest, as the square;
 - MoE: the table's block at (tokens, the model's hidden, expert MLP, experts, top-k, TP) under balanced routing,
-  plus the router's GEMM.
+  plus the router's GEMM and any shared experts' MLP (two GEMMs; beside the routed experts on a second stream up
+  to vLLM's 256 tokens, after them past it); an MoE's leading dense layers (DeepSeek's first
+  three) take a dense MLP's GEMMs in place of the block, averaged over the layers; a block the table did not
+  measure is read from its nearest measured block by the ratio of the two blocks' rooflines (or, on a GPU that
+  measures none, as the GEMMs of the active experts' bytes and FLOPs), its error against the table said.
 Only measured shapes are read; every rule above that leaves them (a scaled head shape, an extrapolated size) is
 named in the profile's words. Interpolation between the grid's points is MeasuredStepCost's.
 """
@@ -74,6 +78,9 @@ SEQUENCES = tuple(range(1, 17)) + tuple(range(24, 1025, 8))
 GEMM_DTYPE = {"": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "bf16"}
 MOE_DTYPE = {"": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "mxfp4"}
 MOE_DISTRIBUTION = "balanced"
+# vLLM 0.33's VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD default: up to this many tokens a step's shared experts run
+# on an auxiliary CUDA stream beside the routed experts (vllm/model_executor/layers/fused_moe/runner/shared_experts.py)
+SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD = 256
 # The MLA module tables measure DeepSeek-V3's attention: (hidden, heads, kv_lora_rank, qk_rope_head_dim)
 MLA_SHAPE = (7168, 128, 512, 64)
 MLA_HEAD_DIM = 576  # the cached latent, kv_lora_rank + qk_rope_head_dim
@@ -563,7 +570,26 @@ def compose_profile(
         )
         notes.append(moe_words)
         router = linear(lm_head, "the router", experts, hidden, moe_tokens)
+        shared = model.shared_expert_intermediate_size
+        if shared:  # a dense MLP beside the routed experts, on every token (split over TP like one)
+            shared_us = _mlp_us(linear, gemm, "the shared experts", shared, hidden, t, moe_tokens)
+            # vLLM 0.33 runs them on a second CUDA stream beside the routed experts up to a threshold of tokens
+            # (SharedExperts._determine_shared_experts_order): the longer of the two there, their sum past it
+            overlapped = moe_tokens <= SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD
+            moe_us = np.where(overlapped, np.maximum(moe_us, shared_us), moe_us + shared_us)
+            notes.append(
+                f"the shared experts (MLP {shared:,}) as two GEMMs, overlapping the routed experts on a second stream "
+                f"up to {SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD} tokens (vLLM's threshold) and after them past it"
+            )
         block = moe_us + router
+        first = model.first_k_dense_replace
+        if first:  # the leading dense layers run a dense MLP in place of the MoE block: the mean over the layers
+            dense_mlp = _mlp_us(linear, gemm, "the dense layers", model.dense_intermediate_size, hidden, t, moe_tokens)
+            block = (block * (model.num_layers - first) + dense_mlp * first) / model.num_layers
+            notes.append(
+                f"the first {first} of {model.num_layers} layers' dense MLP ({model.dense_intermediate_size:,}) in place "
+                "of the MoE block, by their share of the layers"
+            )
         moe = (moe_tokens, np.array([1.0, float(experts)]), np.stack([block, block], axis=1))
     else:
         if intermediate % t:
@@ -615,6 +641,12 @@ def compose_profile(
         + "".join(f"; {n}" for n in notes if n)
     )
     return profile, words
+
+
+def _mlp_us(linear, gemm: GemmTable, name: str, intermediate: int, hidden: int, tp: int, tokens) -> np.ndarray:
+    """A gated MLP of width intermediate split over tp GPUs at tokens (us): gate-and-up and down GEMMs."""
+    up = linear(gemm, f"{name}' gate_up_proj", 2 * intermediate // tp, hidden, tokens)
+    return up + linear(gemm, f"{name}' down_proj", hidden, intermediate // tp, tokens)
 
 
 def _moe_block(tables: OperatorTables, quantization: str, shape: tuple, tp: int, ep: int, dp: int):
@@ -797,8 +829,7 @@ def _mla_grid(tables: OperatorTables, model, q_heads: int, kv_dtype: str, gemm_d
     grid = np.where(chunk > 0, p, 0.0)[:, :, None, None] + np.where(decodes > 0, d, 0.0)[None, None, :, :]
     return (axes, grid), (
         f"MLA: the whole attention module of DeepSeek-V3's shape ({tables.kernel('generation_mla', f'{kv_dtype}_{gemm_dtype}')}), "
-        "its projections included, read for the prefill and the decodes apart; the first dense layers and the "
-        "shared expert are left out"
+        "its projections included, read for the prefill and the decodes apart"
     )
 
 
