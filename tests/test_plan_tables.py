@@ -282,3 +282,10 @@ def test_the_finding_leads_with_the_corrected_answer_only_where_the_correction_c
     )
     meets = plan_tables.finding_text("Qwen/Qwen3-32B", "RTX", 2000, f, {"meets": True}, 10)
     assert meets.startswith("Planned on kvlab's engine") and meets.endswith("would still meet them.")
+    assert "60 of 144 candidates were pruned by proof before any was served." in meets
+    # candidates no measurement times are missing data, not proven: said apart, and the answer bounded by them
+    gaps = plan_tables.finding_text(
+        "Qwen/Qwen3-32B", "RTX", 2000, {**f, "pruned_by": {"capacity": 12, "step cost": 48}}, {"meets": True}, 10
+    )
+    assert "12 of 144 candidates were pruned by proof before any was served, and 48 were not planned" in gaps
+    assert "missing data, not a proof" in gaps

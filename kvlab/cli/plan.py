@@ -78,9 +78,10 @@ def add(commands) -> None:
         help="find the vLLM configurations that serve a workload within latency objectives, best first",
         description="Search vLLM's settings for a model on a GPU and a workload: every combination of the values "
         "given (comma-separated) is a candidate. Candidates that cannot work are pruned first, each with its proof "
-        "(vLLM would not start: the KV pool vLLM sizes cannot hold max_model_len; no operator profile measures the "
-        "model at that tensor parallel size; or even the fastest steps the batch budget allows cannot serve the "
-        "rate within an objective). The rest are served by kvlab's engine (vLLM 0.33's scheduler, its KV pool as "
+        "(vLLM would not start: the KV pool vLLM sizes cannot hold max_model_len; or even the fastest steps the "
+        "batch budget allows cannot serve the rate within an objective), and those nothing measured times are set "
+        "aside, said as missing data (neither an operator profile nor the GPU's operator tables time the model at "
+        "that tensor parallel size; --allow-roofline plans them on the named fallback). The rest are served by kvlab's engine (vLLM 0.33's scheduler, its KV pool as "
         "vLLM sizes it) on the measured clock. Up to 20,000 requests, every candidate is served on the whole "
         "workload but those its first eighth proves miss (more requests over a limit already than a p95 allows); "
         "above, on growing prefixes of it (1/64, 1/16, 1/4, all), the best quarter going on each time. Candidates "
@@ -99,7 +100,7 @@ def add(commands) -> None:
         "--config",
         metavar="PATH",
         help="a Hugging Face config.json instead of --model (its parameters counted from it, or --num-params-b; "
-        "planned on the roofline only, with --allow-roofline: no profile measures it)",
+        "timed from the GPU's operator tables by its layer shapes where it gives them all)",
     )
     what.add_argument(
         "--num-params-b",
@@ -112,8 +113,9 @@ def add(commands) -> None:
     what.add_argument(
         "--allow-roofline",
         action="store_true",
-        help="plan candidates no operator profile measures (that model, GPU and tensor parallel size) "
-        "on the roofline, with a warning (default: they are pruned)",
+        help="plan candidates that neither an operator profile nor the GPU's operator tables time (that model, "
+        "GPU and tensor parallel size) on the roofline fallback, which says how far it was off where both are "
+        "known, with a warning (default: they are set aside as unmeasured)",
     )
     slo = p.add_argument_group("service-level objectives (95th percentile over requests; at least one)")
     slo.add_argument("--slo-ttft-p95-s", type=float, help="p95 time to first token, s")

@@ -435,7 +435,7 @@ def table_fractions(gpu: str):
         gpu,
         float(bandwidth),
         float(flops),
-        (f"operator tables {operator_tables(gpu).system} (bf16 GEMM {FRACTIONS_GEMM} x {FRACTIONS_GEMM})",),
+        (f"the {operator_tables(gpu).system} operator tables' bf16 GEMM of {FRACTIONS_GEMM:,} x {FRACTIONS_GEMM:,}",),
     )
 
 

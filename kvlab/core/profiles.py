@@ -389,9 +389,11 @@ class SustainedFractions:
 
     def describe(self) -> str:
         """In words, e.g. "91% of the bandwidth and 80% of the FLOP/s (median of 5 profiles)"."""
+        rates = f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of its dense bf16 FLOP/s"
+        if len(self.sources) == 1 and "operator tables'" in self.sources[0]:
+            return f"{rates}, as {self.sources[0]} sustains them"
         return (
-            f"{self.memory_bandwidth_fraction:.0%} of the datasheet bandwidth and {self.flop_fraction:.0%} of "
-            f"its dense bf16 FLOP/s, as the linear layers of {len(self.sources)} operator "
+            f"{rates}, as the linear layers of {len(self.sources)} operator "
             f"profile{'s' if len(self.sources) > 1 else ''} sustain them"
         )
 

@@ -362,10 +362,17 @@ def finding_text(model: str, gpu: str, num_requests: int, f: dict, fixed: dict, 
         if f["best_label"]
         else "with none of the configurations searched"
     )
+    unmeasured = f.get("pruned_by", {}).get("step cost", 0)  # missing data, not a proof
     plan = (
         f"on kvlab's engine and measured clock, {model} on {gpu} serves {num_requests:,} requests at "
-        f"{f['rate_per_s']:.2f} requests/s within {f['objectives']} {served}; {f['pruned']:,} of "
-        f"{f['num_candidates']:,} candidates were pruned by proof before any was served."
+        f"{f['rate_per_s']:.2f} requests/s within {f['objectives']} {served}; {f['pruned'] - unmeasured:,} of "
+        f"{f['num_candidates']:,} candidates were pruned by proof before any was served"
+        + (
+            f", and {unmeasured:,} were not planned: no measurement times the model at their tensor parallel size "
+            "on this GPU (missing data, not a proof: the answer is the best of the candidates measured)."
+            if unmeasured
+            else "."
+        )
     )
     if not fixed or fixed["meets"]:
         still = " Corrected for the clock's measured error it would still meet them." if fixed else ""

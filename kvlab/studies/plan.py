@@ -11,8 +11,8 @@ The search is not a grid:
 1. Pruning, before anything is served, of candidates that cannot work, each proven so:
    - capacity: vLLM would not start (its pool cannot hold one request of max_model_len) or refuses the
      scheduler's settings, or a request of the workload can never fit the pool;
-   - step cost: no operator profile measures the model at that tensor parallel size on the GPU (unless the roofline
-     is allowed);
+   - step cost (missing data, not a proof, and said so): neither an operator profile nor the GPU's operator tables
+     time the model at that tensor parallel size (unless the roofline fallback is allowed);
    - rate: a step of T tokens takes at least min_step_s(T), so a replica serves at most
      max over T <= max_num_batched_tokens of T / min_step_s(T) tokens a second (with data parallelism, each rank
      at most max over T of T / (the least min_step_s(T') over T' >= T), its steps padded to the largest rank's). For p95 E2E latency <= X, the
@@ -581,7 +581,8 @@ def prune(
         if not measured and not deployment.allow_roofline:
             r.status, r.reason = (
                 "pruned",
-                f"step cost: no operator profile measures it ({source}); allow the roofline to plan it",
+                f"step cost: unmeasured, not proven: nothing measured times it ({source}); --allow-roofline plans "
+                "it on this fallback",
             )
             continue
         same_steps = (  # what min_step_s depends on: the same for every max_num_batched_tokens of the same graphs
