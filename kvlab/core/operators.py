@@ -490,11 +490,11 @@ def composable(model) -> str:
     if not model.layer_sizes or not model.hidden_size:
         return f"{model.name}'s MLP and vocabulary sizes are unknown (give its config.json)"
     if model.attention == "mla":
-        shape = (model.hidden_size, model.num_attention_heads, model.kv_lora_rank, model.qk_rope_head_dim)
-        if shape != MLA_SHAPE:
+        latent = (model.kv_lora_rank, model.qk_rope_head_dim)
+        if latent != MLA_SHAPE[2:]:
             return (
-                f"its multi-head latent attention (hidden, heads, kv_lora_rank, qk_rope_head_dim = {shape}) is not "
-                f"DeepSeek-V3's {MLA_SHAPE}, the one shape the MLA tables measure"
+                f"its multi-head latent attention (kv_lora_rank, qk_rope_head_dim = {latent}) is not DeepSeek-V3's "
+                f"{MLA_SHAPE[2:]}, the one latent the MLA tables measure"
             )
     kinds = {model.layer_type(i) for i in range(model.num_layers)}
     if "linear_attention" in kinds:
@@ -827,10 +827,17 @@ def _mla_grid(tables: OperatorTables, model, q_heads: int, kv_dtype: str, gemm_d
     p = np.where(prompt > longest, context.us_at(parts, 1.0, longest) * (prompt / longest) ** 2, p)
     d = generation.us_at(parts, np.maximum(decodes, 1.0), decode_history)
     grid = np.where(chunk > 0, p, 0.0)[:, :, None, None] + np.where(decodes > 0, d, 0.0)[None, None, :, :]
-    return (axes, grid), (
+    words = (
         f"MLA: the whole attention module of DeepSeek-V3's shape ({tables.kernel('generation_mla', f'{kv_dtype}_{gemm_dtype}')}), "
         "its projections included, read for the prefill and the decodes apart"
     )
+    if model.hidden_size != MLA_SHAPE[0]:
+        bound = "an upper" if model.hidden_size < MLA_SHAPE[0] else "a lower"
+        words += (
+            f"; read at the same {q_heads} heads a GPU and latent: its projections are DeepSeek-V3's, of hidden "
+            f"{MLA_SHAPE[0]:,} against this model's {model.hidden_size:,} ({bound} bound on them)"
+        )
+    return (axes, grid), words
 
 
 # Attention kernels that run a mixed batch as one varlen launch without packing GQA heads (FlashAttention 2)
