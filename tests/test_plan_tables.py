@@ -276,7 +276,8 @@ def test_the_finding_leads_with_the_corrected_answer_only_where_the_correction_c
     missing = {"run": "Qwen3-32B, TP 2", "meets": False, "missed": "p95 TPOT"}
     text = plan_tables.finding_text("Qwen/Qwen3-32B", "RTX", 2000, f, missing, 0)
     assert text.startswith("Corrected for the measured clock's error") and "none of the 10 configurations" in text
-    assert "would miss its p95 TPOT objective. As planned, on kvlab's engine" in text
+    assert "would miss its p95 TPOT objective. No configuration searched is safe once corrected" in text
+    assert "As planned, on kvlab's engine" in text
     assert "2 of the 10 configurations served in full would still meet" in plan_tables.finding_text(
         "Qwen/Qwen3-32B", "RTX", 2000, f, missing, 2
     )
@@ -289,3 +290,37 @@ def test_the_finding_leads_with_the_corrected_answer_only_where_the_correction_c
     )
     assert "12 of 144 candidates were pruned by proof before any was served, and 48 were not planned" in gaps
     assert "missing data, not a proof" in gaps
+
+
+def test_section_7_decides_the_configuration_to_run_once_the_clocks_error_is_allowed_for():
+    table = plan_tables.served_table(hand_plan())
+    # TP 2's clock 15% fast on TTFT: the best as planned (TTFT 0.9 s) would miss 1 s, the 6-GPU one (0.5 s) would not
+    fidelity = [{"label": "X, TP 2", "mean_ttft_error": -0.15, "mean_tpot_error": 0.0, "mean_e2e_error": 0.0}]
+    choice = plan_tables.corrected_choice(table, fidelity, OBJECTIVES)
+    six = table[table["num_gpus"] == 6].iloc[0]
+    assert choice == {"label": six["label"], "num_gpus": 6, "per_gpu": 1.0, "worst": "p95 TPOT", "worst_pct": 98}
+    fixed = plan_tables.step_cost_corrected(table, fidelity, OBJECTIVES)
+    f = plan_tables.plan_figures(
+        hand_plan(), {"best": {"vllm_serve": "x", "num_replicas": 1}}, table, plan_tables.outcome_table(hand_plan())
+    )
+    text = plan_tables.finding_text("M", "G", 1000, f, fixed, 1, choice)
+    assert f"would miss its p95 TTFT objective. Run {six['label']} (1.0 requests/s per GPU on 6 GPUs)" in text
+    assert "its p95 TPOT would be 98% of its limit" in text
+    # every configuration missing once corrected: no decision to make but to measure
+    worse = [{**fidelity[0], "mean_tpot_error": -0.5}]
+    assert plan_tables.corrected_choice(table, worse, OBJECTIVES) == {}
+    text = plan_tables.finding_text("M", "G", 1000, f, plan_tables.step_cost_corrected(table, worse, OBJECTIVES), 0, {})
+    assert "No configuration searched is safe once corrected: measure" in text
+    assert plan_tables.corrected_choice(table, [], OBJECTIVES) == {}
+
+
+def test_every_panel_of_the_goodput_plot_has_labelled_ticks_even_within_one_decade():
+    from kvlab.sections.shared import plots
+
+    table = plan_tables.served_table(hand_plan())  # TPOT 30-80 ms, TTFT 0.5-3 s: less than a decade each
+    fig = plots.plan_pareto(table, OBJECTIVES.given(), plan_tables.OBJECTIVE_WORDS, plan_tables.OBJECTIVE_UNITS)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        shown = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
+        assert len(shown) >= 2, (ax.get_xlabel(), shown)

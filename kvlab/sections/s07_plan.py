@@ -353,7 +353,38 @@ def corrected_meeting(served: pd.DataFrame, fidelity: list[dict], objectives: Ob
     )
 
 
-def finding_text(model: str, gpu: str, num_requests: int, f: dict, fixed: dict, num_corrected: int | None) -> str:
+def corrected_choice(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> dict:
+    """The configuration to run once the clock's measured error is allowed for: of those served in full that would
+    still meet every objective corrected (_corrected), the most requests/s per GPU, then the widest margin (the least
+    worst objective's share of its limit); its label, GPUs, rate a GPU, worst share (%) and that objective. {} where
+    none would, or no real run checks the step cost."""
+    if not fidelity:
+        return {}
+    best = None
+    for _, row in served.iterrows():
+        corrected, _ = _corrected(row, fidelity)
+        shares = {m: corrected[m] / limit for m, limit in objectives.given().items()}
+        if max(shares.values()) > 1:
+            continue
+        key = (-round(float(row["requests_per_s_per_gpu"]), 6), max(shares.values()))
+        if best is None or key < best[0]:
+            worst = max(shares, key=shares.get)
+            best = (key, row, worst, shares[worst])
+    if best is None:
+        return {}
+    _, row, worst, share = best
+    return {
+        "label": row["label"],
+        "num_gpus": int(row["num_gpus"]),
+        "per_gpu": round(float(row["requests_per_s_per_gpu"]), 2),
+        "worst": OBJECTIVE_WORDS[worst],
+        "worst_pct": round(100 * share),
+    }
+
+
+def finding_text(
+    model: str, gpu: str, num_requests: int, f: dict, fixed: dict, num_corrected: int | None, choice: dict | None = None
+) -> str:
     """The section's finding (its sentence on the front page): the answer corrected for the step cost's measured
     error first where the correction changes it, then the plan as served (f: plan_figures; fixed:
     step_cost_corrected; num_corrected: corrected_meeting)."""
@@ -382,10 +413,18 @@ def finding_text(model: str, gpu: str, num_requests: int, f: dict, fixed: dict, 
         if not num_corrected
         else f"{num_corrected:,} of the {f['num_served']:,} configurations served in full would still meet {f['objectives']}"
     )
+    run = (
+        f" Run {choice['label']} ({choice['per_gpu']} requests/s per GPU on {choice['num_gpus']} GPUs): corrected, its "
+        f"{choice['worst']} would be {choice['worst_pct']}% of its limit, the most a GPU serves among those that meet "
+        "after the correction (a reading from the check's means, not a measured 95th percentile)."
+        if choice
+        else " No configuration searched is safe once corrected: measure the best as planned on the GPU before "
+        "deploying it."
+    )
     return (
         f"Corrected for the measured clock's error on this model and GPU (section 5's check, {fixed['run']}), "
-        f"{meeting}: the best as planned, {f['best_label']}, would miss its {fixed['missed']} objective. As planned, "
-        f"{plan}"
+        f"{meeting}: the best as planned, {f['best_label']}, would miss its {fixed['missed']} objective.{run} "
+        f"As planned, {plan}"
     )
 
 

@@ -606,7 +606,7 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
 
     served: kvlab.sections.s07_plan.served_table; objectives: metric name -> limit; words, units: their names.
     """
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     names = list(objectives)
     fig, axes = _figure(figsize=(9.0, 3.8), ncols=len(names), squeeze=False, sharey=True)
@@ -637,6 +637,8 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
                 fontsize=9,
             )
         ax.set_xscale("log")
+        # ticks at 1, 2 and 5 of each decade, so a range narrower than a decade still has labelled ticks
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"{words[name]} ({units[name]}, log scale)")
