@@ -63,23 +63,53 @@ BLOCKS = {
     "busy_latency_large": 4.5,
     "busy_preemptions_small": 4265,
     "busy_preemptions_large": 26461,
+    "busy_blocks": [1, 16, 256],
+    "busy_latency": [0.6, 0.5, 4.5],
+    "busy_preemptions": [4265, 9000, 26461],
 }
 
 
 def test_the_block_prose_turns_with_its_figures():
     text = prose.block_text(BLOCKS)
     assert "Waste grows with the block" in text and "Bookkeeping falls as the block grows" in text
-    assert "Preemptions rise from 4,265 to 26,461 (6.2x) as blocks grow" in text and "runs out sooner" in text
-    assert "normalized latency rises from 0.6000 to 4.5000 s per token (7.5x)" in text
+    assert "As blocks grow, preemptions rise from 4,265 at block size 1 to 26,461 at block size 256 (6.2x)" in text
+    assert "runs out sooner" in text
+    # latency dips at 16 before its rise: the whole series, not its ends, is described
+    assert (
+        "normalized latency stays between 0.5000 and 0.6000 s per token from block size 1 to block size 16, then "
+        "jumps to 4.5000 at block size 256" in text
+    )
     flipped = BLOCKS | {
         "of_held_large": 99.0,
         "entries_small": 1.0,
         "busy_preemptions_small": 26461,
         "busy_preemptions_large": 4265,
+        "busy_preemptions": [26461, 9000, 4265],
     }
     text = prose.block_text(flipped)
     assert "Waste shrinks with the block" in text and "Bookkeeping rises as the block grows" in text
-    assert "Preemptions fall from 26,461 to 4,265" in text and "fewer requests are admitted" in text
+    assert "preemptions fall from 26,461 at block size 1 to 4,265 at block size 256" in text
+    assert "fewer requests are admitted" in text
+    # the review's series: flat up to block 128, then one jump; "rise" would misdescribe it
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    series = [4266, 4034, 4132, 4028, 4154, 4178, 3991, 3726, 26487]
+    text = prose.block_text(BLOCKS | {"busy_blocks": sizes, "busy_preemptions": series, "busy_latency": [0.5] * 9})
+    assert (
+        "preemptions stay between 3,726 and 4,266 from block size 1 to block size 128, then jump to 26,487 at block "
+        "size 256" in text
+    )
+    assert "preemptions rise" not in text and "normalized latency stays the same at 0.5000 s per token" in text
+
+
+def test_a_trend_sentence_is_built_from_the_whole_series():
+    assert phrases.trend([1, 2, 3], ["a", "b", "c"], 0) == "rise from 1 at a to 3 at c (3.0x)"
+    assert phrases.trend([3, 2, 1], ["a", "b", "c"], 0) == "fall from 3 at a to 1 at c (to 0.33x)"
+    assert phrases.trend([5, 9, 5, 9, 5], list("abcde"), 0) == (
+        "move with no steady trend from 5 at a to 5 at e, between 5 at a and 9 at b"
+    )
+    assert phrases.trend([10, 11, 10, 40, 41], list("abcde"), 0) == (
+        "stay between 10 and 11 from a to c, then jump to 40 at d and end at 41 at e (between 40 and 41 after it)"
+    )
 
 
 MEMORY = {
@@ -175,7 +205,10 @@ def test_section_5s_measured_step_prose_turns_with_the_measured_times():
     slow = profile_decode_figures(table([5.0, 11.0], [5.0, 10.0]), 8, 1024, ms_per_token=8.0)
     assert "the step comes to 6.00 ms, so the article's 8 ms lies above it" in fast["steps"]
     assert "the step comes to 11.00 ms, so the article's 8 ms lies below it" in slow["steps"]
-    assert fast["linear"].endswith("within 5% of each other")
+    assert fast["linear"].endswith("the most 2% above the least")  # 5.10 / 5.00
+    # 8.74 / 8.32 is 5.05% apart: said as printed, not as "within 5%"
+    edge = profile_decode_figures(table([8.0, 9.0], [8.32, 8.74]), 8, 1024, ms_per_token=8.0)
+    assert edge["linear"].endswith("8.32 to 8.74 ms on the G at 1 to 8 requests, the most 5% above the least")
     assert slow["linear"] == "5.00 to 10.00 ms on the G at 1 to 8 requests, 2.0x apart"
     assert profile_decode_figures(table([5.0, 6.0], [5.0, 5.1]).iloc[:0], 8, 1024) == {"any": False}
 

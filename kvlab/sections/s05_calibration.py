@@ -177,8 +177,8 @@ def profile_decode_figures(
     for gpu, linear in table["linear_measured_ms"].groupby(level="gpu", sort=False):
         by_batch = linear.groupby(level="batch_size").first()
         low, high = by_batch.min(), by_batch.max()
-        near = phrases.alike(low, high, 2, phrases.ALIKE_SHARE)
-        apart = f"within {100 * phrases.ALIKE_SHARE:g}% of each other" if near else f"{high / low:.1f}x apart"
+        ratio = phrases.shown(high, 2) / phrases.shown(low, 2)  # as printed
+        apart = f"the most {100 * (ratio - 1):.0f}% above the least" if ratio < 2 else f"{ratio:.1f}x apart"
         spread.append(
             f"{cell(low, 2)} to {cell(high, 2)} ms on the {gpu} at {by_batch.index[0]:,} to "
             f"{by_batch.index[-1]:,} requests, {apart}"

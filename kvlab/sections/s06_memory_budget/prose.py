@@ -305,6 +305,10 @@ def block_figures(sharegpt: pd.DataFrame, alpaca: pd.DataFrame, busy: pd.DataFra
             "busy_batched_large": busy.loc[large, "mean_batched_requests"],
             "busy_preemptions_small": int(round(busy.loc[small, "num_preemptions"])),
             "busy_preemptions_large": int(round(busy.loc[large, "num_preemptions"])),
+            # the whole series, for sentences about its trend
+            "busy_blocks": [int(x) for x in busy.index],
+            "busy_latency": [float(x) for x in busy["normalized_latency_s"]],
+            "busy_preemptions": [int(round(x)) for x in busy["num_preemptions"]],
         }
     return out | {
         "best": best,
@@ -373,10 +377,9 @@ def block_text(b: dict) -> str:
     )
     if "busy_best" not in b:
         return text
-    latency = phrases.change(
-        b["busy_latency_small"], b["busy_latency_large"], lat, ("rises", "falls", "stays the same"), "s per token"
-    )
-    preemptions = phrases.change(b["busy_preemptions_small"], b["busy_preemptions_large"], 0)
+    sizes = [f"block size {x}" for x in b["busy_blocks"]]
+    latency = phrases.trend(b["busy_latency"], sizes, lat, "s per token", ("rises", "falls", "stays the same"))
+    preemptions = phrases.trend(b["busy_preemptions"], sizes, 0)
     why = (
         "larger blocks leave more of each request's last block empty, so the pool runs out sooner"
         if phrases.direction(b["busy_preemptions_small"], b["busy_preemptions_large"], 0) == "rise"
@@ -386,7 +389,7 @@ def block_text(b: dict) -> str:
         f"{text}\n\nAt the busy rate waste, bookkeeping and preemption meet. vLLM runs "
         f"{b['busy_batched_small']:.2f} requests at once with blocks of {b['small']} and "
         f"{b['busy_batched_large']:.2f} with blocks of {b['large']}; normalized latency {latency} "
-        f"and is {cell(b['busy_latency_16'], lat)} at 16. Preemptions {preemptions} as blocks grow; a likely cause, "
+        f"and is {cell(b['busy_latency_16'], lat)} at 16. As blocks grow, preemptions {preemptions}; a likely cause, "
         f"which no run here isolates: {why}. The best block here is {b['busy_best']}. The paper's 16-128 rests on "
         "its 2023 kernel, whose cost against block size is not published, so kvlab cannot check it."
     )

@@ -125,7 +125,7 @@ def cost_table(setting: PaperSetting, batch_sizes=(1, 8, 32, 128), context_token
     cost = setting.cost()
     rows = {}
     for batch in batch_sizes:
-        rows[f"decode: {batch} requests x {context_tokens} tokens"] = {
+        rows[f"decode: {batch} request{'s' * (batch != 1)} x {context_tokens} tokens"] = {
             "tokens": batch,
             "step_ms": 1000
             * cost.step_s(Batch(batch, batch * (context_tokens + 1), batch, batch * (context_tokens + 1))),

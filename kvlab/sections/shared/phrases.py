@@ -37,6 +37,56 @@ def change(before: float, after: float, decimals: int, words=("rise", "fall", "s
     return f"{way} from {cell(before, decimals)} to {cell(after, decimals)}{unit}{ratio}"
 
 
+def trend(values, labels, decimals: int, unit: str = "", words=("rise", "fall", "stay the same")) -> str:
+    """The whole series in words, as printed: change() of its ends where it moves one way throughout ('rise from
+    4,265 at 1 to 26,461 at 256 (6.2x)'); where one step makes most of its range, the rest as a band and that step
+    ('stay between 3,726 and 4,266 from 1 to 128, then jump to 26,487 at 256'); else its ends and extremes with no
+    steady trend. labels name the points (e.g. block sizes)."""
+    shown_values = [shown(v, decimals) for v in values]
+    steps = [b - a for a, b in zip(shown_values, shown_values[1:])]
+    at = [f" at {label}" for label in labels]
+    unit = unit if unit.startswith("%") or not unit else f" {unit}"
+    first, last = shown_values[0], shown_values[-1]
+    verb = (lambda v: v + "s") if words[0].endswith("s") else (lambda v: v)  # "latency rises", "preemptions rise"
+    if all(d >= 0 for d in steps) or all(d <= 0 for d in steps):
+        way = direction(first, last, decimals, words)
+        if way == words[2]:
+            return f"{way} at {cell(first, decimals)}{unit}"
+        ratio = (
+            ""
+            if first <= 0 or last <= 0
+            else f" ({last / first:.1f}x)"
+            if last > first
+            else f" (to {last / first:.2f}x)"
+        )
+        return f"{way} from {cell(first, decimals)}{at[0]} to {cell(last, decimals)}{unit}{at[-1]}{ratio}"
+    span = max(shown_values) - min(shown_values)
+    k = max(range(len(steps)), key=lambda i: abs(steps[i]))
+    others = max((abs(d) for i, d in enumerate(steps) if i != k), default=0.0)
+    if abs(steps[k]) > 0.5 * span and others <= 0.25 * abs(steps[k]):
+        before, after = shown_values[: k + 1], shown_values[k + 1 :]
+        band = (
+            f"{verb('stay')} between {cell(min(before), decimals)} and {cell(max(before), decimals)}{unit} from {labels[0]} to "
+            f"{labels[k]}"
+            if k
+            else f"{verb('start')} at {cell(before[0], decimals)}{unit}{at[0]}"
+        )
+        move = verb("jump" if steps[k] > 0 else "drop")
+        end = (
+            ""
+            if k + 1 == len(shown_values) - 1
+            else f" and end at {cell(shown_values[-1], decimals)}{at[-1]} (between {cell(min(after), decimals)} and "
+            f"{cell(max(after), decimals)} after it)"
+        )
+        return f"{band}, then {move} to {cell(shown_values[k + 1], decimals)}{at[k + 1]}{end}"
+    low, high = shown_values.index(min(shown_values)), shown_values.index(max(shown_values))
+    return (
+        f"{verb('move')} with no steady trend from {cell(shown_values[0], decimals)}{at[0]} to "
+        f"{cell(shown_values[-1], decimals)}{unit}{at[-1]}, between {cell(shown_values[low], decimals)}{at[low]} and "
+        f"{cell(shown_values[high], decimals)}{at[high]}"
+    )
+
+
 def alike(a: float, b: float, decimals: int, share: float) -> bool:
     """Whether a and b, as printed, differ by at most share of the larger (share 0.05: within 5%)."""
     a, b = shown(a, decimals), shown(b, decimals)
