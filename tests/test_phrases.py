@@ -334,3 +334,26 @@ def test_section_5s_cpu_prose_follows_which_of_cpu_and_gpu_is_longer():
     )
     assert "hides none of it here" in cpu_share_text(flipped([0.01, 1.0]))
     assert "2.50 ms for 256" in cpu_share_text(flipped([10.0, 1.0]))
+
+
+def test_the_ablation_prose_counts_the_figures_each_choice_carries():
+    import pandas as pd
+
+    modes = ["Orca (Max)", "Orca (Pow2)", "Orca (Oracle)", "vLLM"]
+    paper = {"ShareGPT": [7.0, 9.81, 13.62, 30.42], "Alpaca": [7.0, 43.24, 72.75, 132.44]}
+
+    def table(mixed_alpaca_vllm: float) -> pd.DataFrame:
+        rows = []
+        for d, p in paper.items():
+            rows.append({"dataset": d, "run": "the paper", **dict(zip(modes, p))})
+            rows.append({"dataset": d, "run": "as run", **dict(zip(modes, p))})
+            mixed = p[:3] + [mixed_alpaca_vllm if d == "Alpaca" else p[3]]
+            rows.append({"dataset": d, "run": "mixed steps", **dict(zip(modes, mixed))})
+        return pd.DataFrame(rows).set_index(["dataset", "run"])
+
+    text = prose.ablation_text(table(60.71), 2560, "M", "G")
+    assert text.startswith("As run, 8 of Fig. 13's 8 figures lie within their tolerance")
+    assert "7 of 8 hold: vLLM batches 30.42 on ShareGPT (the paper's 30.42) and 60.71 on Alpaca" in text
+    assert "fig13b vLLM then misses." in text and "2,560-token budget" in text
+    held = prose.ablation_text(table(130.0), 2560, "M", "G")
+    assert "8 of 8 hold" in held and "none that held misses" in held

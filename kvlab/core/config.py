@@ -95,7 +95,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: no cap on one request's prefill chunk
     async_scheduling: bool = True  # vLLM 0.33's default on a GPU
-    scheduler_cls: str = "v1"  # "v1" (vLLM 0.33) or "v0-2023" (vLLM 0.1.4, the paper's)
+    scheduler_cls: str = (
+        "v1"  # "v1" (vLLM 0.33) or "v0-2023" (vLLM 0.1.4, mid-2023: section 6's model of the paper's system)
+    )
 
     def __post_init__(self):
         validate.in_range("max_num_seqs", self.max_num_seqs, "max_num_seqs")

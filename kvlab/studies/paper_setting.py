@@ -26,7 +26,7 @@ TODAY = {"scheduler_cls": "v1", "max_num_batched_tokens": 8192}
 # The measured GPU whose sustained fractions today's step cost of the paper's A100-40GB borrows (the same GA100 chip).
 TODAY_FRACTIONS_GPU = {"A100-40GB": "A100-SXM-80GB"}
 SCHEDULERS = {
-    "v0-2023": "vLLM 0.1.4's scheduler (mid-2023, the paper's): prefill steps apart from decode steps",
+    "v0-2023": "vLLM 0.1.4's scheduler (mid-2023; the paper names no version): prefill steps apart from decode steps",
     "v1": "vLLM 0.33's scheduler, synchronous: prefill chunks and decodes share a step's token budget",
 }
 

@@ -631,3 +631,63 @@ def headline(fig13: pd.DataFrame, knee: pd.DataFrame, bound_s: float, section_le
         f"{counts.get('missing', 0)} missing of {len(section_ledger)}"
     )
     return lines
+
+
+def ablation_figures(table: pd.DataFrame) -> dict:
+    """tables.ablation_table in numbers: for each run ('as run' and each change), which of Fig. 13's eight figures
+    (4 modes x 2 datasets) lie within the paper's tolerance (data/paper_figures.csv), which of those that held as run
+    it loses, and vLLM's batch per dataset."""
+    figures = ledger.paper_figures(SECTION)
+    figures = figures[figures["column"] == "mean_batched_requests"]
+    tolerance = {(r.table, r.row): float(r.tolerance) for r in figures.itertuples()}
+    paper = {(r.table, r.row): float(r.value) for r in figures.itertuples()}
+    out = {}
+    for run in dict.fromkeys(table.index.get_level_values("run")):
+        if run == "the paper":
+            continue
+        held, vllm = [], {}
+        for dataset, figure in (("ShareGPT", "fig13a"), ("Alpaca", "fig13b")):
+            if (dataset, run) not in table.index:
+                continue
+            for mode in MODE_LABELS.values():
+                value, target = table.loc[(dataset, run), mode], paper[(figure, mode)]
+                if abs(round_half_up(value, 2) - target) <= tolerance[(figure, mode)] * target:
+                    held.append(f"{figure} {mode}")
+            vllm[dataset] = table.loc[(dataset, run), "vLLM"]
+        out[run] = {"held": held, "vllm": vllm}
+    for figures in out.values():  # what a change loses of what held as run
+        figures["lost"] = [x for x in out["as run"]["held"] if x not in figures["held"]]
+    return out
+
+
+def ablation_text(table: pd.DataFrame, budget_tokens: int, model: str, gpu: str) -> str:
+    """The ablation in words, every count and direction from ablation_figures: how many of Fig. 13's figures hold as
+    run and with each choice changed, vLLM's batch beside the paper's, and which figures each choice carries."""
+    f = ablation_figures(table)
+    base = f["as run"]
+    total = 4 * len(base["vllm"])
+
+    def batches(run: str) -> str:
+        return " and ".join(
+            f"{cell(v, 2)} on {d} (the paper's {cell(table.loc[(d, 'the paper'), 'vLLM'], 2)})"
+            for d, v in f[run]["vllm"].items()
+        )
+
+    changes = {
+        "mixed steps": (
+            "With waiting prompts in the same step as the decodes, as the paper's §4.3 describes an iteration "
+            f"(vLLM 0.33's scheduler without chunked prefill, at the same {budget_tokens:,}-token budget and clock)"
+        ),
+        "roofline clock": f"With kvlab's roofline of {model} on the {gpu} as the clock (the same scheduler)",
+    }
+    parts = [
+        f"As run, {len(base['held'])} of Fig. 13's {total} figures lie within their tolerance; vLLM batches "
+        f"{batches('as run')}."
+    ]
+    for run, words in changes.items():
+        if run not in f:
+            continue
+        lost = f[run]["lost"]
+        carried = f"; {joined(lost)} then miss{'es' if len(lost) == 1 else ''}" if lost else "; none that held misses"
+        parts.append(f"{words}, {len(f[run]['held'])} of {total} hold: vLLM batches {batches(run)}{carried}.")
+    return " ".join(parts)

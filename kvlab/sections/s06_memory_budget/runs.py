@@ -113,12 +113,20 @@ def seeds_of(seed: int, num_seeds: int) -> list[int]:
 
 
 def paper_points(
-    setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int, modes=MODES, **labels
+    setting: PaperSetting,
+    sets: dict,
+    rates: dict,
+    seeds: list[int],
+    num_requests: int,
+    modes=MODES,
+    changed: tuple | None = None,
+    **labels,
 ) -> list[dict]:
     """One point per dataset, rate (requests/s), seed and allocation mode: sets name -> dataset, rates name ->
     a rate or a list of rates. A seed's workload is the same for every mode and, its gaps divided by the rate,
-    every rate."""
-    config, blocks, cost = setting.config(), setting.num_gpu_blocks(), setting.cost()
+    every rate. changed: (config, cost) in place of the setting's own."""
+    config, cost = changed or (setting.config(), setting.cost())
+    blocks = setting.num_gpu_blocks()
     points = []
     for name, dataset in sets.items():
         for rate in np.atleast_1d(rates[name]).tolist():
@@ -168,6 +176,30 @@ def fig13_points(setting: PaperSetting, trace_dir, rates: dict, seeds: list[int]
                     )
                 )
     return points
+
+
+# What each modelling choice of the paper's system does to Fig. 13, one changed at a time (ablation_points).
+ABLATIONS = {
+    "mixed steps": "vLLM 0.33's scheduler without chunked prefill: waiting prompts, whole, in the same step as the "
+    "decodes under one token budget (the paper's §4.3: an iteration's prompt and generation tokens in one sequence)",
+    "roofline clock": "kvlab's roofline of the model on the GPU in place of the clock fitted to 2023's measurements",
+}
+
+
+def ablation_points(setting: PaperSetting, sets: dict, rates: dict, seeds: list[int], num_requests: int) -> list[dict]:
+    """Fig. 13's runs (every mode, each dataset at its rate) with one of the setting's choices changed
+    (ABLATIONS), labelled ablation=its name: the scheduler (vLLM 0.33's, synchronous, without chunked prefill, at
+    the same token budget) or the clock (the roofline)."""
+    mixed = setting.replace(scheduler_cls="v1")
+    changed = {
+        "mixed steps": (mixed.config().replace(enable_chunked_prefill=False), setting.cost()),
+        "roofline clock": (setting.config(), setting.replace(step_cost="roofline").cost()),
+    }
+    return [
+        point
+        for ablation, pair in changed.items()
+        for point in paper_points(setting, sets, rates, seeds, num_requests, changed=pair, ablation=ablation)
+    ]
 
 
 def today_cost(setting: PaperSetting) -> MeasuredStepCost | RooflineStepCost:

@@ -253,6 +253,31 @@ def fig13_table(runs: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def ablation_table(fig13_runs: pd.DataFrame, ablation_runs: pd.DataFrame) -> pd.DataFrame:
+    """Fig. 13 with one modelling choice changed at a time (runs.ablation_points): mean requests batched per mode
+    (mean over steps, then seeds) and vLLM's normalized latency (s/token), the paper's figure, the section's runs
+    ('as run') and each change, one row per (dataset, run)."""
+    rows = []
+    for name, figure in (("ShareGPT", "fig13a"), ("Alpaca", "fig13b")):
+        paper = paper_values(figure, "mean_batched_requests")
+        rows.append({"dataset": name, "run": "the paper", **{MODE_LABELS[m]: paper.get(MODE_LABELS[m]) for m in MODES}})
+        for run_name, runs in [("as run", fig13_runs)] + [
+            (a, ablation_runs[ablation_runs["ablation"] == a]) for a in dict.fromkeys(ablation_runs["ablation"])
+        ]:
+            mean = mean_over_seeds(runs[runs["dataset"] == name], ["mode"])
+            if mean.empty:
+                continue
+            rows.append(
+                {
+                    "dataset": name,
+                    "run": run_name,
+                    **{MODE_LABELS[m]: mean.loc[m, "mean_batched_requests"] for m in MODES},
+                    "vLLM: normalized latency (s/token)": mean.loc["paged", "normalized_latency_s"],
+                }
+            )
+    return pd.DataFrame(rows).set_index(["dataset", "run"])
+
+
 def regime_table(runs: pd.DataFrame, bound_s: float) -> pd.DataFrame:
     """The regime of each Fig. 13 run (mean over seeds): its normalized latency (s/token) and whether the mode
     sustains the rate (at most bound_s, the section's definition) or is saturated (past it), one column pair per
