@@ -48,7 +48,7 @@ def test_vllm_picks_its_all_reduce_by_size_gpus_and_link(link, gpus, size, kerne
 def test_a_step_runs_two_all_reduces_a_layer_and_the_embeddings():
     cost = AllReduceCost.for_step(A100, 2, 8192, 80)
     assert cost.num_per_step == 161 and cost.bytes_per_token == 16384
-    assert "custom all-reduce (one-stage) at 1-511 tokens, NCCL at 512-8,192 tokens" in cost.describe()
+    assert "custom all-reduce (one-stage) at 1-511 tokens, NCCL from 512 tokens" in cost.describe()
     assert AllReduceCost.for_step(A100, 1, 8192, 80) is None and AllReduceCost.for_step(None, 2, 8192, 80) is None
 
 

@@ -240,8 +240,13 @@ def token_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int | 
 
 
 @lru_cache(maxsize=64)
-def kernel_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int = 8192) -> str:
+def kernel_ranges(link, num_gpus: int, bytes_per_token: float, max_tokens: int | None = None) -> str:
     """Which kernel vLLM runs for a step's all-reduces, by the step's tokens, in words, e.g. "vLLM's custom
-    all-reduce (one-stage) at 1-1,023 tokens, NCCL at 1,024-8,192 tokens"."""
+    all-reduce (one-stage) at 1-1,023 tokens, NCCL at 1,024-8,192 tokens" up to max_tokens (a run's token budget),
+    or, without it, "... NCCL from 1,024 tokens" (whatever the budget)."""
     ranges = token_ranges(link, num_gpus, bytes_per_token, max_tokens)
-    return ", ".join(f"{k} at {a:,}-{b:,} tokens" for k, a, b in ranges)
+    words = [f"{k} at {a:,}-{b:,} tokens" for k, a, b in ranges]
+    if max_tokens is None:
+        kernel, first, _ = ranges[-1]
+        words[-1] = f"{kernel} from {first:,} tokens" if len(ranges) > 1 else f"{kernel} at every size"
+    return ", ".join(words)
