@@ -230,7 +230,8 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
     )
     assert lines[1] == "What real traces change: Real prompts are long."
     assert lines[2].startswith(
-        "The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) "
+        "The vLLM paper's experiment on kvlab's engine, with a mid-2023 scheduler (vLLM 0.1.4; the paper names no "
+        "version) "
         "and a clock of its system fitted to independent measurements: vLLM sustains 4.0x Orca "
         "(Max)'s request rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 "
         "to 2.7x); 1 of"

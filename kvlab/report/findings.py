@@ -89,7 +89,7 @@ def paper_finding(ledger) -> str:
         return ""
     over_max, over_oracle = figures
     return (
-        f"The vLLM paper's experiment on kvlab's engine, with the paper's scheduler (vLLM 0.1.4) and a clock of "
+        f"The vLLM paper's experiment on kvlab's engine, with a mid-2023 scheduler (vLLM 0.1.4; the paper names no version) and a clock of "
         f"its system fitted to independent measurements: vLLM sustains {over_max['kvlab']}x Orca (Max)'s request "
         f"rate (the paper: {over_max['source']}x) and {over_oracle['kvlab']}x Orca (Oracle)'s (the paper: "
         f"{over_oracle['source']}x); {counted['pass']} of the paper's {counted['compared']} figures are within "

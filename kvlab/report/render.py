@@ -265,9 +265,11 @@ def index_body(
         "article's two assumed numbers and kvlab's step costs set against arithmetic, public operator-level GPU "
         "measurements and real vLLM runs (section 5); serving under one memory budget (section 6), the vLLM "
         "paper's experiment (Kwon et al., SOSP 2023) run on kvlab's engine with the paper's figures held to "
-        "tolerances chosen in advance (its scheduler is vLLM 0.33's, held to vLLM's own code request by request "
-        "by make parity; the 2023 scheduler the paper measured is kvlab's reading of vLLM 0.1.4's source, checked "
-        "against no running copy of it); and planning a deployment with all of it (section 7).</p>",
+        "tolerances chosen in advance (kvlab's scheduler is vLLM 0.33's, held to vLLM's own scheduler decision by "
+        "decision on the same requests; the mid-2023 scheduler section 6 runs for the paper's system is kvlab's "
+        "reading of vLLM 0.1.4's source, as the paper names no version, checked against no running copy of it); and "
+        "planning a deployment with all of it (section 7). kvlab is the small Python library and command line that "
+        "computes every number here.</p>",
     ]
     found = findings(ledger, sections)
     if found:
