@@ -360,3 +360,43 @@ def test_two_trace_folders_get_one_sentence_each_naming_their_notebooks(tmp_path
         {"01_allocation": {"TRACE_DIR": str(empty)}, "02_batching": {"TRACE_DIR": str(empty)}}
     )
     assert not same.startswith("For ") and same.count("Real request traces") == 1
+
+
+# Terms of kvlab's own (and vLLM's) that a reader cannot decode without a definition.
+REPORT_TERMS = (
+    "measured clock",
+    "roofline clock",
+    "twins",
+    "rung",
+    "knee",
+    "regime",
+    "sustains",
+    "null block",
+    "KV cache groups",
+    "watermark",
+    "goodput",
+    "normalized latency",
+    "preemption",
+    "token states",
+)
+
+
+def test_every_report_term_the_notebooks_use_is_defined_in_the_glossary_before_any_section():
+    import json
+
+    from kvlab.report import render
+    from kvlab.report.glossary import GLOSSARY
+
+    text = ""
+    for path in NOTEBOOKS:
+        for cell in json.loads(path.read_text())["cells"]:
+            text += "".join(cell["source"]) if cell["cell_type"] == "markdown" else ""
+            for output in cell.get("outputs", []):
+                text += "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/markdown", ""))
+    defined = " | ".join(GLOSSARY).lower()
+    used = [t for t in REPORT_TERMS if t.lower() in text.lower()]
+    assert len(used) >= 10  # the report does use them
+    assert [t for t in used if t.lower() not in defined] == []
+    index = render.index_body([], ledger.collect([]), report_build.provenance(), {}, "", {})
+    assert index.index('id="terms"') < index.index("Sections")
+    assert "<dt>kvlab</dt>" in index

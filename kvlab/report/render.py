@@ -15,6 +15,7 @@ from pathlib import Path
 from bs4 import BeautifulSoup
 
 from kvlab.report.findings import findings
+from kvlab.report.glossary import glossary_html
 from kvlab.sections.shared import ledger as ledger_mod
 from kvlab.sections.shared import present
 
@@ -47,6 +48,7 @@ nav { font-size: 0.9rem; margin: 0 0 1rem; }
 .headline strong { font-size: 1.6rem; }
 .fail, td.fail { color: var(--fail); } .pass { color: var(--pass); }
 .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(17rem, 1fr)); gap: 1rem; }
+.glossary dt { font-weight: 600; margin-top: 0.3rem; } .glossary dd { margin: 0 0 0.2rem 1.2rem; }
 .card { border: 1px solid var(--line); border-radius: 6px; padding: 0.8rem; }
 .card h3 { margin: 0 0 0.5rem; font-size: 1rem; }
 .card img { display: block; border: 1px solid var(--line); }
@@ -278,6 +280,7 @@ def index_body(
             + "".join(f"<li>{html.escape(line)}</li>" for line in found)
             + "</ul>"
         )
+    parts.append(glossary_html())
     parts.append('<h2 class="sections-heading">Sections</h2>')
     cards = []
     for sec in sections:

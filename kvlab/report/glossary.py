@@ -1,0 +1,60 @@
+"""The report's glossary: every term a reader meets that is kvlab's own or vLLM's, defined once, on the front page
+before any section uses it (tests/test_report.py holds the sections to it)."""
+
+from __future__ import annotations
+
+import html
+
+# term -> definition, in the order a reader meets them.
+GLOSSARY = {
+    "kvlab": "the small Python library and command line that computes every number in this report: vLLM's KV "
+    "allocation, scheduler and memory sizing, checked against vLLM's own code, and the clocks below",
+    "KV cache": "the keys and values (K and V) of every token a request holds, kept on the GPU so that each new "
+    "token attends to them without recomputing them",
+    "block": "the unit vLLM reserves KV memory in: block_size tokens (16 by default) of one request",
+    "block table": "a request's list of the blocks it holds, one entry a block",
+    "token states": "the KV slots that hold a token a request has actually computed (the rest of what it holds is "
+    "reserved ahead or lost to rounding)",
+    "internal fragmentation": "slots a request holds beyond its final length (a reservation's or a block's unused end)",
+    "external fragmentation": "free slots that no request can use because they lie in pieces too small for it",
+    "Orca (Max), Orca (Pow2), Orca (Oracle)": "the vLLM paper's baselines: a request reserves its maximum length, "
+    "its prompt plus the next power of two of its output, or exactly its final length (an oracle)",
+    "static and continuous batching": "static: a batch starts together and holds its slots until its longest "
+    "request ends; continuous: a finished request's slot is refilled at once",
+    "TTFT": "time to first token: first token minus arrival",
+    "TPOT": "time per output token after the first: (finish - first token) / (output tokens - 1)",
+    "E2E latency": "end to end: finish minus arrival",
+    "normalized latency": "the vLLM paper's measure: the mean over requests of (finish - arrival) / output tokens, "
+    "in seconds per token",
+    "sustains": "a rate a mode sustains keeps its normalized latency under a stated bound",
+    "regime": "whether a run sustains its rate (sustained) or its queue grows without bound (saturated)",
+    "knee": "the highest rate a mode sustains: where its latency curve turns up",
+    "preemption": "vLLM freeing a running request's blocks when the pool is full, to recompute it later",
+    "watermark": "the share of the pool vLLM keeps free when it admits a request (1% in vLLM 0.1.4)",
+    "null block": "one block vLLM keeps back and never hands out (a placeholder in block tables)",
+    "KV cache groups": "layers that share one block layout (full attention, a sliding window, a linear-attention "
+    "state); vLLM's hybrid KV-cache manager keeps one pool for them all",
+    "prefix caching": "reusing the blocks of a prompt's beginning that another request already computed",
+    "chunked prefill": "splitting a long prompt over several steps beside the running decodes",
+    "step": "one forward pass of the model over a batch: prefill chunks and one token of each decode",
+    "clock": "kvlab's model of how long a step takes on a GPU",
+    "measured clock": "the clock built from operator timings measured on GPUs (whole-model operator profiles, or "
+    "vLLM's kernels timed one at a time by AIConfigurator, composed by shape)",
+    "roofline clock": "the clock at a GPU's datasheet bandwidth and FLOP/s (scaled by what measured kernels sustain "
+    "where that is known): a lower bound on a dense model's step",
+    "2023 clock": "a clock of the paper's 2023 system, fitted to Anyscale's June 2023 benchmark and the paper's "
+    "kernel measurement (section 6)",
+    "twins": "plan candidates that differ only in settings that cannot change a single decision of the run (served "
+    "once, counted for all)",
+    "rung": "one stage of the plan's search: candidates served on a prefix of the workload, the hopeless dropped",
+    "goodput": "requests per second per GPU served within every objective",
+}
+
+
+def glossary_html() -> str:
+    """The glossary as a definition list, for the front page."""
+    items = "".join(f"<dt>{html.escape(term)}</dt><dd>{html.escape(text)}.</dd>" for term, text in GLOSSARY.items())
+    return f'<h2 id="terms">Terms</h2><dl class="glossary">{items}</dl>'
+
+
+__all__ = ["GLOSSARY", "glossary_html"]
