@@ -126,7 +126,7 @@ def open_trace(
     directory: str | os.PathLike | None = None,
     *,
     max_requests: int | None = None,
-    arrival_rate_per_s: float = 10.0,
+    arrival_rate_per_s: float = synthetic.S2_ARRIVAL_RATE_PER_S,
     seed: int = 0,
 ) -> NotebookTrace:
     """The trace name ("" for none) from trace_dir(directory), its first max_requests requests.
