@@ -84,9 +84,11 @@ calibrate:
 # vLLM itself, for make parity only (about 9 GB, a few minutes, CPU only; never part of make test).
 VENV_VLLM := .venv-vllm
 VLLM_VERSION := 0.33.0
+# the transformers make parity's runs were proven with (vLLM 0.33.0 accepts a range; its config parsing is what parity reads)
+TRANSFORMERS_VERSION := 5.20.2
 $(VENV_VLLM)/.installed:
 	@test -x $(VENV_VLLM)/bin/python || $(PYTHON) -m venv $(VENV_VLLM)
-	$(VENV_VLLM)/bin/python -m pip install --quiet vllm==$(VLLM_VERSION)
+	$(VENV_VLLM)/bin/python -m pip install --quiet vllm==$(VLLM_VERSION) transformers==$(TRANSFORMERS_VERSION)
 	@touch $@
 
 parity: $(STAMP) $(VENV_VLLM)/.installed
