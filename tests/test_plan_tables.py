@@ -324,3 +324,15 @@ def test_every_panel_of_the_goodput_plot_has_labelled_ticks_even_within_one_deca
         low, high = ax.get_xlim()
         shown = [t.get_text() for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high]
         assert len(shown) >= 2, (ax.get_xlabel(), shown)
+
+
+def test_twin_configurations_collapse_to_one_row_listing_what_differs():
+    table = plan_tables.ranked_table(plan_tables.served_table(hand_plan()))
+    assert len(table) == 3  # the TP 2 pair differs only in the KV cache's dtype
+    collapsed = plan_tables.collapse_twins(table)
+    assert list(collapsed.index) == [1, 3] and collapsed.index.name == table.index.name
+    assert collapsed.loc[1, "kv_cache_dtype"] == "bf16 / fp8" and collapsed.loc[3, "kv_cache_dtype"] == "bf16"
+    # figures that differ keep their rows apart
+    apart = table.copy()
+    apart.loc[2, "tpot_p95_ms"] = 31.0
+    assert len(plan_tables.collapse_twins(apart)) == 3

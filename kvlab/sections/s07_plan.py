@@ -184,6 +184,32 @@ def ranked_table(served: pd.DataFrame) -> pd.DataFrame:
     return served.loc[served["meets"], keep]
 
 
+# Settings that change no decision where the pool never refuses a block (plan.twins): twins differ only in these.
+TWIN_SETTINGS = ("gpu_memory_utilization", "kv_cache_dtype", "num_gpu_blocks")
+
+
+def collapse_twins(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows with the same figures that differ only in TWIN_SETTINGS, as one row (the first's rank) listing each such
+    setting's values ('0.70 / 0.90'; 'bf16 / fp8')."""
+    varying = [c for c in TWIN_SETTINGS if c in table.columns]
+    others = [c for c in table.columns if c not in varying]
+    rows = []
+    for _, group in table.groupby(others, sort=False, dropna=False):
+        row = group.iloc[0].copy()
+        for column in varying:
+            values = list(dict.fromkeys(group[column]))
+            if len(values) > 1:
+                row[column] = " / ".join(
+                    f"{v:.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v) for v in values
+                )
+        rows.append(row)
+    if not rows:
+        return table
+    collapsed = pd.DataFrame(rows).astype({c: object for c in varying})
+    collapsed.index.name = table.index.name
+    return collapsed
+
+
 def outcome_table(plan) -> pd.DataFrame:
     """What became of the candidates, by kind (pruned by proof, dropped at a rung, served in full and missing or
     meeting), with how many and one reason of each kind in words."""
