@@ -21,9 +21,10 @@ from kvlab.workloads.traces import TraceLoad, load_trace, missing_traces, read_m
 
 # What the article assumes, for comparison with the traces (it gives no arrival rate).
 ARTICLE_MEAN_TOKENS = article.MEAN_TOKENS
-# The article's row of article_comparison: its figures, but the mean output (207) is kvlab's reading of its mix (each
-# range read as uniform), not a number the article gives.
-ARTICLE_ROW = "article (mean output: kvlab's reading)"
+# The article's row of article_comparison: two of its workloads, section 1's request lengths (mean 567 tokens) and
+# section 2's output mix; the mean output (207) is kvlab's reading of that mix (each range read as uniform), not a
+# number the article gives.
+ARTICLE_ROW = "article (lengths: its section 1; outputs: its section 2, mean read by kvlab)"
 ARTICLE_MAX_TOKENS = article.MAX_LEN_TOKENS
 ARTICLE_KV_BYTES_PER_TOKEN = int(
     article.MIB_PER_TOKEN * 2**20
