@@ -454,7 +454,7 @@ def trace_figures(trace: TraceWorkload, table: pd.DataFrame) -> dict:
 def article_workload_figures(table: pd.DataFrame, arrival_rate: float) -> dict:
     """The article's workload in the engine in numbers: at the article's 8 slots, vLLM's mean latency against the
     slot model's, and how many requests each mode batches with 256 allowed; there, the requests in the system by
-    Little's law (arrival_rate in requests/s x mean latency in s), which is what sets the batch."""
+    Little's law (arrival_rate in requests/s x mean latency in s: the run's own rate gives the mean over time)."""
     seqs = sorted(set(table.index.get_level_values("max_num_seqs")))
     small, large = seqs[0], seqs[-1]
 
