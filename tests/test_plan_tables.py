@@ -298,20 +298,36 @@ def test_section_7_decides_the_configuration_to_run_once_the_clocks_error_is_all
     fidelity = [{"label": "X, TP 2", "mean_ttft_error": -0.15, "mean_tpot_error": 0.0, "mean_e2e_error": 0.0}]
     choice = plan_tables.corrected_choice(table, fidelity, OBJECTIVES)
     six = table[table["num_gpus"] == 6].iloc[0]
-    assert choice == {"label": six["label"], "num_gpus": 6, "per_gpu": 1.0, "worst": "p95 TPOT", "worst_pct": 98}
+    assert choice == {
+        "run": "X, TP 2",
+        "same_tp": True,
+        "label": six["label"],
+        "num_gpus": 6,
+        "per_gpu": 1.0,
+        "worst": "p95 TPOT",
+        "worst_pct": 98,
+    }
     fixed = plan_tables.step_cost_corrected(table, fidelity, OBJECTIVES)
     f = plan_tables.plan_figures(
         hand_plan(), {"best": {"vllm_serve": "x", "num_replicas": 1}}, table, plan_tables.outcome_table(hand_plan())
     )
     text = plan_tables.finding_text("M", "G", 1000, f, fixed, 1, choice)
     assert f"would miss its p95 TTFT objective. Run {six['label']} (1.0 requests/s per GPU on 6 GPUs)" in text
-    assert "its p95 TPOT would be 98% of its limit" in text
+    assert "corrected by the X, TP 2 run's error, its p95 TPOT would be 98% of its limit" in text
     # every configuration missing once corrected: no decision to make but to measure
     worse = [{**fidelity[0], "mean_tpot_error": -0.5}]
     assert plan_tables.corrected_choice(table, worse, OBJECTIVES) == {}
     text = plan_tables.finding_text("M", "G", 1000, f, plan_tables.step_cost_corrected(table, worse, OBJECTIVES), 0, {})
     assert "No configuration searched is safe once corrected: measure" in text
     assert plan_tables.corrected_choice(table, [], OBJECTIVES) == {}
+    # a choice at a tensor parallel size no real run checks says whose error corrected it
+    other = [{**fidelity[0], "label": "X, TP 8"}]
+    choice = plan_tables.corrected_choice(table, other, OBJECTIVES)
+    assert not choice["same_tp"]
+    text = plan_tables.finding_text(
+        "M", "G", 1000, f, plan_tables.step_cost_corrected(table, other, OBJECTIVES), 1, choice
+    )
+    assert "corrected by the X, TP 8 run's error (no real run checks the clock at its tensor parallel size)" in text
 
 
 def test_every_panel_of_the_goodput_plot_has_labelled_ticks_even_within_one_decade():

@@ -388,18 +388,20 @@ def corrected_choice(served: pd.DataFrame, fidelity: list[dict], objectives: Obj
         return {}
     best = None
     for _, row in served.iterrows():
-        corrected, _ = _corrected(row, fidelity)
+        corrected, run = _corrected(row, fidelity)
         shares = {m: corrected[m] / limit for m, limit in objectives.given().items()}
         if max(shares.values()) > 1:
             continue
         key = (-round(float(row["requests_per_s_per_gpu"]), 6), max(shares.values()))
         if best is None or key < best[0]:
             worst = max(shares, key=shares.get)
-            best = (key, row, worst, shares[worst])
+            best = (key, row, worst, shares[worst], run)
     if best is None:
         return {}
-    _, row, worst, share = best
+    _, row, worst, share, run = best
     return {
+        "run": run["label"],
+        "same_tp": f"TP {row['tensor_parallel_size']}" in run["label"],
         "label": row["label"],
         "num_gpus": int(row["num_gpus"]),
         "per_gpu": round(float(row["requests_per_s_per_gpu"]), 2),
@@ -440,9 +442,11 @@ def finding_text(
         else f"{num_corrected:,} of the {f['num_served']:,} configurations served in full would still meet {f['objectives']}"
     )
     run = (
-        f" Run {choice['label']} ({choice['per_gpu']} requests/s per GPU on {choice['num_gpus']} GPUs): corrected, its "
-        f"{choice['worst']} would be {choice['worst_pct']}% of its limit, the most a GPU serves among those that meet "
-        "after the correction (a reading from the check's means, not a measured 95th percentile)."
+        f" Run {choice['label']} ({choice['per_gpu']} requests/s per GPU on {choice['num_gpus']} GPUs): corrected by "
+        f"the {choice['run']} run's error"
+        + ("" if choice["same_tp"] else " (no real run checks the clock at its tensor parallel size)")
+        + f", its {choice['worst']} would be {choice['worst_pct']}% of its limit, the most a GPU serves among those "
+        "that meet after the correction (a reading from the check's means, not a measured 95th percentile)."
         if choice
         else " No configuration searched is safe once corrected: measure the best as planned on the GPU before "
         "deploying it."
