@@ -353,16 +353,16 @@ def test_with_prefix_caching_a_window_holds_its_hit_and_every_block_comes_back(r
 
 # ---------------------------------------------------------------- section 3, part 3
 def test_section_3s_hybrid_deployments_run_more_long_requests_at_once_with_their_windows():
-    """Gemma 3 27B on an H200 at 131,072 tokens: vLLM sizes 60,181 blocks for its 7 groups (9,706 with every layer
-    full) and logs a maximum concurrency of 4.09 (1.18); served, 6 requests of nearly that length run at once, against
-    1 with every layer full; Qwen3-32B, full attention, has one deployment."""
+    """Gemma 3 27B on an H200 (140.40 GiB, as CUDA reports it) at 131,072 tokens: vLLM's sizing gives 59,738 blocks for
+    its 7 groups (9,635 with every layer full); served, 6 requests of nearly that length run at once, against 1 with
+    every layer full; Qwen3-32B, full attention, has one deployment."""
     from kvlab.sections import s03_hybrid as hybrid
 
     config = EngineConfig().replace(max_model_len=131072)
     names = ["Qwen/Qwen3-32B", "google/gemma-3-27b-it"]
     kv = hybrid.kv_cache_table(names, "H200-141GB", config)
     assert list(kv.index) == ["Qwen/Qwen3-32B", "google/gemma-3-27b-it", "google/gemma-3-27b-it (every layer full)"]
-    assert kv["num_gpu_blocks"].tolist() == [16231, 60181, 9706]
+    assert kv["num_gpu_blocks"].tolist() == [16093, 59738, 9635]
     assert kv["kv_cache_groups"].iloc[1] == "7 (6 of a 1,024-token window, 1 full)"
     at_once = hybrid.at_once_table(kv, names, config, 12)
     assert at_once["peak_running"].tolist() == [1, 6, 1]

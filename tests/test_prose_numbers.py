@@ -17,6 +17,12 @@ DIFFERENT_QUANTITIES = {
     ("02_batching", "17.4", "17.38"): "the longest arrival gap over the mean gap; continuous batching's mean queue (s)",
     ("06_memory_budget", "14.37", "14.4"): "Orca (Oracle)'s batch at 8 requests/s; its batch at 2 in the variant table",
     ("06_memory_budget", "2.55", "2.551"): "vLLM's batch over Orca (Oracle)'s; vLLM's normalized latency at 8/s",
+    (
+        "06_memory_budget",
+        "14.3",
+        "14.30",
+    ): "the AMD kernel's block-1 slowdown (%); Orca (Oracle)'s batch with mixed steps",
+    ("06_memory_budget", "16.9", "16.887"): "requests in the system over time (Little's law); the batch over steps",
     ("05_calibration", "20.0", "19.98"): "a term's share of a miss over another's; a step's time on the A100 (ms)",
     ("05_calibration", "11.8", "11.82"): "Qwen3-32B's TPOT gap to vLLM (ms); a step's time on the H100 (ms)",
     (
