@@ -499,7 +499,10 @@ def test_trace_figures_draw_one_curve_per_trace(tmp_path):
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "mark"]
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "output (tokens, log scale)"
-    ax = plots.length_cdfs({"drawn": np.array([5, 50, 500]), "a": w}, "total_tokens").axes[0]
+    assert fig.caption.endswith("one line per workload; the vertical line marks mark.")
+    unmarked = plots.length_cdfs({"drawn": np.array([5, 50, 500]), "a": w}, "total_tokens")
+    assert "vertical" not in unmarked.caption  # no marks drawn, none promised
+    ax = unmarked.axes[0]
     assert ax.get_xlabel() == "request length, prompt + output (tokens, log scale)"
     assert np.array_equal(w.total_tokens, w.prompt_tokens + w.output_tokens) and len(ax.lines) == 2
     ax = plots.interarrival_cdfs({"a": w}).axes[0]

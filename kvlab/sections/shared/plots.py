@@ -337,10 +337,17 @@ def length_cdfs(
     ax.set_xscale("log")
     label = "request length, prompt + output" if column == "total_tokens" else column.replace("_tokens", "")
     label = label.replace("_", " ")
+    names = list(marks or {})
+    marked = (
+        ""
+        if not names
+        else f"; the vertical line marks {names[0]}"
+        if len(names) == 1
+        else f"; vertical lines mark {', '.join(names[:-1])} and {names[-1]}"
+    )
     return (
         _finish(fig, ax, label + " (tokens, log scale)", "share of requests"),
-        f"Share of requests at or below each {label} (tokens, log scale), one line per workload; "
-        "vertical lines mark the article's figures.",
+        f"Share of requests at or below each {label} (tokens, log scale), one line per workload{marked}.",
     )
 
 
