@@ -76,11 +76,11 @@ def test_policy_parts_add_up_and_match_their_definitions(lengths, block_size):
     assert (table["held_tokens"] == held).all()
     parts = table[["held_tokens", "unused_in_last_block_tokens", "unused_beyond_last_block_tokens"]].sum(axis=1)
     assert (parts == table["reserved_tokens"]).all()
-    assert table.loc["max", "reserved_tokens"] == 4096 * n
-    assert table.loc["oracle", "reserved_tokens"] == held
+    assert table.loc["Orca (Max)", "reserved_tokens"] == 4096 * n
+    assert table.loc["Orca (Oracle)", "reserved_tokens"] == held
     pow2 = sum(1 << (x - 1).bit_length() for x in lengths)
-    assert table.loc["pow2", "reserved_tokens"] == pow2
-    paged = table.loc[f"paged (block {block_size})"]
+    assert table.loc["Orca (Pow2)", "reserved_tokens"] == pow2
+    paged = table.loc[f"vLLM (blocks of {block_size})"]
     assert paged["reserved_tokens"] == reference_accounting(lengths, block_size)[0]
     assert paged["unused_beyond_last_block_tokens"] == 0 and paged["unused_in_last_block_tokens"] < n * block_size
 

@@ -145,6 +145,10 @@ POLICIES = {
 }
 
 
+# How the report names each policy: the vLLM paper's names for its baselines, and vLLM's paged blocks.
+POLICY_NAMES = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "vLLM"}
+
+
 def next_power_of_two(lengths) -> np.ndarray:
     """The smallest power of two >= each length (tokens), exactly."""
     lengths = np.asarray(lengths, dtype=np.int64)

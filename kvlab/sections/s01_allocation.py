@@ -59,7 +59,8 @@ def policy_breakdown(
     rows, labels = [], []
     for policy in validate.non_empty("policies", policies):
         rows.append(allocator.policy_split(lengths, policy, max_len_tokens=max_len_tokens, block_size=block_size))
-        labels.append(f"paged (block {block_size})" if policy == "paged" else policy)
+        name = allocator.POLICY_NAMES[policy]
+        labels.append(f"{name} (blocks of {block_size})" if policy == "paged" else name)
     return pd.DataFrame(rows, index=pd.Index(labels, name="policy"))
 
 
@@ -355,8 +356,9 @@ def block_size_figures(powers: pd.DataFrame) -> dict:
 
 
 def policy_figures(breakdown: pd.DataFrame) -> dict:
-    """Waste (%) of each policy of policy_breakdown, by its first word: max, pow2, oracle, paged (NaN if absent)."""
-    waste = {label.split()[0]: float(v) for label, v in breakdown["waste_pct"].items()}
+    """Waste (%) of each policy of policy_breakdown, by its key: max, pow2, oracle, paged (NaN if absent)."""
+    key = {name: policy for policy, name in allocator.POLICY_NAMES.items()}
+    waste = {key[label.split(" (blocks")[0]]: float(v) for label, v in breakdown["waste_pct"].items()}
     return {f"{p}_waste_pct": waste.get(p, float("nan")) for p in ("max", "pow2", "oracle", "paged")}
 
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from kvlab.core import validate
+from kvlab.core import allocator, validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost, make_step_cost
 from kvlab.core.engine import ALLOCATIONS, simulate
@@ -23,7 +23,7 @@ from kvlab.studies.paper_workloads import TraceWorkload, variants
 from kvlab.workloads import paper_datasets, synthetic
 
 MODES = ("max", "pow2", "oracle", "paged")  # the order the paper shows them in
-MODE_LABELS = {"max": "Orca (Max)", "pow2": "Orca (Pow2)", "oracle": "Orca (Oracle)", "paged": "vLLM"}
+MODE_LABELS = allocator.POLICY_NAMES
 DATASETS = ("ShareGPT", "Alpaca")
 # The article's section 2 and its memory (section 1: 60 GiB at 0.5 MiB a token; requests up to 4,096 tokens).
 ARTICLE_KV_GIB, ARTICLE_MIB_PER_TOKEN, ARTICLE_MAX_LEN = 60.0, 0.5, 4096

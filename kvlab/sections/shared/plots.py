@@ -153,7 +153,7 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
     block, in the vLLM paper's terms."""
     fig, ax = _figure()
     share = breakdown[list(POLICY_PARTS)].div(breakdown["reserved_tokens"], axis=0) * 100
-    names = [name.replace(" (", "\n(") for name in share.index]  # "paged (block 16)" on two lines
+    names = [name.replace(" (", "\n(") for name in share.index]  # "vLLM (blocks of 16)" on two lines
     bottom = np.zeros(len(share))
     for column, (label, color) in POLICY_PARTS.items():
         ax.bar(names, share[column], bottom=bottom, color=color, label=label, width=0.6)
