@@ -148,7 +148,7 @@ def test_the_capacity_headline_names_what_the_table_holds_not_a_default_model():
     )
     assert log_headline(table) == (
         "most requests at once small 28.50x (TP 1, its 4,096-token limit); "
-        "fewest tight 1.77x (TP 1); most GPUs wide 14.70x (TP 4); "
+        "fewest tight 1.77x (TP 1); needing the most GPUs to fit, wide 14.70x (TP 4); "
         "fit on no tensor parallel size: huge"
     )
     assert log_headline(table.iloc[[3]]) == "fit on no tensor parallel size: huge"

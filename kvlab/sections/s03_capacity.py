@@ -119,7 +119,7 @@ def log_headline(log_table: pd.DataFrame) -> str:
             parts.append(f"fewest {said(fewest, fits.loc[fewest])}")
         widest = fits["tensor_parallel_size"].idxmax()
         if fits.loc[widest, "tensor_parallel_size"] > 1 and widest not in (most, fewest):
-            parts.append(f"most GPUs {said(widest, fits.loc[widest])}")
+            parts.append(f"needing the most GPUs to fit, {said(widest, fits.loc[widest])}")
     unfit = [name.split("/")[-1] for name in log_table.index if name not in fits.index]
     if unfit:
         parts.append(f"fit on no tensor parallel size: {', '.join(unfit)}")
