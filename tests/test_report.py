@@ -226,9 +226,10 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
         "86.2% for reservations of 4,096, so 7.1x as many requests fit (the article: 1.3%, 86.2%, 7.1x), "
         "continuous batching cuts mean latency 4.4x against static batching (the article: 4.4x) and a "
         "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
-        "128,000 (the article: 131 and 1)."
+        "128,000 (the article: 131 and 1). Evidence: arithmetic on the article's own numbers (sections 1 and 3) and "
+        "kvlab's slot model of its workload (section 2), each figure in the ledger."
     )
-    assert lines[1] == "What real traces change: Real prompts are long."
+    assert lines[1] == "What real traces change: Real prompts are long. Evidence: three public request traces, counted."
     assert lines[2].startswith(
         "The vLLM paper's experiment on kvlab's engine, with a mid-2023 scheduler (vLLM 0.1.4; the paper names no "
         "version) "
@@ -236,6 +237,10 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
         "(Max)'s request rate (the paper: 2.7 to 8.0x) and 1.4x Orca (Oracle)'s (the paper: 1.7 "
         "to 2.7x); 1 of"
     )
+    assert lines[2].endswith("Evidence: kvlab's engine with a clock of the 2023 system fitted to an independent "
+                             "benchmark, never to the paper's figures.")  # fmt: skip
+    with_time = findings.findings(rows, [*sections, Section("05_calibration", "5. Time", finding="A step: 8 ms.")])
+    assert with_time[2].startswith("What a step costs in time: A step: 8 ms. Evidence: GPU measurements")
     index = render.index_body(sections, rows, report_build.provenance(), {}, "", {})
     assert index.index("What the report found") < index.index("Sections") < index.index("Reproduction ledger")
     assert "<p>vLLM sustains 4.00x.</p>" in index and "<pre>headline</pre>" not in index
