@@ -405,3 +405,20 @@ def test_every_report_term_the_notebooks_use_is_defined_in_the_glossary_before_a
     index = render.index_body([], ledger.collect([]), report_build.provenance(), {}, "", {})
     assert index.index('id="terms"') < index.index("Sections")
     assert "<dt>kvlab</dt>" in index
+
+
+def test_each_section_opens_with_its_question_then_its_answer(tmp_path):
+    from kvlab.report import render
+    from kvlab.report.render import Section
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [
+        nbformat.v4.new_markdown_cell("# 9. How much fits?\n\nThe evidence follows."),
+        nbformat.v4.new_markdown_cell("## Evidence\n\nA table."),
+    ]
+    path = tmp_path / "09_fit.ipynb"
+    nbformat.write(notebook, path)
+    body = render.section_body(path, Section("09_fit", "9. How much fits?", finding="Twelve requests fit."))
+    assert body.index("How much fits?") < body.index("The answer, in short: </strong>Twelve requests fit.")
+    assert body.index("Twelve requests fit.") < body.index("The evidence follows.")
+    assert "The answer, in short" not in render.section_body(path, Section("09_fit", "9. How much fits?"))

@@ -48,6 +48,7 @@ nav { font-size: 0.9rem; margin: 0 0 1rem; }
 .headline strong { font-size: 1.6rem; }
 .fail, td.fail { color: var(--fail); } .pass { color: var(--pass); }
 .cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(17rem, 1fr)); gap: 1rem; }
+.answer { border-left: 4px solid var(--pass); padding: 0.4rem 0.8rem; background: #f6f8f6; }
 .glossary dt { font-weight: 600; margin-top: 0.3rem; } .glossary dd { margin: 0 0 0.2rem 1.2rem; }
 .card { border: 1px solid var(--line); border-radius: 6px; padding: 0.8rem; }
 .card h3 { margin: 0 0 0.5rem; font-size: 1rem; }
@@ -146,6 +147,14 @@ def section_body(executed: Path, section: Section) -> str:
     for output in soup.select(".jp-OutputArea-output, .output_html"):
         if output.find("table") is not None:
             output["class"] = output.get("class", []) + ["table-wrap"]
+    title = soup.find("h1")
+    if section.finding and title is not None:  # the section opens with its question (the title) and its answer
+        answer = soup.new_tag("p", attrs={"class": "answer"})
+        lead = soup.new_tag("strong")
+        lead.string = "The answer, in short: "
+        answer.append(lead)
+        answer.append(section.finding)
+        title.insert_after(answer)
     return str(soup)
 
 
