@@ -107,3 +107,9 @@ def test_a_seed_percentile_is_named_rounded_half_up(percentile, named):
 
     note = batching.band_note(pd.Series({"article_percentile": percentile, "num_seeds": 200}))
     assert note == f"The article's value lies at the {named} percentile of kvlab's 200 seeds."
+
+
+def test_a_source_tables_key_is_shown_as_a_reader_names_it():
+    assert ledger.table_name("fig13a") == "Fig. 13a" and ledger.table_name("fig2") == "Fig. 2"
+    assert ledger.table_name("s6.2") == "§6.2"
+    assert ledger.table_name("allocation") == "allocation" and ledger.table_name("figure") == "figure"

@@ -354,6 +354,6 @@ def test_the_ablation_prose_counts_the_figures_each_choice_carries():
     text = prose.ablation_text(table(60.71), 2560, "M", "G")
     assert text.startswith("As run, 8 of Fig. 13's 8 figures lie within their tolerance")
     assert "7 of 8 hold: vLLM batches 30.42 on ShareGPT (the paper's 30.42) and 60.71 on Alpaca" in text
-    assert "fig13b vLLM then misses." in text and "2,560-token budget" in text
+    assert "Fig. 13b vLLM then misses." in text and "2,560-token budget" in text
     held = prose.ablation_text(table(130.0), 2560, "M", "G")
     assert "8 of 8 hold" in held and "none that held misses" in held

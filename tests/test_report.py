@@ -176,7 +176,7 @@ def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduc
     rows = ledger.collect([])
     page = render.ledger_body(rows)
     for _, r in rows.iterrows():
-        assert f'<td class="">{r["table"]}: {r["row"]}, {present.label(r["column"])}</td>' in page
+        assert f'<td class="">{ledger.table_name(r["table"])}: {r["row"]}, {present.label(r["column"])}</td>' in page
     assert page.count("– missing") == 2 * len(rows)  # each one not reproduced: in the first table and its section's
     index = render.index_body([], rows, report_build.provenance(), {}, "", {})
     assert (

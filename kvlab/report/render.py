@@ -180,7 +180,7 @@ def ledger_table(rows, *, with_section: bool = True) -> str:
         key = tuple(r[k] for k in ledger_mod.KEY)
         figure = published_figures.loc[key] if key in published_figures.index else None
         d = int(figure["decimals"]) if figure is not None else 2
-        figure_text = f"{r['table']}: {r['row']}, {present.label(r['column'])}"
+        figure_text = f"{ledger_mod.table_name(r['table'])}: {r['row']}, {present.label(r['column'])}"
         tolerance = (
             f"band {present.cell(r['band_low'], d)} to {present.cell(r['band_high'], d)}"
             if str(r["tolerance"]).startswith("band") and r["band_low"] == r["band_low"]

@@ -557,7 +557,8 @@ def ledger_figures(section_ledger: pd.DataFrame) -> dict:
 
     def listed(rows):
         names = [
-            f"{r['table']} {r['row']}" + (f" {label(r['column'])}" if pairs.count((r["table"], r["row"])) > 1 else "")
+            f"{ledger.table_name(r['table'])} {r['row']}"
+            + (f" {label(r['column'])}" if pairs.count((r["table"], r["row"])) > 1 else "")
             for _, r in rows.iterrows()
         ]
         return ", ".join(names) if names else "none"
@@ -652,7 +653,7 @@ def ablation_figures(table: pd.DataFrame) -> dict:
             for mode in MODE_LABELS.values():
                 value, target = table.loc[(dataset, run), mode], paper[(figure, mode)]
                 if abs(round_half_up(value, 2) - target) <= tolerance[(figure, mode)] * target:
-                    held.append(f"{figure} {mode}")
+                    held.append(f"{ledger.table_name(figure)} {mode}")
             vllm[dataset] = table.loc[(dataset, run), "vLLM"]
         out[run] = {"held": held, "vllm": vllm}
     for figures in out.values():  # what a change loses of what held as run

@@ -17,6 +17,7 @@ of whichever source. Tolerance kinds:
 
 from __future__ import annotations
 
+import re
 from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
@@ -256,3 +257,12 @@ def _tolerance_text(row) -> str:
     if row["tolerance_kind"] == "rel":
         return f"rel {float(row['tolerance']):g}"
     return f"abs {float(row['tolerance']):g}"
+
+
+def table_name(table: str) -> str:
+    """A source table's key as a reader names it: fig13a -> Fig. 13a, s6.2 -> §6.2; other keys as they are."""
+    figure = re.fullmatch(r"fig(\d+)([a-z]?)", table)
+    if figure:
+        return f"Fig. {figure.group(1)}{figure.group(2)}"
+    part = re.fullmatch(r"s(\d+(?:\.\d+)*)", table)
+    return f"§{part.group(1)}" if part else table

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from kvlab.sections.shared.ledger import round_half_up
+from kvlab.sections.shared.ledger import round_half_up, table_name
 
 # Column names follow kvlab's convention (units as suffixes); a suffix gives the unit shown and the decimals.
 UNITS = [  # (suffix, unit shown, decimals), longest suffix first
@@ -290,7 +290,7 @@ def ledger(rows: pd.DataFrame, caption: str = "", *, why: bool = False) -> Table
             else ""
         )
         row = {
-            "table": r["table"],
+            "table": table_name(r["table"]),
             "row": r["row"],
             "figure": label(r["column"]),
             "paper" if source == "vllm-paper" else "article": published(figure, d)
