@@ -352,3 +352,11 @@ def test_twin_configurations_collapse_to_one_row_listing_what_differs():
     apart = table.copy()
     apart.loc[2, "tpot_p95_ms"] = 31.0
     assert len(plan_tables.collapse_twins(apart)) == 3
+
+
+def test_every_knob_of_the_search_says_what_it_sets():
+    from kvlab.studies.plan import SearchSpace
+
+    table = plan_tables.space_table(SearchSpace())
+    assert (table["what_it_sets"] != "").all() and list(table.index) == list(SearchSpace.__dataclass_fields__)
+    assert "not a vLLM flag" in table.loc["num_replicas", "what_it_sets"]

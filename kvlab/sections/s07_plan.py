@@ -88,11 +88,29 @@ def workload_table(workload: Workload) -> pd.DataFrame:
     return pd.DataFrame([row], index=pd.Index([workload.name or "workload"], name="workload"))
 
 
+# What each knob of the search sets, in a reader's words (vLLM's flag, or kvlab's where vLLM has none).
+KNOB_WORDS = {
+    "tensor_parallel_size": "GPUs one replica splits each layer over (vLLM's --tensor-parallel-size)",
+    "data_parallel_size": "copies of the model one vLLM server runs, each on its own GPUs (--data-parallel-size)",
+    "max_num_seqs": "requests a step may hold at most (--max-num-seqs)",
+    "max_num_batched_tokens": "tokens a step may compute at most, prompts and decodes (--max-num-batched-tokens)",
+    "block_size": "tokens a KV block holds (--block-size)",
+    "gpu_memory_utilization": "share of a GPU's memory vLLM may use, KV cache included (--gpu-memory-utilization)",
+    "kv_cache_dtype": "the KV cache's number format: fp8 holds twice the tokens (--kv-cache-dtype)",
+    "enable_chunked_prefill": "long prompts split over steps beside the decodes (--enable-chunked-prefill)",
+    "enable_prefix_caching": "reuse of blocks a prompt shares with an earlier one (--enable-prefix-caching)",
+    "async_scheduling": "the next step scheduled while this one runs (--async-scheduling)",
+    "num_replicas": "independent vLLM servers the requests are dealt to in turn (kvlab's, not a vLLM flag)",
+}
+
+
 def space_table(space: SearchSpace) -> pd.DataFrame:
-    """The knobs searched and their values, one row each (a knob of one value is fixed, not searched)."""
+    """The knobs searched, what each sets and their values, one row each (a knob of one value is fixed, not
+    searched)."""
     rows = [
         {
             "knob": name,
+            "what_it_sets": KNOB_WORDS.get(name, ""),
             "values": ", ".join(knob_value(v) for v in getattr(space, name)),
             "num_values": len(getattr(space, name)),
         }
