@@ -570,3 +570,15 @@ def test_mamba_prefill_checkpoints_hold_at_most_three_blocks_and_every_block_com
     run = (workload, config, num_gpu_blocks + 2, cost, ids)  # each Mamba group's checkpoint: a block more a request
     result = serve_checked(run, (mamba, mamba, KVCacheGroup("full_attention", bs, ())), tables_hold)
     assert int(result.num_output_tokens.sum()) > 0
+
+
+def test_the_hybrid_figure_colours_only_windowed_models_blue():
+    import pandas as pd
+
+    from kvlab.sections.shared import plots
+
+    names = ["Qwen/Qwen3-32B", "google/gemma-3-27b-it", "google/gemma-3-27b-it (every layer full)"]
+    served = pd.DataFrame({"mean_running": [1, 6, 1], "mean_ttft_s": [3.0, 1.0, 4.0]}, index=names)
+    bars = plots.hybrid_serving(served).figure.axes[0].patches
+    blue = [tuple(round(x, 3) for x in bar.get_facecolor()[:3]) == (0.122, 0.467, 0.706) for bar in bars]
+    assert blue == [False, True, False]  # full attention alone is not drawn as windows
