@@ -171,9 +171,9 @@ def prose(pair: dict, num_at_once: int, max_model_len: int) -> str:
     verbs = ("rises", "falls", "stays the same")
     more = p["at_once_peak_running"] > int(p["max_concurrency"])
     held = (
-        "more than vLLM's figure: vLLM counts each window at its admission cap (the window less one plus the tokens "
-        "in flight, two steps' budget under asynchronous scheduling), while a running request's window holds only the "
-        "blocks its last chunk still attends to"
+        "more than vLLM's figure; the likely reason, from vLLM's code rather than a run here: vLLM counts each window "
+        "at its admission cap (the window less one plus the tokens in flight, two steps' budget under asynchronous "
+        "scheduling), while a running request's window holds only the blocks its last chunk still attends to"
         if more
         else "as vLLM's figure says"
     )
@@ -189,8 +189,9 @@ def prose(pair: dict, num_at_once: int, max_model_len: int) -> str:
         f"{p['window_blocks_returned_per_request']:,.0f} blocks a request as it moves past them. Prefix hits "
         f"{phrases.change(p['prefix_hit_pct_full'], p['prefix_hit_pct'], 1, unit='% of the prompt tokens')}"
         + (
-            ": a window caches its blocks only at a prompt's end and where prompts part (vLLM's default retention "
-            "interval of 0), so a hit needs full attention and every window to find it."
+            "; the likely reason, from vLLM's code rather than a run here: a window caches its blocks only at a "
+            "prompt's end and where prompts part (vLLM's default retention interval of 0), so a hit needs full "
+            "attention and every window to find it."
             if phrases.direction(p["prefix_hit_pct_full"], p["prefix_hit_pct"], 1) == "fall"
             else "."
         )
