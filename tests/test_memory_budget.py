@@ -331,3 +331,20 @@ def test_the_knee_refines_each_sustained_rate_to_its_finer_grid():
     assert row["Orca (Oracle)"] == 2.0  # over the bound at every knee rate: the coarse rate kept
     assert row["vLLM"] == 4.0 and row["vllm_over_max_x"] == pytest.approx(4.0 / 1.5)
     assert row["step_x"] == pytest.approx(1.5) and row["seeds"] == 2
+
+
+def test_the_papers_fig12a_regime_is_read_where_its_curve_covers_the_rate():
+    import pandas as pd
+
+    from kvlab.sections.s06_memory_budget import prose, tables
+
+    assert tables.paper_vllm_latency(2.0) == pytest.approx(1.124524291)
+    assert tables.paper_vllm_latency(1.0) == pytest.approx(0.037142935)
+    assert tables.paper_vllm_latency(1.95) == pytest.approx((0.239662196 + 1.124524291) / 2)
+    assert tables.paper_vllm_latency(2.5) is None and tables.paper_vllm_latency(0.5) is None
+    regime = pd.DataFrame({"ShareGPT: normalized latency (s/token)": [1.11]}, index=["vLLM"])
+    text = prose.paper_regime_text(regime, {"ShareGPT": 2.0}, 0.5)
+    assert "takes 1.12 s per output token (Fig. 12a" in text and "against kvlab's 1.11: the same regime" in text
+    sustained = pd.DataFrame({"ShareGPT: normalized latency (s/token)": [0.3]}, index=["vLLM"])
+    assert "the other regime" in prose.paper_regime_text(sustained, {"ShareGPT": 2.0}, 0.5)
+    assert "unverified for every row" in prose.paper_regime_text(regime, {"ShareGPT": 3.0}, 0.5)

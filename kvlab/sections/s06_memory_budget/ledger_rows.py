@@ -12,6 +12,7 @@ from kvlab.sections.s06_memory_budget.tables import (
     SECTION,
     best_block_size,
     mean_over_seeds,
+    paper_vllm_latency,
     sustains,
 )
 from kvlab.studies.paper_setting import PaperSetting
@@ -77,7 +78,17 @@ def ledger_rows(
             latency = run["normalized_latency_s"]
             why += (
                 f" kvlab's run {'sustains' if sustains(latency, bound_s) else 'is past'} the rate ({latency:.2f} s per token, "
-                f"bound {bound_s:g}); the paper's regime at it is not in kvlab's data (Fig. 12 is not digitized)."
+                f"bound {bound_s:g})"
+            )
+            paper = paper_vllm_latency(rates[name]) if (name, m) == ("ShareGPT", "paged") else None
+            why += (
+                f"; the paper's vLLM at {rates[name]:g} requests/s: {paper:.2f} s per token (Fig. 12a), "
+                f"{'sustained' if sustains(paper, bound_s) else 'past the bound'} too."
+                if paper is not None and sustains(paper, bound_s) == sustains(latency, bound_s)
+                else f"; the paper's vLLM at {rates[name]:g} requests/s: {paper:.2f} s per token (Fig. 12a), "
+                "in the other regime."
+                if paper is not None
+                else "."
             )
             add(table, label, "mean_batched_requests", fig13.loc[label, f"{name}: kvlab"], why)
     for m in MODES:

@@ -22,7 +22,9 @@ from kvlab.sections.s06_memory_budget.tables import (
     SCHEDULING_LABELS,
     SECTION,
     best_block_size,
+    paper_vllm_latency,
     setting_table,
+    sustains,
 )
 from kvlab.sections.shared import ledger, phrases
 from kvlab.sections.shared.ledger import round_half_up
@@ -692,3 +694,24 @@ def ablation_text(table: pd.DataFrame, budget_tokens: int, model: str, gpu: str)
         carried = f"; {joined(lost)} then miss{'es' if len(lost) == 1 else ''}" if lost else "; none that held misses"
         parts.append(f"{words}, {len(f[run]['held'])} of {total} hold: vLLM batches {batches(run)}{carried}.")
     return " ".join(parts)
+
+
+def paper_regime_text(regime: pd.DataFrame, rates: dict, bound_s: float) -> str:
+    """What the paper publishes of its Fig. 13 runs' regime (its Fig. 12a vLLM curve, on ShareGPT only) beside
+    kvlab's, said once for the rows it does not cover."""
+    rate = rates["ShareGPT"]
+    paper = paper_vllm_latency(rate)
+    if paper is None or "ShareGPT: normalized latency (s/token)" not in regime:
+        return (
+            "The paper publishes no regime of its Fig. 13 runs that kvlab reads at these rates, so whether its runs "
+            "sustained them is unverified for every row."
+        )
+    ours = regime.loc["vLLM", "ShareGPT: normalized latency (s/token)"]
+    same = sustains(paper, bound_s) == sustains(ours, bound_s)
+    return (
+        f"The paper publishes one regime of its Fig. 13 runs: its vLLM on ShareGPT at {rate:g} requests/s takes "
+        f"{paper:.2f} s per output token (Fig. 12a, read from the e-print's vector graphics), "
+        f"{'within' if sustains(paper, bound_s) else 'past'} the {bound_s:g} s bound, against kvlab's {ours:.2f}: "
+        f"{'the same regime' if same else 'the other regime'}. For the other rows the paper's regime is not "
+        "published in a form kvlab reads: unverified."
+    )

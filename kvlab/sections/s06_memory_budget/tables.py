@@ -336,6 +336,23 @@ def latency_curves(runs: pd.DataFrame) -> pd.DataFrame:
     return wide
 
 
+PAPER_FIG12A_CSV = Path(__file__).resolve().parents[3] / "data" / "paper_fig12a_vllm.csv"
+
+
+def paper_vllm_latency(rate_per_s: float, path: Path = PAPER_FIG12A_CSV) -> float | None:
+    """The paper's vLLM normalized latency (s per token) on ShareGPT at rate_per_s, read from its Fig. 12a curve
+    (data/paper_fig12a_vllm.csv): linear between the points read, None outside them (the curve stops at 2 requests/s)."""
+    curve = pd.read_csv(path)
+    rates, latency = curve["rate_per_s"].to_numpy(), curve["normalized_latency_s"].to_numpy()
+    if not rates.min() <= rate_per_s <= rates.max():
+        return None
+    last = len(rates) - 1 - np.argmax(rates[::-1] <= rate_per_s)  # the last point at or below the rate
+    if rates[last] == rate_per_s or last == len(rates) - 1:
+        return float(latency[last])
+    w = (rate_per_s - rates[last]) / (rates[last + 1] - rates[last])
+    return float((1 - w) * latency[last] + w * latency[last + 1])
+
+
 def sustains(normalized_latency_s, bound_s: float):
     """Whether a run (or each run of an array) sustains its rate: normalized latency at most bound_s (NaN: no)."""
     return normalized_latency_s <= bound_s
