@@ -34,6 +34,13 @@ GLOSSARY = {
     "null block": "one block vLLM keeps back and never hands out (a placeholder in block tables)",
     "KV cache groups": "layers that share one block layout (full attention, a sliding window, a linear-attention "
     "state); vLLM's hybrid KV-cache manager keeps one pool for them all",
+    "admission cap": "the blocks vLLM counts a sliding-window layer at when it decides whether a request fits: its "
+    "window less one plus the tokens in flight",
+    "retention interval": "how often along a prompt vLLM keeps a sliding-window layer's blocks for prefix caching "
+    "(0 by default: only at the prompt's end and where prompts part)",
+    "align mode": "vLLM's way of caching a linear-attention (Mamba-like) state in blocks whose size it raises to fit "
+    "the state, checkpointed inside the prefill kernel",
+    "long_prefill_token_threshold": "vLLM's cap on the tokens one long prompt may take of a step's budget",
     "prefix caching": "reusing the blocks of a prompt's beginning that another request already computed",
     "chunked prefill": "splitting a long prompt over several steps beside the running decodes",
     "step": "one forward pass of the model over a batch: prefill chunks and one token of each decode",
