@@ -311,21 +311,21 @@ def ledger(rows: pd.DataFrame, caption: str = "", *, why: bool = False) -> Table
         frame = frame.drop(columns="kvlab's 5-95% band")
     banded = frame["tolerance"].eq("band").any()
     legend = (
-        "kvlab: the figure as this section computes it, "
+        "The kvlab column is the figure as this section computes it, "
         + (
             "the median over seeds where the tolerance is the band (the published figure must lie in it), "
             "else its default seed's run"
             if banded
             else "from its default settings and seed"
         )  # fmt: skip
-        + "; status: within the tolerance of the published figure or not"
+        + "; status says whether it lies within the tolerance of the published figure"
     )
     return Table(
         tuple(frame.columns),
         tuple(tuple(map(str, row)) for row in frame.itertuples(index=False)),
         tuple(c in ("article", "paper", "kvlab") for c in frame.columns),
         0,
-        f"{caption}. {legend}" if caption else legend[0].upper() + legend[1:],
+        f"{caption}. {legend}" if caption else legend,
     )
 
 
