@@ -383,7 +383,9 @@ def test_section_3s_hybrid_prose_follows_its_figures():
     text = hybrid.prose(pair, 12, 1024)
     assert "4 run at once against 1, more than vLLM's figure" in text
     assert "mean running batch rises from 4.0 to 8.0 (2.0x)" in text and "preemptions fall from 3 to 0" in text
-    assert "Prefix hits fall from 8.0 to 5.0% of the prompt tokens (to 0.62x); the likely reason, from vLLM's code" in text
+    assert (
+        "Prefix hits fall from 8.0 to 5.0% of the prompt tokens (to 0.62x); the likely reason, from vLLM's code" in text
+    )
     flipped = pair | {"at_once_peak_running": 2, "mean_running": 3.0, "prefix_hit_pct": 9.0}
     text = hybrid.prose(flipped, 12, 1024)
     assert "2 run at once against 1, as vLLM's figure says" in text
