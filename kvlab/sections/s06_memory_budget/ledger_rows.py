@@ -81,15 +81,17 @@ def ledger_rows(
                 f"bound {bound_s:g})"
             )
             paper = paper_vllm_latency(rates[name]) if (name, m) == ("ShareGPT", "paged") else None
-            why += (
-                f"; the paper's vLLM at {rates[name]:g} requests/s: {paper:.2f} s per token (Fig. 12a), "
-                f"{'sustained' if sustains(paper, bound_s) else 'past the bound'} too."
-                if paper is not None and sustains(paper, bound_s) == sustains(latency, bound_s)
-                else f"; the paper's vLLM at {rates[name]:g} requests/s: {paper:.2f} s per token (Fig. 12a), "
-                "in the other regime."
-                if paper is not None
-                else "."
-            )
+            if paper is None:
+                why += "."
+            else:
+                regime = (
+                    ("sustained" if sustains(paper, bound_s) else "past the bound") + " too"
+                    if sustains(paper, bound_s) == sustains(latency, bound_s)
+                    else "in the other regime"
+                )
+                why += (
+                    f"; the paper's vLLM at {rates[name]:g} requests/s: {paper:.2f} s per token (Fig. 12a), {regime}."
+                )
             add(table, label, "mean_batched_requests", fig13.loc[label, f"{name}: kvlab"], why)
     for m in MODES:
         label = MODE_LABELS[m]
