@@ -694,8 +694,8 @@ def _moe_block(tables: OperatorTables, quantization: str, shape: tuple, tp: int,
             us,
             (
                 f"{what}the nearest measured block ({near[0]}, {near[1]}, top-{near[2]} of {near[3]}, TP {near[4]}, EP "
-                f"{near[5]}) x the two blocks' roofline ratio (nearest_moe_block); each block measured at TP 1 read this way "
-                f"from its own nearest other shape is off by {100 * low:+.0f}% to {100 * high:+.0f}% (median "
+                f"{near[5]}) x the two blocks' roofline ratio; each block the table measured, read this way "
+                f"from its nearest other shape, is off by {100 * low:+.0f}% to {100 * high:+.0f}% (median "
                 f"{100 * median:.0f}%, {compared} shapes)"
             ),
         )
@@ -708,7 +708,7 @@ def _moe_block(tables: OperatorTables, quantization: str, shape: tuple, tp: int,
         us,
         (
             f"{what}it measures no {dtype} block, so the active experts run as two {gemm_dtype} GEMMs of the same bytes and "
-            f"FLOPs (moe_from_gemms); on the GPUs whose tables measure {dtype} blocks at TP 1 this rule is off them by "
+            f"FLOPs; on the GPUs whose tables measure {dtype} blocks at TP 1 this rule is off them by "
             f"{100 * low:+.0f}% to {100 * high:+.0f}% (median {100 * median:.0f}%, {compared} blocks)"
         ),
     )
