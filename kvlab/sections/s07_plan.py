@@ -391,10 +391,13 @@ def corrected_meeting(served: pd.DataFrame, fidelity: list[dict], objectives: Ob
     real run checks the step cost."""
     if not fidelity:
         return None
-    return sum(
-        all(_corrected(row, fidelity)[0][m] <= limit for m, limit in objectives.given().items())
-        for _, row in served.iterrows()
-    )
+    return sum(max(_corrected_shares(row, fidelity, objectives)[0].values()) <= 1 for _, row in served.iterrows())
+
+
+def _corrected_shares(row, fidelity: list[dict], objectives: Objectives) -> tuple[dict, dict]:
+    """Each objective's corrected p95 (_corrected) over its limit for one served configuration, and the run used."""
+    corrected, run = _corrected(row, fidelity)
+    return {m: corrected[m] / limit for m, limit in objectives.given().items()}, run
 
 
 def corrected_choice(served: pd.DataFrame, fidelity: list[dict], objectives: Objectives) -> dict:
@@ -406,8 +409,7 @@ def corrected_choice(served: pd.DataFrame, fidelity: list[dict], objectives: Obj
         return {}
     best = None
     for _, row in served.iterrows():
-        corrected, run = _corrected(row, fidelity)
-        shares = {m: corrected[m] / limit for m, limit in objectives.given().items()}
+        shares, run = _corrected_shares(row, fidelity, objectives)
         if max(shares.values()) > 1:
             continue
         key = (-round(float(row["requests_per_s_per_gpu"]), 6), max(shares.values()))
