@@ -161,6 +161,9 @@ def pow2_reservation(prompt_tokens, final_tokens, max_len_tokens: int):
     """Orca (Pow2)'s reservation, the vLLM paper's (§6.1: "if the true output length is 25, it reserves 32
     positions for outputs"): the prompt plus the next power of two of the output, at most max_len_tokens (slots;
     arrays or ints, as given). kvlab's one definition, for section 1's lengths (no prompt) and the engine's pool."""
+    if isinstance(prompt_tokens, int) and isinstance(final_tokens, int):  # the engine's one request: no arrays
+        output = max(final_tokens - prompt_tokens, 1)
+        return min(prompt_tokens + (1 << (output - 1).bit_length()), max_len_tokens)
     prompt = np.asarray(prompt_tokens, dtype=np.int64)
     slots = np.minimum(prompt + next_power_of_two(np.asarray(final_tokens, dtype=np.int64) - prompt), max_len_tokens)
     return int(slots) if slots.ndim == 0 else slots
