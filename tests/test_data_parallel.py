@@ -6,6 +6,7 @@ import csv as csvlib
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -216,3 +217,47 @@ def test_vllm_019_scores_waiting_four_times_over_running_from_a_start_that_never
     assert [old.choose() for _ in range(3)] == [0, 1, 2]
     with pytest.raises(ValueError, match="vllm_version='0.20' is not allowed"):
         RankChooser(2, vllm_version="0.20")
+
+
+def test_section_3s_ranks_differ_from_section_5s_replay_of_the_same_run_only_by_whose_rank_choice_they_make():
+    """Section 3 serves the real DP 2 + EP run's requests with vLLM 0.33's rank choice; with the run's own vLLM 0.19
+    rule its row is section 5's replay exactly (what its prose says), and the real run's row is vLLM's own times."""
+    from kvlab.sections import s03_capacity
+    from kvlab.studies.plan import percentile_metrics
+    from kvlab.studies.step_cost_checks import replay_vllm_run
+    from kvlab.workloads.vllm_runs import load_vllm_run
+
+    run = load_vllm_run(s03_capacity.DATA_PARALLEL_RUN)
+    replay = replay_vllm_run(run)
+    five = percentile_metrics(
+        run.workload.arrival_s, run.workload.output_tokens, replay["first_token_s"], replay["finish_s"]
+    )
+    three = s03_capacity.data_parallel_serving_table(load_factors=(1,), rank_rules="0.19").loc[("1x", "DP 2 + EP")]
+    measures = ("mean_ttft_s", "mean_tpot_ms", "mean_e2e_s")
+    assert [three[m] for m in measures] == pytest.approx([five[m] for m in measures], rel=1e-12)
+    assert s03_capacity.data_parallel_serving_table(load_factors=(1,)).loc[("1x", "DP 2 + EP"), "mean_ttft_s"] != (
+        pytest.approx(five["mean_ttft_s"], rel=1e-6)
+    )
+    real = s03_capacity.data_parallel_serving_figures(s03_capacity.data_parallel_serving_table(load_factors=(1,)))
+    assert real["1x"][s03_capacity.REAL_RUN]["mean_ttft_s"] == pytest.approx(float(np.mean(run.ttft_s)))
+
+
+def test_the_clocks_weakest_measure_on_the_real_run_is_read_from_its_errors():
+    from kvlab.sections import s03_capacity
+
+    rows = {"mean_ttft_s": 1.0, "mean_tpot_ms": 40.0, "mean_e2e_s": 30.0}
+    table = pd.DataFrame(
+        [{"load": "1x", "deployment": d} | rows for d in s03_capacity.DEPLOYMENTS]
+        + [
+            {
+                "load": "1x",
+                "deployment": s03_capacity.REAL_RUN,
+                "mean_ttft_s": 1.1,
+                "mean_tpot_ms": 40.4,
+                "mean_e2e_s": 36.0,
+            }
+        ]
+    ).set_index(["load", "deployment"])
+    assert s03_capacity.data_parallel_serving_figures(table)["weakest_measure"] == "mean E2E latency"
+    table.loc[("1x", s03_capacity.REAL_RUN), "mean_ttft_s"] = 2.0
+    assert s03_capacity.data_parallel_serving_figures(table)["weakest_measure"] == "mean TTFT"

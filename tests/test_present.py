@@ -77,6 +77,9 @@ def test_wide_tables_are_split_into_parts_that_repeat_the_index():
     assert len(parts) == 3 and all(p.header[0] == "row" and len(p.header) <= 9 for p in parts)
     assert [p.caption for p in parts] == ["part 1 of 3", "part 2 of 3", "part 3 of 3"]
     assert present.table(frame)._repr_html_().count("<table") == 3
+    # eight columns beside a two-column index fill two parts of four, not seven and an orphan one
+    eight = pd.DataFrame({f"c{i}_s": [float(i)] for i in range(8)}, index=pd.MultiIndex.from_tuples([("a", "b")]))
+    assert [len(p.header) - 2 for p in present.table(eight).parts(9)] == [4, 4]
 
 
 def outputs(path):
@@ -99,3 +102,13 @@ def test_no_output_shows_float_noise_or_a_negative_zero(path):
         text = "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
         assert not re.search(r"(?<![\w.])-0\.0*(?![\d])", text), f"{path.name} cell {i} prints a negative zero"
         assert not re.search(r"\d\.\d{7,}", text), f"{path.name} cell {i} prints float noise"
+
+
+def test_a_column_the_same_in_every_row_can_move_to_the_caption():
+    frame = pd.DataFrame(
+        {"gpus": [6, 8], "async": ["✓", "✓"], "share": ["0.70 / 0.90"] * 2}, index=pd.Index([1, 5], name="rank")
+    )
+    t = present.table(frame, caption="The best", same_in_caption=True)
+    assert t.header == ("rank", "gpus") and t.caption == "The best (every row: async ✓; share 0.70 / 0.90)"
+    assert present.table(frame).header == ("rank", "gpus", "async", "share")  # by default every column stays
+    assert present.table(frame.iloc[:1], same_in_caption=True).header == ("rank", "gpus", "async", "share")

@@ -161,6 +161,7 @@ def test_build_writes_pages_and_ledger_and_replaces_old_files(tmp_path):
         "notebooks",
         "report-pages.json",
         "report.pdf",
+        "validation.html",
     ]
     index = (out / "index.html").read_text()
     assert "headline: 42 requests" in index and 'href="01_ok.html"' in index and "X=5" in index
@@ -383,6 +384,11 @@ REPORT_TERMS = (
     "normalized latency",
     "preemption",
     "token states",
+    "composed clock",
+    "AIConfigurator",
+    "LLMServingSim",
+    "Vidur",
+    "nccl-tests",
 )
 
 
@@ -422,3 +428,51 @@ def test_each_section_opens_with_its_question_then_its_answer(tmp_path):
     assert body.index("How much fits?") < body.index("The answer, in short: </strong>Twelve requests fit.")
     assert body.index("Twelve requests fit.") < body.index("The evidence follows.")
     assert "The answer, in short" not in render.section_body(path, Section("09_fit", "9. How much fits?"))
+
+
+def test_validation_cells_leave_their_section_for_the_closing_chapter(tmp_path):
+    from kvlab.report import render
+    from kvlab.report.render import Section
+
+    notebook = nbformat.v4.new_notebook()
+    evidence = nbformat.v4.new_markdown_cell("## Evidence\n\nTwelve rows.")
+    checked = nbformat.v4.new_markdown_cell("## Reproduction ledger\n\nEvery row within tolerance.")
+    checked.metadata["tags"] = [render.VALIDATION_TAG]
+    notebook.cells = [nbformat.v4.new_markdown_cell("# 9. How much fits?"), evidence, checked]
+    path = tmp_path / "09_fit.ipynb"
+    nbformat.write(notebook, path)
+    section = Section("09_fit", "9. How much fits?")
+    body, validation = render.section_body(path, section), render.validation_body(path, section)
+    assert "Twelve rows" in body and "Every row within tolerance" not in body
+    assert 'href="validation.html#validation-09_fit"' in body  # the section says where its checks went
+    assert "Every row within tolerance" in validation and "Twelve rows" not in validation
+    assert "<h3" in validation and "<h2>9. How much fits?</h2>" in validation  # its headings under the section's
+    checked.metadata["tags"] = []
+    nbformat.write(notebook, path)
+    assert render.validation_body(path, section) == ""
+    assert "validation.html" not in render.section_body(path, section)
+
+
+VALIDATION_HEADINGS = ("reproduction ledger", "make parity", "against vllm's own code", "seed", "what each term")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_ledger_parity_seed_and_term_checks_sit_in_the_validation_chapter(notebook):
+    """A heading of validation detail (the ledger, parity with vLLM, seeds, the clock's term checks) is tagged, and so
+    is every cell under it up to the next heading of its level."""
+    from kvlab.report.render import VALIDATION_TAG
+
+    cells = nbformat.read(notebook, as_version=4).cells
+    for i, cell in enumerate(cells):
+        first = cell.source.lstrip().splitlines()[0] if cell.cell_type == "markdown" and cell.source.strip() else ""
+        if first.startswith("##") and any(h in first.lower() for h in VALIDATION_HEADINGS):
+            level = len(first) - len(first.lstrip("#"))
+            for under in cells[i:]:
+                head = under.source.lstrip().splitlines()[0] if under.cell_type == "markdown" and under.source else ""
+                if under is not cell and head.startswith("#") and len(head) - len(head.lstrip("#")) <= level:
+                    break
+                if "finding" in under.metadata.get("tags", []):
+                    break
+                assert VALIDATION_TAG in under.metadata.get("tags", []), (
+                    f"{notebook.name}: {first} ({under.source[:60]})"
+                )

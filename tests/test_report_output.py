@@ -24,7 +24,7 @@ def report(built_report):
 
 
 def pages(report):
-    return ["index.html", "ledger.html"] + sorted(p.name for p in report.glob("[0-9][0-9]_*.html"))
+    return ["index.html", "ledger.html", "validation.html"] + sorted(p.name for p in report.glob("[0-9][0-9]_*.html"))
 
 
 # ---------------------------------------------------------------- in a browser
@@ -131,7 +131,7 @@ def test_table_headers_are_never_broken_inside_a_word(report):
 def test_long_tables_print_in_parts_of_at_least_three_rows():
     rows = "".join(f"<tr><td>{i}</td></tr>" for i in range(50))
     document = render.pdf_document(
-        f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>', [], "today"
+        f'<table class="kvlab"><thead><tr><th>n</th></tr></thead><tbody>{rows}</tbody></table>', [], "", "today"
     )
     soup = BeautifulSoup(document, "html.parser")
     sizes = [len(t.find("tbody").find_all("tr")) for t in soup.find_all("table")]

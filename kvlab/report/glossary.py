@@ -49,6 +49,14 @@ GLOSSARY = {
     "vLLM's kernels timed one at a time by AIConfigurator, composed by shape)",
     "roofline clock": "the clock at a GPU's datasheet bandwidth and FLOP/s (scaled by what measured kernels sustain "
     "where that is known): a lower bound on a dense model's step",
+    "composed clock": "the measured clock built from a GPU's operator tables alone (AIConfigurator's), by the "
+    "model's shapes: how kvlab times a (model, GPU) that no whole-model profile measures",
+    "AIConfigurator": "NVIDIA's open tool (ai-dynamo/aiconfigurator) whose tables time vLLM's own kernels (GEMMs, "
+    "attention, MoE blocks, collectives) one at a time on many GPUs",
+    "LLMServingSim": "an open LLM-serving simulator (casys-kaist/LLMServingSim) that publishes whole-model operator "
+    "profiles on real GPUs and real vLLM runs, which kvlab reads as measurements and as checks",
+    "Vidur": "an open LLM-serving simulator (microsoft/vidur) that publishes operator measurements on the A100 and H100",
+    "nccl-tests": "NVIDIA's benchmarks of NCCL's collectives (all-reduce, all-gather, ...), one collective at a time",
     "2023 clock": "a clock of the paper's 2023 system, fitted to Anyscale's June 2023 benchmark and the paper's "
     "kernel measurement (section 6)",
     "twins": "plan candidates that differ only in settings that cannot change a single decision of the run (served "

@@ -105,7 +105,8 @@ class Section:
     key_figure: str = ""  # path of the section's key figure, relative to the report (empty: none)
     key_caption: str = ""
     finding: str = ""  # the section's one sentence for the front page (its cell tagged finding)
-    body: str = ""  # the rendered notebook, for the PDF
+    body: str = ""  # the rendered notebook without its validation cells, for its page and the PDF
+    validation: str = ""  # its cells tagged validation, rendered for the closing validation chapter
 
     @property
     def number(self) -> int:
@@ -127,26 +128,48 @@ def page(title: str, body: str) -> str:
 NAV = '<nav><a href="index.html">&larr; the report</a></nav>'
 
 
-def section_body(executed: Path, section: Section) -> str:
-    """The notebook's prose and outputs without code, its figures numbered with their captions."""
+VALIDATION_TAG = "validation"  # a cell of validation detail: shown in the closing validation chapter, not its section
+
+
+def _render_cells(cells, number: int, first_figure: int = 1) -> BeautifulSoup:
+    """Notebook cells as HTML without code, their figures numbered (number.first_figure, ...) with captions."""
     import nbformat
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(
         template_name="basic", exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True
     )
-    body, _ = exporter.from_notebook_node(nbformat.read(executed, as_version=4))
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = cells
+    body, _ = exporter.from_notebook_node(notebook)
     soup = BeautifulSoup(body, "html.parser")
-    for number, img in enumerate(soup.find_all("img"), 1):
+    for figure_number, img in enumerate(soup.find_all("img"), first_figure):
         alt = img.get("alt", "")
         figure = soup.new_tag("figure")
         img.wrap(figure)
         caption = soup.new_tag("figcaption")
-        caption.string = f"Figure {section.number}.{number}. {alt}"
+        caption.string = f"Figure {number}.{figure_number}. {alt}"
         figure.append(caption)
     for output in soup.select(".jp-OutputArea-output, .output_html"):
         if output.find("table") is not None:
             output["class"] = output.get("class", []) + ["table-wrap"]
+    return soup
+
+
+def _split_cells(executed: Path) -> tuple[list, list]:
+    """A notebook's cells: (its findings and their evidence, its cells tagged validation)."""
+    import nbformat
+
+    cells = nbformat.read(executed, as_version=4).cells
+    tagged = [VALIDATION_TAG in c.metadata.get("tags", []) for c in cells]
+    return [c for c, t in zip(cells, tagged) if not t], [c for c, t in zip(cells, tagged) if t]
+
+
+def section_body(executed: Path, section: Section) -> str:
+    """The notebook's prose and outputs without code, its figures numbered with their captions; its cells tagged
+    validation are left to the validation chapter (validation_body), a link at the end pointing there."""
+    findings_cells, validation_cells = _split_cells(executed)
+    soup = _render_cells(findings_cells, section.number)
     title = soup.find("h1")
     if section.finding and title is not None:  # the section opens with its question (the title) and its answer
         answer = soup.new_tag("p", attrs={"class": "answer"})
@@ -155,7 +178,54 @@ def section_body(executed: Path, section: Section) -> str:
         answer.append(lead)
         answer.append(section.finding)
         title.insert_after(answer)
+    if validation_cells:
+        soup.append(
+            BeautifulSoup(
+                f'<p class="validation-link">How this section\'s numbers were checked (its ledger rows, its checks '
+                f'against vLLM and measurements, its sensitivities): <a href="validation.html#{validation_anchor(section)}">'
+                "the validation chapter</a>.</p>",
+                "html.parser",
+            )
+        )
     return str(soup)
+
+
+def validation_anchor(section: Section) -> str:
+    return f"validation-{section.stem}"
+
+
+def validation_body(executed: Path, section: Section) -> str:
+    """The notebook's cells tagged validation, its headings one level down under the section's own, their figures
+    numbered after the section's (empty when it has none)."""
+    findings_cells, validation_cells = _split_cells(executed)
+    if not validation_cells:
+        return ""
+    first = 1 + sum("image/png" in o.get("data", {}) for c in findings_cells for o in c.get("outputs", []))
+    soup = _render_cells(validation_cells, section.number, first)
+    for level in (5, 4, 3, 2):
+        for heading in soup.find_all(f"h{level}"):
+            heading.name = f"h{level + 1}"
+    return (
+        f'<section class="validation" id="{validation_anchor(section)}"><h2>{html.escape(section.title)}</h2>'
+        f'{soup}<p><a href="{section.stem}.html">Back to the section</a>.</p></section>'
+    )
+
+
+VALIDATION_TITLE = "Validation: how each section's numbers were checked"
+
+
+def validation_page_body(sections: list[Section]) -> str:
+    """The closing chapter: every section's validation detail, in order."""
+    parts = [
+        f'<h1 id="validation">{VALIDATION_TITLE}</h1>',
+        "<p>The section pages state what kvlab found and the evidence for it. What follows is how those numbers were "
+        "checked, section by section: each section's rows of the reproduction ledger (the published figures against "
+        "kvlab's, with the tolerance each is held to), kvlab's decisions and sizes against vLLM's own code on the same "
+        "inputs, the time models' term-by-term checks and where their coefficients come from, and how much the "
+        "figures move with the seed and with the choices the sources leave open.</p>",
+    ]
+    parts += [s.validation for s in sections if s.validation]
+    return "\n".join(parts)
 
 
 def section_page(section: Section) -> str:
@@ -314,7 +384,9 @@ def index_body(
         "<h2>Reproduction ledger</h2>",
         _headline(ledger, set_aside),
         '<p>Every figure, and each one not reproduced with why: <a href="ledger.html">the ledger</a> '
-        '(<a href="ledger.csv">ledger.csv</a>).</p>',
+        '(<a href="ledger.csv">ledger.csv</a>). How each section\'s numbers were checked (its ledger rows, kvlab '
+        "against vLLM's own code, the time models' checks, seeds and sensitivities): "
+        '<a href="validation.html">the validation chapter</a>.</p>',
     ]
     if traces_note:
         parts.append(f"<p><strong>Real request traces.</strong> {html.escape(traces_note)}</p>")
@@ -377,12 +449,13 @@ def _printable_tables(soup: BeautifulSoup) -> None:
             anchor = piece
 
 
-def pdf_document(index: str, sections: list[Section], built: str) -> str:
+def pdf_document(index: str, sections: list[Section], validation: str, built: str) -> str:
     """The whole report as one printable HTML document: a title page with the contents, the front page's summary,
-    each section on its own pages (the full ledger stays in ledger.html and ledger.csv: in print each section
-    ends with its own rows)."""
-    chapters = [("overview", "Overview: the ledger and the sections", index)]
+    each section on its own pages, then the validation chapter (the full ledger stays in ledger.html and
+    ledger.csv: in print the validation chapter holds each section's own rows)."""
+    chapters = [("overview", "Overview: the findings, the terms, the ledger", index)]
     chapters += [(f"sec-{s.stem}", s.title, s.body if not s.skipped else skipped_body(s)) for s in sections]
+    chapters.append(("validation-chapter", VALIDATION_TITLE, validation))
     contents = "".join(f'<li><a href="#{anchor}">{html.escape(title)}</a></li>' for anchor, title, _ in chapters)
     body = (
         f'<div class="title-page"><h1>{TITLE}</h1><p>A reproducible report on KV-cache memory in LLM '
@@ -395,6 +468,8 @@ def pdf_document(index: str, sections: list[Section], built: str) -> str:
     _printable_tables(soup)
     for link in soup.find_all("a", href=re.compile(r"^[0-9][0-9]_\w+\.html$")):
         link["href"] = f"#sec-{link['href'][:-5]}"  # links between pages become links inside the PDF
+    for link in soup.find_all("a", href=re.compile(r"^validation\.html#")):
+        link["href"] = link["href"][len("validation.html") :]
     for link in soup.find_all("a", href="ledger.html"):
         link.replace_with(link.get_text() + " (ledger.html beside this PDF)")
     return page(TITLE, str(soup))
@@ -408,7 +483,7 @@ def write_pdf(document: str, pdf: Path, base_url: Path) -> dict:
     first_pages = {}
     for number, pdf_page in enumerate(rendered.pages, 1):
         for anchor in pdf_page.anchors:
-            if anchor in ("overview", "ledger") or anchor.startswith("sec-"):
+            if anchor in ("overview", "ledger", "validation-chapter") or anchor.startswith("sec-"):
                 first_pages.setdefault(anchor, number)
     rendered.write_pdf(str(pdf))
     return {"num_pages": len(rendered.pages), "chapters": first_pages}

@@ -231,15 +231,20 @@ def data_parallel_figures(table: pd.DataFrame) -> dict:
 DATA_PARALLEL_RUN = "llmservingsim/RTXPRO6000/Qwen3-30B-A3B-Instruct-2507"
 LOAD_FACTORS = (1, 2)
 DEPLOYMENTS = ("one GPU", "two replicas", "DP 2 + EP")
+MEASURE_WORDS = {"mean_ttft_s": "mean TTFT", "mean_tpot_ms": "mean TPOT", "mean_e2e_s": "mean E2E latency"}
+REAL_RUN = "DP 2 + EP: the real vLLM run"  # the row of what vLLM itself measured on the same requests (load 1x)
 
 
-def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors: Iterable[int] = LOAD_FACTORS):
+def data_parallel_serving_table(
+    run_name: str = DATA_PARALLEL_RUN, load_factors: Iterable[int] = LOAD_FACTORS, rank_rules: str = "0.33"
+):
     """A mixture-of-experts model served three ways on its run's GPU by kvlab's engine and measured clock, with the
     run's settings and requests (arrival times divided by the load factor): on one GPU; on two replicas of one GPU
     each, the requests dealt in turn (a plain load balancer: kvlab's choice); and on two GPUs as data-parallel ranks
     with expert parallelism (kvlab.core.engine.DataParallelEngine: lockstep, vLLM 0.33's rank choice). Per row: GPUs,
     KV blocks per GPU, mean TTFT (s), mean TPOT (ms), mean E2E latency (s), and the share of rank-steps that ran
-    a dummy batch (%; data parallelism only)."""
+    a dummy batch (%; data parallelism only); at load 1x a last row of what the real vLLM run measured. rank_rules:
+    whose rank choice the ranks make (kvlab.core.engine.data_parallel.DP_RULES: vLLM 0.33's, or the run's own)."""
     from kvlab.core.cost import make_step_cost
     from kvlab.core.engine import DataParallelEngine, simulate
     from kvlab.core.workload import Workload
@@ -262,7 +267,7 @@ def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors:
             cost = make_step_cost("measured", model=model, gpu=gpu, config=config)
             first_token, finish, dummy_pct = np.empty(w.num_requests), np.empty(w.num_requests), float("nan")
             if data_parallel:
-                engine = DataParallelEngine(w, config, num_gpu_blocks=blocks, cost=cost)
+                engine = DataParallelEngine(w, config, num_gpu_blocks=blocks, cost=cost, vllm_version=rank_rules)
                 result = engine.run()
                 first_token[:], finish[:] = result.first_token_s, result.finish_s
                 dummy_pct = 100 * engine.ranks.num_dummy_batches / (2 * result.num_steps)
@@ -283,6 +288,13 @@ def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors:
                     "dummy_batch_pct": dummy_pct,
                 }
             )
+        if factor == 1:  # what vLLM measured on these requests: the check on the clock's rows
+            real = percentile_metrics(w.arrival_s, w.output_tokens, run.first_token_s, run.finish_s)
+            rows.append(
+                {"load": "1x", "deployment": REAL_RUN, "gpus": 2, "num_gpu_blocks_per_gpu": float("nan")}
+                | {name: real[name] for name in ("mean_ttft_s", "mean_tpot_ms", "mean_e2e_s")}
+                | {"dummy_batch_pct": float("nan")}
+            )
     table = pd.DataFrame(rows).set_index(["load", "deployment"])
     table.attrs |= {"model": model.name.split("/")[-1], "gpu": gpu.name, "num_requests": w.num_requests}
     return table
@@ -290,11 +302,17 @@ def data_parallel_serving_table(run_name: str = DATA_PARALLEL_RUN, load_factors:
 
 def data_parallel_serving_figures(table: pd.DataFrame) -> dict:
     """The figures notebook 03's paragraph on data-parallel latency states: per load ("1x", "2x") each
-    deployment's row as a dict, and the model, GPU and requests served."""
-    return dict(table.attrs) | {
-        load: {deployment: rows.loc[(load, deployment)].to_dict() for deployment in DEPLOYMENTS}
+    deployment's row as a dict (the real run's too, at 1x), the model, GPU and requests served, and the clock's
+    error on the real run (%, kvlab's DP 2 + EP row against vLLM's, per measure)."""
+    out = dict(table.attrs) | {
+        load: {deployment: rows.loc[(load, deployment)].to_dict() for deployment in rows.index.get_level_values(1)}
         for load, rows in table.groupby(level="load", sort=False)
     }
+    if REAL_RUN in out.get("1x", {}):
+        kvlab, real = out["1x"]["DP 2 + EP"], out["1x"][REAL_RUN]
+        error = {m: 100 * (kvlab[m] / real[m] - 1) for m in MEASURE_WORDS}
+        out["clock_error_pct"], out["weakest_measure"] = error, MEASURE_WORDS[max(error, key=lambda m: abs(error[m]))]
+    return out
 
 
 def parity_table(folder: str | Path = PARITY_DIR) -> pd.DataFrame:

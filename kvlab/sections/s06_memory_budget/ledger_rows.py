@@ -28,8 +28,8 @@ STEP_COST_NOTE = {
 }
 # The block-size cost's source (kvlab.core.cost.vllm_2023.block_size_ratio).
 BLOCK_NOTE = (
-    "the one public per-block measurement (an AMD kernel, block 1 14% slower than 16) makes small blocks "
-    "only a little slower"
+    "the one public per-block measurement (FlyDSL's and AITER's paged-attention kernels on an AMD MI350X, block 1 "
+    "14% slower than 16) makes small blocks only a little slower"
 )
 
 
@@ -132,8 +132,9 @@ def ledger_rows(
         ratio = alpaca_blocks.loc[256, "normalized_latency_s"] / alpaca_blocks.loc[16, "normalized_latency_s"]
         preemptions = alpaca_blocks.loc[256, "num_preemptions"]
         why = (
-            f"At {rates['Alpaca']:g} requests/s the pool of {int(alpaca_blocks.loc[256, 'num_gpu_blocks']) - 1} blocks "
-            f"of 256 " + (f"runs out ({preemptions:.0f} preemptions)." if preemptions > 0 else "never runs out.")
+            f"At {rates['Alpaca']:g} requests/s the pool of {int(alpaca_blocks.loc[256, 'num_gpu_blocks']):,} blocks "
+            f"of 256 (one of them vLLM's null block) "
+            + (f"runs out ({preemptions:,.0f} preemptions)." if preemptions > 0 else "never runs out.")
         )
         add("fig18b", "Alpaca", "latency_256_over_16_x", ratio, why)
     fed = lengths.loc[sharegpt_name]

@@ -312,6 +312,42 @@ def fig2_table(runs: pd.DataFrame, dataset: str = "ShareGPT") -> pd.DataFrame:
     return table
 
 
+PAPER_FIG2_CSV = Path(__file__).resolve().parents[3] / "data" / "paper_fig2_split.csv"
+# The paper's four shares of the KV cache (Fig. 2's legend), in its order.
+FIG2_PARTS = {
+    "token_states_pct": "token states",
+    "reservation_pct": "reservation",
+    "internal_frag_pct": "internal fragmentation",
+    "external_frag_others_pct": "external fragmentation & others",
+}
+
+
+def fig2_split_table(fig2: pd.DataFrame, path: Path = PAPER_FIG2_CSV) -> pd.DataFrame:
+    """Fig. 2's whole split, a kvlab row beside the paper's for each allocation, every share a % of the KV cache (a
+    kvlab row sums to 100): kvlab's internal fragmentation without the buddy's rounding, which joins external
+    fragmentation and the free rest as the paper's "external fragmentation & others" (the paper's Orca (Oracle), whose
+    only internal waste is the rounding, shows none). The paper's bars (data/paper_fig2_split.csv) label only vLLM's
+    token states: its other cells are NaN."""
+    paper = pd.read_csv(path).set_index("allocation")
+    kvlab = pd.DataFrame(
+        {
+            "token_states_pct": fig2["token_states_pct"],
+            "reservation_pct": fig2["reservation_pct"],
+            "internal_frag_pct": fig2["internal_frag_pct"] - fig2["rounding_pct"],
+            "external_frag_others_pct": fig2["rounding_pct"]
+            + fig2["external_frag_pct"]
+            + fig2["free_unfragmented_pct"],
+        }
+    )
+    rows = []
+    for allocation in fig2.index:
+        rows.append(pd.Series(kvlab.loc[allocation], name=f"{allocation}: kvlab"))
+        rows.append(pd.Series(paper.reindex(columns=list(FIG2_PARTS)).loc[allocation], name=f"{allocation}: paper"))
+    table = pd.DataFrame(rows)[list(FIG2_PARTS)]
+    table.index.name = "allocation"
+    return table.rename(columns={c: f"{name} (%)" for c, name in FIG2_PARTS.items()})
+
+
 def variant_table(runs: pd.DataFrame) -> pd.DataFrame:
     """Fig. 13's measure on every dataset variant (sensitivity): mean requests batched and the share of the KV cache
     holding token states (%), per variant and allocation mode."""

@@ -96,15 +96,15 @@ def alike(a: float, b: float, decimals: int, share: float) -> bool:
 def comparison(
     name_a: str, a: float, name_b: str, b: float, decimals: int, unit: str, share: float = ALIKE_SHARE
 ) -> str:
-    """'A and B are alike (a and b unit, within 5%)' or 'B takes 8.0x as long as A (a and b unit)': the words
-    follow the two figures as printed."""
+    """'A and B are alike (a and b unit, within 5%)' or 'B takes 8.0x as long as A (b against a unit)': the words
+    follow the two figures as printed, the figures the order of the names in the sentence."""
     pa, pb = shown(a, decimals), shown(b, decimals)
     both = f"{cell(a, decimals)} and {cell(b, decimals)} {unit}"
     if alike(a, b, decimals, share):
         return f"{name_a} and {name_b} are alike ({both}, within {100 * share:g}%)"
     if pa > 0 and pb > 0:
-        big, small = (name_b, name_a) if pb > pa else (name_a, name_b)
-        return f"{big} takes {max(pa, pb) / min(pa, pb):.1f}x as long as {small} ({both})"
+        (big, x), (small, y) = sorted([(name_a, a), (name_b, b)], key=lambda p: -shown(p[1], decimals))
+        return f"{big} takes {max(pa, pb) / min(pa, pb):.1f}x as long as {small} ({cell(x, decimals)} against {cell(y, decimals)} {unit})"
     return f"{name_a} and {name_b} differ ({both})"
 
 

@@ -168,6 +168,30 @@ def policy_bars(breakdown: pd.DataFrame) -> matplotlib.figure.Figure:
     return fig
 
 
+FIG2_COLORS = ("#4c9a2a", "#e0b43c", "#c8553d", "#9aa3ab")  # the paper's legend order: states, reservation, int., ext.
+
+
+@captioned
+def fig2_split(table: pd.DataFrame) -> matplotlib.figure.Figure:
+    """Fig. 2's split of the KV cache (%), kvlab's bar above the paper's for each allocation: token states,
+    reservation, internal fragmentation, external fragmentation & others (the paper labels only vLLM's token states;
+    its bar's unlabelled rest is left blank)."""
+    fig, ax = _figure(figsize=(FIGSIZE[0], 4.2))
+    names = list(table.index)[::-1]  # the first allocation on top
+    left = np.zeros(len(names))
+    for column, color in zip(table.columns, FIG2_COLORS):
+        values = table.loc[names, column].fillna(0.0).to_numpy()
+        ax.barh(names, values, left=left, color=color, label=column.removesuffix(" (%)"), height=0.7)
+        for y, (x, v) in enumerate(zip(left, values)):
+            if v >= 6:
+                ax.annotate(f"{v:.1f}", (x + v / 2, y), ha="center", va="center", fontsize=9, color="white")
+        left += values
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of the KV cache (%)")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.42, -0.16), ncol=2, frameon=False)
+    return fig
+
+
 @captioned
 def allocation_band(
     runs: pd.DataFrame, article: pd.DataFrame, column: str = "wasted_tokens", label: str = "wasted tokens"
@@ -468,6 +492,48 @@ def _plain_log2(axis) -> None:
     axis.set_major_locator(LogLocator(base=2))
     axis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
     axis.set_minor_formatter(NullFormatter())
+
+
+@captioned
+def trace_vs_rate(table: pd.DataFrame, bound_s: float) -> matplotlib.figure.Figure:
+    """A real trace at fractions of its own arrival rate: normalized latency (s per output token, log scale; the bound
+    dashed) and requests batched (mean over steps) against the arrival rate (requests/s), a line per allocation mode."""
+    fig, (left, right) = _figure(figsize=(FIGSIZE[0], 3.6), ncols=2)
+    for name, rows in table.groupby(level="allocation", sort=False):
+        rows = rows.sort_values("rate_per_s")
+        style = {"color": MODE_COLORS.get(name), "marker": "o", "markersize": 3.5, "label": name}
+        left.plot(rows["rate_per_s"], rows["normalized_latency_s"], **style)
+        right.plot(rows["rate_per_s"], rows["mean_batched_requests"], **style)
+    left.axhline(bound_s, color="grey", linestyle="--", linewidth=1)
+    left.set_yscale("log")
+    left.set_ylabel("normalized latency (s/token)")
+    right.set_ylabel("requests batched (mean)")
+    for ax in (left, right):
+        ax.set_xlabel("arrival rate (requests/s)")
+        ax.grid(True, alpha=0.3)
+    right.legend(frameon=False, fontsize=9)
+    return fig
+
+
+@captioned
+def decode_steps(steps: pd.DataFrame) -> matplotlib.figure.Figure:
+    """Measured decode step time (ms) against the tokens each request has cached (log scale), a line per batch size
+    (requests), one panel per GPU that measured them."""
+    devices = list(dict.fromkeys(steps["device"]))
+    fig, axes = _figure(figsize=(FIGSIZE[0], 3.8), ncols=max(1, len(devices)), squeeze=False)
+    for ax, device in zip(axes[0], devices):
+        rows = steps[steps["device"] == device]
+        for batch, part in rows.groupby("batch_size"):
+            part = part.sort_values("context_tokens")
+            ax.plot(part["context_tokens"], part["decode_step_ms"], marker="o", markersize=3.5, label=f"{batch}")
+        ax.set_xscale("log", base=2)
+        _plain_log2(ax.xaxis)
+        ax.set_xlabel("context (tokens per request)")
+        ax.set_ylabel("decode step (ms)")
+        ax.set_title(device, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(title="batch size", frameon=False, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
 
 
 @captioned

@@ -153,11 +153,14 @@ class Table:
     caption: str = ""
 
     def parts(self, max_columns: int = MAX_COLUMNS) -> list[Table]:
-        """The table split into parts of at most max_columns columns, each repeating the index columns."""
+        """The table split into parts of at most max_columns columns, each repeating the index columns, the columns
+        shared out evenly (no part left with a column or two of its own)."""
         body = list(range(self.index_columns, len(self.header)))
         per = max(1, max_columns - self.index_columns)
         if len(self.header) <= max_columns:
             return [self]
+        num_parts = -(-len(body) // per)
+        per = -(-len(body) // num_parts)
         chunks = [body[i : i + per] for i in range(0, len(body), per)]
         out = []
         for k, chunk in enumerate(chunks, 1):
@@ -215,10 +218,12 @@ def table(
     *,
     caption: str = "",
     index: bool | None = None,
+    same_in_caption: bool = False,
 ) -> Table:
     """frame as a Table: each column labelled with its unit (labels override) and rounded (decimals: one int for
     every number column, or per column; default from the unit suffix), the index shown only when it means
-    something (index=None: unless it is 0..n-1)."""
+    something (index=None: unless it is 0..n-1). same_in_caption: a column that reads the same in every row (of two
+    or more) leaves the table for its caption ("every row: GPU memory share 0.70 / 0.90")."""
     if isinstance(frame, pd.Series):
         frame = frame.to_frame()
     labels = labels or {}
@@ -242,6 +247,13 @@ def table(
             and not pd.api.types.is_bool_dtype(values)
             or all(re.fullmatch(r"-?[\d,]+(\.\d+)?%?|", v or "") for v in columns[-1])
         )
+    if same_in_caption and len(frame) > 1:
+        same = [i for i in range(index_columns, len(columns)) if len(set(columns[i])) == 1]
+        if same:
+            every = "; ".join(f"{header[i]} {columns[i][0]}" for i in same)
+            caption = f"{caption} (every row: {every})" if caption else f"every row: {every}"
+            keep = [i for i in range(len(columns)) if i not in same]
+            header, columns, numeric = [header[i] for i in keep], [columns[i] for i in keep], [numeric[i] for i in keep]
     rows = tuple(zip(*columns)) if columns else ()
     return Table(tuple(header), tuple(tuple(r) for r in rows), tuple(numeric), index_columns, caption)
 
