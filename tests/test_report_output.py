@@ -139,6 +139,14 @@ def test_long_tables_print_in_parts_of_at_least_three_rows():
     assert all(t.find("thead") is not None for t in soup.find_all("table"))
 
 
+def test_links_to_the_validation_chapter_stay_inside_the_pdf():
+    index = '<a href="validation.html">the chapter</a> <a href="validation.html#validation-01_a">its part</a>'
+    soup = BeautifulSoup(render.pdf_document(index, [], "<h1>V</h1>", "today"), "html.parser")
+    hrefs = [a["href"] for a in soup.find_all("a") if a.get_text() in ("the chapter", "its part")]
+    assert hrefs == ["#validation-chapter", "#validation-01_a"]
+    assert soup.find(id="validation-chapter") is not None
+
+
 def test_no_python_identifier_in_the_built_pages(report):
     """What the report's pages show names no Python identifier of kvlab's: the notebooks' reader text is checked in
     test_reader_text; this checks what the report adds to it. The footer's record of the parameters papermill was

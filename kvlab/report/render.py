@@ -468,8 +468,8 @@ def pdf_document(index: str, sections: list[Section], validation: str, built: st
     _printable_tables(soup)
     for link in soup.find_all("a", href=re.compile(r"^[0-9][0-9]_\w+\.html$")):
         link["href"] = f"#sec-{link['href'][:-5]}"  # links between pages become links inside the PDF
-    for link in soup.find_all("a", href=re.compile(r"^validation\.html#")):
-        link["href"] = link["href"][len("validation.html") :]
+    for link in soup.find_all("a", href=re.compile(r"^validation\.html")):  # the chapter, or a section's part of it
+        link["href"] = link["href"][len("validation.html") :] or "#validation-chapter"
     for link in soup.find_all("a", href="ledger.html"):
         link.replace_with(link.get_text() + " (ledger.html beside this PDF)")
     return page(TITLE, str(soup))
