@@ -756,6 +756,7 @@ def _weights_bytes(model: ModelSpec, weight_bytes_per_param: float, tp: int, pp:
 
 FP8_BLOCK = 128  # the block of block-scaled FP8 (weight_block_size [128, 128]): one fp32 scale a 128 x 128 block
 MXFP4_BLOCK = 32  # OCP_MX_BLOCK_SIZE: one e8m0 scale (1 byte) a 32 4-bit values
+MXFP4_BYTES_PER_WEIGHT = 1 / 2 + 1 / MXFP4_BLOCK  # a 4-bit value and its share of the block's scale
 # Hopper's MXFP4 MoE backend (Triton's, the first of _get_priority_backends_for_gpt_oss an SM90 GPU takes) rounds an
 # expert's intermediate size per GPU up to a multiple of 64 (mxfp4_round_up_hidden_size_and_intermediate_size).
 MXFP4_INTERMEDIATE_ALIGN = 64
@@ -864,14 +865,14 @@ def _mxfp4_weights_bytes(model: ModelSpec, bf16: float, tp: int, pp: int, dp: in
         validate.fail("quantization", "mxfp4", f"mxfp4 quantizes gpt-oss's routed experts, and {model.name} has none")
     group = dp * tp
     expert_params = model.expert_params_b * 1e9 / (group * pp)  # what the 16-bit estimate charges a GPU
-    packed = expert_params * (1 / 2 + 1 / MXFP4_BLOCK)
+    packed = expert_params * MXFP4_BYTES_PER_WEIGHT
     padding = 0.0
     if len(model.layer_sizes) == 5 and model.layer_sizes[2]:
         experts, size = model.layer_sizes[2], model.layer_sizes[4]
         local_experts, local_size = (experts // group, size) if enable_expert_parallel else (experts, size / group)
         padded = -(-int(local_size) // MXFP4_INTERMEDIATE_ALIGN) * MXFP4_INTERMEDIATE_ALIGN
         extra = local_experts * (padded - local_size)  # rows of w13 (x2) and columns of w2 each expert gains
-        padding = layers * extra * (3 * model.hidden_size * (1 / 2 + 1 / MXFP4_BLOCK) + 2 * 2)
+        padding = layers * extra * (3 * model.hidden_size * MXFP4_BYTES_PER_WEIGHT + 2 * 2)
     return bf16 - expert_params * 2 + packed + padding
 
 

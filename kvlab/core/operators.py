@@ -60,7 +60,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvlab.core.models import DATA_DIR, MXFP4_BLOCK, get_gpu
+from kvlab.core.models import DATA_DIR, MXFP4_BYTES_PER_WEIGHT, get_gpu
 
 OPERATORS_DIR = DATA_DIR / "operators"
 # LLMServingSim's measurements of vLLM's own layers, whose small operators and sampler stand in where no table times
@@ -737,8 +737,8 @@ def moe_roofline_ratio(shape: tuple, tp: int, ep: int, near: tuple, tokens, quan
     return roofline(shape, tp, ep) / roofline(near[:4], near[4], near[5])
 
 
-# Bytes a weight of an expert, by ModelSpec.quantization (mxfp4: 4 bits and one 8-bit scale per MXFP4_BLOCK weights)
-WEIGHT_BYTES_MOE = {"": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": 1 / 2 + 1 / MXFP4_BLOCK}
+# Bytes a weight of an expert, by ModelSpec.quantization (mxfp4: 4 bits and one 8-bit scale a block of 32 weights)
+WEIGHT_BYTES_MOE = {"": 2.0, "fp8": 1.0, "fp8_block": 1.0, "mxfp4": MXFP4_BYTES_PER_WEIGHT}
 
 
 def nearest_moe_block(measured: dict, shape: tuple, tp: int, ep: int) -> tuple:
