@@ -241,6 +241,9 @@ def test_section_5s_term_prose_follows_the_gap_and_each_terms_share():
     )
     assert "20.0 ms a token over vLLM's 50.0 ms; that gap is 2.0x the share" in over
     assert term_text(table(40.0, within=True)) == ""
+    from kvlab.sections.s05_calibration import tpot_gaps
+
+    assert tpot_gaps(table(40.0)) == {"R": -10.0} and tpot_gaps(table(70.0)) == {"R": 20.0}
 
 
 def test_section_5s_composed_against_measured_prose_follows_each_terms_difference():

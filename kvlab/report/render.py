@@ -86,6 +86,11 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   .contents a::after { content: leader('.') target-counter(attr(href), page); }
   .contents li { list-style: none; margin: 0.25rem 0; }
   section.chapter { break-before: page; }
+  /* The validation chapter is reference material: printed denser than the sections it checks. */
+  section.validation { font-size: 7pt; line-height: 1.15; }
+  section.validation table { font-size: 5.6pt; }
+  section.validation figure { width: 44%; }
+  section.validation h2 { font-size: 10.5pt; } section.validation h3 { font-size: 9pt; }
   /* The contents page lists the sections, and each section ends with its headline: no cards in print. */
   .cards, .sections-heading { display: none; }
 }

@@ -377,6 +377,13 @@ def term_view(table: pd.DataFrame, whole_cost: str = WHOLE) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["run", "term_off"])
 
 
+def tpot_gaps(table: pd.DataFrame, whole_cost: str = WHOLE) -> dict[str, float]:
+    """Each run's gap between kvlab's whole clock and vLLM in mean TPOT (ms, kvlab less vLLM; label -> gap): what the
+    terms' shares (term_view) are set against."""
+    wholes = table.xs(whole_cost, level=1)
+    return dict(zip(wholes["label"], wholes["kvlab_mean_tpot_ms"] - wholes["vllm_mean_tpot_ms"]))
+
+
 def term_text(table: pd.DataFrame, whole_cost: str = WHOLE) -> str:
     """For each run the whole measured clock misses, a Markdown item built from term_view's figures (ms at 1
     decimal, as the check table shows TPOT): kvlab's mean TPOT against vLLM's, the gap, and the gap as a multiple of

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvlab.sections.s06_memory_budget.prose import limit_words
+from kvlab.sections.s06_memory_budget.prose import NEARLY_FULL_PCT, limit_words
 from kvlab.sections.s06_memory_budget.runs import MODE_LABELS, MODES
 from kvlab.sections.s06_memory_budget.tables import (
     BEST_BLOCK_TOLERANCE,
@@ -67,12 +67,12 @@ def ledger_rows(
                 why = f"{slots:,} token slots hold {slots // setting.max_model_len} reservations of {setting.max_model_len:,} tokens."
             elif m == "paged":
                 why = (
-                    f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait "
+                    f"Requests hold {run['held_pct']:.1f}% of the cache and {run['mean_waiting_requests']:.2f} wait "
                     f"{STEP_COST_NOTE[setting.step_cost]}: {limit}."
                 )
             else:
                 why = (
-                    f"Requests hold {run['held_pct']:.0f}% of the cache and {run['mean_waiting_requests']:.1f} wait: "
+                    f"Requests hold {run['held_pct']:.1f}% of the cache and {run['mean_waiting_requests']:.2f} wait: "
                     f"{limit}; {BUDDY_NOTE}."
                 )
             latency = run["normalized_latency_s"]
@@ -99,9 +99,10 @@ def ledger_rows(
         if m in ("pow2", "oracle"):
             why = (
                 f"Of the {held:.1f}% of the cache requests hold, {fig2.loc[label, 'rounding_pct']:.1f} points are the "
-                f"buddy's rounding; {fig2.loc[label, 'external_frag_pct']:.1f}% is external fragmentation."
+                f"buddy's rounding (under external fragmentation & others in the paper's split); "
+                f"{fig2.loc[label, 'external_frag_pct']:.1f}% is external fragmentation."
             )
-        elif m == "paged" and held < 90:
+        elif m == "paged" and held < NEARLY_FULL_PCT:
             why = f"Requests hold only {held:.1f}% of the cache at this rate; the paper's vLLM ran with it full."
         else:
             why = f"Token states fill {fig2.loc[label, 'token_states_of_held_pct']:.1f}% of the {held:.1f}% of the cache requests hold."

@@ -537,6 +537,28 @@ def decode_steps(steps: pd.DataFrame) -> matplotlib.figure.Figure:
 
 
 @captioned
+def term_shares(view: pd.DataFrame, gaps: dict[str, float]) -> matplotlib.figure.Figure:
+    """What each term of the measured clock adds to a run's mean TPOT (ms, bars), one panel per real run, against the
+    gap between kvlab's clock and vLLM (dashed: kvlab short of vLLM when left of 0): a term shorter than the gap cannot
+    close it alone by being mis-sized."""
+    runs = list(dict.fromkeys(view.index.get_level_values("run")))
+    fig, axes = _figure(figsize=(FIGSIZE[0], 1.2 + 1.6 * len(runs)), nrows=len(runs), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        adds = view.loc[run, "adds_tpot_ms"].drop("none").sort_values()
+        ax.barh(list(adds.index), adds.to_numpy(), color="tab:blue", height=0.6)
+        ax.axvline(
+            gaps[run], color="tab:red", linestyle="--", linewidth=1.2, label=f"kvlab - vLLM: {gaps[run]:+.1f} ms"
+        )
+        ax.axvline(0, color="grey", linewidth=0.8)
+        ax.set_title(run, fontsize=10, loc="left")
+        ax.legend(frameon=False, fontsize=8.5, loc="lower right")
+        ax.tick_params(axis="y", labelsize=8.5)
+        ax.grid(True, axis="x", alpha=0.3)
+    axes[-1, 0].set_xlabel("mean TPOT the term adds (ms)")
+    return fig
+
+
+@captioned
 def latency_vs_rate(
     curves: pd.DataFrame, bound_s: float, sustained: pd.DataFrame | None = None
 ) -> matplotlib.figure.Figure:
