@@ -108,6 +108,11 @@ def test_the_pdf_has_no_page_mostly_empty_but_a_chapters_last(report):
     assert layout["chapters"]["overview"] == 2 and all(s > 1 for s in starts)  # title and contents, then chapters
 
 
+def test_the_pdf_reads_in_at_most_45_pages(report):
+    """The whole report, validation chapter included, prints in at most 45 A4 pages (#51's budget for a reader)."""
+    assert json.loads((report / "report-pages.json").read_text())["num_pages"] <= 45
+
+
 def test_the_pdf_has_a_title_page_contents_with_page_numbers_and_each_section(report):
     title_page = contents = page_texts(report / "report.pdf")[0]
     assert render.TITLE in " ".join(title_page.split())

@@ -61,19 +61,19 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
         @bottom-center { content: counter(page); font-size: 8pt; color: #777; } }
 @page title { @bottom-center { content: none; } }
 @media print {
-  body { max-width: none; margin: 0; padding: 0; font-size: 8pt; line-height: 1.22; }
+  body { max-width: none; margin: 0; padding: 0; font-size: 7.6pt; line-height: 1.2; }
   p { margin: 0.35rem 0; }
   nav, .cards img { display: none; }
   h1 { font-size: 15pt; margin: 0 0 0.4rem; } h2 { font-size: 12pt; margin: 0.8rem 0 0.3rem; }
   h3 { font-size: 10.5pt; margin: 0.6rem 0 0.25rem; }
   h1, h2, h3 { break-after: avoid; }
-  table { font-size: 6.5pt; break-inside: avoid; margin: 0.35rem 0; }
+  table { font-size: 6.2pt; break-inside: avoid; margin: 0.35rem 0; }
   pre { font-size: 7.5pt; padding: 0.4rem; }
   th, td { padding: 0.12rem 0.35rem; }
   figure, pre { break-inside: avoid; }
   /* Figures float right at a little over half the width, the prose beside them: a page is not left half
      empty when a figure does not fit below a paragraph. Tables and headings start below any figure. */
-  figure { float: right; width: 52%; margin: 0.1rem 0 0.3rem 0.45cm; }
+  figure { float: right; width: 47%; margin: 0.1rem 0 0.3rem 0.45cm; }
   figure img { width: 100%; height: auto; max-height: none; }
   figcaption { font-size: 7pt; }
   table, pre, h1, h2, h3, .table-wrap { clear: both; }
@@ -88,8 +88,8 @@ footer { margin-top: 2.5rem; font-size: 8.5pt; color: var(--muted); border-top: 
   section.chapter { break-before: page; }
   /* The validation chapter is reference material: printed denser than the sections it checks. */
   section.validation { font-size: 7pt; line-height: 1.15; }
-  section.validation table { font-size: 5.6pt; }
-  section.validation figure { width: 44%; }
+  section.validation table { font-size: 5.4pt; }
+  section.validation figure { width: 40%; }
   section.validation h2 { font-size: 10.5pt; } section.validation h3 { font-size: 9pt; }
   /* The contents page lists the sections, and each section ends with its headline: no cards in print. */
   .cards, .sections-heading { display: none; }
