@@ -42,6 +42,15 @@ def draw_requests(draw, st) -> tuple:
     return n, bs, max_model_len, gaps, prompts, outputs
 
 
+def assert_identical(python, loop) -> None:
+    """Every request's times, tokens and preemptions and every step's record are the same bits."""
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
+        assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name  # arrival_s: sends
+    for name in python.steps:
+        assert np.array_equal(python.steps[name], loop.steps[name]), name
+    np.testing.assert_equal(python.summary(), loop.summary())  # NaN where both have none
+
+
 def assert_same(slow, fast) -> None:
     """Same times for every request, same records and batch for every step, same block tables freed in order."""
     for name in ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):

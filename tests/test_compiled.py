@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_scheduler_v0 import v0_runs
 
-from conftest import draw_requests
+from conftest import assert_identical, draw_requests
 from kvlab.core import models
 from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
@@ -16,15 +17,6 @@ from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
 pytest.importorskip("numba", reason="numba is not installed (fix: make setup installs it from requirements.lock)")
-
-
-def assert_identical(python, loop) -> None:
-    """Every request's times, tokens and preemptions and every step's record are the same bits."""
-    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions"):
-        assert np.array_equal(getattr(python, name), getattr(loop, name), equal_nan=True), name  # arrival_s: sends
-    for name in python.steps:
-        assert np.array_equal(python.steps[name], loop.steps[name]), name
-    np.testing.assert_equal(python.summary(), loop.summary())  # NaN where both have none
 
 
 @st.composite
@@ -258,6 +250,9 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     )
     assert not Engine(hashed, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
+    v0 = sync.replace(scheduler_cls="v0-2023", enable_chunked_prefill=False, max_num_batched_tokens=256)
+    assert Engine(big, v0, num_gpu_blocks=100).compiled  # vLLM 0.1.4's scheduler: its own loop, paged
+    assert Engine(big, v0, num_gpu_blocks=100, allocation="oracle").compiled  # or reserving
     roofline = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
     assert not Engine(big, sync, num_gpu_blocks=100, cost=roofline).compiled
     window = (KVCacheGroup("sliding_attention", 16, (), 32), KVCacheGroup("full_attention", 16, ()))
@@ -526,3 +521,70 @@ def test_a_hybrid_models_decodes_run_at_once_as_they_run_step_by_step(async_sche
     assert_identical(result, loop.run())
     assert result.summary()["num_preemptions"] > 0 and loop.num_decode_runs > 100
     assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed > 0
+
+
+# ---------------------------------------------------------------- vLLM 0.1.4's scheduler (fast/_kernels_v0.py)
+@given(v0_runs(), st.sampled_from([None, None, 1, 3]), st.booleans())
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_the_compiled_loop_serves_vllm_0_1_4_as_the_python_engine_does(args, max_concurrency, clock_2023):
+    """Tight pools (preemptions), the watermark, the three Orca reservations in buddy arenas (the Fig. 2 split's
+    records among the steps'), section 6's 2023 clock or a simple one, open or closed loops: bit for bit."""
+    if clock_2023:
+        args = args | {"cost": MEASURED[("facebook/opt-13b", "vllm-2023")]}
+    step_by_step = Engine(**args, path="reference", max_concurrency=max_concurrency).run()
+    loop = Engine(**args, path="compiled", max_concurrency=max_concurrency)
+    assert loop.compiled
+    assert_identical(step_by_step, loop.run())
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 700)), max_size=60), st.integers(1, 1500))
+@settings(max_examples=300, deadline=None)
+def test_the_compiled_buddy_places_every_chunk_where_kvlabs_buddy_does(operations, num_slots):
+    """Allocations and frees in any order over a pool of any size (arenas of every power of two): the same offsets,
+    the same free chunks and counters as kvlab.core.buddy."""
+    from kvlab.core.buddy import BuddyAllocator
+    from kvlab.core.engine.fast import _kernels_v0 as v0
+
+    buddy = BuddyAllocator(num_slots)
+    workload = Workload(np.zeros(1), np.array([1]), np.array([1]))
+    config = EngineConfig().replace(async_scheduling=False, block_size=1, max_model_len=num_slots + 1)
+    engine = Engine(workload, config, num_gpu_blocks=num_slots + 1, allocation="oracle", check=False)
+    orca = compiled.reservations(engine, np.array([1]), np.array([1]))
+    held = []  # (offset, size)
+    for allocate, size in operations:
+        if allocate or not held:
+            expected = buddy.allocate(size)
+            assert v0.allocate_chunk(orca, size) == (-1 if expected is None else expected)
+            if expected is not None:
+                held.append((expected, size))
+        else:
+            offset, size = held.pop(size % len(held))
+            buddy.free(offset)
+            v0.free_chunk(orca, offset, size)
+        assert [(int(o), 1 << int(j)) for o, j in enumerate(orca.free_at) if j >= 0] == buddy.free_chunks()
+        assert orca.counters[0] == buddy.num_free_slots and orca.counters[1] == buddy.num_rounding_slots
+        for size in (1, 5, 64, 700):
+            assert v0.can_allocate(orca, size) == buddy.can_allocate(size)
+            assert v0.free_slots_below(orca, size) == buddy.free_slots_below(size)
+
+
+@pytest.mark.parametrize("allocation", ["paged", "max"])
+def test_vllm_0_1_4_with_no_progress_is_the_python_engines_error(allocation):
+    """A request no pool of vLLM 0.1.4's can admit (unchecked): its compiled loop hands back, and the Python loop raises
+    its one-line error."""
+    config = EngineConfig().replace(
+        scheduler_cls="v0-2023",
+        async_scheduling=False,
+        enable_chunked_prefill=False,
+        max_model_len=64,
+        max_num_batched_tokens=64,
+        max_num_seqs=2,
+    )
+    workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
+    errors = []
+    for path in ("python", "compiled"):
+        engine = Engine(workload, config, num_gpu_blocks=3, allocation=allocation, check=False, path=path)
+        with pytest.raises(NoProgressError, match="no progress possible") as error:
+            engine.run()
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_same, draw_requests
+from conftest import assert_identical, assert_same, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine import Engine, Recorder, simulate
-from kvlab.core.engine.fast import decode_run
+from kvlab.core.engine.fast import compiled, decode_run
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.workload import Workload
 
@@ -305,6 +305,10 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(allocation, num_
     if allocation == "paged" and num_gpu_blocks < 400:
         assert slow.num_preemptions.sum() > 0
         assert engine.scheduler.watermark_blocks == (num_gpu_blocks > 100)
+    if allocation != "paged":
+        assert slow.steps["num_external_frag_tokens"].any()
+    if compiled.available():  # and the compiled loop (fast/_kernels_v0.py), which keeps no batches or tables
+        assert_identical(slow, Engine(**args, path="compiled").run())
 
 
 def brute_steps_with_blocks(phases, num_free_blocks, block_size, v0) -> int:

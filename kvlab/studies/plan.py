@@ -696,7 +696,9 @@ def search(
             "data/profiles/index.csv and data/operators/); allow the roofline to plan it (kvlab plan "
             "--allow-roofline), with its warning",
         )
-    warm.load()  # once here, not in every rung's workers (local ones fork from this process)
+    warm.load(
+        warm.LOOPS[:2]
+    )  # vLLM 0.33's loops, once here, not in every rung's workers (local ones fork from this process)
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"], max_concurrency)
     alive = [g[0] for g in groups]
     n = workload.num_requests

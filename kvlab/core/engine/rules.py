@@ -137,6 +137,18 @@ def blocks_to_admit(
     return num_blocks_to_allocate(0, num_tokens, num_hit_blocks, block_size, max_model_len) + num_evictable_hits
 
 
+def watermark_admits(
+    num_tokens: int, num_free_blocks: int, watermark_blocks: int, block_size: int, max_model_len: int
+) -> bool:
+    """vLLM 0.1.4's paged admission of a request of num_tokens (vllm-0.1.4 vllm/core/block_manager.py, can_allocate):
+    blocks for all its tokens leave at least watermark_blocks free (and are free at all)."""
+    need = (num_tokens + block_size - 1) // block_size
+    return (
+        num_free_blocks - need >= watermark_blocks
+        and blocks_to_admit(num_tokens, 0, 0, block_size, max_model_len) <= num_free_blocks
+    )
+
+
 def admission_num_new_blocks(
     num_tokens: int,
     num_hit_blocks: int,

@@ -47,7 +47,7 @@ import numpy as np
 
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import PREEMPTED, RUNNING
-from kvlab.core.engine.rules import blocks_to_admit
+from kvlab.core.engine.rules import watermark_admits
 from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
 from kvlab.core.units import cdiv
 
@@ -111,10 +111,7 @@ class SchedulerV0(Scheduler):
         if not self.paged:
             return kv.can_reserve(request)  # a buddy chunk is free
         num_free = kv.num_free_blocks - num_blocks_taken
-        return (
-            num_free - cdiv(n, kv.block_size) >= self.watermark_blocks
-            and blocks_to_admit(n, 0, 0, kv.block_size, self.max_model_len) <= num_free
-        )
+        return watermark_admits(n, num_free, self.watermark_blocks, kv.block_size, self.max_model_len)
 
     def _decode(self, out: SchedulerOutput) -> None:
         """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""

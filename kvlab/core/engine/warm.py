@@ -11,34 +11,50 @@ from kvlab.core.engine.engine import Engine
 from kvlab.core.engine.fast import compiled
 from kvlab.core.workload import Workload
 
+LOOPS = ("synchronous", "asynchronous", "vLLM 0.1.4")  # the compiled loops: vLLM 0.33's two modes, vLLM 0.1.4's
+
 
 def warm() -> list[str]:
-    """Compile both loops into numba's cache (a few requests through each, synchronous and asynchronous); what was
-    compiled, and in how many seconds, in words (make setup prints it). Nothing without numba."""
+    """Compile every loop into numba's cache (a few requests through each of LOOPS); what was compiled, and in how
+    many seconds, in words (make setup prints it). Nothing without numba."""
     if not compiled.available():
         return []
     done = []
-    for mode in (False, True):
-        loops = compiled.kernels()
-        if compiled.cached(loops.loop_async if mode else loops.loop_sync):
+    for mode in LOOPS:
+        if compiled.cached(_loop(mode)):
             continue
         start = time.perf_counter()
         _serve(mode)
-        done.append(f"{'asynchronous' if mode else 'synchronous'} loop in {time.perf_counter() - start:.0f} s")
+        done.append(f"{mode} loop in {time.perf_counter() - start:.0f} s")
     return done
 
 
-def load() -> None:
-    """Load both loops into this process (from numba's cache; compiling them where it has none), so that the
-    workers it forks next find them loaded (kvlab plan's local processes: each would otherwise load them, about
-    0.7 s, once per rung). Nothing without numba."""
+def load(modes=LOOPS) -> None:
+    """Load the loops of modes into this process (from numba's cache; compiling them where it has none), so that
+    the workers it forks next find them loaded (kvlab plan's and section 6's local processes: each would otherwise
+    load them, about 0.7 s a loop, once per sweep). Nothing without numba."""
     if compiled.available():
-        for mode in (False, True):
-            _serve(mode)
+        for mode in modes:
+            if _loop(mode) not in compiled.ran():
+                _serve(mode)
 
 
-def _serve(asynchronous: bool) -> None:
-    """A few requests through the compiled loop of one scheduling mode."""
+def _loop(mode: str):
+    """The compiled loop of one of LOOPS."""
+    if mode == LOOPS[2]:
+        return compiled.kernels_v0().loop_v0
+    loops = compiled.kernels()
+    return loops.loop_async if mode == LOOPS[1] else loops.loop_sync
+
+
+def _serve(mode: str) -> None:
+    """A few requests through the compiled loop of one of LOOPS (vLLM 0.1.4's reserving, which compiles its paged
+    half too)."""
     w = Workload(np.zeros(4), np.array([40, 3, 20, 9]), np.array([5, 9, 2, 4]))
-    config = EngineConfig().replace(async_scheduling=asynchronous, max_model_len=64)
-    Engine(w, config, num_gpu_blocks=64, path="compiled").run()
+    v0 = mode == LOOPS[2]
+    config = EngineConfig().replace(async_scheduling=mode == LOOPS[1], max_model_len=64)
+    if v0:
+        config = config.replace(
+            scheduler_cls="v0-2023", enable_chunked_prefill=False, max_num_batched_tokens=64, max_num_seqs=8
+        )
+    Engine(w, config, num_gpu_blocks=64, allocation="pow2" if v0 else "paged", path="compiled").run()

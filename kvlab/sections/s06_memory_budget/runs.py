@@ -13,7 +13,7 @@ import pandas as pd
 from kvlab.core import allocator, validate
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, MeasuredStepCost, RooflineStepCost, make_step_cost
-from kvlab.core.engine import ALLOCATIONS, simulate
+from kvlab.core.engine import ALLOCATIONS, simulate, warm
 from kvlab.core.profiles import measured_gpus
 from kvlab.core.units import GIB, MIB
 from kvlab.core.workload import Workload
@@ -89,7 +89,9 @@ def metrics(result, pool_tokens: int) -> dict:
 
 def run_grid(name: str, points: list[dict], scheduler: str | None = None) -> pd.DataFrame:
     """serve() on every point through kvlab.studies.sweep.run (logged as name for the report's footer), one row
-    per point in the points' order."""
+    per point in the points' order. The engine's compiled loops are loaded here first, so that every run takes them
+    (runs of a few thousand requests would not load them each) and the workers forked next find them loaded."""
+    warm.load()
     results, _ = sweep.run(serve, points, scheduler=scheduler or None, name=name)
     return pd.DataFrame(results)
 

@@ -92,6 +92,7 @@ finally:
         del sys.modules["coverage"]
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+STEP = -1  # next_step: a step to take (DONE, FULL and NO_PROGRESS end a chunk)
 NEVER = 1 << 62  # free blocks no pool has
 
 
@@ -458,10 +459,8 @@ def schedule(
         num_blocks,
         num_cached,
         status,
-        num_preemptions,
         placeholders,
         in_flight,
-        stale,
         first_scheduled_s,
     ) = (
         req.max_tokens_total,
@@ -470,10 +469,8 @@ def schedule(
         req.num_blocks,
         req.num_cached,
         req.status,
-        req.num_preemptions,
         req.placeholders,
         req.in_flight,
-        req.stale,
         req.first_scheduled_s,
     )  # locals: numba hoists them
     block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
@@ -527,24 +524,8 @@ def schedule(
                     cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
                 break
             nrun = preemption_victim(nrun)
-            v = running[nrun]  # the most recently admitted running request (_preempt)
-            if caching:
-                release_table(pool, v, num_blocks[v])
-                free = num_free(pool)
-                num_cached[v] = 0
-            elif hybrid:
-                free += release_groups(groups, v)
-            else:
-                free += num_blocks[v]
-            num_blocks[v] = 0
-            status[v] = PREEMPTED
-            computed[v] = 0
-            stale[v] = in_flight[v]
-            placeholders[v] = 0
-            num_preemptions[v] += 1
-            head = (head - 1) % cap  # to the front of the waiting queue
-            waiting[head] = v
-            nwait += 1
+            v = running[nrun]  # the most recently admitted running request
+            free, head, nwait = preempt(req, pool, groups, caching, v, free, waiting, head, nwait)
             npre += 1
             if v == r:
                 preempted_self = True
@@ -610,7 +591,18 @@ def schedule(
             out_n[ns] = m
             ns += 1
             budget -= m
-    num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0  # account()
+    num_scheduled = account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous)
+    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
+
+
+@_inline
+def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
+    """Scheduler.account() (kvlab/core/engine/scheduler.py) for the batch's ns requests in out_r and out_n: each
+    one's computed tokens moved on and whether it samples (out_sample); where fields (a clock that reads them,
+    step_s), the rest of the step's Batch in acc; asynchronous, its tokens in flight and placeholders. Returns the
+    batch's tokens."""
+    computed, num_tokens, placeholders, in_flight = req.computed, req.num_tokens, req.placeholders, req.in_flight
+    num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0
     for j in range(ns):
         r = out_r[j]
         m = out_n[j]
@@ -643,7 +635,34 @@ def schedule(
         low,
         high,
     )
-    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
+    return num_scheduled
+
+
+@_inline
+def next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts):
+    """Engine.run's loop up to its next step: the requests that have arrived join the waiting queue; with nothing
+    running or waiting the clock jumps to the next arrival. Returns (STEP, DONE when every request finished, or FULL
+    when the chunk's capacity step records are full; nxt, nwait, clock)."""
+    n = arrival.shape[0]
+    while True:
+        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        if nrun == 0 and nwait == 0:
+            if nxt == n:
+                return DONE, nxt, nwait, clock
+            clock = arrival[nxt]  # idle: jump to the next arrival
+            continue
+        if counts[0] == capacity:
+            return FULL, nxt, nwait, clock
+        return STEP, nxt, nwait, clock
+
+
+@_inline
+def save_state(state, fstate, nxt, free, nrun, head, nwait, kv, steps, clock, last_end):
+    """Keep the loop's state for its next chunk (state and fstate, read back at its start)."""
+    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
+    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
+    state[S_STEPS] = steps
+    fstate[F_CLOCK], fstate[F_LAST_END] = clock, last_end
 
 
 @_inline
@@ -1074,6 +1093,53 @@ def release(pool, groups, caching, r, num_blocks, num_cached, free):
         free += num_blocks[r]
     num_blocks[r] = 0
     return free
+
+
+@_inline
+def update_sync(
+    req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_new_kv_tokens, end, free, kv
+):
+    """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
+    preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output: each
+    request that samples gets its token, and those done finish at end and give their blocks back, in batch order
+    (a reservation pool's caller frees their chunks after). Returns (free, kv, whether any finished)."""
+    computed, num_tokens, status = req.computed, req.num_tokens, req.status
+    if npre:
+        kv = 0
+        for j in range(nrun):
+            kv += computed[running[j]]
+    else:
+        kv += num_new_kv_tokens
+    finished = False
+    for j in range(ns):
+        if out_sample[j]:
+            r = out_r[j]
+            num_tokens[r] += 1
+            if num_tokens[r] == req.prompt[r] + 1:
+                req.first_token_s[r] = end
+            if is_finished(num_tokens[r], req.max_num_tokens[r]):
+                status[r] = FINISHED
+                free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+                kv -= computed[r]
+                req.finish_s[r] = end
+                finished_at(req, end)
+                finished = True
+    return free, kv, finished
+
+
+@_inline
+def preempt(req, pool, groups, caching, r, free, waiting, head, nwait):
+    """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, loses its progress (a
+    batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (free, head, nwait)."""
+    free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+    req.status[r] = PREEMPTED
+    req.computed[r] = 0
+    req.stale[r] = req.in_flight[r]
+    req.placeholders[r] = 0
+    req.num_preemptions[r] += 1
+    head = (head - 1) % waiting.shape[0]
+    waiting[head] = r
+    return free, head, nwait + 1
 
 
 @_inline
@@ -1880,19 +1946,7 @@ def loop_sync(
         unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
     )  # fmt: skip
     acc, phases, per_phase = unowned(scratch)  # acc: the step's Batch beyond its tokens (schedule, step_s)
-    arrival, prompt, max_num_tokens, num_tokens, computed, num_blocks, num_cached, status, first_token_s, finish_s = (
-        req.arrival,
-        req.prompt,
-        req.max_num_tokens,
-        req.num_tokens,
-        req.computed,
-        req.num_blocks,
-        req.num_cached,
-        req.status,
-        req.first_token_s,
-        req.finish_s,
-    )  # locals: numba hoists them
-    n = arrival.shape[0]
+    arrival, status = req.arrival, req.status
     usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     fields = cost.kind >= 2  # a clock that reads them
     nxt, free, nrun, head, nwait = (
@@ -1910,15 +1964,8 @@ def loop_sync(
     code = DONE
     chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
     while True:
-        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
-        if nrun == 0 and nwait == 0:
-            if nxt == n:
-                code = DONE
-                break
-            clock = arrival[nxt]  # idle: jump to the next arrival
-            continue
-        if counts[0] == capacity:
-            code = FULL
+        code, nxt, nwait, clock = next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts)
+        if code != STEP:
             break
         if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
             at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases,
@@ -1955,26 +2002,10 @@ def loop_sync(
             break
         end = clock + step_s(cost, num_scheduled, acc)
         chunked = num_scheduled > ns
-        if npre:
-            kv = 0
-            for j in range(nrun):
-                kv += computed[running[j]]
-        else:
-            kv += num_scheduled + num_hit_tokens
-        finished = False  # update_from_output (synchronous)
-        for j in range(ns):
-            if out_sample[j]:
-                r = out_r[j]
-                num_tokens[r] += 1
-                if num_tokens[r] == prompt[r] + 1:
-                    first_token_s[r] = end
-                if is_finished(num_tokens[r], max_num_tokens[r]):
-                    status[r] = FINISHED
-                    free = release(pool, groups, caching, r, num_blocks, num_cached, free)
-                    kv -= computed[r]
-                    finish_s[r] = end
-                    finished_at(req, end)
-                    finished = True
+        free, kv, finished = update_sync(
+            req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_scheduled + num_hit_tokens,
+            end, free, kv,
+        )  # fmt: skip
         num_running_step = nrun
         if finished:
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
@@ -1996,10 +2027,7 @@ def loop_sync(
         )
         last_end = end
         clock = end
-    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
-    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
-    state[S_STEPS] = first + counts[0]
-    fstate[F_CLOCK], fstate[F_LAST_END] = clock, last_end
+    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
     return code
 
 
@@ -2214,14 +2242,12 @@ def loop_async(
                 counts,
             )
             last_end = end
-    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
-    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
-    state[S_STEPS] = first + counts[0]
+    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
     state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (
         queue_head,
         queue_len,
         num_empty,
         has_finished,
     )
-    fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE] = clock, last_end, gpu_free_s
+    fstate[F_GPU_FREE] = gpu_free_s
     return code

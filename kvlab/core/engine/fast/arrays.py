@@ -88,6 +88,27 @@ Pool = namedtuple(
     ],
 )
 
+# vLLM 0.1.4's scheduler in the compiled loop (fast/_kernels_v0.py): paged (1: its watermark_blocks; the pool is a count of
+# free blocks) or a reservation pool of num_slots token slots in buddy arenas (0; kvlab.core.buddy): each arena's
+# offset and order (largest first), per slot the order of the free chunk that starts there (-1: none), per order the
+# free chunks, per request the slots it asks for (ReservationManager.reservation_tokens) and its chunk's offset, and
+# counters [free slots, the buddy's rounding slots, final tokens of the chunks' holders].
+Reservations = namedtuple(
+    "Reservations",
+    [
+        "paged",
+        "watermark_blocks",
+        "num_slots",
+        "arena_start",
+        "arena_order",
+        "free_at",
+        "num_free_chunks",
+        "reserve",
+        "chunk_offset",
+        "counters",
+    ],
+)
+
 # A hybrid model's KV cache groups without prefix caching (capacity.KVCacheGroup; HybridKVCacheManager), as the
 # compiled loop reads them: per group its block_size, sliding window, attention chunk and admission cap (0: none; a
 # Mamba group's block of max_model_len tokens is a full group's), and per request and group its table's length

@@ -13,8 +13,10 @@ it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
 block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
 attention, Mamba states in mamba_cache_mode "none"; HybridKVCacheManager) are served here without prefix caching, each
-group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. Everything else (Workload.prefix_hashes, the reservation baselines,
-vLLM 0.1.4's scheduler, other step costs, block-table and batch records) runs in Python. A closed loop
+group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. vLLM 0.1.4's
+scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, has a loop of its own,
+step by step (_kernels_v0.loop_v0; reservations builds its buddy arenas). Everything else (Workload.prefix_hashes,
+vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
 (max_concurrency, kvlab.core.engine.closed_loop) is served here too: each finish sends the request that waited for its
 slot (_kernels.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
@@ -58,6 +60,7 @@ from kvlab.core.engine.fast.arrays import (
     Limits,
     Pool,
     Requests,
+    Reservations,
 )
 from kvlab.core.engine.records import RequestLog, Runs, StepLog
 
@@ -85,6 +88,11 @@ def worth_it(num_requests: int, hybrid: bool = False) -> bool:
     """Whether the compiled loop pays for itself: a run of COMPILED_FROM_REQUESTS requests or more (a hybrid model's:
     COMPILED_FROM_REQUESTS_HYBRID), or any run once the loops are loaded in this process (a sweep of many small runs)."""
     return num_requests >= (COMPILED_FROM_REQUESTS_HYBRID if hybrid else COMPILED_FROM_REQUESTS) or loaded()
+
+
+def ran() -> set:
+    """The compiled loops run in this process so far."""
+    return _RAN
 
 
 def loaded() -> bool:
@@ -147,10 +155,10 @@ def eligible(engine) -> bool:
     """Whether the engine's run is one the compiled loop does (see the module's docstring)."""
     config = engine.config
     caching = config.cache.enable_prefix_caching
+    v0 = config.scheduler.scheduler_cls == "v0-2023"  # vLLM 0.1.4's: paged or reserving, no prefix cache (config)
     return (
         clock_of(engine.cost) is not None
-        and engine.allocation == "paged"
-        and config.scheduler.scheduler_cls == "v1"
+        and (v0 or engine.allocation == "paged")
         and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
         and (
             not caching
@@ -217,6 +225,36 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     )
 
 
+def reservations(engine, prompt: np.ndarray, max_num_tokens: np.ndarray) -> Reservations:
+    """vLLM 0.1.4's pool as _kernels_v0 reads it (arrays.Reservations): paged, its watermark; else the reservation
+    pool's buddy arenas, every one free, and each request's reservation (ReservationManager.reservation_tokens_of)."""
+    kv = engine.kv_cache_manager
+    one = np.zeros(1, np.int64)
+    if engine.allocation == "paged":
+        return Reservations(
+            1, engine.scheduler.watermark_blocks, 0, one, one, one, one, one, one, np.zeros(3, np.int64)
+        )
+    buddy = kv.buddy
+    free_at = np.full(buddy.num_slots, -1, np.int64)
+    num_free_chunks = np.zeros(buddy.max_order + 1, np.int64)
+    for offset, order in buddy.arenas:
+        free_at[offset] = order
+        num_free_chunks[order] += 1
+    starts, orders = (np.array(column, np.int64) for column in zip(*buddy.arenas))
+    return Reservations(
+        0,
+        0,
+        buddy.num_slots,
+        starts,
+        orders,
+        free_at,
+        num_free_chunks,
+        kv.reservation_tokens_of(prompt, max_num_tokens),
+        np.zeros(len(prompt), np.int64),
+        np.array([buddy.num_slots, 0, 0], np.int64),
+    )
+
+
 def kv_cache_groups(engine) -> Groups:
     """A hybrid model's KV cache groups as the loops read them (arrays.Groups; every array empty for one
     full-attention group): each group's sizes and admission cap (HybridKVCacheManager.caps), every table empty, and
@@ -260,8 +298,8 @@ def chosen(engine, path: str) -> bool:
                 "path",
                 "compiled",
                 "applies only to the v1 scheduler over paged blocks (prefix caching "
-                "by token ids, not Workload.prefix_hashes), a constant, linear, measured or 2023 step cost and no "
-                "recorder",
+                "by token ids, not Workload.prefix_hashes) or the v0-2023 one over paged blocks or a reservation, "
+                "a constant, linear, measured or 2023 step cost and no recorder",
             )
         if not available():
             validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
@@ -273,6 +311,13 @@ def kernels():
     from kvlab.core.engine.fast import _kernels
 
     return _kernels
+
+
+def kernels_v0():
+    """The compiled loop of vLLM 0.1.4's scheduler (kvlab.core.engine.fast._kernels_v0; it imports kernels())."""
+    from kvlab.core.engine.fast import _kernels_v0
+
+    return _kernels_v0
 
 
 def cached(loop) -> bool:
@@ -304,9 +349,10 @@ def serve(engine) -> Served | None:
     the run cannot progress (the caller runs the Python loop, which says why)."""
     w, sched = engine.workload, engine.config.scheduler
     n = w.num_requests
+    v0 = sched.scheduler_cls == "v0-2023"
     prompt = np.ascontiguousarray(w.prompt_tokens, dtype=np.int64)
     max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
-    max_num_tokens = np.minimum(max_tokens_total, engine.max_model_len)
+    max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
     cfg = Limits(
         engine.block_size,
         sched.max_num_seqs,
@@ -358,7 +404,12 @@ def serve(engine) -> Served | None:
     # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (_kernels.unowned): a
     # step's Batch beyond its tokens, and a decode run's block phases (per running request) and counts (per phase).
     scratch = (np.zeros(7, np.int64), np.zeros(size, np.int64), np.zeros(engine.block_size, np.int64))
-    if sched.async_scheduling:  # the batch queue: two batches, their counts and times
+    split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # reservations' Fig. 2
+    batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
+    if v0:
+        loop, orca = kernels_v0().loop_v0, reservations(engine, prompt, max_num_tokens)
+        step = lambda: loop(*shared, orca, *batch, logs, events, counts, split, scratch[0])  # noqa: E731
+    elif sched.async_scheduling:  # the batch queue: two batches, their counts and times
         queue = (
             np.zeros((2, size), np.int64),
             np.zeros((2, size), np.int64),
@@ -367,14 +418,14 @@ def serve(engine) -> Served | None:
             np.zeros((2, 2)),
         )
         scratch = (*scratch, np.zeros(chunk + 2))  # a decode run's batch ends
-        step = lambda: loops.loop_async(*shared, *queue, logs, events, counts, scratch)  # noqa: E731
+        loop = loops.loop_async
+        step = lambda: loop(*shared, *queue, logs, events, counts, scratch)  # noqa: E731
     else:
-        batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-        step = lambda: loops.loop_sync(*shared, *batch, logs, events, counts, scratch)  # noqa: E731
-    loop = loops.loop_async if sched.async_scheduling else loops.loop_sync
+        loop = loops.loop_sync
+        step = lambda: loop(*shared, *batch, logs, events, counts, scratch)  # noqa: E731
     compiling = loop not in _RAN and not cached(loop)
     if compiling:
-        mode = "asynchronous" if sched.async_scheduling else "synchronous"
+        mode = "vLLM 0.1.4" if v0 else "asynchronous" if sched.async_scheduling else "synchronous"
         LOG.info(
             "numba compiles the engine's %s loop, once for this machine (about a minute; `make setup` does it ahead; "
             "cached in %s)",
@@ -382,7 +433,7 @@ def serve(engine) -> Served | None:
             loop._cache._cache_path,
         )
         started = time.perf_counter()
-    log = StepLog(engine.block_size, True)
+    log = StepLog(engine.block_size, not engine.reserving)
     while True:
         first_step = int(state[S_STEPS])
         code = step()
@@ -398,6 +449,11 @@ def serve(engine) -> Served | None:
         log.starts.extend(zip((start_step[:num_starts] + first_step).tolist(), start_s[:num_starts].tolist()))
         log.preemptions.extend(zip((preempt_step[:num_pre] + first_step).tolist(), preempt_count[:num_pre].tolist()))
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
+        if engine.reserving:
+            for runs, column in zip(
+                (log.num_final_tokens, log.num_rounding_tokens, log.num_external_frag_tokens), split
+            ):
+                _add_runs(runs, column[:s])
         if compiling:
             LOG.info("compiled, with the first steps run, in %.1f s", time.perf_counter() - started)
             compiling = False
