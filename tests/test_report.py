@@ -128,6 +128,37 @@ def test_a_failing_notebook_leaves_the_previous_report(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notebooks", "params.yaml", "report"]
 
 
+def test_notebooks_run_two_at_a_time_in_order_of_their_estimates_where_memory_holds_both(monkeypatch):
+    """Two at once on two cores or more, the longest by its estimate first (section 6's grids); one at a time where
+    the two heaviest would not fit in memory together, or on one core."""
+    checked = report_params.check_params(ROOT / "params.yaml", [], log=lambda *a, **k: None)
+    notebooks = checked.notebooks
+    monkeypatch.setattr(report_build.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(report_build.resources, "available_memory_bytes", lambda: 64 * 2**30)
+    assert report_build.num_at_once(checked, notebooks) == 2
+    assert report_build.longest_first(checked, notebooks)[0].stem == "06_memory_budget"
+    peaks = sorted(report_build.parameters.estimate(nb.stem, checked.merged[nb.stem]).peak_bytes for nb in notebooks)
+    too_little = int(sum(peaks[-2:]) / report_build.resources.USABLE_SHARE) - 1
+    monkeypatch.setattr(report_build.resources, "available_memory_bytes", lambda: too_little)
+    assert report_build.num_at_once(checked, notebooks) == 1
+    monkeypatch.setattr(report_build.resources, "available_memory_bytes", lambda: 64 * 2**30)
+    monkeypatch.setattr(report_build.os, "cpu_count", lambda: 1)
+    assert report_build.num_at_once(checked, notebooks) == 1
+
+
+def test_a_failing_notebook_stops_the_one_running_beside_it(tmp_path, monkeypatch):
+    """A notebook fails while another runs for minutes beside it: the build stops at once, with the failure's line."""
+    monkeypatch.setattr(report_build.os, "cpu_count", lambda: 2)
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    _notebook(notebooks / "01_slow.ipynb", "import time\ntime.sleep(300)")
+    _notebook(notebooks / "02_bad.ipynb", "raise ValueError(f'X={X} is not allowed: must be 2')")
+    with pytest.raises(report_params.ReportError, match="notebook 02_bad.ipynb failed in cell 2"):
+        report_build.build(
+            _params(tmp_path, ""), [], tmp_path / "report", notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None
+        )
+
+
 def test_a_kernel_that_dies_is_one_line_naming_the_notebook_and_the_likely_cause(tmp_path):
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()

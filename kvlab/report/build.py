@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import tempfile
@@ -69,6 +70,7 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
     from papermill.exceptions import PapermillExecutionError
 
     executed = out_dir / "notebooks" / notebook.name
+    os.environ[sweep.LOG_ENV] = str(out_dir / f"sweeps-{notebook.stem}.jsonl")  # its kernel logs every sweep there
     ledger_csv = out_dir / "ledger" / f"{notebook.stem}.csv"
     declared = notebook_parameters(notebook)
     run_params = dict(params)
@@ -101,6 +103,49 @@ def execute(notebook: Path, out_dir: Path, params: dict) -> Section:
     code = [c for c in nb.cells if c.cell_type == "code"]
     headline = "".join(o.get("text", "") for o in code[-1].get("outputs", []) if o.get("name") == "stdout")
     return Section(notebook.stem, title_of(notebook), headline.rstrip(), seconds, params, finding=finding_of(nb))
+
+
+def num_at_once(checked: CheckedParams, notebooks: list[Path]) -> int:
+    """How many notebooks run at once: one a core, at most two (each section's sweeps use every core too), and one
+    when the two heaviest would not fit in memory together (each notebook's parameters are checked against the
+    whole memory)."""
+    peaks = sorted((parameters.estimate(nb.stem, checked.merged[nb.stem]).peak_bytes for nb in notebooks), reverse=True)
+    fits = sum(peaks[:2]) <= resources.USABLE_SHARE * resources.available_memory_bytes()
+    return max(1, min(2, os.cpu_count() or 1, len(notebooks))) if fits else 1
+
+
+def longest_first(checked: CheckedParams, notebooks: list[Path]) -> list[Path]:
+    """The notebooks, the longest by its estimate (kvlab.sections.shared.parameters.estimate) first."""
+    return sorted(notebooks, key=lambda nb: -parameters.estimate(nb.stem, checked.merged[nb.stem]).seconds)
+
+
+def execute_all(checked: CheckedParams, notebooks: list[Path], out_dir: Path, log=print) -> dict[str, Section]:
+    """execute() every notebook, num_at_once of them at a time in local processes, the longest (by its estimate)
+    first; each section as it finishes is logged. A failed notebook stops the others (ReportError)."""
+    import multiprocessing
+
+    order = longest_first(checked, notebooks)
+    workers = num_at_once(checked, notebooks)
+    if notebooks:
+        log(f"report: {len(notebooks)} notebooks, {workers} at a time", flush=True)
+    sections: dict[str, Section] = {}
+    finished: queue.Queue = queue.Queue()  # each notebook's Section, or the exception it raised
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with context.Pool(workers, maxtasksperchild=1) as pool:
+        for nb in order:
+            args = (nb, out_dir, checked.given[nb.stem])
+            pool.apply_async(execute, args, callback=finished.put, error_callback=finished.put)
+        try:
+            for done in range(1, len(order) + 1):
+                sec = finished.get()
+                if isinstance(sec, BaseException):
+                    raise sec
+                sections[sec.stem] = sec
+                log(f"report: [{done}/{len(order)}] {sec.stem}.ipynb ok ({sec.seconds:.1f} s)", flush=True)
+        except BaseException:
+            pool.terminate()  # the kernels of the notebooks still running exit with their process
+            raise
+    return sections
 
 
 def finding_of(nb) -> str:
@@ -200,20 +245,16 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
     (tmp / "notebooks").mkdir()
     total_start = time.perf_counter()
-    sweep_log = tmp / "sweeps.jsonl"
-    previous_log = os.environ.get(sweep.LOG_ENV)
-    os.environ[sweep.LOG_ENV] = str(sweep_log)  # the notebooks' kernels inherit it and log every sweep there
     try:
+        executed = execute_all(checked, [nb for nb in notebooks if nb.stem not in skipped], tmp, log)
         sections = []
-        for i, nb in enumerate(notebooks, 1):
-            log(f"report: [{i}/{len(notebooks)}] {nb.name} ...", end=" ", flush=True)
+        for nb in notebooks:
             if nb.stem in skipped:
                 sec = skip(nb, params[nb.stem], skipped[nb.stem])
-                log(sec.skipped, flush=True)
+                log(f"report: {nb.name} {sec.skipped}", flush=True)
                 sec.body = render.skipped_body(sec)
             else:
-                sec = execute(nb, tmp, params[nb.stem])
-                log(f"ok ({sec.seconds:.1f} s)", flush=True)
+                sec = executed[nb.stem]
                 sec.body = render.section_body(tmp / "notebooks" / nb.name, sec)
                 sec.validation = render.validation_body(tmp / "notebooks" / nb.name, sec)
                 key_figure(tmp / "notebooks" / nb.name, tmp, sec)
@@ -232,8 +273,10 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
                 )
         ledger.to_csv(tmp / "ledger.csv", index=False, float_format="%.10g", lineterminator="\n")
         shutil.rmtree(tmp / "ledger", ignore_errors=True)
-        info = provenance() | {"sweeps": [str(run) for run in sweep.read_log(sweep_log)]}
-        sweep_log.unlink(missing_ok=True)
+        logs = [tmp / f"sweeps-{nb.stem}.jsonl" for nb in notebooks]  # execute's, in the notebooks' order
+        info = provenance() | {"sweeps": [str(run) for log_path in logs for run in sweep.read_log(log_path)]}
+        for log_path in logs:
+            log_path.unlink(missing_ok=True)
         index = render.index_body(sections, ledger, info, params, _traces_note(merged), set_aside)
         ledger_html = render.ledger_body(ledger)
         (tmp / "index.html").write_text(render.page(render.TITLE, index))
@@ -255,11 +298,6 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if previous_log is None:
-            os.environ.pop(sweep.LOG_ENV, None)
-        else:
-            os.environ[sweep.LOG_ENV] = previous_log
     counts = []
     for source, name in ledger_mod.SOURCE_NAMES.items():
         s = ledger_mod.summary(ledger, source)

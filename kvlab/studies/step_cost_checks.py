@@ -12,7 +12,7 @@ from kvlab.core.capacity import plan_capacity
 from kvlab.core.cost import make_step_cost
 from kvlab.core.cost.all_reduce import kernel_ranges
 from kvlab.core.cost.measured import composed_step_cost
-from kvlab.core.engine import simulate
+from kvlab.core.engine import simulate, warm
 from kvlab.core.engine.data_parallel import DP_RULES
 from kvlab.core.models import get_gpu, get_model
 from kvlab.workloads.vllm_runs import VllmRun, check_runs, load_vllm_run
@@ -200,7 +200,10 @@ def term_requests(names=None, cost_name: str = "measured") -> pd.DataFrame:
 
 
 def _replays(names, replays) -> pd.DataFrame:
-    """The per-request frame of check_requests for each run of names and each (step cost, term off) of replays(run)."""
+    """The per-request frame of check_requests for each run of names and each (step cost, term off) of replays(run).
+    The engine's compiled loops are loaded first: dozens of replays of a few hundred requests each, which would
+    not load them one by one."""
+    warm.load(warm.LOOPS[:2])
     frames = []
     for name in check_runs() if names is None else validate.non_empty("names", names):
         run = load_vllm_run(name)

@@ -30,6 +30,11 @@ SECONDS_PER_REQUEST_DRAWN = 1e-7  # section 1: draw a length and count its block
 SECONDS_PER_REQUEST_SERVED = 1.5e-6  # section 2: draw and serve one request under one policy
 SECONDS_PER_NOTEBOOK = 5.0  # a kernel's start, imports, figures
 SECONDS_PER_REQUEST_ENGINE = 6e-5  # section 6: one request through the engine (roofline cost, no prefix caching)
+# section 6: one request through the compiled loop (vLLM 0.1.4's on the 2023 clock: 6e-6 s over its default grids)
+SECONDS_PER_REQUEST_COMPILED = 1e-5
+SECONDS_CALIBRATION_REPLAYS = (
+    15.0  # section 5: every real run of data/checks replayed on each clock and term off (11 s)
+)
 SECONDS_PER_REQUEST_PREFIX = 4e-3  # section 6: one Mooncake request through the engine with prefix caching
 SECONDS_PER_ENGINE_RUN = 0.02  # section 6: a run's set-up and its pickling to a process
 SECONDS_PER_REQUEST_HYBRID = 0.02  # section 3: one long-context request through a deployment (per-step loop, hits)
@@ -498,10 +503,11 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
         served += 4 * len(p["ARTICLE_MAX_NUM_SEQS"]) * 600
         cached = 2 * len(p["MOONCAKE_RATE_SCALES"]) * p["MOONCAKE_NUM_REQUESTS"]
         largest = max(n, AZURE_REQUESTS, p["MOONCAKE_NUM_REQUESTS"])
+        compiled = p["STEP_COST"] == "vllm-2023"  # the compiled loop's clocks (the roofline runs in Python)
         return resources.Estimate(
             2 * largest * ENGINE_BYTES_PER_REQUEST,  # a run in each of two processes
             SECONDS_PER_NOTEBOOK
-            + served * SECONDS_PER_REQUEST_ENGINE
+            + served * (SECONDS_PER_REQUEST_COMPILED if compiled else SECONDS_PER_REQUEST_ENGINE)
             + cached * SECONDS_PER_REQUEST_PREFIX
             + (runs + azure_runs) * SECONDS_PER_ENGINE_RUN,
         )
@@ -527,6 +533,8 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
             2 * n * ENGINE_BYTES_PER_REQUEST,  # a candidate in each of two processes
             SECONDS_PER_NOTEBOOK + served * SECONDS_PER_REQUEST_PLAN,
         )
+    if stem == "05_calibration":
+        return resources.Estimate(0, SECONDS_PER_NOTEBOOK + SECONDS_CALIBRATION_REPLAYS)
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 

@@ -1040,10 +1040,23 @@ def vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs):
 
 
 @_jit
+def roofline_s(clock, tokens, context):
+    """RooflineStepCost.step_s of a Batch of tokens and context tokens (no all-reduce; its figures in the clock's
+    COST_MS, arrays.ROOFLINE): the same float operations."""
+    c = part(clock, COST_MS)
+    weights, kv_per_token, params, bandwidth, tflops = c[0], c[1], c[2], c[3], c[4]
+    memory_s = (weights + kv_per_token * float(context)) / (bandwidth * 1e9)
+    compute_s = 2.0 * params * float(tokens) / (tflops * 1e12)
+    return memory_s if memory_s >= compute_s else compute_s
+
+
+@_jit
 def cost_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
-    """The measured or 2023 step cost's seconds for a step of these Batch fields."""
+    """The measured, 2023 or roofline step cost's seconds for a step of these Batch fields."""
     if clock.kind == 3:
         return vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs)
+    if clock.kind == 4:
+        return roofline_s(clock, tokens, context)
     return measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high)
 
 
@@ -1635,7 +1648,7 @@ def decode_run_async(at, times):
     while m < k:
         if clock_cost.kind == 2:
             duration = decode_step_s(clock_cost, run, m)
-        elif clock_cost.kind == 3:
+        elif growing:
             duration = cost_s(
                 clock_cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m
             )

@@ -158,7 +158,8 @@ F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
 DONE, FULL, NO_PROGRESS = 0, 1, 2
 
 # The step cost, as the compiled loop reads it (fast/compiled.py packs it, _kernels.step_s evaluates it): kind 0
-# constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 2
+# constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 4
+# RooflineStepCost without tensor parallelism's all-reduces (cost_ms: its ROOFLINE figures), 2
 # MeasuredStepCost: layers, the experts (E, k, EP, DP), the all-reduce's and the expert dispatch's count a step and
 # bytes a token, whether the CPU overlaps, whether a skew fit is there and its pooled alpha, the overhead; and its
 # tables, one after another in `table` (float64), part p from at[p] to at[p + 1] (TABLES; an unused one empty): the
@@ -246,6 +247,8 @@ Clock = namedtuple(
         "at",
     ],
 )
+# RooflineStepCost's figures in Clock.cost_ms, in this order.
+ROOFLINE = ("weights_bytes", "kv_bytes_per_token", "num_params", "memory_bandwidth_gb_s", "bf16_dense_tflops")
 # Vllm2023StepCost's figures in Clock.cost_ms, in this order.
 VLLM_2023 = (
     "weights_bytes",

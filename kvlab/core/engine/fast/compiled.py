@@ -2,9 +2,9 @@
 
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
 asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
-vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured or 2023 step cost (clock_of: the measured
-one's tables and the 2023 one's figures, evaluated by _kernels.measured_s and vllm_2023_s with their step_s's float
-operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
+vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
+(clock_of: the measured one's tables and the others' figures, evaluated by _kernels.measured_s, vllm_2023_s and
+roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
 caching both loops also do decode runs at once, as decode_run.advance and advance_async do (DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
 (_kernels.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
@@ -44,11 +44,12 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.block_pool import BlockPool
-from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost, Vllm2023StepCost
+from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost, RooflineStepCost, Vllm2023StepCost
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
     NO_PROGRESS,
+    ROOFLINE,
     S_FREE,
     S_PREFILL_RUNS,
     S_RUNS,
@@ -103,15 +104,19 @@ def loaded() -> bool:
 @functools.lru_cache(maxsize=64)
 def clock_of(cost) -> Clock | None:
     """The step cost as the compiled loop reads it (arrays.Clock), or None for one it does not evaluate: constant,
-    linear, measured and 2023 ones it does (the measured one's Python copies of its tables, as floats, packed one
+    linear, measured, 2023 and roofline (without all-reduces) ones it does (the measured one's Python copies of its tables, as floats, packed one
     after another). Kept for the step costs last asked about (a plan serves hundreds of runs on a few)."""
-    kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3}.get(type(cost))
-    if kind is None:
+    kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3, RooflineStepCost: 4}.get(
+        type(cost)
+    )
+    if kind is None or (kind == 4 and cost.all_reduce is not None):
         return None
     parts = dict.fromkeys(TABLES, ())
     integers = ("num_experts", "num_experts_per_tok", "expert_parallel_size", "data_parallel_size")
     scalars = {name: 0 if name in integers + ("cpu_overlapped", "skew") else 0.0 for name in Clock._fields[1:-2]}
-    if kind == 3:
+    if kind == 4:
+        parts["cost_ms"] = [float(getattr(cost, name)) for name in ROOFLINE]
+    elif kind == 3:
         parts["cost_ms"] = [float(getattr(cost, name)) for name in VLLM_2023]
         scalars["layers"] = float(cost.num_layers)
     elif kind < 2:
@@ -299,7 +304,7 @@ def chosen(engine, path: str) -> bool:
                 "compiled",
                 "applies only to the v1 scheduler over paged blocks (prefix caching "
                 "by token ids, not Workload.prefix_hashes) or the v0-2023 one over paged blocks or a reservation, "
-                "a constant, linear, measured or 2023 step cost and no recorder",
+                "a constant, linear, measured, 2023 or roofline (one GPU) step cost and no recorder",
             )
         if not available():
             validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")
