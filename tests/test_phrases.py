@@ -49,6 +49,7 @@ BLOCKS = {
     "best": 1,
     "ties": "1, 2",
     "alpaca_ties": "1",
+    "alpaca_best": 1,
     "alpaca_ratio": 1.2,
     "of_held_large": 60.0,
     "of_held_16": 95.0,

@@ -4,6 +4,7 @@ the step cost's correction, on hand-made plans whose answers are known."""
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from kvlab.core import models
@@ -49,7 +50,9 @@ def hand_plan() -> Plan:
         served(two, "meets", 0.9, 30.0),
         served(Candidate(tensor_parallel_size=2, kv_cache_dtype="fp8"), "meets", 0.9, 30.0, twin_of=two),
     ]
-    return Plan(DEPLOYMENT, OBJECTIVES, "hand", 1000, 6.0, results, [(200, 4, 1.0), (1000, 3, 2.0)], "measured", 3.0)
+    return Plan(
+        DEPLOYMENT, OBJECTIVES, "hand", 1000, 6.0, results, [(200, 4, 4, 1.0), (1000, 3, 2, 2.0)], "measured", 3.0
+    )
 
 
 def test_the_served_table_ranks_fewer_gpus_first_then_the_misses_and_divides_the_rate_by_the_gpus():
@@ -135,6 +138,7 @@ def test_the_rungs_give_each_prefix_its_share_and_span():
     rungs = plan_tables.rung_table(hand_plan(), w)
     assert list(rungs["num_requests"]) == [200, 1000] and list(rungs["workload_pct"]) == [20.0, 100.0]
     assert rungs["span_s"].iloc[0] == pytest.approx(w.arrival_s[199]) and list(rungs["num_candidates"]) == [4, 3]
+    assert list(rungs["num_runs"]) == [4, 2]
 
 
 DEFAULTS = {
@@ -306,7 +310,13 @@ def test_section_7_decides_the_configuration_to_run_once_the_clocks_error_is_all
         "per_gpu": 1.0,
         "worst": "p95 TPOT",
         "worst_pct": 98,
+        "num_replicas": int(six["num_replicas"]),
+        "vllm_serve": six["vllm_serve"],  # its command, one server a replica
     }
+    assert (
+        choice["vllm_serve"].startswith("vllm serve ")
+        and f"--tensor-parallel-size {six['tensor_parallel_size']}" in (choice["vllm_serve"])
+    )
     fixed = plan_tables.step_cost_corrected(table, fidelity, OBJECTIVES)
     f = plan_tables.plan_figures(
         hand_plan(), {"best": {"vllm_serve": "x", "num_replicas": 1}}, table, plan_tables.outcome_table(hand_plan())
@@ -352,6 +362,23 @@ def test_twin_configurations_collapse_to_one_row_listing_what_differs():
     apart = table.copy()
     apart.loc[2, "tpot_p95_ms"] = 31.0
     assert len(plan_tables.collapse_twins(apart)) == 3
+
+
+def test_collapsed_twins_say_which_settings_give_each_pool():
+    """Twins that differ in the GPU memory share and the KV dtype hold different pools: each pool's size is listed
+    with the settings that give it, not as bare numbers in an order the reader must guess."""
+    table = pd.DataFrame(
+        {
+            "gpu_memory_utilization": [0.7, 0.7, 0.9],
+            "kv_cache_dtype": ["bf16", "fp8", "bf16"],
+            "num_gpu_blocks": [17_390, 34_780, 27_178],
+            "tpot_p95_ms": [68.7, 68.7, 68.7],
+        },
+        index=pd.RangeIndex(1, 4, name="rank"),
+    )
+    row = plan_tables.collapse_twins(table).iloc[0]
+    assert row["num_gpu_blocks"] == "17,390 at 0.70, bf16 / 34,780 at 0.70, fp8 / 27,178 at 0.90, bf16"
+    assert row["gpu_memory_utilization"] == "0.70 / 0.90" and row["kv_cache_dtype"] == "bf16 / fp8"
 
 
 def test_every_knob_of_the_search_says_what_it_sets():

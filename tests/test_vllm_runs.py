@@ -150,6 +150,9 @@ def test_the_check_view_puts_the_step_costs_beside_each_other():
         "error under 8% and mean TTFT within 15%"
     )
     assert words["scheduling"] == "asynchronously, as vLLM does by default"
+    # runs, clocks and replays counted apart: one run with each clock is len(CHECK_STEP_COSTS) replays, not runs
+    assert (words["num_runs"], words["num_clocks"]) == (1, len(step_cost_checks.CHECK_STEP_COSTS))
+    assert words["num_replays"] == words["num_runs"] * words["num_clocks"]
     figure = plots.check_scatter(requests)  # one panel per run, axes with units
     assert [ax.get_xlabel() for ax in figure.axes] == ["vLLM's E2E latency (s)"]
     assert figure.axes[0].get_ylabel() == "kvlab's E2E latency (s)" and figure.png().startswith(b"\x89PNG")

@@ -63,6 +63,14 @@ GLOSSARY = {
     "once, counted for all)",
     "rung": "one stage of the plan's search: candidates served on a prefix of the workload, the hopeless dropped",
     "goodput": "requests per second per GPU served within every objective",
+    "TP, DP, EP": "tensor parallelism (each layer split over TP GPUs), data parallelism (DP replicas of the model, "
+    "each serving its own requests) and expert parallelism (a mixture-of-experts model's experts spread over the "
+    'GPUs); a plan\'s "TP 2 x 3" is three replicas of two GPUs each',
+    "gpu_memory_utilization, max_num_seqs, max_num_batched_tokens": "vLLM's settings: the share of GPU memory vLLM "
+    "may use (weights, activations and KV cache), the requests a step may hold, and the tokens a step may compute",
+    "FlyDSL, AITER": "AMD's GPU kernel projects for ROCm: FlyDSL, a Python language for writing kernels, and AITER "
+    "(AI Tensor Engine for ROCm), a library of tuned kernels; each has a paged-attention kernel timed at several "
+    "block sizes (section 6)",
 }
 
 

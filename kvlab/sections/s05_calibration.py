@@ -328,6 +328,7 @@ def check_figures(table: pd.DataFrame) -> dict:
         "gpus": " and ".join(gpus),
         "num_requests": " to ".join(f"{n:,}" for n in counts),
         "num_replays": len(table),
+        "num_clocks": len(set(table.index.get_level_values("step_cost"))),
         "step_costs": " and ".join(dict.fromkeys(table.index.get_level_values("step_cost"))),
         "targets": (
             f"mean E2E latency and mean TPOT within {t['mean_e2e_error']} of vLLM's"

@@ -122,8 +122,9 @@ def space_table(space: SearchSpace) -> pd.DataFrame:
 # ---------------------------------------------------------------- the outcome
 def _label(c) -> str:
     return (
-        f"TP {c.tensor_parallel_size} x {c.num_replicas}, {c.max_num_seqs} seqs, {c.max_num_batched_tokens:,} "
-        f"tokens, {c.gpu_memory_utilization:g}, {c.kv_cache_dtype}, {'async' if c.async_scheduling else 'sync'}"
+        f"TP {c.tensor_parallel_size} x {c.num_replicas} replicas, {c.max_num_seqs} seqs, "
+        f"{c.max_num_batched_tokens:,} batched tokens, {c.gpu_memory_utilization:g} of GPU memory, {c.kv_cache_dtype} "
+        f"KV, {'async' if c.async_scheduling else 'sync'} scheduling"
     )
 
 
@@ -136,7 +137,7 @@ def served_table(plan) -> pd.DataFrame:
         (r for r in plan.results if r.status == "misses" and not r.proven_miss),
         key=lambda r: (r.worst_share, r.candidate.num_gpus),
     )
-    rows = []
+    rows, d = [], plan.deployment
     for r in ranked + misses:
         c = r.candidate
         rows.append(
@@ -157,6 +158,7 @@ def served_table(plan) -> pd.DataFrame:
                 "worst_share_pct": 100 * r.worst_share if r.shares else math.nan,
                 "meets": r.status == "meets",
                 "best": bool(ranked) and r is ranked[0],
+                "vllm_serve": c.serve_command(d.model.name, d.max_model_len, d.model.quantization),
             }
         )
     frame = pd.DataFrame(
@@ -178,6 +180,7 @@ def served_table(plan) -> pd.DataFrame:
             "worst_share_pct",
             "meets",
             "best",
+            "vllm_serve",
         ],
     )
     frame.index = pd.RangeIndex(1, len(frame) + 1, name="rank")
@@ -208,18 +211,25 @@ TWIN_SETTINGS = ("gpu_memory_utilization", "kv_cache_dtype", "num_gpu_blocks")
 
 def collapse_twins(table: pd.DataFrame) -> pd.DataFrame:
     """Rows with the same figures that differ only in TWIN_SETTINGS, as one row (the first's rank) listing each such
-    setting's values ('0.70 / 0.90'; 'bf16 / fp8')."""
+    setting's values ('0.70 / 0.90'; 'bf16 / fp8'), the pool's each with the settings that give it
+    ('17,390 at 0.70, bf16 / 34,780 at 0.70, fp8')."""
     varying = [c for c in TWIN_SETTINGS if c in table.columns]
     others = [c for c in table.columns if c not in varying]
+    settings = [c for c in varying if c != "num_gpu_blocks"]
+
+    def shown(v) -> str:
+        return f"{v:.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+
     rows = []
     for _, group in table.groupby(others, sort=False, dropna=False):
         row = group.iloc[0].copy()
         for column in varying:
             values = list(dict.fromkeys(group[column]))
-            if len(values) > 1:
-                row[column] = " / ".join(
-                    f"{v:.2f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v) for v in values
-                )
+            if len(values) > 1 and column == "num_gpu_blocks" and settings:
+                pairs = dict.fromkeys(zip(group[column], *(group[c] for c in settings)))
+                row[column] = " / ".join(f"{v:,} at {', '.join(map(shown, rest))}" for v, *rest in pairs)
+            elif len(values) > 1:
+                row[column] = " / ".join(shown(v) for v in values)
         rows.append(row)
     if not rows:
         return table
@@ -268,18 +278,20 @@ def _example(r) -> str:
 
 
 def rung_table(plan, workload: Workload) -> pd.DataFrame:
-    """The successive halving's rungs: the prefix served (requests, share of the workload, its span of arrivals in s)
-    and the candidates served on it (twins once)."""
+    """The successive halving's rungs: the prefix served (requests, share of the workload, its span of arrivals in s),
+    the candidates on it (twins included, as the outcome table counts them) and the engine runs that served them (a
+    twin takes its first's run)."""
     rows = [
         {
             "num_requests": n,
             "workload_pct": 100 * n / workload.num_requests,
             "span_s": float(workload.arrival_s[n - 1] - workload.arrival_s[0]),
-            "num_candidates": k,
+            "num_candidates": c,
+            "num_runs": k,
         }
-        for n, k, _ in plan.rungs
+        for n, c, k, _ in plan.rungs
     ]
-    return pd.DataFrame(rows, columns=["num_requests", "workload_pct", "span_s", "num_candidates"])
+    return pd.DataFrame(rows, columns=["num_requests", "workload_pct", "span_s", "num_candidates", "num_runs"])
 
 
 def step_cost_table(fidelity: list[dict]) -> pd.DataFrame:
@@ -427,6 +439,8 @@ def corrected_choice(served: pd.DataFrame, fidelity: list[dict], objectives: Obj
         "per_gpu": round(float(row["requests_per_s_per_gpu"]), 2),
         "worst": OBJECTIVE_WORDS[worst],
         "worst_pct": round(100 * share),
+        "num_replicas": int(row["num_replicas"]),
+        "vllm_serve": row["vllm_serve"],
     }
 
 

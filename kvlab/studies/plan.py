@@ -493,7 +493,7 @@ class Plan:
     num_requests: int
     rate_per_s: float
     results: list
-    rungs: list  # (requests served, candidates served, seconds) per rung
+    rungs: list  # (requests served, candidates on it with their twins, engine runs made, seconds) per rung
     cost_source: str
     seconds: float
     halving: bool = False  # the halving served it (above WHOLE_MAX_REQUESTS, or rung_fractions given)
@@ -701,6 +701,7 @@ def search(
     )  # vLLM 0.33's loops, once here, not in every rung's workers (local ones fork from this process)
     groups = twins(workload, deployment, [r for r in results if r.status == "pending"], max_concurrency)
     alive = [g[0] for g in groups]
+    group_size = {id(g[0]): len(g) for g in groups}  # a served candidate stands for its group's twins too
     n = workload.num_requests
     halving = rung_fractions is not None or n > WHOLE_MAX_REQUESTS
     fractions = (rung_fractions or RUNG_FRACTIONS) if halving else (PROOF_FRACTION, 1.0)
@@ -736,6 +737,7 @@ def search(
             progress=progress,
             name=f"plan: {len(alive)} candidates on {size:,} requests",
         )
+        num_runs = sum("twin" not in metrics for outcome in outcomes for metrics in outcome)  # engine runs made
         for chunk, outcome in zip(chunks, outcomes):
             flat = [r for family in chunk for r in family]
             for r, metrics in zip(flat, outcome):
@@ -761,7 +763,8 @@ def search(
                     )
                     continue
                 r.metrics, r.shares = metrics, objectives.shares(metrics)
-        rungs.append((size, len(alive), time.perf_counter() - rung_start))
+        num_candidates = sum(group_size[id(r)] for r in alive)
+        rungs.append((size, num_candidates, num_runs, time.perf_counter() - rung_start))
         served_ok = [r for r in alive if r.status == "pending"]
         if size == n:
             for r in served_ok:
@@ -894,7 +897,10 @@ def summary(plan: Plan, top: int = 10) -> dict:
             "counts": plan.counts(),
             "num_proven_misses": sum(r.proven_miss for r in plan.results),  # of the misses, not served in full
             "halving": plan.halving,
-            "rungs": [{"num_requests": n, "num_candidates": c, "seconds": round(s, 2)} for n, c, s in plan.rungs],
+            "rungs": [
+                {"num_requests": n, "num_candidates": c, "num_runs": k, "seconds": round(s, 2)}
+                for n, c, k, s in plan.rungs
+            ],
             "seconds": round(plan.seconds, 2),
         },
         "ranked": [rows[id(r)] for r in ranked[:top]],
@@ -960,7 +966,8 @@ def report_lines(plan: Plan, out: dict, top: int = 10) -> list[str]:
         lines.append("step cost checked   no real vLLM run of this model on this GPU checks it (data/checks/)")
     rungs = (
         "; ".join(
-            f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['seconds']:.0f} s)" for r in s["rungs"]
+            f"{r['num_candidates']:,} on {r['num_requests']:,} requests ({r['num_runs']:,} runs, {r['seconds']:.0f} s)"
+            for r in s["rungs"]
         )
         or "none served"
     )

@@ -28,8 +28,9 @@ STEP_COST_NOTE = {
 }
 # The block-size cost's source (kvlab.core.cost.vllm_2023.block_size_ratio).
 BLOCK_NOTE = (
-    "the one public per-block measurement (FlyDSL's and AITER's paged-attention kernels on an AMD MI350X, block 1 "
-    "14% slower than 16) makes small blocks only a little slower"
+    "a hypothesis, not a run that isolates it: the clock charges small blocks what the one public per-block "
+    "measurement shows (FlyDSL's and AITER's paged-attention kernels on an AMD MI350X, block 1 14% slower than 16), "
+    "little next to the memory they save"
 )
 
 
@@ -142,7 +143,8 @@ def ledger_rows(
     for column in ("input_mean_tokens", "output_mean_tokens"):
         why = (
             f"{int(fed['requests']):,} requests of Microsoft's processed ShareGPT file (Llama-2 tokenizer), not the "
-            "paper's own sample (OPT's tokenizer)."
+            "paper's own sample (OPT's tokenizer): the tokenizer, the sample, the turn split and the length cut each "
+            "move the means, and no run here isolates one of them."
         )
         add("fig11", "ShareGPT", column, fed[column], why)
     return pd.DataFrame(rows)

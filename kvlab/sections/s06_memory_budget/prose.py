@@ -404,7 +404,8 @@ def block_text(b: dict) -> str:
         f"block-table entries per ShareGPT request at block {b['small']}, {b['entries_large']:.1f} at {b['large']}. "
         f"At Fig. 13's rates normalized latency is within 1% of the lowest at block sizes {b['ties']} on ShareGPT and "
         f"{b['alpaca_ties']} on Alpaca, and at block {b['large']} Alpaca's latency is {cell(b['alpaca_ratio'], 2)}x that "
-        f"at 16. kvlab's best block is the smallest within 1%, {b['best']}, where the paper finds 16-128. kvlab's step "
+        f"at 16. kvlab's best block, the smallest within 1%, is {b['best']} on ShareGPT (the ledger's row; the paper "
+        f"finds 16-128) and {b['alpaca_best']} on Alpaca. kvlab's step "
         "cost charges small blocks what the one public measurement of the kernel against block size shows (FlyDSL's "
         "and AITER's paged-attention kernels on an AMD MI350X, block 1 about 14% slower than 16); that this term is why small blocks stay close here is a "
         "hypothesis, not a run of kvlab's."
@@ -658,8 +659,8 @@ def headline(fig13: pd.DataFrame, knee: pd.DataFrame, bound_s: float, section_le
                 f"{fig13.loc['Orca (Max)', f'{name}: kvlab']:.2f} (paper {fig13.loc['Orca (Max)', f'{name}: paper']:.2f})"
             )
     lines.append(
-        f"ShareGPT, sustained under {bound_s:g} s/token: vLLM {f['vllm']:.2f}/s, Orca (Oracle) {f['oracle']:.2f}/s "
-        f"({f['over_oracle']:.2f}x; paper 1.7-2.7x), Orca (Max) {f['max']:.2f}/s ({f['over_max']:.2f}x; paper 2.7-8x)"
+        f"ShareGPT, sustained under {bound_s:g} s/token: vLLM {f['vllm']:.3f}/s, Orca (Oracle) {f['oracle']:.3f}/s "
+        f"({f['over_oracle']:.2f}x; paper 1.7-2.7x), Orca (Max) {f['max']:.3f}/s ({f['over_max']:.2f}x; paper 2.7-8x)"
     )
     lines.append(
         f"ledger (the vLLM paper's figures): {counts.get('pass', 0)} pass, {counts.get('fail', 0)} fail, "
