@@ -42,7 +42,7 @@ def main() -> None:
     verdict = (
         "PASS" if num_candidates >= TARGET["num_candidates"] and seconds <= TARGET["seconds"] and whole else "FAIL"
     )
-    rungs = "; ".join(f"{c} on {n:,} requests in {s:.1f} s" for n, c, s in local.rungs)
+    rungs = "; ".join(f"{c} ({k} runs) on {n:,} requests in {s:.1f} s" for n, c, k, s in local.rungs)
     print(
         f"   plan, {DEPLOYMENT['model']} on {DEPLOYMENT['gpu']}, {workload.num_requests:,} Azure conversation requests, "
         f"{num_candidates} candidates on local processes, every one to the end but those a prefix proves miss: "
