@@ -119,9 +119,12 @@ def longest_first(checked: CheckedParams, notebooks: list[Path]) -> list[Path]:
     return sorted(notebooks, key=lambda nb: -parameters.estimate(nb.stem, checked.merged[nb.stem]).seconds)
 
 
-def execute_all(checked: CheckedParams, notebooks: list[Path], out_dir: Path, log=print) -> dict[str, Section]:
+def execute_all(
+    checked: CheckedParams, notebooks: list[Path], out_dir: Path, log=print, then=lambda sec: sec
+) -> dict[str, Section]:
     """execute() every notebook, num_at_once of them at a time in local processes, the longest (by its estimate)
-    first; each section as it finishes is logged. A failed notebook stops the others (ReportError)."""
+    first; each section as it finishes is logged and given to then (here, while the others run). A failed notebook
+    stops the others (ReportError)."""
     import multiprocessing
 
     order = longest_first(checked, notebooks)
@@ -140,8 +143,8 @@ def execute_all(checked: CheckedParams, notebooks: list[Path], out_dir: Path, lo
                 sec = finished.get()
                 if isinstance(sec, BaseException):
                     raise sec
-                sections[sec.stem] = sec
                 log(f"report: [{done}/{len(order)}] {sec.stem}.ipynb ok ({sec.seconds:.1f} s)", flush=True)
+                sections[sec.stem] = then(sec)
         except BaseException:
             pool.terminate()  # the kernels of the notebooks still running exit with their process
             raise
@@ -245,20 +248,26 @@ def build_checked(checked: CheckedParams, out: Path = REPORT_DIR, *, pdf: bool =
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-build-", dir=out.parent))
     (tmp / "notebooks").mkdir()
     total_start = time.perf_counter()
+
+    def rendered(sec: Section) -> Section:  # a section's page, written while the other notebooks run
+        executed = tmp / "notebooks" / f"{sec.stem}.ipynb"
+        sec.body = render.section_body(executed, sec)
+        sec.validation = render.validation_body(executed, sec)
+        key_figure(executed, tmp, sec)
+        (tmp / f"{sec.stem}.html").write_text(render.section_page(sec))
+        return sec
+
     try:
-        executed = execute_all(checked, [nb for nb in notebooks if nb.stem not in skipped], tmp, log)
+        executed = execute_all(checked, [nb for nb in notebooks if nb.stem not in skipped], tmp, log, rendered)
         sections = []
         for nb in notebooks:
             if nb.stem in skipped:
                 sec = skip(nb, params[nb.stem], skipped[nb.stem])
                 log(f"report: {nb.name} {sec.skipped}", flush=True)
                 sec.body = render.skipped_body(sec)
+                (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             else:
                 sec = executed[nb.stem]
-                sec.body = render.section_body(tmp / "notebooks" / nb.name, sec)
-                sec.validation = render.validation_body(tmp / "notebooks" / nb.name, sec)
-                key_figure(tmp / "notebooks" / nb.name, tmp, sec)
-            (tmp / f"{nb.stem}.html").write_text(render.section_page(sec))
             sections.append(sec)
         set_aside = {
             int(stem[:2]): why for stem, values in merged.items() if (why := parameters.departures(stem, values))
