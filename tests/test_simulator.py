@@ -1,6 +1,7 @@
 """kvlab.core.batching: the event-driven batching model against the per-step loop and by hand."""
 
 import numpy as np
+import pandas as pd
 import pytest
 import stepwise
 from hypothesis import given, settings
@@ -187,7 +188,7 @@ def test_band_table_band_percentile_and_ledger_rows():
     row = bands.loc[("static", "mean_latency_s")]
     assert (row["band_low"], row["band_high"]) == tuple(np.percentile(static, [5, 95]))
     assert row["article"] == 151.36 and row["median"] == np.median(static)
-    assert row["article_percentile"] == 100 * np.mean(static <= 151.36)
+    assert row["article_percentile"] == 100 * np.count_nonzero(static <= 151.36) / len(static)
     assert row["inside"] == (row["band_low"] <= 151.36 <= row["band_high"])
     rows = section.ledger_rows(bands, "mixed")
     assert len(rows) == 10 and set(rows["row"]) == {"static", "continuous"}
@@ -197,6 +198,14 @@ def test_band_table_band_percentile_and_ledger_rows():
         row["band_high"],
         row["median"],
     )
+
+
+def test_a_percentile_on_a_half_reads_as_the_table_rounds_it():
+    """57 of 200 seeds at or below the article's value: the table's 28.5 and the ledger's 29th, not the 28th that
+    100 x mean() (28.499999999999996) would give."""
+    row = pd.Series({"article_percentile": 100.0 * 57 / 200, "num_seeds": 200})
+    assert row["article_percentile"] == 28.5
+    assert section.band_note(row) == "The article's value lies at the 29th percentile of kvlab's 200 seeds."
 
 
 def test_ratio_runs_are_static_over_continuous_per_seed():

@@ -133,7 +133,13 @@ def execute_all(
         log(f"report: {len(notebooks)} notebooks, {workers} at a time", flush=True)
     sections: dict[str, Section] = {}
     finished: queue.Queue = queue.Queue()  # each notebook's Section, or the exception it raised
-    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    # Each notebook in a fresh worker from a fork server, never forked from this process: a fork of a process with
+    # threads (the pool's own, a test runner's) can copy a held lock into the child and leave it waiting forever.
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["kvlab.report.build", "papermill", "nbformat"])  # imported once, in the server
+    else:
+        context = multiprocessing.get_context("spawn")
     with context.Pool(workers, maxtasksperchild=1) as pool:
         for nb in order:
             args = (nb, out_dir, checked.given[nb.stem])

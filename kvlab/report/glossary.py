@@ -47,8 +47,10 @@ GLOSSARY = {
     "clock": "kvlab's model of how long a step takes on a GPU",
     "measured clock": "the clock built from operator timings measured on GPUs (whole-model operator profiles, or "
     "vLLM's kernels timed one at a time by AIConfigurator, composed by shape)",
-    "roofline clock": "the clock at a GPU's datasheet bandwidth and FLOP/s (scaled by what measured kernels sustain "
-    "where that is known): a lower bound on a dense model's step",
+    "roofline clock": "the clock at a GPU's datasheet bandwidth and FLOP/s: a lower bound on a dense model's step "
+    "(scaled to measured kernels' rates: an estimate)",
+    "pooled alpha": "LLMServingSim's fit for decodes of unequal context: how far a batch's attention time moves from "
+    "its mean context's toward its longest's (per bucket of batch shapes; pooled: for the rest)",
     "composed clock": "the measured clock built from a GPU's operator tables alone (AIConfigurator's), by the "
     "model's shapes: how kvlab times a (model, GPU) that no whole-model profile measures",
     "AIConfigurator": "NVIDIA's open tool (ai-dynamo/aiconfigurator) whose tables time vLLM's own kernels (GEMMs, "
@@ -59,18 +61,17 @@ GLOSSARY = {
     "nccl-tests": "NVIDIA's benchmarks of NCCL's collectives (all-reduce, all-gather, ...), one collective at a time",
     "2023 clock": "a clock of the paper's 2023 system, fitted to Anyscale's June 2023 benchmark and the paper's "
     "kernel measurement (section 6)",
+    "article-s1": "section 1's default lengths: a lognormal with a uniform share, fitted to the article's totals",
     "twins": "plan candidates that differ only in settings that cannot change a single decision of the run (served "
     "once, counted for all)",
     "rung": "one stage of the plan's search: candidates served on a prefix of the workload, the hopeless dropped",
     "goodput": "requests per second per GPU served within every objective",
-    "TP, DP, EP": "tensor parallelism (each layer split over TP GPUs), data parallelism (DP replicas of the model, "
-    "each serving its own requests) and expert parallelism (a mixture-of-experts model's experts spread over the "
-    'GPUs); a plan\'s "TP 2 x 3" is three replicas of two GPUs each',
-    "gpu_memory_utilization, max_num_seqs, max_num_batched_tokens": "vLLM's settings: the share of GPU memory vLLM "
-    "may use (weights, activations and KV cache), the requests a step may hold, and the tokens a step may compute",
-    "FlyDSL, AITER": "AMD's GPU kernel projects for ROCm: FlyDSL, a Python language for writing kernels, and AITER "
-    "(AI Tensor Engine for ROCm), a library of tuned kernels; each has a paged-attention kernel timed at several "
-    "block sizes (section 6)",
+    "TP, DP, EP": "tensor, data and expert parallelism: a layer split over TP GPUs, DP ranks serving their own "
+    'requests, experts spread over the GPUs; "TP 2 x 3": three replicas of two GPUs',
+    "gpu_memory_utilization, max_num_seqs, max_num_batched_tokens": "vLLM's share of GPU memory to use, requests a "
+    "step may hold, tokens a step may compute",
+    "FlyDSL, AITER": "AMD's kernel language and kernel library for ROCm, whose paged-attention kernels one public "
+    "measurement times at block sizes 1 and 16",
 }
 
 

@@ -119,7 +119,7 @@ def ledger_rows(
             else ", on a grid of rates"
         )
         why = (
-            f"vLLM sustains {part['vLLM']:.3g} and {other} {part[other]:.3g} requests/s under {bound_s:g} s/token "
+            f"vLLM sustains {part['vLLM']:.3f} and {other} {part[other]:.3f} requests/s under {bound_s:g} s/token "
             f"{STEP_COST_NOTE[setting.step_cost]}{precision}" + (f" ({part['note']})." if part["note"] else ".")
         )
         add("s6.2", label, "sustained_rate_ratio_x", part[column], why)

@@ -406,7 +406,7 @@ def block_text(b: dict) -> str:
         f"{b['alpaca_ties']} on Alpaca, and at block {b['large']} Alpaca's latency is {cell(b['alpaca_ratio'], 2)}x that "
         f"at 16. kvlab's best block, the smallest within 1%, is {b['best']} on ShareGPT (the ledger's row; the paper "
         f"finds 16-128) and {b['alpaca_best']} on Alpaca. kvlab's step "
-        "cost charges small blocks what the one public measurement of the kernel against block size shows (FlyDSL's "
+        "cost charges small blocks what the one public measurement of paged kernels against block size shows (FlyDSL's "
         "and AITER's paged-attention kernels on an AMD MI350X, block 1 about 14% slower than 16); that this term is why small blocks stay close here is a "
         "hypothesis, not a run of kvlab's."
     )

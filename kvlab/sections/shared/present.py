@@ -65,6 +65,7 @@ LABELS = {
     "num_gpu_blocks": "GPU blocks",
     "gpu_kv_cache_tokens": "GPU KV cache (tokens)",
     "mean_latency_s": "mean latency (s)",
+    "normalized_latency_s": "normalized latency (s/token)",
     "block_table_entries": "block-table entries per request",
     "idle_pct": "idle slot time (%)",
     "busy_slot_s": "busy slot time (s)",
