@@ -364,6 +364,18 @@ def test_summary_tables_and_arrival_rate(tmp_path):
         section.arrival_rate(w, window_s=0)
 
 
+def test_article_comparison_rounds_the_output_mean_once():
+    """The comparison keeps the mean output unrounded, so the table (0 decimals) and section 2's prose round it once:
+    a mean of 261.49 reads 261, not 262 by way of 261.5."""
+    from kvlab.core.workload import Workload
+    from kvlab.sections.shared.ledger import round_half_up
+
+    out = np.array([261] * 51 + [262] * 49)  # mean 261.49
+    w = Workload(np.arange(100, dtype=float), np.full(100, 10), out)
+    shown = section.article_comparison({"m": w}).loc["m", "output_mean_tokens"]
+    assert shown == out.mean() and round_half_up(shown, 0) == 261
+
+
 # ---------------------------------------------------------------------------------- where the files are
 
 

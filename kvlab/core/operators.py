@@ -846,10 +846,10 @@ UNPACKED_MIXED_KERNELS = ("vllm_flash_attn", "vllm_flash_attn_fa2")
 
 @lru_cache(maxsize=1)
 def mixed_decode_share() -> tuple[tuple[np.ndarray, ...], np.ndarray, int]:
-    """How much of FlashAttention 2's un-packed GQA re-reading shows in a mixed batch, where LLMServingSim measured
-    vLLM's attention on the reference GPU (RTX PRO 6000): at each (prefill chunk, decodes, decode history) of its
-    grids with no prefill history, ((mixed - prefill alone) / decodes alone - 1) / (g - 1) for each profile of a model
-    with g > 1 query heads per KV head, the median over the profiles. ((chunk, decodes, history) axes, share grid,
+    """How much of FlashAttention 2's re-reading of the KV cache per query head (GQA heads not packed) shows in a
+    mixed batch, where LLMServingSim measured vLLM's attention on the reference GPU (RTX PRO 6000): at each (prefill
+    chunk, decodes, decode history) of its grids with no prefill history, ((mixed - prefill alone) / decodes alone
+    - 1) / (g - 1) for each profile of a model with g > 1 query heads per KV head, the median over the profiles. ((chunk, decodes, history) axes, share grid,
     profiles read)."""
     from kvlab.core import profiles
 
@@ -925,8 +925,9 @@ def _attention_grid(tables: OperatorTables, model, q_heads: int, kv_heads: int, 
         grid = grid + np.where((axes[0] > 0)[:, None, None, None] & (axes[2] > 0)[None, None, :, None], mixed, 0.0)
         _, _, read = mixed_decode_share()
         words += ("; " if words else "") + (
-            f"a mixed batch's decodes x (1 + ({g:g} - 1) x the share of FlashAttention 2's un-packed GQA re-reading "
-            f"that LLMServingSim measured in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles; "
+            f"a mixed batch's decodes x (1 + ({g:g} - 1) x the share of the KV cache FlashAttention 2 reads again "
+            "for each query head of a group (its GQA heads not packed into one read) that LLMServingSim measured "
+            f"in vLLM's mixed batches on the {REFERENCE_GPU}, median of {read} profiles; "
             "the nearest measured point past them; a negative share taken as 0)"
         )
     if len(windows) > 1 or 0 not in windows:

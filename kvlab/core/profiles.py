@@ -270,8 +270,9 @@ class SkewFit:
 
     def describe(self) -> str:
         return (
-            f"LLMServingSim's fit of unequal decode histories ({self.num_buckets:,} "
-            f"buckets, pooled alpha {self.alpha_default}; the fit's relative error as the source reports it: median "
+            f"LLMServingSim's fit of unequal decode histories ({self.num_buckets:,} cells of batches binned by "
+            f"prefill chunk, decode count, history skew and context, pooled alpha {self.alpha_default}; the fit's "
+            "relative error as the source reports it: median "
             f"{100 * self.rel_err_p50:.1f}%, p90 {100 * self.rel_err_p90:.1f}%)"
         )
 

@@ -50,7 +50,7 @@ GLOSSARY = {
     "roofline clock": "the clock at a GPU's datasheet bandwidth and FLOP/s: a lower bound on a dense model's step "
     "(scaled to measured kernels' rates: an estimate)",
     "pooled alpha": "LLMServingSim's fit for decodes of unequal context: how far a batch's attention time moves from "
-    "its mean context's toward its longest's (per bucket of batch shapes; pooled: for the rest)",
+    "its mean context's toward its longest's (per cell of batch shapes; pooled: one value for the rest)",
     "composed clock": "the measured clock built from a GPU's operator tables alone (AIConfigurator's), by the "
     "model's shapes: how kvlab times a (model, GPU) that no whole-model profile measures",
     "AIConfigurator": "NVIDIA's open tool (ai-dynamo/aiconfigurator) whose tables time vLLM's own kernels (GEMMs, "
