@@ -355,7 +355,9 @@ def serve(engine) -> Served | None:
     w, sched = engine.workload, engine.config.scheduler
     n = w.num_requests
     v0 = sched.scheduler_cls == "v0-2023"
-    prompt = np.ascontiguousarray(w.prompt_tokens, dtype=np.int64)
+    # a writable copy always: a workload's own arrays are read-only, a converted one's not, and numba compiles the
+    # loops once for each (the first run after make setup took 150 s to compile the other)
+    prompt = np.array(w.prompt_tokens, dtype=np.int64)
     max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
     cfg = Limits(
