@@ -113,3 +113,7 @@ def test_a_source_tables_key_is_shown_as_a_reader_names_it():
     assert ledger.table_name("fig13a") == "Fig. 13a" and ledger.table_name("fig2") == "Fig. 2"
     assert ledger.table_name("s6.2") == "§6.2"
     assert ledger.table_name("allocation") == "allocation" and ledger.table_name("figure") == "figure"
+    assert ledger.table_name("equal150") == "equal outputs (150 tokens)"
+    # every source table reads as words, a figure or a part: no key with digits run into it (equal150, fig13a)
+    for table in set(ledger.article_figures(1)["table"]) | set(ledger.figures()["table"]):
+        assert re.fullmatch(r"[A-Za-z' ]+(\(\d+ tokens\))?|Fig\. \d+[a-z]?|§[\d.]+", ledger.table_name(table)), table

@@ -1,5 +1,6 @@
 """The report build: parameters checked first, atomic replacement, every ledger row on the index."""
 
+import html
 import re
 import shutil
 
@@ -208,7 +209,8 @@ def test_the_ledger_page_lists_every_figure_and_the_index_every_one_not_reproduc
     rows = ledger.collect([])
     page = render.ledger_body(rows)
     for _, r in rows.iterrows():
-        assert f'<td class="">{ledger.table_name(r["table"])}: {r["row"]}, {present.label(r["column"])}</td>' in page
+        figure = f"{ledger.table_name(r['table'])}: {r['row']}, {present.label(r['column'])}"
+        assert f'<td class="">{html.escape(figure)}</td>' in page
     assert page.count("– missing") == 2 * len(rows)  # each one not reproduced: in the first table and its section's
     index = render.index_body([], rows, report_build.provenance(), {}, "", {})
     assert (
@@ -258,8 +260,9 @@ def test_the_front_page_leads_with_findings_read_from_the_ledger_and_a_sentence_
         "86.2% for reservations of 4,096, so 7.1x as many requests fit (the article: 1.3%, 86.2%, 7.1x), "
         "continuous batching cuts mean latency 4.4x against static batching (the article: 4.4x) and a "
         "request's KV memory grows with its context, so 131 requests fit at 1,000 tokens and 1 at "
-        "128,000 (the article: 131 and 1). Evidence: arithmetic on the article's own numbers (sections 1 and 3) and "
-        "kvlab's slot model of its workload (section 2), each figure in the ledger."
+        "128,000 (the article: 131 and 1). Evidence: arithmetic on the article's model (section 3) and on request "
+        "lengths drawn from a distribution fitted to the article's totals (section 1), and kvlab's slot model of its "
+        "workload (section 2), each figure in the ledger."
     )
     assert lines[1] == "What real traces change: Real prompts are long. Evidence: three public request traces, counted."
     assert lines[2].startswith(

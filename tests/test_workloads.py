@@ -92,7 +92,9 @@ def test_fit_reproduces_the_published_totals_and_the_default_parameters():
     assert fit.max_relative_error < 0.001  # every published total within 0.1% in expectation
     for name, value in synthetic.S1_MIXTURE_PARAMS.items():
         assert fit.params[name] == pytest.approx(value, abs=2e-4), name
-    assert list(fit.table.index) == ["used_tokens"] + [f"reserved_tokens @ {b}" for b in (4096, 1024, 256, 64, 16)]
+    assert list(fit.table.index) == ["used (tokens)"] + [
+        f"reserved with {b}-token blocks (tokens)" for b in (4096, 1024, 256, 64, 16)
+    ]
 
 
 def test_fit_targets_come_from_the_article_figures():

@@ -102,8 +102,9 @@ def paper_finding(ledger) -> str:
 # What each finding rests on, said after it (the kinds of evidence: arithmetic, kvlab's engine, a time model, a real
 # vLLM run, a GPU measurement).
 EVIDENCE = {
-    "article": "arithmetic on the article's own numbers (sections 1 and 3) and kvlab's slot model of its workload "
-    "(section 2), each figure in the ledger",
+    "article": "arithmetic on the article's model (section 3) and on request lengths drawn from a distribution "
+    "fitted to the article's totals (section 1), and kvlab's slot model of its workload (section 2), each figure in "
+    "the ledger",
     4: "three public request traces, counted",
     5: "GPU measurements (whole-model operator profiles, vLLM's kernels timed one at a time, kvlab's own H200) "
     "composed into kvlab's measured clock, and that clock set against real vLLM runs",

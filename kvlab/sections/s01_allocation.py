@@ -195,7 +195,7 @@ def fit_article_lengths(targets: dict | None = None, start=(5.5, 1.0, 0.1)) -> L
     ).x
     params = {k: round(v, 4) for k, v in params_of(best).items()}
     got = expected_totals(synthetic.article_s1_pmf(max_len_tokens=max_len, **params), n, blocks)
-    labels = ["used_tokens"] + [f"reserved_tokens @ {b}" for b in blocks]
+    labels = ["used (tokens)"] + [f"reserved with {b}-token blocks (tokens)" for b in blocks]
     table = pd.DataFrame({"article": goal, "expected_under_fit": got}, index=pd.Index(labels, name="figure"))
     table["relative_error_pct"] = 100 * (table["expected_under_fit"] - table["article"]) / table["article"]
     return LengthFit(params, table, float(np.abs(table["relative_error_pct"]).max() / 100))

@@ -735,8 +735,7 @@ def search(
             scheduler=scheduler,
             max_workers=max_workers,
             progress=progress,
-            name=f"plan: {sum(group_size[id(r)] for r in alive)} candidates ({len(alive)} apart from their "
-            f"twins) on {size:,} requests",
+            name=f"plan: {sum(group_size[id(r)] for r in alive)} candidates on {size:,} requests",
         )
         num_runs = sum("twin" not in metrics for outcome in outcomes for metrics in outcome)  # engine runs made
         for chunk, outcome in zip(chunks, outcomes):

@@ -106,8 +106,6 @@ def check_notes(run: VllmRun) -> str:
             + f": {s['data_parallel_size']} ranks in lockstep, requests dealt by vLLM {data_parallel_rules(run)}'s "
             "load-balancing rule, each rank's KV cache as vLLM sizes it"
         )
-    if s["tensor_parallel_size"] > 1:
-        notes.append("the all-reduce is a bandwidth bound, its latency left out")
     return "; ".join(notes)
 
 

@@ -231,7 +231,7 @@ def tolerance_table() -> pd.DataFrame:
         }[kind]
         shown.append(
             {
-                "figure": r["table"],
+                "figure": ledger.table_name(r["table"]),
                 "row": r["row"],
                 "measure": label(r["column"]),
                 "paper": published(r, int(r["decimals"])),

@@ -259,10 +259,23 @@ def _tolerance_text(row) -> str:
     return f"abs {float(row['tolerance']):g}"
 
 
+# The article's tables (data/article_figures.csv) as a reader names them; the vLLM paper's are its figures and parts.
+ARTICLE_TABLE_NAMES = {
+    "workload": "the workload",
+    "mixed": "the article's mix",
+    "equal150": "equal outputs (150 tokens)",
+    "slots": "slot use",
+    "fit": "requests that fit",
+    "memory": "KV memory",
+    "model": "the model",
+}
+
+
 def table_name(table: str) -> str:
-    """A source table's key as a reader names it: fig13a -> Fig. 13a, s6.2 -> §6.2; other keys as they are."""
+    """A source table's key as a reader names it: fig13a -> Fig. 13a, s6.2 -> §6.2, the article's by
+    ARTICLE_TABLE_NAMES (equal150 -> equal outputs (150 tokens)); any other key as it is."""
     figure = re.fullmatch(r"fig(\d+)([a-z]?)", table)
     if figure:
         return f"Fig. {figure.group(1)}{figure.group(2)}"
     part = re.fullmatch(r"s(\d+(?:\.\d+)*)", table)
-    return f"§{part.group(1)}" if part else table
+    return f"§{part.group(1)}" if part else ARTICLE_TABLE_NAMES.get(table, table)
