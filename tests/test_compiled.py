@@ -2,6 +2,7 @@
 bit for bit."""
 
 import dataclasses
+import importlib.util
 
 import numpy as np
 import pytest
@@ -599,3 +600,39 @@ def test_vllm_0_1_4_with_no_progress_is_the_python_engines_error(allocation):
             engine.run()
         errors.append(str(error.value))
     assert errors[0] == errors[1]
+
+
+def test_the_loops_cache_is_named_by_every_source_they_compile():
+    """numba keys a cached loop by its own file only, so the cache folder is named by the contents of every kvlab
+    module the loops import (an edit to rules.py must not load loops compiled with the old rules): each such module
+    is in SOURCE_FILES, and the folder is named by their digest."""
+    import ast
+    import hashlib
+    from pathlib import Path
+
+    from kvlab.core.engine.fast import _kernels
+
+    fast = Path(_kernels.__file__).parent
+    imported = set()
+    for name in ("_kernels.py", "_kernels_v0.py"):
+        for node in ast.walk(ast.parse((fast / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvlab"):
+                for alias in node.names:
+                    module = f"{node.module}.{alias.name}"
+                    spec = (
+                        importlib.util.find_spec(module)
+                        if _is_module(module)
+                        else importlib.util.find_spec(node.module)
+                    )
+                    imported.add(Path(spec.origin))
+    assert imported <= set(_kernels.SOURCE_FILES), sorted(map(str, imported - set(_kernels.SOURCE_FILES)))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in _kernels.SOURCE_FILES)).hexdigest()[:16]
+    assert not _kernels.CACHE_DIR or _kernels.CACHE_DIR.endswith(f"loops-{digest}")
+
+
+def _is_module(name: str) -> bool:
+    """Whether name is an importable module (from a.b import c: c a module, not a function)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False

@@ -11,8 +11,10 @@ measured or 2023 one (step_s; measured_s and vllm_2023_s: their Python step_s's 
 """
 
 import builtins
+import hashlib
 import math
 import os
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -78,8 +80,20 @@ _WITHOUT_COVERAGE = "coverage" not in sys.modules and "numba" not in sys.modules
 # numba's cache: NUMBA_CACHE_DIR where set (the Makefile sets the checkout's .cache/numba), else, in a checkout,
 # that same folder, so that `make setup`'s compilation serves a `kvlab` command run from any shell.
 _CHECKOUT = Path(__file__).resolve().parents[4]
-if "numba" not in sys.modules and not os.environ.get("NUMBA_CACHE_DIR") and (_CHECKOUT / "pyproject.toml").is_file():
-    os.environ["NUMBA_CACHE_DIR"] = str(_CHECKOUT / ".cache" / "numba")
+_CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
+    str(_CHECKOUT / ".cache" / "numba") if (_CHECKOUT / "pyproject.toml").is_file() else ""
+)
+# numba keys a cached function by its own file alone: a loop compiled with an older rules.py (or block_pool.py, ...)
+# inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
+# compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
+SOURCE_FILES = [Path(m.__file__) for m in (rules, block_pool, closed_loop, python_decode_run)] + [
+    Path(__file__).with_name(name) for name in ("_kernels.py", "_kernels_v0.py", "arrays.py")
+]
+_DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
+CACHE_DIR = str(Path(_CACHE_BASE) / f"loops-{_DIGEST}") if _CACHE_BASE else ""
+if CACHE_DIR and not Path(CACHE_DIR).is_dir():  # loops of older sources are never loaded again
+    for _old in Path(_CACHE_BASE).glob("loops-*"):
+        shutil.rmtree(_old, ignore_errors=True)
 if _WITHOUT_COVERAGE:
     sys.modules["coverage"] = None
 try:
@@ -90,6 +104,8 @@ try:
 finally:
     if _WITHOUT_COVERAGE:
         del sys.modules["coverage"]
+if CACHE_DIR:
+    numba.config.CACHE_DIR = CACHE_DIR  # read when each dispatcher below opens its cache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 STEP = -1  # next_step: a step to take (DONE, FULL and NO_PROGRESS end a chunk)
