@@ -346,7 +346,9 @@ MEASURED[("facebook/opt-13b", "vllm-2023")] = make_step_cost(
 @settings(max_examples=400, deadline=None)
 def test_the_compiled_measured_and_2023_clocks_give_the_python_steps_bits(which, batch):
     cost = MEASURED[which]
-    assert compiled.kernels().cost_s(compiled.clock_of(cost), *batch) == cost.step_s(batch)
+    from kvlab.core.engine.fast.loops import clock
+
+    assert clock.cost_s(compiled.clock_of(cost), *batch) == cost.step_s(batch)
 
 
 @given(compiled_runs(), st.sampled_from(sorted(MEASURED, key=str)))
@@ -361,20 +363,20 @@ def test_compiled_loop_on_the_measured_and_2023_clocks_equals_the_python_engine(
 
 
 def test_the_loops_leave_every_array_they_take_as_they_found_it_but_for_its_contents():
-    """The loops take their arrays unowned (_kernels.unowned): many runs later, no array has gained or lost a Python
+    """The loops take their arrays unowned (loops.jit.unowned): many runs later, no array has gained or lost a Python
     reference (a view that owned one and dropped it, or kept it, would change the count), and a view
     written through writes the array."""
     import sys
 
-    from kvlab.core.engine.fast import _kernels
+    from kvlab.core.engine.fast.loops import jit
 
     values = np.arange(6, dtype=np.int64)
     tuple_of = (values, 3, np.zeros(2))
     before = sys.getrefcount(values), sys.getrefcount(tuple_of[2])
 
-    @_kernels.numba.njit
+    @jit.numba.njit
     def through(x):
-        view = _kernels.unowned(x)
+        view = jit.unowned(x)
         view[0][1] = 100 + view[1]
         view[2][0] = view[0].sum()
         return view[0].shape[0]
@@ -439,7 +441,9 @@ def test_a_prefill_runs_step_on_the_measured_clock_is_the_python_steps_bits(
     """prefill_step_s, with what prefill_run_clock read once for the run, gives step j of a prefill run (the decodes
     j + 1 tokens further, the prompt's chunk after before tokens) the bits of MeasuredStepCost.step_s of its Batch."""
     cost = MEASURED[which]
-    kernels, clock = compiled.kernels(), compiled.clock_of(cost)
+    from kvlab.core.engine.fast.loops import clock as kernels
+
+    clock = compiled.clock_of(cost)
     low, high = (low + j + 1, low + spread + j + 1) if num_decodes else (0, 0)
     if num_decodes == 1:
         high = low
@@ -535,7 +539,7 @@ def test_a_hybrid_models_decodes_run_at_once_as_they_run_step_by_step(async_sche
     assert loop.kv_cache_manager.num_window_freed == python.kv_cache_manager.num_window_freed > 0
 
 
-# ---------------------------------------------------------------- vLLM 0.1.4's scheduler (fast/_kernels_v0.py)
+# ---------------------------------------------------------------- vLLM 0.1.4's scheduler (fast/loops/v0.py)
 @given(v0_runs(), st.sampled_from([None, None, 1, 3]), st.booleans())
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_the_compiled_loop_serves_vllm_0_1_4_as_the_python_engine_does(args, max_concurrency, clock_2023):
@@ -555,7 +559,7 @@ def test_the_compiled_buddy_places_every_chunk_where_kvlabs_buddy_does(operation
     """Allocations and frees in any order over a pool of any size (arenas of every power of two): the same offsets,
     the same free chunks and counters as kvlab.core.buddy."""
     from kvlab.core.buddy import BuddyAllocator
-    from kvlab.core.engine.fast import _kernels_v0 as v0
+    from kvlab.core.engine.fast.loops import v0
 
     buddy = BuddyAllocator(num_slots)
     workload = Workload(np.zeros(1), np.array([1]), np.array([1]))
@@ -610,12 +614,11 @@ def test_the_loops_cache_is_named_by_every_source_they_compile():
     import hashlib
     from pathlib import Path
 
-    from kvlab.core.engine.fast import _kernels
+    from kvlab.core.engine.fast.loops import jit
 
-    fast = Path(_kernels.__file__).parent
     imported = set()
-    for name in ("_kernels.py", "_kernels_v0.py"):
-        for node in ast.walk(ast.parse((fast / name).read_text())):
+    for path in Path(jit.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvlab"):
                 for alias in node.names:
                     module = f"{node.module}.{alias.name}"
@@ -625,9 +628,9 @@ def test_the_loops_cache_is_named_by_every_source_they_compile():
                         else importlib.util.find_spec(node.module)
                     )
                     imported.add(Path(spec.origin))
-    assert imported <= set(_kernels.SOURCE_FILES), sorted(map(str, imported - set(_kernels.SOURCE_FILES)))
-    digest = hashlib.sha256(b"".join(f.read_bytes() for f in _kernels.SOURCE_FILES)).hexdigest()[:16]
-    assert not _kernels.CACHE_DIR or _kernels.CACHE_DIR.endswith(f"loops-{digest}")
+    assert imported <= set(jit.SOURCE_FILES), sorted(map(str, imported - set(jit.SOURCE_FILES)))
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in jit.SOURCE_FILES)).hexdigest()[:16]
+    assert not jit.CACHE_DIR or jit.CACHE_DIR.endswith(f"loops-{digest}")
 
 
 def _is_module(name: str) -> bool:

@@ -13,7 +13,7 @@ LAYERS = {"core": 0, "workloads": 1, "studies": 2, "sections": 3, "report": 4, "
 # What the mechanism may import from outside the standard library.
 CORE_THIRD_PARTY = {"numpy", "scipy"}
 # And numba, in the one module of compiled loops (imported only when a compiled loop runs).
-COMPILED_LOOPS = {"kvlab.core.engine.fast._kernels": {"numba"}}
+COMPILED_LOOPS = {"kvlab.core.engine.fast.loops.jit": {"numba"}}
 
 
 def modules() -> dict[str, Path]:

@@ -307,7 +307,7 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(allocation, num_
         assert engine.scheduler.watermark_blocks == (num_gpu_blocks > 100)
     if allocation != "paged":
         assert slow.steps["num_external_frag_tokens"].any()
-    if compiled.available():  # and the compiled loop (fast/_kernels_v0.py), which keeps no batches or tables
+    if compiled.available():  # and the compiled loop (fast/loops/v0.py), which keeps no batches or tables
         assert_identical(slow, Engine(**args, path="compiled").run())
 
 

@@ -2,7 +2,7 @@
 
 The reference scheduler (scheduler.py, async_scheduler.py), the KV-cache manager, the decode runs and the
 compiled loop (fast/) all call these functions; numba compiles every function of this module for the compiled
-loop (fast/_kernels.py), so a rule has one home. Each docstring names the vLLM file and function it follows
+loops (fast/loops/), so a rule has one home. Each docstring names the vLLM file and function it follows
 (paths under vllm/v1/core/). Tokens and blocks are counts; block_size is tokens a block.
 """
 

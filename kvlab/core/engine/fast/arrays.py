@@ -1,4 +1,4 @@
-"""The named arrays the compiled loop works on (fast/_kernels.py): limits, the block pool, a request's state.
+"""The named arrays the compiled loop works on (fast/loops/): limits, the block pool, a request's state.
 
 Named tuples, so that numba reads a field by name (pool.ref[b], limits.block_size) and Python builds them without
 numba (fast/compiled.py).
@@ -13,7 +13,7 @@ from collections import namedtuple
 # num_tokens, num_computed_tokens, block-table length, prefix-cached blocks, status, preemptions, and, asynchronous
 # only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN until set).
 # A closed loop (vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): arrival holds the send times, inf
-# until a finish frees the slot (_kernels.finished_at), open_loop the open-loop arrivals and closed_loop [N, finishes so
+# until a finish frees the slot (loops.scheduler.finished_at), open_loop the open-loop arrivals and closed_loop [N, finishes so
 # far]; an open loop: both empty.
 Requests = namedtuple(
     "Requests",
@@ -61,7 +61,7 @@ Limits = namedtuple(
 # free queue's head part and its counts), tail_next and tail_prev (its tail part); per block ref, hash_of, hash_next
 # and hash_prev; per hash id hash_ends (first and last). Then the loop's own: per running slot tables (a block-table
 # row); per request slot_of (its slot, -1 none); free_slots (num_free_slots[0] of them); hash_offset, hash_shared,
-# num_shared, hash_base (a request's hash ids, _kernels.hash_id); hits and hash_ids (scratch rows).
+# num_shared, hash_base (a request's hash ids, loops.pool.hash_id); hits and hash_ids (scratch rows).
 Pool = namedtuple(
     "Pool",
     [
@@ -88,7 +88,7 @@ Pool = namedtuple(
     ],
 )
 
-# vLLM 0.1.4's scheduler in the compiled loop (fast/_kernels_v0.py): paged (1: its watermark_blocks; the pool is a count of
+# vLLM 0.1.4's scheduler in the compiled loop (fast/loops/v0.py): paged (1: its watermark_blocks; the pool is a count of
 # free blocks) or a reservation pool of num_slots token slots in buddy arenas (0; kvlab.core.buddy): each arena's
 # offset and order (largest first), per slot the order of the free chunk that starts there (-1: none), per order the
 # free chunks, per request the slots it asks for (ReservationManager.reservation_tokens) and its chunk's offset, and
@@ -115,7 +115,7 @@ Reservations = namedtuple(
 # (blocks) and leading nulls (the blocks a window or chunk gave back), kept for the first group of each spec only (the
 # others' are the same); freed[0]: the blocks windows and chunks gave back in all. No groups (every array empty): one
 # full-attention group, Requests.num_blocks. Per group its weight (the groups of its spec if it is the first of them,
-# else 0) and, for decode runs (_kernels.group_phases), its place in hist (per phase, the requests that take a block, then those that give one back), all zeros between runs;
+# else 0) and, for decode runs (loops.groups.group_phases), its place in hist (per phase, the requests that take a block, then those that give one back), all zeros between runs;
 # events, a run's windows that start to give blocks back (step, place in hist, weight); free_at, an asynchronous
 # run's free blocks after each batch.
 Groups = namedtuple(
@@ -157,7 +157,7 @@ F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
 # nothing (the Python engine then says why).
 DONE, FULL, NO_PROGRESS = 0, 1, 2
 
-# The step cost, as the compiled loop reads it (fast/compiled.py packs it, _kernels.step_s evaluates it): kind 0
+# The step cost, as the compiled loop reads it (fast/compiled.py packs it, loops.clock.step_s evaluates it): kind 0
 # constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 4
 # RooflineStepCost without tensor parallelism's all-reduces (cost_ms: its ROOFLINE figures), 2
 # MeasuredStepCost: layers, the experts (E, k, EP, DP), the all-reduce's and the expert dispatch's count a step and

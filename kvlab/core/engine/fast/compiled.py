@@ -1,13 +1,13 @@
 """The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
 
 It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
-asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast._kernels):
+asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
-(clock_of: the measured one's tables and the others' figures, evaluated by _kernels.measured_s, vllm_2023_s and
+(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock.measured_s, vllm_2023_s and
 roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
 caching both loops also do decode runs at once, as decode_run.advance and advance_async do (DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
-(_kernels.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
+(loops.step_runs.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
@@ -15,10 +15,10 @@ block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups
 attention, Mamba states in mamba_cache_mode "none"; HybridKVCacheManager) are served here without prefix caching, each
 group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. vLLM 0.1.4's
 scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, has a loop of its own,
-step by step (_kernels_v0.loop_v0; reservations builds its buddy arenas). Everything else (Workload.prefix_hashes,
+step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (Workload.prefix_hashes,
 vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
 (max_concurrency, kvlab.core.engine.closed_loop) is served here too: each finish sends the request that waited for its
-slot (_kernels.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
+slot (loops.scheduler.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
@@ -97,8 +97,8 @@ def ran() -> set:
 
 
 def loaded() -> bool:
-    """Whether kvlab.core.engine.fast._kernels (and so numba) is imported in this process."""
-    return "kvlab.core.engine.fast._kernels" in sys.modules
+    """Whether the compiled loops (kvlab.core.engine.fast.loops, and so numba) are imported in this process."""
+    return "kvlab.core.engine.fast.loops.jit" in sys.modules
 
 
 @functools.lru_cache(maxsize=64)
@@ -231,7 +231,7 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
 
 
 def reservations(engine, prompt: np.ndarray, max_num_tokens: np.ndarray) -> Reservations:
-    """vLLM 0.1.4's pool as _kernels_v0 reads it (arrays.Reservations): paged, its watermark; else the reservation
+    """vLLM 0.1.4's pool as loops.v0 reads it (arrays.Reservations): paged, its watermark; else the reservation
     pool's buddy arenas, every one free, and each request's reservation (ReservationManager.reservation_tokens_of)."""
     kv = engine.kv_cache_manager
     one = np.zeros(1, np.int64)
@@ -293,7 +293,7 @@ def chosen(engine, path: str) -> bool:
     """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
     (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests, or the loops already loaded);
     "compiled" insists; "reference" and "python" never. A closed loop (max_concurrency) as an open one: the loops
-    send each request as the finish that frees its slot comes (_kernels.finished_at, closed_loop.send_s compiled)."""
+    send each request as the finish that frees its slot comes (loops.scheduler.finished_at, closed_loop.send_s compiled)."""
     if path == "auto":
         hybrid = engine.kv_cache_groups is not None
         return engine.fast and worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()
@@ -312,17 +312,18 @@ def chosen(engine, path: str) -> bool:
 
 
 def kernels():
-    """The compiled loops (kvlab.core.engine.fast._kernels; numba compiles them on first use and its cache keeps them)."""
-    from kvlab.core.engine.fast import _kernels
+    """The compiled loops of vLLM 0.33 (kvlab.core.engine.fast.loops.engine; numba compiles them on first use and its
+    cache keeps them)."""
+    from kvlab.core.engine.fast.loops import engine
 
-    return _kernels
+    return engine
 
 
 def kernels_v0():
-    """The compiled loop of vLLM 0.1.4's scheduler (kvlab.core.engine.fast._kernels_v0; it imports kernels())."""
-    from kvlab.core.engine.fast import _kernels_v0
+    """The compiled loop of vLLM 0.1.4's scheduler (kvlab.core.engine.fast.loops.v0)."""
+    from kvlab.core.engine.fast.loops import v0
 
-    return _kernels_v0
+    return v0
 
 
 def cached(loop) -> bool:
@@ -408,7 +409,7 @@ def serve(engine) -> Served | None:
     shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens), groups)
     loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
-    # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (_kernels.unowned): a
+    # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (loops.jit.unowned): a
     # step's Batch beyond its tokens, and a decode run's block phases (per running request) and counts (per phase).
     scratch = (np.zeros(7, np.int64), np.zeros(size, np.int64), np.zeros(engine.block_size, np.int64))
     split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # reservations' Fig. 2

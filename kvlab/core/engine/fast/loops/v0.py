@@ -4,8 +4,8 @@ Orca reservations (kvlab.core.engine.reservation, placed by the buddy allocator 
 loop_v0 is Engine.run's per-step loop with SchedulerV0.schedule, account and update_from_output over the arrays of
 fast/arrays.py (req: Requests; cfg: Limits; orca: Reservations), step by step (no decode runs: a step costs a few
 nanoseconds a request here). Its decisions are the rules the Python scheduler calls (rules.watermark_admits,
-admission_num_new_blocks, num_blocks_to_allocate, preemption_victim, samples, is_finished), compiled by _kernels; its
-records are _kernels.record's, and for a reservation pool each step's Fig. 2 counts besides. The buddy allocator here
+admission_num_new_blocks, num_blocks_to_allocate, preemption_victim, samples, is_finished), compiled by jit.RULES; its
+records are scheduler.record's, and for a reservation pool each step's Fig. 2 counts besides. The buddy allocator here
 keeps, per slot, the order of the free chunk starting there and, per order, how many are free: the same chunks as
 kvlab.core.buddy's sets and heaps (the lowest-addressed free chunk of the smallest order that has one, split into
 halves; a freed chunk merged with its free buddies inside its arena). tests/test_compiled.py holds the two engines to
@@ -14,25 +14,6 @@ the same results, bit for bit.
 
 import math
 
-from kvlab.core.engine.fast._kernels import (
-    _RULES,
-    FINISHED,
-    RUNNING,
-    STEP,
-    _inline,
-    _jit,
-    account,
-    admission_num_new_blocks,
-    drop_finished,
-    next_step,
-    num_blocks_to_allocate,
-    preempt,
-    preemption_victim,
-    record,
-    save_state,
-    step_s,
-    update_sync,
-)
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
@@ -46,13 +27,34 @@ from kvlab.core.engine.fast.arrays import (
     S_STEPS,
     S_WAITING_HEAD,
 )
+from kvlab.core.engine.fast.loops.clock import step_s
+from kvlab.core.engine.fast.loops.jit import (
+    FINISHED,
+    RULES,
+    RUNNING,
+    STEP,
+    admission_num_new_blocks,
+    inline,
+    njit,
+    num_blocks_to_allocate,
+    preemption_victim,
+)
+from kvlab.core.engine.fast.loops.scheduler import (
+    account,
+    drop_finished,
+    next_step,
+    preempt,
+    record,
+    save_state,
+    update_sync,
+)
 
-watermark_admits = _RULES["watermark_admits"]
+watermark_admits = RULES["watermark_admits"]
 FREE_SLOTS, ROUNDING, FINAL_TOKENS = range(3)  # Reservations.counters
 
 
 # ---------------------------------------------------------------- the buddy allocator (kvlab.core.buddy)
-@_inline
+@inline
 def chunk_order(size_tokens):
     """buddy.chunk_order: the smallest k with 2 ** k >= size_tokens."""
     k = 0
@@ -61,7 +63,7 @@ def chunk_order(size_tokens):
     return k
 
 
-@_inline
+@inline
 def can_allocate(orca, size_tokens):
     """BuddyAllocator.can_allocate: a free chunk of the order size_tokens needs or larger."""
     chunks = orca.num_free_chunks
@@ -71,7 +73,7 @@ def can_allocate(orca, size_tokens):
     return False
 
 
-@_inline
+@inline
 def free_slots_below(orca, size_tokens):
     """BuddyAllocator.free_slots_below: free slots in chunks of a lower order than size_tokens needs."""
     chunks = orca.num_free_chunks
@@ -83,7 +85,7 @@ def free_slots_below(orca, size_tokens):
     return total
 
 
-@_inline
+@inline
 def allocate_chunk(orca, size_tokens):
     """BuddyAllocator.allocate: the offset of the lowest-addressed free chunk of the smallest order that has one,
     split down to size_tokens' order (the upper halves freed), or -1 when none is large enough."""
@@ -109,7 +111,7 @@ def allocate_chunk(orca, size_tokens):
     return offset
 
 
-@_inline
+@inline
 def free_chunk(orca, offset, size_tokens):
     """BuddyAllocator.free: give back the chunk at offset (asked for size_tokens), merged with its free buddies up to
     its arena's order."""
@@ -134,7 +136,7 @@ def free_chunk(orca, offset, size_tokens):
 
 
 # ---------------------------------------------------------------- the loop
-@_jit
+@njit
 def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca, out_r, out_n, out_sample, logs, events,
             counts, split, acc):  # fmt: skip
     """Engine.run's loop and Engine.step with SchedulerV0 (synchronous, step by step): steps until every request

@@ -1,0 +1,397 @@
+"""The compiled loops of vLLM 0.33's engine: Engine.run (kvlab/core/engine/engine.py) synchronous (loop_sync) and
+asynchronous behind a batch queue of two (loop_async), stepping or running (step_runs.py) until the chunk of records is
+full, every request finished, or nothing can progress."""
+
+import math
+
+from kvlab.core.engine.fast.arrays import (
+    DONE,
+    F_CLOCK,
+    F_GPU_FREE,
+    F_LAST_END,
+    FULL,
+    NO_PROGRESS,
+    S_FREE,
+    S_HAS_FINISHED,
+    S_KV_TOKENS,
+    S_NEXT_ARRIVAL,
+    S_NUM_EMPTY,
+    S_NUM_RUNNING,
+    S_NUM_WAITING,
+    S_PREFILL_RUNS,
+    S_QUEUE_HEAD,
+    S_QUEUE_LEN,
+    S_RUNS,
+    S_STEPS,
+    S_WAITING_HEAD,
+)
+from kvlab.core.engine.fast.loops.clock import (
+    step_s,
+)
+from kvlab.core.engine.fast.loops.jit import (
+    FINISHED,
+    RUNNING,
+    STEP,
+    is_finished,
+    njit,
+    settles_placeholder,
+    unowned,
+)
+from kvlab.core.engine.fast.loops.pool import (
+    cache_blocks,
+)
+from kvlab.core.engine.fast.loops.scheduler import (
+    add_arrivals,
+    drop_finished,
+    finished_at,
+    next_step,
+    record,
+    release,
+    save_state,
+    schedule,
+    update_sync,
+)
+from kvlab.core.engine.fast.loops.step_runs import (
+    decode_run,
+    decode_run_async,
+    prefill_run,
+    prefill_run_async,
+)
+
+
+@njit
+def loop_sync(
+    req,
+    cfg,
+    cost,
+    state,
+    fstate,
+    running,
+    waiting,
+    pool,
+    groups,
+    out_r,
+    out_n,
+    out_sample,
+    logs,
+    events,
+    counts,
+    scratch,
+):
+    """Engine.run's loop and Engine.step (synchronous), with decode runs and prefill runs at once without prefix
+    caching (cfg.decode_runs: runs on): steps until every request finished (DONE), the chunk's steps are filled (FULL)
+    or a step schedules nothing (NO_PROGRESS). Every array is taken unowned (unowned); scratch: the caller's scratch
+    arrays (fast/compiled.py)."""
+    req, cost, state, fstate, running, waiting, pool, groups = (
+        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
+        unowned(groups),
+    )  # fmt: skip
+    out_r, out_n, out_sample, logs, events, counts = (
+        unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
+    )  # fmt: skip
+    acc, phases, per_phase = unowned(scratch)  # acc: the step's Batch beyond its tokens (schedule, step_s)
+    arrival, status = req.arrival, req.status
+    usable, caching = cfg.num_usable_blocks, cfg.enable_caching
+    fields = cost.kind >= 2  # a clock that reads them
+    nxt, free, nrun, head, nwait = (
+        state[S_NEXT_ARRIVAL],
+        state[S_FREE],
+        state[S_NUM_RUNNING],
+        state[S_WAITING_HEAD],
+        state[S_NUM_WAITING],
+    )
+    kv, first = state[S_KV_TOKENS], state[S_STEPS]
+    clock, last_end = fstate[F_CLOCK], fstate[F_LAST_END]
+    capacity = logs[0].shape[0]
+    runs = cfg.decode_runs and not caching
+    counts[:] = 0
+    code = DONE
+    chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
+    while True:
+        code, nxt, nwait, clock = next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts)
+        if code != STEP:
+            break
+        if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases,
+                  per_phase, logs, counts, groups)  # fmt: skip
+            # (one tuple: numba inlines no call with *args)
+            steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(at)
+            if not steps and chunked:
+                steps, nxt, nwait, free, nrun, kv, clock, last_end = prefill_run(at)
+                state[S_PREFILL_RUNS] += steps > 0
+            if steps:
+                state[S_RUNS] += 1
+                continue
+        ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+            cfg,
+            req,
+            clock,
+            running,
+            nrun,
+            waiting,
+            head,
+            nwait,
+            free,
+            out_r,
+            out_n,
+            out_sample,
+            False,
+            pool,
+            groups,
+            acc,
+            fields,
+        )
+        if num_scheduled == 0:
+            code = NO_PROGRESS
+            break
+        end = clock + step_s(cost, num_scheduled, acc)
+        chunked = num_scheduled > ns
+        free, kv, finished = update_sync(
+            req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_scheduled + num_hit_tokens,
+            end, free, kv,
+        )  # fmt: skip
+        num_running_step = nrun
+        if finished:
+            nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+        record(
+            first,
+            clock,
+            end,
+            last_end,
+            npre,
+            num_hit_tokens,
+            num_scheduled,
+            num_running_step,
+            nwait,
+            usable - free,
+            kv,
+            logs,
+            events,
+            counts,
+        )
+        last_end = end
+        clock = end
+    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
+    return code
+
+
+@njit
+def loop_async(
+    req,
+    cfg,
+    cost,
+    state,
+    fstate,
+    running,
+    waiting,
+    pool,
+    groups,
+    queue_r,
+    queue_n,
+    queue_sample,
+    queue_i,
+    queue_f,
+    logs,
+    events,
+    counts,
+    scratch,
+):
+    """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs and prefill runs at once
+    without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
+    requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
+    queue_f[slot]: start, end. Stops as loop_sync does."""
+    req, cost, state, fstate, running, waiting, pool, groups = (
+        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
+        unowned(groups),
+    )  # fmt: skip
+    queue_r, queue_n, queue_sample, queue_i, queue_f = (
+        unowned(queue_r), unowned(queue_n), unowned(queue_sample), unowned(queue_i), unowned(queue_f)
+    )  # fmt: skip
+    logs, events, counts = unowned(logs), unowned(events), unowned(counts)
+    acc, phases, per_phase, times = unowned(scratch)  # acc: as loop_sync's; times: a decode run's batch ends
+    (
+        arrival,
+        prompt,
+        max_num_tokens,
+        num_tokens,
+        computed,
+        num_blocks,
+        num_cached,
+        status,
+        placeholders,
+        in_flight,
+        stale,
+        first_token_s,
+        finish_s,
+    ) = (
+        req.arrival,
+        req.prompt,
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.num_cached,
+        req.status,
+        req.placeholders,
+        req.in_flight,
+        req.stale,
+        req.first_token_s,
+        req.finish_s,
+    )  # locals: numba hoists them
+    n = arrival.shape[0]
+    fields = cost.kind >= 2  # a clock that reads them
+    usable, caching, block_size = (
+        cfg.num_usable_blocks,
+        cfg.enable_caching,
+        cfg.block_size,
+    )
+    nxt, free, nrun, head, nwait = (
+        state[S_NEXT_ARRIVAL],
+        state[S_FREE],
+        state[S_NUM_RUNNING],
+        state[S_WAITING_HEAD],
+        state[S_NUM_WAITING],
+    )
+    kv, first = state[S_KV_TOKENS], state[S_STEPS]
+    queue_head, queue_len = state[S_QUEUE_HEAD], state[S_QUEUE_LEN]
+    num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
+    clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
+    capacity = logs[0].shape[0]
+    runs = cfg.decode_runs and not caching
+    counts[:] = 0
+    code = DONE
+    while True:
+        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        if counts[0] == capacity:
+            code = FULL
+            break
+        if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run, or a prefill run
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r,
+                  queue_n, queue_sample, queue_i, queue_f, queue_head, phases, per_phase, first, logs, events,
+                  counts, groups)  # fmt: skip
+            ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(at, times)
+            prefill = not ran and queue_i[queue_head, 1] > queue_i[queue_head, 0]  # batch 0 holds a prefill chunk
+            if prefill:
+                ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = prefill_run_async(at)
+            if ran:
+                gpu_free_s = end
+                has_finished = 1 if finished else 0
+                state[S_RUNS] += 1
+                state[S_PREFILL_RUNS] += prefill
+                continue
+        if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
+            slot = (queue_head + queue_len) % 2
+            ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+                cfg,
+                req,
+                clock,
+                running,
+                nrun,
+                waiting,
+                head,
+                nwait,
+                free,
+                queue_r[slot],
+                queue_n[slot],
+                queue_sample[slot],
+                True,
+                pool,
+                groups,
+                acc,
+                fields,
+            )
+            has_finished = 0
+            start = clock if clock > gpu_free_s else gpu_free_s
+            end = start + step_s(cost, num_scheduled, acc) if num_scheduled else start
+            gpu_free_s = end
+            queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
+            queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens
+            queue_i[slot, 6] = num_scheduled and not npre and not num_hit_tokens  # a decode run may start from it
+            queue_f[slot, 0], queue_f[slot, 1] = start, end
+            queue_len += 1
+            num_empty = 0 if num_scheduled else num_empty + 1
+            if num_empty >= 2 and (nrun or nwait):
+                queued_tokens = queue_i[slot, 1]
+                if queue_len == 2:
+                    queued_tokens += queue_i[queue_head, 1]
+                if queued_tokens == 0:
+                    if nxt == n or arrival[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
+                        code = NO_PROGRESS
+                        break
+                    clock = arrival[nxt]  # nothing changes before it arrives
+                    num_empty = 0
+            if queue_len < 2 and (num_scheduled or nrun or nwait):
+                continue
+        elif queue_len == 0:
+            if nxt == n:
+                code = DONE
+                break
+            clock = arrival[nxt]  # idle: jump to the next arrival
+            continue
+        slot = queue_head  # wait for the oldest batch's output, process it
+        queue_head = (queue_head + 1) % 2
+        queue_len -= 1
+        end = queue_f[slot, 1]
+        if end > clock:
+            clock = end
+        finished = False
+        finished_waiting = False
+        for j in range(queue_i[slot, 0]):  # AsyncScheduler.update_from_output
+            r = queue_r[slot, j]
+            m = queue_n[slot, j]
+            in_flight[r] -= m
+            was_stale = stale[r] > 0
+            if was_stale:
+                stale[r] -= m
+            if status[r] == FINISHED or not queue_sample[slot, j]:
+                continue
+            was_running = status[r] == RUNNING
+            num_tokens[r] += 1
+            if num_tokens[r] == prompt[r] + 1:
+                first_token_s[r] = end
+            if settles_placeholder(was_stale, placeholders[r]):
+                placeholders[r] -= 1
+                if was_running and caching:
+                    cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
+            if is_finished(num_tokens[r], max_num_tokens[r]):
+                status[r] = FINISHED
+                free = release(pool, groups, caching, r, num_blocks, num_cached, free)
+                finish_s[r] = end
+                finished_at(req, end)
+                finished = True
+                if not was_running:
+                    finished_waiting = True
+        if finished:
+            nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, finished_waiting)
+            has_finished = 1
+        num_scheduled, npre = queue_i[slot, 1], queue_i[slot, 4]
+        if num_scheduled or npre:  # a step of the records: it ran tokens or preempted
+            kv = 0
+            for j in range(nrun):
+                kv += computed[running[j]]
+            record(
+                first,
+                queue_f[slot, 0],
+                end,
+                last_end,
+                npre,
+                queue_i[slot, 5],
+                num_scheduled,
+                queue_i[slot, 2],
+                queue_i[slot, 3],
+                usable - free,
+                kv,
+                logs,
+                events,
+                counts,
+            )
+            last_end = end
+    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
+    state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (
+        queue_head,
+        queue_len,
+        num_empty,
+        has_finished,
+    )
+    fstate[F_GPU_FREE] = gpu_free_s
+    return code

@@ -1,0 +1,132 @@
+"""numba for the compiled loops: its import (without coverage.py), its cache (a folder named by every source the loops
+compile), the two decorators (njit: compiled and cached; inline: inlined into its callers), the arrays' ownership
+(unowned) and the rules of kvlab.core.engine.rules compiled from their own source (RULES and a name for each)."""
+
+import builtins
+import hashlib
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+from kvlab.core import block_pool
+from kvlab.core.engine import closed_loop, rules
+from kvlab.core.engine.fast import decode_run as python_decode_run
+
+# numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
+# process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
+# stays importable afterwards).
+_WITHOUT_COVERAGE = "coverage" not in sys.modules and "numba" not in sys.modules
+# numba's cache: NUMBA_CACHE_DIR where set (the Makefile sets the checkout's .cache/numba), else, in a checkout,
+# that same folder, so that `make setup`'s compilation serves a `kvlab` command run from any shell.
+_CHECKOUT = Path(__file__).resolve().parents[5]
+_CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
+    str(_CHECKOUT / ".cache" / "numba") if (_CHECKOUT / "pyproject.toml").is_file() else ""
+)
+# numba keys a cached function by its own file alone: a loop compiled with an older rules.py (or block_pool.py, ...)
+# inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
+# compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
+SOURCE_FILES = [Path(m.__file__) for m in (rules, block_pool, closed_loop, python_decode_run)] + sorted(
+    Path(__file__).parent.glob("*.py")
+)
+SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
+_DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
+CACHE_DIR = str(Path(_CACHE_BASE) / f"loops-{_DIGEST}") if _CACHE_BASE else ""
+if CACHE_DIR and not Path(CACHE_DIR).is_dir():  # loops of older sources are never loaded again
+    for _old in Path(_CACHE_BASE).glob("loops-*"):
+        shutil.rmtree(_old, ignore_errors=True)
+if _WITHOUT_COVERAGE:
+    sys.modules["coverage"] = None
+try:
+    import numba
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import make_array
+finally:
+    if _WITHOUT_COVERAGE:
+        del sys.modules["coverage"]
+if CACHE_DIR:
+    numba.config.CACHE_DIR = CACHE_DIR  # read when each dispatcher below opens its cache
+
+WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
+STEP = -1  # next_step: a step to take (DONE, FULL and NO_PROGRESS end a chunk)
+NEVER = 1 << 62  # free blocks no pool has
+
+
+def njit(function, inline="never"):
+    """numba.njit with its on-disk cache, or without where numba finds no writable place for it."""
+    try:
+        return numba.njit(cache=True, nogil=True, inline=inline)(function)
+    except RuntimeError:
+        return numba.njit(nogil=True, inline=inline)(function)
+
+
+def inline(function):
+    """njit, the function inlined into its callers at numba's IR level."""
+    return njit(function, "always")
+
+
+def compiled_rules() -> dict:
+    """Every function of kvlab.core.engine.rules, decode_run.steps_covered, closed_loop.send_s and the free queue of
+    kvlab.core.block_pool (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
+    resolved to their compiled selves (and block_pool's integer constants as its)."""
+    namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int}
+    functions = [
+        f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
+    ]
+    functions += [python_decode_run.steps_covered, closed_loop.send_s]
+    functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
+    for function in functions:
+        copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+        namespace[function.__name__] = inline(copy)
+    return namespace
+
+
+def _unowned_value(context, builder, ty, value):
+    """value (of numba type ty) with every array in it a view that owns no reference: the same data, shape and
+    strides, a null meminfo (so that numba's reference counting skips it)."""
+    if isinstance(ty, numba.types.Array):
+        src = make_array(ty)(context, builder, value=value)
+        dst = make_array(ty)(context, builder)
+        for name in ("nitems", "itemsize", "data", "shape", "strides"):
+            setattr(dst, name, getattr(src, name))
+        dst.meminfo = cgutils.get_null_value(dst.meminfo.type)
+        dst.parent = cgutils.get_null_value(dst.parent.type)
+        return dst._getvalue()
+    if isinstance(ty, numba.types.BaseTuple):
+        for i, member in enumerate(ty):
+            value = builder.insert_value(
+                value, _unowned_value(context, builder, member, builder.extract_value(value, i)), i
+            )
+    return value
+
+
+@intrinsic
+def unowned(typingctx, x):
+    """x (an array, or a tuple holding arrays and scalars) with its arrays unowned views (_unowned_value). numba counts
+    a reference to an array each time a variable takes it: at every call, inlined or not, for each array argument
+    (a tuple's arrays included), and at every field a function unpacks. Those are atomic operations, about two-thirds
+    of the compiled loop's time before (perf, 200,000 requests). A loop takes its arguments unowned once, at its start:
+    the arrays live through the call (its caller holds them), and no view of them outlives it."""
+
+    def codegen(context, builder, signature, args):
+        return _unowned_value(context, builder, signature.args[0], args[0])
+
+    return x(x), codegen
+
+
+RULES = compiled_rules()
+step_token_cap, running_num_new_tokens, allocation_is_noop, num_blocks_to_allocate = (
+    RULES[name] for name in ("step_token_cap", "running_num_new_tokens", "allocation_is_noop", "num_blocks_to_allocate")
+)
+num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemption_victim = (
+    RULES[name]
+    for name in ("num_lookup_blocks", "admission_num_new_tokens", "admission_num_new_blocks", "preemption_victim")
+)
+num_skipped_tokens, admission_blocks = RULES["num_skipped_tokens"], RULES["admission_blocks"]
+samples, is_finished, settles_placeholder = (RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
+steps_covered, send_s = RULES["steps_covered"], RULES["send_s"]
+num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
+    RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
+)

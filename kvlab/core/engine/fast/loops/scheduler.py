@@ -1,0 +1,443 @@
+"""vLLM 0.33's scheduler (kvlab/core/engine/scheduler.py and async_scheduler.py) over the named arrays: schedule,
+account, preempt, the synchronous update_from_output, and Engine.run's step around them (arrivals, records, the
+closed loop's sends)."""
+
+import math
+
+from kvlab.core.engine.fast.arrays import (
+    DONE,
+    F_CLOCK,
+    F_LAST_END,
+    FULL,
+    S_FREE,
+    S_KV_TOKENS,
+    S_NEXT_ARRIVAL,
+    S_NUM_RUNNING,
+    S_NUM_WAITING,
+    S_STEPS,
+    S_WAITING_HEAD,
+)
+from kvlab.core.engine.fast.loops.groups import (
+    admitted_to_groups,
+    blocks_for_groups,
+    release_groups,
+    remove_skipped_blocks,
+)
+from kvlab.core.engine.fast.loops.jit import (
+    FINISHED,
+    PREEMPTED,
+    RUNNING,
+    STEP,
+    allocation_is_noop,
+    inline,
+    is_finished,
+    num_blocks_to_allocate,
+    num_free,
+    num_lookup_blocks,
+    preemption_victim,
+    running_num_new_tokens,
+    samples,
+    send_s,
+    step_token_cap,
+    take_blocks,
+    touch_blocks,
+)
+from kvlab.core.engine.fast.loops.pool import (
+    admitted_tokens,
+    cache_blocks,
+    hash_id,
+    release_table,
+    take_slot,
+)
+
+
+@inline
+def schedule(
+    cfg,
+    req,
+    clock,
+    running,
+    nrun,
+    waiting,
+    head,
+    nwait,
+    free,
+    out_r,
+    out_n,
+    out_sample,
+    asynchronous,
+    pool,
+    groups,
+    acc,
+    fields,
+):
+    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
+    and, where fields (a clock that reads them, step_s), the rest of its Batch in acc; returns (its requests,
+    preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free). Without prefix caching
+    (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks. A hybrid model's groups (groups,
+    without prefix caching) take Requests.num_blocks's place, and every running request calls allocate_slots (a
+    decode inside its last block may still free a block behind its window)."""
+    (
+        max_tokens_total,
+        num_tokens,
+        computed,
+        num_blocks,
+        num_cached,
+        status,
+        placeholders,
+        in_flight,
+        first_scheduled_s,
+    ) = (
+        req.max_tokens_total,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.num_cached,
+        req.status,
+        req.placeholders,
+        req.in_flight,
+        req.first_scheduled_s,
+    )  # locals: numba hoists them
+    block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.max_model_len,
+        cfg.long_prefill_token_threshold,
+        cfg.enable_caching,
+    )
+    cap = waiting.shape[0]
+    hybrid = groups.block_size.shape[0] > 0
+    cap_tokens = step_token_cap(threshold, nrun, nwait)
+    ns = 0
+    npre = 0
+    hit_tokens = 0
+    i = 0
+    while i < nrun and budget > 0:
+        r = running[i]
+        c = computed[r]
+        m = running_num_new_tokens(
+            num_tokens[r], placeholders[r], c, max_tokens_total[r], cap_tokens, budget, max_model_len
+        )
+        if m == 0:  # async: its last token in flight, or at max_model_len
+            i += 1
+            continue
+        if hybrid:  # allocate_slots first frees the blocks behind each window (of the settled tokens)
+            free += remove_skipped_blocks(groups, r, (c if c < max_model_len else max_model_len) - in_flight[r])
+        elif allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
+            out_r[ns] = r  # a decode inside its last block: allocate_slots not called
+            out_n[ns] = 1
+            ns += 1
+            budget -= 1
+            i += 1
+            continue
+        preempted_self = False
+        while True:  # allocate_slots, preempting from the back
+            if hybrid:
+                new = blocks_for_groups(groups, r, c, m, max_model_len, False)
+            else:
+                new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
+            if new <= free:
+                if hybrid:
+                    free -= blocks_for_groups(groups, r, c, m, max_model_len, True)
+                elif new > 0:
+                    if caching:
+                        take_blocks(pool, new, pool.tables[pool.slot_of[r]], num_blocks[r])
+                    free -= new
+                    num_blocks[r] += new
+                if caching:
+                    cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
+                break
+            nrun = preemption_victim(nrun)
+            v = running[nrun]  # the most recently admitted running request
+            free, head, nwait = preempt(req, pool, groups, caching, v, free, waiting, head, nwait)
+            npre += 1
+            if v == r:
+                preempted_self = True
+                break
+        if preempted_self:
+            break
+        out_r[ns] = r
+        out_n[ns] = m
+        ns += 1
+        budget -= m
+        i += 1
+    if npre == 0:  # admissions, first come first served
+        while budget > 0 and nwait > 0:
+            if nrun >= max_num_seqs:
+                break
+            r = waiting[head]
+            num_hits = 0
+            evictable = 0
+            if caching:  # get_computed_blocks: the longest cached run of blocks
+                hits, ref, hash_ends = pool.hits, pool.ref, pool.hash_ends
+                for j in range(num_lookup_blocks(num_tokens[r], block_size)):
+                    b = hash_ends[2 * hash_id(pool, r, j)]
+                    if b < 0:
+                        break
+                    hits[j] = b
+                    num_hits += 1
+                    if ref[b] == 0:
+                        evictable += 1
+            if hybrid:
+                m, new = admitted_to_groups(cfg, groups, num_tokens, r, budget, free, cap_tokens)
+            else:
+                m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens)
+            if m == 0:
+                break
+            start = computed[r] + num_hits * block_size
+            if caching:
+                take_slot(pool, r)
+                row = pool.tables[pool.slot_of[r]]
+                touch_blocks(pool, pool.hits, num_hits)  # a hit no request held leaves the free queue
+                row[:num_hits] = pool.hits[:num_hits]
+                num_blocks[r] = num_hits
+                num_cached[r] = num_hits
+                if new > 0:
+                    take_blocks(pool, new, row, num_hits)
+                    num_blocks[r] += new
+                cache_blocks(pool, r, num_cached, min(start + m, num_tokens[r]), block_size)
+                free = num_free(pool)
+            elif hybrid:
+                free -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
+            elif new > 0:
+                free -= new
+                num_blocks[r] += new
+            head = (head + 1) % cap
+            nwait -= 1
+            running[nrun] = r
+            nrun += 1
+            status[r] = RUNNING
+            computed[r] = num_hits * block_size
+            hit_tokens += num_hits * block_size
+            if math.isnan(first_scheduled_s[r]):
+                first_scheduled_s[r] = clock
+            out_r[ns] = r
+            out_n[ns] = m
+            ns += 1
+            budget -= m
+    num_scheduled = account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous)
+    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
+
+
+@inline
+def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
+    """Scheduler.account() (kvlab/core/engine/scheduler.py) for the batch's ns requests in out_r and out_n: each
+    one's computed tokens moved on and whether it samples (out_sample); where fields (a clock that reads them,
+    step_s), the rest of the step's Batch in acc; asynchronous, its tokens in flight and placeholders. Returns the
+    batch's tokens."""
+    computed, num_tokens, placeholders, in_flight = req.computed, req.num_tokens, req.placeholders, req.in_flight
+    num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0
+    for j in range(ns):
+        r = out_r[j]
+        m = out_n[j]
+        before = computed[r]
+        c = before + m
+        computed[r] = c
+        num_scheduled += m
+        sample = samples(c, num_tokens[r], placeholders[r])
+        out_sample[j] = sample
+        if fields:  # the Batch's other fields, for a clock that reads them
+            context += c
+            if m == 1 and sample:
+                decodes += 1
+                decode_context += c
+                low = c if low == 0 or c < low else low
+                high = c if c > high else high
+            else:
+                prefills += 1
+                pairs += m * before + m * (m + 1) // 2
+        if asynchronous:
+            in_flight[r] += m
+            if sample:
+                placeholders[r] += 1
+    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
+        context,
+        decodes,
+        decode_context,
+        prefills,
+        pairs,
+        low,
+        high,
+    )
+    return num_scheduled
+
+
+@inline
+def next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts):
+    """Engine.run's loop up to its next step: the requests that have arrived join the waiting queue; with nothing
+    running or waiting the clock jumps to the next arrival. Returns (STEP, DONE when every request finished, or FULL
+    when the chunk's capacity step records are full; nxt, nwait, clock)."""
+    n = arrival.shape[0]
+    while True:
+        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        if nrun == 0 and nwait == 0:
+            if nxt == n:
+                return DONE, nxt, nwait, clock
+            clock = arrival[nxt]  # idle: jump to the next arrival
+            continue
+        if counts[0] == capacity:
+            return FULL, nxt, nwait, clock
+        return STEP, nxt, nwait, clock
+
+
+@inline
+def save_state(state, fstate, nxt, free, nrun, head, nwait, kv, steps, clock, last_end):
+    """Keep the loop's state for its next chunk (state and fstate, read back at its start)."""
+    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
+    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
+    state[S_STEPS] = steps
+    fstate[F_CLOCK], fstate[F_LAST_END] = clock, last_end
+
+
+@inline
+def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
+    """Engine.add_arrivals: every request that has arrived by the clock joins the back of the waiting queue, in
+    arrival order; returns the next request to arrive and the queue's length."""
+    n, cap = arrival.shape[0], waiting.shape[0]
+    while nxt < n and arrival[nxt] <= clock:
+        waiting[(head + nwait) % cap] = nxt
+        nwait += 1
+        nxt += 1
+    return nxt, nwait
+
+
+@inline
+def finished_at(req, end):
+    """ClosedLoop.finished (kvlab/core/engine/closed_loop.py): a request finished at end, in time order; in a closed loop
+    the next request waiting for a slot is sent (closed_loop.send_s, compiled), its send written into req.arrival. An
+    open loop (req.closed_loop empty): nothing."""
+    loop = req.closed_loop
+    if loop.shape[0]:
+        i = loop[0] + loop[1]
+        loop[1] += 1
+        if i < req.arrival.shape[0]:
+            req.arrival[i] = send_s(req.open_loop[i], req.arrival[i - 1], end)
+
+
+@inline
+def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
+    """The running list (and, if some finished there, the waiting queue) without finished requests, in order."""
+    k = 0
+    for j in range(nrun):
+        r = running[j]
+        if status[r] != FINISHED:
+            running[k] = r
+            k += 1
+    if from_waiting:
+        cap = waiting.shape[0]
+        w = 0
+        for j in range(nwait):
+            r = waiting[(head + j) % cap]
+            if status[r] != FINISHED:
+                waiting[(head + w) % cap] = r
+                w += 1
+        nwait = w
+    return k, nwait
+
+
+@inline
+def release(pool, groups, caching, r, num_blocks, num_cached, free):
+    """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
+    if caching:
+        if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
+            release_table(pool, r, num_blocks[r])
+        num_cached[r] = 0
+        free = num_free(pool)
+    elif groups.block_size.shape[0]:
+        free += release_groups(groups, r)
+    else:
+        free += num_blocks[r]
+    num_blocks[r] = 0
+    return free
+
+
+@inline
+def update_sync(
+    req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_new_kv_tokens, end, free, kv
+):
+    """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
+    preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output: each
+    request that samples gets its token, and those done finish at end and give their blocks back, in batch order
+    (a reservation pool's caller frees their chunks after). Returns (free, kv, whether any finished)."""
+    computed, num_tokens, status = req.computed, req.num_tokens, req.status
+    if npre:
+        kv = 0
+        for j in range(nrun):
+            kv += computed[running[j]]
+    else:
+        kv += num_new_kv_tokens
+    finished = False
+    for j in range(ns):
+        if out_sample[j]:
+            r = out_r[j]
+            num_tokens[r] += 1
+            if num_tokens[r] == req.prompt[r] + 1:
+                req.first_token_s[r] = end
+            if is_finished(num_tokens[r], req.max_num_tokens[r]):
+                status[r] = FINISHED
+                free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+                kv -= computed[r]
+                req.finish_s[r] = end
+                finished_at(req, end)
+                finished = True
+    return free, kv, finished
+
+
+@inline
+def preempt(req, pool, groups, caching, r, free, waiting, head, nwait):
+    """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, loses its progress (a
+    batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (free, head, nwait)."""
+    free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+    req.status[r] = PREEMPTED
+    req.computed[r] = 0
+    req.stale[r] = req.in_flight[r]
+    req.placeholders[r] = 0
+    req.num_preemptions[r] += 1
+    head = (head - 1) % waiting.shape[0]
+    waiting[head] = r
+    return free, head, nwait + 1
+
+
+@inline
+def record(
+    first,
+    clock_start,
+    end,
+    last_end,
+    npre,
+    num_hit_tokens,
+    num_scheduled,
+    nrun,
+    nwait,
+    held_blocks,
+    kv,
+    logs,
+    events,
+    counts,
+):
+    """StepLog.append for the chunk's next step (first: steps before the chunk). logs: end_s, start_s, then held,
+    kv_tokens, tokens, num_running, num_waiting; events: start_step, preempt_step, preempt_count, hit_step,
+    hit_count; counts: steps, starts, preemption events and hit events in the chunk so far."""
+    end_s, start_s, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    start_step, preempt_step, preempt_count, hit_step, hit_count = events
+    s = counts[0]
+    if s + first == 0 or last_end != clock_start:
+        start_step[counts[1]] = s
+        start_s[counts[1]] = clock_start
+        counts[1] += 1
+    if npre:
+        preempt_step[counts[2]] = s
+        preempt_count[counts[2]] = npre
+        counts[2] += 1
+    if num_hit_tokens:
+        hit_step[counts[3]] = s
+        hit_count[counts[3]] = num_hit_tokens
+        counts[3] += 1
+    end_s[s] = end
+    held[s] = held_blocks
+    kv_tokens[s] = kv
+    tokens[s] = num_scheduled
+    num_running_log[s] = nrun
+    num_waiting_log[s] = nwait
+    counts[0] = s + 1

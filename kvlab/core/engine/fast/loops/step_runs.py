@@ -1,0 +1,767 @@
+"""Decode runs and prefill runs (kvlab/core/engine/fast/decode_run.py): steps in which nothing can change, done at
+once in closed form, synchronous and asynchronous."""
+
+from kvlab.core.engine.fast.loops.clock import (
+    cost_s,
+    decode_run_clock,
+    decode_step_s,
+    prefill_run_clock,
+    prefill_step_s,
+    step_s,
+)
+from kvlab.core.engine.fast.loops.groups import (
+    admission_to_groups,
+    group_blocks_at,
+    group_phases,
+    group_phases_cleared,
+    groups_advanced,
+    release_groups,
+)
+from kvlab.core.engine.fast.loops.jit import (
+    FINISHED,
+    NEVER,
+    inline,
+    is_finished,
+    njit,
+    num_blocks_to_allocate,
+    step_token_cap,
+    steps_covered,
+)
+from kvlab.core.engine.fast.loops.pool import (
+    admitted_tokens,
+)
+from kvlab.core.engine.fast.loops.scheduler import (
+    add_arrivals,
+    drop_finished,
+    finished_at,
+    record,
+)
+
+
+@inline
+def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait,
+                     logs, s, groups):  # fmt: skip
+    """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
+    prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
+    first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
+    Returns (free, kv, nrun, nwait)."""
+    max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+        req.max_num_tokens,
+        req.num_tokens,
+        req.computed,
+        req.num_blocks,
+        req.status,
+        req.finish_s,
+    )
+    finished = False
+    hybrid = groups.block_size.shape[0] > 0
+    periods, rest = j // block_size, j % block_size
+    for i in range(nrun):
+        if i == skip:
+            continue
+        r = running[i]
+        if hybrid:
+            groups_advanced(groups, r, computed[r], j, 0)
+        else:
+            num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
+        computed[r] += j
+        num_tokens[r] += j
+        if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
+            status[r] = FINISHED
+            free += release_groups(groups, r) if hybrid else num_blocks[r]  # release without prefix caching
+            num_blocks[r] = 0
+            kv -= computed[r]
+            finish_s[r] = clock
+            finished_at(req, clock)
+            finished = True
+    if finished:  # that step's record: after its finishes
+        logs[2][s + j - 1] = usable - free  # held
+        logs[3][s + j - 1] = kv  # kv_tokens
+        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    return free, kv, nrun, nwait
+
+
+@inline
+def prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j):
+    """The time of a prefill run's step on a measured (prefill_step_s) or 2023 clock (cost_s of the step's Batch, as
+    schedule's account builds it): its decodes j tokens further than the run found them (decode_context tokens in
+    all, from low to high each), its prompt's chunk after before tokens."""
+    low, high = (low + j, high + j) if num_decodes else (0, 0)
+    step_context = decode_context + num_decodes * j
+    if clock_cost.kind == 2:
+        return prefill_step_s(clock_cost, run, num_decodes, chunk, before, step_context, low, high)
+    pairs = chunk * before + chunk * (chunk + 1) // 2
+    return cost_s(clock_cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
+                  low, high)  # fmt: skip
+
+
+@inline
+def prefill_run_chunk(budget, threshold, at, nrun, nwait, num_left):
+    """A prefill run's chunk (the budget the at decodes before P leave, at most the step's cap) and its steps whose
+    chunk leaves P more of its num_left tokens; (0, 0) where P or a decode after it would go unscheduled."""
+    chunk = budget - at
+    cap_tokens = step_token_cap(threshold, nrun, nwait)
+    if 0 < cap_tokens < chunk:
+        chunk = cap_tokens
+    if chunk <= 0 or budget - at - chunk < nrun - at - 1:
+        return 0, 0
+    return chunk, (num_left - 1) // chunk
+
+
+@inline
+def limits_of(cfg):
+    """The Limits the runs read: block_size, max_num_seqs, max_num_batched_tokens, num_usable_blocks,
+    long_prefill_token_threshold, max_model_len."""
+    return (
+        cfg.block_size,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_usable_blocks,
+        cfg.long_prefill_token_threshold,
+        cfg.max_model_len,
+    )
+
+
+@inline
+def decode_run(at):
+    """at: loop_sync's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end,
+    phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
+    caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
+    recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
+    are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
+    the first finish or fills the chunk; the waiting queue's head, refused in the first step, stays refused (free
+    blocks only fall). A hybrid model's groups (groups): O(groups) a step (group_phases), the head checked at every
+    step, since windows give blocks back. Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no
+    run, nothing changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+     counts, groups) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed = req.computed
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    hybrid = groups.block_size.shape[0] > 0
+    per_phase[:] = 0  # per_phase[p]: requests of phase p
+    k = max_num_tokens[running[0]]
+    low = high = computed[running[0]]
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # a prefill chunk or its first token next
+        if max_num_tokens[r] - num_tokens[r] < k:
+            k = max_num_tokens[r] - num_tokens[r]
+        low = c if c < low else low
+        high = c if c > high else high
+        if hybrid:
+            phases[i] = c  # (its computed tokens: group_phases_cleared)
+        else:
+            phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
+            per_phase[phases[i]] += 1
+    limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
+    if limit < 2:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    budget_left = budget - nrun
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    if (
+        not hybrid
+        and refused
+        and may_admit
+        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+    ):
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    # A hybrid model's groups give blocks back as they take them (a window's, a chunk's), so free blocks may rise: the
+    # waiting queue's head is admitted at the first step that leaves need free (NEVER: none, or the budget refuses it),
+    # and a step runs only if it can take its blocks before any are given back (else it may preempt).
+    need = NEVER
+    num_events = freed_first = e = 0
+    if hybrid:
+        if refused and may_admit:
+            m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left, threshold)
+            need = need_head if m else NEVER
+        num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len, 0)
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
+    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
+    run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
+    # the steps whose block boundaries the pool covers
+    covered = limit if hybrid else steps_covered(per_phase, nrun, free, block_size)
+    n = arrival.shape[0]
+    j = 0
+    phase = 0  # j % block_size
+    while j < limit:
+        if j and nxt < n and arrival[nxt] <= clock:
+            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+            if not refused:  # the first to arrive: admitted at this step ends the run
+                if hybrid:
+                    if may_admit:
+                        m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left,
+                                                              threshold)  # fmt: skip
+                        need = need_head if m else NEVER
+                elif (
+                    may_admit
+                    and admitted_tokens(
+                        cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[phase], threshold
+                    )[0]
+                ):
+                    break
+                refused = True
+        if j == covered:
+            break  # a block boundary the pool cannot cover: it preempts
+        if hybrid:
+            while e < num_events and groups.events[e, 0] == j:  # a window starts to give blocks back
+                groups.hist[groups.events[e, 1]] += groups.events[e, 2]
+                e += 1
+            taken, freed = group_blocks_at(groups, j, max_model_len)
+            if j == 0:
+                freed = freed_first
+            if taken > free or free - taken + freed >= need:
+                break  # it may preempt, or it admits the head
+            free += freed - taken
+        else:
+            free -= per_phase[phase]
+        if clock_cost.kind == 2:
+            duration = decode_step_s(clock_cost, run, j)
+        elif growing:
+            duration = cost_s(
+                clock_cost, nrun, context + nrun * j, nrun, context + nrun * j, 0, 0, low + 1 + j, high + 1 + j
+            )
+        clock += duration
+        kv += nrun
+        end_s[s + j] = clock
+        held[s + j] = usable - free
+        kv_tokens[s + j] = kv
+        num_waiting_log[s + j] = nwait
+        j += 1
+        phase = 0 if phase == block_size - 1 else phase + 1
+    if hybrid:
+        group_phases_cleared(groups, nrun, phases, max_model_len, 0)
+        if j == 0:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    tokens[s : s + j] = nrun
+    num_running_log[s : s + j] = nrun
+    counts[0] = s + j
+    if j:
+        last_end = clock
+    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock,
+                                             waiting, head, nwait, logs, s, groups)  # fmt: skip
+    return j, nxt, nwait, free, nrun, kv, clock, last_end
+
+
+@inline
+def prefill_run(at):
+    """at: decode_run's. A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its
+    steps at once, recorded as loop_sync records them. Every running request but one (the prompt's, P) decodes; each
+    step gives each decode its token and P the same chunk: the budget the decodes before it leave, at most the
+    step's cap (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes
+    after it each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a
+    step whose blocks (the decodes' crossings and P's, num_blocks_to_allocate) are more than the free ones (it
+    preempts), or that would admit the first request to arrive during it (or change the cap), and after the step
+    that samples the first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall).
+    Each step costs the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the
+    measured clock, prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token.
+    Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+     counts, groups) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed, num_blocks = req.computed, req.num_blocks
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    if nrun == 0 or last_end != clock or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    at = -1  # P's place in the running list
+    k = logs[0].shape[0] - counts[0]  # the steps left in the chunk's records
+    low = high = decode_context = 0
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if c == num_tokens[r] - 1 and num_tokens[r] > prompt[r]:  # a decode
+            left = max_num_tokens[r] - num_tokens[r]
+            k = left if left < k else k  # its last token at step left - 1
+            low = c if low == 0 or c < low else low
+            high = c if c > high else high
+            decode_context += c
+            phases[i] = -c % block_size
+            per_phase[phases[i]] += 1
+        elif at < 0 and num_tokens[r] - c > 1:
+            at = i
+        else:
+            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # two prompts, or a prompt's last token
+    if at < 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    p = running[at]
+    num_decodes = nrun - 1
+    before = computed[p]
+    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
+    if chunk == 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end  # P or a decode after it not scheduled
+    k = chunks if chunks < k else k
+    if k < 2:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    budget_left = budget - num_decodes - chunk
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
+    p_blocks = num_blocks[p]
+    need = per_phase[0] + max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+    if need > free:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    if (
+        refused
+        and may_admit
+        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+    ):
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    num_scheduled = num_decodes + chunk
+    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    n = arrival.shape[0]
+    j = 0
+    phase = 0  # j % block_size
+    while j < k:
+        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+        need = per_phase[phase] + p_new
+        if j and nxt < n and arrival[nxt] <= clock:
+            if not fixed_cap:
+                break
+            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+            if not refused:  # the first to arrive: admitted at this step ends the run
+                if (
+                    may_admit
+                    and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+                ):
+                    break
+                refused = True
+        if need > free:
+            break  # a block the pool has not got: it preempts
+        free -= need
+        p_blocks += p_new
+        if clock_cost.kind >= 2:
+            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j + 1)
+        clock += duration
+        kv += num_scheduled
+        before += chunk
+        end_s[s + j] = clock
+        held[s + j] = usable - free
+        kv_tokens[s + j] = kv
+        tokens[s + j] = num_scheduled
+        num_running_log[s + j] = nrun
+        num_waiting_log[s + j] = nwait
+        j += 1
+        phase = 0 if phase == block_size - 1 else phase + 1
+    if j == 0:
+        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    counts[0] = s + j
+    last_end = clock
+    computed[p] = before
+    num_blocks[p] = p_blocks
+    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, free, kv, clock,
+                                             waiting, head, nwait, logs, s, groups)  # fmt: skip
+    return j, nxt, nwait, free, nrun, kv, clock, last_end
+
+
+@inline
+def blocks_taken(per_phase, num_running, num_steps, block_size):
+    """decode_run.blocks_taken: the blocks the running requests take in a run's first num_steps steps."""
+    taken = num_running * (num_steps // block_size)
+    for p in range(num_steps % block_size):
+        taken += per_phase[p]
+    return taken
+
+
+@inline
+def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit, budget_left,
+                   computed_before):  # fmt: skip
+    """How many of batches 1..k a hybrid model's asynchronous decode run schedules (decode_run_async): batch j takes
+    and gives back the blocks of group_phases' step j - 1 (lag 1: a token in flight), and the run stops before a batch
+    that cannot take its blocks before any come back (it may preempt) or that leaves the waiting queue's head (the first
+    to arrive from iteration joins on, if none waits) enough free blocks to be admitted. groups.free_at[j]: the free
+    blocks after batch j."""
+    max_model_len, threshold = cfg.max_model_len, cfg.long_prefill_token_threshold
+    num_events, freed_first = group_phases(groups, running, nrun, req.computed, k, max_model_len, 1)
+    need = NEVER
+    if nwait and may_admit:
+        m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, waiting[head], budget_left, threshold)
+        need = need_head if m else NEVER
+    e = 0
+    j = 1
+    while j <= k:
+        if j == joins and not nwait and may_admit:
+            m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, nxt, budget_left, threshold)
+            need = need_head if m else NEVER
+        while e < num_events and groups.events[e, 0] == j - 1:  # a window starts to give blocks back
+            groups.hist[groups.events[e, 1]] += groups.events[e, 2]
+            e += 1
+        taken, freed = group_blocks_at(groups, j - 1, max_model_len)
+        if j == 1:
+            freed = freed_first
+        if taken > free or free - taken + freed >= need:
+            break
+        free += freed - taken
+        groups.free_at[j] = free
+        j += 1
+    group_phases_cleared(groups, nrun, computed_before, max_model_len, 1)
+    return j - 1
+
+
+@njit
+def decode_run_async(at, times):
+    """at: loop_async's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end,
+    queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
+    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
+    (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
+    request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
+    one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
+    records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, free,
+    nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed = req.computed
+    num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
+    first_token_s, finish_s = req.first_token_s, req.finish_s
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    if nrun == 0 or queue_i[slot, 0] != nrun:
+        return no
+    hybrid = groups.block_size.shape[0] > 0
+    k = max_num_tokens[running[0]]
+    kv = 0
+    low = high = computed[running[0]]
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if placeholders[r] != 1 or c != num_tokens[r]:
+            return no  # it did not sample in the batch in flight (a prefill chunk)
+        if hybrid and in_flight[r] != 1:
+            return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
+        left = max_num_tokens[r] - num_tokens[r] - 1
+        k = left if left < k else k
+        kv += c
+        low = c if c < low else low
+        high = c if c > high else high
+        if hybrid:
+            phases[i] = c  # (its computed tokens: group_phases_cleared)
+        else:
+            phases[i] = -c % block_size
+            per_phase[phases[i]] += 1
+    first_finish = k
+    room = logs[0].shape[0] - counts[0] - 1  # records left in the chunk, the last one's included
+    if k > room:
+        k = room
+    budget_left = budget - nrun
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    if hybrid:  # its batches' blocks after the times (hybrid_batches), the run's last iteration step by step
+        if k < 2:
+            return no
+    elif k > 0:  # run_limits
+        if k < (1 if first_finish == 1 else 2):
+            return no
+        if (
+            nwait
+            and may_admit
+            and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+        ):
+            return no
+        covered = steps_covered(per_phase, nrun, free, block_size)
+        k = covered if covered < k else k
+        if k < (1 if first_finish == 1 else 2):
+            return no
+    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step (run_s).
+    gpu_free_s = queue_f[slot, 1]
+    times[0] = gpu_free_s
+    context = kv + nrun  # the first step's decodes' context
+    run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
+    n = arrival.shape[0]
+    watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
+    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
+    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    m = 0  # times known up to times[m]
+    joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)
+    while m < k:
+        if clock_cost.kind == 2:
+            duration = decode_step_s(clock_cost, run, m)
+        elif growing:
+            duration = cost_s(
+                clock_cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m
+            )
+        times[m + 1] = times[m] + duration
+        m += 1
+        if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
+            watch = False  # bisect_left(times, arrival, 0, k - 1) is m - 1: it joins at iteration m + 1
+            joins = m + 1
+            if joins <= k and not hybrid:
+                taken = blocks_taken(per_phase, nrun, joins, block_size)
+                if admitted_tokens(cfg, num_tokens, nxt, 0, 0, budget_left, free - taken, threshold)[0]:
+                    if joins - 1 < 2:
+                        return no
+                    k = joins - 1
+    if hybrid:
+        k = hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit,
+                           budget_left, phases)  # fmt: skip
+        if k < 2:
+            return no
+    # last_iteration: where the run reaches the first finish, iteration k + 1 as well, unless it changes more (a
+    # hybrid model's: step by step).
+    finishing = False
+    if k == first_finish and not hybrid:
+        num_left = 0
+        for i in range(nrun):
+            num_left += max_num_tokens[running[i]] - num_tokens[running[i]] - 1 != k
+        if num_left:
+            rest = k % block_size
+            taken = blocks_taken(per_phase, nrun, k, block_size)
+            for i in range(nrun):
+                r = running[i]
+                if phases[i] == rest and max_num_tokens[r] - num_tokens[r] - 1 != k:
+                    taken += 1
+            finishing = taken <= free
+            left_budget = budget - num_left
+            if finishing and left_budget > 0 and nrun < max_num_seqs:
+                at = times[k - 1] if k else clock
+                r = waiting[head] if nwait else nxt if nxt < n and arrival[nxt] <= at else -1
+                if r >= 0 and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, free - taken, threshold)[0]:
+                    finishing = False
+    if not finishing and k < 2:
+        return no
+    start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
+    if k:  # apply_async: batches 0..k-1 recorded, batch k queued
+        end0 = times[0]
+        for i in range(nrun):
+            r = running[i]
+            if num_tokens[r] == prompt[r]:
+                first_token_s[r] = end0  # its prefill's last chunk was in batch 0
+        # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
+        # by then join the waiting queue (behind a refused head) and count in its record.
+        free = groups.free_at[1] if hybrid else free - per_phase[0]
+        record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv + nrun, logs,
+               events, counts)  # fmt: skip
+        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
+        # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
+        end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+        s = counts[0]
+        for j in range(1, k):
+            free = groups.free_at[j + 1] if hybrid else free - per_phase[j % block_size]
+            end_s[s], held[s], kv_tokens[s] = times[j], usable - free, kv + nrun * (j + 1)
+            tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
+            s += 1
+            nxt, nwait = add_arrivals(arrival, times[j - 1], nxt, waiting, head, nwait)
+        counts[0] = s
+        last_end = times[k - 1]
+        periods, rest = k // block_size, k % block_size
+        for i in range(nrun):
+            r = running[i]
+            if hybrid:
+                groups_advanced(groups, r, computed[r], k, 1)
+            else:
+                num_blocks[r] += periods + (1 if phases[i] < rest else 0)
+            computed[r] += k
+            num_tokens[r] += k
+            in_flight[r] = 1  # batch k's token
+        kv += nrun * k
+        clock = times[k - 1]  # it waited for batch k - 1's output
+        start_k, end_k, tokens_k, running_k, waiting_k = times[k - 1], times[k], nrun, nrun, nwait
+    else:
+        start_k, end_k, tokens_k, running_k, waiting_k = start0, times[0], tokens0, running0, waiting0
+    if not finishing:  # batch k queued (in the slot of the batch in flight)
+        queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, nrun, nrun, nwait
+        queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+        queue_f[slot, 0], queue_f[slot, 1] = times[k - 1], times[k]
+        for i in range(nrun):
+            queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = running[i], 1, True
+        return True, nxt, nwait, free, nrun, kv, clock, last_end, times[k], False
+    # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
+    # batch k's output finishes the others.
+    nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+    for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
+        phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
+    context = 0
+    low, high = -1, 0
+    num_left = 0
+    for i in range(nrun):
+        r = running[i]
+        if phases[i]:
+            continue
+        c = computed[r]
+        low = c if low < 0 or c < low else low
+        high = c if c > high else high
+        if c % block_size == 0:
+            num_blocks[r] += 1
+            free -= 1
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = end_k  # k = 0: batch 0 ended its prefill
+        computed[r] = c + 1
+        num_tokens[r] += 1  # batch k's token
+        in_flight[r] = 1  # batch k + 1's
+        context += c + 1
+        queue_r[slot, num_left], queue_n[slot, num_left], queue_sample[slot, num_left] = r, 1, True
+        num_left += 1
+    if clock_cost.kind >= 2:
+        end = end_k + cost_s(clock_cost, num_left, context, num_left, context, 0, 0, low + 1, high + 1)
+    else:
+        end = end_k + step_s(clock_cost, num_left, per_phase)
+    for i in range(nrun):
+        r = running[i]
+        if not phases[i]:
+            continue
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = end_k
+        num_tokens[r] += 1  # its last token
+        in_flight[r] = 0
+        placeholders[r] = 0
+        status[r] = FINISHED
+        free += num_blocks[r]  # release without prefix caching
+        num_blocks[r] = 0
+        finish_s[r] = end_k
+        finished_at(req, end_k)
+    nrun_before = nrun
+    nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    clock = end_k  # it waited for batch k's output
+    record(first, start_k, end_k, last_end, 0, 0, tokens_k, running_k, waiting_k, usable - free, context, logs, events,
+           counts)  # fmt: skip
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = num_left, num_left, nrun_before, nwait
+    queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+    queue_f[slot, 0], queue_f[slot, 1] = end_k, end
+    return True, nxt, nwait, free, nrun, context, clock, end_k, end, True
+
+
+@njit
+def prefill_run_async(at):
+    """at: decode_run_async's. prefill_run's asynchronous twin (without prefix caching): with one batch in flight (batch 0)
+    that holds every running request in order, each sampling in it but one prompt P, mid-prefill, k loop iterations
+    at once: schedule batch j (j = 1..k; each decode one token, P the same chunk, as prefill_run's steps), process
+    batch j - 1, recorded as loop_async records them; batch k is left queued in batch 0's slot. Batch j is scheduled
+    at the loop's clock (j = 1), else at batch j - 2's end (arrivals by then join the waiting queue), and runs from
+    batch j - 1's end. The run stops before a batch whose blocks are more than the free ones (it preempts), that
+    would admit the first request to arrive (or change the cap), or whose processing would leave a record the chunk
+    has no room for; and at the latest at the batch that schedules a decode's last token or P's last chunk but one
+    (no request samples its last token, nor P its first, in a batch the run processes). Returns decode_run_async's
+    (ran, nxt, nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing
+    changed."""
+    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
+    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
+    computed, num_blocks = req.computed, req.num_blocks
+    placeholders, in_flight, stale, first_token_s = req.placeholders, req.in_flight, req.stale, req.first_token_s
+    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    if nrun == 0 or queue_i[slot, 0] != nrun or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
+        return no
+    at = -1  # P's place in the running list
+    k = logs[0].shape[0] - counts[0]  # batches 0..k-1 recorded
+    low = high = decode_context = 0
+    per_phase[:] = 0
+    for i in range(nrun):
+        r = running[i]
+        c = computed[r]
+        if queue_r[slot, i] != r or stale[r]:
+            return no
+        if placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
+            left = max_num_tokens[r] - num_tokens[r] - 1  # batch left schedules its last token
+            k = left if left < k else k
+            low = c if low == 0 or c < low else low
+            high = c if c > high else high
+            decode_context += c
+            phases[i] = -c % block_size  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
+            per_phase[phases[i]] += 1
+        elif at < 0 and placeholders[r] == 0 and c < num_tokens[r]:
+            at = i
+        else:
+            return no  # two prompts
+    if at < 0:
+        return no
+    p = running[at]
+    num_decodes = nrun - 1
+    before = computed[p]
+    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
+    if chunk == 0:
+        return no  # P or a decode after it not scheduled
+    k = chunks if chunks < k else k
+    if k < 2:
+        return no
+    budget_left = budget - num_decodes - chunk
+    may_admit = budget_left > 0 and nrun < max_num_seqs
+    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
+    p_blocks = num_blocks[p]
+    num_scheduled = num_decodes + chunk
+    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
+    n = arrival.shape[0]
+    refused = False  # the waiting head refused: it stays refused (free blocks only fall)
+    at_clock = clock  # batch j's scheduling clock
+    end_before = queue_f[slot, 1]  # batch j - 1's end
+    start = end = 0.0
+    waiting_j = waiting0  # batch j - 1's waiting requests
+    kv = 0
+    s = counts[0]
+    j = 1
+    while j <= k:
+        if nxt < n and arrival[nxt] <= at_clock:
+            if not fixed_cap:
+                break
+            nxt, nwait = add_arrivals(arrival, at_clock, nxt, waiting, head, nwait)
+        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
+        need = per_phase[(j - 1) % block_size] + p_new
+        if need > free:
+            break  # a block the pool has not got: it preempts
+        if nwait and not refused:
+            if (
+                may_admit
+                and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+            ):
+                break
+            refused = True
+        free -= need  # batch j scheduled
+        p_blocks += p_new
+        if clock_cost.kind >= 2:
+            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j)
+        before += chunk
+        start = at_clock if at_clock > end_before else end_before
+        end = start + duration
+        kv = decode_context + num_decodes * j + before  # the running requests' computed tokens, batch j's included
+        if j == 1:  # batch 0's record, after batch 1 is scheduled
+            record(first, start0, end_before, last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv, logs,
+                   events, counts)  # fmt: skip
+            s = counts[0]
+        else:  # batch j - 1's: record()'s columns (it starts where batch j - 2 ended: no event)
+            end_s[s], held[s], kv_tokens[s] = end_before, usable - free, kv
+            tokens[s], num_running_log[s], num_waiting_log[s] = num_scheduled, nrun, waiting_j
+            s += 1
+        waiting_j = nwait
+        at_clock = end_before
+        end_before = end
+        j += 1
+    k = j - 1  # batches scheduled (and 0..k-1 processed)
+    if k == 0:
+        return no
+    counts[0] = s
+    clock = last_end = at_clock  # batch k - 1's end: the loop waited for its output
+    periods, rest = k // block_size, k % block_size
+    for i in range(nrun):
+        r = running[i]
+        if i == at:
+            continue
+        if num_tokens[r] == prompt[r]:
+            first_token_s[r] = queue_f[slot, 1]  # its prefill's last chunk was in batch 0
+        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in batches 1..k
+        computed[r] += k
+        num_tokens[r] += k  # batches 0..k-1's tokens
+        in_flight[r] = 1  # batch k's
+        queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = r, 1, True
+    computed[p] = before
+    num_blocks[p] = p_blocks
+    in_flight[p] = chunk
+    queue_r[slot, at], queue_n[slot, at], queue_sample[slot, at] = p, chunk, False
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, num_scheduled, nrun, waiting_j
+    queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
+    queue_f[slot, 0], queue_f[slot, 1] = start, end
+    return True, nxt, nwait, free, nrun, kv, clock, last_end, end, False
