@@ -1,6 +1,6 @@
-"""What `kvlab plan` searches and against what: the objectives, a candidate configuration, the search space and
-the deployment it does not search (kvlab.studies.plan searches). No numpy: the command's parser reads its
-defaults here."""
+"""What `kvlab plan` searches and against what: the objectives, a candidate configuration (its engine settings made
+by kvlab.studies.serving, as every run's are), the search space and the deployment it does not search
+(kvlab.studies.plan searches). The command's parser reads its defaults here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, fields
 
-from kvlab.core import validate
+from kvlab.core import models, validate
 from kvlab.core.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig, serve_flag
+from kvlab.studies import serving
 
 
 # ---------------------------------------------------------------- objectives
@@ -119,8 +120,8 @@ class Candidate:
         return settings | {"enable_expert_parallel": self.data_parallel_size > 1}
 
     def config(self, max_model_len: int) -> EngineConfig:
-        """The engine settings of one replica."""
-        return EngineConfig().replace(**self.settings, max_model_len=max_model_len)
+        """The engine settings of one replica (kvlab.studies.serving.engine_config)."""
+        return serving.engine_config(serving.ServingOptions(**self.settings), max_model_len)
 
     def serve_command(self, model_name: str, max_model_len: int, quantization: str = "") -> str:
         """The `vllm serve` command line of one replica (vLLM 0.33's flags, kvlab.core.config.serve_flag; each replica
@@ -205,3 +206,28 @@ class Deployment:
 
     def __post_init__(self):
         validate.in_range("max_model_len", self.max_model_len, "tokens")
+
+
+def deployment(options: serving.ServingOptions, longest_prompt_tokens: int, allow_roofline: bool = False) -> Deployment:
+    """The Deployment of the options' model (kvlab.studies.serving.load_model) on their GPU, max_model_len by
+    serving's rule (the model's context where not given; none: refused), each refusal in one line: no GPU or model,
+    a model of local-attention layers (the planner's proofs that a pool never binds count one full-attention group's
+    blocks), a max_model_len that the workload's longest prompt reaches."""
+    model = serving.load_model(options)
+    if options.gpu is None:
+        raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
+    if model is None:
+        raise ValueError("kvlab plan needs --model (a model of data/models.csv) or --config PATH (a config.json)")
+    local = sorted({model.layer_type(i) for i in range(model.num_layers)} - {"full_attention"})
+    if local:
+        kinds = {"sliding_attention": "sliding-window", "chunked_attention": "chunked-attention",
+                 "linear_attention": "linear-attention (Mamba)"}  # fmt: skip
+        raise ValueError(
+            f"kvlab plan cannot plan {model.name} yet: its {' and '.join(kinds[k] for k in local)} layers make vLLM's "
+            "hybrid KV cache groups, whose blocks the planner's shortcuts do not count yet (kvlab simulate --model "
+            "serves them)"
+        )
+    gpu = models.get_gpu(options.gpu)
+    max_model_len = serving.max_model_len_of(options, model)
+    check_max_model_len(serving.FLAGS["max_model_len"], max_model_len, longest_prompt_tokens)
+    return Deployment(model, gpu, max_model_len, allow_roofline=allow_roofline)
