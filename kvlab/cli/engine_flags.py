@@ -13,7 +13,7 @@ from kvlab.core.cost import HARDWARE_STEP_COSTS, STEP_COSTS
 from kvlab.core.engine import ALLOCATIONS
 from kvlab.core.pool import ARTICLE_KV_TOKENS
 from kvlab.core.requests_csv import REQUESTS_CSV_COLUMNS
-from kvlab.studies.serving import DEFAULT_MAX_MODEL_LEN, ServingOptions
+from kvlab.studies.serving import DEFAULT_MAX_MODEL_LEN, FLAGS, ServingOptions
 
 # The options' flags for one-line errors (kvlab.cli.common.flag_error), kvlab simulate's own beside them.
 ENGINE_FLAGS = flag_table(
@@ -45,7 +45,7 @@ ENGINE_FLAGS = flag_table(
     requests_csv="--requests-csv",
 )
 # Flags that only size the KV pool from a model and a GPU.
-SIZING_FLAGS = ["--gpu-memory-utilization", "--kv-cache-dtype", "--quantization"]
+SIZING_FLAGS = [FLAGS[name] for name in ("gpu_memory_utilization", "kv_cache_dtype", "quantization")]
 
 
 def add_engine_flags(p) -> list[str]:
@@ -234,12 +234,12 @@ def check_engine_flags(given: set[str], options: ServingOptions) -> None:
         exclusive(
             given,
             "--num-gpu-blocks",
-            ["--gpu", "--tensor-parallel-size"],
+            [FLAGS["gpu"], FLAGS["tensor_parallel_size"]],
             "--num-gpu-blocks is "
             "the KV pool itself; --model and --gpu size it (or name the hardware of --cost roofline)",
         )
     model_flag = "--config" if "--config" in given else "--model"  # --config names the model from a config.json
-    sizing = given & {model_flag, "--gpu", "--tensor-parallel-size", *SIZING_FLAGS}
+    sizing = given & {model_flag, FLAGS["gpu"], FLAGS["tensor_parallel_size"], *SIZING_FLAGS}
     if "--num-gpu-blocks" in given:  # --model alone: its KV cache groups over exactly those blocks
         sizing -= {model_flag}
     if sizing and not {model_flag, "--gpu"} <= given:

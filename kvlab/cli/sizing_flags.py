@@ -182,7 +182,7 @@ def check_capacity_flags(given: set[str], vllm: bool) -> None:
     )
     exclusive(
         given,
-        "--quantization",
+        FLAGS["quantization"],
         ["--weights-gib", "--available-kv-gib", "--weight-dtype"],
         "--quantization sets how the estimated weights are held",
     )
@@ -196,4 +196,4 @@ def check_capacity_flags(given: set[str], vllm: bool) -> None:
             [first],
             "--dtype-bytes is the article's accounting; vLLM's takes --kv-cache-dtype (fp16, bf16, fp8, int8, int4)",
         )
-        exclusive(given, "--context", ["--max-model-len"], "in vLLM's accounting --max-model-len is the context")
+        exclusive(given, "--context", [FLAGS["max_model_len"]], "in vLLM's accounting --max-model-len is the context")
