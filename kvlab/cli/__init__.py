@@ -4,7 +4,10 @@ One module per command (capacity, allocate, simulate, plan, calibrate, report, t
 registers its parser, and the run function that add names. A command module imports at its top what its parser and
 flag checks need, numpy at most (with the small numpy-free modules of its run); what only a run needs and costs
 more (kvlab.core.allocator, calibration and PyTorch, the report's build, the downloader) is imported inside the run,
-so `kvlab --help` and a refused flag answer at once. kvlab.cli.common holds what the commands share."""
+so `kvlab --help` and a refused flag answer at once. kvlab.cli.common holds what the commands share (the one-line
+parser and errors, the options a command's flags give), kvlab.cli.printing what they print alike, trace_flags,
+engine_flags and sizing_flags the flag groups of a real trace, of vLLM's engine and of vLLM's accounting. A command
+parses, calls kvlab.studies (serving sets up a run, owning every default and every refusal of a value) and prints."""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvlab.cli.common import print_json
-from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, file_format, load_trace_arg, trace_note
+from kvlab.cli.printing import print_json
+from kvlab.cli.trace_flags import add_trace_flags, check_trace_flags, load_trace_arg
 from kvlab.core import article, validate
+from kvlab.studies.serving import trace_file_format, trace_keys
 from kvlab.workloads import synthetic, traces
 
 ALLOCATE_FLAGS = {
@@ -102,7 +103,7 @@ def allocate_lengths(args, given: set[str]) -> tuple[np.ndarray, traces.TraceLoa
         return lengths, None, 0
     # Lengths need no arrivals, but a ShareGPT file has no timestamps: give it placeholder Poisson arrivals.
     sharegpt = args.trace_format == "sharegpt" or (
-        args.trace_format == "auto" and file_format(args.trace) == "sharegpt"
+        args.trace_format == "auto" and trace_file_format(args.trace) == "sharegpt"
     )
     load = load_trace_arg(
         args,
@@ -149,7 +150,7 @@ def run(args, given: set[str]) -> dict:
     }
     if args.trace is not None:
         del result["seed"]
-        result |= trace_note(load) | {"num_dropped_over_max_len": num_dropped}
+        result |= trace_keys(load) | {"num_dropped_over_max_len": num_dropped}
     if args.json:
         print_json(result)
         return result

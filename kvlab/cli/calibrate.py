@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from kvlab.cli.common import print_json
+from kvlab.cli.printing import print_json
 
 CALIBRATE_FLAGS = {
     "num_layers": "--num-layers",

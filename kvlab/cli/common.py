@@ -1,13 +1,16 @@
-"""What every `kvlab` command shares: the one-line parser, library errors in flag names, typed flags, JSON output.
+"""What every `kvlab` command shares: the one-line parser, library errors in flag names, typed flags, the flags of
+kvlab.studies.serving's options (FLAGS: vLLM's names where vLLM has one) and the options a command's flags give.
 
-Imports nothing beyond the standard library, so building the parser costs no more than argparse."""
+Beyond the standard library it imports kvlab.studies.serving (numpy, no more), whose table names every flag."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import re
 import sys
+
+from kvlab.studies.serving import FLAGS, ServingOptions
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -68,22 +71,31 @@ def requires(given: set[str], flag: str, needed: str, why: str) -> None:
         raise ValueError(f"{flag} applies only with {needed}: {why}")
 
 
-def model_from_flags(args, given: set[str]):
-    """The model --model names (data/models.csv) or --config reads (a config.json: its parameters --num-params-b, or
-    counted from the file where kvlab can), None when neither was given; one-line errors for a clash, and for a
-    config.json whose parameters are neither given nor countable (the weights and the step cost need them)."""
-    from kvlab.core import models, validate
-
+def check_model_flags(given: set[str]) -> None:
+    """--model and --config give the model one way; --num-params-b is a config.json model's (one-line errors)."""
     exclusive(given, "--model", ["--config"], "--config reads the model from a config.json instead")
     requires(given, "--num-params-b", "--config", "a catalog model has its own parameter count")
-    if args.config is None:
-        return models.get_model(args.model) if args.model else None
-    given_b = 0.0 if args.num_params_b is None else validate.positive_number("num_params_b", args.num_params_b)
-    model = models.from_config(args.config, num_params_b=given_b)
-    if model.num_params_b <= 0:
-        why = models.count_params(models.load_config(args.config)[0])[1]
-        raise ValueError(f"--config {args.config}: {why}; give --num-params-b (the model's parameters, billions)")
-    return model
+
+
+def flag_table(*names: str, **flags: str) -> dict[str, str]:
+    """The flags of the options names (FLAGS), and flags: a command's own, for flag_error (name -> flag)."""
+    return {name: FLAGS[name] for name in names} | flags
+
+
+def add_flag(group, name: str, **kwargs):
+    """Add option name's flag (FLAGS) to group; its dest is name where the flag is name in dashes (vLLM's are)."""
+    return group.add_argument(FLAGS[name], **kwargs)
+
+
+def options_of(args, cls=ServingOptions, flags: dict[str, str] = FLAGS, **changes):
+    """The options (cls, a frozen dataclass) that the parsed flags give: each field from its flag's value where the
+    command has that flag and it is set (else the field's default), then changes."""
+    values = {}
+    for field in dataclasses.fields(cls):
+        dest = flags[field.name].removeprefix("--").replace("-", "_") if field.name in flags else field.name
+        if getattr(args, dest, None) is not None:
+            values[field.name] = getattr(args, dest)
+    return cls(**values | changes)
 
 
 QUANTIZATION_HELP = (
@@ -94,32 +106,7 @@ QUANTIZATION_HELP = (
 
 def add_quantization_flag(group) -> None:
     """--quantization {fp8,none}, as `vllm serve` names it."""
-    group.add_argument("--quantization", choices=["fp8", "none"], help=QUANTIZATION_HELP)
-
-
-def apply_quantization(model, quantization: str | None):
-    """The model as --quantization loads it: fp8 on a 16-bit checkpoint makes its weights per-tensor FP8 (a
-    checkpoint already in FP8 is loaded as it is, as vLLM loads it); none keeps a 16-bit checkpoint; one line for a
-    checkpoint quantized otherwise (vLLM refuses a --quantization other than its quantization_config's method)."""
-    import dataclasses
-
-    if quantization is None or model is None:
-        return model
-    if quantization not in ("fp8", "none"):
-        raise ValueError(f"--quantization={quantization!r} is not allowed: kvlab serves fp8 and none")
-    if not model.quantization:
-        return dataclasses.replace(model, quantization="fp8") if quantization == "fp8" else model
-    if quantization == "fp8" and model.quantization in ("fp8", "fp8_block"):
-        return model
-    raise ValueError(
-        f"--quantization={quantization!r} is not allowed: {model.name}'s checkpoint is already {model.quantization}, "
-        "which vLLM loads as it is; drop --quantization"
-    )
-
-
-def print_json(result: dict) -> None:
-    """Print result as one indented JSON object (--json)."""
-    print(json.dumps(result, indent=2, sort_keys=False))
+    add_flag(group, "quantization", choices=["fp8", "none"], help=QUANTIZATION_HELP)
 
 
 class VersionAction(argparse._VersionAction):

@@ -1,11 +1,11 @@
-"""The --trace flags of `kvlab allocate` and `kvlab simulate`: a real request trace instead of a synthetic workload."""
+"""The --trace flags (`kvlab allocate`, `simulate`, `plan`): a real request trace instead of a synthetic workload."""
 
 from __future__ import annotations
 
 import os
 
 from kvlab.cli.common import exclusive, requires
-from kvlab.core import validate
+from kvlab.studies.serving import read_trace
 from kvlab.workloads import traces
 
 
@@ -43,31 +43,8 @@ def add_trace_flags(p, lengths_text: str):
 
 
 def load_trace_arg(args, **kwargs) -> traces.TraceLoad:
-    """The --trace file as a TraceLoad; an unreadable file is a one-line ValueError naming --trace."""
-    try:
-        return traces.load_trace(
-            args.trace, args.trace_format, on_bad_row="skip" if args.skip_bad_rows else "raise", **kwargs
-        )
-    except OSError as err:
-        validate.fail("trace", args.trace, f"cannot be read ({err.strerror or err})")
-
-
-def file_format(path: str) -> str:
-    """The --trace file's format as told from its first lines, or auto when it cannot be read."""
-    try:
-        return traces.file_format(path)
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
-        return "auto"  # load_trace_arg reports the problem in full
-
-
-def trace_note(load: traces.TraceLoad) -> dict:
-    """The JSON keys a trace adds to a command's result."""
-    return {
-        "trace": load.path,
-        "trace_format": load.trace_format,
-        "num_rows": load.num_rows,
-        "num_skipped_rows": load.num_skipped,
-    }
+    """The --trace file as a TraceLoad (kvlab.studies.serving.read_trace: an unreadable file is a one-line error)."""
+    return read_trace(args.trace, args.trace_format, args.skip_bad_rows, **kwargs)
 
 
 TRACE_ONLY_FLAGS = ["--trace-format", "--skip-bad-rows", "--drop-over-max-len"]

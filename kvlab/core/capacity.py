@@ -429,7 +429,11 @@ def _estimated_max_model_len(groups, model, config: EngineConfig, max_model_len:
 
 
 def vllm_capacity(
-    model, available_kv_bytes: float | Iterable[float], max_model_len: int, config: EngineConfig = EngineConfig()
+    model,
+    available_kv_bytes: float | Iterable[float],
+    max_model_len: int,
+    config: EngineConfig = EngineConfig(),
+    groups: list[KVCacheGroup] | None = None,
 ) -> dict:
     """What vLLM 0.33 computes at start-up for this model and per-GPU KV budget (vllm/v1/core/kv_cache_planning.py
     get_kv_cache_configs, kv_cache_utils.py get_kv_cache_capacity), in the order vllm/v1/engine/core.py calls it.
@@ -444,7 +448,8 @@ def vllm_capacity(
     vLLM's reason in kvlab's words. max_concurrency = num_gpu_blocks / R and "GPU KV cache size" =
     int(max_concurrency x max_model_len) tokens, which is num_gpu_blocks x block_size only for one
     full-attention group with max_model_len a multiple of block_size. available_kv_bytes is one budget for
-    every GPU or one per pipeline stage (bytes, floored to whole bytes as vLLM's are).
+    every GPU or one per pipeline stage (bytes, floored to whole bytes as vLLM's are). groups: the model's
+    kv_cache_groups at config and max_model_len where the caller has them already (default: grouped here).
     """
     pp = config.parallel.pipeline_parallel_size
     budgets = list(available_kv_bytes) if isinstance(available_kv_bytes, Iterable) else [available_kv_bytes] * pp
@@ -452,7 +457,8 @@ def vllm_capacity(
         validate.fail("available_kv_bytes", budgets, f"must be one number or one per pipeline stage ({pp})")
     budgets = [math.floor(validate.non_negative_number("available_kv_bytes", b)) for b in budgets]
     max_model_len = validate.in_range("max_model_len", max_model_len, "tokens")
-    groups = kv_cache_groups(model, config.replace(max_model_len=max_model_len))
+    if groups is None:
+        groups = kv_cache_groups(model, config.replace(max_model_len=max_model_len))
     page = max(g.block_size for g in groups if g.kind != "mamba") * int(
         kv_bytes_per_token_per_layer(model, config.cache.kv_cache_dtype, config.parallel.tensor_parallel_size)
     )
@@ -517,14 +523,15 @@ def plan_capacity(
     weight_bytes_per_param: float = 2,
     activation_peak_gib: float = ACTIVATION_PEAK_GIB,
     non_torch_gib: float = NON_TORCH_GIB,
+    groups: list[KVCacheGroup] | None = None,
 ) -> dict | None:
     """vllm_capacity on one GPU model (config.cache.gpu_memory_utilization of gpu_memory_gib), weights
-    estimated from the parameter count; None when no block fits."""
+    estimated from the parameter count; None when no block fits. groups: as vllm_capacity takes them."""
     weights_gib = weights_bytes_per_gpu(model, weight_bytes_per_param, *_split(config)) / GIB
     available = available_kv_cache_bytes(
         gpu_memory_gib, weights_gib, config.cache.gpu_memory_utilization, activation_peak_gib, non_torch_gib
     )
-    result = vllm_capacity(model, max(available, 0), max_model_len, config)
+    result = vllm_capacity(model, max(available, 0), max_model_len, config, groups)
     return result if result["num_gpu_blocks"] else None
 
 

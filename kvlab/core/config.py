@@ -28,6 +28,49 @@ ATTENTION_BACKENDS = {
     "FLASHINFER": (16, 32, 64),
     "CPU_ATTN": 32,
 }
+# vLLM 0.33's command-line flag of each setting kvlab names as vLLM does (vllm/engine/arg_utils.py EngineArgs; the
+# closed loop's is vLLM bench's): the one place a flag's vLLM name is written. kvlab's parsers, the flag names in its
+# one-line errors and the `vllm serve` lines it prints (serve_flag) are made from it.
+VLLM_FLAGS = {
+    "model": "--model",
+    "quantization": "--quantization",
+    "block_size": "--block-size",
+    "kv_cache_dtype": "--kv-cache-dtype",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enable_prefix_caching": "--enable-prefix-caching",
+    "disable_hybrid_kv_cache_manager": "--disable-hybrid-kv-cache-manager",
+    "attention_backend": "--attention-backend",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "pipeline_parallel_size": "--pipeline-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+    "enable_expert_parallel": "--enable-expert-parallel",
+    "max_num_seqs": "--max-num-seqs",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_model_len": "--max-model-len",
+    "enable_chunked_prefill": "--enable-chunked-prefill",
+    "long_prefill_token_threshold": "--long-prefill-token-threshold",
+    "async_scheduling": "--async-scheduling",
+    "max_concurrency": "--max-concurrency",
+}
+# kvlab's KV cache dtypes in vLLM 0.33's --kv-cache-dtype names (vllm/config/cache.py CacheDType).
+VLLM_KV_CACHE_DTYPES = {
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "fp8": "fp8",
+    "int8": "int8_per_token_head",
+    "int4": "nvfp4",
+}
+
+
+def serve_flag(name: str, value) -> str:
+    """A setting as `vllm serve` takes it (VLLM_FLAGS): --flag value, a boolean as --flag or --no-flag (vLLM's
+    BooleanOptionalAction), a share as 0.9, the KV cache dtype in vLLM's name."""
+    flag = VLLM_FLAGS[name]
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag.removeprefix("--")
+    if name == "kv_cache_dtype":
+        value = VLLM_KV_CACHE_DTYPES[value]
+    return f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
 
 
 @dataclass(frozen=True)

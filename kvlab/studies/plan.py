@@ -5,7 +5,7 @@ mixture-of-experts model, max_num_seqs, max_num_batched_tokens, block_size, gpu_
 chunked prefill, prefix caching, async scheduling) and a number of replicas; the workload's requests are dealt to the
 replicas in turn (round robin: the vLLM project's router is not modelled), and within a replica of data-parallel
 ranks by vLLM's own rule (kvlab.core.engine.DataParallelEngine). Each candidate is served by kvlab's engine (vLLM 0.33's scheduler) on the measured clock (operator-level
-GPU profiles, section 5) with the KV pool vLLM would size (plan_capacity, vLLM 0.33's sizing code).
+GPU profiles, section 5) with the KV pool vLLM would size (kvlab.core.pool.gpu_kv_pool: vLLM 0.33's sizing code).
 
 The search is not a grid:
 1. Pruning, before anything is served, of candidates that cannot work, each proven so:
@@ -73,12 +73,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from kvlab.core import validate
-from kvlab.core.capacity import plan_capacity
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearProfileStepCost, MeasuredStepCost, make_step_cost
 from kvlab.core.engine import NoProgressError, check_workload, simulate, warm
 from kvlab.core.engine.closed_loop import check_max_concurrency, send_s
 from kvlab.core.engine.fast import compiled
+from kvlab.core.pool import gpu_kv_pool
 from kvlab.core.workload import Workload
 from kvlab.studies import sweep
 from kvlab.studies.plan_space import (  # noqa: F401
@@ -560,17 +560,11 @@ def prune(
             )
             continue
         config = c.config(deployment.max_model_len)
-        planned = plan_capacity(deployment.model, deployment.gpu.memory_gib, deployment.max_model_len, config)
-        if planned is None or not planned["starts"]:
-            r.status, r.reason = (
-                "pruned",
-                (
-                    "capacity: vLLM would not start: "
-                    + (planned["refusal"] if planned else "no KV-cache memory is left after the weights")
-                ),
-            )
+        pool = gpu_kv_pool(config, deployment.model, deployment.gpu)
+        if pool.refusal is not None:
+            r.status, r.reason = "pruned", f"capacity: vLLM would not start: {pool.refusal}"
             continue
-        r.num_gpu_blocks = planned["num_gpu_blocks"]
+        r.num_gpu_blocks = pool.num_gpu_blocks
         try:
             check_workload(workload, config, r.num_gpu_blocks)
         except ValueError as error:

@@ -1,6 +1,6 @@
-"""What `kvlab plan` searches and against what: the objectives, a candidate configuration, the search space and
-the deployment it does not search (kvlab.studies.plan searches). No numpy: the command's parser reads its
-defaults here."""
+"""What `kvlab plan` searches and against what: the objectives, a candidate configuration (its engine settings made
+by kvlab.studies.serving, as every run's are), the search space and the deployment it does not search
+(kvlab.studies.plan searches). The command's parser reads its defaults here."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import itertools
 import math
 from dataclasses import asdict, dataclass, fields
 
-from kvlab.core import validate
-from kvlab.core.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from kvlab.core import models, validate
+from kvlab.core.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig, serve_flag
+from kvlab.studies import serving
 
 
 # ---------------------------------------------------------------- objectives
@@ -49,16 +50,6 @@ class Objectives:
                     f"({value / limit:.2f}x the objective)"
                 )
         return out
-
-
-# kvlab's KV cache dtypes in vLLM 0.33's --kv-cache-dtype names (vllm/config/cache.py CacheDType).
-VLLM_KV_CACHE_DTYPES = {
-    "fp16": "float16",
-    "bf16": "bfloat16",
-    "fp8": "fp8",
-    "int8": "int8_per_token_head",
-    "int4": "nvfp4",
-}
 
 
 def knob_value(value) -> str:
@@ -121,36 +112,29 @@ class Candidate:
     def num_gpus(self) -> int:
         return self.tensor_parallel_size * self.data_parallel_size * self.num_replicas
 
-    def config(self, max_model_len: int) -> EngineConfig:
-        """The engine settings of one replica (data parallelism with expert parallelism, as vLLM serves a
+    @property
+    def settings(self) -> dict:
+        """vLLM's settings of one replica by name (data parallelism with expert parallelism, as vLLM serves a
         mixture-of-experts model on several ranks)."""
         settings = {k: v for k, v in asdict(self).items() if k != "num_replicas"}
-        parallel = {"enable_expert_parallel": self.data_parallel_size > 1}
-        return EngineConfig().replace(**settings, **parallel, max_model_len=max_model_len)
+        return settings | {"enable_expert_parallel": self.data_parallel_size > 1}
+
+    def config(self, max_model_len: int) -> EngineConfig:
+        """The engine settings of one replica (kvlab.studies.serving.engine_config)."""
+        return serving.engine_config(serving.ServingOptions(**self.settings), max_model_len)
 
     def serve_command(self, model_name: str, max_model_len: int, quantization: str = "") -> str:
-        """The `vllm serve` command line of one replica (vLLM 0.33's flags; each replica its own server);
-        quantization "fp8" adds --quantization fp8 (a checkpoint's own block FP8 or MXFP4 needs no flag)."""
-        flags = [
-            f"vllm serve {model_name}",
-            *(["--quantization fp8"] if quantization == "fp8" else []),
-            f"--tensor-parallel-size {self.tensor_parallel_size}",
-            *(
-                [f"--data-parallel-size {self.data_parallel_size}", "--enable-expert-parallel"]
-                if self.data_parallel_size > 1
-                else []
-            ),
-            f"--max-model-len {max_model_len}",
-            f"--max-num-seqs {self.max_num_seqs}",
-            f"--max-num-batched-tokens {self.max_num_batched_tokens}",
-            f"--block-size {self.block_size}",
-            f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
-            f"--kv-cache-dtype {VLLM_KV_CACHE_DTYPES[self.kv_cache_dtype]}",
-            "--enable-chunked-prefill" if self.enable_chunked_prefill else "--no-enable-chunked-prefill",
-            "--enable-prefix-caching" if self.enable_prefix_caching else "--no-enable-prefix-caching",
-            "--async-scheduling" if self.async_scheduling else "--no-async-scheduling",
-        ]
-        return " ".join(flags)
+        """The `vllm serve` command line of one replica (vLLM 0.33's flags, kvlab.core.config.serve_flag; each replica
+        its own server); quantization "fp8" adds --quantization fp8 (a checkpoint's own block FP8 or MXFP4 needs no
+        flag)."""
+        settings = self.settings | {"max_model_len": max_model_len}
+        names = ["tensor_parallel_size", "data_parallel_size", "enable_expert_parallel", "max_model_len"]
+        names += ["max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "kv_cache_dtype"]
+        names += ["enable_chunked_prefill", "enable_prefix_caching", "async_scheduling"]
+        if self.data_parallel_size == 1:  # vLLM's defaults: one rank, no expert parallelism
+            names = [n for n in names if n not in ("data_parallel_size", "enable_expert_parallel")]
+        flags = [serve_flag("quantization", "fp8")] if quantization == "fp8" else []
+        return " ".join([f"vllm serve {model_name}", *flags, *(serve_flag(n, settings[n]) for n in names)])
 
     def label(self) -> str:
         """The candidate in a few words."""
@@ -222,3 +206,28 @@ class Deployment:
 
     def __post_init__(self):
         validate.in_range("max_model_len", self.max_model_len, "tokens")
+
+
+def deployment(options: serving.ServingOptions, longest_prompt_tokens: int, allow_roofline: bool = False) -> Deployment:
+    """The Deployment of the options' model (kvlab.studies.serving.load_model) on their GPU, max_model_len by
+    serving's rule (the model's context where not given; none: refused), each refusal in one line: no GPU or model,
+    a model of local-attention layers (the planner's proofs that a pool never binds count one full-attention group's
+    blocks), a max_model_len that the workload's longest prompt reaches."""
+    model = serving.load_model(options)
+    if options.gpu is None:
+        raise ValueError("kvlab plan needs --gpu, a GPU of data/gpus.csv (e.g. --gpu RTX-PRO-6000-Server-96GB)")
+    if model is None:
+        raise ValueError("kvlab plan needs --model (a model of data/models.csv) or --config PATH (a config.json)")
+    local = sorted({model.layer_type(i) for i in range(model.num_layers)} - {"full_attention"})
+    if local:
+        kinds = {"sliding_attention": "sliding-window", "chunked_attention": "chunked-attention",
+                 "linear_attention": "linear-attention (Mamba)"}  # fmt: skip
+        raise ValueError(
+            f"kvlab plan cannot plan {model.name} yet: its {' and '.join(kinds[k] for k in local)} layers make vLLM's "
+            "hybrid KV cache groups, whose blocks the planner's shortcuts do not count yet (kvlab simulate --model "
+            "serves them)"
+        )
+    gpu = models.get_gpu(options.gpu)
+    max_model_len = serving.max_model_len_of(options, model)
+    check_max_model_len(serving.FLAGS["max_model_len"], max_model_len, longest_prompt_tokens)
+    return Deployment(model, gpu, max_model_len, allow_roofline=allow_roofline)

@@ -9,7 +9,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvlab.studies.plan_space import VLLM_KV_CACHE_DTYPES, Candidate
+from kvlab.core.config import VLLM_KV_CACHE_DTYPES
+from kvlab.studies.plan_space import Candidate
 
 HERE = Path(__file__).resolve().parent
 MODEL, MAX_MODEL_LEN = "Qwen/Qwen3-32B", 16384
