@@ -507,3 +507,28 @@ def test_async_scheduling_under_load_emits_first_tokens_a_step_later():
     )
     assert sync.first_token_s[1] == pytest.approx(0.020) and async_.first_token_s[1] == pytest.approx(0.030)
     assert async_.first_scheduled_s[1] == pytest.approx(0.010)  # the schedule() call, at the clock
+
+
+@given(
+    num_computed_tokens=st.integers(0, 5000),
+    block_size=st.integers(1, 64),
+    num_steps=st.integers(0, 400),
+    num_new_tokens=st.integers(1, 300),
+)
+def test_the_runs_closed_forms_count_what_a_step_by_step_walk_counts(
+    num_computed_tokens, block_size, num_steps, num_new_tokens
+):
+    """rules.block_phase and blocks_crossed: the steps at which a decoding request's computed tokens fill a block, and
+    how many it fills in num_steps one-token steps, as stepping through them counts; rules.attention_pairs: each new
+    token with every token up to itself."""
+    from kvlab.core.engine import rules
+
+    c, bs = num_computed_tokens, block_size
+    phase = rules.block_phase(c, bs)
+    crossings = [j for j in range(num_steps) if (c + j) % bs == 0]  # step j computes token c + j + 1: a new block
+    assert 0 <= phase < bs and all(j % bs == phase for j in crossings)
+    assert rules.blocks_crossed(phase, num_steps, bs) == len(crossings)
+    assert rules.attention_pairs(num_new_tokens, c) == sum(c + i + 1 for i in range(num_new_tokens))
+    assert rules.steps_to_finish(c, c + num_steps, 0) == num_steps and rules.steps_to_finish(c, c + num_steps, 1) == (
+        num_steps - 1
+    )

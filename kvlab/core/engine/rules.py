@@ -286,3 +286,31 @@ def settles_placeholder(was_stale: bool, num_output_placeholders: int) -> bool:
     the batch was scheduled before the request's last preemption (stale output, kept but counted nowhere;
     sched/scheduler.py, Scheduler._update_request_with_output)."""
     return not was_stale and num_output_placeholders > 0
+
+
+# ---------------------------------------------------------------- what a run of steps follows from the rules above
+# Not vLLM's code but kvlab's closed forms of it: what the decode and prefill runs (fast/decode_run.py, fast/loops/)
+# and the step cost's inputs (Scheduler.account) compute, each once.
+
+
+def steps_to_finish(num_tokens: int, max_num_tokens: int, num_output_placeholders: int) -> int:
+    """The decode steps a decoding request is scheduled for until the one that samples its last token (that one
+    included): its tokens left, less the one a batch in flight is sampling (an asynchronous placeholder)."""
+    return max_num_tokens - num_tokens - num_output_placeholders
+
+
+def block_phase(num_computed_tokens: int, block_size: int) -> int:
+    """When a decoding request crosses into a new block: at every step j of a run of one-token steps with
+    j % block_size == block_phase (its computed tokens then fill whole blocks)."""
+    return -num_computed_tokens % block_size
+
+
+def blocks_crossed(phase: int, num_steps: int, block_size: int) -> int:
+    """The new blocks a decoding request of block_phase phase takes in num_steps one-token steps."""
+    return num_steps // block_size + (1 if phase < num_steps % block_size else 0)
+
+
+def attention_pairs(num_new_tokens: int, num_computed_tokens: int) -> int:
+    """The (query, key) pairs a chunk's causal attention computes: each of its num_new_tokens tokens with the
+    num_computed_tokens before the chunk and with the chunk's tokens up to itself (the step cost's Batch.pairs)."""
+    return num_new_tokens * num_computed_tokens + num_new_tokens * (num_new_tokens + 1) // 2

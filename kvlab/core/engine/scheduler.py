@@ -39,6 +39,7 @@ from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
 from kvlab.core.engine.rules import (
     admission_num_new_tokens,
     allocation_is_noop,
+    attention_pairs,
     is_finished,
     mamba_aligned_num_new_tokens,
     preemption_victim,
@@ -205,7 +206,7 @@ class Scheduler:
                     high = computed
             else:
                 prefills += 1
-                pairs += n * before + n * (n + 1) // 2
+                pairs += attention_pairs(n, before)
         out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs, low or 0, high)
         self.has_finished = False
 

@@ -31,7 +31,7 @@ from itertools import accumulate, repeat
 
 from kvlab.core.cost import Batch, checked_s
 from kvlab.core.engine.request import FINISHED
-from kvlab.core.engine.rules import admission_num_new_tokens
+from kvlab.core.engine.rules import admission_num_new_tokens, block_phase, blocks_crossed, steps_to_finish
 from kvlab.core.engine.scheduler import SchedulerOutput
 
 
@@ -43,7 +43,7 @@ def advance(engine) -> bool:
     num_running = len(running)
     if head_admitted(engine):
         return False
-    k = min([r.max_num_tokens - r.num_tokens for r in running])  # the run's last step: a first finish
+    k = min([steps_to_finish(r.num_tokens, r.max_num_tokens, 0) for r in running])  # its last step: a first finish
     limits = run_limits(engine, k, v0=v0)
     if limits is None:
         return False
@@ -102,7 +102,7 @@ def run_limits(engine, k: int, min_steps: int = 2, v0: bool = False):
     head = scheduler.waiting[0] if may_admit and scheduler.waiting else None
     bs = engine.block_size
     # Request i takes a block at the steps j with j % bs == phases[i] (its computed tokens fill a block).
-    phases = [-r.num_computed_tokens % bs for r in running] if paged else None
+    phases = [block_phase(r.num_computed_tokens, bs) for r in running] if paged else None
     if head is not None and admissible(engine, head, budget_left, phases.count(0) if paged and not v0 else 0):
         return None
     if paged:
@@ -148,8 +148,7 @@ def steps_covered(per_phase, num_running: int, num_free_blocks: int, block_size:
 def blocks_taken(phases: list[int], num_steps: int, block_size: int) -> int:
     """Blocks the running requests take in a run's first num_steps steps (request i at the steps j with
     j % block_size == phases[i])."""
-    periods, rest = divmod(num_steps, block_size)
-    return len(phases) * periods + sum(1 for p in phases if p < rest)
+    return sum(blocks_crossed(p, num_steps, block_size) for p in phases)
 
 
 def step_times(clock: float, durations, k: int) -> list[float]:
@@ -297,7 +296,7 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     for r in running:
         if r.num_output_placeholders != 1 or r.num_computed_tokens != r.num_tokens:
             return None  # it did not sample in the batch in flight (a prefill chunk)
-        left = r.max_num_tokens - r.num_tokens - 1
+        left = steps_to_finish(r.num_tokens, r.max_num_tokens, 1)
         k = left if k is None or left < k else k
         computed = r.num_computed_tokens
         num_kv_tokens += computed
@@ -308,7 +307,7 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     first_finish = k
     if k == 0:  # a request's last token is in flight: only the last iteration
         bs = engine.block_size
-        phases = [-r.num_computed_tokens % bs for r in running] if engine.allocation == "paged" else None
+        phases = [block_phase(r.num_computed_tokens, bs) for r in running] if engine.allocation == "paged" else None
         finishing = last_iteration(engine, 0, engine.clock, phases)
         return None if finishing is None else finish_async(engine, queue, finishing)
     limits = run_limits(engine, k, 1 if k == 1 else 2)  # one iteration only if the last one follows
@@ -349,7 +348,7 @@ def last_iteration(engine, k: int, clock: float, phases) -> list[bool] | None:
     scheduler = engine.scheduler
     running = scheduler.running
     num_running = len(running)
-    finishing = [r.max_num_tokens - r.num_tokens - 1 == k for r in running]
+    finishing = [steps_to_finish(r.num_tokens, r.max_num_tokens, 1) == k for r in running]
     num_left = num_running - sum(finishing)
     if num_left == 0:
         return None

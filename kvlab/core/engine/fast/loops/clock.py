@@ -31,6 +31,7 @@ from kvlab.core.engine.fast.arrays import (
     SKEW_CHUNKS,
 )
 from kvlab.core.engine.fast.loops.jit import (
+    attention_pairs,
     inline,
     njit,
 )
@@ -315,7 +316,7 @@ def prefill_step_s(clock, run, num_decodes, chunk, before, dctx, low, high):
     constant terms read from it."""
     fixed, a, wa, c, wc, cpu = run
     decode_history = (dctx - num_decodes) / num_decodes if num_decodes else 0.0
-    pairs = chunk * before + chunk * (chunk + 1) // 2
+    pairs = attention_pairs(chunk, before)
     history = (pairs - chunk * (chunk + 1) / 2) / chunk
     history = history if history > 0.0 else 0.0
     b, wb = bracket(part(clock, AXIS1), history)

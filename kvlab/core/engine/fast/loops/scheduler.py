@@ -29,6 +29,7 @@ from kvlab.core.engine.fast.loops.jit import (
     RUNNING,
     STEP,
     allocation_is_noop,
+    attention_pairs,
     inline,
     is_finished,
     num_blocks_to_allocate,
@@ -246,7 +247,7 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
                 high = c if c > high else high
             else:
                 prefills += 1
-                pairs += m * before + m * (m + 1) // 2
+                pairs += attention_pairs(m, before)
         if asynchronous:
             in_flight[r] += m
             if sample:

@@ -20,12 +20,16 @@ from kvlab.core.engine.fast.loops.groups import (
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
     NEVER,
+    attention_pairs,
+    block_phase,
+    blocks_crossed,
     inline,
     is_finished,
     njit,
     num_blocks_to_allocate,
     step_token_cap,
     steps_covered,
+    steps_to_finish,
 )
 from kvlab.core.engine.fast.loops.pool import (
     admitted_tokens,
@@ -55,7 +59,6 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
     )
     finished = False
     hybrid = groups.block_size.shape[0] > 0
-    periods, rest = j // block_size, j % block_size
     for i in range(nrun):
         if i == skip:
             continue
@@ -63,7 +66,7 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
         if hybrid:
             groups_advanced(groups, r, computed[r], j, 0)
         else:
-            num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in steps 0..j-1
+            num_blocks[r] += blocks_crossed(phases[i], j, block_size)  # its crossings in steps 0..j-1
         computed[r] += j
         num_tokens[r] += j
         if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
@@ -90,7 +93,7 @@ def prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_conte
     step_context = decode_context + num_decodes * j
     if clock_cost.kind == 2:
         return prefill_step_s(clock_cost, run, num_decodes, chunk, before, step_context, low, high)
-    pairs = chunk * before + chunk * (chunk + 1) // 2
+    pairs = attention_pairs(chunk, before)
     return cost_s(clock_cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
                   low, high)  # fmt: skip
 
@@ -149,14 +152,14 @@ def decode_run(at):
         c = computed[r]
         if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
             return 0, nxt, nwait, free, nrun, kv, clock, last_end  # a prefill chunk or its first token next
-        if max_num_tokens[r] - num_tokens[r] < k:
-            k = max_num_tokens[r] - num_tokens[r]
+        left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
+        k = left if left < k else k
         low = c if c < low else low
         high = c if c > high else high
         if hybrid:
             phases[i] = c  # (its computed tokens: group_phases_cleared)
         else:
-            phases[i] = -c % block_size  # it crosses into a new block at steps j % bs == phases[i]
+            phases[i] = block_phase(c, block_size)  # it crosses into a new block at steps j % bs == phases[i]
             per_phase[phases[i]] += 1
     limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
     if limit < 2:
@@ -279,12 +282,12 @@ def prefill_run(at):
         r = running[i]
         c = computed[r]
         if c == num_tokens[r] - 1 and num_tokens[r] > prompt[r]:  # a decode
-            left = max_num_tokens[r] - num_tokens[r]
+            left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
             k = left if left < k else k  # its last token at step left - 1
             low = c if low == 0 or c < low else low
             high = c if c > high else high
             decode_context += c
-            phases[i] = -c % block_size
+            phases[i] = block_phase(c, block_size)
             per_phase[phases[i]] += 1
         elif at < 0 and num_tokens[r] - c > 1:
             at = i
@@ -441,7 +444,7 @@ def decode_run_async(at, times):
             return no  # it did not sample in the batch in flight (a prefill chunk)
         if hybrid and in_flight[r] != 1:
             return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
-        left = max_num_tokens[r] - num_tokens[r] - 1
+        left = steps_to_finish(num_tokens[r], max_num_tokens[r], placeholders[r])  # (1 here)
         k = left if left < k else k
         kv += c
         low = c if c < low else low
@@ -449,7 +452,7 @@ def decode_run_async(at, times):
         if hybrid:
             phases[i] = c  # (its computed tokens: group_phases_cleared)
         else:
-            phases[i] = -c % block_size
+            phases[i] = block_phase(c, block_size)
             per_phase[phases[i]] += 1
     first_finish = k
     room = logs[0].shape[0] - counts[0] - 1  # records left in the chunk, the last one's included
@@ -513,13 +516,13 @@ def decode_run_async(at, times):
     if k == first_finish and not hybrid:
         num_left = 0
         for i in range(nrun):
-            num_left += max_num_tokens[running[i]] - num_tokens[running[i]] - 1 != k
+            num_left += steps_to_finish(num_tokens[running[i]], max_num_tokens[running[i]], 1) != k
         if num_left:
             rest = k % block_size
             taken = blocks_taken(per_phase, nrun, k, block_size)
             for i in range(nrun):
                 r = running[i]
-                if phases[i] == rest and max_num_tokens[r] - num_tokens[r] - 1 != k:
+                if phases[i] == rest and steps_to_finish(num_tokens[r], max_num_tokens[r], 1) != k:
                     taken += 1
             finishing = taken <= free
             left_budget = budget - num_left
@@ -555,13 +558,12 @@ def decode_run_async(at, times):
             nxt, nwait = add_arrivals(arrival, times[j - 1], nxt, waiting, head, nwait)
         counts[0] = s
         last_end = times[k - 1]
-        periods, rest = k // block_size, k % block_size
         for i in range(nrun):
             r = running[i]
             if hybrid:
                 groups_advanced(groups, r, computed[r], k, 1)
             else:
-                num_blocks[r] += periods + (1 if phases[i] < rest else 0)
+                num_blocks[r] += blocks_crossed(phases[i], k, block_size)
             computed[r] += k
             num_tokens[r] += k
             in_flight[r] = 1  # batch k's token
@@ -664,12 +666,14 @@ def prefill_run_async(at):
         if queue_r[slot, i] != r or stale[r]:
             return no
         if placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
-            left = max_num_tokens[r] - num_tokens[r] - 1  # batch left schedules its last token
+            left = steps_to_finish(num_tokens[r], max_num_tokens[r], 1)  # batch left schedules its last token
             k = left if left < k else k
             low = c if low == 0 or c < low else low
             high = c if c > high else high
             decode_context += c
-            phases[i] = -c % block_size  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
+            phases[i] = block_phase(
+                c, block_size
+            )  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
             per_phase[phases[i]] += 1
         elif at < 0 and placeholders[r] == 0 and c < num_tokens[r]:
             at = i
@@ -745,14 +749,13 @@ def prefill_run_async(at):
         return no
     counts[0] = s
     clock = last_end = at_clock  # batch k - 1's end: the loop waited for its output
-    periods, rest = k // block_size, k % block_size
     for i in range(nrun):
         r = running[i]
         if i == at:
             continue
         if num_tokens[r] == prompt[r]:
             first_token_s[r] = queue_f[slot, 1]  # its prefill's last chunk was in batch 0
-        num_blocks[r] += periods + (1 if phases[i] < rest else 0)  # its crossings in batches 1..k
+        num_blocks[r] += blocks_crossed(phases[i], k, block_size)  # its crossings in batches 1..k
         computed[r] += k
         num_tokens[r] += k  # batches 0..k-1's tokens
         in_flight[r] = 1  # batch k's
