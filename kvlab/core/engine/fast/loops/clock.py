@@ -84,76 +84,76 @@ def interp(axis, values, x):
 
 
 @njit
-def part(clock, name):
-    """The clock's table `name` (an arrays.TABLES index): a view of clock.table."""
-    return clock.table[clock.at[name] : clock.at[name + 1]]
+def part(cost, name):
+    """The clock's table `name` (an arrays.TABLES index): a view of cost.table."""
+    return cost.table[cost.at[name] : cost.at[name + 1]]
 
 
 @njit
-def length(clock, name):
+def length(cost, name):
     """The number of values in the clock's table `name`."""
-    return clock.at[name + 1] - clock.at[name]
+    return cost.at[name + 1] - cost.at[name]
 
 
 @inline
-def padded_tokens(clock, num_tokens):
-    sizes = part(clock, SIZES)
+def padded_tokens(cost, num_tokens):
+    sizes = part(cost, SIZES)
     if sizes.shape[0] == 0 or num_tokens > sizes[sizes.shape[0] - 1]:
         return num_tokens
     return int(sizes[search(sizes, num_tokens, False)])
 
 
 @njit
-def moe_block_us(clock, num_tokens):
+def moe_block_us(cost, num_tokens):
     """MeasuredStepCost.moe_block_us (with active_experts)."""
-    e, k = clock.num_experts, clock.num_experts_per_tok
-    ep, dp = clock.expert_parallel_size, clock.data_parallel_size
+    e, k = cost.num_experts, cost.num_experts_per_tok
+    ep, dp = cost.expert_parallel_size, cost.data_parallel_size
     if e == 0:
         return 0.0
     tokens = dp * num_tokens
     active = min(e / ep, k * tokens / ep, e / ep * (1.0 - (1.0 - k / e) ** float(tokens)))
-    i, wi = bracket(part(clock, MOE_TOKENS), num_tokens)
-    j, wj = bracket(part(clock, MOE_EXPERTS), active)
-    grid = part(clock, MOE_US).reshape((length(clock, MOE_TOKENS), length(clock, MOE_EXPERTS)))
+    i, wi = bracket(part(cost, MOE_TOKENS), num_tokens)
+    j, wj = bracket(part(cost, MOE_EXPERTS), active)
+    grid = part(cost, MOE_US).reshape((length(cost, MOE_TOKENS), length(cost, MOE_EXPERTS)))
     return blend(blend(grid[i, j], grid[i, j + 1], wj), blend(grid[i + 1, j], grid[i + 1, j + 1], wj), wi)
 
 
 @njit
-def fixed_us(clock, num_tokens, num_sequences):
+def fixed_us(cost, num_tokens, num_sequences):
     """MeasuredStepCost.fixed_us of one rank: dense, MoE, all-reduce and dispatch at the padded tokens."""
-    padded = padded_tokens(clock, num_tokens)
-    us = interp(part(clock, DENSE_TOKENS), part(clock, DENSE_US), padded)
-    us += clock.layers * moe_block_us(clock, padded)
+    padded = padded_tokens(cost, num_tokens)
+    us = interp(part(cost, DENSE_TOKENS), part(cost, DENSE_US), padded)
+    us += cost.layers * moe_block_us(cost, padded)
     if num_sequences:
-        us += interp(part(clock, SEQUENCES), part(clock, PER_SEQUENCE_US), num_sequences)
-    if clock.all_reduce_per_step:
-        us += clock.all_reduce_per_step * interp(
-            part(clock, ALL_REDUCE_SIZES), part(clock, ALL_REDUCE_US), padded * clock.all_reduce_bytes_per_token
+        us += interp(part(cost, SEQUENCES), part(cost, PER_SEQUENCE_US), num_sequences)
+    if cost.all_reduce_per_step:
+        us += cost.all_reduce_per_step * interp(
+            part(cost, ALL_REDUCE_SIZES), part(cost, ALL_REDUCE_US), padded * cost.all_reduce_bytes_per_token
         )
-    if clock.dispatch_per_step:
-        us += clock.dispatch_per_step * interp(
-            part(clock, DISPATCH_SIZES),
-            part(clock, DISPATCH_US),
-            clock.data_parallel_size * padded * clock.dispatch_bytes_per_token,
+    if cost.dispatch_per_step:
+        us += cost.dispatch_per_step * interp(
+            part(cost, DISPATCH_SIZES),
+            part(cost, DISPATCH_US),
+            cost.data_parallel_size * padded * cost.dispatch_bytes_per_token,
         )
-    return us + clock.overhead_us
+    return us + cost.overhead_us
 
 
 @njit
-def decode_attention_us(clock, num_decodes, history):
+def decode_attention_us(cost, num_decodes, history):
     """MeasuredStepCost.decode_attention_us: the decode-only plane, along the decodes, then the history."""
-    i, wi = bracket(part(clock, AXIS2), num_decodes)
-    j, w = bracket(part(clock, AXIS3), history)
-    grid = part(clock, DECODE_GRID).reshape((length(clock, AXIS2), length(clock, AXIS3)))
+    i, wi = bracket(part(cost, AXIS2), num_decodes)
+    j, w = bracket(part(cost, AXIS3), history)
+    grid = part(cost, DECODE_GRID).reshape((length(cost, AXIS2), length(cost, AXIS3)))
     return blend(blend(grid[i, j], grid[i + 1, j], wi), blend(grid[i, j + 1], grid[i + 1, j + 1], wi), w)
 
 
 @njit
-def mixed_at(clock, a, wa, b, wb, c, wc, history):
+def mixed_at(cost, a, wa, b, wb, c, wc, history):
     """MeasuredStepCost._mixed_at of the corners (a, b, c) and weights _mixed_corners found."""
-    shape = (length(clock, AXIS0), length(clock, AXIS1), length(clock, AXIS2), length(clock, AXIS3))
-    grid = part(clock, ATTENTION).reshape(shape)
-    d, wd = bracket(part(clock, AXIS3), history)
+    shape = (length(cost, AXIS0), length(cost, AXIS1), length(cost, AXIS2), length(cost, AXIS3))
+    grid = part(cost, ATTENTION).reshape(shape)
+    d, wd = bracket(part(cost, AXIS3), history)
     k0 = blend(grid[a, b, c, d], grid[a, b, c, d + 1], wd)
     k1 = blend(grid[a, b, c + 1, d], grid[a, b, c + 1, d + 1], wd)
     k2 = blend(grid[a, b + 1, c, d], grid[a, b + 1, c, d + 1], wd)
@@ -175,44 +175,44 @@ def skew_bucket(bins, x):
 
 
 @njit
-def skew_alpha(clock, prefill_tokens, prefill_history, num_decodes, dctx, low, high):
+def skew_alpha(cost, prefill_tokens, prefill_history, num_decodes, dctx, low, high):
     """SkewFit.alpha_at for a batch of num_decodes decodes (more than one, of unequal context from low to high) beside
     a prefill chunk of prefill_tokens (0: none) after prefill_history."""
-    chunks = part(clock, SKEW_CHUNKS)
+    chunks = part(cost, SKEW_CHUNKS)
     chunk = -1
     for i in range(chunks.shape[0]):
         if chunks[i] == prefill_tokens:
             chunk = i
             break
     if chunk < 0:
-        return clock.skew_default
+        return cost.skew_default
     rate = (dctx - num_decodes * low) / (num_decodes * (high - low))
     rate = 0.0 if rate < 0.0 else 1.0 if rate > 1.0 else rate
-    bins = (length(clock, SKEW_BINS0), length(clock, SKEW_BINS1), length(clock, SKEW_BINS2), length(clock, SKEW_BINS3))
+    bins = (length(cost, SKEW_BINS0), length(cost, SKEW_BINS1), length(cost, SKEW_BINS2), length(cost, SKEW_BINS3))
     shape = (chunks.shape[0], bins[0] - 1, bins[1] - 1, bins[2] - 1, bins[3] - 1)  # the bins between the edges
-    return part(clock, SKEW_ALPHA).reshape(shape)[
+    return part(cost, SKEW_ALPHA).reshape(shape)[
         chunk,
-        skew_bucket(part(clock, SKEW_BINS0), num_decodes),
-        skew_bucket(part(clock, SKEW_BINS1), rate),
-        skew_bucket(part(clock, SKEW_BINS2), high - 1),
-        skew_bucket(part(clock, SKEW_BINS3), int(prefill_history)),
+        skew_bucket(part(cost, SKEW_BINS0), num_decodes),
+        skew_bucket(part(cost, SKEW_BINS1), rate),
+        skew_bucket(part(cost, SKEW_BINS2), high - 1),
+        skew_bucket(part(cost, SKEW_BINS3), int(prefill_history)),
     ]
 
 
 @njit
-def skewed_attention_us(clock, attention_us, prefill_tokens, prefill_history, num_decodes, dctx, low, high, corners):
+def skewed_attention_us(cost, attention_us, prefill_tokens, prefill_history, num_decodes, dctx, low, high, corners):
     """MeasuredStepCost.skewed_attention_us (with SkewFit.alpha_at); corners: (a, wa, b, wb, c, wc) of a mixed
     batch (prefill_tokens > 0)."""
-    if not clock.skew or num_decodes < 2 or high <= low:
+    if not cost.skew or num_decodes < 2 or high <= low:
         return attention_us
-    alpha = skew_alpha(clock, prefill_tokens, prefill_history, num_decodes, dctx, low, high)
+    alpha = skew_alpha(cost, prefill_tokens, prefill_history, num_decodes, dctx, low, high)
     if alpha == 0.0:
         return attention_us
     if prefill_tokens:
         a, wa, b, wb, c, wc = corners
-        at_max = mixed_at(clock, a, wa, b, wb, c, wc, high - 1)
+        at_max = mixed_at(cost, a, wa, b, wb, c, wc, high - 1)
     else:
-        at_max = decode_attention_us(clock, num_decodes, high - 1)
+        at_max = decode_attention_us(cost, num_decodes, high - 1)
     if at_max <= attention_us:
         return attention_us
     skewed = attention_us + alpha * (at_max - attention_us)
@@ -220,30 +220,30 @@ def skewed_attention_us(clock, attention_us, prefill_tokens, prefill_history, nu
 
 
 @njit
-def with_cpu_us(clock, gpu_us, num_sequences):
+def with_cpu_us(cost, gpu_us, num_sequences):
     """MeasuredStepCost.with_cpu_us: the CPU's scheduling added, or the longer of the two."""
-    if length(clock, CPU_SEQUENCES) == 0:
+    if length(cost, CPU_SEQUENCES) == 0:
         return gpu_us
-    cpu = interp(part(clock, CPU_SEQUENCES), part(clock, CPU_US), num_sequences)
-    if not clock.cpu_overlapped:
+    cpu = interp(part(cost, CPU_SEQUENCES), part(cost, CPU_US), num_sequences)
+    if not cost.cpu_overlapped:
         return gpu_us + cpu
     return cpu if cpu > gpu_us else gpu_us
 
 
 @njit
-def decode_run_clock(clock, num_decodes, dctx, low, high):
+def decode_run_clock(cost, num_decodes, dctx, low, high):
     """What stays the same through the steps of a decode run on the measured clock, from its first step's Batch
     fields (num_decodes decodes of dctx context tokens in all, from low to high each): every term but attention, the
     decode plane's row along the decodes, the skew fit's alpha but for the largest history's bucket, and the CPU's
     time. decode_step_s reads it."""
-    if clock.kind != 2:  # none to read
+    if cost.kind != 2:  # none to read
         return num_decodes, dctx, high, 0.0, 0, 0.0, False, -1, -1, -1, -1, 0.0
-    fixed = fixed_us(clock, num_decodes, num_decodes)
-    i, wi = bracket(part(clock, AXIS2), num_decodes)
-    skewed = clock.skew != 0 and num_decodes >= 2 and high > low  # the history spread, the same every step
+    fixed = fixed_us(cost, num_decodes, num_decodes)
+    i, wi = bracket(part(cost, AXIS2), num_decodes)
+    skewed = cost.skew != 0 and num_decodes >= 2 and high > low  # the history spread, the same every step
     chunk = b0 = b1 = b3 = -1
     if skewed:
-        chunks = part(clock, SKEW_CHUNKS)
+        chunks = part(cost, SKEW_CHUNKS)
         for k in range(chunks.shape[0]):
             if chunks[k] == 0:
                 chunk = k
@@ -251,31 +251,31 @@ def decode_run_clock(clock, num_decodes, dctx, low, high):
         if chunk >= 0:
             rate = (dctx - num_decodes * low) / (num_decodes * (high - low))  # each history grows by one: the same
             rate = 0.0 if rate < 0.0 else 1.0 if rate > 1.0 else rate
-            b0 = skew_bucket(part(clock, SKEW_BINS0), num_decodes)
-            b1 = skew_bucket(part(clock, SKEW_BINS1), rate)
-            b3 = skew_bucket(part(clock, SKEW_BINS3), 0)
-    cpu = interp(part(clock, CPU_SEQUENCES), part(clock, CPU_US), num_decodes) if length(clock, CPU_SEQUENCES) else 0.0
+            b0 = skew_bucket(part(cost, SKEW_BINS0), num_decodes)
+            b1 = skew_bucket(part(cost, SKEW_BINS1), rate)
+            b3 = skew_bucket(part(cost, SKEW_BINS3), 0)
+    cpu = interp(part(cost, CPU_SEQUENCES), part(cost, CPU_US), num_decodes) if length(cost, CPU_SEQUENCES) else 0.0
     return num_decodes, dctx, high, fixed, i, wi, skewed, chunk, b0, b1, b3, cpu
 
 
 @njit
-def decode_step_s(clock, run, j):
+def decode_step_s(cost, run, j):
     """measured_s of step j of the decode run decode_run_clock described (its decodes' context j tokens longer
     each): the same float operations, the run's constant terms read from it."""
     num_decodes, dctx, high, fixed, i, wi, skewed, chunk, b0, b1, b3, cpu = run
     dctx, high = dctx + num_decodes * j, high + j
-    grid = part(clock, DECODE_GRID).reshape((length(clock, AXIS2), length(clock, AXIS3)))
-    axis = part(clock, AXIS3)
+    grid = part(cost, DECODE_GRID).reshape((length(cost, AXIS2), length(cost, AXIS3)))
+    axis = part(cost, AXIS3)
     k, w = bracket(axis, (dctx - num_decodes) / num_decodes)
     attention = blend(blend(grid[i, k], grid[i + 1, k], wi), blend(grid[i, k + 1], grid[i + 1, k + 1], wi), w)
     if skewed:
         if chunk < 0:
-            alpha = clock.skew_default
+            alpha = cost.skew_default
         else:
-            bins = (length(clock, SKEW_BINS0), length(clock, SKEW_BINS1), length(clock, SKEW_BINS2))
-            shape = (length(clock, SKEW_CHUNKS), bins[0] - 1, bins[1] - 1, bins[2] - 1, length(clock, SKEW_BINS3) - 1)
-            b2 = skew_bucket(part(clock, SKEW_BINS2), high - 1)
-            alpha = part(clock, SKEW_ALPHA).reshape(shape)[chunk, b0, b1, b2, b3]
+            bins = (length(cost, SKEW_BINS0), length(cost, SKEW_BINS1), length(cost, SKEW_BINS2))
+            shape = (length(cost, SKEW_CHUNKS), bins[0] - 1, bins[1] - 1, bins[2] - 1, length(cost, SKEW_BINS3) - 1)
+            b2 = skew_bucket(part(cost, SKEW_BINS2), high - 1)
+            alpha = part(cost, SKEW_ALPHA).reshape(shape)[chunk, b0, b1, b2, b3]
         if alpha != 0.0:
             k, w = bracket(axis, high - 1)
             at_max = blend(blend(grid[i, k], grid[i + 1, k], wi), blend(grid[i, k + 1], grid[i + 1, k + 1], wi), w)
@@ -283,34 +283,30 @@ def decode_step_s(clock, run, j):
                 attention = attention + alpha * (at_max - attention)
                 attention = attention if attention > 0.0 else 0.0
     us = fixed
-    us += clock.layers * attention
-    if length(clock, CPU_SEQUENCES) == 0:
+    us += cost.layers * attention
+    if length(cost, CPU_SEQUENCES) == 0:
         return us / 1e6
-    if not clock.cpu_overlapped:
+    if not cost.cpu_overlapped:
         return (us + cpu) / 1e6
     return (cpu if cpu > us else us) / 1e6
 
 
 @njit
-def prefill_run_clock(clock, num_decodes, chunk):
+def prefill_run_clock(cost, num_decodes, chunk):
     """What stays the same through the steps of a prefill run (prefill_run: num_decodes decodes beside a chunk of
     chunk tokens) on the measured clock: every term but attention (the same tokens and sequences), the attention
     grid's corners along the chunk and the decodes, and the CPU's time. prefill_step_s reads it."""
-    if clock.kind != 2:  # none to read
+    if cost.kind != 2:  # none to read
         return 0.0, 0, 0.0, 0, 0.0, 0.0
-    fixed = fixed_us(clock, num_decodes + chunk, num_decodes + 1)
-    a, wa = bracket(part(clock, AXIS0), chunk)
-    c, wc = bracket(part(clock, AXIS2), num_decodes)
-    cpu = (
-        interp(part(clock, CPU_SEQUENCES), part(clock, CPU_US), num_decodes + 1)
-        if length(clock, CPU_SEQUENCES)
-        else 0.0
-    )
+    fixed = fixed_us(cost, num_decodes + chunk, num_decodes + 1)
+    a, wa = bracket(part(cost, AXIS0), chunk)
+    c, wc = bracket(part(cost, AXIS2), num_decodes)
+    cpu = interp(part(cost, CPU_SEQUENCES), part(cost, CPU_US), num_decodes + 1) if length(cost, CPU_SEQUENCES) else 0.0
     return fixed, a, wa, c, wc, cpu
 
 
 @njit
-def prefill_step_s(clock, run, num_decodes, chunk, before, dctx, low, high):
+def prefill_step_s(cost, run, num_decodes, chunk, before, dctx, low, high):
     """measured_s of a step of the prefill run prefill_run_clock described: its chunk after before tokens of the
     prompt, its decodes of dctx context tokens in all, from low to high each; the same float operations, the run's
     constant terms read from it."""
@@ -319,51 +315,51 @@ def prefill_step_s(clock, run, num_decodes, chunk, before, dctx, low, high):
     pairs = attention_pairs(chunk, before)
     history = (pairs - chunk * (chunk + 1) / 2) / chunk
     history = history if history > 0.0 else 0.0
-    b, wb = bracket(part(clock, AXIS1), history)
-    attention = mixed_at(clock, a, wa, b, wb, c, wc, decode_history)
+    b, wb = bracket(part(cost, AXIS1), history)
+    attention = mixed_at(cost, a, wa, b, wb, c, wc, decode_history)
     corners = (a, wa, b, wb, c, wc)
     us = fixed
-    us += clock.layers * skewed_attention_us(clock, attention, chunk, history, num_decodes, dctx, low, high, corners)
-    if length(clock, CPU_SEQUENCES) == 0:
+    us += cost.layers * skewed_attention_us(cost, attention, chunk, history, num_decodes, dctx, low, high, corners)
+    if length(cost, CPU_SEQUENCES) == 0:
         return us / 1e6
-    if not clock.cpu_overlapped:
+    if not cost.cpu_overlapped:
         return (us + cpu) / 1e6
     return (cpu if cpu > us else us) / 1e6
 
 
 @njit
-def measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
+def measured_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
     """MeasuredStepCost.step_s of the Batch of these fields."""
     prefill_tokens = tokens - num_decodes
     decode_history = (dctx - num_decodes) / num_decodes if num_decodes else 0.0
     if not prefill_tokens:
-        us = fixed_us(clock, tokens, num_decodes)
-        attention = decode_attention_us(clock, num_decodes, decode_history)
+        us = fixed_us(cost, tokens, num_decodes)
+        attention = decode_attention_us(cost, num_decodes, decode_history)
         corners = (0, 0.0, 0, 0.0, 0, 0.0)
-        us += clock.layers * skewed_attention_us(clock, attention, 0, 0.0, num_decodes, dctx, low, high, corners)
-        return with_cpu_us(clock, us, num_decodes) / 1e6
+        us += cost.layers * skewed_attention_us(cost, attention, 0, 0.0, num_decodes, dctx, low, high, corners)
+        return with_cpu_us(cost, us, num_decodes) / 1e6
     if num_prefills:
         history = (pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens
     else:
         history = float(context - dctx - prefill_tokens)
     history = history if history > 0.0 else 0.0
     num_sequences = num_decodes + (num_prefills if num_prefills > 1 else 1)
-    us = fixed_us(clock, tokens, num_sequences)
-    a, wa = bracket(part(clock, AXIS0), prefill_tokens)
-    b, wb = bracket(part(clock, AXIS1), history)
-    c, wc = bracket(part(clock, AXIS2), num_decodes)
-    attention = mixed_at(clock, a, wa, b, wb, c, wc, decode_history)
+    us = fixed_us(cost, tokens, num_sequences)
+    a, wa = bracket(part(cost, AXIS0), prefill_tokens)
+    b, wb = bracket(part(cost, AXIS1), history)
+    c, wc = bracket(part(cost, AXIS2), num_decodes)
+    attention = mixed_at(cost, a, wa, b, wb, c, wc, decode_history)
     corners = (a, wa, b, wb, c, wc)
-    us += clock.layers * skewed_attention_us(
-        clock, attention, prefill_tokens, history, num_decodes, dctx, low, high, corners
+    us += cost.layers * skewed_attention_us(
+        cost, attention, prefill_tokens, history, num_decodes, dctx, low, high, corners
     )
-    return with_cpu_us(clock, us, num_sequences) / 1e6
+    return with_cpu_us(cost, us, num_sequences) / 1e6
 
 
 @njit
-def vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs):
+def vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs):
     """Vllm2023StepCost.step_s of the Batch of these fields (its figures in the clock's COST_MS, arrays.VLLM_2023)."""
-    c = part(clock, COST_MS)
+    c = part(cost, COST_MS)
     weights, bandwidth, params, tflops, hidden = c[0], c[1], c[2], c[3], c[4]
     launch, per_sequence, per_token, per_block, block_size, overhead_ms = c[5], c[6], c[7], c[8], c[9], c[10]
     prefill_tokens = tokens - num_decodes
@@ -381,15 +377,15 @@ def vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs):
         blocks = decode_context / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
         attention = launch + per_sequence * num_decodes + per_token * decode_context + per_block * blocks
     prefill = 4.0 * hidden * pairs_f / (tflops * 1e6)
-    us = overhead_ms * 1000.0 + dense + clock.layers * (attention + prefill)
+    us = overhead_ms * 1000.0 + dense + cost.layers * (attention + prefill)
     return us / 1e6
 
 
 @njit
-def roofline_s(clock, tokens, context):
+def roofline_s(cost, tokens, context):
     """RooflineStepCost.step_s of a Batch of tokens and context tokens (no all-reduce; its figures in the clock's
     COST_MS, arrays.ROOFLINE): the same float operations."""
-    c = part(clock, COST_MS)
+    c = part(cost, COST_MS)
     weights, kv_per_token, params, bandwidth, tflops = c[0], c[1], c[2], c[3], c[4]
     memory_s = (weights + kv_per_token * float(context)) / (bandwidth * 1e9)
     compute_s = 2.0 * params * float(tokens) / (tflops * 1e12)
@@ -397,21 +393,21 @@ def roofline_s(clock, tokens, context):
 
 
 @njit
-def cost_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
+def cost_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high):
     """The measured, 2023 or roofline step cost's seconds for a step of these Batch fields."""
-    if clock.kind == 3:
-        return vllm_2023_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs)
-    if clock.kind == 4:
-        return roofline_s(clock, tokens, context)
-    return measured_s(clock, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high)
+    if cost.kind == 3:
+        return vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs)
+    if cost.kind == 4:
+        return roofline_s(cost, tokens, context)
+    return measured_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high)
 
 
 @inline
-def step_s(clock, num_scheduled, acc):
+def step_s(cost, num_scheduled, acc):
     """The step cost's seconds for a step of num_scheduled tokens whose other Batch fields account() left in acc
     (context, decodes, their context, prefills, their pairs, the least and most decode context)."""
-    if clock.kind == 0:
-        return clock.table[0] / 1000.0  # the COST_MS table is the first
-    if clock.kind == 1:
-        return (clock.table[0] + clock.table[1] * num_scheduled) / 1000.0
-    return cost_s(clock, num_scheduled, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6])
+    if cost.kind == 0:
+        return cost.table[0] / 1000.0  # the COST_MS table is the first
+    if cost.kind == 1:
+        return (cost.table[0] + cost.table[1] * num_scheduled) / 1000.0
+    return cost_s(cost, num_scheduled, acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6])

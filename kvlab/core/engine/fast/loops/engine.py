@@ -93,7 +93,7 @@ def loop_sync(
     arrival, status = req.arrival, req.status
     usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     fields = cost.kind >= 2  # a clock that reads them
-    nxt, free, nrun, head, nwait = (
+    nxt, num_free_blocks, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL],
         state[S_FREE],
         state[S_NUM_RUNNING],
@@ -101,37 +101,37 @@ def loop_sync(
         state[S_NUM_WAITING],
     )
     kv, first = state[S_KV_TOKENS], state[S_STEPS]
-    clock, last_end = fstate[F_CLOCK], fstate[F_LAST_END]
+    now_s, last_end_s = fstate[F_CLOCK], fstate[F_LAST_END]
     capacity = logs[0].shape[0]
     runs = cfg.decode_runs and not caching
     counts[:] = 0
     code = DONE
     chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
     while True:
-        code, nxt, nwait, clock = next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts)
+        code, nxt, nwait, now_s = next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
         if code != STEP:
             break
         if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
-            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases,
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases,
                   per_phase, logs, counts, groups)  # fmt: skip
             # (one tuple: numba inlines no call with *args)
-            steps, nxt, nwait, free, nrun, kv, clock, last_end = decode_run(at)
+            steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = decode_run(at)
             if not steps and chunked:
-                steps, nxt, nwait, free, nrun, kv, clock, last_end = prefill_run(at)
+                steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = prefill_run(at)
                 state[S_PREFILL_RUNS] += steps > 0
             if steps:
                 state[S_RUNS] += 1
                 continue
-        ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+        ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, num_free_blocks = schedule(
             cfg,
             req,
-            clock,
+            now_s,
             running,
             nrun,
             waiting,
             head,
             nwait,
-            free,
+            num_free_blocks,
             out_r,
             out_n,
             out_sample,
@@ -144,34 +144,34 @@ def loop_sync(
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
-        end = clock + step_s(cost, num_scheduled, acc)
+        batch_end_s = now_s + step_s(cost, num_scheduled, acc)
         chunked = num_scheduled > ns
-        free, kv, finished = update_sync(
+        num_free_blocks, kv, finished = update_sync(
             req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_scheduled + num_hit_tokens,
-            end, free, kv,
+            batch_end_s, num_free_blocks, kv,
         )  # fmt: skip
         num_running_step = nrun
         if finished:
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
         record(
             first,
-            clock,
-            end,
-            last_end,
+            now_s,
+            batch_end_s,
+            last_end_s,
             npre,
             num_hit_tokens,
             num_scheduled,
             num_running_step,
             nwait,
-            usable - free,
+            usable - num_free_blocks,
             kv,
             logs,
             events,
             counts,
         )
-        last_end = end
-        clock = end
-    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
+        last_end_s = batch_end_s
+        now_s = batch_end_s
+    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
     return code
 
 
@@ -199,7 +199,7 @@ def loop_async(
     """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs and prefill runs at once
     without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
     requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
-    queue_f[slot]: start, end. Stops as loop_sync does."""
+    queue_f[slot]: its start and end (s). Stops as loop_sync does."""
     req, cost, state, fstate, running, waiting, pool, groups = (
         unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
         unowned(groups),
@@ -245,7 +245,7 @@ def loop_async(
         cfg.enable_caching,
         cfg.block_size,
     )
-    nxt, free, nrun, head, nwait = (
+    nxt, num_free_blocks, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL],
         state[S_FREE],
         state[S_NUM_RUNNING],
@@ -255,42 +255,46 @@ def loop_async(
     kv, first = state[S_KV_TOKENS], state[S_STEPS]
     queue_head, queue_len = state[S_QUEUE_HEAD], state[S_QUEUE_LEN]
     num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
-    clock, last_end, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
+    now_s, last_end_s, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
     capacity = logs[0].shape[0]
     runs = cfg.decode_runs and not caching
     counts[:] = 0
     code = DONE
     while True:
-        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
         if counts[0] == capacity:
             code = FULL
             break
         if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run, or a prefill run
-            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r,
+            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r,
                   queue_n, queue_sample, queue_i, queue_f, queue_head, phases, per_phase, first, logs, events,
                   counts, groups)  # fmt: skip
-            ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = decode_run_async(at, times)
+            ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = decode_run_async(
+                at, times
+            )
             prefill = not ran and queue_i[queue_head, 1] > queue_i[queue_head, 0]  # batch 0 holds a prefill chunk
             if prefill:
-                ran, nxt, nwait, free, nrun, kv, clock, last_end, end, finished = prefill_run_async(at)
+                ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = (
+                    prefill_run_async(at)
+                )
             if ran:
-                gpu_free_s = end
+                gpu_free_s = batch_end_s
                 has_finished = 1 if finished else 0
                 state[S_RUNS] += 1
                 state[S_PREFILL_RUNS] += prefill
                 continue
         if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
             slot = (queue_head + queue_len) % 2
-            ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, free = schedule(
+            ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, num_free_blocks = schedule(
                 cfg,
                 req,
-                clock,
+                now_s,
                 running,
                 nrun,
                 waiting,
                 head,
                 nwait,
-                free,
+                num_free_blocks,
                 queue_r[slot],
                 queue_n[slot],
                 queue_sample[slot],
@@ -301,13 +305,13 @@ def loop_async(
                 fields,
             )
             has_finished = 0
-            start = clock if clock > gpu_free_s else gpu_free_s
-            end = start + step_s(cost, num_scheduled, acc) if num_scheduled else start
-            gpu_free_s = end
+            batch_start_s = now_s if now_s > gpu_free_s else gpu_free_s
+            batch_end_s = batch_start_s + step_s(cost, num_scheduled, acc) if num_scheduled else batch_start_s
+            gpu_free_s = batch_end_s
             queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
             queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens
             queue_i[slot, 6] = num_scheduled and not npre and not num_hit_tokens  # a decode run may start from it
-            queue_f[slot, 0], queue_f[slot, 1] = start, end
+            queue_f[slot, 0], queue_f[slot, 1] = batch_start_s, batch_end_s
             queue_len += 1
             num_empty = 0 if num_scheduled else num_empty + 1
             if num_empty >= 2 and (nrun or nwait):
@@ -318,7 +322,7 @@ def loop_async(
                     if nxt == n or arrival[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
                         code = NO_PROGRESS
                         break
-                    clock = arrival[nxt]  # nothing changes before it arrives
+                    now_s = arrival[nxt]  # nothing changes before it arrives
                     num_empty = 0
             if queue_len < 2 and (num_scheduled or nrun or nwait):
                 continue
@@ -326,14 +330,14 @@ def loop_async(
             if nxt == n:
                 code = DONE
                 break
-            clock = arrival[nxt]  # idle: jump to the next arrival
+            now_s = arrival[nxt]  # idle: jump to the next arrival
             continue
         slot = queue_head  # wait for the oldest batch's output, process it
         queue_head = (queue_head + 1) % 2
         queue_len -= 1
-        end = queue_f[slot, 1]
-        if end > clock:
-            clock = end
+        batch_end_s = queue_f[slot, 1]
+        if batch_end_s > now_s:
+            now_s = batch_end_s
         finished = False
         finished_waiting = False
         for j in range(queue_i[slot, 0]):  # AsyncScheduler.update_from_output
@@ -348,16 +352,16 @@ def loop_async(
             was_running = status[r] == RUNNING
             num_tokens[r] += 1
             if num_tokens[r] == prompt[r] + 1:
-                first_token_s[r] = end
+                first_token_s[r] = batch_end_s
             if settles_placeholder(was_stale, placeholders[r]):
                 placeholders[r] -= 1
                 if was_running and caching:
                     cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
             if is_finished(num_tokens[r], max_num_tokens[r]):
                 status[r] = FINISHED
-                free = release(pool, groups, caching, r, num_blocks, num_cached, free)
-                finish_s[r] = end
-                finished_at(req, end)
+                num_free_blocks = release(pool, groups, caching, r, num_blocks, num_cached, num_free_blocks)
+                finish_s[r] = batch_end_s
+                finished_at(req, batch_end_s)
                 finished = True
                 if not was_running:
                     finished_waiting = True
@@ -372,21 +376,21 @@ def loop_async(
             record(
                 first,
                 queue_f[slot, 0],
-                end,
-                last_end,
+                batch_end_s,
+                last_end_s,
                 npre,
                 queue_i[slot, 5],
                 num_scheduled,
                 queue_i[slot, 2],
                 queue_i[slot, 3],
-                usable - free,
+                usable - num_free_blocks,
                 kv,
                 logs,
                 events,
                 counts,
             )
-            last_end = end
-    save_state(state, fstate, nxt, free, nrun, head, nwait, kv, first + counts[0], clock, last_end)
+            last_end_s = batch_end_s
+    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
     state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (
         queue_head,
         queue_len,

@@ -61,7 +61,7 @@ def remove_skipped_blocks(groups, r, num_processed_tokens):
 def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_len, take):
     """The new blocks every group's table needs to hold num_new_tokens more tokens (num_blocks_to_allocate); take:
     and the tables grow by them."""
-    need = 0
+    num_blocks_needed = 0
     for g in range(groups.block_size.shape[0]):
         if groups.weight[g] == 0:
             continue
@@ -69,10 +69,10 @@ def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_
             num_computed_tokens, num_new_tokens, groups.blocks[r, g], groups.block_size[g], max_model_len
         )
         if new > 0:
-            need += groups.weight[g] * new
+            num_blocks_needed += groups.weight[g] * new
             if take:
                 groups.blocks[r, g] += new
-    return need
+    return num_blocks_needed
 
 
 @inline
@@ -94,10 +94,10 @@ def admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens):
 
 
 @inline
-def admitted_to_groups(cfg, groups, num_tokens, r, budget, free, cap_tokens):
+def admitted_to_groups(cfg, groups, num_tokens, r, budget, num_free_blocks, cap_tokens):
     """admitted_tokens for a hybrid model: (its tokens, its new blocks), or (0, 0) if refused (admission_to_groups)."""
-    m, need, new = admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens)
-    if m == 0 or need > free:
+    m, num_blocks_needed, new = admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens)
+    if m == 0 or num_blocks_needed > num_free_blocks:
         return 0, 0
     return m, new
 

@@ -51,14 +51,14 @@ def take_slot(pool, r):
 
 
 @inline
-def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens):
+def admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, num_free_blocks, cap_tokens):
     """Whether schedule()'s waiting loop admits request r (num_hits blocks hit in the prefix cache, evictable of them
     in the free queue; budget tokens and free blocks left): (its tokens, its new blocks), or (0, 0) if refused."""
     block_size, max_model_len, chunked = cfg.block_size, cfg.max_model_len, cfg.enable_chunked_prefill
     m = admission_num_new_tokens(num_tokens[r], num_hits * block_size, cap_tokens, budget, chunked != 0)
     if m == 0:
         return 0, 0
-    new = admission_num_new_blocks(num_tokens[r], num_hits, evictable, m, free, block_size, max_model_len)
+    new = admission_num_new_blocks(num_tokens[r], num_hits, evictable, m, num_free_blocks, block_size, max_model_len)
     if new < 0:
         return 0, 0
     return m, new

@@ -56,13 +56,13 @@ from kvlab.core.engine.fast.loops.pool import (
 def schedule(
     cfg,
     req,
-    clock,
+    now_s,
     running,
     nrun,
     waiting,
     head,
     nwait,
-    free,
+    num_free_blocks,
     out_r,
     out_n,
     out_sample,
@@ -74,7 +74,7 @@ def schedule(
 ):
     """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
     and, where fields (a clock that reads them, step_s), the rest of its Batch in acc; returns (its requests,
-    preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, free). Without prefix caching
+    preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, num_free_blocks). Without prefix caching
     (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks. A hybrid model's groups (groups,
     without prefix caching) take Requests.num_blocks's place, and every running request calls allocate_slots (a
     decode inside its last block may still free a block behind its window)."""
@@ -124,7 +124,9 @@ def schedule(
             i += 1
             continue
         if hybrid:  # allocate_slots first frees the blocks behind each window (of the settled tokens)
-            free += remove_skipped_blocks(groups, r, (c if c < max_model_len else max_model_len) - in_flight[r])
+            num_free_blocks += remove_skipped_blocks(
+                groups, r, (c if c < max_model_len else max_model_len) - in_flight[r]
+            )
         elif allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
             out_r[ns] = r  # a decode inside its last block: allocate_slots not called
             out_n[ns] = 1
@@ -138,20 +140,20 @@ def schedule(
                 new = blocks_for_groups(groups, r, c, m, max_model_len, False)
             else:
                 new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
-            if new <= free:
+            if new <= num_free_blocks:
                 if hybrid:
-                    free -= blocks_for_groups(groups, r, c, m, max_model_len, True)
+                    num_free_blocks -= blocks_for_groups(groups, r, c, m, max_model_len, True)
                 elif new > 0:
                     if caching:
                         take_blocks(pool, new, pool.tables[pool.slot_of[r]], num_blocks[r])
-                    free -= new
+                    num_free_blocks -= new
                     num_blocks[r] += new
                 if caching:
                     cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
                 break
             nrun = preemption_victim(nrun)
             v = running[nrun]  # the most recently admitted running request
-            free, head, nwait = preempt(req, pool, groups, caching, v, free, waiting, head, nwait)
+            num_free_blocks, head, nwait = preempt(req, pool, groups, caching, v, num_free_blocks, waiting, head, nwait)
             npre += 1
             if v == r:
                 preempted_self = True
@@ -181,12 +183,12 @@ def schedule(
                     if ref[b] == 0:
                         evictable += 1
             if hybrid:
-                m, new = admitted_to_groups(cfg, groups, num_tokens, r, budget, free, cap_tokens)
+                m, new = admitted_to_groups(cfg, groups, num_tokens, r, budget, num_free_blocks, cap_tokens)
             else:
-                m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, free, cap_tokens)
+                m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, num_free_blocks, cap_tokens)
             if m == 0:
                 break
-            start = computed[r] + num_hits * block_size
+            start_tokens = computed[r] + num_hits * block_size
             if caching:
                 take_slot(pool, r)
                 row = pool.tables[pool.slot_of[r]]
@@ -197,12 +199,12 @@ def schedule(
                 if new > 0:
                     take_blocks(pool, new, row, num_hits)
                     num_blocks[r] += new
-                cache_blocks(pool, r, num_cached, min(start + m, num_tokens[r]), block_size)
-                free = num_free(pool)
+                cache_blocks(pool, r, num_cached, min(start_tokens + m, num_tokens[r]), block_size)
+                num_free_blocks = num_free(pool)
             elif hybrid:
-                free -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
+                num_free_blocks -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
             elif new > 0:
-                free -= new
+                num_free_blocks -= new
                 num_blocks[r] += new
             head = (head + 1) % cap
             nwait -= 1
@@ -212,13 +214,13 @@ def schedule(
             computed[r] = num_hits * block_size
             hit_tokens += num_hits * block_size
             if math.isnan(first_scheduled_s[r]):
-                first_scheduled_s[r] = clock
+                first_scheduled_s[r] = now_s
             out_r[ns] = r
             out_n[ns] = m
             ns += 1
             budget -= m
     num_scheduled = account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous)
-    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, free
+    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, num_free_blocks
 
 
 @inline
@@ -265,38 +267,38 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
 
 
 @inline
-def next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts):
+def next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts):
     """Engine.run's loop up to its next step: the requests that have arrived join the waiting queue; with nothing
     running or waiting the clock jumps to the next arrival. Returns (STEP, DONE when every request finished, or FULL
-    when the chunk's capacity step records are full; nxt, nwait, clock)."""
+    when the chunk's capacity step records are full; nxt, nwait, now_s)."""
     n = arrival.shape[0]
     while True:
-        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
         if nrun == 0 and nwait == 0:
             if nxt == n:
-                return DONE, nxt, nwait, clock
-            clock = arrival[nxt]  # idle: jump to the next arrival
+                return DONE, nxt, nwait, now_s
+            now_s = arrival[nxt]  # idle: jump to the next arrival
             continue
         if counts[0] == capacity:
-            return FULL, nxt, nwait, clock
-        return STEP, nxt, nwait, clock
+            return FULL, nxt, nwait, now_s
+        return STEP, nxt, nwait, now_s
 
 
 @inline
-def save_state(state, fstate, nxt, free, nrun, head, nwait, kv, steps, clock, last_end):
+def save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, steps, now_s, last_end_s):
     """Keep the loop's state for its next chunk (state and fstate, read back at its start)."""
-    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, free, nrun
+    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, num_free_blocks, nrun
     state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
     state[S_STEPS] = steps
-    fstate[F_CLOCK], fstate[F_LAST_END] = clock, last_end
+    fstate[F_CLOCK], fstate[F_LAST_END] = now_s, last_end_s
 
 
 @inline
-def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
+def add_arrivals(arrival, now_s, nxt, waiting, head, nwait):
     """Engine.add_arrivals: every request that has arrived by the clock joins the back of the waiting queue, in
     arrival order; returns the next request to arrive and the queue's length."""
     n, cap = arrival.shape[0], waiting.shape[0]
-    while nxt < n and arrival[nxt] <= clock:
+    while nxt < n and arrival[nxt] <= now_s:
         waiting[(head + nwait) % cap] = nxt
         nwait += 1
         nxt += 1
@@ -304,7 +306,7 @@ def add_arrivals(arrival, clock, nxt, waiting, head, nwait):
 
 
 @inline
-def finished_at(req, end):
+def finished_at(req, batch_end_s):
     """ClosedLoop.finished (kvlab/core/engine/closed_loop.py): a request finished at end, in time order; in a closed loop
     the next request waiting for a slot is sent (closed_loop.send_s, compiled), its send written into req.arrival. An
     open loop (req.closed_loop empty): nothing."""
@@ -313,7 +315,7 @@ def finished_at(req, end):
         i = loop[0] + loop[1]
         loop[1] += 1
         if i < req.arrival.shape[0]:
-            req.arrival[i] = send_s(req.open_loop[i], req.arrival[i - 1], end)
+            req.arrival[i] = send_s(req.open_loop[i], req.arrival[i - 1], batch_end_s)
 
 
 @inline
@@ -338,29 +340,42 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 
 
 @inline
-def release(pool, groups, caching, r, num_blocks, num_cached, free):
+def release(pool, groups, caching, r, num_blocks, num_cached, num_free_blocks):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
         if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
             release_table(pool, r, num_blocks[r])
         num_cached[r] = 0
-        free = num_free(pool)
+        num_free_blocks = num_free(pool)
     elif groups.block_size.shape[0]:
-        free += release_groups(groups, r)
+        num_free_blocks += release_groups(groups, r)
     else:
-        free += num_blocks[r]
+        num_free_blocks += num_blocks[r]
     num_blocks[r] = 0
-    return free
+    return num_free_blocks
 
 
 @inline
 def update_sync(
-    req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_new_kv_tokens, end, free, kv
+    req,
+    pool,
+    groups,
+    caching,
+    running,
+    nrun,
+    npre,
+    out_r,
+    out_sample,
+    ns,
+    num_new_kv_tokens,
+    batch_end_s,
+    num_free_blocks,
+    kv,
 ):
     """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
     preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output: each
     request that samples gets its token, and those done finish at end and give their blocks back, in batch order
-    (a reservation pool's caller frees their chunks after). Returns (free, kv, whether any finished)."""
+    (a reservation pool's caller frees their chunks after). Returns (num_free_blocks, kv, whether any finished)."""
     computed, num_tokens, status = req.computed, req.num_tokens, req.status
     if npre:
         kv = 0
@@ -374,22 +389,22 @@ def update_sync(
             r = out_r[j]
             num_tokens[r] += 1
             if num_tokens[r] == req.prompt[r] + 1:
-                req.first_token_s[r] = end
+                req.first_token_s[r] = batch_end_s
             if is_finished(num_tokens[r], req.max_num_tokens[r]):
                 status[r] = FINISHED
-                free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+                num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached, num_free_blocks)
                 kv -= computed[r]
-                req.finish_s[r] = end
-                finished_at(req, end)
+                req.finish_s[r] = batch_end_s
+                finished_at(req, batch_end_s)
                 finished = True
-    return free, kv, finished
+    return num_free_blocks, kv, finished
 
 
 @inline
-def preempt(req, pool, groups, caching, r, free, waiting, head, nwait):
+def preempt(req, pool, groups, caching, r, num_free_blocks, waiting, head, nwait):
     """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, loses its progress (a
-    batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (free, head, nwait)."""
-    free = release(pool, groups, caching, r, req.num_blocks, req.num_cached, free)
+    batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (num_free_blocks, head, nwait)."""
+    num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached, num_free_blocks)
     req.status[r] = PREEMPTED
     req.computed[r] = 0
     req.stale[r] = req.in_flight[r]
@@ -397,15 +412,15 @@ def preempt(req, pool, groups, caching, r, free, waiting, head, nwait):
     req.num_preemptions[r] += 1
     head = (head - 1) % waiting.shape[0]
     waiting[head] = r
-    return free, head, nwait + 1
+    return num_free_blocks, head, nwait + 1
 
 
 @inline
 def record(
     first,
-    clock_start,
-    end,
-    last_end,
+    step_start_s,
+    step_end_s,
+    last_end_s,
     npre,
     num_hit_tokens,
     num_scheduled,
@@ -423,9 +438,9 @@ def record(
     end_s, start_s, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
     s = counts[0]
-    if s + first == 0 or last_end != clock_start:
+    if s + first == 0 or last_end_s != step_start_s:
         start_step[counts[1]] = s
-        start_s[counts[1]] = clock_start
+        start_s[counts[1]] = step_start_s
         counts[1] += 1
     if npre:
         preempt_step[counts[2]] = s
@@ -435,7 +450,7 @@ def record(
         hit_step[counts[3]] = s
         hit_count[counts[3]] = num_hit_tokens
         counts[3] += 1
-    end_s[s] = end
+    end_s[s] = step_end_s
     held[s] = held_blocks
     kv_tokens[s] = kv
     tokens[s] = num_scheduled

@@ -19,7 +19,7 @@ from kvlab.core.engine.fast.loops.groups import (
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    NEVER,
+    NEVER_ENOUGH_BLOCKS,
     attention_pairs,
     block_phase,
     blocks_crossed,
@@ -43,12 +43,12 @@ from kvlab.core.engine.fast.loops.scheduler import (
 
 
 @inline
-def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, free, kv, clock, waiting, head, nwait,
+def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, num_free_blocks, kv, now_s, waiting, head, nwait,
                      logs, s, groups):  # fmt: skip
     """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
     prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
     first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
-    Returns (free, kv, nrun, nwait)."""
+    Returns (num_free_blocks, kv, nrun, nwait)."""
     max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
         req.max_num_tokens,
         req.num_tokens,
@@ -71,30 +71,30 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, fr
         num_tokens[r] += j
         if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
             status[r] = FINISHED
-            free += release_groups(groups, r) if hybrid else num_blocks[r]  # release without prefix caching
+            num_free_blocks += release_groups(groups, r) if hybrid else num_blocks[r]  # release without prefix caching
             num_blocks[r] = 0
             kv -= computed[r]
-            finish_s[r] = clock
-            finished_at(req, clock)
+            finish_s[r] = now_s
+            finished_at(req, now_s)
             finished = True
     if finished:  # that step's record: after its finishes
-        logs[2][s + j - 1] = usable - free  # held
+        logs[2][s + j - 1] = usable - num_free_blocks  # held
         logs[3][s + j - 1] = kv  # kv_tokens
         nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
-    return free, kv, nrun, nwait
+    return num_free_blocks, kv, nrun, nwait
 
 
 @inline
-def prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j):
+def prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j):
     """The time of a prefill run's step on a measured (prefill_step_s) or 2023 clock (cost_s of the step's Batch, as
     schedule's account builds it): its decodes j tokens further than the run found them (decode_context tokens in
     all, from low to high each), its prompt's chunk after before tokens."""
     low, high = (low + j, high + j) if num_decodes else (0, 0)
     step_context = decode_context + num_decodes * j
-    if clock_cost.kind == 2:
-        return prefill_step_s(clock_cost, run, num_decodes, chunk, before, step_context, low, high)
+    if cost.kind == 2:
+        return prefill_step_s(cost, run, num_decodes, chunk, before, step_context, low, high)
     pairs = attention_pairs(chunk, before)
-    return cost_s(clock_cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
+    return cost_s(cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
                   low, high)  # fmt: skip
 
 
@@ -127,22 +127,22 @@ def limits_of(cfg):
 
 @inline
 def decode_run(at):
-    """at: loop_sync's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end,
+    """at: loop_sync's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
     phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
     caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
     recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
     are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
     the first finish or fills the chunk; the waiting queue's head, refused in the first step, stays refused (free
     blocks only fall). A hybrid model's groups (groups): O(groups) a step (group_phases), the head checked at every
-    step, since windows give blocks back. Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no
+    step, since windows give blocks back. Returns (steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s); 0 steps: no
     run, nothing changed."""
-    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed = req.computed
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     hybrid = groups.block_size.shape[0] > 0
     per_phase[:] = 0  # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
@@ -151,9 +151,18 @@ def decode_run(at):
         r = running[i]
         c = computed[r]
         if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
-            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # a prefill chunk or its first token next
-        left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
-        k = left if left < k else k
+            return (
+                0,
+                nxt,
+                nwait,
+                num_free_blocks,
+                nrun,
+                kv,
+                now_s,
+                last_end_s,
+            )  # a prefill chunk or its first token next
+        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
+        k = steps_left if steps_left < k else k
         low = c if c < low else low
         high = c if c > high else high
         if hybrid:
@@ -163,51 +172,56 @@ def decode_run(at):
             per_phase[phases[i]] += 1
     limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
     if limit < 2:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
-    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    refused = nwait > 0  # the head, refused now, stays refused: free blocks only fall
     if (
         not hybrid
         and refused
         and may_admit
-        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+        and admitted_tokens(
+            cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - per_phase[0], threshold
+        )[0]
     ):
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     # A hybrid model's groups give blocks back as they take them (a window's, a chunk's), so free blocks may rise: the
-    # waiting queue's head is admitted at the first step that leaves need free (NEVER: none, or the budget refuses it),
-    # and a step runs only if it can take its blocks before any are given back (else it may preempt).
-    need = NEVER
+    # waiting queue's head is admitted at the first step that leaves num_blocks_needed free (NEVER_ENOUGH_BLOCKS: none,
+    # or the budget refuses it), and a step runs only if it can take its blocks before any are given back (else it
+    # may preempt).
+    num_blocks_needed = NEVER_ENOUGH_BLOCKS
     num_events = freed_first = e = 0
     if hybrid:
         if refused and may_admit:
-            m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left, threshold)
-            need = need_head if m else NEVER
+            m, head_blocks_needed, _ = admission_to_groups(
+                cfg, groups, num_tokens, waiting[head], budget_left, threshold
+            )
+            num_blocks_needed = head_blocks_needed if m else NEVER_ENOUGH_BLOCKS
         num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
-    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
-    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
+    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
+    duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
-    run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
+    run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     # the steps whose block boundaries the pool covers
-    covered = limit if hybrid else steps_covered(per_phase, nrun, free, block_size)
+    covered = limit if hybrid else steps_covered(per_phase, nrun, num_free_blocks, block_size)
     n = arrival.shape[0]
     j = 0
     phase = 0  # j % block_size
     while j < limit:
-        if j and nxt < n and arrival[nxt] <= clock:
-            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        if j and nxt < n and arrival[nxt] <= now_s:
+            nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if hybrid:
                     if may_admit:
-                        m, need_head, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left,
+                        m, head_blocks_needed, _ = admission_to_groups(cfg, groups, num_tokens, waiting[head], budget_left,
                                                               threshold)  # fmt: skip
-                        need = need_head if m else NEVER
+                        num_blocks_needed = head_blocks_needed if m else NEVER_ENOUGH_BLOCKS
                 elif (
                     may_admit
                     and admitted_tokens(
-                        cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[phase], threshold
+                        cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - per_phase[phase], threshold
                     )[0]
                 ):
                     break
@@ -221,21 +235,19 @@ def decode_run(at):
             taken, freed = group_blocks_at(groups, j, max_model_len)
             if j == 0:
                 freed = freed_first
-            if taken > free or free - taken + freed >= need:
+            if taken > num_free_blocks or num_free_blocks - taken + freed >= num_blocks_needed:
                 break  # it may preempt, or it admits the head
-            free += freed - taken
+            num_free_blocks += freed - taken
         else:
-            free -= per_phase[phase]
-        if clock_cost.kind == 2:
-            duration = decode_step_s(clock_cost, run, j)
+            num_free_blocks -= per_phase[phase]
+        if cost.kind == 2:
+            duration = decode_step_s(cost, run, j)
         elif growing:
-            duration = cost_s(
-                clock_cost, nrun, context + nrun * j, nrun, context + nrun * j, 0, 0, low + 1 + j, high + 1 + j
-            )
-        clock += duration
+            duration = cost_s(cost, nrun, context + nrun * j, nrun, context + nrun * j, 0, 0, low + 1 + j, high + 1 + j)
+        now_s += duration
         kv += nrun
-        end_s[s + j] = clock
-        held[s + j] = usable - free
+        end_s[s + j] = now_s
+        held[s + j] = usable - num_free_blocks
         kv_tokens[s + j] = kv
         num_waiting_log[s + j] = nwait
         j += 1
@@ -243,15 +255,15 @@ def decode_run(at):
     if hybrid:
         group_phases_cleared(groups, nrun, phases, max_model_len, 0)
         if j == 0:
-            return 0, nxt, nwait, free, nrun, kv, clock, last_end
+            return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     tokens[s : s + j] = nrun
     num_running_log[s : s + j] = nrun
     counts[0] = s + j
     if j:
-        last_end = clock
-    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, free, kv, clock,
+        last_end_s = now_s
+    num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, num_free_blocks, kv, now_s,
                                              waiting, head, nwait, logs, s, groups)  # fmt: skip
-    return j, nxt, nwait, free, nrun, kv, clock, last_end
+    return j, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
 
 
 @inline
@@ -266,14 +278,14 @@ def prefill_run(at):
     that samples the first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall).
     Each step costs the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the
     measured clock, prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token.
-    Returns (steps, nxt, nwait, free, nrun, kv, clock, last_end); 0 steps: no run, nothing changed."""
-    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, kv, clock, last_end, phases, per_phase, logs,
+    Returns (steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s); 0 steps: no run, nothing changed."""
+    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed, num_blocks = req.computed, req.num_blocks
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    if nrun == 0 or last_end != clock or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+    if nrun == 0 or last_end_s != now_s or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     at = -1  # P's place in the running list
     k = logs[0].shape[0] - counts[0]  # the steps left in the chunk's records
     low = high = decode_context = 0
@@ -282,8 +294,8 @@ def prefill_run(at):
         r = running[i]
         c = computed[r]
         if c == num_tokens[r] - 1 and num_tokens[r] > prompt[r]:  # a decode
-            left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
-            k = left if left < k else k  # its last token at step left - 1
+            steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
+            k = steps_left if steps_left < k else k  # its last token at step left - 1
             low = c if low == 0 or c < low else low
             high = c if c > high else high
             decode_context += c
@@ -292,65 +304,78 @@ def prefill_run(at):
         elif at < 0 and num_tokens[r] - c > 1:
             at = i
         else:
-            return 0, nxt, nwait, free, nrun, kv, clock, last_end  # two prompts, or a prompt's last token
+            return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s  # two prompts, or a prompt's last token
     if at < 0:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     p = running[at]
     num_decodes = nrun - 1
     before = computed[p]
     chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
     if chunk == 0:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end  # P or a decode after it not scheduled
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s  # P or a decode after it not scheduled
     k = chunks if chunks < k else k
     if k < 2:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     budget_left = budget - num_decodes - chunk
     may_admit = budget_left > 0 and nrun < max_num_seqs
     fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
     p_blocks = num_blocks[p]
-    need = per_phase[0] + max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
-    if need > free:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
-    refused = nwait > 0  # the head, refused now, stays refused: free only falls
+    num_blocks_needed = per_phase[0] + max(
+        num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0
+    )
+    if num_blocks_needed > num_free_blocks:
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
+    refused = nwait > 0  # the head, refused now, stays refused: free blocks only fall
     if (
         refused
         and may_admit
-        and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+        and admitted_tokens(
+            cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - num_blocks_needed, threshold
+        )[0]
     ):
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-    s = counts[0]  # record()'s columns; no event: last_end == clock (a step just ended), no pre/hit
+    s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
     num_scheduled = num_decodes + chunk
-    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
-    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    duration = 0.0 if cost.kind >= 2 else step_s(cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
     n = arrival.shape[0]
     j = 0
     phase = 0  # j % block_size
     while j < k:
         p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
-        need = per_phase[phase] + p_new
-        if j and nxt < n and arrival[nxt] <= clock:
+        num_blocks_needed = per_phase[phase] + p_new
+        if j and nxt < n and arrival[nxt] <= now_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+            nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if (
                     may_admit
-                    and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+                    and admitted_tokens(
+                        cfg,
+                        num_tokens,
+                        waiting[head],
+                        0,
+                        0,
+                        budget_left,
+                        num_free_blocks - num_blocks_needed,
+                        threshold,
+                    )[0]
                 ):
                     break
                 refused = True
-        if need > free:
+        if num_blocks_needed > num_free_blocks:
             break  # a block the pool has not got: it preempts
-        free -= need
+        num_free_blocks -= num_blocks_needed
         p_blocks += p_new
-        if clock_cost.kind >= 2:
-            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j + 1)
-        clock += duration
+        if cost.kind >= 2:
+            duration = prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j + 1)
+        now_s += duration
         kv += num_scheduled
         before += chunk
-        end_s[s + j] = clock
-        held[s + j] = usable - free
+        end_s[s + j] = now_s
+        held[s + j] = usable - num_free_blocks
         kv_tokens[s + j] = kv
         tokens[s + j] = num_scheduled
         num_running_log[s + j] = nrun
@@ -358,14 +383,14 @@ def prefill_run(at):
         j += 1
         phase = 0 if phase == block_size - 1 else phase + 1
     if j == 0:
-        return 0, nxt, nwait, free, nrun, kv, clock, last_end
+        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     counts[0] = s + j
-    last_end = clock
+    last_end_s = now_s
     computed[p] = before
     num_blocks[p] = p_blocks
-    free, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, free, kv, clock,
+    num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, num_free_blocks, kv, now_s,
                                              waiting, head, nwait, logs, s, groups)  # fmt: skip
-    return j, nxt, nwait, free, nrun, kv, clock, last_end
+    return j, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
 
 
 @inline
@@ -378,7 +403,7 @@ def blocks_taken(per_phase, num_running, num_steps, block_size):
 
 
 @inline
-def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit, budget_left,
+def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, k, joins, may_admit, budget_left,
                    computed_before):  # fmt: skip
     """How many of batches 1..k a hybrid model's asynchronous decode run schedules (decode_run_async): batch j takes
     and gives back the blocks of group_phases' step j - 1 (lag 1: a token in flight), and the run stops before a batch
@@ -387,26 +412,28 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, f
     blocks after batch j."""
     max_model_len, threshold = cfg.max_model_len, cfg.long_prefill_token_threshold
     num_events, freed_first = group_phases(groups, running, nrun, req.computed, k, max_model_len, 1)
-    need = NEVER
+    num_blocks_needed = NEVER_ENOUGH_BLOCKS
     if nwait and may_admit:
-        m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, waiting[head], budget_left, threshold)
-        need = need_head if m else NEVER
+        m, head_blocks_needed, _ = admission_to_groups(
+            cfg, groups, req.num_tokens, waiting[head], budget_left, threshold
+        )
+        num_blocks_needed = head_blocks_needed if m else NEVER_ENOUGH_BLOCKS
     e = 0
     j = 1
     while j <= k:
         if j == joins and not nwait and may_admit:
-            m, need_head, _ = admission_to_groups(cfg, groups, req.num_tokens, nxt, budget_left, threshold)
-            need = need_head if m else NEVER
+            m, head_blocks_needed, _ = admission_to_groups(cfg, groups, req.num_tokens, nxt, budget_left, threshold)
+            num_blocks_needed = head_blocks_needed if m else NEVER_ENOUGH_BLOCKS
         while e < num_events and groups.events[e, 0] == j - 1:  # a window starts to give blocks back
             groups.hist[groups.events[e, 1]] += groups.events[e, 2]
             e += 1
         taken, freed = group_blocks_at(groups, j - 1, max_model_len)
         if j == 1:
             freed = freed_first
-        if taken > free or free - taken + freed >= need:
+        if taken > num_free_blocks or num_free_blocks - taken + freed >= num_blocks_needed:
             break
-        free += freed - taken
-        groups.free_at[j] = free
+        num_free_blocks += freed - taken
+        groups.free_at[j] = num_free_blocks
         j += 1
     group_phases_cleared(groups, nrun, computed_before, max_model_len, 1)
     return j - 1
@@ -414,22 +441,22 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, f
 
 @njit
 def decode_run_async(at, times):
-    """at: loop_async's state (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end,
+    """at: loop_async's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
     queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
     slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
     (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
     request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
     one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
-    records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, free,
-    nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing changed."""
-    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+    records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, num_free_blocks,
+    nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed = req.computed
     num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
     first_token_s, finish_s = req.first_token_s, req.finish_s
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
     if nrun == 0 or queue_i[slot, 0] != nrun:
         return no
     hybrid = groups.block_size.shape[0] > 0
@@ -444,8 +471,8 @@ def decode_run_async(at, times):
             return no  # it did not sample in the batch in flight (a prefill chunk)
         if hybrid and in_flight[r] != 1:
             return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
-        left = steps_to_finish(num_tokens[r], max_num_tokens[r], placeholders[r])  # (1 here)
-        k = left if left < k else k
+        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], placeholders[r])  # (1 here)
+        k = steps_left if steps_left < k else k
         kv += c
         low = c if c < low else low
         high = c if c > high else high
@@ -469,10 +496,12 @@ def decode_run_async(at, times):
         if (
             nwait
             and may_admit
-            and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - per_phase[0], threshold)[0]
+            and admitted_tokens(
+                cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - per_phase[0], threshold
+            )[0]
         ):
             return no
-        covered = steps_covered(per_phase, nrun, free, block_size)
+        covered = steps_covered(per_phase, nrun, num_free_blocks, block_size)
         k = covered if covered < k else k
         if k < (1 if first_finish == 1 else 2):
             return no
@@ -480,20 +509,18 @@ def decode_run_async(at, times):
     gpu_free_s = queue_f[slot, 1]
     times[0] = gpu_free_s
     context = kv + nrun  # the first step's decodes' context
-    run = decode_run_clock(clock_cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
+    run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     n = arrival.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
-    growing = clock_cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
-    duration = 0.0 if growing else step_s(clock_cost, nrun, per_phase)  # (per_phase: an acc they do not read)
+    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
+    duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
     joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)
     while m < k:
-        if clock_cost.kind == 2:
-            duration = decode_step_s(clock_cost, run, m)
+        if cost.kind == 2:
+            duration = decode_step_s(cost, run, m)
         elif growing:
-            duration = cost_s(
-                clock_cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m
-            )
+            duration = cost_s(cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m)
         times[m + 1] = times[m] + duration
         m += 1
         if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
@@ -501,12 +528,12 @@ def decode_run_async(at, times):
             joins = m + 1
             if joins <= k and not hybrid:
                 taken = blocks_taken(per_phase, nrun, joins, block_size)
-                if admitted_tokens(cfg, num_tokens, nxt, 0, 0, budget_left, free - taken, threshold)[0]:
+                if admitted_tokens(cfg, num_tokens, nxt, 0, 0, budget_left, num_free_blocks - taken, threshold)[0]:
                     if joins - 1 < 2:
                         return no
                     k = joins - 1
     if hybrid:
-        k = hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, free, k, joins, may_admit,
+        k = hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, k, joins, may_admit,
                            budget_left, phases)  # fmt: skip
         if k < 2:
             return no
@@ -524,12 +551,15 @@ def decode_run_async(at, times):
                 r = running[i]
                 if phases[i] == rest and steps_to_finish(num_tokens[r], max_num_tokens[r], 1) != k:
                     taken += 1
-            finishing = taken <= free
+            finishing = taken <= num_free_blocks
             left_budget = budget - num_left
             if finishing and left_budget > 0 and nrun < max_num_seqs:
-                at = times[k - 1] if k else clock
+                at = times[k - 1] if k else now_s
                 r = waiting[head] if nwait else nxt if nxt < n and arrival[nxt] <= at else -1
-                if r >= 0 and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, free - taken, threshold)[0]:
+                if (
+                    r >= 0
+                    and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, num_free_blocks - taken, threshold)[0]
+                ):
                     finishing = False
     if not finishing and k < 2:
         return no
@@ -542,22 +572,22 @@ def decode_run_async(at, times):
                 first_token_s[r] = end0  # its prefill's last chunk was in batch 0
         # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
         # by then join the waiting queue (behind a refused head) and count in its record.
-        free = groups.free_at[1] if hybrid else free - per_phase[0]
-        record(first, start0, times[0], last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv + nrun, logs,
+        num_free_blocks = groups.free_at[1] if hybrid else num_free_blocks - per_phase[0]
+        record(first, start0, times[0], last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv + nrun, logs,
                events, counts)  # fmt: skip
-        nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
         # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
         # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
         end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
         s = counts[0]
         for j in range(1, k):
-            free = groups.free_at[j + 1] if hybrid else free - per_phase[j % block_size]
-            end_s[s], held[s], kv_tokens[s] = times[j], usable - free, kv + nrun * (j + 1)
+            num_free_blocks = groups.free_at[j + 1] if hybrid else num_free_blocks - per_phase[j % block_size]
+            end_s[s], held[s], kv_tokens[s] = times[j], usable - num_free_blocks, kv + nrun * (j + 1)
             tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
             s += 1
             nxt, nwait = add_arrivals(arrival, times[j - 1], nxt, waiting, head, nwait)
         counts[0] = s
-        last_end = times[k - 1]
+        last_end_s = times[k - 1]
         for i in range(nrun):
             r = running[i]
             if hybrid:
@@ -568,7 +598,7 @@ def decode_run_async(at, times):
             num_tokens[r] += k
             in_flight[r] = 1  # batch k's token
         kv += nrun * k
-        clock = times[k - 1]  # it waited for batch k - 1's output
+        now_s = times[k - 1]  # it waited for batch k - 1's output
         start_k, end_k, tokens_k, running_k, waiting_k = times[k - 1], times[k], nrun, nrun, nwait
     else:
         start_k, end_k, tokens_k, running_k, waiting_k = start0, times[0], tokens0, running0, waiting0
@@ -578,10 +608,10 @@ def decode_run_async(at, times):
         queue_f[slot, 0], queue_f[slot, 1] = times[k - 1], times[k]
         for i in range(nrun):
             queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = running[i], 1, True
-        return True, nxt, nwait, free, nrun, kv, clock, last_end, times[k], False
+        return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, times[k], False
     # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
     # batch k's output finishes the others.
-    nxt, nwait = add_arrivals(arrival, clock, nxt, waiting, head, nwait)
+    nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
     for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
         phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
     context = 0
@@ -596,7 +626,7 @@ def decode_run_async(at, times):
         high = c if c > high else high
         if c % block_size == 0:
             num_blocks[r] += 1
-            free -= 1
+            num_free_blocks -= 1
         if num_tokens[r] == prompt[r]:
             first_token_s[r] = end_k  # k = 0: batch 0 ended its prefill
         computed[r] = c + 1
@@ -605,10 +635,10 @@ def decode_run_async(at, times):
         context += c + 1
         queue_r[slot, num_left], queue_n[slot, num_left], queue_sample[slot, num_left] = r, 1, True
         num_left += 1
-    if clock_cost.kind >= 2:
-        end = end_k + cost_s(clock_cost, num_left, context, num_left, context, 0, 0, low + 1, high + 1)
+    if cost.kind >= 2:
+        batch_end_s = end_k + cost_s(cost, num_left, context, num_left, context, 0, 0, low + 1, high + 1)
     else:
-        end = end_k + step_s(clock_cost, num_left, per_phase)
+        batch_end_s = end_k + step_s(cost, num_left, per_phase)
     for i in range(nrun):
         r = running[i]
         if not phases[i]:
@@ -619,19 +649,19 @@ def decode_run_async(at, times):
         in_flight[r] = 0
         placeholders[r] = 0
         status[r] = FINISHED
-        free += num_blocks[r]  # release without prefix caching
+        num_free_blocks += num_blocks[r]  # release without prefix caching
         num_blocks[r] = 0
         finish_s[r] = end_k
         finished_at(req, end_k)
     nrun_before = nrun
     nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
-    clock = end_k  # it waited for batch k's output
-    record(first, start_k, end_k, last_end, 0, 0, tokens_k, running_k, waiting_k, usable - free, context, logs, events,
+    now_s = end_k  # it waited for batch k's output
+    record(first, start_k, end_k, last_end_s, 0, 0, tokens_k, running_k, waiting_k, usable - num_free_blocks, context, logs, events,
            counts)  # fmt: skip
     queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = num_left, num_left, nrun_before, nwait
     queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
-    queue_f[slot, 0], queue_f[slot, 1] = end_k, end
-    return True, nxt, nwait, free, nrun, context, clock, end_k, end, True
+    queue_f[slot, 0], queue_f[slot, 1] = end_k, batch_end_s
+    return True, nxt, nwait, num_free_blocks, nrun, context, now_s, end_k, batch_end_s, True
 
 
 @njit
@@ -645,15 +675,15 @@ def prefill_run_async(at):
     would admit the first request to arrive (or change the cap), or whose processing would leave a record the chunk
     has no room for; and at the latest at the batch that schedules a decode's last token or P's last chunk but one
     (no request samples its last token, nor P its first, in a batch the run processes). Returns decode_run_async's
-    (ran, nxt, nwait, free, nrun, kv, clock, last_end, gpu_free_s, has_finished); ran False: no run, nothing
+    (ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing
     changed."""
-    (cfg, clock_cost, req, running, nrun, waiting, head, nwait, nxt, free, clock, last_end, queue_r, queue_n,
+    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
     arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
     computed, num_blocks = req.computed, req.num_blocks
     placeholders, in_flight, stale, first_token_s = req.placeholders, req.in_flight, req.stale, req.first_token_s
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    no = (False, nxt, nwait, free, nrun, 0, clock, last_end, 0.0, False)
+    no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
     if nrun == 0 or queue_i[slot, 0] != nrun or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
         return no
     at = -1  # P's place in the running list
@@ -666,8 +696,8 @@ def prefill_run_async(at):
         if queue_r[slot, i] != r or stale[r]:
             return no
         if placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
-            left = steps_to_finish(num_tokens[r], max_num_tokens[r], 1)  # batch left schedules its last token
-            k = left if left < k else k
+            steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 1)  # batch left schedules its last token
+            k = steps_left if steps_left < k else k
             low = c if low == 0 or c < low else low
             high = c if c > high else high
             decode_context += c
@@ -695,60 +725,62 @@ def prefill_run_async(at):
     fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
     p_blocks = num_blocks[p]
     num_scheduled = num_decodes + chunk
-    duration = 0.0 if clock_cost.kind >= 2 else step_s(clock_cost, num_scheduled, per_phase)  # (an acc unread)
-    run = prefill_run_clock(clock_cost, num_decodes, chunk)  # (read on the measured clock only)
+    duration = 0.0 if cost.kind >= 2 else step_s(cost, num_scheduled, per_phase)  # (an acc unread)
+    run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
     n = arrival.shape[0]
     refused = False  # the waiting head refused: it stays refused (free blocks only fall)
-    at_clock = clock  # batch j's scheduling clock
-    end_before = queue_f[slot, 1]  # batch j - 1's end
-    start = end = 0.0
+    at_s = now_s  # batch j's scheduling clock
+    last_batch_end_s = queue_f[slot, 1]  # batch j - 1's end
+    batch_start_s = batch_end_s = 0.0
     waiting_j = waiting0  # batch j - 1's waiting requests
     kv = 0
     s = counts[0]
     j = 1
     while j <= k:
-        if nxt < n and arrival[nxt] <= at_clock:
+        if nxt < n and arrival[nxt] <= at_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival, at_clock, nxt, waiting, head, nwait)
+            nxt, nwait = add_arrivals(arrival, at_s, nxt, waiting, head, nwait)
         p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
-        need = per_phase[(j - 1) % block_size] + p_new
-        if need > free:
+        num_blocks_needed = per_phase[(j - 1) % block_size] + p_new
+        if num_blocks_needed > num_free_blocks:
             break  # a block the pool has not got: it preempts
         if nwait and not refused:
             if (
                 may_admit
-                and admitted_tokens(cfg, num_tokens, waiting[head], 0, 0, budget_left, free - need, threshold)[0]
+                and admitted_tokens(
+                    cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - num_blocks_needed, threshold
+                )[0]
             ):
                 break
             refused = True
-        free -= need  # batch j scheduled
+        num_free_blocks -= num_blocks_needed  # batch j scheduled
         p_blocks += p_new
-        if clock_cost.kind >= 2:
-            duration = prefill_run_step_s(clock_cost, run, num_decodes, chunk, before, decode_context, low, high, j)
+        if cost.kind >= 2:
+            duration = prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j)
         before += chunk
-        start = at_clock if at_clock > end_before else end_before
-        end = start + duration
+        batch_start_s = at_s if at_s > last_batch_end_s else last_batch_end_s
+        batch_end_s = batch_start_s + duration
         kv = decode_context + num_decodes * j + before  # the running requests' computed tokens, batch j's included
         if j == 1:  # batch 0's record, after batch 1 is scheduled
-            record(first, start0, end_before, last_end, 0, 0, tokens0, running0, waiting0, usable - free, kv, logs,
+            record(first, start0, last_batch_end_s, last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv, logs,
                    events, counts)  # fmt: skip
             s = counts[0]
         else:  # batch j - 1's: record()'s columns (it starts where batch j - 2 ended: no event)
-            end_s[s], held[s], kv_tokens[s] = end_before, usable - free, kv
+            end_s[s], held[s], kv_tokens[s] = last_batch_end_s, usable - num_free_blocks, kv
             tokens[s], num_running_log[s], num_waiting_log[s] = num_scheduled, nrun, waiting_j
             s += 1
         waiting_j = nwait
-        at_clock = end_before
-        end_before = end
+        at_s = last_batch_end_s
+        last_batch_end_s = batch_end_s
         j += 1
     k = j - 1  # batches scheduled (and 0..k-1 processed)
     if k == 0:
         return no
     counts[0] = s
-    clock = last_end = at_clock  # batch k - 1's end: the loop waited for its output
+    now_s = last_end_s = at_s  # batch k - 1's end: the loop waited for its output
     for i in range(nrun):
         r = running[i]
         if i == at:
@@ -766,5 +798,5 @@ def prefill_run_async(at):
     queue_r[slot, at], queue_n[slot, at], queue_sample[slot, at] = p, chunk, False
     queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, num_scheduled, nrun, waiting_j
     queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
-    queue_f[slot, 0], queue_f[slot, 1] = start, end
-    return True, nxt, nwait, free, nrun, kv, clock, last_end, end, False
+    queue_f[slot, 0], queue_f[slot, 1] = batch_start_s, batch_end_s
+    return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, False

@@ -153,16 +153,16 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
         cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len
     )  # fmt: skip
     usable, paged, watermark = cfg.num_usable_blocks, orca.paged, orca.watermark_blocks
-    nxt, free_blocks, nrun, head, nwait = (
+    nxt, num_free_blocks, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING], state[S_WAITING_HEAD], state[S_NUM_WAITING]
     )  # fmt: skip
     kv, first = state[S_KV_TOKENS], state[S_STEPS]
-    clock, last_end = fstate[F_CLOCK], fstate[F_LAST_END]
+    now_s, last_end_s = fstate[F_CLOCK], fstate[F_LAST_END]
     capacity = logs[0].shape[0]
     counts[:] = 0
     code = DONE
     while True:
-        code, nxt, nwait, clock = next_step(arrival, clock, nxt, waiting, head, nwait, nrun, capacity, counts)
+        code, nxt, nwait, now_s = next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
         if code != STEP:
             break
         # SchedulerV0.schedule: a prompt step if the waiting queue's head is admitted
@@ -175,10 +175,10 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
             if num_batched + m > max_num_batched_tokens or nrun >= max_num_seqs:
                 break
             if paged:
-                if not watermark_admits(m, free_blocks, watermark, block_size, max_model_len):
+                if not watermark_admits(m, num_free_blocks, watermark, block_size, max_model_len):
                     break
-                new = admission_num_new_blocks(m, 0, 0, m, free_blocks, block_size, max_model_len)
-                free_blocks -= new
+                new = admission_num_new_blocks(m, 0, 0, m, num_free_blocks, block_size, max_model_len)
+                num_free_blocks -= new
                 num_blocks[r] += new
             else:
                 offset = allocate_chunk(orca, reserve[r])
@@ -192,7 +192,7 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
             nrun += 1
             status[r] = RUNNING
             if math.isnan(first_scheduled_s[r]):
-                first_scheduled_s[r] = clock
+                first_scheduled_s[r] = now_s
             out_r[ns] = r
             out_n[ns] = m
             ns += 1
@@ -202,10 +202,12 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
             while i < nrun:
                 r = running[i]
                 preempted_self = False
-                while paged and free_blocks < 1:
+                while paged and num_free_blocks < 1:
                     nrun = preemption_victim(nrun)
                     v = running[nrun]  # the latest arrival (FCFS keeps the running list in arrival order)
-                    free_blocks, head, nwait = preempt(req, pool, groups, 0, v, free_blocks, waiting, head, nwait)
+                    num_free_blocks, head, nwait = preempt(
+                        req, pool, groups, 0, v, num_free_blocks, waiting, head, nwait
+                    )
                     npre += 1
                     if v == r:
                         preempted_self = True
@@ -215,7 +217,7 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
                 if paged:
                     new = num_blocks_to_allocate(computed[r], 1, num_blocks[r], block_size, max_model_len)
                     if new > 0:
-                        free_blocks -= new
+                        num_free_blocks -= new
                         num_blocks[r] += new
                 out_r[ns] = r
                 out_n[ns] = 1
@@ -225,9 +227,22 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
-        end = clock + step_s(cost, num_scheduled, acc)
-        free_blocks, kv, finished = update_sync(
-            req, pool, groups, 0, running, nrun, npre, out_r, out_sample, ns, num_scheduled, end, free_blocks, kv
+        batch_end_s = now_s + step_s(cost, num_scheduled, acc)
+        num_free_blocks, kv, finished = update_sync(
+            req,
+            pool,
+            groups,
+            0,
+            running,
+            nrun,
+            npre,
+            out_r,
+            out_sample,
+            ns,
+            num_scheduled,
+            batch_end_s,
+            num_free_blocks,
+            kv,
         )
         if finished and not paged:  # ReservationManager.free: each finished request's chunk, in batch order
             for j in range(ns):
@@ -239,14 +254,14 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
         if finished:
             nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
         s = counts[0]
-        held = usable - free_blocks if paged else orca.num_slots - counters[FREE_SLOTS]
-        record(first, clock, end, last_end, npre, 0, num_scheduled, num_running_step, nwait, held, kv, logs, events,
+        held = usable - num_free_blocks if paged else orca.num_slots - counters[FREE_SLOTS]
+        record(first, now_s, batch_end_s, last_end_s, npre, 0, num_scheduled, num_running_step, nwait, held, kv, logs, events,
                counts)  # fmt: skip
         if not paged:  # ReservationManager.record_split against the waiting queue's head
             split[0][s] = counters[FINAL_TOKENS]
             split[1][s] = counters[ROUNDING]
             split[2][s] = free_slots_below(orca, reserve[waiting[head]]) if nwait else 0
-        last_end = end
-        clock = end
-    save_state(state, fstate, nxt, free_blocks, nrun, head, nwait, kv, first + counts[0], clock, last_end)
+        last_end_s = batch_end_s
+        now_s = batch_end_s
+    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
     return code
