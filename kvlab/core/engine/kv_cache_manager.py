@@ -56,6 +56,10 @@ class KVCacheManager:
         # that frees, takes and caches nothing returns at once (quiet: request_id -> quiet_limits)
         self.noop_decodes = all(type(m) is FullAttentionManager and m.block_size == block_size for m in managers)
         self.quiet: dict[int, tuple[int, int, int]] | None = None if self.noop_decodes else {}
+        # one full-attention group (most models): its manager, whose admission in one rule (the compiled loop's) and
+        # running step in one call the one-group engine takes (through the coordinator its Python engine ran 4-6% more
+        # instructions, 20,000 requests); None: several groups
+        self.full_attention = managers[0] if len(managers) == 1 and self.noop_decodes else None
         self.num_window_freed = 0  # blocks windows and chunks gave back as their requests ran
         # Mamba states with prefix caching (mamba_cache_mode "align"): prefill chunks cut at the scheduler's block
         # boundaries (rules.mamba_aligned_num_new_tokens; 0: no cut), a final chunk that exports its checkpoint from
@@ -112,6 +116,9 @@ class KVCacheManager:
         group notes its prefill checkpoint, as vLLM's get_num_blocks_to_allocate does)."""
         free = self.pool.num_free_blocks - num_blocks_taken
         hit_blocks, num_hit_tokens = (None, 0) if hit is None else (hit[0], hit[2])
+        if self.full_attention is not None:
+            new = self.full_attention.admission_num_new_blocks(request.num_tokens, hit_blocks, num_new_tokens, free)
+            return new >= 0
         prefill_end = prefill_end_tokens(request.num_prompt_tokens, request.num_tokens) if self.mamba_block_size else 0
         get, rid, max_len = self.coordinator.get_num_blocks_to_allocate, request.request_id, self.max_model_len
         if get(rid, min(request.num_tokens, max_len), hit_blocks, num_hit_tokens, prefill_end, True) > free:
@@ -128,6 +135,8 @@ class KVCacheManager:
         hit's blocks are taken first (the tables get_computed_blocks found, the blocks behind each window left null).
         False, with nothing else changed, when the pool has too few free blocks (vLLM's allocate_slots returning
         None). A call that would free, take and cache nothing returns at once (quiet)."""
+        if self.full_attention is not None and not full_sequence_must_fit:  # one full-attention group: one call
+            return self.full_attention.allocate_step(request, num_new_tokens)
         coordinator, max_len, rid, quiet = self.coordinator, self.max_model_len, request.request_id, self.quiet
         if full_sequence_must_fit:
             if not self.can_admit(request, num_new_tokens, hit):

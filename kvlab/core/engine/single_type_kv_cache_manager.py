@@ -17,6 +17,7 @@ from __future__ import annotations
 from kvlab.core.block_pool import NULL_BLOCK_ID, free_table, take_blocks, touch_blocks, unlink
 from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.rules import (
+    admission_num_new_blocks,
     hit_num_new_blocks,
     mamba_checkpoint_position,
     mamba_checkpoint_valid,
@@ -220,6 +221,35 @@ class SingleTypeKVCacheManager:
 class FullAttentionManager(SingleTypeKVCacheManager):
     """Full attention (FullAttentionManager): every block held to the end, every full block cached, a hit the cached
     blocks from the first on; one group of it is the one-group engine."""
+
+    def admission_num_new_blocks(
+        self, num_tokens: int, new_computed_blocks, num_new_tokens: int, num_free_blocks: int
+    ) -> int:
+        """The group alone (the one-group engine): the new blocks admitting a request of num_tokens with this prefix
+        hit to compute num_new_tokens takes, or -1 if num_free_blocks are too few (both checks of
+        KVCacheManager.allocate_slots in one rule, rules.admission_num_new_blocks, the compiled loop's)."""
+        hit = new_computed_blocks[self.kv_cache_group_id] if new_computed_blocks else ()
+        num_evictable = self.num_evictable_blocks(hit) if hit else 0
+        bs, max_len = self.block_size, self.max_model_len
+        return admission_num_new_blocks(
+            num_tokens, len(hit), num_evictable, num_new_tokens, num_free_blocks, bs, max_len
+        )
+
+    def allocate_step(self, request, num_new_tokens: int) -> bool:
+        """The group alone (the one-group engine): a running request's blocks for num_new_tokens more computed tokens
+        if the pool has them (get_num_blocks_to_allocate, allocate_new_blocks in one call), then the blocks its known,
+        computed tokens fill cached; False, with nothing changed, if not (KVCacheManager.allocate_slots)."""
+        table, computed = self.req_to_blocks[request.request_id], request.num_computed_tokens
+        num_new = num_blocks_to_allocate(computed, num_new_tokens, len(table), self.block_size, self.max_model_len)
+        if num_new > self.block_pool.num_free_blocks:
+            return False
+        if num_new > 0:
+            at = len(table)
+            table.extend([NULL_BLOCK_ID] * num_new)
+            take_blocks(self.block_pool, num_new, table, at)
+        if self.block_pool.enable_caching:
+            self.cache_blocks(request, min(computed + num_new_tokens, request.num_tokens))
+        return True
 
     def add_local_computed_blocks(self, request_id: int, new_computed_blocks, num_computed_tokens: int) -> None:
         """SingleTypeKVCacheManager.add_local_computed_blocks, where no block is skipped: every hit block touched."""
