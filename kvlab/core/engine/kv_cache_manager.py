@@ -46,9 +46,6 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.recorder = recorder if recorder is not None and recorder.freed_tables is not None else None
-        # cache_blocks(request, num_tokens): the blocks num_tokens known, computed tokens fill, every group's, into the
-        # prefix cache (the coordinator's, called as it is: the asynchronous scheduler calls it at every settled token)
-        self.cache_blocks = coordinator.cache_blocks
         managers = coordinator.single_type_managers
         self.caps = [m.max_admission_blocks_per_request for m in managers]  # each group's (0: none)
         # a decode inside its last block changes nothing where every group is full attention of the scheduler's block:
@@ -56,9 +53,13 @@ class KVCacheManager:
         # that frees, takes and caches nothing returns at once (quiet: request_id -> quiet_limits)
         self.noop_decodes = all(type(m) is FullAttentionManager and m.block_size == block_size for m in managers)
         self.quiet: dict[int, tuple[int, int, int]] | None = None if self.noop_decodes else {}
+        # cache_blocks(request, num_tokens): the blocks num_tokens known, computed tokens fill, every group's, into the
+        # prefix cache (the asynchronous scheduler asks at every settled token): the coordinator's, or with quiet limits
+        # nothing until a group's next block is filled (cache_filled_blocks)
+        self.cache_blocks = coordinator.cache_blocks if self.quiet is None else self.cache_filled_blocks
         # one full-attention group (most models): its manager, whose admission in one rule (the compiled loop's) and
-        # running step in one call the one-group engine takes (through the coordinator its Python engine ran 4-6% more
-        # instructions, 20,000 requests); None: several groups
+        # running step in one call the one-group engine takes (through the coordinator's calls its Python engine ran
+        # 4-6% more instructions); None: several groups
         self.full_attention = managers[0] if len(managers) == 1 and self.noop_decodes else None
         self.num_window_freed = 0  # blocks windows and chunks gave back as their requests ran
         # Mamba states with prefix caching (mamba_cache_mode "align"): prefill chunks cut at the scheduler's block
@@ -89,6 +90,13 @@ class KVCacheManager:
             return None, 0
         hit = self.coordinator.find_longest_cache_hit(request, request.num_tokens - 1)
         return hit, 0 if hit is None else hit[2]
+
+    def cache_filled_blocks(self, request: Request, num_tokens: int) -> None:
+        """KVCacheCoordinator.cache_blocks once some group's next block is filled (quiet), then the limits renewed."""
+        rid = request.request_id
+        if num_tokens >= self.quiet[rid][2]:
+            self.coordinator.cache_blocks(request, num_tokens)
+            self.quiet[rid] = self.coordinator.quiet_limits(rid)
 
     def new_step_starts(self) -> None:
         """A new schedule(): a Mamba state cached before it may be hit (MambaManager.new_step_starts)."""

@@ -128,9 +128,9 @@ class SingleTypeKVCacheManager:
     def allocate_new_blocks(self, request_id: int, num_tokens: int) -> None:
         """Extend the request's table to hold num_tokens (at most max_model_len) from the free queue's head."""
         table = self.req_to_blocks[request_id]
-        self.append_new_blocks(
-            table, num_blocks_to_allocate(0, num_tokens, len(table), self.block_size, self.max_model_len)
-        )
+        num_new = num_blocks_to_allocate(0, num_tokens, len(table), self.block_size, self.max_model_len)
+        if num_new > 0:
+            self.append_new_blocks(table, num_new)
 
     def append_new_blocks(self, table: list[int], num_blocks: int) -> None:
         """num_blocks blocks (none if <= 0) from the free queue's head onto the table (BlockPool.get_new_blocks)."""
