@@ -2,10 +2,10 @@
 
 A hybrid model's sliding-window layers keep only their window, so vLLM gives them KV cache groups of their own in
 one pool (kvlab.core.capacity.kv_cache_groups) and the engine frees each window's blocks as requests move past them
-(kvlab.core.engine.kv_cache_manager.HybridKVCacheManager, identical to vLLM 0.33 in make parity). Two experiments:
-requests of nearly max_model_len all at once (how many run together), and one long-context workload with shared
-system prompts (latency, preemptions, prefix hits, the blocks the windows give back). Every model gets the same step
-cost, so what differs is memory alone.
+(kvlab.core.engine.kv_cache_manager.KVCacheManager, a manager per group as in vLLM 0.33, identical to it in make
+parity). Two experiments: requests of nearly max_model_len all at once (how many run together), and one long-context
+workload with shared system prompts (latency, preemptions, prefix hits, the blocks the windows give back). Every
+model gets the same step cost, so what differs is memory alone.
 """
 
 from __future__ import annotations

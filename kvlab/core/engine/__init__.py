@@ -1,7 +1,8 @@
 """The serving engine: vLLM 0.33's v1 scheduler over one KV budget, in simulated time (kvlab's section 6).
 
 The reference path, in the order a reader meets it: request (Request), rules (each vLLM rule, once), block pool
-(kvlab.core.block_pool), kv_cache_manager (vLLM's paged KVCacheManager), scheduler (vLLM's schedule() and
+(kvlab.core.block_pool), single_type_kv_cache_manager (a manager per kind of KV cache group), kv_cache_coordinator
+(the groups together), kv_cache_manager (vLLM's paged KVCacheManager over them), scheduler (vLLM's schedule() and
 update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop), closed_loop (vLLM bench's
 --max-concurrency: when each request is sent), data_parallel (vLLM's data-parallel
 ranks in lockstep), serve (simulate, the entry point). Beside it:

@@ -43,6 +43,7 @@ class AsyncScheduler(Scheduler):
         num_sampled, first, finished = 0, [], []
         kv = self.kv_cache_manager
         caching = kv.enable_caching
+        cache_blocks = kv.cache_blocks if caching else None  # (a reservation pool caches nothing)
         finished_waiting = False
         for (request, n), sample in zip(out.scheduled, out.samples):
             request.num_in_flight_tokens -= n
@@ -59,7 +60,7 @@ class AsyncScheduler(Scheduler):
             if settles_placeholder(stale, request.num_output_placeholders):
                 request.num_output_placeholders -= 1
                 if running and caching:
-                    kv.cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+                    cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
             if is_finished(request.num_tokens, request.max_num_tokens):
                 request.status = FINISHED
                 kv.free(request)  # preempted, it holds none: its stale token finished it waiting

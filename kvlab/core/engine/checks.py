@@ -12,9 +12,9 @@ from kvlab.core import validate
 from kvlab.core.block_pool import check_num_gpu_blocks
 from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig, SchedulerConfig
-from kvlab.core.engine.kv_cache_manager import admission_caps
 from kvlab.core.engine.reservation import ReservationManager
 from kvlab.core.engine.scheduler_v0 import blocks_to_finish, watermark_blocks
+from kvlab.core.engine.single_type_kv_cache_manager import admission_caps
 from kvlab.core.units import cdiv
 from kvlab.core.workload import Workload
 

@@ -39,6 +39,7 @@ from collections import deque
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, checked_s
 from kvlab.core.engine.async_scheduler import AsyncScheduler
@@ -46,7 +47,7 @@ from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cac
 from kvlab.core.engine.closed_loop import ClosedLoop
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.fast import decode_run
-from kvlab.core.engine.kv_cache_manager import HybridKVCacheManager, KVCacheManager
+from kvlab.core.engine.kv_cache_manager import KVCacheManager
 from kvlab.core.engine.records import EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.reservation import ReservationManager
@@ -138,19 +139,16 @@ class Engine:
         """A scheduler of the config's class over a KV-cache manager of its own: num_gpu_blocks blocks, paged (vLLM's)
         or a reservation baseline's."""
         config, bs = self.config, self.block_size
-        if self.kv_cache_groups is not None:
-            groups = self.kv_cache_groups
-            kv = HybridKVCacheManager(
+        if self.allocation == "paged":  # a hybrid model's groups, or one full-attention group
+            groups = self.kv_cache_groups or (KVCacheGroup("full_attention", bs, ()),)
+            kv = KVCacheManager(
                 self.num_gpu_blocks,
                 groups,
                 math.lcm(*(g.block_size for g in groups)),
                 self.max_model_len,
                 config.max_in_flight_tokens,
                 config.cache.enable_prefix_caching,
-            )
-        elif self.allocation == "paged":
-            kv = KVCacheManager(
-                self.num_gpu_blocks, bs, self.max_model_len, config.cache.enable_prefix_caching, recorder
+                recorder,
             )
         else:
             kv = ReservationManager(self.allocation, self.num_gpu_blocks, bs, self.max_model_len, recorder)

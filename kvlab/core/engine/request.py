@@ -30,8 +30,8 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose KV is computed or scheduled
     status: str = WAITING
     num_preemptions: int = 0
-    block_ids: list[int] = field(default_factory=list)  # the block table (paged allocation)
-    num_cached_blocks: int = 0  # leading blocks of the table in the prefix cache
+    block_ids: list[int] = field(default_factory=list)  # its block table in the first KV cache group (paged)
+    shared_prefix_boundary: int = 0  # a longer prefix than its hit one group found cached on admission (0: none)
     reserved_tokens: int = 0  # token slots reserved (reservation allocation)
     first_scheduled_s: float | None = None  # start of the first step that scheduled it
     first_token_s: float | None = None  # end of the step that sampled its first token

@@ -16,9 +16,10 @@ tokens, or reached max_model_len, finishes and frees its blocks at once, in the 
 
 Asynchronous scheduling (the default on a GPU) is the subclass AsyncScheduler; every rule is a function of rules.py.
 
-The KV-cache manager holds one full-attention group (KVCacheManager) or a hybrid model's groups of full attention
-and sliding windows in one pool (HybridKVCacheManager; the running loop then calls allocate_slots for every
-request, since a decode inside its last block may still free a block behind its window).
+The KV-cache manager (KVCacheManager) holds one full-attention group or a hybrid model's groups of full attention,
+sliding windows, chunked local attention and Mamba states in one pool, a manager per group under a coordinator (with
+any group other than full attention the running loop calls allocate_slots for every request, since a decode inside
+its last block may still free a block behind its window).
 
 Left out because it is inert for a text-only decoder of full-attention and sliding-window layers and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
@@ -132,7 +133,7 @@ class Scheduler:
                     request.num_tokens,
                     split,
                     self.max_prefill_tokens,
-                    kv.junction[request.request_id],
+                    request.shared_prefix_boundary,
                     self.mamba_checkpoint_alignment,
                 )
             if n == 0:  # async: its last token is in flight, or it is at max_model_len (or a Mamba cut)

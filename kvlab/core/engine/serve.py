@@ -25,7 +25,7 @@ def simulate(workload: Workload, config: EngineConfig | None = None, **engine_op
     tables (per-step loop only) and every freed block table, in order, in the result. check=False: the requests
     are not checked up front. kv_cache_groups: a hybrid model's KV cache groups (kvlab.core.capacity.kv_cache_groups:
     full attention, sliding windows, Mamba states) sharing the pool, as vLLM's hybrid KV cache manager serves them
-    (kvlab.core.engine.kv_cache_manager.HybridKVCacheManager; the per-step loop); None: one
+    (kvlab.core.engine.kv_cache_manager.KVCacheManager over a manager per group; the per-step loop); None: one
     full-attention group. max_concurrency: a closed loop, vLLM bench's --max-concurrency N (kvlab.core.engine.closed_loop:
     each request sent once fewer than N are in flight, in workload order, never before its arrival; the result's
     arrival_s is when each was sent, and TTFT and latency count from it); the compiled loop serves it as the Python one.
