@@ -1,5 +1,5 @@
 """Hybrid models in the engine: KV cache groups of full attention and sliding windows sharing one pool
-(kvlab.core.engine.kv_cache_manager.HybridKVCacheManager), against hand-checked tables, equivalences with the
+(kvlab.core.engine.kv_cache_manager.KVCacheManager over its coordinator and a manager per group kind), against hand-checked tables, equivalences with the
 one-group engine, and vLLM's refusals. make parity holds them to vLLM 0.33's own scheduler (gpt-oss-20b and
 Gemma-3-27B's groups, both scheduling modes)."""
 
@@ -14,7 +14,7 @@ from kvlab.core.capacity import KVCacheGroup, kv_cache_groups
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine import Engine, Recorder
-from kvlab.core.engine.kv_cache_manager import HybridKVCacheManager
+from kvlab.core.engine.kv_cache_manager import KVCacheManager
 from kvlab.core.engine.request import Request
 from kvlab.core.workload import Workload
 
@@ -27,7 +27,7 @@ def test_a_window_frees_the_block_behind_it_and_the_next_block_taken_is_that_one
     With 6 tokens computed the next, token 7, attends to tokens 4-7: block 1 (tokens 1-2) is freed, the null block
     (0) left in its place, and the block the window's group then takes for token 7 is that same one, the free
     queue's head; the full group takes the next."""
-    kv = HybridKVCacheManager(20, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=64)
+    kv = KVCacheManager(20, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=64)
     request = Request(0, 0.0, 6, 4, 64)
     assert kv.num_blocks_to_admit(6) == 6
     assert kv.allocate_slots(request, 6, full_sequence_must_fit=True)
@@ -51,7 +51,7 @@ def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused
     flight, block size) + 1), the full group's all; a running request's blocks behind the window are freed before
     the pool is asked, so a refused allocation still frees them (vLLM: 'we can do this even if we cannot
     schedule')."""
-    kv = HybridKVCacheManager(12, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2)
+    kv = KVCacheManager(12, (WINDOW_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2)
     assert kv.caps == [4, 0]  # cdiv(4 - 1 + 2, 2) + 1
     assert kv.num_blocks_to_admit(20) == 4 + 10
     assert not kv.allocate_slots(Request(0, 0.0, 20, 1, 64), 2, full_sequence_must_fit=True)  # 14 of 11 usable
@@ -174,7 +174,7 @@ def test_a_hybrid_models_groups_are_the_ones_capacity_lays_out_with_their_window
     ]  # fmt: skip
     workload = Workload(np.array([0.0, 0.1]), np.array([3000, 200]), np.array([5, 5]))
     engine = Engine(workload, EngineConfig().replace(max_model_len=4096), num_gpu_blocks=2000, kv_cache_groups=groups)
-    assert isinstance(engine.kv_cache_manager, HybridKVCacheManager)
+    assert isinstance(engine.kv_cache_manager, KVCacheManager)
     assert engine.run().num_output_tokens.tolist() == [5, 5]
 
 
@@ -182,7 +182,7 @@ def test_a_mamba_group_holds_one_block_a_request_its_state_from_admission_to_the
     """A Mamba group in vLLM's mode without prefix caching: blocks of max_model_len tokens, so admission needs one
     and a request keeps that one as it grows, beside the full-attention group's blocks."""
     mamba = KVCacheGroup("mamba", 64, ())
-    kv = HybridKVCacheManager(30, (mamba, FULL), 64, max_model_len=64, max_in_flight_tokens=64)
+    kv = KVCacheManager(30, (mamba, FULL), 64, max_model_len=64, max_in_flight_tokens=64)
     request = Request(0, 0.0, 6, 10, 64)
     assert kv.num_blocks_to_admit(6) == 1 + 3
     assert kv.allocate_slots(request, 6, full_sequence_must_fit=True)
@@ -234,7 +234,7 @@ def test_a_window_caches_its_blocks_at_the_prompts_end_and_a_repeat_hits_them_be
     9 floored to 8: blocks 2 and 3; vLLM's prefix_cache_retention_interval 0). The same prompt again looks up 9
     tokens: full attention finds 4 blocks, the window its 2 blocks before token 8, so it hits 8 tokens and its window
     table holds the null block for blocks 0-1, behind the window of token 9."""
-    kv = HybridKVCacheManager(40, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    kv = KVCacheManager(40, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
     prompt = np.arange(10)
     first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=prompt)
     assert computed(kv, first, 10) == (None, 0)
@@ -256,7 +256,7 @@ def test_where_full_attention_finds_more_than_the_window_the_window_caches_there
     (shared_prefix_boundary). Its window caches the blocks before it (1-2) besides those before its own end (2-3);
     a third prompt sharing those 6 tokens then hits them: the window finds blocks 1-2 before token 6 (of block 2, the
     block cached first under its hash)."""
-    kv = HybridKVCacheManager(60, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    kv = KVCacheManager(60, WINDOW_4_CACHED, 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
     computed(kv, Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10)), 10)
     shared = np.concatenate([np.arange(6), [90, 91, 92, 93]])
     second = Request(1, 0.0, 10, 5, 64, prompt_token_ids=shared)
@@ -402,7 +402,7 @@ def test_chunked_local_attention_frees_a_chunk_once_the_next_starts_and_hits_fro
     9-12), so blocks 0-3 (tokens 1-8) are freed, null in the table, and the full group keeps all. A repeat of the
     prompt looks up 8 tokens' blocks: full attention finds all 4, and the chunked group needs none, every block
     before the chunk of token 9 a null; its cap at admission is cdiv(min(4 + tokens in flight, max_model_len), 2)."""
-    kv = HybridKVCacheManager(60, (CHUNK_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2, enable_caching=True)
+    kv = KVCacheManager(60, (CHUNK_4, FULL), 2, max_model_len=64, max_in_flight_tokens=2, enable_caching=True)
     assert kv.caps == [3, 0]
     first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10))
     computed(kv, first, 10)
@@ -459,7 +459,7 @@ def test_mamba_states_with_prefix_caching_are_a_block_a_boundary_and_the_prefill
     assert mamba_aligned_num_new_tokens(0, 7, 20, 20, 2, 100, 0) == 6  # a chunk before the end ends on a boundary
     assert mamba_aligned_num_new_tokens(3, 9, 20, 20, 2, 100, 0) == 1  # starting mid-block: up to the next boundary
     assert mamba_aligned_num_new_tokens(0, 12, 20, 20, 2, 100, 7) == 6  # the shared prefix, floored to blocks
-    kv = HybridKVCacheManager(40, (MAMBA_2, FULL), 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
+    kv = KVCacheManager(40, (MAMBA_2, FULL), 2, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
     assert kv.mamba_block_size == 2 and kv.caps == [1, 0]
     first = Request(0, 0.0, 9, 5, 64, prompt_token_ids=np.arange(9))
     assert kv.allocate_slots(first, 8, None, full_sequence_must_fit=True)
@@ -517,9 +517,7 @@ def test_a_checkpointed_prefill_runs_through_and_caches_its_checkpoint_in_a_bloc
     assert mamba_aligned_num_new_tokens(8, 2, 10, 10, 4, 100, 0, 4) == 2  # no checkpoint inside: as before
     assert mamba_aligned_num_new_tokens(8, 10, 18, 18, 4, 100, 0, 4) == 10  # after a hit on a block boundary
     assert mamba_aligned_num_new_tokens(2, 8, 10, 10, 4, 100, 0, 4) == 2  # mid-block: no checkpoint, next boundary
-    kv = HybridKVCacheManager(
-        40, (MAMBA_CK_4, FULL_4), 4, max_model_len=64, max_in_flight_tokens=64, enable_caching=True
-    )
+    kv = KVCacheManager(40, (MAMBA_CK_4, FULL_4), 4, max_model_len=64, max_in_flight_tokens=64, enable_caching=True)
     assert kv.caps == [2, 0] and kv.checkpoint_alignment == 4
     first = Request(0, 0.0, 10, 5, 64, prompt_token_ids=np.arange(10))
     assert kv.num_blocks_to_admit(10, 10) == 5

@@ -212,7 +212,3 @@ class KVCacheManager:
     def last_state(self) -> dict[int, list]:
         """request_id -> each Mamba group's previous state's table index (None: none, or not a Mamba group)."""
         return self.each_group("last_state_block_idx")
-
-
-# kvlab's former name for the manager of a hybrid model's groups, which the tests import
-HybridKVCacheManager = KVCacheManager

@@ -109,7 +109,7 @@ Reservations = namedtuple(
     ],
 )
 
-# A hybrid model's KV cache groups without prefix caching (capacity.KVCacheGroup; HybridKVCacheManager), as the
+# A hybrid model's KV cache groups without prefix caching (capacity.KVCacheGroup; KVCacheManager over a manager per group), as the
 # compiled loop reads them: per group its block_size, sliding window, attention chunk and admission cap (0: none; a
 # Mamba group's block of max_model_len tokens is a full group's), and per request and group its table's length
 # (blocks) and leading nulls (the blocks a window or chunk gave back), kept for the first group of each spec only (the

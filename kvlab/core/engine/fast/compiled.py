@@ -12,7 +12,7 @@ Without prefix caching the pool is a count of free blocks (which block a request
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
 block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
-attention, Mamba states in mamba_cache_mode "none"; HybridKVCacheManager) are served here without prefix caching, each
+attention, Mamba states in mamba_cache_mode "none"; KVCacheManager over the groups' managers) are served here without prefix caching, each
 group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. vLLM 0.1.4's
 scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, has a loop of its own,
 step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (Workload.prefix_hashes,
@@ -262,7 +262,7 @@ def reservations(engine, prompt: np.ndarray, max_num_tokens: np.ndarray) -> Rese
 
 def kv_cache_groups(engine) -> Groups:
     """A hybrid model's KV cache groups as the loops read them (arrays.Groups; every array empty for one
-    full-attention group): each group's sizes and admission cap (HybridKVCacheManager.caps), every table empty, and
+    full-attention group): each group's sizes and admission cap (KVCacheManager.caps), every table empty, and
     the decode runs' weights and histograms (a group's: its block phases unless its block is a Mamba state's of
     max_model_len tokens, then a window's block phases or a chunk's phases)."""
     groups = engine.kv_cache_groups or ()

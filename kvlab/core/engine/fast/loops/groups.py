@@ -1,4 +1,4 @@
-"""A hybrid model's KV cache groups (HybridKVCacheManager, kvlab/core/engine/kv_cache_manager.py) without prefix
+"""A hybrid model's KV cache groups (KVCacheManager over a manager per group, kvlab/core/engine/) without prefix
 caching, over arrays.Groups, and the block phases a decode run of them crosses."""
 
 import numpy as np
@@ -12,7 +12,7 @@ from kvlab.core.engine.fast.loops.jit import (
 )
 
 # ---------------------------------------------------------------- a hybrid model's KV cache groups
-# HybridKVCacheManager (kvlab/core/engine/kv_cache_manager.py) without prefix caching, over arrays.Groups: which
+# KVCacheManager over the groups' managers (kvlab/core/engine/single_type_kv_cache_manager.py) without prefix caching, over arrays.Groups: which
 # block a request gets changes nothing then, so each group's table is its length and its leading nulls. Groups of one
 # spec hold tables of the same lengths and nulls at every step: only the first of them (Groups.weight: how many) is
 # kept, and counted that many times.
@@ -29,7 +29,7 @@ def held_in_groups(groups, r):
 
 @inline
 def release_groups(groups, r):
-    """HybridKVCacheManager.free: every group's blocks given back; how many."""
+    """KVCacheManager.free (each group's manager's free): every group's blocks given back; how many."""
     held = held_in_groups(groups, r)
     groups.blocks[r, :] = 0
     groups.nulls[r, :] = 0
@@ -38,7 +38,7 @@ def release_groups(groups, r):
 
 @inline
 def remove_skipped_blocks(groups, r, num_processed_tokens):
-    """HybridKVCacheManager.remove_skipped_blocks: each window's and chunk's blocks before the next token's window or
+    """SingleTypeKVCacheManager.remove_skipped_blocks of each group: each window's and chunk's blocks before the next token's window or
     chunk become leading nulls; how many blocks they give back."""
     if num_processed_tokens <= 0:
         return 0
@@ -77,7 +77,7 @@ def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_
 
 @inline
 def admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens):
-    """What admitting request r to a hybrid model's groups takes (HybridKVCacheManager.can_admit, then allocate_slots):
+    """What admitting request r to a hybrid model's groups takes (KVCacheManager.can_admit, then allocate_slots):
     (its tokens, the free blocks it needs, its new blocks), or (0, 0, 0) if the budget refuses it. It needs every
     group's blocks for its whole length free (a window's or chunk's at most its admission cap, rules.admission_blocks),
     then those for the tokens it computes now."""
