@@ -110,7 +110,8 @@ def test_the_closed_loops_decode_runs_in_the_compiled_loop_send_what_steps_send(
 @st.composite
 def caching_runs(draw):
     """Prefix caching over prompts that share leading blocks (a few system prompts of tokens 0-2 and questions of
-    tokens 0-1), tight memory that evicts cached blocks and preempts, either scheduling mode."""
+    tokens 0-1), known by their token ids or by ids of their prompt blocks (Workload.prefix_hashes), tight memory that
+    evicts cached blocks and preempts, either scheduling mode."""
     n = draw(st.integers(1, 30))
     bs = draw(st.sampled_from([1, 2, 4, 16]))
     max_model_len = draw(st.sampled_from([64, 160]))
@@ -141,12 +142,22 @@ def caching_runs(draw):
         long_prefill_token_threshold=draw(st.sampled_from([0, 5])) if chunked else 0,
     )
     need = int((-(-(np.minimum(prompt + output, max_model_len) - 1) // bs)).max())
+    shared = draw(st.sampled_from(["token ids", "prompt block ids", "nothing"]))
+    workload = Workload(np.cumsum(gaps), prompt, output)
+    if shared == "prompt block ids":  # Mooncake's form: an id a run of `size` prompt tokens, equal runs equal ids
+        size = draw(st.sampled_from([bs, 2 * bs, 3]))
+        names: dict = {}
+        blocks = [
+            np.array([names.setdefault(tuple(x[k : k + size]), len(names)) for k in range(0, len(x), size)])
+            for x in ids
+        ]
+        workload = Workload(workload.arrival_s, prompt, output, prefix_hashes=tuple(blocks), prefix_block_tokens=size)
     return {
-        "workload": Workload(np.cumsum(gaps), prompt, output),
+        "workload": workload,
         "config": config,
         "cost": LinearStepCost(8.0, 0.01),
         "num_gpu_blocks": 1 + need + draw(st.integers(0, 2 * need)),
-        "prompt_token_ids": ids if draw(st.booleans()) else None,
+        "prompt_token_ids": ids if shared == "token ids" else None,
     }
 
 
@@ -252,7 +263,7 @@ def test_which_runs_take_the_compiled_loop(monkeypatch):
     hashed = Workload(
         big.arrival_s, big.prompt_tokens, big.output_tokens, prefix_hashes=[np.arange(1)] * n, prefix_block_tokens=16
     )
-    assert not Engine(hashed, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled
+    assert Engine(hashed, sync.replace(enable_prefix_caching=True), num_gpu_blocks=100).compiled  # Mooncake's form
     assert not Engine(big, sync, num_gpu_blocks=100, allocation="oracle").compiled
     v0 = sync.replace(scheduler_cls="v0-2023", enable_chunked_prefill=False, max_num_batched_tokens=256)
     assert Engine(big, v0, num_gpu_blocks=100).compiled  # vLLM 0.1.4's scheduler: its own loop, paged

@@ -142,3 +142,19 @@ def test_a_workload_refuses_fractional_token_counts_instead_of_truncating_them(p
         workloads.Workload(np.array([0.0, 1.0]), np.array(prompt), np.array(output))
     whole = workloads.Workload(np.array([0.0, 1.0]), np.array([0.0, 3.0]), np.array([1.0, 2.0]))
     assert whole.prompt_tokens.tolist() == [0, 3] and whole.output_tokens.dtype == np.int64
+
+
+def test_a_workload_refuses_prefix_hashes_that_do_not_cover_the_prompt():
+    """Each request's prompt block ids cover its prompt (one for every prefix_block_tokens), as Mooncake's rows do: a
+    shorter list is refused in one line naming the request and what it needs."""
+    ok = workloads.Workload(
+        np.zeros(2), np.array([512, 513]), np.ones(2), prefix_hashes=([0], [0, 1]), prefix_block_tokens=512
+    )
+    assert len(ok.prefix_hashes[1]) == 2
+    with pytest.raises(
+        ValueError,
+        match=r"^prefix_hashes\[1\]='1 ids' is not allowed: request 1's 513 prompt tokens need 2 ids \(one for every 512 prompt tokens\)$",
+    ):
+        workloads.Workload(
+            np.zeros(2), np.array([512, 513]), np.ones(2), prefix_hashes=([0], [0]), prefix_block_tokens=512
+        )

@@ -55,7 +55,15 @@ class Workload:
         if self.prefix_hashes is not None:
             if len(self.prefix_hashes) != n:
                 validate.fail("prefix_hashes", f"{len(self.prefix_hashes)} entries", f"must have one per request ({n})")
-            validate.positive_int("prefix_block_tokens", self.prefix_block_tokens)
+            size = validate.positive_int("prefix_block_tokens", self.prefix_block_tokens)
+            for i, (ids, num_prompt_tokens) in enumerate(zip(self.prefix_hashes, prompt.tolist())):
+                if len(ids) < -(-num_prompt_tokens // size):
+                    validate.fail(
+                        f"prefix_hashes[{i}]",
+                        f"{len(ids)} ids",
+                        f"request {i}'s {num_prompt_tokens:,} prompt tokens need {-(-num_prompt_tokens // size):,} "
+                        f"ids (one for every {size:,} prompt tokens)",
+                    )
         for name, value in (("arrival_s", arrival), ("prompt_tokens", prompt), ("output_tokens", output)):
             value.setflags(write=False)
             object.__setattr__(self, name, value)

@@ -10,13 +10,12 @@ engine.num_decode_runs counts them), and runs of a long prompt's chunks beside t
 (loops.step_runs.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
-full prompt blocks of equal token ids under equal parents share one, every other block has its own, as
-block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
+full prompt blocks of equal token ids, or of equal prompt block ids (Workload.prefix_hashes, Mooncake's form), under
+equal parents share one, every other block has its own, as block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
 attention, Mamba states in mamba_cache_mode "none"; KVCacheManager over the groups' managers) are served here without prefix caching, each
 group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. vLLM 0.1.4's
 scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, has a loop of its own,
-step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (Workload.prefix_hashes,
-vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
+step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
 (max_concurrency, kvlab.core.engine.closed_loop) is served here too: each finish sends the request that waited for its
 slot (loops.scheduler.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
@@ -164,7 +163,6 @@ def eligible(engine) -> bool:
     return (
         clock_of(engine.cost) is not None
         and (v0 or engine.allocation == "paged")
-        and not (caching and engine.prompt_token_ids is None and engine.workload.prefix_hashes is not None)
         and (
             not caching
             or engine.prompt_token_ids is None  # token ids that are the prompt, no more, no less
@@ -176,29 +174,44 @@ def eligible(engine) -> bool:
 
 
 def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
-    """Request r's block j's hash id (kernels.hash_id): full prompt blocks of equal token ids under equal parents
-    share one (block_hashes.block_content tells blocks apart by the same contents); every other block, holding generated
-    tokens or a prompt no other request shares, has its own. (offset, shared ids, number shared, base, ids in all)."""
-    n, bs = engine.workload.num_requests, engine.block_size
+    """Request r's block j's hash id (loops.pool.hash_id): full prompt blocks of equal contents (_full_prompt_blocks)
+    under equal parents share one (block_hashes.block_content tells blocks apart by the same contents); every other
+    block, holding generated tokens or a prompt no other request shares, has its own. (offset, shared ids, number
+    shared, base, ids in all)."""
+    w, bs = engine.workload, engine.block_size
+    n = w.num_requests
     offset, num_shared = np.zeros(n, np.int64), np.zeros(n, np.int64)
     shared: list[int] = []
-    if engine.prompt_token_ids is not None:
-        table: dict = {}
-        for r, ids in enumerate(engine.prompt_token_ids):
-            ids = np.ascontiguousarray(ids, dtype=np.int64)
-            full = len(ids) // bs
-            offset[r], num_shared[r] = len(shared), full
-            rows = ids[: full * bs].view(np.dtype((np.void, 8 * bs))).tolist()
-            parent = -1
-            for row in rows:
-                parent = table.setdefault((parent, row), len(table))
-                shared.append(parent)
-        total = len(table)
-    else:
-        total = 0
+    table: dict = {}
+    for r, rows in enumerate(_full_prompt_blocks(engine)):
+        offset[r], num_shared[r] = len(shared), len(rows)
+        parent = -1
+        for row in rows:
+            parent = table.setdefault((parent, row), len(table))
+            shared.append(parent)
+    total = len(table)
     widths = max_num_tokens // bs + 1 - num_shared  # blocks j < max_num_tokens // bs + 1 are looked up
     base = total + np.concatenate(([0], np.cumsum(widths)[:-1]))
     return offset, np.array(shared, dtype=np.int64), num_shared, base, int(total + widths.sum())
+
+
+def _full_prompt_blocks(engine):
+    """Each request's full prompt blocks as what tells them apart (block_hashes.block_content, under equal parents):
+    its token ids, or the prompt block ids (Workload.prefix_hashes) that cover it; nothing where the prompts share
+    nothing (no token ids, no prefix hashes or no prefix caching)."""
+    w, bs = engine.workload, engine.block_size
+    if engine.prompt_token_ids is not None:
+        for ids in engine.prompt_token_ids:
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            yield ids[: len(ids) // bs * bs].view(np.dtype((np.void, 8 * bs))).tolist()
+    elif w.prefix_hashes is not None and engine.config.cache.enable_prefix_caching:
+        size = w.prefix_block_tokens
+        for ids, num_prompt_tokens in zip(w.prefix_hashes, w.prompt_tokens.tolist()):
+            ids = np.asarray(ids).tolist()
+            starts = range(0, num_prompt_tokens // bs * bs, bs)  # block j's tokens lie in prompt blocks first..last
+            yield [tuple(ids[start // size : (start + bs - 1) // size + 1]) for start in starts]
+    else:
+        yield from ([] for _ in range(w.num_requests))
 
 
 def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
