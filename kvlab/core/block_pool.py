@@ -21,7 +21,7 @@ from kvlab.core import validate
 
 NULL_BLOCK_ID = 0
 STACK_SIZE, TAIL_HEAD, TAIL_END, TAIL_SIZE = range(4)  # the cells of free_state
-QUEUE = ("num_free", "unlink", "link_last", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
+QUEUE = ("num_free", "unlink", "link_last", "take_blocks", "free_table", "touch_blocks", "cache_full_blocks")
 
 
 def num_free(q) -> int:
@@ -116,7 +116,7 @@ def touch_blocks(q, row, n: int) -> None:
         ref[b] += 1
 
 
-def cache_blocks(q, row, start: int, end: int, hash_ids) -> None:
+def cache_full_blocks(q, row, start: int, end: int, hash_ids) -> None:
     """Cache blocks row[start:end], block j under hash id hash_ids[j - start], each after the blocks already cached
     under its id (block_pool.py, BlockPool.cache_full_blocks; BlockHashToBlockMap.insert)."""
     hash_of, hash_next, hash_prev, hash_ends = q.hash_of, q.hash_next, q.hash_prev, q.hash_ends
@@ -188,7 +188,7 @@ class BlockPool:
         hash_ids = [ids.setdefault(block_hash, len(ids)) for block_hash in block_hashes]
         self.hash_ends += [-1] * (2 * len(ids) - len(self.hash_ends))
         block_ids = list(block_ids)
-        cache_blocks(self, block_ids, 0, len(block_ids), hash_ids)
+        cache_full_blocks(self, block_ids, 0, len(block_ids), hash_ids)
 
     def check_invariants(self) -> None:
         """Raise AssertionError unless the free queue, reference counts and cache agree."""

@@ -131,5 +131,5 @@ steps_to_finish, block_phase, blocks_crossed, attention_pairs = (
     RULES[name] for name in ("steps_to_finish", "block_phase", "blocks_crossed", "attention_pairs")
 )
 num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
-    RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_blocks")
+    RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_full_blocks")
 )
