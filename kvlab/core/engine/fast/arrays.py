@@ -8,29 +8,31 @@ from __future__ import annotations
 
 from collections import namedtuple
 
-# Per request, indexed by request id: its arrival (s), prompt tokens, max_num_tokens (where it stops),
-# max_tokens_total (prompt + max_tokens, for the async early stop), and its state as the loop moves it (Request's
-# num_tokens, num_computed_tokens, block-table length, prefix-cached blocks, status, preemptions, and, asynchronous
-# only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN until set).
-# A closed loop (vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): arrival holds the send times, inf
+# Per request, indexed by request id, under Request's names (kvlab/core/engine/request.py): its arrival_s,
+# num_prompt_tokens, max_num_tokens (where it stops), max_tokens_total (prompt + max_tokens, for the async early stop),
+# and its state as the loop moves it (num_tokens, num_computed_tokens, num_blocks: its block table's length,
+# num_cached_blocks: those cached (SingleTypeKVCacheManager.num_cached_block), status, num_preemptions, and,
+# asynchronous only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN
+# until set).
+# A closed loop (vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): arrival_s holds the send times, inf
 # until a finish frees the slot (loops.scheduler.finished_at), open_loop the open-loop arrivals and closed_loop [N, finishes so
 # far]; an open loop: both empty.
 Requests = namedtuple(
     "Requests",
     [
-        "arrival",
-        "prompt",
+        "arrival_s",
+        "num_prompt_tokens",
         "max_num_tokens",
         "max_tokens_total",
         "num_tokens",
-        "computed",
+        "num_computed_tokens",
         "num_blocks",
-        "num_cached",
+        "num_cached_blocks",
         "status",
         "num_preemptions",
-        "placeholders",
-        "in_flight",
-        "stale",
+        "num_output_placeholders",
+        "num_in_flight_tokens",
+        "num_stale_tokens",
         "first_scheduled_s",
         "first_token_s",
         "finish_s",

@@ -243,7 +243,7 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     )
 
 
-def reservations(engine, prompt: np.ndarray, max_num_tokens: np.ndarray) -> Reservations:
+def reservations(engine, num_prompt_tokens: np.ndarray, max_num_tokens: np.ndarray) -> Reservations:
     """vLLM 0.1.4's pool as loops.v0 reads it (arrays.Reservations): paged, its watermark; else the reservation
     pool's buddy arenas, every one free, and each request's reservation (ReservationManager.reservation_tokens_of)."""
     kv = engine.kv_cache_manager
@@ -267,8 +267,8 @@ def reservations(engine, prompt: np.ndarray, max_num_tokens: np.ndarray) -> Rese
         orders,
         free_at,
         num_free_chunks,
-        kv.reservation_tokens_of(prompt, max_num_tokens),
-        np.zeros(len(prompt), np.int64),
+        kv.reservation_tokens_of(num_prompt_tokens, max_num_tokens),
+        np.zeros(len(num_prompt_tokens), np.int64),
         np.array([buddy.num_slots, 0, 0], np.int64),
     )
 
@@ -371,8 +371,8 @@ def serve(engine) -> Served | None:
     v0 = sched.scheduler_cls == "v0-2023"
     # a writable copy always: a workload's own arrays are read-only, a converted one's not, and numba compiles the
     # loops once for each (the first run after make setup took 150 s to compile the other)
-    prompt = np.array(w.prompt_tokens, dtype=np.int64)
-    max_tokens_total = prompt + np.asarray(w.output_tokens, dtype=np.int64)
+    num_prompt_tokens = np.array(w.prompt_tokens, dtype=np.int64)
+    max_tokens_total = num_prompt_tokens + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
     cfg = Limits(
         engine.block_size,
@@ -392,18 +392,18 @@ def serve(engine) -> Served | None:
     zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
     sends = engine.closed_loop  # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
     if sends is None:
-        arrival = np.array(w.arrival_s, dtype=np.float64)  # writable (finished_at's closed loop writes its sends)
+        arrival_s = np.array(w.arrival_s, dtype=np.float64)  # writable (finished_at's closed loop writes its sends)
         open_loop, closed = np.empty(0), np.empty(0, np.int64)
     else:
-        arrival = np.array(sends.send, dtype=np.float64)
+        arrival_s = np.array(sends.send, dtype=np.float64)
         open_loop = np.array(sends.open_loop, dtype=np.float64)
         closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
     req = Requests(
-        arrival,
-        prompt,
+        arrival_s,
+        num_prompt_tokens,
         max_num_tokens,
         max_tokens_total,
-        prompt.copy(),
+        num_prompt_tokens.copy(),
         *(zeros() for _ in range(8)),
         nans(),
         nans(),
@@ -428,7 +428,7 @@ def serve(engine) -> Served | None:
     split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # reservations' Fig. 2
     batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
     if v0:
-        loop, orca = kernels_v0().loop_v0, reservations(engine, prompt, max_num_tokens)
+        loop, orca = kernels_v0().loop_v0, reservations(engine, num_prompt_tokens, max_num_tokens)
         step = lambda: loop(*shared, orca, *batch, logs, events, counts, split, scratch[0])  # noqa: E731
     elif sched.async_scheduling:  # the batch queue: two batches, their counts and times
         queue = (
@@ -487,8 +487,12 @@ def serve(engine) -> Served | None:
         int(state[S_PREFILL_RUNS]),
         float(fstate[F_CLOCK]),
         RequestLog.of(
-            req.first_scheduled_s, req.first_token_s, req.finish_s, req.num_preemptions, req.num_tokens - prompt
+            req.first_scheduled_s,
+            req.first_token_s,
+            req.finish_s,
+            req.num_preemptions,
+            req.num_tokens - num_prompt_tokens,
         ),
         int(groups.freed[0]),
-        None if sends is None else arrival,
+        None if sends is None else arrival_s,
     )

@@ -90,7 +90,7 @@ def loop_sync(
         unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
     )  # fmt: skip
     acc, phases, per_phase = unowned(scratch)  # acc: the step's Batch beyond its tokens (schedule, step_s)
-    arrival, status = req.arrival, req.status
+    arrival_s, status = req.arrival_s, req.status
     usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     fields = cost.kind >= 2  # a clock that reads them
     nxt, num_free_blocks, nrun, head, nwait = (
@@ -108,7 +108,7 @@ def loop_sync(
     code = DONE
     chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
     while True:
-        code, nxt, nwait, now_s = next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
+        code, nxt, nwait, now_s = next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
         if code != STEP:
             break
         if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
@@ -210,35 +210,35 @@ def loop_async(
     logs, events, counts = unowned(logs), unowned(events), unowned(counts)
     acc, phases, per_phase, times = unowned(scratch)  # acc: as loop_sync's; times: a decode run's batch ends
     (
-        arrival,
-        prompt,
+        arrival_s,
+        num_prompt_tokens,
         max_num_tokens,
         num_tokens,
-        computed,
+        num_computed_tokens,
         num_blocks,
-        num_cached,
+        num_cached_blocks,
         status,
-        placeholders,
-        in_flight,
-        stale,
+        num_output_placeholders,
+        num_in_flight_tokens,
+        num_stale_tokens,
         first_token_s,
         finish_s,
     ) = (
-        req.arrival,
-        req.prompt,
+        req.arrival_s,
+        req.num_prompt_tokens,
         req.max_num_tokens,
         req.num_tokens,
-        req.computed,
+        req.num_computed_tokens,
         req.num_blocks,
-        req.num_cached,
+        req.num_cached_blocks,
         req.status,
-        req.placeholders,
-        req.in_flight,
-        req.stale,
+        req.num_output_placeholders,
+        req.num_in_flight_tokens,
+        req.num_stale_tokens,
         req.first_token_s,
         req.finish_s,
     )  # locals: numba hoists them
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     fields = cost.kind >= 2  # a clock that reads them
     usable, caching, block_size = (
         cfg.num_usable_blocks,
@@ -261,7 +261,7 @@ def loop_async(
     counts[:] = 0
     code = DONE
     while True:
-        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
         if counts[0] == capacity:
             code = FULL
             break
@@ -319,10 +319,10 @@ def loop_async(
                 if queue_len == 2:
                     queued_tokens += queue_i[queue_head, 1]
                 if queued_tokens == 0:
-                    if nxt == n or arrival[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
+                    if nxt == n or arrival_s[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
                         code = NO_PROGRESS
                         break
-                    now_s = arrival[nxt]  # nothing changes before it arrives
+                    now_s = arrival_s[nxt]  # nothing changes before it arrives
                     num_empty = 0
             if queue_len < 2 and (num_scheduled or nrun or nwait):
                 continue
@@ -330,7 +330,7 @@ def loop_async(
             if nxt == n:
                 code = DONE
                 break
-            now_s = arrival[nxt]  # idle: jump to the next arrival
+            now_s = arrival_s[nxt]  # idle: jump to the next arrival
             continue
         slot = queue_head  # wait for the oldest batch's output, process it
         queue_head = (queue_head + 1) % 2
@@ -343,23 +343,25 @@ def loop_async(
         for j in range(queue_i[slot, 0]):  # AsyncScheduler.update_from_output
             r = queue_r[slot, j]
             m = queue_n[slot, j]
-            in_flight[r] -= m
-            was_stale = stale[r] > 0
+            num_in_flight_tokens[r] -= m
+            was_stale = num_stale_tokens[r] > 0
             if was_stale:
-                stale[r] -= m
+                num_stale_tokens[r] -= m
             if status[r] == FINISHED or not queue_sample[slot, j]:
                 continue
             was_running = status[r] == RUNNING
             num_tokens[r] += 1
-            if num_tokens[r] == prompt[r] + 1:
+            if num_tokens[r] == num_prompt_tokens[r] + 1:
                 first_token_s[r] = batch_end_s
-            if settles_placeholder(was_stale, placeholders[r]):
-                placeholders[r] -= 1
+            if settles_placeholder(was_stale, num_output_placeholders[r]):
+                num_output_placeholders[r] -= 1
                 if was_running and caching:
-                    cache_blocks(pool, r, num_cached, computed[r] - in_flight[r], block_size)
+                    cache_blocks(
+                        pool, r, num_cached_blocks, num_computed_tokens[r] - num_in_flight_tokens[r], block_size
+                    )
             if is_finished(num_tokens[r], max_num_tokens[r]):
                 status[r] = FINISHED
-                num_free_blocks = release(pool, groups, caching, r, num_blocks, num_cached, num_free_blocks)
+                num_free_blocks = release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_blocks)
                 finish_s[r] = batch_end_s
                 finished_at(req, batch_end_s)
                 finished = True
@@ -372,7 +374,7 @@ def loop_async(
         if num_scheduled or npre:  # a step of the records: it ran tokens or preempted
             kv = 0
             for j in range(nrun):
-                kv += computed[running[j]]
+                kv += num_computed_tokens[running[j]]
             record(
                 first,
                 queue_f[slot, 0],

@@ -112,7 +112,7 @@ def skipped_blocks(groups, g, num_processed_tokens):
 
 
 @inline
-def group_phases(groups, running, nrun, computed, limit, max_model_len, lag):
+def group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, lag):
     """A hybrid decode run's set-up (decode_run): in groups.hist, for each first group of a spec (groups.weight: the
     groups of that spec), the running requests by the phase at which they take a block (the steps j with
     (c + j) % block_size == 0, c their computed tokens) and, from the run's second step, give one back as the c + j -
@@ -125,7 +125,7 @@ def group_phases(groups, running, nrun, computed, limit, max_model_len, lag):
     freed = 0
     for i in range(nrun):
         r = running[i]
-        c = computed[r]
+        c = num_computed_tokens[r]
         for g in range(groups.block_size.shape[0]):
             w = weight[g]
             if w == 0:

@@ -32,15 +32,15 @@ def release_table(pool, r, n):
 
 
 @inline
-def cache_blocks(pool, r, num_cached, num_known_tokens, block_size):
+def cache_blocks(pool, r, num_cached_blocks, num_known_tokens, block_size):
     """KVCacheManager.cache_blocks: the request's full blocks not yet cached go into the cache; the new count."""
-    start, end = num_cached[r], num_known_tokens // block_size
+    start, end = num_cached_blocks[r], num_known_tokens // block_size
     if end > start:
         ids = pool.hash_ids
         for j in range(start, end):
             ids[j - start] = hash_id(pool, r, j)
         cache_full_blocks(pool, pool.tables[pool.slot_of[r]], start, end, ids)
-        num_cached[r] = end
+        num_cached_blocks[r] = end
 
 
 @inline

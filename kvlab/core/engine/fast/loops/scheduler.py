@@ -81,22 +81,22 @@ def schedule(
     (
         max_tokens_total,
         num_tokens,
-        computed,
+        num_computed_tokens,
         num_blocks,
-        num_cached,
+        num_cached_blocks,
         status,
-        placeholders,
-        in_flight,
+        num_output_placeholders,
+        num_in_flight_tokens,
         first_scheduled_s,
     ) = (
         req.max_tokens_total,
         req.num_tokens,
-        req.computed,
+        req.num_computed_tokens,
         req.num_blocks,
-        req.num_cached,
+        req.num_cached_blocks,
         req.status,
-        req.placeholders,
-        req.in_flight,
+        req.num_output_placeholders,
+        req.num_in_flight_tokens,
         req.first_scheduled_s,
     )  # locals: numba hoists them
     block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
@@ -116,16 +116,16 @@ def schedule(
     i = 0
     while i < nrun and budget > 0:
         r = running[i]
-        c = computed[r]
+        c = num_computed_tokens[r]
         m = running_num_new_tokens(
-            num_tokens[r], placeholders[r], c, max_tokens_total[r], cap_tokens, budget, max_model_len
+            num_tokens[r], num_output_placeholders[r], c, max_tokens_total[r], cap_tokens, budget, max_model_len
         )
         if m == 0:  # async: its last token in flight, or at max_model_len
             i += 1
             continue
         if hybrid:  # allocate_slots first frees the blocks behind each window (of the settled tokens)
             num_free_blocks += remove_skipped_blocks(
-                groups, r, (c if c < max_model_len else max_model_len) - in_flight[r]
+                groups, r, (c if c < max_model_len else max_model_len) - num_in_flight_tokens[r]
             )
         elif allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
             out_r[ns] = r  # a decode inside its last block: allocate_slots not called
@@ -149,7 +149,7 @@ def schedule(
                     num_free_blocks -= new
                     num_blocks[r] += new
                 if caching:
-                    cache_blocks(pool, r, num_cached, min(c + m, num_tokens[r]), block_size)
+                    cache_blocks(pool, r, num_cached_blocks, min(c + m, num_tokens[r]), block_size)
                 break
             nrun = preemption_victim(nrun)
             v = running[nrun]  # the most recently admitted running request
@@ -188,18 +188,18 @@ def schedule(
                 m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, num_free_blocks, cap_tokens)
             if m == 0:
                 break
-            start_tokens = computed[r] + num_hits * block_size
+            start_tokens = num_computed_tokens[r] + num_hits * block_size
             if caching:
                 take_slot(pool, r)
                 row = pool.tables[pool.slot_of[r]]
                 touch_blocks(pool, pool.hits, num_hits)  # a hit no request held leaves the free queue
                 row[:num_hits] = pool.hits[:num_hits]
                 num_blocks[r] = num_hits
-                num_cached[r] = num_hits
+                num_cached_blocks[r] = num_hits
                 if new > 0:
                     take_blocks(pool, new, row, num_hits)
                     num_blocks[r] += new
-                cache_blocks(pool, r, num_cached, min(start_tokens + m, num_tokens[r]), block_size)
+                cache_blocks(pool, r, num_cached_blocks, min(start_tokens + m, num_tokens[r]), block_size)
                 num_free_blocks = num_free(pool)
             elif hybrid:
                 num_free_blocks -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
@@ -211,7 +211,7 @@ def schedule(
             running[nrun] = r
             nrun += 1
             status[r] = RUNNING
-            computed[r] = num_hits * block_size
+            num_computed_tokens[r] = num_hits * block_size
             hit_tokens += num_hits * block_size
             if math.isnan(first_scheduled_s[r]):
                 first_scheduled_s[r] = now_s
@@ -229,16 +229,21 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
     one's computed tokens moved on and whether it samples (out_sample); where fields (a clock that reads them,
     step_s), the rest of the step's Batch in acc; asynchronous, its tokens in flight and placeholders. Returns the
     batch's tokens."""
-    computed, num_tokens, placeholders, in_flight = req.computed, req.num_tokens, req.placeholders, req.in_flight
+    num_computed_tokens, num_tokens, num_output_placeholders, num_in_flight_tokens = (
+        req.num_computed_tokens,
+        req.num_tokens,
+        req.num_output_placeholders,
+        req.num_in_flight_tokens,
+    )
     num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0
     for j in range(ns):
         r = out_r[j]
         m = out_n[j]
-        before = computed[r]
+        before = num_computed_tokens[r]
         c = before + m
-        computed[r] = c
+        num_computed_tokens[r] = c
         num_scheduled += m
-        sample = samples(c, num_tokens[r], placeholders[r])
+        sample = samples(c, num_tokens[r], num_output_placeholders[r])
         out_sample[j] = sample
         if fields:  # the Batch's other fields, for a clock that reads them
             context += c
@@ -251,9 +256,9 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
                 prefills += 1
                 pairs += attention_pairs(m, before)
         if asynchronous:
-            in_flight[r] += m
+            num_in_flight_tokens[r] += m
             if sample:
-                placeholders[r] += 1
+                num_output_placeholders[r] += 1
     acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
         context,
         decodes,
@@ -267,17 +272,17 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
 
 
 @inline
-def next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts):
+def next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts):
     """Engine.run's loop up to its next step: the requests that have arrived join the waiting queue; with nothing
     running or waiting the clock jumps to the next arrival. Returns (STEP, DONE when every request finished, or FULL
     when the chunk's capacity step records are full; nxt, nwait, now_s)."""
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     while True:
-        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
         if nrun == 0 and nwait == 0:
             if nxt == n:
                 return DONE, nxt, nwait, now_s
-            now_s = arrival[nxt]  # idle: jump to the next arrival
+            now_s = arrival_s[nxt]  # idle: jump to the next arrival
             continue
         if counts[0] == capacity:
             return FULL, nxt, nwait, now_s
@@ -294,11 +299,11 @@ def save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, steps
 
 
 @inline
-def add_arrivals(arrival, now_s, nxt, waiting, head, nwait):
+def add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait):
     """Engine.add_arrivals: every request that has arrived by the clock joins the back of the waiting queue, in
     arrival order; returns the next request to arrive and the queue's length."""
-    n, cap = arrival.shape[0], waiting.shape[0]
-    while nxt < n and arrival[nxt] <= now_s:
+    n, cap = arrival_s.shape[0], waiting.shape[0]
+    while nxt < n and arrival_s[nxt] <= now_s:
         waiting[(head + nwait) % cap] = nxt
         nwait += 1
         nxt += 1
@@ -308,14 +313,14 @@ def add_arrivals(arrival, now_s, nxt, waiting, head, nwait):
 @inline
 def finished_at(req, batch_end_s):
     """ClosedLoop.finished (kvlab/core/engine/closed_loop.py): a request finished at end, in time order; in a closed loop
-    the next request waiting for a slot is sent (closed_loop.send_s, compiled), its send written into req.arrival. An
+    the next request waiting for a slot is sent (closed_loop.send_s, compiled), its send written into req.arrival_s. An
     open loop (req.closed_loop empty): nothing."""
     loop = req.closed_loop
     if loop.shape[0]:
         i = loop[0] + loop[1]
         loop[1] += 1
-        if i < req.arrival.shape[0]:
-            req.arrival[i] = send_s(req.open_loop[i], req.arrival[i - 1], batch_end_s)
+        if i < req.arrival_s.shape[0]:
+            req.arrival_s[i] = send_s(req.open_loop[i], req.arrival_s[i - 1], batch_end_s)
 
 
 @inline
@@ -340,12 +345,12 @@ def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
 
 
 @inline
-def release(pool, groups, caching, r, num_blocks, num_cached, num_free_blocks):
+def release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_blocks):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
         if pool.slot_of[r] >= 0:  # a request finished in the waiting queue holds none
             release_table(pool, r, num_blocks[r])
-        num_cached[r] = 0
+        num_cached_blocks[r] = 0
         num_free_blocks = num_free(pool)
     elif groups.block_size.shape[0]:
         num_free_blocks += release_groups(groups, r)
@@ -376,11 +381,11 @@ def update_sync(
     preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output: each
     request that samples gets its token, and those done finish at end and give their blocks back, in batch order
     (a reservation pool's caller frees their chunks after). Returns (num_free_blocks, kv, whether any finished)."""
-    computed, num_tokens, status = req.computed, req.num_tokens, req.status
+    num_computed_tokens, num_tokens, status = req.num_computed_tokens, req.num_tokens, req.status
     if npre:
         kv = 0
         for j in range(nrun):
-            kv += computed[running[j]]
+            kv += num_computed_tokens[running[j]]
     else:
         kv += num_new_kv_tokens
     finished = False
@@ -388,12 +393,14 @@ def update_sync(
         if out_sample[j]:
             r = out_r[j]
             num_tokens[r] += 1
-            if num_tokens[r] == req.prompt[r] + 1:
+            if num_tokens[r] == req.num_prompt_tokens[r] + 1:
                 req.first_token_s[r] = batch_end_s
             if is_finished(num_tokens[r], req.max_num_tokens[r]):
                 status[r] = FINISHED
-                num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached, num_free_blocks)
-                kv -= computed[r]
+                num_free_blocks = release(
+                    pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks
+                )
+                kv -= num_computed_tokens[r]
                 req.finish_s[r] = batch_end_s
                 finished_at(req, batch_end_s)
                 finished = True
@@ -404,11 +411,11 @@ def update_sync(
 def preempt(req, pool, groups, caching, r, num_free_blocks, waiting, head, nwait):
     """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, loses its progress (a
     batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (num_free_blocks, head, nwait)."""
-    num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached, num_free_blocks)
+    num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks)
     req.status[r] = PREEMPTED
-    req.computed[r] = 0
-    req.stale[r] = req.in_flight[r]
-    req.placeholders[r] = 0
+    req.num_computed_tokens[r] = 0
+    req.num_stale_tokens[r] = req.num_in_flight_tokens[r]
+    req.num_output_placeholders[r] = 0
     req.num_preemptions[r] += 1
     head = (head - 1) % waiting.shape[0]
     waiting[head] = r

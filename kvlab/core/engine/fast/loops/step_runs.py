@@ -49,10 +49,10 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, nu
     prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
     first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
     Returns (num_free_blocks, kv, nrun, nwait)."""
-    max_num_tokens, num_tokens, computed, num_blocks, status, finish_s = (
+    max_num_tokens, num_tokens, num_computed_tokens, num_blocks, status, finish_s = (
         req.max_num_tokens,
         req.num_tokens,
-        req.computed,
+        req.num_computed_tokens,
         req.num_blocks,
         req.status,
         req.finish_s,
@@ -64,16 +64,16 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, nu
             continue
         r = running[i]
         if hybrid:
-            groups_advanced(groups, r, computed[r], j, 0)
+            groups_advanced(groups, r, num_computed_tokens[r], j, 0)
         else:
             num_blocks[r] += blocks_crossed(phases[i], j, block_size)  # its crossings in steps 0..j-1
-        computed[r] += j
+        num_computed_tokens[r] += j
         num_tokens[r] += j
         if is_finished(num_tokens[r], max_num_tokens[r]):  # j == k: the step sampling the first finish
             status[r] = FINISHED
             num_free_blocks += release_groups(groups, r) if hybrid else num_blocks[r]  # release without prefix caching
             num_blocks[r] = 0
-            kv -= computed[r]
+            kv -= num_computed_tokens[r]
             finish_s[r] = now_s
             finished_at(req, now_s)
             finished = True
@@ -138,19 +138,24 @@ def decode_run(at):
     run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
-    computed = req.computed
+    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
+        req.arrival_s,
+        req.num_prompt_tokens,
+        req.max_num_tokens,
+        req.num_tokens,
+    )
+    num_computed_tokens = req.num_computed_tokens
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
         return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     hybrid = groups.block_size.shape[0] > 0
     per_phase[:] = 0  # per_phase[p]: requests of phase p
     k = max_num_tokens[running[0]]
-    low = high = computed[running[0]]
+    low = high = num_computed_tokens[running[0]]
     for i in range(nrun):
         r = running[i]
-        c = computed[r]
-        if c != num_tokens[r] - 1 or num_tokens[r] <= prompt[r]:
+        c = num_computed_tokens[r]
+        if c != num_tokens[r] - 1 or num_tokens[r] <= num_prompt_tokens[r]:
             return (
                 0,
                 nxt,
@@ -197,7 +202,7 @@ def decode_run(at):
                 cfg, groups, num_tokens, waiting[head], budget_left, threshold
             )
             num_blocks_needed = head_blocks_needed if m else NEVER_ENOUGH_BLOCKS
-        num_events, freed_first = group_phases(groups, running, nrun, computed, limit, max_model_len, 0)
+        num_events, freed_first = group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
     growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
@@ -206,12 +211,12 @@ def decode_run(at):
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     # the steps whose block boundaries the pool covers
     covered = limit if hybrid else steps_covered(per_phase, nrun, num_free_blocks, block_size)
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     j = 0
     phase = 0  # j % block_size
     while j < limit:
-        if j and nxt < n and arrival[nxt] <= now_s:
-            nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+        if j and nxt < n and arrival_s[nxt] <= now_s:
+            nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if hybrid:
                     if may_admit:
@@ -281,8 +286,13 @@ def prefill_run(at):
     Returns (steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s); 0 steps: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
-    computed, num_blocks = req.computed, req.num_blocks
+    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
+        req.arrival_s,
+        req.num_prompt_tokens,
+        req.max_num_tokens,
+        req.num_tokens,
+    )
+    num_computed_tokens, num_blocks = req.num_computed_tokens, req.num_blocks
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     if nrun == 0 or last_end_s != now_s or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
         return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
@@ -292,8 +302,8 @@ def prefill_run(at):
     per_phase[:] = 0
     for i in range(nrun):
         r = running[i]
-        c = computed[r]
-        if c == num_tokens[r] - 1 and num_tokens[r] > prompt[r]:  # a decode
+        c = num_computed_tokens[r]
+        if c == num_tokens[r] - 1 and num_tokens[r] > num_prompt_tokens[r]:  # a decode
             steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
             k = steps_left if steps_left < k else k  # its last token at step left - 1
             low = c if low == 0 or c < low else low
@@ -309,7 +319,7 @@ def prefill_run(at):
         return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     p = running[at]
     num_decodes = nrun - 1
-    before = computed[p]
+    before = num_computed_tokens[p]
     chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
     if chunk == 0:
         return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s  # P or a decode after it not scheduled
@@ -339,16 +349,16 @@ def prefill_run(at):
     num_scheduled = num_decodes + chunk
     duration = 0.0 if cost.kind >= 2 else step_s(cost, num_scheduled, per_phase)  # (an acc unread)
     run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     j = 0
     phase = 0  # j % block_size
     while j < k:
         p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
         num_blocks_needed = per_phase[phase] + p_new
-        if j and nxt < n and arrival[nxt] <= now_s:
+        if j and nxt < n and arrival_s[nxt] <= now_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+            nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if (
                     may_admit
@@ -386,7 +396,7 @@ def prefill_run(at):
         return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
     counts[0] = s + j
     last_end_s = now_s
-    computed[p] = before
+    num_computed_tokens[p] = before
     num_blocks[p] = p_blocks
     num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, num_free_blocks, kv, now_s,
                                              waiting, head, nwait, logs, s, groups)  # fmt: skip
@@ -411,7 +421,7 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, n
     to arrive from iteration joins on, if none waits) enough free blocks to be admitted. groups.free_at[j]: the free
     blocks after batch j."""
     max_model_len, threshold = cfg.max_model_len, cfg.long_prefill_token_threshold
-    num_events, freed_first = group_phases(groups, running, nrun, req.computed, k, max_model_len, 1)
+    num_events, freed_first = group_phases(groups, running, nrun, req.num_computed_tokens, k, max_model_len, 1)
     num_blocks_needed = NEVER_ENOUGH_BLOCKS
     if nwait and may_admit:
         m, head_blocks_needed, _ = admission_to_groups(
@@ -451,9 +461,19 @@ def decode_run_async(at, times):
     nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
-    computed = req.computed
-    num_blocks, status, placeholders, in_flight = req.num_blocks, req.status, req.placeholders, req.in_flight
+    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
+        req.arrival_s,
+        req.num_prompt_tokens,
+        req.max_num_tokens,
+        req.num_tokens,
+    )
+    num_computed_tokens = req.num_computed_tokens
+    num_blocks, status, num_output_placeholders, num_in_flight_tokens = (
+        req.num_blocks,
+        req.status,
+        req.num_output_placeholders,
+        req.num_in_flight_tokens,
+    )
     first_token_s, finish_s = req.first_token_s, req.finish_s
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
@@ -462,16 +482,16 @@ def decode_run_async(at, times):
     hybrid = groups.block_size.shape[0] > 0
     k = max_num_tokens[running[0]]
     kv = 0
-    low = high = computed[running[0]]
+    low = high = num_computed_tokens[running[0]]
     per_phase[:] = 0
     for i in range(nrun):
         r = running[i]
-        c = computed[r]
-        if placeholders[r] != 1 or c != num_tokens[r]:
+        c = num_computed_tokens[r]
+        if num_output_placeholders[r] != 1 or c != num_tokens[r]:
             return no  # it did not sample in the batch in flight (a prefill chunk)
-        if hybrid and in_flight[r] != 1:
+        if hybrid and num_in_flight_tokens[r] != 1:
             return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
-        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], placeholders[r])  # (1 here)
+        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], num_output_placeholders[r])  # (1 here)
         k = steps_left if steps_left < k else k
         kv += c
         low = c if c < low else low
@@ -510,7 +530,7 @@ def decode_run_async(at, times):
     times[0] = gpu_free_s
     context = kv + nrun  # the first step's decodes' context
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
     growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
@@ -523,7 +543,7 @@ def decode_run_async(at, times):
             duration = cost_s(cost, nrun, context + nrun * m, nrun, context + nrun * m, 0, 0, low + 1 + m, high + 1 + m)
         times[m + 1] = times[m] + duration
         m += 1
-        if watch and m - 1 < k - 1 and times[m - 1] >= arrival[nxt]:
+        if watch and m - 1 < k - 1 and times[m - 1] >= arrival_s[nxt]:
             watch = False  # bisect_left(times, arrival, 0, k - 1) is m - 1: it joins at iteration m + 1
             joins = m + 1
             if joins <= k and not hybrid:
@@ -555,7 +575,7 @@ def decode_run_async(at, times):
             left_budget = budget - num_left
             if finishing and left_budget > 0 and nrun < max_num_seqs:
                 at = times[k - 1] if k else now_s
-                r = waiting[head] if nwait else nxt if nxt < n and arrival[nxt] <= at else -1
+                r = waiting[head] if nwait else nxt if nxt < n and arrival_s[nxt] <= at else -1
                 if (
                     r >= 0
                     and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, num_free_blocks - taken, threshold)[0]
@@ -568,14 +588,14 @@ def decode_run_async(at, times):
         end0 = times[0]
         for i in range(nrun):
             r = running[i]
-            if num_tokens[r] == prompt[r]:
+            if num_tokens[r] == num_prompt_tokens[r]:
                 first_token_s[r] = end0  # its prefill's last chunk was in batch 0
         # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
         # by then join the waiting queue (behind a refused head) and count in its record.
         num_free_blocks = groups.free_at[1] if hybrid else num_free_blocks - per_phase[0]
         record(first, start0, times[0], last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv + nrun, logs,
                events, counts)  # fmt: skip
-        nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
         # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
         # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
         end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
@@ -585,18 +605,18 @@ def decode_run_async(at, times):
             end_s[s], held[s], kv_tokens[s] = times[j], usable - num_free_blocks, kv + nrun * (j + 1)
             tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
             s += 1
-            nxt, nwait = add_arrivals(arrival, times[j - 1], nxt, waiting, head, nwait)
+            nxt, nwait = add_arrivals(arrival_s, times[j - 1], nxt, waiting, head, nwait)
         counts[0] = s
         last_end_s = times[k - 1]
         for i in range(nrun):
             r = running[i]
             if hybrid:
-                groups_advanced(groups, r, computed[r], k, 1)
+                groups_advanced(groups, r, num_computed_tokens[r], k, 1)
             else:
                 num_blocks[r] += blocks_crossed(phases[i], k, block_size)
-            computed[r] += k
+            num_computed_tokens[r] += k
             num_tokens[r] += k
-            in_flight[r] = 1  # batch k's token
+            num_in_flight_tokens[r] = 1  # batch k's token
         kv += nrun * k
         now_s = times[k - 1]  # it waited for batch k - 1's output
         start_k, end_k, tokens_k, running_k, waiting_k = times[k - 1], times[k], nrun, nrun, nwait
@@ -611,7 +631,7 @@ def decode_run_async(at, times):
         return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, times[k], False
     # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
     # batch k's output finishes the others.
-    nxt, nwait = add_arrivals(arrival, now_s, nxt, waiting, head, nwait)
+    nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
     for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
         phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
     context = 0
@@ -621,17 +641,17 @@ def decode_run_async(at, times):
         r = running[i]
         if phases[i]:
             continue
-        c = computed[r]
+        c = num_computed_tokens[r]
         low = c if low < 0 or c < low else low
         high = c if c > high else high
         if c % block_size == 0:
             num_blocks[r] += 1
             num_free_blocks -= 1
-        if num_tokens[r] == prompt[r]:
+        if num_tokens[r] == num_prompt_tokens[r]:
             first_token_s[r] = end_k  # k = 0: batch 0 ended its prefill
-        computed[r] = c + 1
+        num_computed_tokens[r] = c + 1
         num_tokens[r] += 1  # batch k's token
-        in_flight[r] = 1  # batch k + 1's
+        num_in_flight_tokens[r] = 1  # batch k + 1's
         context += c + 1
         queue_r[slot, num_left], queue_n[slot, num_left], queue_sample[slot, num_left] = r, 1, True
         num_left += 1
@@ -643,11 +663,11 @@ def decode_run_async(at, times):
         r = running[i]
         if not phases[i]:
             continue
-        if num_tokens[r] == prompt[r]:
+        if num_tokens[r] == num_prompt_tokens[r]:
             first_token_s[r] = end_k
         num_tokens[r] += 1  # its last token
-        in_flight[r] = 0
-        placeholders[r] = 0
+        num_in_flight_tokens[r] = 0
+        num_output_placeholders[r] = 0
         status[r] = FINISHED
         num_free_blocks += num_blocks[r]  # release without prefix caching
         num_blocks[r] = 0
@@ -679,9 +699,19 @@ def prefill_run_async(at):
     changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
-    arrival, prompt, max_num_tokens, num_tokens = req.arrival, req.prompt, req.max_num_tokens, req.num_tokens
-    computed, num_blocks = req.computed, req.num_blocks
-    placeholders, in_flight, stale, first_token_s = req.placeholders, req.in_flight, req.stale, req.first_token_s
+    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
+        req.arrival_s,
+        req.num_prompt_tokens,
+        req.max_num_tokens,
+        req.num_tokens,
+    )
+    num_computed_tokens, num_blocks = req.num_computed_tokens, req.num_blocks
+    num_output_placeholders, num_in_flight_tokens, num_stale_tokens, first_token_s = (
+        req.num_output_placeholders,
+        req.num_in_flight_tokens,
+        req.num_stale_tokens,
+        req.first_token_s,
+    )
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
     no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
     if nrun == 0 or queue_i[slot, 0] != nrun or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
@@ -692,10 +722,10 @@ def prefill_run_async(at):
     per_phase[:] = 0
     for i in range(nrun):
         r = running[i]
-        c = computed[r]
-        if queue_r[slot, i] != r or stale[r]:
+        c = num_computed_tokens[r]
+        if queue_r[slot, i] != r or num_stale_tokens[r]:
             return no
-        if placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
+        if num_output_placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
             steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 1)  # batch left schedules its last token
             k = steps_left if steps_left < k else k
             low = c if low == 0 or c < low else low
@@ -705,7 +735,7 @@ def prefill_run_async(at):
                 c, block_size
             )  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
             per_phase[phases[i]] += 1
-        elif at < 0 and placeholders[r] == 0 and c < num_tokens[r]:
+        elif at < 0 and num_output_placeholders[r] == 0 and c < num_tokens[r]:
             at = i
         else:
             return no  # two prompts
@@ -713,7 +743,7 @@ def prefill_run_async(at):
         return no
     p = running[at]
     num_decodes = nrun - 1
-    before = computed[p]
+    before = num_computed_tokens[p]
     chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
     if chunk == 0:
         return no  # P or a decode after it not scheduled
@@ -729,7 +759,7 @@ def prefill_run_async(at):
     run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
-    n = arrival.shape[0]
+    n = arrival_s.shape[0]
     refused = False  # the waiting head refused: it stays refused (free blocks only fall)
     at_s = now_s  # batch j's scheduling clock
     last_batch_end_s = queue_f[slot, 1]  # batch j - 1's end
@@ -739,10 +769,10 @@ def prefill_run_async(at):
     s = counts[0]
     j = 1
     while j <= k:
-        if nxt < n and arrival[nxt] <= at_s:
+        if nxt < n and arrival_s[nxt] <= at_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival, at_s, nxt, waiting, head, nwait)
+            nxt, nwait = add_arrivals(arrival_s, at_s, nxt, waiting, head, nwait)
         p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
         num_blocks_needed = per_phase[(j - 1) % block_size] + p_new
         if num_blocks_needed > num_free_blocks:
@@ -785,16 +815,16 @@ def prefill_run_async(at):
         r = running[i]
         if i == at:
             continue
-        if num_tokens[r] == prompt[r]:
+        if num_tokens[r] == num_prompt_tokens[r]:
             first_token_s[r] = queue_f[slot, 1]  # its prefill's last chunk was in batch 0
         num_blocks[r] += blocks_crossed(phases[i], k, block_size)  # its crossings in batches 1..k
-        computed[r] += k
+        num_computed_tokens[r] += k
         num_tokens[r] += k  # batches 0..k-1's tokens
-        in_flight[r] = 1  # batch k's
+        num_in_flight_tokens[r] = 1  # batch k's
         queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = r, 1, True
-    computed[p] = before
+    num_computed_tokens[p] = before
     num_blocks[p] = p_blocks
-    in_flight[p] = chunk
+    num_in_flight_tokens[p] = chunk
     queue_r[slot, at], queue_n[slot, at], queue_sample[slot, at] = p, chunk, False
     queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, num_scheduled, nrun, waiting_j
     queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1

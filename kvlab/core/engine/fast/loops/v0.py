@@ -143,8 +143,8 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
     finished (DONE), the chunk's step records are filled (FULL) or a step schedules nothing (NO_PROGRESS). split: a
     reservation pool's Fig. 2 counts per step (final tokens, rounding, external fragmentation; StepLog.add_split). pool and
     groups: placeholders (no prefix cache, one full-attention group), for the v1 loop's preempt and release."""
-    arrival, max_num_tokens, num_tokens, computed, num_blocks = (
-        req.arrival, req.max_num_tokens, req.num_tokens, req.computed, req.num_blocks
+    arrival_s, max_num_tokens, num_tokens, num_computed_tokens, num_blocks = (
+        req.arrival_s, req.max_num_tokens, req.num_tokens, req.num_computed_tokens, req.num_blocks
     )  # fmt: skip
     status, first_scheduled_s = req.status, req.first_scheduled_s
     reserve, chunk_offset, counters = orca.reserve, orca.chunk_offset, orca.counters
@@ -162,7 +162,7 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
     counts[:] = 0
     code = DONE
     while True:
-        code, nxt, nwait, now_s = next_step(arrival, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
+        code, nxt, nwait, now_s = next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
         if code != STEP:
             break
         # SchedulerV0.schedule: a prompt step if the waiting queue's head is admitted
@@ -215,7 +215,7 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
                 if preempted_self:
                     break
                 if paged:
-                    new = num_blocks_to_allocate(computed[r], 1, num_blocks[r], block_size, max_model_len)
+                    new = num_blocks_to_allocate(num_computed_tokens[r], 1, num_blocks[r], block_size, max_model_len)
                     if new > 0:
                         num_free_blocks -= new
                         num_blocks[r] += new
