@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 
 from kvlab.core.block_pool import BlockPool
-from kvlab.core.engine.rules import num_lookup_blocks
-from kvlab.core.engine.single_type_kv_cache_manager import MANAGERS, NEVER, FullAttentionManager, MambaManager
+from kvlab.core.engine.rules import NEVER_REACHED_TOKENS, num_lookup_blocks
+from kvlab.core.engine.single_type_kv_cache_manager import MANAGERS, FullAttentionManager, MambaManager
 from kvlab.core.units import cdiv
 
 
@@ -127,7 +127,7 @@ class KVCacheCoordinator:
         would change; never with Mamba states and prefix caching."""
         if self.enable_caching and self.mamba_managers:
             return 0, 0, 0
-        slots, processed, cacheable = self.max_model_len, NEVER, NEVER
+        slots, processed, cacheable = self.max_model_len, NEVER_REACHED_TOKENS, NEVER_REACHED_TOKENS
         for manager in self.single_type_managers:
             slots = min(slots, len(manager.req_to_blocks[request_id]) * manager.block_size)
             processed = min(processed, manager.next_skipped_tokens(request_id))

@@ -8,6 +8,9 @@ loops (fast/loops/), so a rule has one home. Each docstring names the vLLM file 
 
 from __future__ import annotations
 
+NEVER_REACHED_TOKENS = 1 << 62  # a token count no request reaches
+NEVER_ENOUGH_BLOCKS = 1 << 62  # a block count no pool has: what a request that cannot be admitted yet needs
+
 
 def step_token_cap(long_prefill_token_threshold: int, num_running: int, num_waiting: int) -> int:
     """The step's cap on one request's new tokens (0: none): long_prefill_token_threshold when more than one

@@ -17,6 +17,8 @@ from __future__ import annotations
 from kvlab.core.block_pool import NULL_BLOCK_ID, free_table, take_blocks, touch_blocks, unlink
 from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.rules import (
+    NEVER_ENOUGH_BLOCKS,
+    NEVER_REACHED_TOKENS,
     admission_num_new_blocks,
     hit_num_new_blocks,
     mamba_checkpoint_position,
@@ -26,8 +28,6 @@ from kvlab.core.engine.rules import (
     window_hit_blocks,
 )
 from kvlab.core.units import cdiv
-
-NEVER = 1 << 62  # a token or block count no request reaches
 
 
 def get_cached_blocks(block_pool, keys_by_group: list[list[bytes]], i: int) -> list[int] | None:
@@ -83,8 +83,8 @@ class SingleTypeKVCacheManager:
         return 0
 
     def next_skipped_tokens(self, request_id: int) -> int:
-        """Processed tokens from which remove_skipped_blocks frees the request's next block (NEVER: none)."""
-        return NEVER
+        """Processed tokens from which remove_skipped_blocks frees the request's next block (NEVER_REACHED_TOKENS: none)."""
+        return NEVER_REACHED_TOKENS
 
     # ---------------------------------------------------------------- allocation
     def num_evictable_blocks(self, blocks) -> int:
@@ -468,7 +468,7 @@ class MambaManager(SingleTypeKVCacheManager):
     ) -> int:
         """SingleTypeKVCacheManager.get_num_blocks_to_allocate; in mamba_cache_mode "align" one new block at most, two
         with a checkpoint (noted for allocate_new_blocks unless apply_admission_cap), and a hit state no request holds;
-        NEVER for a hit on a state cached this step, not there yet (MambaManager.get_num_blocks_to_allocate)."""
+        NEVER_ENOUGH_BLOCKS for a hit on a state cached this step, not there yet (MambaManager.get_num_blocks_to_allocate)."""
         if self.mamba_cache_mode == "none":
             return super().get_num_blocks_to_allocate(
                 request_id, num_tokens, new_computed_blocks, num_computed_tokens, prefill_end, apply_admission_cap
@@ -481,7 +481,7 @@ class MambaManager(SingleTypeKVCacheManager):
         else:
             hit = new_computed_blocks[self.kv_cache_group_id] if new_computed_blocks else ()
             if hit and self.block_pool.hash_of[hit[-1]] in self.cached_blocks_this_step:
-                return NEVER  # not before the next step
+                return NEVER_ENOUGH_BLOCKS  # not before the next step
             num_new = cdiv(num_tokens, self.block_size) - len(hit)
             checkpoint = self.checkpoint((), num_computed_tokens, num_tokens, prefill_end)
             num_evictable = self.num_evictable_blocks(hit)

@@ -51,7 +51,6 @@ if CACHE_DIR:
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 STEP = -1  # next_step: a step to take (DONE, FULL and NO_PROGRESS end a chunk)
-NEVER_ENOUGH_BLOCKS = 1 << 62  # the blocks a request that is never admitted needs: more than any pool has
 
 
 def njit(function, inline="never"):

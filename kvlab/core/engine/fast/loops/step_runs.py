@@ -19,7 +19,6 @@ from kvlab.core.engine.fast.loops.groups import (
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    NEVER_ENOUGH_BLOCKS,
     attention_pairs,
     block_phase,
     blocks_crossed,
@@ -40,6 +39,7 @@ from kvlab.core.engine.fast.loops.scheduler import (
     finished_at,
     record,
 )
+from kvlab.core.engine.rules import NEVER_ENOUGH_BLOCKS
 
 
 @inline
