@@ -66,7 +66,7 @@ def test_compiled_loop_equals_the_python_engine(args):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_compiled_loop_under_a_closed_loop_equals_the_python_engine(args, max_concurrency, at_zero):
     """A closed loop (vLLM bench's --max-concurrency; every request made at t=0, its default rate, or at the drawn
-    arrivals): the per-step loop and the compiled loop (its decode and prefill runs) send every
+    arrivals): the per-step loop, the Python decode runs and the compiled loop (its decode and prefill runs) send every
     request at the same bits and agree on every request and step, in both scheduling modes, with memory that
     preempts."""
     if at_zero:
