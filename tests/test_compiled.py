@@ -1,4 +1,4 @@
-"""The compiled loop (kvlab.core.engine.fast.compiled, its decode runs too) against the Python per-step loop: the same results,
+"""The compiled loop (kvlab.core.engine.fast.compiled, its decode runs too) against the Python engine: the same results,
 bit for bit."""
 
 import dataclasses
@@ -57,8 +57,9 @@ def compiled_runs(draw):
 @given(compiled_runs())
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_compiled_loop_equals_the_python_engine(args):
-    """The per-step loop in Python and the compiled loop agree on every request and step."""
+    """The per-step loop and the decode runs in Python, and the compiled loop, agree on every request and step."""
     step_by_step = Engine(**args, path="reference").run()
+    assert_identical(step_by_step, Engine(**args, path="python").run())
     assert_identical(step_by_step, Engine(**args, path="compiled").run())
 
 
@@ -73,6 +74,7 @@ def test_compiled_loop_under_a_closed_loop_equals_the_python_engine(args, max_co
         w = args["workload"]
         args["workload"] = Workload(np.zeros(w.num_requests), w.prompt_tokens, w.output_tokens)
     step_by_step = Engine(**args, path="reference", max_concurrency=max_concurrency).run()
+    assert_identical(step_by_step, Engine(**args, path="python", max_concurrency=max_concurrency).run())
     loop = Engine(**args, path="compiled", max_concurrency=max_concurrency)
     assert loop.compiled
     assert_identical(step_by_step, loop.run())
@@ -99,7 +101,7 @@ def test_the_closed_loops_decode_runs_in_the_compiled_loop_send_what_steps_send(
         result = fast.run()
         assert fast.num_decode_runs > 50 and fast.num_prefill_runs > 0
         assert result.num_preemptions.sum() > 0 and result.arrival_s[-1] > 0
-        assert_identical(Engine(**args, path="reference").run(), result)
+        assert_identical(Engine(**args, path="python").run(), result)
         monkeypatch.setattr(compiled, "DECODE_RUNS", False)
         assert_identical(Engine(**args, path="compiled").run(), result)
         monkeypatch.setattr(compiled, "DECODE_RUNS", True)
@@ -190,7 +192,7 @@ def test_chunks_join_into_one_record(monkeypatch):
     whole = Engine(**args, path="compiled").run()
     monkeypatch.setattr(compiled, "CHUNK_STEPS", 37)
     assert_identical(whole, Engine(**args, path="compiled").run())
-    python = Engine(**args, path="reference").run()
+    python = Engine(**args, path="python").run()
     assert_identical(python, whole)
     assert python.num_preemptions.sum() > 0  # memory that preempts: the victims' path is exercised
 
@@ -235,7 +237,7 @@ def test_no_progress_is_the_python_engines_error():
     )
     workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
     with pytest.raises(NoProgressError, match="no progress possible") as python:
-        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="reference").run()
+        Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="python").run()
     with pytest.raises(NoProgressError, match="no progress possible") as loop:
         Engine(workload, config, num_gpu_blocks=3, cost=ConstantStepCost(), check=False, path="compiled").run()
     assert str(python.value) == str(loop.value)
@@ -367,6 +369,7 @@ def test_compiled_loop_on_the_measured_and_2023_clocks_equals_the_python_engine(
     bit."""
     args = args | {"cost": MEASURED[which]}
     step_by_step = Engine(**args, path="reference").run()
+    assert_identical(step_by_step, Engine(**args, path="python").run())
     assert_identical(step_by_step, Engine(**args, path="compiled").run())
 
 
@@ -606,7 +609,7 @@ def test_vllm_0_1_4_with_no_progress_is_the_python_engines_error(allocation):
     )
     workload = Workload(np.array([0.0]), np.array([40]), np.array([10]))
     errors = []
-    for path in ("reference", "compiled"):
+    for path in ("python", "compiled"):
         engine = Engine(workload, config, num_gpu_blocks=3, allocation=allocation, check=False, path=path)
         with pytest.raises(NoProgressError, match="no progress possible") as error:
             engine.run()

@@ -4,11 +4,14 @@ sustained rates (kvlab.core.cost.LinearProfileStepCost)."""
 import csv
 import dataclasses
 
+import numpy as np
 import pytest
 
 from kvlab.core import models, profiles
 from kvlab.core.config import EngineConfig, ParallelConfig
 from kvlab.core.cost import Batch, LinearProfileStepCost, RooflineStepCost, make_step_cost
+from kvlab.core.engine import Engine
+from kvlab.core.workload import Workload
 
 LLAMA2 = "meta-llama/Llama-2-7b-hf"
 SYNC = EngineConfig().replace(async_scheduling=False)
@@ -43,6 +46,11 @@ def test_a_decode_step_is_the_layers_measured_plus_the_rest_and_the_cpu():
     # the rest holds the weights outside the linear layers: embeddings and lm_head, 2 x 32,000 x 4,096 x 2 bytes,
     # within the rounding of the parameter count (6.74 B)
     assert c.rest.weights_bytes == pytest.approx(2 * 32000 * 4096 * 2, rel=0.05)
+    # a decode run gives the same steps as one at a time
+    run = c.run_s(Batch(8, 8 * 1025, 8, 8 * 1025), 3)
+    assert [round(x, 12) for x in run] == [
+        round(c.step_s(Batch(8, 8 * (1025 + j), 8, 8 * (1025 + j))), 12) for j in range(3)
+    ]
     assert c.min_step_s(8) <= c.step_s(batch)
 
 
@@ -59,3 +67,11 @@ def test_a_model_with_no_such_profile_falls_back_to_the_roofline():
     assert isinstance(cost("deepseek-ai/DeepSeek-V2-Lite"), RooflineStepCost)  # MLA: no operator table composes it
     piped = EngineConfig(parallel=ParallelConfig(pipeline_parallel_size=2))
     assert isinstance(cost(gpu="H100-SXM-80GB", config=piped), RooflineStepCost)
+
+
+def test_the_engine_serves_a_workload_on_it_step_by_step_and_in_decode_runs_alike():
+    w = Workload(np.array([0.0, 0.01, 0.02]), np.array([300, 500, 700]), np.array([20, 30, 40]))
+    config = SYNC.replace(max_model_len=4096)
+    runs = [Engine(w, config, num_gpu_blocks=500, cost=cost(), path=path).run() for path in ("reference", "python")]
+    assert all((r.num_output_tokens == [20, 30, 40]).all() for r in runs)
+    np.testing.assert_array_equal(runs[0].finish_s, runs[1].finish_s)

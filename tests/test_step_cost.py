@@ -41,6 +41,7 @@ def test_constant_and_linear_steps_are_the_parity_scripts_formulas():
     assert ConstantStepCost().step_s(Batch(500)) == 8.0 / 1000.0
     cost = LinearStepCost(5.0, 0.1)
     assert cost.step_s(Batch(50)) == (5.0 + 0.1 * 50) / 1000.0  # bit for bit what vllm_scheduler.py computes
+    assert cost.run_s(Batch(7, 1000, 7, 1000), 10) == cost.step_s(Batch(7))
     with pytest.raises(ValueError, match="step_ms=0.0 is not allowed: and step_ms_per_token cannot both be 0"):
         LinearStepCost(0.0, 0.0)
 
@@ -53,6 +54,8 @@ def test_roofline_of_opt_13b_on_an_a100_40gb():
     assert cost.step_s(Batch(1, 1001)) == pytest.approx((25.7e9 + 819_200 * 1001) / 1555e9)
     # a 2,000-token prefill: compute-bound, 2 FLOPs per parameter and token at 312 TFLOPS
     assert cost.step_s(Batch(2000, 2000)) == pytest.approx(2 * 12.85e9 * 2000 / 312e12)
+    durations = cost.run_s(Batch(8, 4000, 8, 4000), 50)
+    assert durations.tolist() == [cost.step_s(Batch(8, 4000 + 8 * j)) for j in range(50)]
     half = RooflineStepCost.from_specs(
         models.get_model("facebook/opt-13b"),
         models.get_gpu("A100-40GB"),
@@ -68,6 +71,9 @@ def test_calibrated_steps_add_decode_and_prefill_times():
     cost = calibrated()
     assert cost.step_s(Batch(4, 4 * 1024, 4, 4 * 1024)) == pytest.approx(8.0 / 1000)  # 4 decodes at 1,024 tokens
     assert cost.step_s(Batch(1024 + 1, 2048, 1, 1024)) == pytest.approx((6.0 + 40.0) / 1000)  # + a 1,024-token prefill
+    assert cost.run_s(Batch(4, 4 * 1024, 4, 4 * 1024), 3).tolist() == [
+        cost.step_s(Batch(4, 4 * 1024 + 4 * j, 4, 4 * 1024 + 4 * j)) for j in range(3)
+    ]
 
 
 @pytest.mark.parametrize(

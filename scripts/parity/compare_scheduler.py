@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             n, steps = len(theirs["requests"]), len(theirs["steps"])
             identical = not first and same_requests == n and same_steps == steps
             all_identical &= identical
-            kvlab_s = time_kvlab(doc, path="reference")
+            kvlab_s = time_kvlab(doc, path="reference" if "kv_cache_groups" in doc["config"] else "python")
             fast = compiled_row(doc, theirs)
             all_identical &= fast["compiled_identical_pct"] in ("", 100.0)
             row = {

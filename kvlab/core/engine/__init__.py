@@ -7,8 +7,8 @@ update_from_output()), async_scheduler (AsyncScheduler), engine (the time loop),
 --max-concurrency: when each request is sent), data_parallel (vLLM's data-parallel
 ranks in lockstep), serve (simulate, the entry point). Beside it:
 block_hashes (a full block's content hash, for prefix caching), checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
-paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (the compiled loop, with its
-decode runs, calling the same rules).
+paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
+loop, calling the same rules).
 """
 
 from kvlab.core.engine.async_scheduler import AsyncScheduler

@@ -331,7 +331,7 @@ class DataParallelEngine(Engine):
         validate.one_of("vllm_version", vllm_version, DP_RULES)
         for name, value, allowed in (
             ("allocation", allocation, ("paged",)),
-            ("path", path, ("auto", "reference")),  # each the per-step loop here
+            ("path", path, ("auto", "python", "reference")),  # each the per-step loop here
             ("recorder", recorder, (None,)),
         ):
             if value not in allowed:

@@ -1,4 +1,4 @@
-"""The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step.
+"""The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step or a decode run at once.
 
 Time, synchronous (the rules of scripts/parity/vllm_scheduler.py, vLLM's side of make parity): the clock
 starts at the first arrival; before each step every request that has arrived by the clock joins the
@@ -23,10 +23,12 @@ A closed loop (max_concurrency N, vLLM bench's --max-concurrency; closed_loop.py
 times, each unknown (inf) until the finish that frees its slot; a request that finishes at a step's end sends the
 next one then, and it joins the waiting queue with the next add_arrivals, as a request arriving then would.
 
-Speed: this per-step loop is the reference (path="reference"); where it applies (PATHS, COMPILED_FROM_REQUESTS) the
-same loop compiled (fast/compiled.py) serves the run instead, with runs of decode steps in which nothing can change
-done at once in closed form (fast/loops/step_runs.py), and tests/test_compiled.py holds it to this one bit for bit.
-The scheduler is SchedulerConfig.scheduler_cls's (SCHEDULERS).
+Speed: where every running request is decoding and nothing can change for a while -- no admission (the
+waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
+arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
+finish before the run's last step -- decode_run does k steps at once in closed form. path="reference" is the
+plain per-step loop: the reference the tests hold the fast paths to (PATHS). The scheduler is SchedulerConfig.scheduler_cls's
+(SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cache_groups, no_progress_message
 from kvlab.core.engine.closed_loop import ClosedLoop
 from kvlab.core.engine.fast import compiled as compiled_loop
+from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
 from kvlab.core.engine.records import EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
@@ -113,6 +116,9 @@ class Engine:
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
+        # fast paths: the compiled loop, and in the Python loop decode runs (not for a hybrid model's groups)
+        self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
+        self.decode_runs = self.fast and groups is None
         self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
@@ -121,8 +127,10 @@ class Engine:
         self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist() if self.closed_loop is None else self.closed_loop.send
         self.next_arrival = 0  # index of the next request to arrive
+        self._arrived: Request | None = None
         self.num_kv_tokens = 0  # computed tokens of the running requests
-        self.num_decode_runs = 0  # decode runs the compiled loop did at once (its prefill runs among them)
+        self.all_decoding = False  # every running request was scheduled in the last step and sampled
+        self.num_decode_runs = 0  # decode runs done at once (the fast path; the compiled loop's prefill runs too)
         self.num_prefill_runs = 0  # the compiled loop's runs of a prompt's chunks beside the same decodes
         self.clock = float(self.arrival_s[0])
         self.compiled = compiled_loop.chosen(self, path)
@@ -153,31 +161,33 @@ class Engine:
         return arrival_s
 
     # ---------------------------------------------------------------- requests
-    def request(self, i: int) -> Request:
-        """Request i of the workload as the scheduler sees it (its token or block ids where prefix caching reads
-        them)."""
-        w = self.workload
-        ids = blocks = None
-        if self.prompt_token_ids is not None:
-            ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
-        elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
-            blocks = w.prefix_hashes[i]
-        return Request(
-            i,
-            self.arrival_list[i],
-            int(w.prompt_tokens[i]),
-            int(w.output_tokens[i]),
-            self.scheduler.max_request_tokens,
-            ids,
-            blocks,
-            w.prefix_block_tokens or 0,
-        )
+    def peek_arrival(self) -> Request:
+        """The next request to arrive, built once (the decode run may look at it before it arrives)."""
+        if self._arrived is None:
+            i, w = self.next_arrival, self.workload
+            ids = blocks = None
+            if self.prompt_token_ids is not None:
+                ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
+            elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
+                blocks = w.prefix_hashes[i]
+            self._arrived = Request(
+                i,
+                self.arrival_list[i],
+                int(w.prompt_tokens[i]),
+                int(w.output_tokens[i]),
+                self.scheduler.max_request_tokens,
+                ids,
+                blocks,
+                w.prefix_block_tokens or 0,
+            )
+        return self._arrived
 
     def add_arrivals(self) -> None:
         """Every request that has arrived by the clock joins the waiting queue, in arrival order."""
         arrival, n, add = self.arrival_list, len(self.arrival_list), self.scheduler.waiting.append
         while self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
-            add(self.request(self.next_arrival))
+            add(self.peek_arrival())
+            self._arrived = None
             self.next_arrival += 1
 
     # ---------------------------------------------------------------- the loop
@@ -197,6 +207,9 @@ class Engine:
                 if self.next_arrival == n:
                     break
                 self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
+                continue
+            if self.decode_runs and self.all_decoding and scheduler.running and decode_run.advance(self):
+                self.num_decode_runs += 1
                 continue
             self.step()
         return self.result()
@@ -239,19 +252,28 @@ class Engine:
         )
         if self.reserving:
             self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
+        # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
+        self.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
 
     def run_async(self) -> EngineResult:
         """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
         scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
         n = len(self.arrival_list)
-        queue = deque()  # batches scheduled, not yet processed: (out, start, end, running, waiting)
+        queue = deque()  # batches scheduled, not yet processed: (out, start, end, running, waiting,
+        # whether it scheduled decodes only)
         gpu_free_s = self.clock  # when the GPU has run every batch queued so far
         num_empty = 0  # schedule() calls in a row that scheduled nothing
-        arrival = self.arrival_list
+        fast, arrival = self.decode_runs, self.arrival_list
         recorder = self.recorder
         while True:
             if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
                 self.add_arrivals()
+            if fast and len(queue) == 1 and queue[0][5]:
+                end_s = decode_run.advance_async(self, queue, gpu_free_s)
+                if end_s is not None:
+                    gpu_free_s = end_s
+                    self.num_decode_runs += 1
+                    continue
             if scheduler.has_requests():
                 out = scheduler.schedule()
                 tokens = out.batch.num_scheduled_tokens
@@ -262,7 +284,10 @@ class Engine:
                 end = start + step_s(cost, out) if tokens else start
                 gpu_free_s = end
                 num_running = len(scheduler.running)
-                queue.append((out, start, end, num_running, len(scheduler.waiting)))
+                # A decode run may start from this batch once it is the only one in flight (it checks then that
+                # the batch holds every running request and that each sampled in it, admissions included).
+                pure = tokens and not out.preempted and not out.num_hit_tokens
+                queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
                 step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
                 if recorder is not None and step:
                     recorder.step(out)
@@ -283,7 +308,7 @@ class Engine:
                     break
                 self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
                 continue
-            out, start, end, num_running, num_waiting = queue.popleft()
+            out, start, end, num_running, num_waiting, _ = queue.popleft()
             if end > self.clock:
                 self.clock = end  # wait for the oldest batch's output
             num_sampled, first_tokens, finished = scheduler.update_from_output(out)

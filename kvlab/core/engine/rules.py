@@ -292,7 +292,7 @@ def settles_placeholder(was_stale: bool, num_output_placeholders: int) -> bool:
 
 
 # ---------------------------------------------------------------- what a run of steps follows from the rules above
-# Not vLLM's code but kvlab's closed forms of it: what the compiled loop's decode and prefill runs (fast/loops/step_runs.py)
+# Not vLLM's code but kvlab's closed forms of it: what the decode and prefill runs (fast/decode_run.py, fast/loops/)
 # and the step cost's inputs (Scheduler.account) compute, each once.
 
 
@@ -317,16 +317,3 @@ def attention_pairs(num_new_tokens: int, num_computed_tokens: int) -> int:
     """The (query, key) pairs a chunk's causal attention computes: each of its num_new_tokens tokens with the
     num_computed_tokens before the chunk and with the chunk's tokens up to itself (the step cost's Batch.pairs)."""
     return num_new_tokens * num_computed_tokens + num_new_tokens * (num_new_tokens + 1) // 2
-
-
-def steps_covered(per_phase, num_running: int, num_free_blocks: int, block_size: int) -> int:
-    """The most decode steps num_free_blocks cover: a block for every block boundary crossed, per_phase[p] of the
-    num_running requests crossing one at the steps j with j % block_size == p. The blocks crossed in steps 0..s-1 are
-    num_running x (s // block_size) plus the requests of phase below s % block_size."""
-    full_periods, left = divmod(num_free_blocks, num_running)
-    seen = 0
-    for p in range(block_size):
-        seen += per_phase[p]
-        if seen > left:
-            return full_periods * block_size + p
-    return full_periods * block_size + block_size  # not reached: left < num_running, the sum of per_phase

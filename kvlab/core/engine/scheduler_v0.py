@@ -37,7 +37,8 @@ copy-on-write and fork (beam search only), a prompt longer than min(max_model_le
 ignored (lines 125-137: kvlab refuses such prompts and a max_num_batched_tokens below max_model_len up front,
 so no waiting request, preempted ones included, is ever that long), CPU blocks, the free-block stack's order
 (block ids differ from vLLM 0.1.4's LIFO stack; with no sharing, only their number matters), stop strings
-and EOS. Its compiled loop (fast/loops/v0.py) runs step by step; tests/test_scheduler_v0.py holds it to this one.
+and EOS. kvlab's engine jumps over its decode runs as over vLLM 0.33's (decode_run, under its two rules: admission
+before a step's decodes, a free block before every decode); tests/test_scheduler_v0.py holds it to the per-step loop.
 """
 
 from __future__ import annotations

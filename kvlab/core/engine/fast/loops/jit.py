@@ -12,6 +12,7 @@ from pathlib import Path
 
 from kvlab.core import block_pool
 from kvlab.core.engine import closed_loop, rules
+from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -26,7 +27,9 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # numba keys a cached function by its own file alone: a loop compiled with an older rules.py (or block_pool.py, ...)
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
-SOURCE_FILES = [Path(m.__file__) for m in (rules, block_pool, closed_loop)] + sorted(Path(__file__).parent.glob("*.py"))
+SOURCE_FILES = [Path(m.__file__) for m in (rules, block_pool, closed_loop, python_decode_run)] + sorted(
+    Path(__file__).parent.glob("*.py")
+)
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
 CACHE_DIR = str(Path(_CACHE_BASE) / f"loops-{_DIGEST}") if _CACHE_BASE else ""
@@ -64,14 +67,14 @@ def inline(function):
 
 
 def compiled_rules() -> dict:
-    """Every function of kvlab.core.engine.rules, closed_loop.send_s and the free queue of
+    """Every function of kvlab.core.engine.rules, decode_run.steps_covered, closed_loop.send_s and the free queue of
     kvlab.core.block_pool (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
     resolved to their compiled selves (and block_pool's integer constants as its)."""
     namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int}
     functions = [
         f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
     ]
-    functions += [closed_loop.send_s]
+    functions += [python_decode_run.steps_covered, closed_loop.send_s]
     functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)

@@ -1,19 +1,5 @@
-"""Decode runs and prefill runs: steps in which nothing can change, done at once in closed form, synchronous and
-asynchronous.
-
-When every running request is decoding (it sampled in the last step), the next steps schedule one token per running
-request (max_num_batched_tokens >= max_num_seqs, which vLLM requires) until one of:
-- a request finishes: the run ends with the step that samples its last token (rules.steps_to_finish);
-- a request needs a block the pool has not got: a request whose computed tokens are c crosses into a new block at the
-  steps j with (c + j) % block_size == 0 (rules.block_phase), so the pool covers the first k steps while the blocks
-  crossed in them, R x (k // block_size) + #{phase < k % block_size}, are at most the free blocks (rules.steps_covered);
-- a waiting request is admitted: the head of the waiting queue is refused in the first step and so in every later
-  one, since free blocks only fall while nothing finishes; if nothing waits, the first request to arrive during the
-  run must be refused when it joins;
-and each step's duration follows from the first's batch in closed form (loops.clock: a constant or linear clock one
-duration, the others one a step as the context grows). Step times are the same float additions as the per-step loop,
-in the same order, and the per-step records are filled in, so a run is indistinguishable from its steps
-(tests/test_compiled.py holds the loops with runs to the Python per-step loop, bit for bit)."""
+"""Decode runs and prefill runs (kvlab/core/engine/fast/decode_run.py): steps in which nothing can change, done at
+once in closed form, synchronous and asynchronous."""
 
 from kvlab.core.engine.fast.loops.clock import (
     cost_s,
@@ -142,7 +128,7 @@ def limits_of(cfg):
 @inline
 def decode_run(at):
     """at: loop_sync's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
-    phases, per_phase, logs, counts, groups). Without prefix
+    phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
     caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
     recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
     are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
@@ -219,7 +205,7 @@ def decode_run(at):
         num_events, freed_first = group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
-    growing = cost.kind >= 2  # its steps grow with the context
+    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
@@ -419,7 +405,7 @@ def prefill_run(at):
 
 @inline
 def blocks_taken(per_phase, num_running, num_steps, block_size):
-    """The blocks the running requests take in a run's first num_steps steps (rules.blocks_crossed, summed)."""
+    """decode_run.blocks_taken: the blocks the running requests take in a run's first num_steps steps."""
     taken = num_running * (num_steps // block_size)
     for p in range(num_steps % block_size):
         taken += per_phase[p]
@@ -467,8 +453,8 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, n
 def decode_run_async(at, times):
     """at: loop_async's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
     queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
-    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. Without
-    prefix caching: with one batch in flight that holds every running
+    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
+    (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
     request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
     one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
     records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, num_free_blocks,
@@ -539,14 +525,14 @@ def decode_run_async(at, times):
         k = covered if covered < k else k
         if k < (1 if first_finish == 1 else 2):
             return no
-    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step.
+    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step (run_s).
     gpu_free_s = queue_f[slot, 1]
     times[0] = gpu_free_s
     context = kv + nrun  # the first step's decodes' context
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     n = arrival_s.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
-    growing = cost.kind >= 2  # its steps grow with the context
+    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
     joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)
