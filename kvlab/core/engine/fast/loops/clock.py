@@ -224,10 +224,16 @@ def with_cpu_us(cost, gpu_us, num_sequences):
     """MeasuredStepCost.with_cpu_us: the CPU's scheduling added, or the longer of the two."""
     if length(cost, CPU_SEQUENCES) == 0:
         return gpu_us
-    cpu = interp(part(cost, CPU_SEQUENCES), part(cost, CPU_US), num_sequences)
+    return combine_cpu_us(cost, gpu_us, interp(part(cost, CPU_SEQUENCES), part(cost, CPU_US), num_sequences))
+
+
+@inline
+def combine_cpu_us(cost, gpu_us, cpu_us):
+    """kvlab.core.cost.cpu.combine_cpu: a step's GPU work and the CPU's scheduling added (synchronous) or the longer of
+    the two (asynchronous), us."""
     if not cost.cpu_overlapped:
-        return gpu_us + cpu
-    return cpu if cpu > gpu_us else gpu_us
+        return gpu_us + cpu_us
+    return cpu_us if cpu_us > gpu_us else gpu_us
 
 
 @njit
@@ -284,11 +290,7 @@ def decode_step_s(cost, run, j):
                 attention = attention if attention > 0.0 else 0.0
     us = fixed
     us += cost.layers * attention
-    if length(cost, CPU_SEQUENCES) == 0:
-        return us / 1e6
-    if not cost.cpu_overlapped:
-        return (us + cpu) / 1e6
-    return (cpu if cpu > us else us) / 1e6
+    return (us if length(cost, CPU_SEQUENCES) == 0 else combine_cpu_us(cost, us, cpu)) / 1e6
 
 
 @njit
@@ -320,11 +322,7 @@ def prefill_step_s(cost, run, num_decodes, chunk, before, dctx, low, high):
     corners = (a, wa, b, wb, c, wc)
     us = fixed
     us += cost.layers * skewed_attention_us(cost, attention, chunk, history, num_decodes, dctx, low, high, corners)
-    if length(cost, CPU_SEQUENCES) == 0:
-        return us / 1e6
-    if not cost.cpu_overlapped:
-        return (us + cpu) / 1e6
-    return (cpu if cpu > us else us) / 1e6
+    return (us if length(cost, CPU_SEQUENCES) == 0 else combine_cpu_us(cost, us, cpu)) / 1e6
 
 
 @njit
