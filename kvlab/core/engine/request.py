@@ -2,6 +2,11 @@
 
 Token contents matter only for prefix caching, where a full block is known by a chain of content hashes
 (block_hashes.py, kvlab's token contents for vLLM's hash_request_tokens).
+
+A request's state moves in three transitions, each written once here: update_after_schedule (its batch scheduled),
+preempt_request and update_request_with_output (its batch's output processed). The reference scheduler calls them on a
+Request; the compiled loop (fast/loops/) compiles them from this source (fast/loops/jit.py) and calls them on a
+request's record (fast/arrays.py, Requests.records), whose fields carry the same names.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 from dataclasses import InitVar, dataclass, field
 
 import numpy as np
+
+from kvlab.core.engine.rules import is_finished, samples, settles_placeholder
 
 WAITING, RUNNING, PREEMPTED, FINISHED = "waiting", "running", "preempted", "finished"
 
@@ -49,3 +56,52 @@ class Request:
     def num_output_tokens(self) -> int:
         """Tokens sampled so far (kept across preemptions)."""
         return self.num_tokens - self.num_prompt_tokens
+
+
+def update_after_schedule(request, num_new_tokens: int, async_scheduling: bool) -> bool:
+    """A request in the batch just scheduled (sched/scheduler.py, Scheduler._update_after_schedule; async_scheduler.py,
+    AsyncScheduler._update_after_schedule): its computed tokens move on by num_new_tokens; returns whether its chunk
+    reaches the end of its known tokens (it samples a token; rules.samples). Asynchronously the tokens are in flight
+    until the batch's output is processed, and the token it samples is an output placeholder meanwhile."""
+    request.num_computed_tokens += num_new_tokens
+    sample = samples(request.num_computed_tokens, request.num_tokens, request.num_output_placeholders)
+    if async_scheduling:
+        request.num_in_flight_tokens += num_new_tokens
+        if sample:
+            request.num_output_placeholders += 1
+    return sample
+
+
+def preempt_request(request) -> None:
+    """A running request preempted, once its blocks are freed (sched/scheduler.py, Scheduler._preempt_request): its
+    progress is reset and a batch still in flight for it becomes stale (its token still arrives; num_stale_tokens)."""
+    request.status = PREEMPTED
+    request.num_computed_tokens = 0
+    request.num_stale_tokens = request.num_in_flight_tokens
+    request.num_output_placeholders = 0
+    request.num_preemptions += 1
+
+
+def update_request_with_output(request, num_new_tokens: int, sample: bool, async_scheduling: bool) -> tuple:
+    """A request of a batch whose output is processed (sched/scheduler.py, update_from_output and
+    _update_request_with_output, which AsyncScheduler inherits): asynchronously its num_new_tokens are no longer in
+    flight (nor stale, if they were); a request that samples (sample, and not finished meanwhile) appends its token,
+    which settles an output placeholder unless the batch is stale, and finishes at max_num_tokens (rules.is_finished).
+    Returns (it sampled, the token is its first, a placeholder settled, it finished); the caller frees a finished
+    request's blocks and, with prefix caching, caches the blocks a running request's settled tokens fill."""
+    stale = False
+    if async_scheduling:
+        request.num_in_flight_tokens -= num_new_tokens
+        stale = request.num_stale_tokens > 0
+        if stale:
+            request.num_stale_tokens -= num_new_tokens
+    if request.status == FINISHED or not sample:
+        return False, False, False, False
+    request.num_tokens += 1
+    settled = settles_placeholder(stale, request.num_output_placeholders)
+    if settled:
+        request.num_output_placeholders -= 1
+    finished = is_finished(request.num_tokens, request.max_num_tokens)
+    if finished:
+        request.status = FINISHED
+    return True, request.num_tokens == request.num_prompt_tokens + 1, settled, finished

@@ -14,7 +14,9 @@ update_from_output: every scheduled request whose chunk reached the end of its k
 scheduled samples one token (a partial prefill chunk samples none); a request that has sampled max_tokens
 tokens, or reached max_model_len, finishes and frees its blocks at once, in the step's batch order.
 
-Asynchronous scheduling (the default on a GPU) is the subclass AsyncScheduler; every rule is a function of rules.py.
+Asynchronous scheduling (the default on a GPU) is the subclass AsyncScheduler, a flag: account and update_from_output
+move each request by request.py's transitions (update_after_schedule, preempt_request, update_request_with_output),
+which take both modes, and which the compiled loop compiles from the same source; every rule is a function of rules.py.
 
 The KV-cache manager (KVCacheManager) holds one full-attention group or a hybrid model's groups of full attention,
 sliding windows, chunked local attention and Mamba states in one pool, a manager per group under a coordinator (with
@@ -36,16 +38,22 @@ from dataclasses import dataclass, field
 
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.cost.batch import Batch
-from kvlab.core.engine.request import FINISHED, PREEMPTED, RUNNING, Request
+from kvlab.core.engine.request import (
+    FINISHED,
+    PREEMPTED,
+    RUNNING,
+    Request,
+    preempt_request,
+    update_after_schedule,
+    update_request_with_output,
+)
 from kvlab.core.engine.rules import (
     admission_num_new_tokens,
     allocation_is_noop,
     attention_pairs,
-    is_finished,
     mamba_aligned_num_new_tokens,
     preemption_victim,
     running_num_new_tokens,
-    samples,
     step_token_cap,
 )
 
@@ -186,18 +194,18 @@ class Scheduler:
         return out
 
     def account(self, out: SchedulerOutput) -> None:
-        """Move each scheduled request's computed tokens on, mark which sample, and fill in the step's cost inputs."""
+        """Move each scheduled request on (request.update_after_schedule: its computed tokens, whether it samples and,
+        asynchronously, its tokens in flight and placeholders), and fill in the step's cost inputs."""
         tokens = context = decodes = decode_context = prefills = pairs = high = 0
         low = None
-        marks, sampled = out.samples, samples
+        marks, moved_on, async_scheduling = out.samples, update_after_schedule, self.async_scheduling
         for request, n in out.scheduled:
             before = request.num_computed_tokens
+            sample = moved_on(request, n, async_scheduling)
+            marks.append(sample)
             computed = before + n
-            request.num_computed_tokens = computed
             tokens += n
             context += computed
-            sample = sampled(computed, request.num_tokens, request.num_output_placeholders)
-            marks.append(sample)
             if n == 1 and sample:
                 decodes += 1
                 decode_context += computed
@@ -212,35 +220,43 @@ class Scheduler:
         self.has_finished = False
 
     def _preempt(self, request: Request) -> None:
-        """Free the request's blocks, reset its progress and put it at the front of the waiting queue; a batch
-        still in flight for it becomes stale (its token still arrives, see AsyncScheduler.update_from_output)."""
+        """Free the request's blocks, reset it (request.preempt_request) and put it at the front of the waiting
+        queue."""
         self.kv_cache_manager.free(request)
-        request.status = PREEMPTED
-        request.num_computed_tokens = 0
-        request.num_stale_tokens = request.num_in_flight_tokens
-        request.num_output_placeholders = 0
-        request.num_preemptions += 1
+        preempt_request(request)
         self.waiting.appendleft(request)
 
     # ---------------------------------------------------------------- update_from_output
     def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
-        """Sample one token for each request whose chunk reached its end; finish and free the done ones.
+        """Process a batch's output (request.update_request_with_output for each scheduled request): tokens sampled,
+        placeholders settled, finished requests' blocks freed at once, in the batch's order; with prefix caching a
+        running request whose placeholder settled caches the blocks its settled tokens fill (asynchronous only: the
+        synchronous engine caches them at allocation). A request preempted with a batch in flight keeps that batch's
+        token (vLLM's stale output), which may finish it in the waiting queue.
 
-        Returns how many requests sampled, those that sampled their first token and those that finished
-        (both in batch order)."""
+        Returns how many requests sampled, those that sampled their first token and those that finished (both in
+        batch order)."""
         num_sampled, first, finished = 0, [], []
-        free, stops = self.kv_cache_manager.free, is_finished
-        for (request, _), sample in zip(out.scheduled, out.samples):
-            if sample:
-                request.num_tokens += 1
-                num_sampled += 1
-                if request.num_tokens == request.num_prompt_tokens + 1:
-                    first.append(request)
-                if stops(request.num_tokens, request.max_num_tokens):
-                    request.status = FINISHED
-                    free(request)
-                    finished.append(request)
+        kv, updated, async_scheduling = self.kv_cache_manager, update_request_with_output, self.async_scheduling
+        cache_blocks = kv.cache_blocks if kv.enable_caching else None  # (a reservation pool caches nothing)
+        finished_waiting = False
+        for (request, n), sample in zip(out.scheduled, out.samples):
+            running = request.status == RUNNING
+            sampled, first_token, settled, done = updated(request, n, sample, async_scheduling)
+            if not sampled:
+                continue
+            num_sampled += 1
+            if first_token:
+                first.append(request)
+            if settled and running and cache_blocks:
+                cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
+            if done:
+                kv.free(request)  # preempted, it holds none: its stale token finished it waiting
+                finished_waiting |= not running
+                finished.append(request)
         if finished:
             self.running = [r for r in self.running if r.status != FINISHED]
+            if finished_waiting:
+                self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
             self.has_finished = True
         return num_sampled, first, finished

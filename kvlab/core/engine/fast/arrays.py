@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections import namedtuple
 
+import numpy as np
+
 # Per request, indexed by request id, under Request's names (kvlab/core/engine/request.py): its arrival_s,
 # num_prompt_tokens, max_num_tokens (where it stops), max_tokens_total (prompt + max_tokens, for the async early stop),
 # and its state as the loop moves it (num_tokens, num_computed_tokens, num_blocks: its block table's length,
 # num_cached_blocks: those cached (SingleTypeKVCacheManager.num_cached_block), status, num_preemptions, and,
 # asynchronous only, num_output_placeholders, num_in_flight_tokens, num_stale_tokens), then its recorded times (s; NaN
 # until set).
+# records: one record per request of Request's fields that its transitions move (request.update_after_schedule,
+# preempt_request, update_request_with_output, which the loops call on records[r]); the columns of the same names are
+# views of them (status: jit's WAITING, RUNNING, PREEMPTED, FINISHED).
 # A closed loop (vLLM bench's --max-concurrency; kvlab.core.engine.closed_loop): arrival_s holds the send times, inf
 # until a finish frees the slot (loops.scheduler.finished_at), open_loop the open-loop arrivals and closed_loop [N, finishes so
 # far]; an open loop: both empty.
@@ -38,7 +43,24 @@ Requests = namedtuple(
         "finish_s",
         "open_loop",
         "closed_loop",
+        "records",
     ],
+)
+REQUEST_RECORD = np.dtype(
+    [
+        (name, np.int64)
+        for name in (
+            "num_prompt_tokens",
+            "max_num_tokens",
+            "num_tokens",
+            "num_computed_tokens",
+            "status",
+            "num_preemptions",
+            "num_output_placeholders",
+            "num_in_flight_tokens",
+            "num_stale_tokens",
+        )
+    ]
 )
 
 # The engine's settings, integers (a bool as 0 or 1).

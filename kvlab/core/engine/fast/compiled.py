@@ -48,6 +48,7 @@ from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
     NO_PROGRESS,
+    REQUEST_RECORD,
     ROOFLINE,
     S_FREE,
     S_PREFILL_RUNS,
@@ -398,18 +399,22 @@ def serve(engine) -> Served | None:
         arrival_s = np.array(sends.send, dtype=np.float64)
         open_loop = np.array(sends.open_loop, dtype=np.float64)
         closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
+    records = np.zeros(n, REQUEST_RECORD)  # status 0: WAITING
+    records["num_prompt_tokens"], records["max_num_tokens"] = num_prompt_tokens, max_num_tokens
+    records["num_tokens"] = num_prompt_tokens
+    view = {name: records[name] for name in REQUEST_RECORD.names}
     req = Requests(
-        arrival_s,
-        num_prompt_tokens,
-        max_num_tokens,
-        max_tokens_total,
-        num_prompt_tokens.copy(),
-        *(zeros() for _ in range(8)),
-        nans(),
-        nans(),
-        nans(),
-        open_loop,
-        closed,
+        arrival_s=arrival_s,
+        max_tokens_total=max_tokens_total,
+        num_blocks=zeros(),
+        num_cached_blocks=zeros(),
+        first_scheduled_s=nans(),
+        first_token_s=nans(),
+        finish_s=nans(),
+        open_loop=open_loop,
+        closed_loop=closed,
+        records=records,
+        **view,
     )
     running, waiting = zeros(), zeros()
     chunk = min(CHUNK_STEPS, 64 + 64 * n)

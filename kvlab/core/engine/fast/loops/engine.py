@@ -29,13 +29,11 @@ from kvlab.core.engine.fast.loops.clock import (
     step_s,
 )
 from kvlab.core.engine.fast.loops.jit import (
-    FINISHED,
     RUNNING,
     STEP,
-    is_finished,
     njit,
-    settles_placeholder,
     unowned,
+    update_request_with_output,
 )
 from kvlab.core.engine.fast.loops.pool import (
     cache_blocks,
@@ -147,7 +145,7 @@ def loop_sync(
         batch_end_s = now_s + step_s(cost, num_scheduled, acc)
         chunked = num_scheduled > ns
         num_free_blocks, kv, finished = update_sync(
-            req, pool, groups, caching, running, nrun, npre, out_r, out_sample, ns, num_scheduled + num_hit_tokens,
+            req, pool, groups, caching, running, nrun, npre, out_r, out_n, out_sample, ns, num_scheduled + num_hit_tokens,
             batch_end_s, num_free_blocks, kv,
         )  # fmt: skip
         num_running_step = nrun
@@ -197,7 +195,7 @@ def loop_async(
     scratch,
 ):
     """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs and prefill runs at once
-    without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and AsyncScheduler.update_from_output. queue_i[slot]:
+    without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and Scheduler.update_from_output (asynchronous). queue_i[slot]:
     requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
     queue_f[slot]: its start and end (s). Stops as loop_sync does."""
     req, cost, state, fstate, running, waiting, pool, groups = (
@@ -209,35 +207,16 @@ def loop_async(
     )  # fmt: skip
     logs, events, counts = unowned(logs), unowned(events), unowned(counts)
     acc, phases, per_phase, times = unowned(scratch)  # acc: as loop_sync's; times: a decode run's batch ends
-    (
-        arrival_s,
-        num_prompt_tokens,
-        max_num_tokens,
-        num_tokens,
-        num_computed_tokens,
-        num_blocks,
-        num_cached_blocks,
-        status,
-        num_output_placeholders,
-        num_in_flight_tokens,
-        num_stale_tokens,
-        first_token_s,
-        finish_s,
-    ) = (
+    (arrival_s, records, num_computed_tokens, num_blocks, num_cached_blocks, status, num_in_flight_tokens) = (
         req.arrival_s,
-        req.num_prompt_tokens,
-        req.max_num_tokens,
-        req.num_tokens,
+        req.records,
         req.num_computed_tokens,
         req.num_blocks,
         req.num_cached_blocks,
         req.status,
-        req.num_output_placeholders,
         req.num_in_flight_tokens,
-        req.num_stale_tokens,
-        req.first_token_s,
-        req.finish_s,
-    )  # locals: numba hoists them
+    )
+    first_token_s, finish_s = req.first_token_s, req.finish_s  # locals: numba hoists them
     n = arrival_s.shape[0]
     fields = cost.kind >= 2  # a clock that reads them
     usable, caching, block_size = (
@@ -340,27 +319,17 @@ def loop_async(
             now_s = batch_end_s
         finished = False
         finished_waiting = False
-        for j in range(queue_i[slot, 0]):  # AsyncScheduler.update_from_output
+        for j in range(queue_i[slot, 0]):  # Scheduler.update_from_output, asynchronous
             r = queue_r[slot, j]
-            m = queue_n[slot, j]
-            num_in_flight_tokens[r] -= m
-            was_stale = num_stale_tokens[r] > 0
-            if was_stale:
-                num_stale_tokens[r] -= m
-            if status[r] == FINISHED or not queue_sample[slot, j]:
-                continue
             was_running = status[r] == RUNNING
-            num_tokens[r] += 1
-            if num_tokens[r] == num_prompt_tokens[r] + 1:
+            sampled, first_token, settled, done = update_request_with_output(
+                records[r], queue_n[slot, j], queue_sample[slot, j], True
+            )
+            if first_token:
                 first_token_s[r] = batch_end_s
-            if settles_placeholder(was_stale, num_output_placeholders[r]):
-                num_output_placeholders[r] -= 1
-                if was_running and caching:
-                    cache_blocks(
-                        pool, r, num_cached_blocks, num_computed_tokens[r] - num_in_flight_tokens[r], block_size
-                    )
-            if is_finished(num_tokens[r], max_num_tokens[r]):
-                status[r] = FINISHED
+            if settled and was_running and caching:
+                cache_blocks(pool, r, num_cached_blocks, num_computed_tokens[r] - num_in_flight_tokens[r], block_size)
+            if done:
                 num_free_blocks = release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_blocks)
                 finish_s[r] = batch_end_s
                 finished_at(req, batch_end_s)

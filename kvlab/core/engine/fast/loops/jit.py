@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
-from kvlab.core.engine import closed_loop, rules
+from kvlab.core.engine import closed_loop, request, rules
 from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -27,7 +27,7 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # numba keys a cached function by its own file alone: a loop compiled with an older rules.py (or block_pool.py, ...)
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
-SOURCE_FILES = [Path(m.__file__) for m in (rules, block_pool, closed_loop, python_decode_run)] + sorted(
+SOURCE_FILES = [Path(m.__file__) for m in (rules, request, block_pool, closed_loop, python_decode_run)] + sorted(
     Path(__file__).parent.glob("*.py")
 )
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
@@ -67,13 +67,16 @@ def inline(function):
 
 
 def compiled_rules() -> dict:
-    """Every function of kvlab.core.engine.rules, decode_run.steps_covered, closed_loop.send_s and the free queue of
-    kvlab.core.block_pool (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
-    resolved to their compiled selves (and block_pool's integer constants as its)."""
-    namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int}
+    """Every function of kvlab.core.engine.rules, a request's transitions (kvlab.core.engine.request, on a request's
+    record), decode_run.steps_covered, closed_loop.send_s and the free queue of kvlab.core.block_pool
+    (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
+    resolved to their compiled selves (block_pool's integer constants as its, a request's statuses as the loops')."""
+    statuses = dict(WAITING=WAITING, RUNNING=RUNNING, PREEMPTED=PREEMPTED, FINISHED=FINISHED)
+    namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int} | statuses
     functions = [
         f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
     ]
+    functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
     functions += [python_decode_run.steps_covered, closed_loop.send_s]
     functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
     for function in functions:
@@ -128,6 +131,9 @@ samples, is_finished, settles_placeholder = (RULES[name] for name in ("samples",
 steps_covered, send_s = RULES["steps_covered"], RULES["send_s"]
 steps_to_finish, block_phase, blocks_crossed, attention_pairs = (
     RULES[name] for name in ("steps_to_finish", "block_phase", "blocks_crossed", "attention_pairs")
+)
+update_after_schedule, preempt_request, update_request_with_output = (
+    RULES[name] for name in ("update_after_schedule", "preempt_request", "update_request_with_output")
 )
 num_free, take_blocks, free_table, touch_blocks, cache_full_blocks = (
     RULES[name] for name in ("num_free", "take_blocks", "free_table", "touch_blocks", "cache_full_blocks")

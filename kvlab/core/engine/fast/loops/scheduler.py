@@ -25,23 +25,23 @@ from kvlab.core.engine.fast.loops.groups import (
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    PREEMPTED,
     RUNNING,
     STEP,
     allocation_is_noop,
     attention_pairs,
     inline,
-    is_finished,
     num_blocks_to_allocate,
     num_free,
     num_lookup_blocks,
+    preempt_request,
     preemption_victim,
     running_num_new_tokens,
-    samples,
     send_s,
     step_token_cap,
     take_blocks,
     touch_blocks,
+    update_after_schedule,
+    update_request_with_output,
 )
 from kvlab.core.engine.fast.loops.pool import (
     admitted_tokens,
@@ -226,26 +226,19 @@ def schedule(
 @inline
 def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
     """Scheduler.account() (kvlab/core/engine/scheduler.py) for the batch's ns requests in out_r and out_n: each
-    one's computed tokens moved on and whether it samples (out_sample); where fields (a clock that reads them,
-    step_s), the rest of the step's Batch in acc; asynchronous, its tokens in flight and placeholders. Returns the
-    batch's tokens."""
-    num_computed_tokens, num_tokens, num_output_placeholders, num_in_flight_tokens = (
-        req.num_computed_tokens,
-        req.num_tokens,
-        req.num_output_placeholders,
-        req.num_in_flight_tokens,
-    )
+    one moved on (request.update_after_schedule, on its record) and whether it samples (out_sample); where fields (a
+    clock that reads them, step_s), the rest of the step's Batch in acc. Returns the batch's tokens."""
+    records, num_computed_tokens = req.records, req.num_computed_tokens
     num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0
     for j in range(ns):
         r = out_r[j]
         m = out_n[j]
         before = num_computed_tokens[r]
-        c = before + m
-        num_computed_tokens[r] = c
-        num_scheduled += m
-        sample = samples(c, num_tokens[r], num_output_placeholders[r])
+        sample = update_after_schedule(records[r], m, asynchronous)
         out_sample[j] = sample
+        num_scheduled += m
         if fields:  # the Batch's other fields, for a clock that reads them
+            c = before + m
             context += c
             if m == 1 and sample:
                 decodes += 1
@@ -255,10 +248,6 @@ def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
             else:
                 prefills += 1
                 pairs += attention_pairs(m, before)
-        if asynchronous:
-            num_in_flight_tokens[r] += m
-            if sample:
-                num_output_placeholders[r] += 1
     acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
         context,
         decodes,
@@ -370,6 +359,7 @@ def update_sync(
     nrun,
     npre,
     out_r,
+    out_n,
     out_sample,
     ns,
     num_new_kv_tokens,
@@ -378,45 +368,39 @@ def update_sync(
     kv,
 ):
     """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
-    preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output: each
-    request that samples gets its token, and those done finish at end and give their blocks back, in batch order
-    (a reservation pool's caller frees their chunks after). Returns (num_free_blocks, kv, whether any finished)."""
-    num_computed_tokens, num_tokens, status = req.num_computed_tokens, req.num_tokens, req.status
+    preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output
+    (request.update_request_with_output, on each record): each request that samples gets its token, and those done
+    finish at end and give their blocks back, in batch order (a reservation pool's caller frees their chunks after).
+    Returns (num_free_blocks, kv, whether any finished)."""
+    records, num_computed_tokens = req.records, req.num_computed_tokens
     if npre:
         kv = 0
         for j in range(nrun):
             kv += num_computed_tokens[running[j]]
     else:
         kv += num_new_kv_tokens
-    finished = False
+    any_finished = False
     for j in range(ns):
-        if out_sample[j]:
-            r = out_r[j]
-            num_tokens[r] += 1
-            if num_tokens[r] == req.num_prompt_tokens[r] + 1:
-                req.first_token_s[r] = batch_end_s
-            if is_finished(num_tokens[r], req.max_num_tokens[r]):
-                status[r] = FINISHED
-                num_free_blocks = release(
-                    pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks
-                )
-                kv -= num_computed_tokens[r]
-                req.finish_s[r] = batch_end_s
-                finished_at(req, batch_end_s)
-                finished = True
-    return num_free_blocks, kv, finished
+        r = out_r[j]
+        sampled, first_token, settled, finished = update_request_with_output(records[r], out_n[j], out_sample[j], False)
+        if first_token:
+            req.first_token_s[r] = batch_end_s
+        if finished:
+            num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks)
+            kv -= num_computed_tokens[r]
+            req.finish_s[r] = batch_end_s
+            finished_at(req, batch_end_s)
+            any_finished = True
+    return num_free_blocks, kv, any_finished
 
 
 @inline
 def preempt(req, pool, groups, caching, r, num_free_blocks, waiting, head, nwait):
-    """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, loses its progress (a
-    batch in flight for it becomes stale) and goes to the front of the waiting queue; returns (num_free_blocks, head, nwait)."""
+    """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, is reset
+    (request.preempt_request, on its record) and goes to the front of the waiting queue; returns (num_free_blocks,
+    head, nwait)."""
     num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks)
-    req.status[r] = PREEMPTED
-    req.num_computed_tokens[r] = 0
-    req.num_stale_tokens[r] = req.num_in_flight_tokens[r]
-    req.num_output_placeholders[r] = 0
-    req.num_preemptions[r] += 1
+    preempt_request(req.records[r])
     head = (head - 1) % waiting.shape[0]
     waiting[head] = r
     return num_free_blocks, head, nwait + 1
