@@ -98,7 +98,7 @@ def update_request_with_output(request, num_new_tokens: int, sample: bool, async
     if request.status == FINISHED or not sample:
         return False, False, False, False
     request.num_tokens += 1
-    settled = settles_placeholder(stale, request.num_output_placeholders)
+    settled = async_scheduling and settles_placeholder(stale, request.num_output_placeholders)
     if settled:
         request.num_output_placeholders -= 1
     finished = is_finished(request.num_tokens, request.max_num_tokens)

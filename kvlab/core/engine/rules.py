@@ -262,8 +262,11 @@ def mamba_aligned_num_new_tokens(
         last_cached,
         start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )
-    end = min((s for s in stops if start < s < end), default=end)
-    return max(end - start, 0)
+    cut = end  # the first stop inside the chunk, if any
+    for stop in stops:
+        if start < stop < cut:
+            cut = stop
+    return max(cut - start, 0)
 
 
 def preemption_victim(num_running: int) -> int:

@@ -40,7 +40,6 @@ from kvlab.core.config import SchedulerConfig
 from kvlab.core.cost.batch import Batch
 from kvlab.core.engine.request import (
     FINISHED,
-    PREEMPTED,
     RUNNING,
     Request,
     preempt_request,
@@ -107,124 +106,20 @@ class Scheduler:
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
-        """Decide this step: tokens per request, blocks, preemptions and admissions (vLLM's schedule())."""
+        """Decide this step: tokens per request, blocks, preemptions and admissions (vLLM's schedule(): the module's
+        schedule, on this scheduler's Request objects, running list and waiting queue)."""
         out = SchedulerOutput()
-        scheduled, preempted = out.scheduled, out.preempted
-        kv = self.kv_cache_manager
         running, waiting = self.running, self.waiting
-        budget = self.max_num_batched_tokens
-        cap = step_token_cap(self.long_prefill_token_threshold, len(running), len(waiting))
-        split = self.mamba_block_size
-        if split:
-            kv.new_step_starts()
-
-        i = 0
-        allocate, bs, caching, shortcut = kv.allocate_slots, kv.block_size, kv.enable_caching, kv.noop_decodes
-        new_tokens, noop = running_num_new_tokens, allocation_is_noop
-        while i < len(running) and budget > 0:
-            request = running[i]
-            computed = request.num_computed_tokens
-            n = new_tokens(
-                request.num_tokens,
-                request.num_output_placeholders,
-                computed,
-                request.num_prompt_tokens + request.max_tokens,
-                cap,
-                budget,
-                self.max_model_len,
-            )
-            if split and n:  # Mamba states: a prefill chunk ends where a state is cached
-                n = mamba_aligned_num_new_tokens(
-                    computed,
-                    n,
-                    request.num_prompt_tokens,
-                    request.num_tokens,
-                    split,
-                    self.max_prefill_tokens,
-                    request.shared_prefix_boundary,
-                    self.mamba_checkpoint_alignment,
-                )
-            if n == 0:  # async: its last token is in flight, or it is at max_model_len (or a Mamba cut)
-                i += 1
-                continue
-            # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op, where
-            # no sliding window frees blocks)
-            while not (shortcut and noop(n, computed, request.num_tokens, bs, caching)) and not allocate(request, n):
-                victim = running.pop(preemption_victim(len(running)))
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is request:
-                    break
-            if request.status == PREEMPTED:
-                break  # it preempted itself: no more running requests this step
-            scheduled.append((request, n))
-            budget -= n
-            i += 1
-
-        if not preempted:  # no admission in a step that preempted
-            chunked = self.enable_chunked_prefill
-            while budget > 0 and waiting:
-                if len(running) >= self.max_num_seqs:
-                    break
-                request = waiting[0]
-                hits, num_hit_tokens = kv.get_computed_blocks(request)
-                n = admission_num_new_tokens(request.num_tokens, num_hit_tokens, cap, budget, chunked)
-                if split and n:
-                    n = mamba_aligned_num_new_tokens(
-                        num_hit_tokens,
-                        n,
-                        request.num_prompt_tokens,
-                        request.num_tokens,
-                        split,
-                        self.max_prefill_tokens,
-                        hits[1] if hits else 0,
-                        self.mamba_checkpoint_alignment,
-                    )
-                if n == 0 or not kv.allocate_slots(request, n, hits, full_sequence_must_fit=True):
-                    break  # the scan stops at the first request that does not fit
-                waiting.popleft()
-                running.append(request)
-                request.status = RUNNING
-                request.num_computed_tokens = num_hit_tokens
-                out.num_hit_tokens += num_hit_tokens
-                out.admitted.append(request)
-                scheduled.append((request, n))
-                budget -= n
-        self.account(out)
+        out.num_hit_tokens = schedule(
+            self, self.kv_cache_manager, None, running, len(running), waiting, 0, len(waiting), out,
+            self.async_scheduling, True,
+        )[3]  # fmt: skip
+        self.has_finished = False
         return out
 
-    def account(self, out: SchedulerOutput) -> None:
-        """Move each scheduled request on (request.update_after_schedule: its computed tokens, whether it samples and,
-        asynchronously, its tokens in flight and placeholders), and fill in the step's cost inputs."""
-        tokens = context = decodes = decode_context = prefills = pairs = high = 0
-        low = None
-        marks, moved_on, async_scheduling = out.samples, update_after_schedule, self.async_scheduling
-        for request, n in out.scheduled:
-            before = request.num_computed_tokens
-            sample = moved_on(request, n, async_scheduling)
-            marks.append(sample)
-            computed = before + n
-            tokens += n
-            context += computed
-            if n == 1 and sample:
-                decodes += 1
-                decode_context += computed
-                if low is None or computed < low:
-                    low = computed
-                if computed > high:
-                    high = computed
-            else:
-                prefills += 1
-                pairs += attention_pairs(n, before)
-        out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs, low or 0, high)
-        self.has_finished = False
-
     def _preempt(self, request: Request) -> None:
-        """Free the request's blocks, reset it (request.preempt_request) and put it at the front of the waiting
-        queue."""
-        self.kv_cache_manager.free(request)
-        preempt_request(request)
-        self.waiting.appendleft(request)
+        """Preempt a running request (the module's preempt; the caller has taken it off the running list)."""
+        preempt(self.kv_cache_manager, None, self.waiting, 0, request)
 
     # ---------------------------------------------------------------- update_from_output
     def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
@@ -260,3 +155,242 @@ class Scheduler:
                 self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
             self.has_finished = True
         return num_sampled, first, finished
+
+
+# ---------------------------------------------------------------- schedule(), written once
+# The functions below are vLLM's schedule(), its preemption and _update_after_schedule, written once. The reference
+# scheduler calls them on Request objects, its running list and its waiting deque (a request's handle is the Request;
+# head stays 0); the compiled loop (fast/loops/scheduler.py) compiles them from this source, with the handle a request
+# id, requests the named arrays (a request's record: requests.records[r]), the queues arrays (the waiting queue a ring
+# from head) and the KV-cache manager's calls on the block pool's arrays. What differs between the two is the small
+# functions after them, which each side binds to its own: where a request is, the queues, the KV-cache manager's calls
+# and where the batch goes.
+
+
+def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, async_scheduling, fields):
+    """vLLM's Scheduler.schedule() (the module's docstring): the running requests first, preempting from the back for
+    blocks, then, unless one was preempted, admissions first come first served; then account. scheduler: its limits
+    (max_num_batched_tokens, max_num_seqs, ...); kv: the KV-cache manager; fields: the Batch's fields beyond its tokens
+    (a clock that reads them). Returns (requests scheduled, requests preempted, tokens scheduled, prompt tokens hit in
+    the prefix cache, num_running, head, num_waiting)."""
+    budget, max_model_len = scheduler.max_num_batched_tokens, scheduler.max_model_len
+    cap = step_token_cap(scheduler.long_prefill_token_threshold, num_running, num_waiting)
+    split = scheduler.mamba_block_size  # Mamba states cached at block boundaries: prefill chunks cut there
+    if split:
+        new_step_starts(kv)
+    block_size, enable_caching, noop_decodes = kv.block_size, kv.enable_caching, kv.noop_decodes
+    num_reqs = num_preempted = num_hit_tokens = 0
+    i = 0
+    while i < num_running and budget > 0:
+        handle = running[i]
+        request = request_of(requests, handle)
+        computed = request.num_computed_tokens
+        n = running_num_new_tokens(
+            request.num_tokens,
+            request.num_output_placeholders,
+            computed,
+            request.num_prompt_tokens + request.max_tokens,
+            cap,
+            budget,
+            max_model_len,
+        )
+        if split and n:  # Mamba states: a prefill chunk ends where a state is cached
+            n = mamba_aligned_num_new_tokens(
+                computed,
+                n,
+                request.num_prompt_tokens,
+                request.num_tokens,
+                split,
+                scheduler.max_prefill_tokens,
+                request.shared_prefix_boundary,
+                scheduler.mamba_checkpoint_alignment,
+            )
+        if n == 0:  # async: its last token is in flight, or it is at max_model_len (or a Mamba cut)
+            i += 1
+            continue
+        # allocate_slots, preempting from the back (skipped for a decode inside its last block: a no-op, where no
+        # sliding window frees blocks)
+        preempted_self = False
+        while not (
+            noop_decodes and allocation_is_noop(n, computed, request.num_tokens, block_size, enable_caching)
+        ) and not allocate_slots(kv, requests, handle, n):
+            victim = pop_running(running, preemption_victim(num_running))
+            num_running -= 1
+            head = preempt(kv, requests, waiting, head, victim)
+            num_waiting += 1
+            add_preempted(out, victim)
+            num_preempted += 1
+            if victim == handle:
+                preempted_self = True
+                break
+        if preempted_self:
+            break  # it preempted itself: no more running requests this step
+        add_scheduled(out, num_reqs, handle, n)
+        num_reqs += 1
+        budget -= n
+        i += 1
+
+    if num_preempted == 0:  # no admission in a step that preempted
+        while budget > 0 and num_waiting > 0:
+            if num_running >= scheduler.max_num_seqs:
+                break
+            handle = waiting_front(waiting, head)
+            request = request_of(requests, handle)
+            hits, num_computed = get_computed_blocks(kv, requests, handle)
+            n = admission_num_new_tokens(
+                request.num_tokens, num_computed, cap, budget, scheduler.enable_chunked_prefill
+            )
+            if split and n:
+                n = mamba_aligned_num_new_tokens(
+                    num_computed,
+                    n,
+                    request.num_prompt_tokens,
+                    request.num_tokens,
+                    split,
+                    scheduler.max_prefill_tokens,
+                    hit_boundary(hits),
+                    scheduler.mamba_checkpoint_alignment,
+                )
+            if n == 0 or not allocate_admitted(kv, requests, handle, n, hits):
+                break  # the scan stops at the first request that does not fit
+            head = pop_waiting(waiting, head)
+            num_waiting -= 1
+            append_running(running, num_running, handle)
+            num_running += 1
+            request.status = RUNNING
+            request.num_computed_tokens = num_computed
+            num_hit_tokens += num_computed
+            add_admitted(out, requests, handle)
+            add_scheduled(out, num_reqs, handle, n)
+            num_reqs += 1
+            budget -= n
+    num_scheduled_tokens = account(requests, out, num_reqs, async_scheduling, fields)
+    return num_reqs, num_preempted, num_scheduled_tokens, num_hit_tokens, num_running, head, num_waiting
+
+
+def preempt(kv, requests, waiting, head, handle):
+    """Preempt a running request the caller took off the running list (Scheduler._preempt_request): its blocks freed,
+    its state reset (request.preempt_request), it goes to the front of the waiting queue. Returns the queue's head."""
+    free_blocks(kv, requests, handle)
+    preempt_request(request_of(requests, handle))
+    return push_waiting_front(waiting, head, handle)
+
+
+def account(requests, out, num_reqs, async_scheduling, fields):
+    """Move each of the batch's num_reqs scheduled requests on (request.update_after_schedule: computed tokens,
+    whether it samples, asynchronously its tokens in flight and placeholders; Scheduler._update_after_schedule) and,
+    where fields, fill in the step's Batch beyond its tokens. Returns the batch's tokens."""
+    tokens = context = decodes = decode_context = prefills = pairs = low = high = 0
+    for j in range(num_reqs):
+        request, n = scheduled_request(out, requests, j)
+        before = request.num_computed_tokens
+        sample = update_after_schedule(request, n, async_scheduling)
+        set_sample(out, j, sample)
+        tokens += n
+        if fields:  # the Batch's other fields, for a clock that reads them
+            computed = before + n
+            context += computed
+            if n == 1 and sample:
+                decodes += 1
+                decode_context += computed
+                low = computed if low == 0 or computed < low else low
+                high = computed if computed > high else high
+            else:
+                prefills += 1
+                pairs += attention_pairs(n, before)
+    set_batch(out, tokens, context, decodes, decode_context, prefills, pairs, low, high)
+    return tokens
+
+
+# ---------------------------------------------------------------- the reference's side of them
+def request_of(requests, request):
+    """The request a handle names: the reference's handle is the Request."""
+    return request
+
+
+def pop_running(running: list, index: int):
+    """The running request at index, taken off the running list."""
+    return running.pop(index)
+
+
+def append_running(running: list, num_running: int, request) -> None:
+    """An admitted request joins the back of the running list."""
+    running.append(request)
+
+
+def waiting_front(waiting: deque, head: int):
+    """The waiting queue's first request."""
+    return waiting[0]
+
+
+def pop_waiting(waiting: deque, head: int) -> int:
+    """The waiting queue without its first request; its head (0)."""
+    waiting.popleft()
+    return head
+
+
+def push_waiting_front(waiting: deque, head: int, request) -> int:
+    """A preempted request goes to the front of the waiting queue; its head (0)."""
+    waiting.appendleft(request)
+    return head
+
+
+def allocate_slots(kv, requests, request, num_new_tokens: int) -> bool:
+    """KVCacheManager.allocate_slots for a running request: False where the pool has too few free blocks."""
+    return kv.allocate_slots(request, num_new_tokens)
+
+
+def get_computed_blocks(kv, requests, request) -> tuple:
+    """KVCacheManager.get_computed_blocks: (the prefix hit, its tokens)."""
+    return kv.get_computed_blocks(request)
+
+
+def hit_boundary(hits) -> int:
+    """A longer prefix than the hit one group found cached (Mamba's alignment; 0: none)."""
+    return hits[1] if hits else 0
+
+
+def allocate_admitted(kv, requests, request, num_new_tokens: int, hits) -> bool:
+    """KVCacheManager.allocate_slots on admission: blocks for the request's whole length must be free, its hit's
+    blocks taken first."""
+    return kv.allocate_slots(request, num_new_tokens, hits, full_sequence_must_fit=True)
+
+
+def free_blocks(kv, requests, request) -> None:
+    """KVCacheManager.free."""
+    kv.free(request)
+
+
+def new_step_starts(kv) -> None:
+    """The KV-cache manager's per-step state (Mamba's prefill checkpoints) starts afresh."""
+    kv.new_step_starts()
+
+
+def add_scheduled(out: SchedulerOutput, j: int, request, num_new_tokens: int) -> None:
+    """The batch's j-th request and its tokens."""
+    out.scheduled.append((request, num_new_tokens))
+
+
+def add_preempted(out: SchedulerOutput, request) -> None:
+    """A request preempted in this step."""
+    out.preempted.append(request)
+
+
+def add_admitted(out: SchedulerOutput, requests, request) -> None:
+    """A request admitted (or resumed) in this step."""
+    out.admitted.append(request)
+
+
+def scheduled_request(out: SchedulerOutput, requests, j: int) -> tuple:
+    """The batch's j-th request and its tokens."""
+    return out.scheduled[j]
+
+
+def set_sample(out: SchedulerOutput, j: int, sample: bool) -> None:
+    """Whether the batch's j-th request samples."""
+    out.samples.append(sample)
+
+
+def set_batch(out: SchedulerOutput, tokens, context, decodes, decode_context, prefills, pairs, low, high) -> None:
+    """The step's Batch, what its step cost reads."""
+    out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs, low, high)

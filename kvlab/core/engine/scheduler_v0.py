@@ -48,7 +48,7 @@ import numpy as np
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import PREEMPTED, RUNNING
 from kvlab.core.engine.rules import watermark_admits
-from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput
+from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput, account
 from kvlab.core.units import cdiv
 
 WATERMARK = 0.01  # vllm/core/block_manager.py: BlockSpaceManager(watermark=0.01)
@@ -97,7 +97,8 @@ class SchedulerV0(Scheduler):
             num_batched_tokens += n
         if not out.scheduled:
             self._decode(out)
-        self.account(out)
+        account(None, out, len(out.scheduled), False, True)
+        self.has_finished = False
         return out
 
     def can_admit(self, request, num_batched_tokens: int = 0, num_blocks_taken: int = 0) -> bool:

@@ -51,6 +51,7 @@ REQUEST_RECORD = np.dtype(
         (name, np.int64)
         for name in (
             "num_prompt_tokens",
+            "max_tokens",
             "max_num_tokens",
             "num_tokens",
             "num_computed_tokens",
@@ -59,11 +60,13 @@ REQUEST_RECORD = np.dtype(
             "num_output_placeholders",
             "num_in_flight_tokens",
             "num_stale_tokens",
+            "shared_prefix_boundary",
         )
     ]
 )
 
-# The engine's settings, integers (a bool as 0 or 1).
+# The engine's settings, integers (a bool as 0 or 1), under the reference Scheduler's names where it has them (the
+# shared schedule() reads them; no Mamba groups compiled: mamba_block_size and mamba_checkpoint_alignment 0).
 Limits = namedtuple(
     "Limits",
     [
@@ -76,8 +79,23 @@ Limits = namedtuple(
         "num_usable_blocks",
         "enable_caching",
         "decode_runs",
+        "mamba_block_size",
+        "max_prefill_tokens",
+        "mamba_checkpoint_alignment",
     ],
 )
+
+# The KV-cache manager as the shared schedule() reads it compiled (loops/scheduler.py binds its calls): its
+# block_size, enable_caching, noop_decodes (one full-attention group: a decode inside its last block allocates
+# nothing), max_model_len, the Pool (with prefix caching), the Groups (a hybrid model's) and num_free[0], the free blocks.
+KVCache = namedtuple(
+    "KVCache", ["block_size", "enable_caching", "noop_decodes", "max_model_len", "pool", "groups", "num_free"]
+)
+
+# The batch the shared schedule() fills compiled (SchedulerOutput's place): per scheduled request its id, tokens and
+# whether it samples; acc, the Batch's fields beyond its tokens (context, decodes, decode_context, prefills, pairs,
+# low, high); now_s, the step's start (an admitted request's first_scheduled_s).
+BatchOut = namedtuple("BatchOut", ["req_ids", "num_new_tokens", "samples", "acc", "now_s"])
 
 # BlockPool (kvlab/core/block_pool.py) with block identities, as the prefix cache needs them (only with prefix
 # caching; otherwise the pool is a count of free blocks and these are placeholders). First the fields that
@@ -85,7 +103,8 @@ Limits = namedtuple(
 # free queue's head part and its counts), tail_next and tail_prev (its tail part); per block ref, hash_of, hash_next
 # and hash_prev; per hash id hash_ends (first and last). Then the loop's own: per running slot tables (a block-table
 # row); per request slot_of (its slot, -1 none); free_slots (num_free_slots[0] of them); hash_offset, hash_shared,
-# num_shared, hash_base (a request's hash ids, loops.pool.hash_id); hits and hash_ids (scratch rows).
+# num_shared, hash_base (a request's hash ids, loops.pool.hash_id); hits and hash_ids (scratch rows); num_free_blocks[0],
+# the free blocks while the shared schedule() runs (arrays.KVCache.num_free), with or without prefix caching.
 Pool = namedtuple(
     "Pool",
     [
@@ -109,6 +128,7 @@ Pool = namedtuple(
         "hash_base",
         "hits",
         "hash_ids",
+        "num_free_blocks",
     ],
 )
 

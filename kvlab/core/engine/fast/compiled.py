@@ -220,7 +220,7 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
     caching = engine.config.cache.enable_prefix_caching
     if not caching:  # the loops read the pool only with prefix caching: placeholders
         one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
-        return Pool(False, *(one,) * 9, table, *(one,) * 9)
+        return Pool(False, *(one,) * 9, table, *(one,) * 9, np.zeros(1, np.int64))
     bs, sched = engine.block_size, engine.config.scheduler
     offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
     width = -(-engine.max_model_len // bs) + 1
@@ -241,6 +241,7 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
         hash_base=base,
         hits=np.zeros(width, np.int64),
         hash_ids=np.zeros(width, np.int64),
+        num_free_blocks=np.zeros(1, np.int64),
     )
 
 
@@ -375,6 +376,7 @@ def serve(engine) -> Served | None:
     num_prompt_tokens = np.array(w.prompt_tokens, dtype=np.int64)
     max_tokens_total = num_prompt_tokens + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
+    scheduler = engine.scheduler
     cfg = Limits(
         engine.block_size,
         sched.max_num_seqs,
@@ -385,6 +387,9 @@ def serve(engine) -> Served | None:
         engine.num_gpu_blocks - 1,
         int(engine.config.cache.enable_prefix_caching),
         int(DECODE_RUNS and all(g.attention_chunk_size % g.block_size == 0 for g in engine.kv_cache_groups or ())),
+        0,
+        scheduler.max_prefill_tokens,
+        0,
     )
     cost = clock_of(engine.cost)
     state = np.zeros(13, np.int64)
@@ -401,8 +406,9 @@ def serve(engine) -> Served | None:
         closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
     records = np.zeros(n, REQUEST_RECORD)  # status 0: WAITING
     records["num_prompt_tokens"], records["max_num_tokens"] = num_prompt_tokens, max_num_tokens
+    records["max_tokens"] = max_tokens_total - num_prompt_tokens
     records["num_tokens"] = num_prompt_tokens
-    view = {name: records[name] for name in REQUEST_RECORD.names}
+    view = {name: records[name] for name in REQUEST_RECORD.names if name in Requests._fields}
     req = Requests(
         arrival_s=arrival_s,
         max_tokens_total=max_tokens_total,

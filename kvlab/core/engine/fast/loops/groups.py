@@ -76,30 +76,32 @@ def blocks_for_groups(groups, r, num_computed_tokens, num_new_tokens, max_model_
 
 
 @inline
+def group_admission_blocks(groups, num_tokens, r, num_new_tokens, max_model_len):
+    """The free blocks admitting request r of num_tokens tokens with num_new_tokens computed now takes in a hybrid
+    model's groups (KVCacheManager.can_admit, then allocate_slots): every group's blocks for its whole length (a
+    window's or chunk's at most its admission cap, rules.admission_blocks), or those for the tokens it computes now if
+    more."""
+    n = num_tokens if num_tokens < max_model_len else max_model_len
+    whole = 0
+    for g in range(groups.block_size.shape[0]):
+        whole += groups.weight[g] * admission_blocks(n, groups.block_size[g], groups.cap[g])
+    new = blocks_for_groups(groups, r, 0, num_new_tokens, max_model_len, False)
+    return whole if whole > new else new
+
+
+@inline
 def admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens):
-    """What admitting request r to a hybrid model's groups takes (KVCacheManager.can_admit, then allocate_slots):
-    (its tokens, the free blocks it needs, its new blocks), or (0, 0, 0) if the budget refuses it. It needs every
-    group's blocks for its whole length free (a window's or chunk's at most its admission cap, rules.admission_blocks),
-    then those for the tokens it computes now."""
+    """What admitting request r to a hybrid model's groups takes: (its tokens, the free blocks it needs
+    (group_admission_blocks), its new blocks), or (0, 0, 0) if the budget refuses it."""
     max_model_len = cfg.max_model_len
     m = admission_num_new_tokens(num_tokens[r], 0, cap_tokens, budget, cfg.enable_chunked_prefill != 0)
     if m == 0:
         return 0, 0, 0
-    n = num_tokens[r] if num_tokens[r] < max_model_len else max_model_len
-    whole = 0
-    for g in range(groups.block_size.shape[0]):
-        whole += groups.weight[g] * admission_blocks(n, groups.block_size[g], groups.cap[g])
-    new = blocks_for_groups(groups, r, 0, m, max_model_len, False)
-    return m, whole if whole > new else new, new
-
-
-@inline
-def admitted_to_groups(cfg, groups, num_tokens, r, budget, num_free_blocks, cap_tokens):
-    """admitted_tokens for a hybrid model: (its tokens, its new blocks), or (0, 0) if refused (admission_to_groups)."""
-    m, num_blocks_needed, new = admission_to_groups(cfg, groups, num_tokens, r, budget, cap_tokens)
-    if m == 0 or num_blocks_needed > num_free_blocks:
-        return 0, 0
-    return m, new
+    return (
+        m,
+        group_admission_blocks(groups, num_tokens[r], r, m, max_model_len),
+        blocks_for_groups(groups, r, 0, m, max_model_len, False),
+    )
 
 
 @inline

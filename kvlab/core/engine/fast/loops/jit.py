@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
-from kvlab.core.engine import closed_loop, request, rules
+from kvlab.core.engine import closed_loop, request, rules, scheduler
 from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -27,9 +27,9 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # numba keys a cached function by its own file alone: a loop compiled with an older rules.py (or block_pool.py, ...)
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
-SOURCE_FILES = [Path(m.__file__) for m in (rules, request, block_pool, closed_loop, python_decode_run)] + sorted(
-    Path(__file__).parent.glob("*.py")
-)
+SOURCE_FILES = [
+    Path(m.__file__) for m in (rules, request, scheduler, block_pool, closed_loop, python_decode_run)
+] + sorted(Path(__file__).parent.glob("*.py"))
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
 CACHE_DIR = str(Path(_CACHE_BASE) / f"loops-{_DIGEST}") if _CACHE_BASE else ""
@@ -79,6 +79,17 @@ def compiled_rules() -> dict:
     functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
     functions += [python_decode_run.steps_covered, closed_loop.send_s]
     functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
+    for function in functions:
+        copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+        namespace[function.__name__] = inline(copy)
+    return namespace
+
+
+def compiled_from(functions, names: dict) -> dict:
+    """functions (the reference's, e.g. kvlab.core.engine.scheduler.schedule), compiled from their own source with the
+    rules (RULES) and names (the loops' own functions for the calls each side binds to its own) as their globals;
+    each one's calls to the others resolved to their compiled selves."""
+    namespace = RULES | names
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
         namespace[function.__name__] = inline(copy)

@@ -1,9 +1,11 @@
-"""vLLM 0.33's scheduler (kvlab/core/engine/scheduler.py and async_scheduler.py) over the named arrays: schedule,
-account, preempt, the synchronous update_from_output, and Engine.run's step around them (arrivals, records, the
-closed loop's sends)."""
+"""vLLM 0.33's scheduler over the named arrays: schedule, preempt and account compiled from the reference's own source
+(kvlab/core/engine/scheduler.py) with the calls each side binds to its own (a request's record, the queues, the
+KV-cache manager, the batch) bound to the functions here; the synchronous update_from_output, and Engine.run's step
+around them (arrivals, records, the closed loop's sends)."""
 
 import math
 
+from kvlab.core.engine import scheduler as python_scheduler
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
@@ -16,40 +18,234 @@ from kvlab.core.engine.fast.arrays import (
     S_NUM_WAITING,
     S_STEPS,
     S_WAITING_HEAD,
+    BatchOut,
+    KVCache,
 )
 from kvlab.core.engine.fast.loops.groups import (
-    admitted_to_groups,
     blocks_for_groups,
+    group_admission_blocks,
     release_groups,
     remove_skipped_blocks,
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    RUNNING,
     STEP,
-    allocation_is_noop,
-    attention_pairs,
+    admission_num_new_blocks,
+    compiled_from,
     inline,
     num_blocks_to_allocate,
     num_free,
     num_lookup_blocks,
-    preempt_request,
-    preemption_victim,
-    running_num_new_tokens,
     send_s,
-    step_token_cap,
     take_blocks,
     touch_blocks,
-    update_after_schedule,
     update_request_with_output,
 )
 from kvlab.core.engine.fast.loops.pool import (
-    admitted_tokens,
     cache_blocks,
     hash_id,
     release_table,
     take_slot,
 )
+
+# ---------------------------------------------------------------- schedule(), compiled from the reference's source
+# kvlab.core.engine.scheduler's schedule, preempt and account, compiled (jit.compiled_from) with the calls each side
+# binds to its own bound to the functions below: a request's handle is its id, its record requests.records[r]; the
+# running list an array of num_running ids, the waiting queue a ring of num_waiting ids from head; the KV-cache
+# manager arrays.KVCache (the pool's arrays with prefix caching, a hybrid model's groups, else a count of free blocks);
+# the batch arrays.BatchOut.
+
+
+@inline
+def request_of(requests, r):
+    """Request r's record (Request's fields)."""
+    return requests.records[r]
+
+
+@inline
+def pop_running(running, index):
+    """The running request at index (rules.preemption_victim: the last), off the list as its caller counts one
+    fewer."""
+    return running[index]
+
+
+@inline
+def append_running(running, num_running, r):
+    """An admitted request at the running list's back."""
+    running[num_running] = r
+
+
+@inline
+def waiting_front(waiting, head):
+    """The waiting queue's first request."""
+    return waiting[head]
+
+
+@inline
+def pop_waiting(waiting, head):
+    """The waiting queue's head after its first request leaves."""
+    return (head + 1) % waiting.shape[0]
+
+
+@inline
+def push_waiting_front(waiting, head, r):
+    """A preempted request at the waiting queue's front; its new head."""
+    head = (head - 1) % waiting.shape[0]
+    waiting[head] = r
+    return head
+
+
+@inline
+def allocate_slots(kv, requests, r, num_new_tokens):
+    """KVCacheManager.allocate_slots for running request r: a hybrid model's groups first free the blocks behind each
+    window (of its settled tokens); the new blocks for its computed tokens plus num_new_tokens, if free, are taken and,
+    with prefix caching, the blocks its known tokens fill are cached. False (nothing changed) if too few are free."""
+    pool, groups, max_model_len = kv.pool, kv.groups, kv.max_model_len
+    c = requests.num_computed_tokens[r]
+    hybrid = groups.block_size.shape[0] > 0
+    if hybrid:
+        settled = (c if c < max_model_len else max_model_len) - requests.num_in_flight_tokens[r]
+        kv.num_free[0] += remove_skipped_blocks(groups, r, settled)
+        new = blocks_for_groups(groups, r, c, num_new_tokens, max_model_len, False)
+    else:
+        new = num_blocks_to_allocate(c, num_new_tokens, requests.num_blocks[r], kv.block_size, max_model_len)
+    if new > kv.num_free[0]:
+        return False
+    if hybrid:
+        kv.num_free[0] -= blocks_for_groups(groups, r, c, num_new_tokens, max_model_len, True)
+    elif new > 0:
+        if kv.enable_caching:
+            take_blocks(pool, new, pool.tables[pool.slot_of[r]], requests.num_blocks[r])
+        kv.num_free[0] -= new
+        requests.num_blocks[r] += new
+    if kv.enable_caching:
+        known = min(c + num_new_tokens, requests.num_tokens[r])
+        cache_blocks(pool, r, requests.num_cached_blocks, known, kv.block_size)
+    return True
+
+
+@inline
+def get_computed_blocks(kv, requests, r):
+    """KVCacheManager.get_computed_blocks: the longest cached run of request r's blocks, in pool.hits; ((its blocks,
+    how many of them no request holds), its tokens). Without prefix caching ((0, 0), 0)."""
+    if not kv.enable_caching:
+        return (0, 0), 0
+    pool = kv.pool
+    hits, ref, hash_ends = pool.hits, pool.ref, pool.hash_ends
+    num_hits = evictable = 0
+    for j in range(num_lookup_blocks(requests.num_tokens[r], kv.block_size)):
+        b = hash_ends[2 * hash_id(pool, r, j)]
+        if b < 0:
+            break
+        hits[j] = b
+        num_hits += 1
+        if ref[b] == 0:
+            evictable += 1
+    return (num_hits, evictable), num_hits * kv.block_size
+
+
+@inline
+def hit_boundary(hits):
+    """No Mamba groups compiled: 0."""
+    return 0
+
+
+@inline
+def allocate_admitted(kv, requests, r, num_new_tokens, hits):
+    """KVCacheManager.allocate_slots on admission (can_admit first): blocks for request r's whole length must be free
+    (a hybrid model's: every group's, a window's or chunk's at most its cap), its hit's blocks taken first (they leave
+    the free queue), then its new blocks, and the blocks its known tokens fill cached. False if refused."""
+    pool, groups, block_size, max_model_len = kv.pool, kv.groups, kv.block_size, kv.max_model_len
+    num_hits, evictable = hits
+    if groups.block_size.shape[0] > 0:
+        if group_admission_blocks(groups, requests.num_tokens[r], r, num_new_tokens, max_model_len) > kv.num_free[0]:
+            return False
+        kv.num_free[0] -= blocks_for_groups(groups, r, 0, num_new_tokens, max_model_len, True)
+        return True
+    num_tokens = requests.num_tokens[r]
+    new = admission_num_new_blocks(
+        num_tokens, num_hits, evictable, num_new_tokens, kv.num_free[0], block_size, max_model_len
+    )
+    if new < 0:
+        return False
+    if kv.enable_caching:
+        take_slot(pool, r)
+        row = pool.tables[pool.slot_of[r]]
+        touch_blocks(pool, pool.hits, num_hits)  # a hit no request held leaves the free queue
+        row[:num_hits] = pool.hits[:num_hits]
+        requests.num_blocks[r] = num_hits
+        requests.num_cached_blocks[r] = num_hits
+        if new > 0:
+            take_blocks(pool, new, row, num_hits)
+            requests.num_blocks[r] += new
+        known = min(num_hits * block_size + num_new_tokens, num_tokens)
+        cache_blocks(pool, r, requests.num_cached_blocks, known, block_size)
+        kv.num_free[0] = num_free(pool)
+    elif new > 0:
+        kv.num_free[0] -= new
+        requests.num_blocks[r] += new
+    return True
+
+
+@inline
+def free_blocks(kv, requests, r):
+    """KVCacheManager.free (release)."""
+    kv.num_free[0] = release(
+        kv.pool, kv.groups, kv.enable_caching, r, requests.num_blocks, requests.num_cached_blocks, kv.num_free[0]
+    )
+
+
+@inline
+def new_step_starts(kv):
+    """No Mamba groups compiled: nothing."""
+    return
+
+
+@inline
+def add_scheduled(out, j, r, num_new_tokens):
+    """The batch's j-th request and its tokens."""
+    out.req_ids[j] = r
+    out.num_new_tokens[j] = num_new_tokens
+
+
+@inline
+def add_preempted(out, r):
+    """(Counted by schedule.)"""
+    return
+
+
+@inline
+def add_admitted(out, requests, r):
+    """An admitted request's first_scheduled_s, the first time."""
+    if math.isnan(requests.first_scheduled_s[r]):
+        requests.first_scheduled_s[r] = out.now_s
+
+
+@inline
+def scheduled_request(out, requests, j):
+    """The batch's j-th request (its record) and its tokens."""
+    return requests.records[out.req_ids[j]], out.num_new_tokens[j]
+
+
+@inline
+def set_sample(out, j, sample):
+    """Whether the batch's j-th request samples."""
+    out.samples[j] = sample
+
+
+@inline
+def set_batch(out, tokens, context, decodes, decode_context, prefills, pairs, low, high):
+    """The step's Batch beyond its tokens (acc)."""
+    acc = out.acc
+    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
+        context,
+        decodes,
+        decode_context,
+        prefills,
+        pairs,
+        low,
+        high,
+    )
 
 
 @inline
@@ -72,192 +268,18 @@ def schedule(
     acc,
     fields,
 ):
-    """Scheduler.schedule() and account() (kvlab/core/engine/scheduler.py): the batch in out_r, out_n, out_sample,
-    and, where fields (a clock that reads them, step_s), the rest of its Batch in acc; returns (its requests,
-    preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait, num_free_blocks). Without prefix caching
-    (cfg.enable_caching == 0) the pool is the count free; with it, pool's blocks. A hybrid model's groups (groups,
-    without prefix caching) take Requests.num_blocks's place, and every running request calls allocate_slots (a
-    decode inside its last block may still free a block behind its window)."""
-    (
-        max_tokens_total,
-        num_tokens,
-        num_computed_tokens,
-        num_blocks,
-        num_cached_blocks,
-        status,
-        num_output_placeholders,
-        num_in_flight_tokens,
-        first_scheduled_s,
-    ) = (
-        req.max_tokens_total,
-        req.num_tokens,
-        req.num_computed_tokens,
-        req.num_blocks,
-        req.num_cached_blocks,
-        req.status,
-        req.num_output_placeholders,
-        req.num_in_flight_tokens,
-        req.first_scheduled_s,
-    )  # locals: numba hoists them
-    block_size, max_num_seqs, budget, max_model_len, threshold, caching = (
-        cfg.block_size,
-        cfg.max_num_seqs,
-        cfg.max_num_batched_tokens,
-        cfg.max_model_len,
-        cfg.long_prefill_token_threshold,
-        cfg.enable_caching,
-    )
-    cap = waiting.shape[0]
+    """Scheduler.schedule() (kvlab/core/engine/scheduler.py's schedule, compiled: SHARED) over the loops' arrays: the
+    batch in out_r, out_n, out_sample and, where fields (a clock that reads them, step_s), the rest of its Batch in
+    acc; returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait,
+    num_free_blocks)."""
     hybrid = groups.block_size.shape[0] > 0
-    cap_tokens = step_token_cap(threshold, nrun, nwait)
-    ns = 0
-    npre = 0
-    hit_tokens = 0
-    i = 0
-    while i < nrun and budget > 0:
-        r = running[i]
-        c = num_computed_tokens[r]
-        m = running_num_new_tokens(
-            num_tokens[r], num_output_placeholders[r], c, max_tokens_total[r], cap_tokens, budget, max_model_len
-        )
-        if m == 0:  # async: its last token in flight, or at max_model_len
-            i += 1
-            continue
-        if hybrid:  # allocate_slots first frees the blocks behind each window (of the settled tokens)
-            num_free_blocks += remove_skipped_blocks(
-                groups, r, (c if c < max_model_len else max_model_len) - num_in_flight_tokens[r]
-            )
-        elif allocation_is_noop(m, c, num_tokens[r], block_size, caching != 0):
-            out_r[ns] = r  # a decode inside its last block: allocate_slots not called
-            out_n[ns] = 1
-            ns += 1
-            budget -= 1
-            i += 1
-            continue
-        preempted_self = False
-        while True:  # allocate_slots, preempting from the back
-            if hybrid:
-                new = blocks_for_groups(groups, r, c, m, max_model_len, False)
-            else:
-                new = num_blocks_to_allocate(c, m, num_blocks[r], block_size, max_model_len)
-            if new <= num_free_blocks:
-                if hybrid:
-                    num_free_blocks -= blocks_for_groups(groups, r, c, m, max_model_len, True)
-                elif new > 0:
-                    if caching:
-                        take_blocks(pool, new, pool.tables[pool.slot_of[r]], num_blocks[r])
-                    num_free_blocks -= new
-                    num_blocks[r] += new
-                if caching:
-                    cache_blocks(pool, r, num_cached_blocks, min(c + m, num_tokens[r]), block_size)
-                break
-            nrun = preemption_victim(nrun)
-            v = running[nrun]  # the most recently admitted running request
-            num_free_blocks, head, nwait = preempt(req, pool, groups, caching, v, num_free_blocks, waiting, head, nwait)
-            npre += 1
-            if v == r:
-                preempted_self = True
-                break
-        if preempted_self:
-            break
-        out_r[ns] = r
-        out_n[ns] = m
-        ns += 1
-        budget -= m
-        i += 1
-    if npre == 0:  # admissions, first come first served
-        while budget > 0 and nwait > 0:
-            if nrun >= max_num_seqs:
-                break
-            r = waiting[head]
-            num_hits = 0
-            evictable = 0
-            if caching:  # get_computed_blocks: the longest cached run of blocks
-                hits, ref, hash_ends = pool.hits, pool.ref, pool.hash_ends
-                for j in range(num_lookup_blocks(num_tokens[r], block_size)):
-                    b = hash_ends[2 * hash_id(pool, r, j)]
-                    if b < 0:
-                        break
-                    hits[j] = b
-                    num_hits += 1
-                    if ref[b] == 0:
-                        evictable += 1
-            if hybrid:
-                m, new = admitted_to_groups(cfg, groups, num_tokens, r, budget, num_free_blocks, cap_tokens)
-            else:
-                m, new = admitted_tokens(cfg, num_tokens, r, num_hits, evictable, budget, num_free_blocks, cap_tokens)
-            if m == 0:
-                break
-            start_tokens = num_computed_tokens[r] + num_hits * block_size
-            if caching:
-                take_slot(pool, r)
-                row = pool.tables[pool.slot_of[r]]
-                touch_blocks(pool, pool.hits, num_hits)  # a hit no request held leaves the free queue
-                row[:num_hits] = pool.hits[:num_hits]
-                num_blocks[r] = num_hits
-                num_cached_blocks[r] = num_hits
-                if new > 0:
-                    take_blocks(pool, new, row, num_hits)
-                    num_blocks[r] += new
-                cache_blocks(pool, r, num_cached_blocks, min(start_tokens + m, num_tokens[r]), block_size)
-                num_free_blocks = num_free(pool)
-            elif hybrid:
-                num_free_blocks -= blocks_for_groups(groups, r, 0, m, max_model_len, True)
-            elif new > 0:
-                num_free_blocks -= new
-                num_blocks[r] += new
-            head = (head + 1) % cap
-            nwait -= 1
-            running[nrun] = r
-            nrun += 1
-            status[r] = RUNNING
-            num_computed_tokens[r] = num_hits * block_size
-            hit_tokens += num_hits * block_size
-            if math.isnan(first_scheduled_s[r]):
-                first_scheduled_s[r] = now_s
-            out_r[ns] = r
-            out_n[ns] = m
-            ns += 1
-            budget -= m
-    num_scheduled = account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous)
-    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, num_free_blocks
-
-
-@inline
-def account(req, out_r, out_n, out_sample, ns, acc, fields, asynchronous):
-    """Scheduler.account() (kvlab/core/engine/scheduler.py) for the batch's ns requests in out_r and out_n: each
-    one moved on (request.update_after_schedule, on its record) and whether it samples (out_sample); where fields (a
-    clock that reads them, step_s), the rest of the step's Batch in acc. Returns the batch's tokens."""
-    records, num_computed_tokens = req.records, req.num_computed_tokens
-    num_scheduled = context = decodes = decode_context = prefills = pairs = low = high = 0
-    for j in range(ns):
-        r = out_r[j]
-        m = out_n[j]
-        before = num_computed_tokens[r]
-        sample = update_after_schedule(records[r], m, asynchronous)
-        out_sample[j] = sample
-        num_scheduled += m
-        if fields:  # the Batch's other fields, for a clock that reads them
-            c = before + m
-            context += c
-            if m == 1 and sample:
-                decodes += 1
-                decode_context += c
-                low = c if low == 0 or c < low else low
-                high = c if c > high else high
-            else:
-                prefills += 1
-                pairs += attention_pairs(m, before)
-    acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6] = (
-        context,
-        decodes,
-        decode_context,
-        prefills,
-        pairs,
-        low,
-        high,
+    kv = KVCache(cfg.block_size, cfg.enable_caching, not hybrid, cfg.max_model_len, pool, groups, pool.num_free_blocks)
+    kv.num_free[0] = num_free_blocks
+    out = BatchOut(out_r, out_n, out_sample, acc, now_s)
+    ns, npre, num_scheduled, hit_tokens, nrun, head, nwait = shared_schedule(
+        cfg, kv, req, running, nrun, waiting, head, nwait, out, asynchronous, fields
     )
-    return num_scheduled
+    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, kv.num_free[0]
 
 
 @inline
@@ -396,14 +418,13 @@ def update_sync(
 
 @inline
 def preempt(req, pool, groups, caching, r, num_free_blocks, waiting, head, nwait):
-    """Scheduler._preempt (kvlab/core/engine/scheduler.py): request r gives its blocks back, is reset
-    (request.preempt_request, on its record) and goes to the front of the waiting queue; returns (num_free_blocks,
+    """Scheduler._preempt (kvlab/core/engine/scheduler.py's preempt, compiled: SHARED) for vLLM 0.1.4's loop (loops.v0):
+    request r gives its blocks back, is reset and goes to the front of the waiting queue; returns (num_free_blocks,
     head, nwait)."""
-    num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks)
-    preempt_request(req.records[r])
-    head = (head - 1) % waiting.shape[0]
-    waiting[head] = r
-    return num_free_blocks, head, nwait + 1
+    kv = KVCache(0, caching, True, 0, pool, groups, pool.num_free_blocks)
+    kv.num_free[0] = num_free_blocks
+    head = shared_preempt(kv, req, waiting, head, r)
+    return kv.num_free[0], head, nwait + 1
 
 
 @inline
@@ -448,3 +469,18 @@ def record(
     num_running_log[s] = nrun
     num_waiting_log[s] = nwait
     counts[0] = s + 1
+
+
+SHARED = compiled_from(
+    (python_scheduler.schedule, python_scheduler.preempt, python_scheduler.account),
+    {
+        name: globals()[name]
+        for name in (
+            "request_of", "pop_running", "append_running", "waiting_front", "pop_waiting", "push_waiting_front",
+            "allocate_slots", "get_computed_blocks", "hit_boundary", "allocate_admitted", "free_blocks",
+            "new_step_starts", "add_scheduled", "add_preempted", "add_admitted", "scheduled_request", "set_sample",
+            "set_batch",
+        )
+    },
+)  # fmt: skip
+shared_schedule, shared_preempt, shared_account = SHARED["schedule"], SHARED["preempt"], SHARED["account"]

@@ -26,6 +26,7 @@ from kvlab.core.engine.fast.arrays import (
     S_NUM_WAITING,
     S_STEPS,
     S_WAITING_HEAD,
+    BatchOut,
 )
 from kvlab.core.engine.fast.loops.clock import step_s
 from kvlab.core.engine.fast.loops.jit import (
@@ -40,12 +41,12 @@ from kvlab.core.engine.fast.loops.jit import (
     preemption_victim,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
-    account,
     drop_finished,
     next_step,
     preempt,
     record,
     save_state,
+    shared_account,
     update_sync,
 )
 
@@ -223,7 +224,7 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
                 out_n[ns] = 1
                 ns += 1
                 i += 1
-        num_scheduled = account(req, out_r, out_n, out_sample, ns, acc, True, False)
+        num_scheduled = shared_account(req, BatchOut(out_r, out_n, out_sample, acc, now_s), ns, False, True)
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
