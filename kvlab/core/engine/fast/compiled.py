@@ -404,10 +404,12 @@ def serve(engine) -> Served | None:
         arrival_s = np.array(sends.send, dtype=np.float64)
         open_loop = np.array(sends.open_loop, dtype=np.float64)
         closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
-    records = np.zeros(n, REQUEST_RECORD)  # status 0: WAITING
-    records["num_prompt_tokens"], records["max_num_tokens"] = num_prompt_tokens, max_num_tokens
-    records["max_tokens"] = max_tokens_total - num_prompt_tokens
-    records["num_tokens"] = num_prompt_tokens
+    # the requests' records, and a spare one after them: every column is then a strided view, which numba types alike
+    # for any n (one request's column alone would be contiguous, a type of its own and the loops compiled again)
+    records = np.zeros(n + 1, REQUEST_RECORD)  # status 0: WAITING
+    records["num_prompt_tokens"][:n], records["max_num_tokens"][:n] = num_prompt_tokens, max_num_tokens
+    records["max_tokens"][:n] = max_tokens_total - num_prompt_tokens
+    records["num_tokens"][:n] = num_prompt_tokens
     view = {name: records[name] for name in REQUEST_RECORD.names if name in Requests._fields}
     req = Requests(
         arrival_s=arrival_s,
@@ -501,8 +503,8 @@ def serve(engine) -> Served | None:
             req.first_scheduled_s,
             req.first_token_s,
             req.finish_s,
-            req.num_preemptions,
-            req.num_tokens - num_prompt_tokens,
+            req.num_preemptions[:n],
+            req.num_tokens[:n] - num_prompt_tokens,
         ),
         int(groups.freed[0]),
         None if sends is None else arrival_s,
