@@ -376,7 +376,6 @@ def serve(engine) -> Served | None:
     num_prompt_tokens = np.array(w.prompt_tokens, dtype=np.int64)
     max_tokens_total = num_prompt_tokens + np.asarray(w.output_tokens, dtype=np.int64)
     max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
-    scheduler = engine.scheduler
     cfg = Limits(
         engine.block_size,
         sched.max_num_seqs,
@@ -387,8 +386,8 @@ def serve(engine) -> Served | None:
         engine.num_gpu_blocks - 1,
         int(engine.config.cache.enable_prefix_caching),
         int(DECODE_RUNS and all(g.attention_chunk_size % g.block_size == 0 for g in engine.kv_cache_groups or ())),
-        0,
-        scheduler.max_prefill_tokens,
+        0,  # no Mamba groups compiled
+        engine.scheduler.max_prefill_tokens,
         0,
     )
     cost = clock_of(engine.cost)

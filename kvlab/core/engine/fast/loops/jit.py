@@ -79,6 +79,12 @@ def compiled_rules() -> dict:
     functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
     functions += [python_decode_run.steps_covered, closed_loop.send_s]
     functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
+    return _compiled_into(namespace, functions)
+
+
+def _compiled_into(namespace: dict, functions) -> dict:
+    """namespace with each of functions compiled from its own source (inlined into its callers), namespace its
+    globals: their calls to each other resolve to their compiled selves."""
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
         namespace[function.__name__] = inline(copy)
@@ -89,11 +95,7 @@ def compiled_from(functions, names: dict) -> dict:
     """functions (the reference's, e.g. kvlab.core.engine.scheduler.schedule), compiled from their own source with the
     rules (RULES) and names (the loops' own functions for the calls each side binds to its own) as their globals;
     each one's calls to the others resolved to their compiled selves."""
-    namespace = RULES | names
-    for function in functions:
-        copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
-        namespace[function.__name__] = inline(copy)
-    return namespace
+    return _compiled_into(RULES | names, functions)
 
 
 def _unowned_value(context, builder, ty, value):
