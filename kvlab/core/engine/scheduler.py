@@ -67,6 +67,8 @@ class SchedulerOutput:
     admitted: list = field(default_factory=list)  # requests admitted (or resumed) in this step, in order
     batch: Batch = Batch(0)  # the step's tokens and what its step cost reads (account)
     num_hit_tokens: int = 0  # prompt tokens admitted requests found in the prefix cache
+    first_tokens: list = field(default_factory=list)  # update_from_output: requests that sampled their first token
+    finished: list = field(default_factory=list)  # update_from_output: requests that finished, in batch order
 
 
 class Scheduler:
@@ -111,8 +113,7 @@ class Scheduler:
         out = SchedulerOutput()
         running, waiting = self.running, self.waiting
         out.num_hit_tokens = schedule(
-            self, self.kv_cache_manager, None, running, len(running), waiting, 0, len(waiting), out,
-            self.async_scheduling, True,
+            self, self.kv_cache_manager, None, running, len(running), waiting, 0, len(waiting), out, True
         )[3]  # fmt: skip
         self.has_finished = False
         return out
@@ -123,54 +124,32 @@ class Scheduler:
 
     # ---------------------------------------------------------------- update_from_output
     def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
-        """Process a batch's output (request.update_request_with_output for each scheduled request): tokens sampled,
-        placeholders settled, finished requests' blocks freed at once, in the batch's order; with prefix caching a
-        running request whose placeholder settled caches the blocks its settled tokens fill (asynchronous only: the
-        synchronous engine caches them at allocation). A request preempted with a batch in flight keeps that batch's
-        token (vLLM's stale output), which may finish it in the waiting queue.
-
-        Returns how many requests sampled, those that sampled their first token and those that finished (both in
-        batch order)."""
-        num_sampled, first, finished = 0, [], []
-        kv, updated, async_scheduling = self.kv_cache_manager, update_request_with_output, self.async_scheduling
-        cache_blocks = kv.cache_blocks if kv.enable_caching else None  # (a reservation pool caches nothing)
-        finished_waiting = False
-        for (request, n), sample in zip(out.scheduled, out.samples):
-            running = request.status == RUNNING
-            sampled, first_token, settled, done = updated(request, n, sample, async_scheduling)
-            if not sampled:
-                continue
-            num_sampled += 1
-            if first_token:
-                first.append(request)
-            if settled and running and cache_blocks:
-                cache_blocks(request, request.num_computed_tokens - request.num_in_flight_tokens)
-            if done:
-                kv.free(request)  # preempted, it holds none: its stale token finished it waiting
-                finished_waiting |= not running
-                finished.append(request)
-        if finished:
-            self.running = [r for r in self.running if r.status != FINISHED]
-            if finished_waiting:
-                self.waiting = deque(r for r in self.waiting if r.status != FINISHED)
+        """Process a batch's output (the module's update_from_output, on this scheduler's Request objects and
+        queues). Returns how many requests sampled, those that sampled their first token and those that finished
+        (both in batch order)."""
+        running, waiting = self.running, self.waiting
+        num_sampled, num_finished = update_from_output(
+            self, self.kv_cache_manager, None, out, len(out.scheduled), running, len(running), waiting, 0, len(waiting),
+        )[:2]  # fmt: skip
+        if num_finished:
             self.has_finished = True
-        return num_sampled, first, finished
+        return num_sampled, out.first_tokens, out.finished
 
 
-# ---------------------------------------------------------------- schedule(), written once
-# The functions below are vLLM's schedule(), its preemption and _update_after_schedule, written once. The reference
-# scheduler calls them on Request objects, its running list and its waiting deque (a request's handle is the Request;
-# head stays 0); the compiled loop (fast/loops/scheduler.py) compiles them from this source, with the handle a request
-# id, requests the named arrays (a request's record: requests.records[r]), the queues arrays (the waiting queue a ring
-# from head) and the KV-cache manager's calls on the block pool's arrays. What differs between the two is the small
-# functions after them, which each side binds to its own: where a request is, the queues, the KV-cache manager's calls
-# and where the batch goes.
+# ---------------------------------------------------------------- schedule() and update_from_output(), written once
+# The functions below are vLLM's schedule(), its preemption, _update_after_schedule and update_from_output, written
+# once. The reference scheduler calls them on Request objects, its running list and its waiting deque (a request's
+# handle is the Request; head stays 0); the compiled loop (fast/loops/scheduler.py) compiles them from this source,
+# with the handle a request id, requests the named arrays (a request's record: requests.records[r]), the queues arrays
+# (the waiting queue a ring from head) and the KV-cache manager's calls on the block pool's arrays. What differs
+# between the two is the small functions after them, which each side binds to its own: where a request is, the
+# queues, the KV-cache manager's calls and where the batch and its output go.
 
 
-def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, async_scheduling, fields):
+def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, fields):
     """vLLM's Scheduler.schedule() (the module's docstring): the running requests first, preempting from the back for
     blocks, then, unless one was preempted, admissions first come first served; then account. scheduler: its limits
-    (max_num_batched_tokens, max_num_seqs, ...); kv: the KV-cache manager; fields: the Batch's fields beyond its tokens
+    (max_num_batched_tokens, max_num_seqs, ..., async_scheduling); kv: the KV-cache manager; fields: the Batch's fields beyond its tokens
     (a clock that reads them). Returns (requests scheduled, requests preempted, tokens scheduled, prompt tokens hit in
     the prefix cache, num_running, head, num_waiting)."""
     budget, max_model_len = scheduler.max_num_batched_tokens, scheduler.max_model_len
@@ -264,7 +243,7 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
             add_scheduled(out, num_reqs, handle, n)
             num_reqs += 1
             budget -= n
-    num_scheduled_tokens = account(requests, out, num_reqs, async_scheduling, fields)
+    num_scheduled_tokens = account(requests, out, num_reqs, scheduler.async_scheduling, fields)
     return num_reqs, num_preempted, num_scheduled_tokens, num_hit_tokens, num_running, head, num_waiting
 
 
@@ -282,7 +261,8 @@ def account(requests, out, num_reqs, async_scheduling, fields):
     where fields, fill in the step's Batch beyond its tokens. Returns the batch's tokens."""
     tokens = context = decodes = decode_context = prefills = pairs = low = high = 0
     for j in range(num_reqs):
-        request, n = scheduled_request(out, requests, j)
+        handle, n = scheduled(out, j)
+        request = request_of(requests, handle)
         before = request.num_computed_tokens
         sample = update_after_schedule(request, n, async_scheduling)
         set_sample(out, j, sample)
@@ -300,6 +280,44 @@ def account(requests, out, num_reqs, async_scheduling, fields):
                 pairs += attention_pairs(n, before)
     set_batch(out, tokens, context, decodes, decode_context, prefills, pairs, low, high)
     return tokens
+
+
+def update_from_output(scheduler, kv, requests, out, num_reqs, running, num_running, waiting, head, num_waiting):
+    """vLLM's Scheduler.update_from_output (sched/scheduler.py; AsyncScheduler inherits it) for a batch of num_reqs
+    requests: each moves by request.update_request_with_output, in the batch's order; a request that sampled its first
+    token or finished is handed on (add_first_token, add_finished: stamped at the batch's end); with prefix caching a
+    running request whose placeholder settled caches the blocks its settled tokens fill (asynchronous only: the
+    synchronous engine caches them at allocation; scheduler.async_scheduling); a finished request's blocks are freed at once, and the running
+    list and, where one finished there, the waiting queue keep the others in order. A request preempted with a batch in
+    flight keeps that batch's token (vLLM's stale output), which may finish it in the waiting queue. Returns (requests
+    that sampled, requests that finished, the computed tokens those held, num_running, num_waiting)."""
+    num_sampled = num_finished = num_finished_tokens = 0
+    finished_waiting = False
+    for j in range(num_reqs):
+        handle, n = scheduled(out, j)
+        request = request_of(requests, handle)
+        was_running = request.status == RUNNING
+        sampled, first_token, settled, done = update_request_with_output(
+            request, n, out.samples[j], scheduler.async_scheduling
+        )
+        if not sampled:
+            continue
+        num_sampled += 1
+        if first_token:
+            add_first_token(out, requests, handle)
+        if settled and was_running and kv.enable_caching:
+            cache_blocks(kv, requests, handle, request.num_computed_tokens - request.num_in_flight_tokens)
+        if done:
+            num_finished_tokens += request.num_computed_tokens
+            free_blocks(kv, requests, handle)  # preempted, it holds none: its stale token finished it waiting
+            finished_waiting = finished_waiting or not was_running
+            add_finished(out, requests, handle)
+            num_finished += 1
+    if num_finished:
+        num_running, num_waiting = remove_finished(
+            requests, running, num_running, waiting, head, num_waiting, finished_waiting
+        )
+    return num_sampled, num_finished, num_finished_tokens, num_running, num_waiting
 
 
 # ---------------------------------------------------------------- the reference's side of them
@@ -381,7 +399,7 @@ def add_admitted(out: SchedulerOutput, requests, request) -> None:
     out.admitted.append(request)
 
 
-def scheduled_request(out: SchedulerOutput, requests, j: int) -> tuple:
+def scheduled(out: SchedulerOutput, j: int) -> tuple:
     """The batch's j-th request and its tokens."""
     return out.scheduled[j]
 
@@ -394,3 +412,31 @@ def set_sample(out: SchedulerOutput, j: int, sample: bool) -> None:
 def set_batch(out: SchedulerOutput, tokens, context, decodes, decode_context, prefills, pairs, low, high) -> None:
     """The step's Batch, what its step cost reads."""
     out.batch = Batch(tokens, context, decodes, decode_context, prefills, pairs, low, high)
+
+
+def cache_blocks(kv, requests, request, num_tokens: int) -> None:
+    """KVCacheManager.cache_blocks: the full blocks of the request's first num_tokens tokens go into the prefix
+    cache."""
+    kv.cache_blocks(request, num_tokens)
+
+
+def add_first_token(out: SchedulerOutput, requests, request) -> None:
+    """A request that sampled its first token (the engine stamps it at the batch's end)."""
+    out.first_tokens.append(request)
+
+
+def add_finished(out: SchedulerOutput, requests, request) -> None:
+    """A request that finished (the engine stamps it at the batch's end)."""
+    out.finished.append(request)
+
+
+def remove_finished(requests, running: list, num_running: int, waiting: deque, head: int, num_waiting: int,
+                    from_waiting: bool) -> tuple:  # fmt: skip
+    """The running list (and, where from_waiting, the waiting queue) without its finished requests, in order; their
+    lengths."""
+    running[:] = [r for r in running if r.status != FINISHED]
+    if from_waiting:
+        kept = [r for r in waiting if r.status != FINISHED]
+        waiting.clear()
+        waiting.extend(kept)
+    return len(running), len(waiting)

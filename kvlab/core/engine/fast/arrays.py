@@ -65,8 +65,9 @@ REQUEST_RECORD = np.dtype(
     ]
 )
 
-# The engine's settings, integers (a bool as 0 or 1), under the reference Scheduler's names where it has them (the
-# shared schedule() reads them; no Mamba groups compiled: mamba_block_size and mamba_checkpoint_alignment 0).
+# The engine's settings, integers (a bool as 0 or 1; async_scheduling a bool, as the shared functions pass it on),
+# under the reference Scheduler's names where it has them (the shared schedule() and update_from_output() read them; no
+# Mamba groups compiled: mamba_block_size and mamba_checkpoint_alignment 0).
 Limits = namedtuple(
     "Limits",
     [
@@ -82,6 +83,7 @@ Limits = namedtuple(
         "mamba_block_size",
         "max_prefill_tokens",
         "mamba_checkpoint_alignment",
+        "async_scheduling",
     ],
 )
 
@@ -94,8 +96,9 @@ KVCache = namedtuple(
 
 # The batch the shared schedule() fills compiled (SchedulerOutput's place): per scheduled request its id, tokens and
 # whether it samples; acc, the Batch's fields beyond its tokens (context, decodes, decode_context, prefills, pairs,
-# low, high); now_s, the step's start (an admitted request's first_scheduled_s).
-BatchOut = namedtuple("BatchOut", ["req_ids", "num_new_tokens", "samples", "acc", "now_s"])
+# low, high); time_s, the clock its side stamps: schedule()'s (an admitted request's first_scheduled_s), then for
+# update_from_output the batch's end (first-token and finish times).
+BatchOut = namedtuple("BatchOut", ["req_ids", "num_new_tokens", "samples", "acc", "time_s"])
 
 # BlockPool (kvlab/core/block_pool.py) with block identities, as the prefix cache needs them (only with prefix
 # caching; otherwise the pool is a count of free blocks and these are placeholders). First the fields that

@@ -389,6 +389,7 @@ def serve(engine) -> Served | None:
         0,  # no Mamba groups compiled
         engine.scheduler.max_prefill_tokens,
         0,
+        bool(sched.async_scheduling),
     )
     cost = clock_of(engine.cost)
     state = np.zeros(13, np.int64)

@@ -24,29 +24,24 @@ from kvlab.core.engine.fast.arrays import (
     S_RUNS,
     S_STEPS,
     S_WAITING_HEAD,
+    BatchOut,
 )
 from kvlab.core.engine.fast.loops.clock import (
     step_s,
 )
 from kvlab.core.engine.fast.loops.jit import (
-    RUNNING,
     STEP,
     njit,
     unowned,
-    update_request_with_output,
-)
-from kvlab.core.engine.fast.loops.pool import (
-    cache_blocks,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
     add_arrivals,
-    drop_finished,
-    finished_at,
+    kv_cache,
     next_step,
     record,
-    release,
     save_state,
     schedule,
+    shared_update_from_output,
     update_sync,
 )
 from kvlab.core.engine.fast.loops.step_runs import (
@@ -88,7 +83,7 @@ def loop_sync(
         unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
     )  # fmt: skip
     acc, phases, per_phase = unowned(scratch)  # acc: the step's Batch beyond its tokens (schedule, step_s)
-    arrival_s, status = req.arrival_s, req.status
+    arrival_s = req.arrival_s
     usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     fields = cost.kind >= 2  # a clock that reads them
     nxt, num_free_blocks, nrun, head, nwait = (
@@ -133,7 +128,6 @@ def loop_sync(
             out_r,
             out_n,
             out_sample,
-            False,
             pool,
             groups,
             acc,
@@ -144,13 +138,11 @@ def loop_sync(
             break
         batch_end_s = now_s + step_s(cost, num_scheduled, acc)
         chunked = num_scheduled > ns
-        num_free_blocks, kv, finished = update_sync(
-            req, pool, groups, caching, running, nrun, npre, out_r, out_n, out_sample, ns, num_scheduled + num_hit_tokens,
-            batch_end_s, num_free_blocks, kv,
-        )  # fmt: skip
         num_running_step = nrun
-        if finished:
-            nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+        num_free_blocks, kv, _, nrun, nwait = update_sync(
+            cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre,
+            BatchOut(out_r, out_n, out_sample, acc, batch_end_s), ns, num_scheduled + num_hit_tokens, num_free_blocks, kv,
+        )  # fmt: skip
         record(
             first,
             now_s,
@@ -207,23 +199,10 @@ def loop_async(
     )  # fmt: skip
     logs, events, counts = unowned(logs), unowned(events), unowned(counts)
     acc, phases, per_phase, times = unowned(scratch)  # acc: as loop_sync's; times: a decode run's batch ends
-    (arrival_s, records, num_computed_tokens, num_blocks, num_cached_blocks, status, num_in_flight_tokens) = (
-        req.arrival_s,
-        req.records,
-        req.num_computed_tokens,
-        req.num_blocks,
-        req.num_cached_blocks,
-        req.status,
-        req.num_in_flight_tokens,
-    )
-    first_token_s, finish_s = req.first_token_s, req.finish_s  # locals: numba hoists them
+    arrival_s, num_computed_tokens = req.arrival_s, req.num_computed_tokens
     n = arrival_s.shape[0]
     fields = cost.kind >= 2  # a clock that reads them
-    usable, caching, block_size = (
-        cfg.num_usable_blocks,
-        cfg.enable_caching,
-        cfg.block_size,
-    )
+    usable, caching = cfg.num_usable_blocks, cfg.enable_caching
     nxt, num_free_blocks, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL],
         state[S_FREE],
@@ -277,7 +256,6 @@ def loop_async(
                 queue_r[slot],
                 queue_n[slot],
                 queue_sample[slot],
-                True,
                 pool,
                 groups,
                 acc,
@@ -317,27 +295,13 @@ def loop_async(
         batch_end_s = queue_f[slot, 1]
         if batch_end_s > now_s:
             now_s = batch_end_s
-        finished = False
-        finished_waiting = False
-        for j in range(queue_i[slot, 0]):  # Scheduler.update_from_output, asynchronous
-            r = queue_r[slot, j]
-            was_running = status[r] == RUNNING
-            sampled, first_token, settled, done = update_request_with_output(
-                records[r], queue_n[slot, j], queue_sample[slot, j], True
-            )
-            if first_token:
-                first_token_s[r] = batch_end_s
-            if settled and was_running and caching:
-                cache_blocks(pool, r, num_cached_blocks, num_computed_tokens[r] - num_in_flight_tokens[r], block_size)
-            if done:
-                num_free_blocks = release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_blocks)
-                finish_s[r] = batch_end_s
-                finished_at(req, batch_end_s)
-                finished = True
-                if not was_running:
-                    finished_waiting = True
-        if finished:
-            nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, finished_waiting)
+        kvc = kv_cache(cfg, pool, groups, num_free_blocks)
+        _, num_finished, _, nrun, nwait = shared_update_from_output(
+            cfg, kvc, req, BatchOut(queue_r[slot], queue_n[slot], queue_sample[slot], acc, batch_end_s),
+            queue_i[slot, 0], running, nrun, waiting, head, nwait,
+        )  # fmt: skip
+        num_free_blocks = kvc.num_free[0]
+        if num_finished:
             has_finished = 1
         num_scheduled, npre = queue_i[slot, 1], queue_i[slot, 4]
         if num_scheduled or npre:  # a step of the records: it ran tokens or preempted

@@ -70,7 +70,10 @@ def compiled_rules() -> dict:
     """Every function of kvlab.core.engine.rules, a request's transitions (kvlab.core.engine.request, on a request's
     record), decode_run.steps_covered, closed_loop.send_s and the free queue of kvlab.core.block_pool
     (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
-    resolved to their compiled selves (block_pool's integer constants as its, a request's statuses as the loops')."""
+    resolved to their compiled selves (block_pool's integer constants as its, a request's statuses as the loops').
+    The rules and the transitions, whose arguments are numbers and a record, are compiled once each and called (LLVM
+    inlines them when it links a loop): inlined at numba's level into every caller, their typing took a third of the
+    loops' compilation. The free queue's functions, which take the pool's arrays, are inlined."""
     statuses = dict(WAITING=WAITING, RUNNING=RUNNING, PREEMPTED=PREEMPTED, FINISHED=FINISHED)
     namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int} | statuses
     functions = [
@@ -78,16 +81,16 @@ def compiled_rules() -> dict:
     ]
     functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
     functions += [python_decode_run.steps_covered, closed_loop.send_s]
-    functions += [getattr(block_pool, name) for name in block_pool.QUEUE]
-    return _compiled_into(namespace, functions)
+    _compiled_into(namespace, functions, inlined=False)
+    return _compiled_into(namespace, [getattr(block_pool, name) for name in block_pool.QUEUE])
 
 
-def _compiled_into(namespace: dict, functions) -> dict:
-    """namespace with each of functions compiled from its own source (inlined into its callers), namespace its
-    globals: their calls to each other resolve to their compiled selves."""
+def _compiled_into(namespace: dict, functions, inlined: bool = True) -> dict:
+    """namespace with each of functions compiled from its own source (inlined into its callers, or where not inlined
+    compiled once and called), namespace its globals: their calls to each other resolve to their compiled selves."""
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
-        namespace[function.__name__] = inline(copy)
+        namespace[function.__name__] = inline(copy) if inlined else njit(copy)
     return namespace
 
 

@@ -39,10 +39,11 @@ from kvlab.core.engine.fast.loops.jit import (
     send_s,
     take_blocks,
     touch_blocks,
-    update_request_with_output,
 )
 from kvlab.core.engine.fast.loops.pool import (
-    cache_blocks,
+    cache_blocks as pool_cache_blocks,
+)
+from kvlab.core.engine.fast.loops.pool import (
     hash_id,
     release_table,
     take_slot,
@@ -120,7 +121,7 @@ def allocate_slots(kv, requests, r, num_new_tokens):
         requests.num_blocks[r] += new
     if kv.enable_caching:
         known = min(c + num_new_tokens, requests.num_tokens[r])
-        cache_blocks(pool, r, requests.num_cached_blocks, known, kv.block_size)
+        pool_cache_blocks(pool, r, requests.num_cached_blocks, known, kv.block_size)
     return True
 
 
@@ -179,7 +180,7 @@ def allocate_admitted(kv, requests, r, num_new_tokens, hits):
             take_blocks(pool, new, row, num_hits)
             requests.num_blocks[r] += new
         known = min(num_hits * block_size + num_new_tokens, num_tokens)
-        cache_blocks(pool, r, requests.num_cached_blocks, known, block_size)
+        pool_cache_blocks(pool, r, requests.num_cached_blocks, known, block_size)
         kv.num_free[0] = num_free(pool)
     elif new > 0:
         kv.num_free[0] -= new
@@ -218,13 +219,13 @@ def add_preempted(out, r):
 def add_admitted(out, requests, r):
     """An admitted request's first_scheduled_s, the first time."""
     if math.isnan(requests.first_scheduled_s[r]):
-        requests.first_scheduled_s[r] = out.now_s
+        requests.first_scheduled_s[r] = out.time_s
 
 
 @inline
-def scheduled_request(out, requests, j):
-    """The batch's j-th request (its record) and its tokens."""
-    return requests.records[out.req_ids[j]], out.num_new_tokens[j]
+def scheduled(out, j):
+    """The batch's j-th request and its tokens."""
+    return out.req_ids[j], out.num_new_tokens[j]
 
 
 @inline
@@ -249,6 +250,58 @@ def set_batch(out, tokens, context, decodes, decode_context, prefills, pairs, lo
 
 
 @inline
+def cache_blocks(kv, requests, r, num_tokens):
+    """KVCacheManager.cache_blocks on the pool's arrays (loops.pool)."""
+    pool_cache_blocks(kv.pool, r, requests.num_cached_blocks, num_tokens, kv.block_size)
+
+
+@inline
+def add_first_token(out, requests, r):
+    """Request r's first token, at the batch's end."""
+    requests.first_token_s[r] = out.time_s
+
+
+@inline
+def add_finished(out, requests, r):
+    """Request r finished at the batch's end (in a closed loop the next request is sent then: finished_at)."""
+    requests.finish_s[r] = out.time_s
+    finished_at(requests, out.time_s)
+
+
+@inline
+def remove_finished(requests, running, num_running, waiting, head, num_waiting, from_waiting):
+    """The running list (and, where from_waiting, the waiting ring from head) without finished requests, in order;
+    their lengths."""
+    status = requests.status
+    k = 0
+    for j in range(num_running):
+        r = running[j]
+        if status[r] != FINISHED:
+            running[k] = r
+            k += 1
+    if from_waiting:
+        cap = waiting.shape[0]
+        w = 0
+        for j in range(num_waiting):
+            r = waiting[(head + j) % cap]
+            if status[r] != FINISHED:
+                waiting[(head + w) % cap] = r
+                w += 1
+        num_waiting = w
+    return k, num_waiting
+
+
+@inline
+def kv_cache(cfg, pool, groups, num_free_blocks):
+    """The KV-cache manager the shared functions call (arrays.KVCache) over the pool's arrays or the groups, with
+    num_free_blocks free."""
+    hybrid = groups.block_size.shape[0] > 0
+    kv = KVCache(cfg.block_size, cfg.enable_caching, not hybrid, cfg.max_model_len, pool, groups, pool.num_free_blocks)
+    kv.num_free[0] = num_free_blocks
+    return kv
+
+
+@inline
 def schedule(
     cfg,
     req,
@@ -262,7 +315,6 @@ def schedule(
     out_r,
     out_n,
     out_sample,
-    asynchronous,
     pool,
     groups,
     acc,
@@ -272,12 +324,10 @@ def schedule(
     batch in out_r, out_n, out_sample and, where fields (a clock that reads them, step_s), the rest of its Batch in
     acc; returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait,
     num_free_blocks)."""
-    hybrid = groups.block_size.shape[0] > 0
-    kv = KVCache(cfg.block_size, cfg.enable_caching, not hybrid, cfg.max_model_len, pool, groups, pool.num_free_blocks)
-    kv.num_free[0] = num_free_blocks
+    kv = kv_cache(cfg, pool, groups, num_free_blocks)
     out = BatchOut(out_r, out_n, out_sample, acc, now_s)
     ns, npre, num_scheduled, hit_tokens, nrun, head, nwait = shared_schedule(
-        cfg, kv, req, running, nrun, waiting, head, nwait, out, asynchronous, fields
+        cfg, kv, req, running, nrun, waiting, head, nwait, out, fields
     )
     return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, kv.num_free[0]
 
@@ -335,27 +385,6 @@ def finished_at(req, batch_end_s):
 
 
 @inline
-def drop_finished(status, running, nrun, waiting, head, nwait, from_waiting):
-    """The running list (and, if some finished there, the waiting queue) without finished requests, in order."""
-    k = 0
-    for j in range(nrun):
-        r = running[j]
-        if status[r] != FINISHED:
-            running[k] = r
-            k += 1
-    if from_waiting:
-        cap = waiting.shape[0]
-        w = 0
-        for j in range(nwait):
-            r = waiting[(head + j) % cap]
-            if status[r] != FINISHED:
-                waiting[(head + w) % cap] = r
-                w += 1
-        nwait = w
-    return k, nwait
-
-
-@inline
 def release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_blocks):
     """A finished request gives its blocks back (KVCacheManager.free); the free count after."""
     if caching:
@@ -372,48 +401,23 @@ def release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_bl
 
 
 @inline
-def update_sync(
-    req,
-    pool,
-    groups,
-    caching,
-    running,
-    nrun,
-    npre,
-    out_r,
-    out_n,
-    out_sample,
-    ns,
-    num_new_kv_tokens,
-    batch_end_s,
-    num_free_blocks,
-    kv,
-):
+def update_sync(cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre, out, ns, num_new_kv_tokens,
+                num_free_blocks, kv):  # fmt: skip
     """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
     preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output
-    (request.update_request_with_output, on each record): each request that samples gets its token, and those done
-    finish at end and give their blocks back, in batch order (a reservation pool's caller frees their chunks after).
-    Returns (num_free_blocks, kv, whether any finished)."""
-    records, num_computed_tokens = req.records, req.num_computed_tokens
+    (kvlab/core/engine/scheduler.py's, compiled: SHARED) on the batch out (arrays.BatchOut, time_s its end): less
+    the tokens of those that finished. Returns (num_free_blocks, kv, requests finished, nrun, nwait)."""
     if npre:
         kv = 0
         for j in range(nrun):
-            kv += num_computed_tokens[running[j]]
+            kv += req.num_computed_tokens[running[j]]
     else:
         kv += num_new_kv_tokens
-    any_finished = False
-    for j in range(ns):
-        r = out_r[j]
-        sampled, first_token, settled, finished = update_request_with_output(records[r], out_n[j], out_sample[j], False)
-        if first_token:
-            req.first_token_s[r] = batch_end_s
-        if finished:
-            num_free_blocks = release(pool, groups, caching, r, req.num_blocks, req.num_cached_blocks, num_free_blocks)
-            kv -= num_computed_tokens[r]
-            req.finish_s[r] = batch_end_s
-            finished_at(req, batch_end_s)
-            any_finished = True
-    return num_free_blocks, kv, any_finished
+    kvc = kv_cache(cfg, pool, groups, num_free_blocks)
+    _, num_finished, num_finished_tokens, nrun, nwait = shared_update_from_output(
+        cfg, kvc, req, out, ns, running, nrun, waiting, head, nwait
+    )
+    return kvc.num_free[0], kv - num_finished_tokens, num_finished, nrun, nwait
 
 
 @inline
@@ -472,15 +476,17 @@ def record(
 
 
 SHARED = compiled_from(
-    (python_scheduler.schedule, python_scheduler.preempt, python_scheduler.account),
+    (python_scheduler.schedule, python_scheduler.preempt, python_scheduler.account, python_scheduler.update_from_output),
     {
         name: globals()[name]
         for name in (
             "request_of", "pop_running", "append_running", "waiting_front", "pop_waiting", "push_waiting_front",
             "allocate_slots", "get_computed_blocks", "hit_boundary", "allocate_admitted", "free_blocks",
-            "new_step_starts", "add_scheduled", "add_preempted", "add_admitted", "scheduled_request", "set_sample",
-            "set_batch",
+            "new_step_starts", "add_scheduled", "add_preempted", "add_admitted", "scheduled", "set_sample",
+            "set_batch", "cache_blocks", "add_first_token", "add_finished", "remove_finished",
         )
     },
 )  # fmt: skip
-shared_schedule, shared_preempt, shared_account = SHARED["schedule"], SHARED["preempt"], SHARED["account"]
+shared_schedule, shared_preempt, shared_account, shared_update_from_output = (
+    SHARED[name] for name in ("schedule", "preempt", "account", "update_from_output")
+)

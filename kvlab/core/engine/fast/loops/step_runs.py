@@ -35,9 +35,9 @@ from kvlab.core.engine.fast.loops.pool import (
 )
 from kvlab.core.engine.fast.loops.scheduler import (
     add_arrivals,
-    drop_finished,
     finished_at,
     record,
+    remove_finished,
 )
 from kvlab.core.engine.rules import NEVER_ENOUGH_BLOCKS
 
@@ -80,7 +80,7 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, nu
     if finished:  # that step's record: after its finishes
         logs[2][s + j - 1] = usable - num_free_blocks  # held
         logs[3][s + j - 1] = kv  # kv_tokens
-        nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+        nrun, nwait = remove_finished(req, running, nrun, waiting, head, nwait, False)
     return num_free_blocks, kv, nrun, nwait
 
 
@@ -674,7 +674,7 @@ def decode_run_async(at, times):
         finish_s[r] = end_k
         finished_at(req, end_k)
     nrun_before = nrun
-    nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
+    nrun, nwait = remove_finished(req, running, nrun, waiting, head, nwait, False)
     now_s = end_k  # it waited for batch k's output
     record(first, start_k, end_k, last_end_s, 0, 0, tokens_k, running_k, waiting_k, usable - num_free_blocks, context, logs, events,
            counts)  # fmt: skip

@@ -41,7 +41,6 @@ from kvlab.core.engine.fast.loops.jit import (
     preemption_victim,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
-    drop_finished,
     next_step,
     preempt,
     record,
@@ -224,37 +223,24 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
                 out_n[ns] = 1
                 ns += 1
                 i += 1
-        num_scheduled = shared_account(req, BatchOut(out_r, out_n, out_sample, acc, now_s), ns, False, True)
+        num_scheduled = shared_account(
+            req, BatchOut(out_r, out_n, out_sample, acc, now_s), ns, cfg.async_scheduling, True
+        )
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
         batch_end_s = now_s + step_s(cost, num_scheduled, acc)
-        num_free_blocks, kv, finished = update_sync(
-            req,
-            pool,
-            groups,
-            0,
-            running,
-            nrun,
-            npre,
-            out_r,
-            out_n,
-            out_sample,
-            ns,
-            num_scheduled,
-            batch_end_s,
-            num_free_blocks,
-            kv,
-        )
+        num_running_step = nrun
+        num_free_blocks, kv, finished, nrun, nwait = update_sync(
+            cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre,
+            BatchOut(out_r, out_n, out_sample, acc, batch_end_s), ns, num_scheduled, num_free_blocks, kv,
+        )  # fmt: skip
         if finished and not paged:  # ReservationManager.free: each finished request's chunk, in batch order
             for j in range(ns):
                 r = out_r[j]
                 if status[r] == FINISHED:
                     free_chunk(orca, chunk_offset[r], reserve[r])
                     counters[FINAL_TOKENS] -= max_num_tokens[r]
-        num_running_step = nrun
-        if finished:
-            nrun, nwait = drop_finished(status, running, nrun, waiting, head, nwait, False)
         s = counts[0]
         held = usable - num_free_blocks if paged else orca.num_slots - counters[FREE_SLOTS]
         record(first, now_s, batch_end_s, last_end_s, npre, 0, num_scheduled, num_running_step, nwait, held, kv, logs, events,
