@@ -86,7 +86,12 @@ def compiled_rules() -> dict:
     inlines them when it links a loop): inlined at numba's level into every caller, their typing took a third of the
     loops' compilation. The free queue's functions, which take the pool's arrays, are inlined."""
     statuses = dict(WAITING=WAITING, RUNNING=RUNNING, PREEMPTED=PREEMPTED, FINISHED=FINISHED)
-    namespace = {"__builtins__": builtins} | {k: v for k, v in vars(block_pool).items() if type(v) is int} | statuses
+    # (__name__: numba caches a function with the module it names, which must import where the cache loads it)
+    namespace = (
+        {"__builtins__": builtins, "__name__": __name__}
+        | {k: v for k, v in vars(block_pool).items() if type(v) is int}
+        | statuses
+    )
     functions = [
         f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
     ]
