@@ -46,9 +46,24 @@ from __future__ import annotations
 import numpy as np
 
 from kvlab.core.config import SchedulerConfig
-from kvlab.core.engine.request import PREEMPTED, RUNNING
-from kvlab.core.engine.rules import watermark_admits
-from kvlab.core.engine.scheduler import Scheduler, SchedulerOutput, account
+from kvlab.core.engine.request import RUNNING
+from kvlab.core.engine.rules import preemption_victim, watermark_admits
+from kvlab.core.engine.scheduler import (
+    Scheduler,
+    SchedulerOutput,
+    account,
+    add_admitted,
+    add_preempted,
+    add_scheduled,
+    allocate_admitted,
+    allocate_slots,
+    append_running,
+    pop_running,
+    pop_waiting,
+    preempt,
+    request_of,
+    waiting_front,
+)
 from kvlab.core.units import cdiv
 
 WATERMARK = 0.01  # vllm/core/block_manager.py: BlockSpaceManager(watermark=0.01)
@@ -81,58 +96,96 @@ class SchedulerV0(Scheduler):
         self.watermark_blocks = watermark_blocks(kv_cache_manager.pool.num_gpu_blocks) if self.paged else 0
 
     def schedule(self) -> SchedulerOutput:
-        """A prompt step if any waiting request is admitted, else a decode step of every running request."""
+        """A prompt step if any waiting request is admitted, else a decode step of every running request (the
+        module's schedule, on this scheduler's Request objects and queues)."""
         out = SchedulerOutput()
-        kv, running, waiting = self.kv_cache_manager, self.running, self.waiting
-        num_batched_tokens = 0
-        while waiting and self.can_admit(waiting[0], num_batched_tokens):
-            request = waiting.popleft()
-            n = request.num_tokens
-            allocated = kv.allocate_slots(request, n, full_sequence_must_fit=True)
-            assert allocated  # can_admit checked its blocks or its reservation
-            running.append(request)
-            request.status = RUNNING
-            out.admitted.append(request)
-            out.scheduled.append((request, n))
-            num_batched_tokens += n
-        if not out.scheduled:
-            self._decode(out)
-        account(None, out, len(out.scheduled), False, True)
+        running, waiting = self.running, self.waiting
+        schedule(self, self.kv_cache_manager, None, running, len(running), waiting, 0, len(waiting), out)
         self.has_finished = False
         return out
 
     def can_admit(self, request, num_batched_tokens: int = 0, num_blocks_taken: int = 0) -> bool:
         """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken
-        blocks fewer free than now (side-effect free): the token budget, max_num_seqs, then the watermark (blocks
-        for all its tokens leave watermark_blocks free) or its reservation."""
+        blocks fewer free than now (the module's can_admit)."""
+        return can_admit(self, self.kv_cache_manager, request, num_batched_tokens, len(self.running), num_blocks_taken)
+
+
+# ---------------------------------------------------------------- schedule(), written once
+# vLLM 0.1.4's schedule over a request's handle, the queues and the KV-cache manager's calls, as
+# kvlab.core.engine.scheduler's for vLLM 0.33: the reference calls it on Request objects; the compiled loop
+# (fast/loops/v0.py) compiles it from this source with the calls each side binds to its own bound to the loop's arrays.
+
+
+def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out):
+    """SchedulerV0.schedule (the module's docstring): a prompt step of the waiting requests admitted first come first
+    served, else a decode step of every running request, earliest arrival first (the running list stays in arrival
+    order: FCFS admission, preemption from the back; vLLM 0.1.4 sorts it, a no-op tests/test_scheduler_v0.py checks),
+    the latest preempted while no block is free; then account. Returns (requests scheduled, requests preempted, tokens
+    scheduled, num_running, head, num_waiting)."""
+    num_reqs = num_preempted = num_batched_tokens = 0
+    while num_waiting > 0:
+        handle = waiting_front(waiting, head)
+        request = request_of(requests, handle)
+        if not can_admit(scheduler, kv, request, num_batched_tokens, num_running, 0):
+            break
         n = request.num_tokens
-        if num_batched_tokens + n > self.max_num_batched_tokens or len(self.running) >= self.max_num_seqs:
-            return False
-        kv = self.kv_cache_manager
-        if not self.paged:
-            return kv.can_reserve(request)  # a buddy chunk is free
-        num_free = kv.num_free_blocks - num_blocks_taken
-        return watermark_admits(n, num_free, self.watermark_blocks, kv.block_size, self.max_model_len)
-
-    def _decode(self, out: SchedulerOutput) -> None:
-        """One token for each running request, earliest arrival first; the latest are preempted for free blocks."""
-        kv, running = self.kv_cache_manager, self.running
-        running.sort(key=_arrival_s)  # a no-op: FCFS keeps them in arrival order (tests check it)
+        allocate_admitted(kv, requests, handle, n, None)  # can_admit checked its blocks or its reservation
+        head = pop_waiting(waiting, head)
+        num_waiting -= 1
+        append_running(running, num_running, handle)
+        num_running += 1
+        request.status = RUNNING
+        add_admitted(out, requests, handle)
+        add_scheduled(out, num_reqs, handle, n)
+        num_reqs += 1
+        num_batched_tokens += n
+    if num_reqs == 0:  # a decode step: a token each, a free block before each (paged), the latest preempted
         i = 0
-        while i < len(running):
-            request = running[i]
-            while self.paged and kv.num_free_blocks < 1:
-                victim = running.pop()  # the latest arrival, or the request itself when it is the last
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is request:
+        while i < num_running:
+            handle = running[i]
+            preempted_self = False
+            while needs_free_block(kv):
+                victim = pop_running(running, preemption_victim(num_running))
+                num_running -= 1
+                head = preempt(kv, requests, waiting, head, victim)
+                num_waiting += 1
+                add_preempted(out, victim)
+                num_preempted += 1
+                if victim == handle:
+                    preempted_self = True
                     break
-            if request.status == PREEMPTED:
+            if preempted_self:
                 break
-            kv.allocate_slots(request, 1)  # a block is free: it cannot fail
-            out.scheduled.append((request, 1))
+            allocate_slots(kv, requests, handle, 1)  # a block is free: it cannot fail
+            add_scheduled(out, num_reqs, handle, 1)
+            num_reqs += 1
             i += 1
+    num_scheduled_tokens = account(requests, out, num_reqs, scheduler.async_scheduling, True)
+    return num_reqs, num_preempted, num_scheduled_tokens, num_running, head, num_waiting
 
 
-def _arrival_s(request) -> float:
-    return request.arrival_s
+def can_admit(scheduler, kv, request, num_batched_tokens, num_running, num_blocks_taken):
+    """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken blocks
+    fewer free than now (side-effect free): the token budget, max_num_seqs, then the watermark (blocks for all its
+    tokens leave watermark_blocks free) or its reservation (prompt_fits)."""
+    n = request.num_tokens
+    if num_batched_tokens + n > scheduler.max_num_batched_tokens or num_running >= scheduler.max_num_seqs:
+        return False
+    return prompt_fits(scheduler, kv, request, num_blocks_taken)
+
+
+# ---------------------------------------------------------------- the reference's side of them
+def prompt_fits(scheduler, kv, request, num_blocks_taken: int) -> bool:
+    """Blocks for all of request's tokens leave watermark_blocks free (paged), or a buddy chunk for its reservation is
+    free."""
+    if not scheduler.paged:
+        return kv.can_reserve(request)
+    num_free = kv.num_free_blocks - num_blocks_taken
+    return watermark_admits(
+        request.num_tokens, num_free, scheduler.watermark_blocks, kv.block_size, scheduler.max_model_len
+    )
+
+
+def needs_free_block(kv) -> bool:
+    """A decode needs a free block and none is (paged; a reservation holds every slot its decodes write)."""
+    return kv.allocation == "paged" and kv.num_free_blocks < 1

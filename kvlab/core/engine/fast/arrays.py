@@ -50,6 +50,7 @@ REQUEST_RECORD = np.dtype(
     [
         (name, np.int64)
         for name in (
+            "request_id",
             "num_prompt_tokens",
             "max_tokens",
             "max_num_tokens",
@@ -155,6 +156,10 @@ Reservations = namedtuple(
         "counters",
     ],
 )
+
+# The KV-cache manager as vLLM 0.1.4's shared schedule() reads it compiled (loops/v0.py binds its calls): KVCache's
+# fields that the v1 bindings it shares read, and the Reservations.
+V0Cache = namedtuple("V0Cache", ["block_size", "enable_caching", "max_model_len", "pool", "groups", "num_free", "orca"])
 
 # A hybrid model's KV cache groups without prefix caching (capacity.KVCacheGroup; KVCacheManager over a manager per group), as the
 # compiled loop reads them: per group its block_size, sliding window, attention chunk and admission cap (0: none; a

@@ -410,6 +410,7 @@ def serve(engine) -> Served | None:
     records["num_prompt_tokens"][:n], records["max_num_tokens"][:n] = num_prompt_tokens, max_num_tokens
     records["max_tokens"][:n] = max_tokens_total - num_prompt_tokens
     records["num_tokens"][:n] = num_prompt_tokens
+    records["request_id"][:n] = np.arange(n)
     view = {name: records[name] for name in REQUEST_RECORD.names if name in Requests._fields}
     req = Requests(
         arrival_s=arrival_s,

@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
-from kvlab.core.engine import closed_loop, request, rules, scheduler
+from kvlab.core.engine import closed_loop, request, rules, scheduler, scheduler_v0
 from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -28,7 +28,7 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
 SOURCE_FILES = [
-    Path(m.__file__) for m in (rules, request, scheduler, block_pool, closed_loop, python_decode_run)
+    Path(m.__file__) for m in (rules, request, scheduler, scheduler_v0, block_pool, closed_loop, python_decode_run)
 ] + sorted(Path(__file__).parent.glob("*.py"))
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]

@@ -3,17 +3,17 @@ Orca reservations (kvlab.core.engine.reservation, placed by the buddy allocator 
 
 loop_v0 is Engine.run's per-step loop with SchedulerV0.schedule, account and update_from_output over the arrays of
 fast/arrays.py (req: Requests; cfg: Limits; orca: Reservations), step by step (no decode runs: a step costs a few
-nanoseconds a request here). Its decisions are the rules the Python scheduler calls (rules.watermark_admits,
-admission_num_new_blocks, num_blocks_to_allocate, preemption_victim, samples, is_finished), compiled by jit.RULES; its
-records are scheduler.record's, and for a reservation pool each step's Fig. 2 counts besides. The buddy allocator here
+nanoseconds a request here). Its schedule() is the reference's (kvlab.core.engine.scheduler_v0.schedule, with
+scheduler.py's preempt and account), its update_from_output scheduler.py's, both compiled from their source with the
+KV-cache manager's calls bound to the functions here; its records are scheduler.record's, and for a reservation pool each step's Fig. 2 counts besides. The buddy allocator here
 keeps, per slot, the order of the free chunk starting there and, per order, how many are free: the same chunks as
 kvlab.core.buddy's sets and heaps (the lowest-addressed free chunk of the smallest order that has one, split into
 halves; a freed chunk merged with its free buddies inside its arena). tests/test_compiled.py holds the two engines to
 the same results, bit for bit.
 """
 
-import math
-
+from kvlab.core.engine import scheduler as python_scheduler
+from kvlab.core.engine import scheduler_v0 as python_scheduler_v0
 from kvlab.core.engine.fast.arrays import (
     DONE,
     F_CLOCK,
@@ -27,25 +27,24 @@ from kvlab.core.engine.fast.arrays import (
     S_STEPS,
     S_WAITING_HEAD,
     BatchOut,
+    V0Cache,
 )
+from kvlab.core.engine.fast.loops import scheduler as loops_scheduler
 from kvlab.core.engine.fast.loops.clock import step_s
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
     RULES,
-    RUNNING,
     STEP,
     admission_num_new_blocks,
+    compiled_from,
     inline,
     njit,
     num_blocks_to_allocate,
-    preemption_victim,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
     next_step,
-    preempt,
     record,
     save_state,
-    shared_account,
     update_sync,
 )
 
@@ -135,6 +134,72 @@ def free_chunk(orca, offset, size_tokens):
     chunks[order] += 1
 
 
+# ---------------------------------------------------------------- schedule(), compiled from the reference's source
+# kvlab.core.engine.scheduler_v0's schedule and can_admit (with scheduler.py's preempt and account), compiled
+# (jit.compiled_from) with the calls each side binds to its own bound to loops.scheduler's (a request's record, the
+# queues, the batch) and to the functions below over arrays.V0Cache: a count of free blocks (paged) or the
+# reservations' buddy arenas.
+
+
+@inline
+def prompt_fits(cfg, kv, request, num_blocks_taken):
+    """Blocks for all of request's tokens leave watermark_blocks free (paged), or a buddy chunk for its reservation
+    is free."""
+    orca = kv.orca
+    if not orca.paged:
+        return can_allocate(orca, orca.reserve[request.request_id])
+    num_free = kv.num_free[0] - num_blocks_taken
+    return watermark_admits(request.num_tokens, num_free, orca.watermark_blocks, kv.block_size, cfg.max_model_len)
+
+
+@inline
+def needs_free_block(kv):
+    """A decode needs a free block and none is (paged; a reservation holds every slot its decodes write)."""
+    return kv.orca.paged and kv.num_free[0] < 1
+
+
+@inline
+def allocate_admitted(kv, requests, r, num_new_tokens, hits):
+    """Request r's blocks for all its tokens (paged), or its reservation's chunk (the buddy's lowest-addressed of the
+    smallest order that fits); can_admit checked that they are free."""
+    orca = kv.orca
+    if orca.paged:
+        new = admission_num_new_blocks(num_new_tokens, 0, 0, num_new_tokens, kv.num_free[0], kv.block_size,
+                                       kv.max_model_len)  # fmt: skip
+        kv.num_free[0] -= new
+        requests.num_blocks[r] += new
+    else:
+        orca.chunk_offset[r] = allocate_chunk(orca, orca.reserve[r])
+        orca.counters[FINAL_TOKENS] += requests.max_num_tokens[r]
+    return True
+
+
+@inline
+def allocate_slots(kv, requests, r, num_new_tokens):
+    """A decode's block, where its token opens one (paged); a reservation's slots are held."""
+    if kv.orca.paged:
+        new = num_blocks_to_allocate(requests.num_computed_tokens[r], num_new_tokens, requests.num_blocks[r],
+                                     kv.block_size, kv.max_model_len)  # fmt: skip
+        if new > 0:
+            kv.num_free[0] -= new
+            requests.num_blocks[r] += new
+    return True
+
+
+SHARED_V0 = compiled_from(
+    (python_scheduler_v0.schedule, python_scheduler_v0.can_admit, python_scheduler.preempt, python_scheduler.account),
+    {
+        **{name: getattr(loops_scheduler, name) for name in (
+            "request_of", "pop_running", "append_running", "waiting_front", "pop_waiting", "push_waiting_front",
+            "free_blocks", "add_scheduled", "add_preempted", "add_admitted", "scheduled", "set_sample", "set_batch",
+        )},
+        "prompt_fits": prompt_fits, "needs_free_block": needs_free_block, "allocate_admitted": allocate_admitted,
+        "allocate_slots": allocate_slots,
+    },
+)  # fmt: skip
+shared_schedule_v0 = SHARED_V0["schedule"]
+
+
 # ---------------------------------------------------------------- the loop
 @njit
 def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca, out_r, out_n, out_sample, logs, events,
@@ -143,16 +208,9 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
     finished (DONE), the chunk's step records are filled (FULL) or a step schedules nothing (NO_PROGRESS). split: a
     reservation pool's Fig. 2 counts per step (final tokens, rounding, external fragmentation; StepLog.add_split). pool and
     groups: placeholders (no prefix cache, one full-attention group), for the v1 loop's preempt and release."""
-    arrival_s, max_num_tokens, num_tokens, num_computed_tokens, num_blocks = (
-        req.arrival_s, req.max_num_tokens, req.num_tokens, req.num_computed_tokens, req.num_blocks
-    )  # fmt: skip
-    status, first_scheduled_s = req.status, req.first_scheduled_s
+    arrival_s, max_num_tokens, status = req.arrival_s, req.max_num_tokens, req.status
     reserve, chunk_offset, counters = orca.reserve, orca.chunk_offset, orca.counters
-    cap = waiting.shape[0]
-    block_size, max_num_seqs, max_num_batched_tokens, max_model_len = (
-        cfg.block_size, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len
-    )  # fmt: skip
-    usable, paged, watermark = cfg.num_usable_blocks, orca.paged, orca.watermark_blocks
+    usable, paged = cfg.num_usable_blocks, orca.paged
     nxt, num_free_blocks, nrun, head, nwait = (
         state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING], state[S_WAITING_HEAD], state[S_NUM_WAITING]
     )  # fmt: skip
@@ -165,67 +223,12 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
         code, nxt, nwait, now_s = next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
         if code != STEP:
             break
-        # SchedulerV0.schedule: a prompt step if the waiting queue's head is admitted
-        ns = 0
-        npre = 0
-        num_batched = 0
-        while nwait > 0:
-            r = waiting[head]
-            m = num_tokens[r]
-            if num_batched + m > max_num_batched_tokens or nrun >= max_num_seqs:
-                break
-            if paged:
-                if not watermark_admits(m, num_free_blocks, watermark, block_size, max_model_len):
-                    break
-                new = admission_num_new_blocks(m, 0, 0, m, num_free_blocks, block_size, max_model_len)
-                num_free_blocks -= new
-                num_blocks[r] += new
-            else:
-                offset = allocate_chunk(orca, reserve[r])
-                if offset < 0:
-                    break
-                chunk_offset[r] = offset
-                counters[FINAL_TOKENS] += max_num_tokens[r]
-            head = (head + 1) % cap
-            nwait -= 1
-            running[nrun] = r
-            nrun += 1
-            status[r] = RUNNING
-            if math.isnan(first_scheduled_s[r]):
-                first_scheduled_s[r] = now_s
-            out_r[ns] = r
-            out_n[ns] = m
-            ns += 1
-            num_batched += m
-        if ns == 0:  # else a decode step: a token each, a free block before each (paged), the latest preempted
-            i = 0
-            while i < nrun:
-                r = running[i]
-                preempted_self = False
-                while paged and num_free_blocks < 1:
-                    nrun = preemption_victim(nrun)
-                    v = running[nrun]  # the latest arrival (FCFS keeps the running list in arrival order)
-                    num_free_blocks, head, nwait = preempt(
-                        req, pool, groups, 0, v, num_free_blocks, waiting, head, nwait
-                    )
-                    npre += 1
-                    if v == r:
-                        preempted_self = True
-                        break
-                if preempted_self:
-                    break
-                if paged:
-                    new = num_blocks_to_allocate(num_computed_tokens[r], 1, num_blocks[r], block_size, max_model_len)
-                    if new > 0:
-                        num_free_blocks -= new
-                        num_blocks[r] += new
-                out_r[ns] = r
-                out_n[ns] = 1
-                ns += 1
-                i += 1
-        num_scheduled = shared_account(
-            req, BatchOut(out_r, out_n, out_sample, acc, now_s), ns, cfg.async_scheduling, True
+        kvc = V0Cache(cfg.block_size, 0, cfg.max_model_len, pool, groups, pool.num_free_blocks, orca)
+        kvc.num_free[0] = num_free_blocks
+        ns, npre, num_scheduled, nrun, head, nwait = shared_schedule_v0(
+            cfg, kvc, req, running, nrun, waiting, head, nwait, BatchOut(out_r, out_n, out_sample, acc, now_s)
         )
+        num_free_blocks = kvc.num_free[0]
         if num_scheduled == 0:
             code = NO_PROGRESS
             break
