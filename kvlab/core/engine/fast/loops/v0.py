@@ -40,6 +40,7 @@ from kvlab.core.engine.fast.loops.jit import (
     inline,
     njit,
     num_blocks_to_allocate,
+    unowned,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
     next_step,
@@ -207,7 +208,16 @@ def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca,
     """Engine.run's loop and Engine.step with SchedulerV0 (synchronous, step by step): steps until every request
     finished (DONE), the chunk's step records are filled (FULL) or a step schedules nothing (NO_PROGRESS). split: a
     reservation pool's Fig. 2 counts per step (final tokens, rounding, external fragmentation; StepLog.add_split). pool and
-    groups: placeholders (no prefix cache, one full-attention group), for the v1 loop's preempt and release."""
+    groups: placeholders (no prefix cache, one full-attention group), for the v1 loop's preempt and release. Every
+    array is taken unowned (jit.unowned), as the v1 loops take theirs."""
+    req, cost, state, fstate, running, waiting, pool, groups, orca = (
+        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
+        unowned(groups), unowned(orca),
+    )  # fmt: skip
+    out_r, out_n, out_sample, logs, events, counts, split, acc = (
+        unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts),
+        unowned(split), unowned(acc),
+    )  # fmt: skip
     arrival_s, max_num_tokens, status = req.arrival_s, req.max_num_tokens, req.status
     reserve, chunk_offset, counters = orca.reserve, orca.chunk_offset, orca.counters
     usable, paged = cfg.num_usable_blocks, orca.paged
