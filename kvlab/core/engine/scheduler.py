@@ -193,11 +193,8 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
         while not (
             noop_decodes and allocation_is_noop(n, computed, request.num_tokens, block_size, enable_caching)
         ) and not allocate_slots(kv, requests, handle, n):
-            victim = pop_running(running, preemption_victim(num_running))
-            num_running -= 1
-            head = preempt(kv, requests, waiting, head, victim)
+            victim, num_running, head = preempt_latest(kv, requests, running, num_running, waiting, head, out)
             num_waiting += 1
-            add_preempted(out, victim)
             num_preempted += 1
             if victim == handle:
                 preempted_self = True
@@ -245,6 +242,15 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
             budget -= n
     num_scheduled_tokens = account(requests, out, num_reqs, scheduler.async_scheduling, fields)
     return num_reqs, num_preempted, num_scheduled_tokens, num_hit_tokens, num_running, head, num_waiting
+
+
+def preempt_latest(kv, requests, running, num_running, waiting, head, out):
+    """The most recently admitted running request (rules.preemption_victim) taken off the running list, preempted
+    (preempt) and recorded in the step's output. Returns (it, num_running, the waiting queue's head)."""
+    victim = pop_running(running, preemption_victim(num_running))
+    head = preempt(kv, requests, waiting, head, victim)
+    add_preempted(out, victim)
+    return victim, num_running - 1, head
 
 
 def preempt(kv, requests, waiting, head, handle):

@@ -47,20 +47,18 @@ import numpy as np
 
 from kvlab.core.config import SchedulerConfig
 from kvlab.core.engine.request import RUNNING
-from kvlab.core.engine.rules import preemption_victim, watermark_admits
+from kvlab.core.engine.rules import watermark_admits
 from kvlab.core.engine.scheduler import (
     Scheduler,
     SchedulerOutput,
     account,
     add_admitted,
-    add_preempted,
     add_scheduled,
     allocate_admitted,
     allocate_slots,
     append_running,
-    pop_running,
     pop_waiting,
-    preempt,
+    preempt_latest,
     request_of,
     waiting_front,
 )
@@ -145,11 +143,8 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
             handle = running[i]
             preempted_self = False
             while needs_free_block(kv):
-                victim = pop_running(running, preemption_victim(num_running))
-                num_running -= 1
-                head = preempt(kv, requests, waiting, head, victim)
+                victim, num_running, head = preempt_latest(kv, requests, running, num_running, waiting, head, out)
                 num_waiting += 1
-                add_preempted(out, victim)
                 num_preempted += 1
                 if victim == handle:
                     preempted_self = True

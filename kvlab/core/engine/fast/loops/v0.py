@@ -188,7 +188,8 @@ def allocate_slots(kv, requests, r, num_new_tokens):
 
 
 SHARED_V0 = compiled_from(
-    (python_scheduler_v0.schedule, python_scheduler_v0.can_admit, python_scheduler.preempt, python_scheduler.account),
+    (python_scheduler_v0.schedule, python_scheduler_v0.can_admit, python_scheduler.preempt_latest, python_scheduler.preempt,
+     python_scheduler.account),
     {
         **{name: getattr(loops_scheduler, name) for name in (
             "request_of", "pop_running", "append_running", "waiting_front", "pop_waiting", "push_waiting_front",
