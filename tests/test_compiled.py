@@ -650,3 +650,32 @@ def _is_module(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:
         return False
+
+
+def test_the_time_loop_reads_the_same_state_on_both_sides():
+    """engine_core's run_sync and run_async, written once, read the loop's state by name: every name they read on it
+    is an attribute of the Python Engine and a field of the compiled loops' record (arrays.LOOP_STATE), and every
+    binding they call exists on both sides."""
+    import ast
+    import inspect
+
+    from kvlab.core.engine import engine_core
+    from kvlab.core.engine.fast.arrays import LOOP_STATE
+
+    source = ast.parse(inspect.getsource(engine_core))
+    shared = [node for node in source.body if isinstance(node, ast.FunctionDef) and node.name in ENGINE_CORE_LOOP]
+    state = {
+        n.attr
+        for f in shared
+        for n in ast.walk(f)
+        if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "loop"
+    }
+    calls = {n.func.id for f in shared for n in ast.walk(f) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    engine = Engine(Workload(np.zeros(1), np.array([4]), np.array([2])), num_gpu_blocks=8)
+    assert state and all(hasattr(engine, name) for name in state) and state <= set(LOOP_STATE.names)
+    loops = compiled.kernels()
+    bound = calls - set(ENGINE_CORE_LOOP)
+    assert len(bound) > 15 and all(hasattr(engine_core, name) and name in loops.BINDINGS for name in bound)
+
+
+ENGINE_CORE_LOOP = ("run_sync", "next_step", "run_async")

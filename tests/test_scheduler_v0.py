@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from conftest import assert_identical, assert_same, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine import Engine, Recorder, simulate
+from kvlab.core.engine import Engine, Recorder, engine_core, simulate
 from kvlab.core.engine.fast import compiled, decode_run
+from kvlab.core.engine.records import FULL
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.workload import Workload
 
@@ -339,10 +340,12 @@ def test_steps_with_blocks_is_the_step_by_step_count(case, v0_rules):
 
 
 def after_the_prompt_step(w, config, num_gpu_blocks) -> Engine:
-    """An engine that has done its first step (the prompt step of the requests arrived at 0)."""
+    """An engine that has done its first step (the prompt step of the requests arrived at 0): its loop stopped as a
+    compiled loop's does when its records are full (here after one step)."""
     engine = Engine(w, config, num_gpu_blocks=num_gpu_blocks, recorder=Recorder(scheduled=True))
-    engine.add_arrivals()
-    engine.step()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine_core, "records_full", lambda engine: len(engine.steps) == 1)
+        assert engine_core.run_sync(engine, engine) == FULL
     return engine
 
 

@@ -3,12 +3,13 @@
 The reference path, in the order a reader meets it: request (Request), rules (each vLLM rule, once), block pool
 (kvlab.core.block_pool), single_type_kv_cache_manager (a manager per kind of KV cache group), kv_cache_coordinator
 (the groups together), kv_cache_manager (vLLM's paged KVCacheManager over them), scheduler (vLLM's schedule() and
-update_from_output(), schedule() written once for the compiled loop too), async_scheduler (AsyncScheduler), engine (the time loop), closed_loop (vLLM bench's
+update_from_output(), written once for the compiled loop too), async_scheduler (AsyncScheduler), engine_core (the time
+loop, vLLM's EngineCore, written once for the compiled loop too), engine (Engine, which runs it), closed_loop (vLLM bench's
 --max-concurrency: when each request is sent), data_parallel (vLLM's data-parallel
 ranks in lockstep), serve (simulate, the entry point). Beside it:
 block_hashes (a full block's content hash, for prefix caching), checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
 paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
-loop, calling the same rules and compiling the same schedule()).
+loops, calling the same rules and compiling the same schedule(), update_from_output() and time loop).
 """
 
 from kvlab.core.engine.async_scheduler import AsyncScheduler

@@ -296,7 +296,7 @@ def no_progress_message(engine) -> str:
                 f"of at most {kv.buddy.largest_free_chunk:,}"
             )
     return (
-        f"no progress possible at t={engine.clock:.6f} s: a step scheduled nothing with {len(scheduler.running)} "
+        f"no progress possible at t={engine.now_s:.6f} s: a step scheduled nothing with {len(scheduler.running)} "
         f"running, {len(scheduler.waiting)} waiting and {len(engine.arrival_s) - engine.next_arrival} not yet "
         f"arrived requests{detail}; vLLM would wait forever (first come, first served)"
     )

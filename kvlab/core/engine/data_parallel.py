@@ -143,12 +143,13 @@ class GroupBatch(tuple):
 class GroupOutput:
     """One lockstep step's SchedulerOutputs, one a rank (None: nothing scheduled), read as one."""
 
-    __slots__ = ("outs", "batch", "admitted", "preempted", "num_hit_tokens")
+    __slots__ = ("outs", "batch", "scheduled", "admitted", "preempted", "num_hit_tokens")
 
     def __init__(self, outs):
         self.outs = outs
         mine = [o for o in outs if o is not None]
         self.batch = GroupBatch(None if o is None else o.batch for o in outs)
+        self.scheduled = [s for o in mine for s in o.scheduled]
         self.admitted = [r for o in mine for r in o.admitted]
         self.preempted = [r for o in mine for r in o.preempted]
         self.num_hit_tokens = sum(o.num_hit_tokens for o in mine)
@@ -188,7 +189,7 @@ class Ranks:
         self.next_deal = 0  # the next request to deal, in arrival order
         self.sent: list | None = None  # each rank's (waiting, running) as its engine core last sent them
         self.changed = True  # sent since the coordinator's last snapshot
-        self.published_s = self.next_tick_s = engine.clock
+        self.published_s = self.next_tick_s = engine.now_s
         self.num_wave_steps = 0  # lockstep steps since the ranks last went idle (vLLM's step_counter)
         self.num_dummy_batches = 0  # rank-steps that ran a dummy batch
 
@@ -214,7 +215,7 @@ class Ranks:
 
     def schedule(self) -> GroupOutput:
         """Every rank with requests schedules its batch (after the snapshots and deals due by the clock)."""
-        self.catch_up(self.engine.clock)
+        self.catch_up(self.engine.now_s)
         out = GroupOutput([s.schedule() if s.has_requests() else None for s in self.schedulers])
         self.note()
         if out.batch.num_scheduled_tokens:
@@ -223,7 +224,7 @@ class Ranks:
 
     def update_from_output(self, out: GroupOutput):
         """Every rank's update from its batch's output; the sampled count, first tokens and finishes of all."""
-        self.catch_up(self.engine.clock)
+        self.catch_up(self.engine.now_s)
         num_sampled, first_tokens, finished = 0, [], []
         for rank, (scheduler, mine) in enumerate(zip(self.schedulers, out.outs)):
             if mine is None:
@@ -365,11 +366,11 @@ class DataParallelEngine(Engine):
         tail = self.ranks.tail_steps()
         if tail:
             dummy_s = self.cost.step_s(GroupBatch([None] * self.num_ranks))
-            if arrival_s < self.clock + tail * dummy_s:
-                steps = max(1, math.ceil((arrival_s - self.clock) / dummy_s))
+            if arrival_s < self.now_s + tail * dummy_s:
+                steps = max(1, math.ceil((arrival_s - self.now_s) / dummy_s))
                 self.num_tail_steps += steps
                 self.ranks.num_wave_steps += steps
-                return self.clock + steps * dummy_s
+                return self.now_s + steps * dummy_s
             self.num_tail_steps += tail
         self.ranks.num_wave_steps = 0
         return arrival_s

@@ -27,7 +27,8 @@ Speed: where every running request is decoding and nothing can change for a whil
 waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
 arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
 finish before the run's last step -- decode_run does k steps at once in closed form. path="reference" is the
-plain per-step loop: the reference the tests hold the fast paths to (PATHS). The scheduler is SchedulerConfig.scheduler_cls's
+plain per-step loop: the reference the tests hold the fast paths to (PATHS). The loop itself (engine_core.run_sync,
+run_async) is written once: the compiled loops (fast/loops/engine.py) compile it from its source. The scheduler is SchedulerConfig.scheduler_cls's
 (SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
 """
 
@@ -41,14 +42,14 @@ import numpy as np
 from kvlab.core import validate
 from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
-from kvlab.core.cost import ConstantStepCost, checked_s
+from kvlab.core.cost import ConstantStepCost
 from kvlab.core.engine.async_scheduler import AsyncScheduler
 from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cache_groups, no_progress_message
 from kvlab.core.engine.closed_loop import ClosedLoop
+from kvlab.core.engine.engine_core import run_async, run_sync
 from kvlab.core.engine.fast import compiled as compiled_loop
-from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
-from kvlab.core.engine.records import EngineResult, Recorder, RequestLog, StepLog, StepRecords
+from kvlab.core.engine.records import NO_PROGRESS, EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.reservation import ReservationManager
 from kvlab.core.engine.scheduler import Scheduler
@@ -61,11 +62,6 @@ PEAK_BYTES_PER_REQUEST = 1_200
 DEFAULT_CONFIG = EngineConfig().replace(async_scheduling=False, max_model_len=8192)
 # (SchedulerConfig.scheduler_cls, async_scheduling) -> the scheduler's class
 SCHEDULERS = {("v1", False): Scheduler, ("v1", True): AsyncScheduler, ("v0-2023", False): SchedulerV0}
-
-
-def step_s(cost, out) -> float:
-    """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
-    return checked_s(cost, cost.step_s(out.batch), out.batch.num_scheduled_tokens)
 
 
 def _config(config: EngineConfig | None) -> EngineConfig:
@@ -126,13 +122,19 @@ class Engine:
         self.closed_loop = None if max_concurrency is None else ClosedLoop(workload.arrival_s, max_concurrency)
         self.arrival_s = workload.arrival_s
         self.arrival_list = workload.arrival_s.tolist() if self.closed_loop is None else self.closed_loop.send
+        # The loop's state (run_sync, run_async; the compiled loops keep the same fields in arrays.LOOP_STATE):
+        self.now_s = float(self.arrival_s[0])  # the clock
         self.next_arrival = 0  # index of the next request to arrive
         self._arrived: Request | None = None
         self.num_kv_tokens = 0  # computed tokens of the running requests
-        self.all_decoding = False  # every running request was scheduled in the last step and sampled
-        self.num_decode_runs = 0  # decode runs done at once (the fast path; the compiled loop's prefill runs too)
+        self.num_decode_runs = 0  # runs of steps done at once (decode runs; the compiled loop's prefill runs too)
         self.num_prefill_runs = 0  # the compiled loop's runs of a prompt's chunks beside the same decodes
-        self.clock = float(self.arrival_s[0])
+        self.gpu_free_s = self.now_s  # asynchronous: when the GPU has run every batch queued so far
+        self.num_empty = 0  # asynchronous: schedule() calls in a row that scheduled nothing
+        # asynchronous: batches scheduled, not yet processed: (out, start_s, end_s, num_running, num_waiting, whether
+        # a decode run may start from it: it has tokens, no preemption, no prefix hit)
+        self.batch_queue: deque = deque()
+        self.all_decoding = False  # every running request was scheduled in the last step and sampled (decode runs)
         self.compiled = compiled_loop.chosen(self, path)
 
     def make_scheduler(self, recorder: Recorder | None = None):
@@ -185,151 +187,21 @@ class Engine:
     def add_arrivals(self) -> None:
         """Every request that has arrived by the clock joins the waiting queue, in arrival order."""
         arrival, n, add = self.arrival_list, len(self.arrival_list), self.scheduler.waiting.append
-        while self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
+        while self.next_arrival < n and arrival[self.next_arrival] <= self.now_s:
             add(self.peek_arrival())
             self._arrived = None
             self.next_arrival += 1
 
     # ---------------------------------------------------------------- the loop
     def run(self) -> EngineResult:
-        """Serve the whole workload; the result of every request and step."""
+        """Serve the whole workload; the result of every request and step. The loop is run_sync's or run_async's
+        (below), with this engine as the engine and as the loop's state."""
         if self.compiled:
             served = compiled_loop.serve(self)
             if served is not None:
                 return self.adopt(served)  # else a step scheduled nothing: the Python loop below says why
-        if self.scheduler.async_scheduling:
-            return self.run_async()
-        scheduler = self.scheduler
-        n = len(self.arrival_s)
-        while True:
-            self.add_arrivals()
-            if not (scheduler.running or scheduler.waiting):
-                if self.next_arrival == n:
-                    break
-                self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
-                continue
-            if self.decode_runs and self.all_decoding and scheduler.running and decode_run.advance(self):
-                self.num_decode_runs += 1
-                continue
-            self.step()
-        return self.result()
-
-    def step(self) -> None:
-        """One step of vLLM's engine: schedule, run (its cost), update from the sampled tokens."""
-        scheduler = self.scheduler
-        out = scheduler.schedule()
-        if out.batch.num_scheduled_tokens == 0:
+        if (run_async if self.scheduler.async_scheduling else run_sync)(self, self) == NO_PROGRESS:
             raise NoProgressError(no_progress_message(self))
-        start = self.clock
-        end = self.clock = start + step_s(self.cost, out)  # the outputs below are processed at the step's end
-        for request in out.admitted:
-            if request.first_scheduled_s is None:
-                request.first_scheduled_s = start
-        if self.recorder is not None:
-            self.recorder.step(out)
-        num_running, num_waiting = len(scheduler.running), len(scheduler.waiting)
-        if out.preempted:
-            num_kv_tokens = sum(r.num_computed_tokens for r in scheduler.running)
-        else:
-            num_kv_tokens = self.num_kv_tokens + out.batch.num_scheduled_tokens + out.num_hit_tokens
-        num_sampled, first_tokens, finished = scheduler.update_from_output(out)
-        for request in first_tokens:
-            request.first_token_s = end
-        for request in finished:
-            num_kv_tokens -= request.num_computed_tokens
-            self.finished(request, end)
-        self.num_kv_tokens = num_kv_tokens
-        self.steps.append(
-            start,
-            end,
-            out.batch.num_scheduled_tokens,
-            num_running,
-            num_waiting,
-            self.kv_cache_manager.num_held,
-            num_kv_tokens,
-            len(out.preempted),
-            out.num_hit_tokens,
-        )
-        if self.reserving:
-            self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
-        # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
-        self.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
-
-    def run_async(self) -> EngineResult:
-        """Serve the whole workload with asynchronous scheduling (see the module's docstring for time)."""
-        scheduler, kv, cost = self.scheduler, self.kv_cache_manager, self.cost
-        n = len(self.arrival_list)
-        queue = deque()  # batches scheduled, not yet processed: (out, start, end, running, waiting,
-        # whether it scheduled decodes only)
-        gpu_free_s = self.clock  # when the GPU has run every batch queued so far
-        num_empty = 0  # schedule() calls in a row that scheduled nothing
-        fast, arrival = self.decode_runs, self.arrival_list
-        recorder = self.recorder
-        while True:
-            if self.next_arrival < n and arrival[self.next_arrival] <= self.clock:
-                self.add_arrivals()
-            if fast and len(queue) == 1 and queue[0][5]:
-                end_s = decode_run.advance_async(self, queue, gpu_free_s)
-                if end_s is not None:
-                    gpu_free_s = end_s
-                    self.num_decode_runs += 1
-                    continue
-            if scheduler.has_requests():
-                out = scheduler.schedule()
-                tokens = out.batch.num_scheduled_tokens
-                for request in out.admitted:
-                    if request.first_scheduled_s is None:
-                        request.first_scheduled_s = self.clock
-                start = self.clock if self.clock > gpu_free_s else gpu_free_s
-                end = start + step_s(cost, out) if tokens else start
-                gpu_free_s = end
-                num_running = len(scheduler.running)
-                # A decode run may start from this batch once it is the only one in flight (it checks then that
-                # the batch holds every running request and that each sampled in it, admissions included).
-                pure = tokens and not out.preempted and not out.num_hit_tokens
-                queue.append((out, start, end, num_running, len(scheduler.waiting), pure))
-                step = tokens or out.preempted  # a step of the records: it ran tokens or preempted
-                if recorder is not None and step:
-                    recorder.step(out)
-                num_empty = 0 if tokens else num_empty + 1
-                if (
-                    num_empty >= 2
-                    and (scheduler.running or scheduler.waiting)
-                    and not any(batch[0].batch.num_scheduled_tokens for batch in queue)
-                ):
-                    if self.next_arrival == n or self.arrival_list[self.next_arrival] == math.inf:
-                        raise NoProgressError(no_progress_message(self))
-                    self.clock = self.arrival_list[self.next_arrival]  # nothing changes before it arrives
-                    num_empty = 0
-                if len(queue) < 2 and (tokens or scheduler.has_requests()):
-                    continue
-            elif not queue:
-                if self.next_arrival == n:
-                    break
-                self.clock = self.idle_until(self.arrival_list[self.next_arrival])  # idle: the next arrival
-                continue
-            out, start, end, num_running, num_waiting, _ = queue.popleft()
-            if end > self.clock:
-                self.clock = end  # wait for the oldest batch's output
-            num_sampled, first_tokens, finished = scheduler.update_from_output(out)
-            for request in first_tokens:
-                request.first_token_s = end
-            for request in finished:
-                self.finished(request, end)
-            if out.batch.num_scheduled_tokens or out.preempted:
-                self.steps.append(
-                    start,
-                    end,
-                    out.batch.num_scheduled_tokens,
-                    num_running,
-                    num_waiting,
-                    kv.num_held,
-                    sum(r.num_computed_tokens for r in scheduler.running),
-                    len(out.preempted),
-                    out.num_hit_tokens,
-                )
-                if self.reserving:
-                    self.record_split(scheduler.waiting[0] if scheduler.waiting else None)
         return self.result()
 
     def finished(self, request: Request, end_s: float) -> None:
@@ -341,7 +213,7 @@ class Engine:
 
     def adopt(self, served) -> EngineResult:
         """Take a compiled run's records (compiled.Served) as this engine's; the result."""
-        self.steps, self.num_decode_runs, self.clock = served.steps, served.num_decode_runs, served.clock
+        self.steps, self.num_decode_runs, self.now_s = served.steps, served.num_decode_runs, served.now_s
         self.num_prefill_runs = served.num_prefill_runs
         self.next_arrival = len(self.arrival_list)
         self.requests = served.requests

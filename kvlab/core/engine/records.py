@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# How a run of the time loop (engine_core.run_sync, run_async) ended: every request finished, a compiled loop's chunk of step
+# records is full, or a step scheduled nothing (the Python engine then says why); STEP: next_step found a step to take.
+DONE, FULL, NO_PROGRESS, STEP = 0, 1, 2, -1
+
 # Per step, read after the step's update (vLLM's num_running / num_waiting are read right after schedule()):
 STEP_FIELDS = (
     "start_s",

@@ -188,26 +188,71 @@ Groups = namedtuple(
     ],
 )
 
-# The loop's integer state between chunks (state[S_*]) and its float state (fstate[F_*]).
-(
-    S_NEXT_ARRIVAL,
-    S_FREE,
-    S_NUM_RUNNING,
-    S_WAITING_HEAD,
-    S_NUM_WAITING,
-    S_KV_TOKENS,
-    S_STEPS,
-    S_QUEUE_HEAD,
-    S_QUEUE_LEN,
-    S_NUM_EMPTY,
-    S_HAS_FINISHED,
-    S_RUNS,
-    S_PREFILL_RUNS,
-) = range(13)
-F_CLOCK, F_LAST_END, F_GPU_FREE = range(3)
-# How a chunk of the loop ended: every request finished, the chunk's step records are full, or a step scheduled
-# nothing (the Python engine then says why).
-DONE, FULL, NO_PROGRESS = 0, 1, 2
+# The loop's state (engine_core.run_sync's and run_async's loop, the Python Engine's attributes of the same names where it
+# has them), one record kept between chunks: the clock (now_s), the next request to arrive, the free blocks, the running
+# list's length, the waiting ring's head and length, the running requests' computed tokens, the steps recorded before
+# the chunk, the runs done at once (decode runs and prefill runs) and of them prefill runs, whether the last step
+# scheduled a request more than one token (a prefill run may follow), the end of the last step recorded; asynchronous:
+# the batch queue's head and length, schedule() calls in a row that scheduled nothing, whether a request finished since
+# the last schedule() (vLLM's has_requests) and when the GPU has run every batch queued.
+LOOP_STATE = np.dtype(
+    [
+        (name, np.float64 if name.endswith("_s") else np.int64)
+        for name in (
+            "now_s",
+            "next_arrival",
+            "num_free_blocks",
+            "num_running",
+            "waiting_head",
+            "num_waiting",
+            "num_kv_tokens",
+            "num_steps",
+            "num_decode_runs",
+            "num_prefill_runs",
+            "chunked",
+            "last_end_s",
+            "queue_head",
+            "queue_len",
+            "num_empty",
+            "has_finished",
+            "gpu_free_s",
+        )
+    ]
+)
+
+# The compiled engine, as the shared loops (engine_core.run_sync, run_async) and their bindings read it: the requests, limits,
+# step cost, pool and groups; the running list and the waiting ring; the batch queue (two batches: per scheduled
+# request its id, tokens and whether it samples; queue_i[slot]: requests, tokens, running, waiting, preemptions, prompt
+# tokens hit, whether a decode run may start from it; queue_f[slot]: its start and end, s; the synchronous loops use
+# slot 0), acc (a batch's fields beyond its tokens), a decode run's scratch (phases, per_phase, times); the chunk's
+# step records (logs, events, counts: scheduler.record), a reservation pool's Fig. 2 counts (split) and vLLM 0.1.4's
+# pool (orca: Reservations).
+Arrays = namedtuple(
+    "Arrays",
+    [
+        "req",
+        "cfg",
+        "cost",
+        "pool",
+        "groups",
+        "running",
+        "waiting",
+        "queue_r",
+        "queue_n",
+        "queue_sample",
+        "queue_i",
+        "queue_f",
+        "acc",
+        "phases",
+        "per_phase",
+        "times",
+        "logs",
+        "events",
+        "counts",
+        "split",
+        "orca",
+    ],
+)
 
 # The step cost, as the compiled loop reads it (fast/compiled.py packs it, loops.clock.step_s evaluates it): kind 0
 # constant, 1 linear (cost_ms: ms a step, ms a token), 3 Vllm2023StepCost (cost_ms: its VLLM_2023 figures, layers), 4

@@ -1,7 +1,8 @@
 """The engine's per-step loop compiled with numba: the same decisions, times and records, faster.
 
-It is Engine.run's per-step loop (schedule, step cost, update_from_output, the step's record), synchronous or
-asynchronous (a batch queue of two), written over arrays so that numba compiles it (kvlab.core.engine.fast.loops):
+It is Engine.run's loop (kvlab/core/engine/engine_core.py's run_sync and run_async: schedule, step cost, update_from_output,
+the step's record), synchronous or asynchronous (a batch queue of two), compiled by numba from that source over the
+named arrays of arrays.py (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
 (clock_of: the measured one's tables and the others' figures, evaluated by loops.clock.measured_s, vllm_2023_s and
 roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
@@ -14,8 +15,8 @@ full prompt blocks of equal token ids, or of equal prompt block ids (Workload.pr
 equal parents share one, every other block has its own, as block_hashes.block_content tells blocks apart). A hybrid model's KV cache groups (sliding windows, chunked local
 attention, Mamba states in mamba_cache_mode "none"; KVCacheManager over the groups' managers) are served here without prefix caching, each
 group's table as its length and leading nulls (arrays.Groups), from COMPILED_FROM_REQUESTS_HYBRID requests. vLLM 0.1.4's
-scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, has a loop of its own,
-step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
+scheduler (scheduler_cls "v0-2023"), over paged blocks or the vLLM paper's Orca reservations, runs the same run_sync
+compiled with its own schedule(), step by step (loops.v0.loop_v0; reservations builds its buddy arenas). Everything else (vLLM 0.33's scheduler over a reservation, other step costs, block-table and batch records) runs in Python. A closed loop
 (max_concurrency, kvlab.core.engine.closed_loop) is served here too: each finish sends the request that waited for its
 slot (loops.scheduler.finished_at, the compiled closed_loop.send_s), the arrival array holding the sends. tests/test_compiled.py
 holds the two to the same results, bit for bit, on hand cases and on hypothesis workloads.
@@ -45,17 +46,12 @@ from kvlab.core import validate
 from kvlab.core.block_pool import BlockPool
 from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost, RooflineStepCost, Vllm2023StepCost
 from kvlab.core.engine.fast.arrays import (
-    DONE,
-    F_CLOCK,
-    NO_PROGRESS,
+    LOOP_STATE,
     REQUEST_RECORD,
     ROOFLINE,
-    S_FREE,
-    S_PREFILL_RUNS,
-    S_RUNS,
-    S_STEPS,
     TABLES,
     VLLM_2023,
+    Arrays,
     Clock,
     Groups,
     Limits,
@@ -63,12 +59,12 @@ from kvlab.core.engine.fast.arrays import (
     Requests,
     Reservations,
 )
-from kvlab.core.engine.records import RequestLog, Runs, StepLog
+from kvlab.core.engine.records import DONE, NO_PROGRESS, RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, runs done at once (decode runs and prefill runs) and of them prefill runs,
 # the clock at the end, its RequestLog, the blocks windows gave back and, in a closed loop, the send times (else None).
 Served = namedtuple(
-    "Served", ["steps", "num_decode_runs", "num_prefill_runs", "clock", "requests", "num_window_freed", "send_s"]
+    "Served", ["steps", "num_decode_runs", "num_prefill_runs", "now_s", "requests", "num_window_freed", "send_s"]
 )
 LOG = logging.getLogger("kvlab")
 COMPILED_FROM_REQUESTS = 15_000
@@ -250,10 +246,9 @@ def reservations(engine, num_prompt_tokens: np.ndarray, max_num_tokens: np.ndarr
     pool's buddy arenas, every one free, and each request's reservation (ReservationManager.reservation_tokens_of)."""
     kv = engine.kv_cache_manager
     one = np.zeros(1, np.int64)
-    if engine.allocation == "paged":
-        return Reservations(
-            1, engine.scheduler.watermark_blocks, 0, one, one, one, one, one, one, np.zeros(3, np.int64)
-        )
+    if engine.allocation == "paged":  # (vLLM 0.33's loops: a placeholder)
+        watermark = getattr(engine.scheduler, "watermark_blocks", 0)
+        return Reservations(1, watermark, 0, one, one, one, one, one, one, np.zeros(3, np.int64))
     buddy = kv.buddy
     free_at = np.full(buddy.num_slots, -1, np.int64)
     num_free_chunks = np.zeros(buddy.max_order + 1, np.int64)
@@ -392,9 +387,11 @@ def serve(engine) -> Served | None:
         bool(sched.async_scheduling),
     )
     cost = clock_of(engine.cost)
-    state = np.zeros(13, np.int64)
-    state[S_FREE] = engine.num_gpu_blocks - 1  # every usable block is free
-    fstate = np.array([float(w.arrival_s[0]), math.nan, float(w.arrival_s[0])])
+    state = np.zeros(1, LOOP_STATE)  # the loop's state, kept between chunks (arrays.LOOP_STATE)
+    start = state[0]
+    start["num_free_blocks"] = engine.num_gpu_blocks - 1  # every usable block is free
+    start["now_s"] = start["gpu_free_s"] = float(w.arrival_s[0])
+    start["last_end_s"], start["chunked"] = math.nan, 1
     zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
     sends = engine.closed_loop  # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
     if sends is None:
@@ -425,39 +422,41 @@ def serve(engine) -> Served | None:
         records=records,
         **view,
     )
-    running, waiting = zeros(), zeros()
     chunk = min(CHUNK_STEPS, 64 + 64 * n)
     logs = (np.empty(chunk), np.empty(chunk)) + tuple(np.empty(chunk, np.int64) for _ in range(5))
     events = tuple(np.empty(chunk, np.int64) for _ in range(5))
     end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
     start_step, preempt_step, preempt_count, hit_step, hit_count = events
-    counts = np.zeros(4, np.int64)
     groups = kv_cache_groups(engine)
-    shared = (req, cfg, cost, state, fstate, running, waiting, block_pool(engine, max_num_tokens), groups)
-    loops = kernels()
     size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
-    # The loops' scratch arrays, here so that they outlive the loop's unowned views of them (loops.jit.unowned): a
-    # step's Batch beyond its tokens, and a decode run's block phases (per running request) and counts (per phase).
-    scratch = (np.zeros(7, np.int64), np.zeros(size, np.int64), np.zeros(engine.block_size, np.int64))
+    # The loops' arrays (arrays.Arrays), here so that they outlive the loop's unowned views of them (loops.jit.unowned):
+    # the queues, the batch queue, a decode run's block phases (per running request), counts (per phase) and batch ends.
     split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # reservations' Fig. 2
-    batch = (np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.bool_))
-    if v0:
-        loop, orca = kernels_v0().loop_v0, reservations(engine, num_prompt_tokens, max_num_tokens)
-        step = lambda: loop(*shared, orca, *batch, logs, events, counts, split, scratch[0])  # noqa: E731
-    elif sched.async_scheduling:  # the batch queue: two batches, their counts and times
-        queue = (
-            np.zeros((2, size), np.int64),
-            np.zeros((2, size), np.int64),
-            np.zeros((2, size), np.bool_),
-            np.zeros((2, 7), np.int64),
-            np.zeros((2, 2)),
-        )
-        scratch = (*scratch, np.zeros(chunk + 2))  # a decode run's batch ends
-        loop = loops.loop_async
-        step = lambda: loop(*shared, *queue, logs, events, counts, scratch)  # noqa: E731
-    else:
-        loop = loops.loop_sync
-        step = lambda: loop(*shared, *batch, logs, events, counts, scratch)  # noqa: E731
+    arrays = Arrays(
+        req=req,
+        cfg=cfg,
+        cost=cost,
+        pool=block_pool(engine, max_num_tokens),
+        groups=groups,
+        running=zeros(),
+        waiting=zeros(),
+        queue_r=np.zeros((2, size), np.int64),
+        queue_n=np.zeros((2, size), np.int64),
+        queue_sample=np.zeros((2, size), np.bool_),
+        queue_i=np.zeros((2, 7), np.int64),
+        queue_f=np.zeros((2, 2)),
+        acc=np.zeros(7, np.int64),
+        phases=np.zeros(size, np.int64),
+        per_phase=np.zeros(engine.block_size, np.int64),
+        times=np.zeros(chunk + 2),
+        logs=logs,
+        events=events,
+        counts=np.zeros(4, np.int64),
+        split=split,
+        orca=reservations(engine, num_prompt_tokens, max_num_tokens),
+    )
+    loops = kernels_v0() if v0 else kernels()
+    loop = loops.loop_v0 if v0 else loops.loop_async if sched.async_scheduling else loops.loop_sync
     compiling = loop not in _RAN and not cached(loop)
     if compiling:
         mode = "vLLM 0.1.4" if v0 else "asynchronous" if sched.async_scheduling else "synchronous"
@@ -470,11 +469,12 @@ def serve(engine) -> Served | None:
         started = time.perf_counter()
     log = StepLog(engine.block_size, not engine.reserving)
     while True:
-        first_step = int(state[S_STEPS])
-        code = step()
+        first_step = int(state["num_steps"][0])
+        code = loop(arrays, state[0])
+        state["num_steps"] += arrays.counts[0]
         if code == NO_PROGRESS:
             return None
-        s, num_starts, num_pre, num_hits = (int(c) for c in counts)
+        s, num_starts, num_pre, num_hits = (int(c) for c in arrays.counts)
         log.end_s.frombytes(end_s[:s].tobytes())
         log.held.frombytes(held[:s].tobytes())
         log.num_kv_tokens.frombytes(kv_tokens[:s].tobytes())
@@ -497,9 +497,9 @@ def serve(engine) -> Served | None:
     _RAN.add(loop)
     return Served(
         log,
-        int(state[S_RUNS]),
-        int(state[S_PREFILL_RUNS]),
-        float(fstate[F_CLOCK]),
+        int(state["num_decode_runs"][0]),
+        int(state["num_prefill_runs"][0]),
+        float(state["now_s"][0]),
         RequestLog.of(
             req.first_scheduled_s,
             req.first_token_s,

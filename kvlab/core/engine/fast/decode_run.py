@@ -52,7 +52,7 @@ def advance(engine) -> bool:
     cost = engine.cost
     computed = [r.num_computed_tokens for r in running]
     first_batch = decode_batch(num_running, engine.num_kv_tokens + num_running, min(computed) + 1, max(computed) + 1)
-    times = step_times(engine.clock, checked_s(cost, cost.run_s(first_batch, k), num_running), k)
+    times = step_times(engine.now_s, checked_s(cost, cost.run_s(first_batch, k), num_running), k)
     arrival, first = engine.arrival_list, engine.next_arrival
     if may_admit and not scheduler.waiting and first < len(arrival):
         joins = bisect_left(times, arrival[first], 1, k)  # the first step it is there for
@@ -246,7 +246,7 @@ def apply(engine, k: int, times: list[float], phases: list[int] | None) -> None:
         engine.record_split(split[0] if waiting[-1] else None)  # the last step's, after the finishes
     if engine.recorder is not None:
         engine.recorder.decode_steps(running, k)
-    engine.clock = end
+    engine.now_s = end
 
 
 def split_before(engine) -> tuple:
@@ -308,7 +308,7 @@ def advance_async(engine, queue, gpu_free_s: float) -> float | None:
     if k == 0:  # a request's last token is in flight: only the last iteration
         bs = engine.block_size
         phases = [block_phase(r.num_computed_tokens, bs) for r in running] if engine.allocation == "paged" else None
-        finishing = last_iteration(engine, 0, engine.clock, phases)
+        finishing = last_iteration(engine, 0, engine.now_s, phases)
         return None if finishing is None else finish_async(engine, queue, finishing)
     limits = run_limits(engine, k, 1 if k == 1 else 2)  # one iteration only if the last one follows
     if limits is None:
@@ -422,7 +422,7 @@ def finish_async(engine, queue, finishing: list[bool]) -> float:
             engine.finished(request, end_k)
     scheduler.running = left
     scheduler.has_finished = True
-    engine.clock = end_k  # it waited for batch k's output
+    engine.now_s = end_k  # it waited for batch k's output
     engine.steps.append(start_k, end_k, batch_k.batch.num_scheduled_tokens, running_k, waiting_k, kv.num_held, context)
     if engine.reserving:
         engine.record_split(scheduler.waiting[0] if scheduler.waiting else None)
@@ -456,20 +456,20 @@ def apply_async(engine, queue, k: int, times: list[float], phases, num_kv_tokens
     # Arrivals join at iteration j's add_arrivals (clock times[j - 2], j >= 2) behind a refused head.
     arrival, i, num_arrivals = engine.arrival_list, engine.next_arrival, len(engine.arrival_list)
     waiting = len(scheduler.waiting)
-    last_clock = times[k - 2] if k >= 2 else engine.clock
+    last_clock = times[k - 2] if k >= 2 else engine.now_s
     if i == num_arrivals or arrival[i] > last_clock:  # nobody joins: batches 1..k count the same
         later = waiting
     else:
         later = [waiting0]  # batch j's count, j = 0..k
         for j in range(1, k + 1):
-            clock = engine.clock if j == 1 else times[j - 2]
+            clock = engine.now_s if j == 1 else times[j - 2]
             while i < num_arrivals and arrival[i] <= clock:
                 i += 1
                 waiting += 1
             later.append(waiting)
-    engine.clock = last_clock
+    engine.now_s = last_clock
     engine.add_arrivals()  # those that joined, in arrival order
-    engine.clock = times[k - 1]  # it waited for batch k - 1
+    engine.now_s = times[k - 1]  # it waited for batch k - 1
     if running0 == num_running and in_flight.batch.num_scheduled_tokens == num_running:
         if isinstance(later, int):
             engine.steps.extend(

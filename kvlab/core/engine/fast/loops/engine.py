@@ -1,48 +1,22 @@
-"""The compiled loops of vLLM 0.33's engine: Engine.run (kvlab/core/engine/engine.py) synchronous (loop_sync) and
-asynchronous behind a batch queue of two (loop_async), stepping or running (step_runs.py) until the chunk of records is
-full, every request finished, or nothing can progress."""
+"""The compiled loops of vLLM 0.33's engine: Engine.run's loop, synchronous (loop_sync) and asynchronous behind a batch
+queue of two (loop_async), compiled from the reference's own source (kvlab/core/engine/engine_core.py's run_sync, next_step
+and run_async) with the calls each side binds to its own bound to the functions here: the engine is arrays.Arrays,
+the loop's state a record (arrays.LOOP_STATE), a batch is scheduled into the batch queue's next slot (slot 0 when
+synchronous) and the runs of steps at once are step_runs.py's. A loop stops when every request finished (DONE), its
+chunk of step records is full (FULL) or nothing can progress (NO_PROGRESS)."""
 
 import math
 
-from kvlab.core.engine.fast.arrays import (
-    DONE,
-    F_CLOCK,
-    F_GPU_FREE,
-    F_LAST_END,
-    FULL,
-    NO_PROGRESS,
-    S_FREE,
-    S_HAS_FINISHED,
-    S_KV_TOKENS,
-    S_NEXT_ARRIVAL,
-    S_NUM_EMPTY,
-    S_NUM_RUNNING,
-    S_NUM_WAITING,
-    S_PREFILL_RUNS,
-    S_QUEUE_HEAD,
-    S_QUEUE_LEN,
-    S_RUNS,
-    S_STEPS,
-    S_WAITING_HEAD,
-    BatchOut,
-)
-from kvlab.core.engine.fast.loops.clock import (
-    step_s,
-)
-from kvlab.core.engine.fast.loops.jit import (
-    STEP,
-    njit,
-    unowned,
-)
+from kvlab.core.engine import engine_core
+from kvlab.core.engine.fast.arrays import BatchOut
+from kvlab.core.engine.fast.loops.clock import step_s
+from kvlab.core.engine.fast.loops.jit import compiled_from, inline, unowned
 from kvlab.core.engine.fast.loops.scheduler import (
-    add_arrivals,
+    arrive,
     kv_cache,
-    next_step,
     record,
-    save_state,
-    schedule,
+    shared_schedule,
     shared_update_from_output,
-    update_sync,
 )
 from kvlab.core.engine.fast.loops.step_runs import (
     decode_run,
@@ -50,287 +24,230 @@ from kvlab.core.engine.fast.loops.step_runs import (
     prefill_run,
     prefill_run_async,
 )
+from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
 
 
-@njit
-def loop_sync(
-    req,
-    cfg,
-    cost,
-    state,
-    fstate,
-    running,
-    waiting,
-    pool,
-    groups,
-    out_r,
-    out_n,
-    out_sample,
-    logs,
-    events,
-    counts,
-    scratch,
-):
-    """Engine.run's loop and Engine.step (synchronous), with decode runs and prefill runs at once without prefix
-    caching (cfg.decode_runs: runs on): steps until every request finished (DONE), the chunk's steps are filled (FULL)
-    or a step schedules nothing (NO_PROGRESS). Every array is taken unowned (unowned); scratch: the caller's scratch
-    arrays (fast/compiled.py)."""
-    req, cost, state, fstate, running, waiting, pool, groups = (
-        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
-        unowned(groups),
-    )  # fmt: skip
-    out_r, out_n, out_sample, logs, events, counts = (
-        unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts)
-    )  # fmt: skip
-    acc, phases, per_phase = unowned(scratch)  # acc: the step's Batch beyond its tokens (schedule, step_s)
-    arrival_s = req.arrival_s
-    usable, caching = cfg.num_usable_blocks, cfg.enable_caching
-    fields = cost.kind >= 2  # a clock that reads them
-    nxt, num_free_blocks, nrun, head, nwait = (
-        state[S_NEXT_ARRIVAL],
-        state[S_FREE],
-        state[S_NUM_RUNNING],
-        state[S_WAITING_HEAD],
-        state[S_NUM_WAITING],
+# ---------------------------------------------------------------- the time loop's calls, over the arrays
+@inline
+def started(engine):
+    """The engine's arrays taken unowned (jit.unowned: the caller holds them), the chunk's step records empty."""
+    engine = unowned(engine)
+    engine.counts[:] = 0
+    return engine
+
+
+@inline
+def add_arrivals(engine, loop):
+    """Engine.add_arrivals (scheduler.arrive) into the waiting ring."""
+    loop.next_arrival, loop.num_waiting = arrive(
+        engine.req.arrival_s, loop.now_s, loop.next_arrival, engine.waiting, loop.waiting_head, loop.num_waiting
     )
-    kv, first = state[S_KV_TOKENS], state[S_STEPS]
-    now_s, last_end_s = fstate[F_CLOCK], fstate[F_LAST_END]
-    capacity = logs[0].shape[0]
-    runs = cfg.decode_runs and not caching
-    counts[:] = 0
-    code = DONE
-    chunked = True  # whether the last step scheduled a request more than one token (a prefill run may follow)
-    while True:
-        code, nxt, nwait, now_s = next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
-        if code != STEP:
-            break
-        if runs:  # a decode run, or after a step that scheduled a request more than one token a prefill run
-            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases,
-                  per_phase, logs, counts, groups)  # fmt: skip
-            # (one tuple: numba inlines no call with *args)
-            steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = decode_run(at)
-            if not steps and chunked:
-                steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = prefill_run(at)
-                state[S_PREFILL_RUNS] += steps > 0
-            if steps:
-                state[S_RUNS] += 1
-                continue
-        ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, num_free_blocks = schedule(
-            cfg,
-            req,
-            now_s,
-            running,
-            nrun,
-            waiting,
-            head,
-            nwait,
-            num_free_blocks,
-            out_r,
-            out_n,
-            out_sample,
-            pool,
-            groups,
-            acc,
-            fields,
-        )
-        if num_scheduled == 0:
-            code = NO_PROGRESS
-            break
-        batch_end_s = now_s + step_s(cost, num_scheduled, acc)
-        chunked = num_scheduled > ns
-        num_running_step = nrun
-        num_free_blocks, kv, _, nrun, nwait = update_sync(
-            cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre,
-            BatchOut(out_r, out_n, out_sample, acc, batch_end_s), ns, num_scheduled + num_hit_tokens, num_free_blocks, kv,
-        )  # fmt: skip
-        record(
-            first,
-            now_s,
-            batch_end_s,
-            last_end_s,
-            npre,
-            num_hit_tokens,
-            num_scheduled,
-            num_running_step,
-            nwait,
-            usable - num_free_blocks,
-            kv,
-            logs,
-            events,
-            counts,
-        )
-        last_end_s = batch_end_s
-        now_s = batch_end_s
-    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
-    return code
 
 
-@njit
-def loop_async(
-    req,
-    cfg,
-    cost,
-    state,
-    fstate,
-    running,
-    waiting,
-    pool,
-    groups,
-    queue_r,
-    queue_n,
-    queue_sample,
-    queue_i,
-    queue_f,
-    logs,
-    events,
-    counts,
-    scratch,
-):
-    """Engine.run_async's loop (asynchronous scheduling, a batch queue of two), with decode runs and prefill runs at once
-    without prefix caching (cfg.decode_runs: runs on; decode_run_async, prefill_run_async), and Scheduler.update_from_output (asynchronous). queue_i[slot]:
-    requests, tokens, running, waiting, preemptions, prompt tokens hit, whether a decode run may start from it;
-    queue_f[slot]: its start and end (s). Stops as loop_sync does."""
-    req, cost, state, fstate, running, waiting, pool, groups = (
-        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
-        unowned(groups),
-    )  # fmt: skip
-    queue_r, queue_n, queue_sample, queue_i, queue_f = (
-        unowned(queue_r), unowned(queue_n), unowned(queue_sample), unowned(queue_i), unowned(queue_f)
-    )  # fmt: skip
-    logs, events, counts = unowned(logs), unowned(events), unowned(counts)
-    acc, phases, per_phase, times = unowned(scratch)  # acc: as loop_sync's; times: a decode run's batch ends
-    arrival_s, num_computed_tokens = req.arrival_s, req.num_computed_tokens
-    n = arrival_s.shape[0]
-    fields = cost.kind >= 2  # a clock that reads them
-    usable, caching = cfg.num_usable_blocks, cfg.enable_caching
-    nxt, num_free_blocks, nrun, head, nwait = (
-        state[S_NEXT_ARRIVAL],
-        state[S_FREE],
-        state[S_NUM_RUNNING],
-        state[S_WAITING_HEAD],
-        state[S_NUM_WAITING],
+@inline
+def queue_lengths(engine, loop):
+    """The running list's and the waiting ring's lengths."""
+    return loop.num_running, loop.num_waiting
+
+
+@inline
+def has_requests(engine, loop):
+    """The scheduler's has_requests(): a request runs or waits, or one finished since the last schedule()."""
+    return loop.num_running > 0 or loop.num_waiting > 0 or loop.has_finished > 0
+
+
+@inline
+def records_full(engine):
+    """Whether the chunk's step records are full."""
+    return engine.counts[0] == engine.logs[0].shape[0]
+
+
+@inline
+def num_requests(engine):
+    """The workload's requests."""
+    return engine.req.arrival_s.shape[0]
+
+
+@inline
+def arrival_s_of(engine, i):
+    """Request i's arrival (a closed loop: its send, inf until a finish frees its slot)."""
+    return engine.req.arrival_s[i]
+
+
+@inline
+def idle_until(engine, arrival_s):
+    """The next arrival."""
+    return arrival_s
+
+
+@inline
+def runs_at_once(cfg):
+    """Whether the loop does runs of steps at once: cfg.decode_runs, without prefix caching."""
+    return cfg.decode_runs != 0 and cfg.enable_caching == 0
+
+
+@inline
+def run_at_once(engine, loop):
+    """A decode run (step_runs.decode_run) or, after a step that scheduled a request more than one token, a prefill
+    run (step_runs.prefill_run), its steps recorded; False (nothing changed) if there is none."""
+    if not runs_at_once(engine.cfg):
+        return False
+    at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
+          loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.num_kv_tokens, loop.now_s, loop.last_end_s,
+          engine.phases, engine.per_phase, engine.logs, engine.counts, engine.groups)  # fmt: skip
+    # (one tuple: numba inlines no call with *args)
+    steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = decode_run(at)
+    if not steps and loop.chunked:
+        steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = prefill_run(at)
+        loop.num_prefill_runs += steps > 0
+    if not steps:
+        return False
+    loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
+    loop.num_kv_tokens, loop.now_s, loop.last_end_s = kv, now_s, last_end_s
+    return True
+
+
+@inline
+def run_at_once_async(engine, loop):
+    """From the one batch in flight, a decode run (step_runs.decode_run_async) or, where that batch holds a prefill
+    chunk, a prefill run (prefill_run_async); False (nothing changed) if there is none."""
+    slot = loop.queue_head
+    queue_i = engine.queue_i
+    if not (runs_at_once(engine.cfg) and loop.queue_len == 1 and queue_i[slot, 6]):
+        return False
+    at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
+          loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.now_s, loop.last_end_s, engine.queue_r,
+          engine.queue_n, engine.queue_sample, queue_i, engine.queue_f, slot, engine.phases, engine.per_phase,
+          loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups)  # fmt: skip
+    ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = decode_run_async(
+        at, engine.times
     )
-    kv, first = state[S_KV_TOKENS], state[S_STEPS]
-    queue_head, queue_len = state[S_QUEUE_HEAD], state[S_QUEUE_LEN]
-    num_empty, has_finished = state[S_NUM_EMPTY], state[S_HAS_FINISHED]
-    now_s, last_end_s, gpu_free_s = fstate[F_CLOCK], fstate[F_LAST_END], fstate[F_GPU_FREE]
-    capacity = logs[0].shape[0]
-    runs = cfg.decode_runs and not caching
-    counts[:] = 0
-    code = DONE
-    while True:
-        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
-        if counts[0] == capacity:
-            code = FULL
-            break
-        if runs and queue_len == 1 and queue_i[queue_head, 6]:  # Engine.run_async's decode run, or a prefill run
-            at = (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r,
-                  queue_n, queue_sample, queue_i, queue_f, queue_head, phases, per_phase, first, logs, events,
-                  counts, groups)  # fmt: skip
-            ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = decode_run_async(
-                at, times
-            )
-            prefill = not ran and queue_i[queue_head, 1] > queue_i[queue_head, 0]  # batch 0 holds a prefill chunk
-            if prefill:
-                ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = (
-                    prefill_run_async(at)
-                )
-            if ran:
-                gpu_free_s = batch_end_s
-                has_finished = 1 if finished else 0
-                state[S_RUNS] += 1
-                state[S_PREFILL_RUNS] += prefill
-                continue
-        if nrun or nwait or has_finished:  # has_requests(): schedule a batch and queue it
-            slot = (queue_head + queue_len) % 2
-            ns, npre, num_scheduled, num_hit_tokens, nrun, head, nwait, num_free_blocks = schedule(
-                cfg,
-                req,
-                now_s,
-                running,
-                nrun,
-                waiting,
-                head,
-                nwait,
-                num_free_blocks,
-                queue_r[slot],
-                queue_n[slot],
-                queue_sample[slot],
-                pool,
-                groups,
-                acc,
-                fields,
-            )
-            has_finished = 0
-            batch_start_s = now_s if now_s > gpu_free_s else gpu_free_s
-            batch_end_s = batch_start_s + step_s(cost, num_scheduled, acc) if num_scheduled else batch_start_s
-            gpu_free_s = batch_end_s
-            queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = ns, num_scheduled, nrun
-            queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = nwait, npre, num_hit_tokens
-            queue_i[slot, 6] = num_scheduled and not npre and not num_hit_tokens  # a decode run may start from it
-            queue_f[slot, 0], queue_f[slot, 1] = batch_start_s, batch_end_s
-            queue_len += 1
-            num_empty = 0 if num_scheduled else num_empty + 1
-            if num_empty >= 2 and (nrun or nwait):
-                queued_tokens = queue_i[slot, 1]
-                if queue_len == 2:
-                    queued_tokens += queue_i[queue_head, 1]
-                if queued_tokens == 0:
-                    if nxt == n or arrival_s[nxt] == math.inf:  # (a closed loop's next send waits for a finish)
-                        code = NO_PROGRESS
-                        break
-                    now_s = arrival_s[nxt]  # nothing changes before it arrives
-                    num_empty = 0
-            if queue_len < 2 and (num_scheduled or nrun or nwait):
-                continue
-        elif queue_len == 0:
-            if nxt == n:
-                code = DONE
-                break
-            now_s = arrival_s[nxt]  # idle: jump to the next arrival
-            continue
-        slot = queue_head  # wait for the oldest batch's output, process it
-        queue_head = (queue_head + 1) % 2
-        queue_len -= 1
-        batch_end_s = queue_f[slot, 1]
-        if batch_end_s > now_s:
-            now_s = batch_end_s
-        kvc = kv_cache(cfg, pool, groups, num_free_blocks)
-        _, num_finished, _, nrun, nwait = shared_update_from_output(
-            cfg, kvc, req, BatchOut(queue_r[slot], queue_n[slot], queue_sample[slot], acc, batch_end_s),
-            queue_i[slot, 0], running, nrun, waiting, head, nwait,
-        )  # fmt: skip
-        num_free_blocks = kvc.num_free[0]
-        if num_finished:
-            has_finished = 1
-        num_scheduled, npre = queue_i[slot, 1], queue_i[slot, 4]
-        if num_scheduled or npre:  # a step of the records: it ran tokens or preempted
-            kv = 0
-            for j in range(nrun):
-                kv += num_computed_tokens[running[j]]
-            record(
-                first,
-                queue_f[slot, 0],
-                batch_end_s,
-                last_end_s,
-                npre,
-                queue_i[slot, 5],
-                num_scheduled,
-                queue_i[slot, 2],
-                queue_i[slot, 3],
-                usable - num_free_blocks,
-                kv,
-                logs,
-                events,
-                counts,
-            )
-            last_end_s = batch_end_s
-    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
-    state[S_QUEUE_HEAD], state[S_QUEUE_LEN], state[S_NUM_EMPTY], state[S_HAS_FINISHED] = (
-        queue_head,
-        queue_len,
-        num_empty,
-        has_finished,
+    prefill = not ran and queue_i[slot, 1] > queue_i[slot, 0]  # the batch in flight holds a prefill chunk
+    if prefill:
+        ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = prefill_run_async(at)
+    if not ran:
+        return False
+    loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
+    loop.num_kv_tokens, loop.now_s, loop.last_end_s, loop.gpu_free_s = kv, now_s, last_end_s, batch_end_s
+    loop.has_finished = 1 if finished else 0
+    loop.num_prefill_runs += prefill
+    return True
+
+
+@inline
+def batch_out(engine, slot, time_s):
+    """The batch queue's slot as the shared functions read a batch (arrays.BatchOut), stamped at time_s."""
+    return BatchOut(engine.queue_r[slot], engine.queue_n[slot], engine.queue_sample[slot], engine.acc, time_s)
+
+
+@inline
+def schedule_batch(engine, loop):
+    """Scheduler.schedule() (kvlab/core/engine/scheduler.py's schedule, compiled: SHARED) into the batch queue's next
+    slot, the rest of its Batch in engine.acc where the clock reads it. Returns (the batch, its requests, tokens,
+    preemptions, prompt tokens hit in the prefix cache)."""
+    cfg = engine.cfg
+    out = batch_out(engine, (loop.queue_head + loop.queue_len) % 2, loop.now_s)
+    kv = kv_cache(cfg, engine.pool, engine.groups, loop.num_free_blocks)
+    num_reqs, num_preempted, num_tokens, num_hit_tokens, nrun, head, nwait = shared_schedule(
+        cfg, kv, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head, loop.num_waiting,
+        out, engine.cost.kind >= 2,
+    )  # fmt: skip
+    loop.num_running, loop.waiting_head, loop.num_waiting, loop.num_free_blocks = nrun, head, nwait, kv.num_free[0]
+    loop.has_finished = 0
+    loop.chunked = 1 if num_tokens > num_reqs else 0
+    return out, num_reqs, num_tokens, num_preempted, num_hit_tokens
+
+
+@inline
+def batch_s(engine, out, num_tokens):
+    """The batch's seconds (clock.step_s)."""
+    return step_s(engine.cost, num_tokens, out.acc)
+
+
+@inline
+def running_kv_tokens(engine, loop):
+    """The running requests' computed tokens."""
+    num_computed_tokens, running = engine.req.num_computed_tokens, engine.running
+    total = 0
+    for j in range(loop.num_running):
+        total += num_computed_tokens[running[j]]
+    return total
+
+
+@inline
+def update_batch(engine, loop, out, num_reqs, end_s):
+    """Scheduler.update_from_output (kvlab/core/engine/scheduler.py's, compiled: SHARED) for the batch, its first tokens
+    and finishes stamped at end_s. Returns the computed tokens of the requests that finished."""
+    cfg = engine.cfg
+    kv = kv_cache(cfg, engine.pool, engine.groups, loop.num_free_blocks)
+    out = BatchOut(out.req_ids, out.num_new_tokens, out.samples, out.acc, end_s)
+    _, num_finished, num_finished_tokens, nrun, nwait = shared_update_from_output(
+        cfg, kv, engine.req, out, num_reqs, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
+        loop.num_waiting,
+    )  # fmt: skip
+    loop.num_free_blocks, loop.num_running, loop.num_waiting = kv.num_free[0], nrun, nwait
+    if num_finished:
+        loop.has_finished = 1
+    return num_finished_tokens
+
+
+@inline
+def record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiting, num_preempted, num_hit_tokens):
+    """StepLog.append for the step (scheduler.record)."""
+    record(loop.num_steps, start_s, end_s, loop.last_end_s, num_preempted, num_hit_tokens, num_tokens, num_running,
+           num_waiting, engine.cfg.num_usable_blocks - loop.num_free_blocks, loop.num_kv_tokens, engine.logs,
+           engine.events, engine.counts)  # fmt: skip
+    loop.last_end_s = end_s
+
+
+@inline
+def queue_batch(engine, loop, out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s):
+    """The batch scheduled into the queue's next slot is queued, with its counts, the running and waiting requests
+    after its schedule() and its start and end."""
+    slot = (loop.queue_head + loop.queue_len) % 2
+    queue_i, queue_f = engine.queue_i, engine.queue_f
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2] = num_reqs, num_tokens, loop.num_running
+    queue_i[slot, 3], queue_i[slot, 4], queue_i[slot, 5] = loop.num_waiting, num_preempted, num_hit_tokens
+    queue_i[slot, 6] = num_tokens and not num_preempted and not num_hit_tokens  # a decode run may start from it
+    queue_f[slot, 0], queue_f[slot, 1] = start_s, end_s
+    loop.queue_len += 1
+
+
+@inline
+def num_queued(engine, loop):
+    """The batches queued."""
+    return loop.queue_len
+
+
+@inline
+def queued_tokens(engine, loop):
+    """The tokens of the batches queued."""
+    total = 0
+    for j in range(loop.queue_len):
+        total += engine.queue_i[(loop.queue_head + j) % 2, 1]
+    return total
+
+
+@inline
+def pop_batch(engine, loop):
+    """The oldest queued batch: (the batch, its requests, tokens, preemptions, prompt tokens hit, start_s, end_s, and
+    the running and waiting requests after its schedule())."""
+    slot = loop.queue_head
+    loop.queue_head = (slot + 1) % 2
+    loop.queue_len -= 1
+    queue_i, queue_f = engine.queue_i, engine.queue_f
+    return (batch_out(engine, slot, queue_f[slot, 1]), queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 4],
+            queue_i[slot, 5], queue_f[slot, 0], queue_f[slot, 1], queue_i[slot, 2], queue_i[slot, 3])  # fmt: skip
+
+
+BINDINGS = {
+    name: globals()[name]
+    for name in (
+        "started", "add_arrivals", "queue_lengths", "has_requests", "records_full", "num_requests", "arrival_s_of", "idle_until",
+        "run_at_once", "run_at_once_async", "schedule_batch", "batch_s", "running_kv_tokens", "update_batch",
+        "record_step", "queue_batch", "num_queued", "queued_tokens", "pop_batch",
     )
-    fstate[F_GPU_FREE] = gpu_free_s
-    return code
+} | {"math": math, "STEP": STEP, "DONE": DONE, "FULL": FULL, "NO_PROGRESS": NO_PROGRESS}  # fmt: skip
+LOOPS = compiled_from((engine_core.next_step,), BINDINGS, (engine_core.run_sync, engine_core.run_async), "_v1")
+# The loops fast/compiled.py calls, each with the arrays and the loop's state (a LOOP_STATE record) from where it stopped.
+loop_sync, loop_async = LOOPS["run_sync"], LOOPS["run_async"]

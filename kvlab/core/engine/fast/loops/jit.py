@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
-from kvlab.core.engine import closed_loop, request, rules, scheduler, scheduler_v0
+from kvlab.core.engine import closed_loop, engine_core, records, request, rules, scheduler, scheduler_v0
 from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -28,7 +28,8 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
 SOURCE_FILES = [
-    Path(m.__file__) for m in (rules, request, scheduler, scheduler_v0, block_pool, closed_loop, python_decode_run)
+    Path(m.__file__)
+    for m in (rules, request, scheduler, scheduler_v0, engine_core, block_pool, closed_loop, python_decode_run, records)
 ] + sorted(Path(__file__).parent.glob("*.py"))
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
@@ -50,7 +51,6 @@ if CACHE_DIR:
     numba.config.CACHE_DIR = CACHE_DIR  # read when each dispatcher below opens its cache
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
-STEP = -1  # next_step: a step to take (DONE, FULL and NO_PROGRESS end a chunk)
 
 
 def njit(function, inline="never"):
@@ -101,20 +101,27 @@ def compiled_rules() -> dict:
     return _compiled_into(namespace, [getattr(block_pool, name) for name in block_pool.QUEUE])
 
 
-def _compiled_into(namespace: dict, functions, inlined: bool = True) -> dict:
+def _compiled_into(namespace: dict, functions, inlined: bool = True, tag: str = "") -> dict:
     """namespace with each of functions compiled from its own source (inlined into its callers, or where not inlined
-    compiled once and called), namespace its globals: their calls to each other resolve to their compiled selves."""
+    compiled once and called), namespace its globals: their calls to each other resolve to their compiled selves.
+    tag: a suffix to a function's qualified name, which numba's cache keys it by (a function compiled twice, with two
+    namespaces, is then cached twice)."""
     for function in functions:
         copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+        copy.__qualname__ = function.__qualname__ + tag
         namespace[function.__name__] = inline(copy) if inlined else njit(copy)
     return namespace
 
 
-def compiled_from(functions, names: dict) -> dict:
+def compiled_from(functions, names: dict, entries=(), tag: str = "") -> dict:
     """functions (the reference's, e.g. kvlab.core.engine.scheduler.schedule), compiled from their own source with the
     rules (RULES) and names (the loops' own functions for the calls each side binds to its own) as their globals;
-    each one's calls to the others resolved to their compiled selves."""
-    return _compiled_into(RULES | names, functions)
+    each one's calls to the others resolved to their compiled selves. functions are inlined into their callers;
+    entries (a loop, e.g. kvlab.core.engine.engine_core.run_sync) are compiled once and called, under their name and
+    tag (the namespace's: compiled_into). numba inlines a function by compiling it afresh at every call site, its own
+    inlined calls included, so an entry called by a small wrapper compiles in about half the time it takes inlined."""
+    namespace = _compiled_into(RULES | names, functions)
+    return _compiled_into(namespace, entries, inlined=False, tag=tag)
 
 
 def _unowned_value(context, builder, ty, value):

@@ -1,26 +1,12 @@
 """vLLM 0.33's scheduler over the named arrays: schedule, preempt and account compiled from the reference's own source
 (kvlab/core/engine/scheduler.py) with the calls each side binds to its own (a request's record, the queues, the
-KV-cache manager, the batch) bound to the functions here; the synchronous update_from_output, and Engine.run's step
-around them (arrivals, records, the closed loop's sends)."""
+KV-cache manager, the batch) bound to the functions here, with update_from_output; and what the time loop's calls
+(loops/engine.py) share: arrivals, a step's record, the closed loop's sends."""
 
 import math
 
 from kvlab.core.engine import scheduler as python_scheduler
-from kvlab.core.engine.fast.arrays import (
-    DONE,
-    F_CLOCK,
-    F_LAST_END,
-    FULL,
-    S_FREE,
-    S_KV_TOKENS,
-    S_NEXT_ARRIVAL,
-    S_NUM_RUNNING,
-    S_NUM_WAITING,
-    S_STEPS,
-    S_WAITING_HEAD,
-    BatchOut,
-    KVCache,
-)
+from kvlab.core.engine.fast.arrays import KVCache
 from kvlab.core.engine.fast.loops.groups import (
     blocks_for_groups,
     group_admission_blocks,
@@ -29,7 +15,6 @@ from kvlab.core.engine.fast.loops.groups import (
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    STEP,
     admission_num_new_blocks,
     compiled_from,
     inline,
@@ -302,65 +287,7 @@ def kv_cache(cfg, pool, groups, num_free_blocks):
 
 
 @inline
-def schedule(
-    cfg,
-    req,
-    now_s,
-    running,
-    nrun,
-    waiting,
-    head,
-    nwait,
-    num_free_blocks,
-    out_r,
-    out_n,
-    out_sample,
-    pool,
-    groups,
-    acc,
-    fields,
-):
-    """Scheduler.schedule() (kvlab/core/engine/scheduler.py's schedule, compiled: SHARED) over the loops' arrays: the
-    batch in out_r, out_n, out_sample and, where fields (a clock that reads them, step_s), the rest of its Batch in
-    acc; returns (its requests, preemptions, tokens, prompt tokens hit in the prefix cache, nrun, head, nwait,
-    num_free_blocks)."""
-    kv = kv_cache(cfg, pool, groups, num_free_blocks)
-    out = BatchOut(out_r, out_n, out_sample, acc, now_s)
-    ns, npre, num_scheduled, hit_tokens, nrun, head, nwait = shared_schedule(
-        cfg, kv, req, running, nrun, waiting, head, nwait, out, fields
-    )
-    return ns, npre, num_scheduled, hit_tokens, nrun, head, nwait, kv.num_free[0]
-
-
-@inline
-def next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts):
-    """Engine.run's loop up to its next step: the requests that have arrived join the waiting queue; with nothing
-    running or waiting the clock jumps to the next arrival. Returns (STEP, DONE when every request finished, or FULL
-    when the chunk's capacity step records are full; nxt, nwait, now_s)."""
-    n = arrival_s.shape[0]
-    while True:
-        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
-        if nrun == 0 and nwait == 0:
-            if nxt == n:
-                return DONE, nxt, nwait, now_s
-            now_s = arrival_s[nxt]  # idle: jump to the next arrival
-            continue
-        if counts[0] == capacity:
-            return FULL, nxt, nwait, now_s
-        return STEP, nxt, nwait, now_s
-
-
-@inline
-def save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, steps, now_s, last_end_s):
-    """Keep the loop's state for its next chunk (state and fstate, read back at its start)."""
-    state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING] = nxt, num_free_blocks, nrun
-    state[S_WAITING_HEAD], state[S_NUM_WAITING], state[S_KV_TOKENS] = head, nwait, kv
-    state[S_STEPS] = steps
-    fstate[F_CLOCK], fstate[F_LAST_END] = now_s, last_end_s
-
-
-@inline
-def add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait):
+def arrive(arrival_s, now_s, nxt, waiting, head, nwait):
     """Engine.add_arrivals: every request that has arrived by the clock joins the back of the waiting queue, in
     arrival order; returns the next request to arrive and the queue's length."""
     n, cap = arrival_s.shape[0], waiting.shape[0]
@@ -398,37 +325,6 @@ def release(pool, groups, caching, r, num_blocks, num_cached_blocks, num_free_bl
         num_free_blocks += num_blocks[r]
     num_blocks[r] = 0
     return num_free_blocks
-
-
-@inline
-def update_sync(cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre, out, ns, num_new_kv_tokens,
-                num_free_blocks, kv):  # fmt: skip
-    """Engine.step's update (synchronous): the running requests' computed tokens kv after the step (recounted after a
-    preemption, else kv plus the step's tokens and prefix hits, num_new_kv_tokens), then update_from_output
-    (kvlab/core/engine/scheduler.py's, compiled: SHARED) on the batch out (arrays.BatchOut, time_s its end): less
-    the tokens of those that finished. Returns (num_free_blocks, kv, requests finished, nrun, nwait)."""
-    if npre:
-        kv = 0
-        for j in range(nrun):
-            kv += req.num_computed_tokens[running[j]]
-    else:
-        kv += num_new_kv_tokens
-    kvc = kv_cache(cfg, pool, groups, num_free_blocks)
-    _, num_finished, num_finished_tokens, nrun, nwait = shared_update_from_output(
-        cfg, kvc, req, out, ns, running, nrun, waiting, head, nwait
-    )
-    return kvc.num_free[0], kv - num_finished_tokens, num_finished, nrun, nwait
-
-
-@inline
-def preempt(req, pool, groups, caching, r, num_free_blocks, waiting, head, nwait):
-    """Scheduler._preempt (kvlab/core/engine/scheduler.py's preempt, compiled: SHARED) for vLLM 0.1.4's loop (loops.v0):
-    request r gives its blocks back, is reset and goes to the front of the waiting queue; returns (num_free_blocks,
-    head, nwait)."""
-    kv = KVCache(0, caching, True, 0, pool, groups, pool.num_free_blocks)
-    kv.num_free[0] = num_free_blocks
-    head = shared_preempt(kv, req, waiting, head, r)
-    return kv.num_free[0], head, nwait + 1
 
 
 @inline

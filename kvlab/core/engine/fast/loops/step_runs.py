@@ -34,7 +34,7 @@ from kvlab.core.engine.fast.loops.pool import (
     admitted_tokens,
 )
 from kvlab.core.engine.fast.loops.scheduler import (
-    add_arrivals,
+    arrive,
     finished_at,
     record,
     remove_finished,
@@ -127,10 +127,10 @@ def limits_of(cfg):
 
 @inline
 def decode_run(at):
-    """at: loop_sync's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
+    """at: the synchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
     phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
     caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
-    recorded as loop_sync records them. A run stops before a step that would cross more block boundaries than there
+    recorded as the synchronous loop records them. A run stops before a step that would cross more block boundaries than there
     are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
     the first finish or fills the chunk; the waiting queue's head, refused in the first step, stays refused (free
     blocks only fall). A hybrid model's groups (groups): O(groups) a step (group_phases), the head checked at every
@@ -216,7 +216,7 @@ def decode_run(at):
     phase = 0  # j % block_size
     while j < limit:
         if j and nxt < n and arrival_s[nxt] <= now_s:
-            nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
+            nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if hybrid:
                     if may_admit:
@@ -274,7 +274,7 @@ def decode_run(at):
 @inline
 def prefill_run(at):
     """at: decode_run's. A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its
-    steps at once, recorded as loop_sync records them. Every running request but one (the prompt's, P) decodes; each
+    steps at once, recorded as the synchronous loop records them. Every running request but one (the prompt's, P) decodes; each
     step gives each decode its token and P the same chunk: the budget the decodes before it leave, at most the
     step's cap (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes
     after it each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a
@@ -282,7 +282,7 @@ def prefill_run(at):
     preempts), or that would admit the first request to arrive during it (or change the cap), and after the step
     that samples the first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall).
     Each step costs the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the
-    measured clock, prefill_step_s). loop_sync tries one after a step that scheduled a request more than one token.
+    measured clock, prefill_step_s). The synchronous loop tries one after a step that scheduled a request more than one token.
     Returns (steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s); 0 steps: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
@@ -358,7 +358,7 @@ def prefill_run(at):
         if j and nxt < n and arrival_s[nxt] <= now_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
+            nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
             if not refused:  # the first to arrive: admitted at this step ends the run
                 if (
                     may_admit
@@ -451,12 +451,12 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, n
 
 @njit
 def decode_run_async(at, times):
-    """at: loop_async's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
+    """at: the asynchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
     queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
     slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
     (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
     request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
-    one after them where the run ends at a first finish (last_iteration, finish_async), recorded as loop_async
+    one after them where the run ends at a first finish (last_iteration, finish_async), recorded as the asynchronous loop
     records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, num_free_blocks,
     nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
@@ -595,7 +595,7 @@ def decode_run_async(at, times):
         num_free_blocks = groups.free_at[1] if hybrid else num_free_blocks - per_phase[0]
         record(first, start0, times[0], last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv + nrun, logs,
                events, counts)  # fmt: skip
-        nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
+        nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
         # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
         # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
         end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
@@ -605,7 +605,7 @@ def decode_run_async(at, times):
             end_s[s], held[s], kv_tokens[s] = times[j], usable - num_free_blocks, kv + nrun * (j + 1)
             tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
             s += 1
-            nxt, nwait = add_arrivals(arrival_s, times[j - 1], nxt, waiting, head, nwait)
+            nxt, nwait = arrive(arrival_s, times[j - 1], nxt, waiting, head, nwait)
         counts[0] = s
         last_end_s = times[k - 1]
         for i in range(nrun):
@@ -631,7 +631,7 @@ def decode_run_async(at, times):
         return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, times[k], False
     # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
     # batch k's output finishes the others.
-    nxt, nwait = add_arrivals(arrival_s, now_s, nxt, waiting, head, nwait)
+    nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
     for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
         phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
     context = 0
@@ -689,7 +689,7 @@ def prefill_run_async(at):
     """at: decode_run_async's. prefill_run's asynchronous twin (without prefix caching): with one batch in flight (batch 0)
     that holds every running request in order, each sampling in it but one prompt P, mid-prefill, k loop iterations
     at once: schedule batch j (j = 1..k; each decode one token, P the same chunk, as prefill_run's steps), process
-    batch j - 1, recorded as loop_async records them; batch k is left queued in batch 0's slot. Batch j is scheduled
+    batch j - 1, recorded as the asynchronous loop records them; batch k is left queued in batch 0's slot. Batch j is scheduled
     at the loop's clock (j = 1), else at batch j - 2's end (arrivals by then join the waiting queue), and runs from
     batch j - 1's end. The run stops before a batch whose blocks are more than the free ones (it preempts), that
     would admit the first request to arrive (or change the cap), or whose processing would leave a record the chunk
@@ -772,7 +772,7 @@ def prefill_run_async(at):
         if nxt < n and arrival_s[nxt] <= at_s:
             if not fixed_cap:
                 break
-            nxt, nwait = add_arrivals(arrival_s, at_s, nxt, waiting, head, nwait)
+            nxt, nwait = arrive(arrival_s, at_s, nxt, waiting, head, nwait)
         p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
         num_blocks_needed = per_phase[(j - 1) % block_size] + p_new
         if num_blocks_needed > num_free_blocks:

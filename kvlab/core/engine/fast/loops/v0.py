@@ -1,9 +1,10 @@
 """The compiled loop of vLLM 0.1.4's scheduler (kvlab.core.engine.scheduler_v0) over paged blocks or the vLLM paper's
 Orca reservations (kvlab.core.engine.reservation, placed by the buddy allocator of kvlab.core.buddy).
 
-loop_v0 is Engine.run's per-step loop with SchedulerV0.schedule, account and update_from_output over the arrays of
-fast/arrays.py (req: Requests; cfg: Limits; orca: Reservations), step by step (no decode runs: a step costs a few
-nanoseconds a request here). Its schedule() is the reference's (kvlab.core.engine.scheduler_v0.schedule, with
+loop_v0 is Engine.run's loop (kvlab/core/engine/engine_core.py's run_sync, compiled with loops/engine.py's bindings and the
+few of its own below) with SchedulerV0.schedule, account and update_from_output over the arrays of fast/arrays.py (req:
+Requests; cfg: Limits; orca: Reservations), step by step (no decode runs: a step costs a few nanoseconds a request
+here). Its schedule() is the reference's (kvlab.core.engine.scheduler_v0.schedule, with
 scheduler.py's preempt and account), its update_from_output scheduler.py's, both compiled from their source with the
 KV-cache manager's calls bound to the functions here; its records are scheduler.record's, and for a reservation pool each step's Fig. 2 counts besides. The buddy allocator here
 keeps, per slot, the order of the free chunk starting there and, per order, how many are free: the same chunks as
@@ -12,42 +13,21 @@ halves; a freed chunk merged with its free buddies inside its arena). tests/test
 the same results, bit for bit.
 """
 
+from kvlab.core.engine import engine_core
 from kvlab.core.engine import scheduler as python_scheduler
 from kvlab.core.engine import scheduler_v0 as python_scheduler_v0
-from kvlab.core.engine.fast.arrays import (
-    DONE,
-    F_CLOCK,
-    F_LAST_END,
-    NO_PROGRESS,
-    S_FREE,
-    S_KV_TOKENS,
-    S_NEXT_ARRIVAL,
-    S_NUM_RUNNING,
-    S_NUM_WAITING,
-    S_STEPS,
-    S_WAITING_HEAD,
-    BatchOut,
-    V0Cache,
-)
+from kvlab.core.engine.fast.arrays import V0Cache
+from kvlab.core.engine.fast.loops import engine as loops_engine
 from kvlab.core.engine.fast.loops import scheduler as loops_scheduler
-from kvlab.core.engine.fast.loops.clock import step_s
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
     RULES,
-    STEP,
     admission_num_new_blocks,
     compiled_from,
     inline,
-    njit,
     num_blocks_to_allocate,
-    unowned,
 )
-from kvlab.core.engine.fast.loops.scheduler import (
-    next_step,
-    record,
-    save_state,
-    update_sync,
-)
+from kvlab.core.engine.fast.loops.scheduler import record
 
 watermark_admits = RULES["watermark_admits"]
 FREE_SLOTS, ROUNDING, FINAL_TOKENS = range(3)  # Reservations.counters
@@ -203,67 +183,71 @@ shared_schedule_v0 = SHARED_V0["schedule"]
 
 
 # ---------------------------------------------------------------- the loop
-@njit
-def loop_v0(req, cfg, cost, state, fstate, running, waiting, pool, groups, orca, out_r, out_n, out_sample, logs, events,
-            counts, split, acc):  # fmt: skip
-    """Engine.run's loop and Engine.step with SchedulerV0 (synchronous, step by step): steps until every request
-    finished (DONE), the chunk's step records are filled (FULL) or a step schedules nothing (NO_PROGRESS). split: a
-    reservation pool's Fig. 2 counts per step (final tokens, rounding, external fragmentation; StepLog.add_split). pool and
-    groups: placeholders (no prefix cache, one full-attention group), for the v1 loop's preempt and release. Every
-    array is taken unowned (jit.unowned), as the v1 loops take theirs."""
-    req, cost, state, fstate, running, waiting, pool, groups, orca = (
-        unowned(req), unowned(cost), unowned(state), unowned(fstate), unowned(running), unowned(waiting), unowned(pool),
-        unowned(groups), unowned(orca),
-    )  # fmt: skip
-    out_r, out_n, out_sample, logs, events, counts, split, acc = (
-        unowned(out_r), unowned(out_n), unowned(out_sample), unowned(logs), unowned(events), unowned(counts),
-        unowned(split), unowned(acc),
-    )  # fmt: skip
-    arrival_s, max_num_tokens, status = req.arrival_s, req.max_num_tokens, req.status
-    reserve, chunk_offset, counters = orca.reserve, orca.chunk_offset, orca.counters
-    usable, paged = cfg.num_usable_blocks, orca.paged
-    nxt, num_free_blocks, nrun, head, nwait = (
-        state[S_NEXT_ARRIVAL], state[S_FREE], state[S_NUM_RUNNING], state[S_WAITING_HEAD], state[S_NUM_WAITING]
-    )  # fmt: skip
-    kv, first = state[S_KV_TOKENS], state[S_STEPS]
-    now_s, last_end_s = fstate[F_CLOCK], fstate[F_LAST_END]
-    capacity = logs[0].shape[0]
-    counts[:] = 0
-    code = DONE
-    while True:
-        code, nxt, nwait, now_s = next_step(arrival_s, now_s, nxt, waiting, head, nwait, nrun, capacity, counts)
-        if code != STEP:
-            break
-        kvc = V0Cache(cfg.block_size, 0, cfg.max_model_len, pool, groups, pool.num_free_blocks, orca)
-        kvc.num_free[0] = num_free_blocks
-        ns, npre, num_scheduled, nrun, head, nwait = shared_schedule_v0(
-            cfg, kvc, req, running, nrun, waiting, head, nwait, BatchOut(out_r, out_n, out_sample, acc, now_s)
-        )
-        num_free_blocks = kvc.num_free[0]
-        if num_scheduled == 0:
-            code = NO_PROGRESS
-            break
-        batch_end_s = now_s + step_s(cost, num_scheduled, acc)
-        num_running_step = nrun
-        num_free_blocks, kv, finished, nrun, nwait = update_sync(
-            cfg, req, pool, groups, running, nrun, waiting, head, nwait, npre,
-            BatchOut(out_r, out_n, out_sample, acc, batch_end_s), ns, num_scheduled, num_free_blocks, kv,
-        )  # fmt: skip
-        if finished and not paged:  # ReservationManager.free: each finished request's chunk, in batch order
-            for j in range(ns):
-                r = out_r[j]
-                if status[r] == FINISHED:
-                    free_chunk(orca, chunk_offset[r], reserve[r])
-                    counters[FINAL_TOKENS] -= max_num_tokens[r]
-        s = counts[0]
-        held = usable - num_free_blocks if paged else orca.num_slots - counters[FREE_SLOTS]
-        record(first, now_s, batch_end_s, last_end_s, npre, 0, num_scheduled, num_running_step, nwait, held, kv, logs, events,
-               counts)  # fmt: skip
-        if not paged:  # ReservationManager.record_split against the waiting queue's head
-            split[0][s] = counters[FINAL_TOKENS]
-            split[1][s] = counters[ROUNDING]
-            split[2][s] = free_slots_below(orca, reserve[waiting[head]]) if nwait else 0
-        last_end_s = batch_end_s
-        now_s = batch_end_s
-    save_state(state, fstate, nxt, num_free_blocks, nrun, head, nwait, kv, first + counts[0], now_s, last_end_s)
-    return code
+# engine_core.run_sync, compiled with loops.engine's bindings but these: no runs at once (a step costs a few nanoseconds a
+# request here), SchedulerV0's schedule(), a reservation's chunk freed when its request finishes, and its records.
+
+
+@inline
+def run_at_once(engine, loop):
+    """None here: step by step."""
+    return False
+
+
+@inline
+def schedule_batch(engine, loop):
+    """SchedulerV0.schedule() (scheduler_v0.schedule, compiled: SHARED_V0) into slot 0. Returns (the batch, its
+    requests, tokens, preemptions, 0 prompt tokens hit)."""
+    cfg, pool = engine.cfg, engine.pool
+    kv = V0Cache(cfg.block_size, 0, cfg.max_model_len, pool, engine.groups, pool.num_free_blocks, engine.orca)
+    kv.num_free[0] = loop.num_free_blocks
+    out = loops_engine.batch_out(engine, 0, loop.now_s)
+    num_reqs, num_preempted, num_tokens, nrun, head, nwait = shared_schedule_v0(
+        cfg, kv, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head, loop.num_waiting, out
+    )
+    loop.num_running, loop.waiting_head, loop.num_waiting, loop.num_free_blocks = nrun, head, nwait, kv.num_free[0]
+    return out, num_reqs, num_tokens, num_preempted, 0
+
+
+@inline
+def update_batch(engine, loop, out, num_reqs, end_s):
+    """loops.engine.update_batch; then ReservationManager.free: each finished request's chunk, in batch order."""
+    num_finished_tokens = loops_engine.update_batch(engine, loop, out, num_reqs, end_s)
+    orca, req = engine.orca, engine.req
+    if not orca.paged:
+        for j in range(num_reqs):
+            r = out.req_ids[j]
+            if req.status[r] == FINISHED:
+                free_chunk(orca, orca.chunk_offset[r], orca.reserve[r])
+                orca.counters[FINAL_TOKENS] -= req.max_num_tokens[r]
+    return num_finished_tokens
+
+
+@inline
+def record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiting, num_preempted, num_hit_tokens):
+    """StepLog.append for the step (scheduler.record): blocks held (paged) or token slots reserved; a reservation
+    pool's Fig. 2 counts besides (ReservationManager.record_split against the waiting queue's head)."""
+    orca, counts, split = engine.orca, engine.counts, engine.split
+    s = counts[0]
+    held = (
+        engine.cfg.num_usable_blocks - loop.num_free_blocks
+        if orca.paged
+        else orca.num_slots - orca.counters[FREE_SLOTS]
+    )
+    record(loop.num_steps, start_s, end_s, loop.last_end_s, num_preempted, num_hit_tokens, num_tokens, num_running,
+           num_waiting, held, loop.num_kv_tokens, engine.logs, engine.events, counts)  # fmt: skip
+    loop.last_end_s = end_s
+    if not orca.paged:
+        split[0][s] = orca.counters[FINAL_TOKENS]
+        split[1][s] = orca.counters[ROUNDING]
+        split[2][s] = free_slots_below(orca, orca.reserve[engine.waiting[loop.waiting_head]]) if loop.num_waiting else 0
+
+
+LOOP_V0 = compiled_from(
+    (engine_core.next_step,),
+    loops_engine.BINDINGS
+    | {"run_at_once": run_at_once, "schedule_batch": schedule_batch, "update_batch": update_batch,
+       "record_step": record_step},
+    (engine_core.run_sync,),
+    "_v0",
+)  # fmt: skip
+loop_v0 = LOOP_V0["run_sync"]  # as loops.engine.loop_sync (engine.pool and engine.groups: placeholders)

@@ -1,0 +1,248 @@
+"""The engine's time loop, written once: vLLM's EngineCore (vllm/v1/engine/core.py) stepping its scheduler in simulated
+time, synchronous (EngineCore.step: run_sync) or behind a batch queue of two (step_with_batch_queue: run_async).
+Engine.run calls them (kvlab/core/engine/engine.py's docstring says how time moves), with itself as the engine and as
+the loop's state, and the bindings below; the compiled loops (fast/loops/engine.py, v0.py) compile them from this
+source, as they do the scheduler's."""
+
+from __future__ import annotations
+
+import math
+
+from kvlab.core.cost import checked_s
+from kvlab.core.engine.fast import decode_run
+from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
+
+# The Python engine calls run_sync and run_async with itself as the engine and as the loop's state (loop: now_s,
+# next_arrival, num_kv_tokens, num_decode_runs, gpu_free_s, num_empty) and with the bindings after them; the compiled
+# loops compile them from this source (jit.compiled_from), the engine the named arrays (arrays.Arrays), the loop's state
+# a record of the same names (arrays.LOOP_STATE) and the bindings bound to their own. A compiled loop also stops when
+# its chunk of step records is full (FULL), to go on where it stopped.
+
+
+def run_sync(engine, loop):
+    """Engine.run's loop, synchronous: the requests that have arrived join the waiting queue (with nothing running or
+    waiting the clock jumps to the next arrival); then a run of steps at once where nothing can change (run_at_once),
+    or one step: schedule, its cost, update_from_output at its end, its record. Returns DONE (every request
+    finished), FULL (a compiled loop's chunk of records is full) or NO_PROGRESS (a step scheduled nothing)."""
+    engine = started(engine)
+    while True:
+        code = next_step(engine, loop)
+        if code != STEP:
+            return code
+        if run_at_once(engine, loop):
+            loop.num_decode_runs += 1
+            continue
+        start_s = loop.now_s
+        out, num_reqs, num_tokens, num_preempted, num_hit_tokens = schedule_batch(engine, loop)
+        if num_tokens == 0:
+            return NO_PROGRESS
+        end_s = start_s + batch_s(engine, out, num_tokens)
+        loop.now_s = end_s  # the outputs below are processed at the step's end
+        num_running, num_waiting = queue_lengths(engine, loop)
+        if num_preempted:
+            num_kv_tokens = running_kv_tokens(engine, loop)
+        else:
+            num_kv_tokens = loop.num_kv_tokens + num_tokens + num_hit_tokens
+        loop.num_kv_tokens = num_kv_tokens - update_batch(engine, loop, out, num_reqs, end_s)
+        record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiting, num_preempted, num_hit_tokens)
+
+
+def next_step(engine, loop):
+    """run_sync up to its next step: the requests that have arrived join the waiting queue; with nothing running or
+    waiting the clock jumps to the next arrival (idle_until). Returns STEP, DONE (every request finished) or FULL."""
+    while True:
+        add_arrivals(engine, loop)
+        num_running, num_waiting = queue_lengths(engine, loop)
+        if num_running or num_waiting:
+            return FULL if records_full(engine) else STEP
+        if loop.next_arrival == num_requests(engine):
+            return DONE
+        loop.now_s = idle_until(engine, arrival_s_of(engine, loop.next_arrival))
+
+
+def run_async(engine, loop):
+    """Engine.run's loop, asynchronous (kvlab/core/engine/engine.py's docstring): each engine step, the requests that have arrived join
+    the waiting queue; then a run of iterations at once where nothing can change (run_at_once_async), or, if the
+    scheduler has requests, a batch scheduled and queued (it runs from the clock or the end of the batch before it,
+    for its cost), returning at once while fewer than two are queued; otherwise the oldest batch's output is awaited
+    and processed (update_from_output at its end, its record if it ran tokens or preempted). With requests unfinished
+    and no tokens queued, two schedule() calls in a row that scheduled nothing mean nothing can change before the next
+    arrival: the clock jumps to it. Returns as run_sync does."""
+    engine = started(engine)
+    n = num_requests(engine)
+    while True:
+        add_arrivals(engine, loop)
+        if records_full(engine):
+            return FULL
+        if run_at_once_async(engine, loop):
+            loop.num_decode_runs += 1
+            continue
+        if has_requests(engine, loop):
+            out, num_reqs, num_tokens, num_preempted, num_hit_tokens = schedule_batch(engine, loop)
+            start_s = loop.now_s if loop.now_s > loop.gpu_free_s else loop.gpu_free_s
+            end_s = start_s + batch_s(engine, out, num_tokens) if num_tokens else start_s
+            loop.gpu_free_s = end_s
+            queue_batch(engine, loop, out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s)
+            loop.num_empty = 0 if num_tokens else loop.num_empty + 1
+            num_running, num_waiting = queue_lengths(engine, loop)
+            if loop.num_empty >= 2 and (num_running or num_waiting) and queued_tokens(engine, loop) == 0:
+                if loop.next_arrival == n or arrival_s_of(engine, loop.next_arrival) == math.inf:
+                    return NO_PROGRESS  # (a closed loop's next send waits for a finish)
+                loop.now_s = arrival_s_of(engine, loop.next_arrival)  # nothing changes before it arrives
+                loop.num_empty = 0
+            if num_queued(engine, loop) < 2 and (num_tokens or has_requests(engine, loop)):
+                continue
+        elif num_queued(engine, loop) == 0:
+            if loop.next_arrival == n:
+                return DONE
+            loop.now_s = idle_until(engine, arrival_s_of(engine, loop.next_arrival))  # idle: the next arrival
+            continue
+        out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s, num_running, num_waiting = pop_batch(
+            engine, loop
+        )
+        if end_s > loop.now_s:
+            loop.now_s = end_s  # wait for the oldest batch's output
+        update_batch(engine, loop, out, num_reqs, end_s)
+        if num_tokens or num_preempted:  # a step of the records: it ran tokens or preempted
+            loop.num_kv_tokens = running_kv_tokens(engine, loop)
+            record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiting, num_preempted,
+                        num_hit_tokens)  # fmt: skip
+
+
+# ---------------------------------------------------------------- the Python engine's side of them
+def started(engine):
+    """The engine the loop runs on: this one (a compiled loop's: its arrays as views that own no reference, its chunk of
+    step records empty)."""
+    return engine
+
+
+def add_arrivals(engine, loop) -> None:
+    """Engine.add_arrivals."""
+    engine.add_arrivals()
+
+
+def queue_lengths(engine, loop) -> tuple:
+    """The running list's and the waiting queue's lengths."""
+    return len(engine.scheduler.running), len(engine.scheduler.waiting)
+
+
+def has_requests(engine, loop) -> bool:
+    """The scheduler's has_requests()."""
+    return engine.scheduler.has_requests()
+
+
+def records_full(engine) -> bool:
+    """The Python engine's records never fill."""
+    return False
+
+
+def num_requests(engine) -> int:
+    """The workload's requests."""
+    return len(engine.arrival_list)
+
+
+def arrival_s_of(engine, i: int) -> float:
+    """Request i's arrival (a closed loop: its send, inf until a finish frees its slot)."""
+    return engine.arrival_list[i]
+
+
+def idle_until(engine, arrival_s: float) -> float:
+    """Engine.idle_until."""
+    return engine.idle_until(arrival_s)
+
+
+def run_at_once(engine, loop) -> bool:
+    """A decode run (fast/decode_run.py's advance) where every running request decodes; False if none was done."""
+    return engine.decode_runs and engine.all_decoding and bool(engine.scheduler.running) and decode_run.advance(engine)
+
+
+def run_at_once_async(engine, loop) -> bool:
+    """The asynchronous decode run (decode_run.advance_async) from the one batch in flight; False if none was done."""
+    queue = engine.batch_queue
+    if not (engine.decode_runs and len(queue) == 1 and queue[0][5]):
+        return False
+    end_s = decode_run.advance_async(engine, queue, loop.gpu_free_s)
+    if end_s is None:
+        return False
+    loop.gpu_free_s = end_s
+    return True
+
+
+def schedule_batch(engine, loop) -> tuple:
+    """The scheduler's schedule(), its admitted requests' first_scheduled_s stamped with the clock and its batch
+    recorded where a recorder asks. Returns (the SchedulerOutput, its requests, tokens, preemptions, prompt tokens
+    hit in the prefix cache)."""
+    out = engine.scheduler.schedule()
+    for request in out.admitted:
+        if request.first_scheduled_s is None:
+            request.first_scheduled_s = loop.now_s
+    num_tokens = out.batch.num_scheduled_tokens
+    if engine.recorder is not None and (num_tokens or out.preempted):
+        engine.recorder.step(out)
+    return out, len(out.scheduled), num_tokens, len(out.preempted), out.num_hit_tokens
+
+
+def step_s(cost, out) -> float:
+    """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
+    return checked_s(cost, cost.step_s(out.batch), out.batch.num_scheduled_tokens)
+
+
+def batch_s(engine, out, num_tokens: int) -> float:
+    """The batch's seconds (step_s)."""
+    return step_s(engine.cost, out)
+
+
+def running_kv_tokens(engine, loop) -> int:
+    """The running requests' computed tokens."""
+    return sum(r.num_computed_tokens for r in engine.scheduler.running)
+
+
+def update_batch(engine, loop, out, num_reqs: int, end_s: float) -> int:
+    """The scheduler's update_from_output for the batch, its first tokens and finishes stamped at its end; whether
+    every running request decodes next (decode runs). Returns the computed tokens of the requests that finished."""
+    scheduler = engine.scheduler
+    num_sampled, first_tokens, finished = scheduler.update_from_output(out)
+    for request in first_tokens:
+        request.first_token_s = end_s
+    num_finished_tokens = 0
+    for request in finished:
+        num_finished_tokens += request.num_computed_tokens
+        engine.finished(request, end_s)
+    # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
+    engine.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
+    return num_finished_tokens
+
+
+def record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiting, num_preempted, num_hit_tokens):
+    """StepLog.append for the step; a reservation pool's Fig. 2 counts besides (record_split)."""
+    engine.steps.append(start_s, end_s, num_tokens, num_running, num_waiting, engine.kv_cache_manager.num_held,
+                        loop.num_kv_tokens, num_preempted, num_hit_tokens)  # fmt: skip
+    if engine.reserving:
+        waiting = engine.scheduler.waiting
+        engine.record_split(waiting[0] if waiting else None)
+
+
+def queue_batch(engine, loop, out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s) -> None:
+    """A scheduled batch joins the batch queue, with the running and waiting requests after its schedule()."""
+    pure = bool(num_tokens and not num_preempted and not num_hit_tokens)  # a decode run may start from it
+    num_running, num_waiting = queue_lengths(engine, loop)
+    engine.batch_queue.append((out, start_s, end_s, num_running, num_waiting, pure))
+
+
+def num_queued(engine, loop) -> int:
+    """The batches queued."""
+    return len(engine.batch_queue)
+
+
+def queued_tokens(engine, loop) -> int:
+    """The tokens of the batches queued."""
+    return sum(batch[0].batch.num_scheduled_tokens for batch in engine.batch_queue)
+
+
+def pop_batch(engine, loop) -> tuple:
+    """The oldest queued batch: (its SchedulerOutput, requests, tokens, preemptions, prompt tokens hit, start_s, end_s,
+    and the running and waiting requests after its schedule())."""
+    out, start_s, end_s, num_running, num_waiting, _ = engine.batch_queue.popleft()
+    batch = out.batch
+    return (out, len(out.scheduled), batch.num_scheduled_tokens, len(out.preempted), out.num_hit_tokens, start_s,
+            end_s, num_running, num_waiting)  # fmt: skip
