@@ -117,8 +117,10 @@ def started(engine):
 
 
 def add_arrivals(engine, loop) -> None:
-    """Engine.add_arrivals."""
-    engine.add_arrivals()
+    """Engine.add_arrivals, where a request has arrived."""
+    arrival_s = engine.arrival_list
+    if loop.next_arrival < len(arrival_s) and arrival_s[loop.next_arrival] <= loop.now_s:
+        engine.add_arrivals()
 
 
 def queue_lengths(engine, loop) -> tuple:
@@ -182,14 +184,10 @@ def schedule_batch(engine, loop) -> tuple:
     return out, len(out.scheduled), num_tokens, len(out.preempted), out.num_hit_tokens
 
 
-def step_s(cost, out) -> float:
-    """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
-    return checked_s(cost, cost.step_s(out.batch), out.batch.num_scheduled_tokens)
-
-
 def batch_s(engine, out, num_tokens: int) -> float:
-    """The batch's seconds (step_s)."""
-    return step_s(engine.cost, out)
+    """Seconds the step cost gives the batch of a SchedulerOutput (refused below 0 s: cost.checked_s)."""
+    cost = engine.cost
+    return checked_s(cost, cost.step_s(out.batch), num_tokens)
 
 
 def running_kv_tokens(engine, loop) -> int:
@@ -225,8 +223,8 @@ def record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiti
 def queue_batch(engine, loop, out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s) -> None:
     """A scheduled batch joins the batch queue, with the running and waiting requests after its schedule()."""
     pure = bool(num_tokens and not num_preempted and not num_hit_tokens)  # a decode run may start from it
-    num_running, num_waiting = queue_lengths(engine, loop)
-    engine.batch_queue.append((out, start_s, end_s, num_running, num_waiting, pure))
+    scheduler = engine.scheduler
+    engine.batch_queue.append((out, start_s, end_s, len(scheduler.running), len(scheduler.waiting), pure))
 
 
 def num_queued(engine, loop) -> int:
