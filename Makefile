@@ -58,12 +58,8 @@ $(shell echo 'c.IPKernelApp.log_level = "CRITICAL"' > $(IPYTHONDIR)/profile_defa
 report: $(STAMP)
 	$(BIN)/kvlab report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
 
-# Tests run in a process per core, up to 4 (pytest-xdist; a file's tests stay in one process, in order, and so do the
-# tests that read the report built beside them: conftest.py); TEST_WORKERS=0 runs them in this one.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); if [ $$n -gt 4 ]; then n=4; fi; if [ $$n -lt 2 ]; then n=0; fi; echo $$n)
-
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -n $(TEST_WORKERS) --dist loadgroup --nbval --nbval-current-env tests notebooks
+	$(BIN)/python -m pytest -q -rs --nbval --nbval-current-env tests notebooks
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -83,29 +83,13 @@ BUILD_REPORT = (
 )
 
 
-# Under pytest-xdist (make test's --dist loadgroup: a process per core), each process collects every test: the build
-# starts in the one process that runs the tests that read it (its group, first in order) when it starts them.
-def xdist_worker(config) -> bool:
-    """Whether this process is a pytest-xdist worker."""
-    return hasattr(config, "workerinput")
-
-
 class ReportBuild:
-    """`make report`'s build (params.yaml, no overrides) into a temporary folder, in a child process; started now or,
-    lazily, when a test first asks for it."""
+    """`make report`'s build (params.yaml, no overrides) into a temporary folder, in a child process."""
 
-    def __init__(self, lazy: bool = False):
+    def __init__(self):
         self.folder = Path(tempfile.mkdtemp(prefix="kvlab-report-test-"))
         self.out = self.folder / "report"
         self.log = self.folder / "build.log"
-        self.process = None
-        if not lazy:
-            self.start()
-
-    def start(self) -> None:
-        """Start the build, once."""
-        if self.process is not None:
-            return
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"), str(self.out)],
@@ -118,7 +102,6 @@ class ReportBuild:
 
     def succeeded(self) -> bool:
         """Whether the build succeeded, once it is done."""
-        self.start()
         return self.process.wait() == 0
 
     def result(self) -> Path:
@@ -130,9 +113,7 @@ class ReportBuild:
         return self.out
 
     def close(self) -> None:
-        if (
-            self.process is not None and self.process.poll() is None
-        ):  # the session ended first (an interrupt, -x): stop it and its kernels
+        if self.process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernels
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -148,34 +129,19 @@ def _runs(item) -> bool:
     )
 
 
-def reads_report(item) -> bool:
-    """Whether a test reads the built report: it asks for it, or it is a cell of a notebook the build executes."""
-    return "built_report" in getattr(item, "fixturenames", ()) or (
-        isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR
-    )
-
-
-def pytest_itemcollected(item):
-    """Under pytest-xdist, each file's tests in one group (a process runs them in order) and the tests that read the
-    built report in one, "report" (the process that builds it)."""
-    if xdist_worker(item.config):
-        item.add_marker(pytest.mark.xdist_group("report" if reads_report(item) else item.nodeid.split("::")[0]))
-
-
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
     """Skip what needs missing traces; start the report's build if a test that reads it will run, and run those
-    tests and the cells of the notebooks it executes last (the build's time). Under pytest-xdist they run first, in the
-    process that builds the report when it starts them, while the other processes run the other tests."""
+    tests and the cells of the notebooks it executes last (the build's time)."""
     global _report_build
     skip_what_needs_missing_traces(items)
     reading = [item for item in items if "built_report" in getattr(item, "fixturenames", ())]
     if not config.option.collectonly and any(_runs(item) for item in reading):
-        worker = xdist_worker(config)
-        _report_build = ReportBuild(lazy=worker)
-        last = {item for item in items if reads_report(item)}
-        first, rest = [item for item in items if item in last], [item for item in items if item not in last]
-        items[:] = first + rest if worker else rest + first
+        _report_build = ReportBuild()
+        last = set(reading) | {
+            item for item in items if isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR
+        }
+        items[:] = [item for item in items if item not in last] + [item for item in items if item in last]
 
 
 def pytest_sessionfinish(session, exitstatus):
