@@ -70,7 +70,9 @@ def main() -> None:
     misses = sorted((r for r in local.results if r.status == "misses" and r.metrics), key=lambda r: r.worst_share)
     finals = meets + misses[:NUM_PYTHON_CHECKS]
     start = time.perf_counter()
-    same = all(plan.serve(workload, deployment, r.candidate, r.num_gpu_blocks, "python") == r.metrics for r in finals)
+    same = all(
+        plan.serve(workload, deployment, r.candidate, r.num_gpu_blocks, "reference") == r.metrics for r in finals
+    )
     print(
         f"   the {len(finals)} best meeting and closest missing candidates served in full, again in the Python engine "
         f"({time.perf_counter() - start:.0f} s): {'the same figures, bit for bit' if same else 'DIFFERENT FIGURES'}: "

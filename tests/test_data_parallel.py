@@ -183,9 +183,9 @@ def test_what_the_data_parallel_engine_cannot_do_is_refused_in_one_line():
         simulate(w, dp_config(2), num_gpu_blocks=40, recorder=Recorder(scheduled=True))
     with pytest.raises(ValueError, match="allocation='max' is not allowed: must be 'paged'"):
         simulate(w, dp_config(2), num_gpu_blocks=40, allocation="max")
-    with pytest.raises(ValueError, match="path='compiled' is not allowed: must be 'auto' or 'python' or 'reference'"):
+    with pytest.raises(ValueError, match="path='compiled' is not allowed: must be 'auto' or 'reference'"):
         simulate(w, dp_config(2), num_gpu_blocks=40, path="compiled")
-    assert simulate(w, dp_config(2), num_gpu_blocks=40, path="python").finish_s.tolist() == (
+    assert simulate(w, dp_config(2), num_gpu_blocks=40, path="reference").finish_s.tolist() == (
         simulate(w, dp_config(2), num_gpu_blocks=40).finish_s.tolist()
     )
 

@@ -69,7 +69,6 @@ def test_a_window_admits_at_most_its_cap_and_frees_even_when_the_step_is_refused
     "bad, message",
     [
         ({"mamba": True}, r"block_size=64 is not allowed: must be every group's block size for Mamba"),
-        ({"path": "python"}, "path='python' is not allowed: must be 'auto', 'compiled' or 'reference'"),
         (
             {"path": "compiled", "caching": True},
             "path='compiled' is not allowed: must be 'auto' or 'reference' with pre",

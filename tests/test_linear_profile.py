@@ -69,9 +69,7 @@ def test_a_model_with_no_such_profile_falls_back_to_the_roofline():
     assert isinstance(cost(gpu="H100-SXM-80GB", config=piped), RooflineStepCost)
 
 
-def test_the_engine_serves_a_workload_on_it_step_by_step_and_in_decode_runs_alike():
+def test_the_engine_serves_a_workload_on_it():
     w = Workload(np.array([0.0, 0.01, 0.02]), np.array([300, 500, 700]), np.array([20, 30, 40]))
-    config = SYNC.replace(max_model_len=4096)
-    runs = [Engine(w, config, num_gpu_blocks=500, cost=cost(), path=path).run() for path in ("reference", "python")]
-    assert all((r.num_output_tokens == [20, 30, 40]).all() for r in runs)
-    np.testing.assert_array_equal(runs[0].finish_s, runs[1].finish_s)
+    result = Engine(w, SYNC.replace(max_model_len=4096), num_gpu_blocks=500, cost=cost()).run()
+    assert (result.num_output_tokens == [20, 30, 40]).all() and (np.diff(result.steps["end_s"]) > 0).all()

@@ -8,12 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import assert_identical, assert_same, draw_requests
+from conftest import assert_identical, draw_requests
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
-from kvlab.core.engine import Engine, Recorder, engine_core, simulate
-from kvlab.core.engine.fast import compiled, decode_run
-from kvlab.core.engine.records import FULL
+from kvlab.core.engine import Engine, Recorder, simulate
+from kvlab.core.engine.fast import compiled
 from kvlab.core.engine.scheduler_v0 import SchedulerV0, blocks_to_finish, watermark_blocks
 from kvlab.core.workload import Workload
 
@@ -239,7 +238,7 @@ def checked_engine(args) -> tuple[Engine, list[str]]:
 def test_invariants_hold(args):
     """Each step follows vLLM 0.1.4's rules; no block over-committed; every request finishes once with its tokens."""
     engine, failures = checked_engine(args)
-    assert isinstance(engine.scheduler, SchedulerV0) and not engine.fast
+    assert isinstance(engine.scheduler, SchedulerV0)
     result = engine.run()
     assert failures == []
     w, config = args["workload"], args["config"]
@@ -270,29 +269,25 @@ def test_invariants_hold(args):
     assert np.array_equal(computed, final - 1)
 
 
-# ---------------------------------------------------------------- decode runs (the fast path) against the per-step loop
+# ---------------------------------------------------------------- hand-checked steps, and the compiled loop the same
 def both(args) -> tuple:
-    """The per-step loop's result, and the fast path's with its engine."""
+    """The per-step loop's result with its batches, and the compiled loop's where numba is installed (else None)."""
     slow = Engine(**args, path="reference", recorder=Recorder(scheduled=True, frees=True)).run()
-    engine = Engine(**args, recorder=Recorder(scheduled=True, frees=True))
-    return slow, engine.run(), engine
+    return slow, Engine(**args, path="compiled").run() if compiled.available() else None
 
 
-@given(v0_runs())
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_fast_path_equals_the_per_step_loop(args):
-    """Tight pools (preemptions), the watermark, Orca reservations: decode runs give the per-step loop's records."""
-    slow, fast, engine = both(args)
-    assert engine.fast
-    assert_same(slow, fast)
+def assert_compiled_same(slow, fast) -> None:
+    """The compiled loop (fast/loops/v0.py, which keeps no batches or tables) gives the per-step loop's records."""
+    if fast is not None:
+        assert_identical(slow, fast)
 
 
 @pytest.mark.parametrize(
     "allocation, num_gpu_blocks",
     [("paged", 70), ("paged", 130), ("paged", 400), ("oracle", 70), ("pow2", 90), ("max", 200)],
 )
-def test_fast_path_equals_the_per_step_loop_on_larger_workloads(allocation, num_gpu_blocks):
-    """300 requests, long decode runs across many blocks, arrivals inside runs, preemptions in the tight pools."""
+def test_the_compiled_loop_equals_the_per_step_loop_on_larger_workloads(allocation, num_gpu_blocks):
+    """300 requests, long decodes across many blocks, arrivals while they run, preemptions in the tight pools."""
     rng = np.random.default_rng(num_gpu_blocks)
     n = 300
     w = Workload(np.cumsum(rng.exponential(0.05, n)), rng.integers(1, 400, n), rng.integers(1, 300, n))
@@ -300,109 +295,56 @@ def test_fast_path_equals_the_per_step_loop_on_larger_workloads(allocation, num_
     args = dict(
         workload=w, config=config, num_gpu_blocks=num_gpu_blocks, cost=LinearStepCost(8.0, 0.01), allocation=allocation
     )
-    slow, fast, engine = both(args)
-    assert_same(slow, fast)
-    assert engine.num_decode_runs > 100  # the fast path jumped
+    slow, fast = both(args)
+    assert_compiled_same(slow, fast)
     if allocation == "paged" and num_gpu_blocks < 400:
         assert slow.num_preemptions.sum() > 0
-        assert engine.scheduler.watermark_blocks == (num_gpu_blocks > 100)
+        assert Engine(**args).scheduler.watermark_blocks == (num_gpu_blocks > 100)
     if allocation != "paged":
         assert slow.steps["num_external_frag_tokens"].any()
-    if compiled.available():  # and the compiled loop (fast/loops/v0.py), which keeps no batches or tables
-        assert_identical(slow, Engine(**args, path="compiled").run())
 
 
-def brute_steps_with_blocks(phases, num_free_blocks, block_size, v0) -> int:
-    """Decode steps done before one lacks a block (v1: a boundary crossed; v0: also no free block before a decode)."""
-    for j in range(block_size * (num_free_blocks + 2)):
-        for p in phases:
-            if v0 and num_free_blocks < 1:
-                return j
-            if j % block_size == p:
-                if num_free_blocks < 1:
-                    return j
-                num_free_blocks -= 1
-    raise AssertionError("unreachable: every request crosses a boundary each block_size steps")
-
-
-@given(
-    st.sampled_from([1, 2, 4, 16]).flatmap(
-        lambda bs: st.tuples(st.lists(st.integers(0, bs - 1), min_size=1, max_size=6), st.integers(0, 20), st.just(bs))
-    ),
-    st.booleans(),
-)
-@settings(max_examples=500, deadline=None)
-def test_steps_with_blocks_is_the_step_by_step_count(case, v0_rules):
-    phases, num_free_blocks, bs = case
-    assert decode_run.steps_with_blocks(phases, num_free_blocks, bs, v0_rules) == brute_steps_with_blocks(
-        phases, num_free_blocks, bs, v0_rules
-    )
-
-
-def after_the_prompt_step(w, config, num_gpu_blocks) -> Engine:
-    """An engine that has done its first step (the prompt step of the requests arrived at 0): its loop stopped as a
-    compiled loop's does when its records are full (here after one step)."""
-    engine = Engine(w, config, num_gpu_blocks=num_gpu_blocks, recorder=Recorder(scheduled=True))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine_core, "records_full", lambda engine: len(engine.steps) == 1)
-        assert engine_core.run_sync(engine, engine) == FULL
-    return engine
-
-
-def test_a_decode_run_ends_before_a_decode_that_finds_no_free_block():
+def test_a_decode_that_finds_no_free_block_preempts_though_it_needs_none():
     """Prompts of 5 and 4 tokens leave 2 of 5 blocks free; request 1 takes one in decode step 0, request 0 the last in
-    step 3, where request 1 then finds none free and is preempted (can_append_slot) though it needs no block. The
-    run is steps 0-2: vLLM 0.33's rule (a block for every boundary crossed) would allow step 3 too."""
+    step 3, where request 1 then finds none free and is preempted (can_append_slot) though it needs no block: vLLM
+    0.33's rule (a block for every boundary crossed) would run step 3 whole."""
     w, config = workload([5, 4], [10, 10]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32)
-    engine = after_the_prompt_step(w, config, 6)
-    phases = [-r.num_computed_tokens % 4 for r in engine.scheduler.running]
-    assert phases == [3, 0] and engine.kv_cache_manager.num_free_blocks == 2
-    assert decode_run.steps_with_blocks(phases, 2, 4, v0=True) == 3 and decode_run.steps_with_blocks(phases, 2, 4) == 4
-    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
-    slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
+    slow, fast = both(dict(workload=w, config=config, num_gpu_blocks=6))
     assert slow.scheduled[:6] == [([(0, 5), (1, 4)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [
         ([(0, 1)], [1]),
         ([(1, 8)], []),
     ]
-    assert_same(slow, fast)
+    assert_compiled_same(slow, fast)
 
 
-def test_a_decode_run_may_take_the_last_free_block_with_its_last_decode():
+def test_the_last_free_block_goes_to_the_last_decode_of_a_step():
     """Prompts of 5 and 6 tokens leave 1 of 5 blocks free; request 1, the last of the step, takes it in decode step 2:
-    every decode of steps 0-2 found a free block, so the run is 3 steps; in step 3 request 0 finds none and
-    preempts request 1."""
+    every decode of steps 0-2 found a free block; in step 3 request 0 finds none and preempts request 1."""
     w, config = workload([5, 6], [10, 10]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32)
-    engine = after_the_prompt_step(w, config, 6)
-    phases = [-r.num_computed_tokens % 4 for r in engine.scheduler.running]
-    assert phases == [3, 2] and engine.kv_cache_manager.num_free_blocks == 1
-    assert decode_run.steps_with_blocks(phases, 1, 4, v0=True) == 3
-    assert decode_run.steps_with_blocks(phases[::-1], 1, 4, v0=True) == 2  # then the last decode would find none
-    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 3
-    slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=6))
+    slow, fast = both(dict(workload=w, config=config, num_gpu_blocks=6))
     assert slow.scheduled[:5] == [([(0, 5), (1, 6)], [])] + [([(0, 1), (1, 1)], [])] * 3 + [([(0, 1)], [1])]
-    assert_same(slow, fast)
+    assert_compiled_same(slow, fast)
 
 
-def test_a_decode_run_goes_on_past_an_arrival_the_watermark_refuses():
+def test_the_watermark_refuses_an_arrival_vllm_0_33_would_admit():
     """101 usable blocks keep a watermark of 1: request 0 (98 blocks, a block every 4 decodes) leaves 2 free when
     request 1 (8 tokens, 2 blocks) arrives at decode step 2, and 2 - 2 < 1 refuses it (vLLM 0.33 would admit it):
-    one run of 8 decode steps to request 0's finish, a prompt step, one run of request 1's 2 decodes."""
+    8 decode steps to request 0's finish, a prompt step, request 1's 2 decodes."""
     w, config = workload([392, 8], [9, 3], [0.0, 0.02]), v0(block_size=4, max_model_len=512, max_num_batched_tokens=512)
-    slow, fast, engine = both(dict(workload=w, config=config, num_gpu_blocks=102))
-    assert engine.scheduler.watermark_blocks == 1 and engine.num_decode_runs == 2
+    args = dict(workload=w, config=config, num_gpu_blocks=102)
+    slow, fast = both(args)
+    assert Engine(**args).scheduler.watermark_blocks == 1
     assert slow.scheduled == [([(0, 392)], [])] + [([(0, 1)], [])] * 8 + [([(1, 8)], [])] + [([(1, 1)], [])] * 2
-    assert_same(slow, fast)
+    assert_compiled_same(slow, fast)
 
 
-def test_a_decode_run_ends_where_an_arrival_is_admitted_before_the_steps_decodes():
+def test_an_arrival_is_admitted_before_the_steps_decodes():
     """Request 1 (24 tokens, 6 blocks) arrives at decode step 4, when request 0 has taken 1 of the 7 free blocks (step
-    0): the prompt step admits it before step 4's decodes (which take a block), so the run is steps 0-3."""
+    0): the prompt step admits it before step 4's decodes (which would take a block)."""
     w, config = workload([4, 24], [20, 2], [0.0, 0.035]), v0(block_size=4, max_model_len=32, max_num_batched_tokens=32)
-    engine = after_the_prompt_step(w, config, 9)
-    assert decode_run.advance(engine) and len(engine.steps.end_s) == 1 + 4
-    slow, fast, _ = both(dict(workload=w, config=config, num_gpu_blocks=9))
+    slow, fast = both(dict(workload=w, config=config, num_gpu_blocks=9))
     assert slow.scheduled[:6] == [([(0, 4)], [])] + [([(0, 1)], [])] * 4 + [([(1, 24)], [])]
-    assert_same(slow, fast)
+    assert_compiled_same(slow, fast)
 
 
 # ---------------------------------------------------------------- bad input

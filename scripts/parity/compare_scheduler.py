@@ -7,7 +7,7 @@ simulated time; every request's first-scheduled, first-token and finish times, o
 preemptions, and every step's start and end, scheduled tokens, blocks in use, running and waiting
 requests, batch (request and tokens, in vLLM's order) and preempted requests are compared for exact
 equality (kvlab adds step times in the same order, so the floats are the same bits). The speed ratio is
-kvlab's requests per second (its whole engine run in Python, median of 3, without the comparison's records)
+kvlab's requests per second (its whole engine run in Python, step by step, median of 3, without the comparison's records)
 over vLLM's (the seconds spent inside schedule() and update_from_output() only, vLLM's import excluded).
 Where the compiled loop applies (kvlab.core.engine.fast.compiled: every run here), it is compared too, on the
 same fields but the batch lists it does not keep, and timed the same way (numba's import excluded, as vLLM's).
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
             n, steps = len(theirs["requests"]), len(theirs["steps"])
             identical = not first and same_requests == n and same_steps == steps
             all_identical &= identical
-            kvlab_s = time_kvlab(doc, path="reference" if "kv_cache_groups" in doc["config"] else "python")
+            kvlab_s = time_kvlab(doc, path="reference")
             fast = compiled_row(doc, theirs)
             all_identical &= fast["compiled_identical_pct"] in ("", 100.0)
             row = {

@@ -8,8 +8,8 @@ loop, vLLM's EngineCore, written once for the compiled loop too), engine (Engine
 --max-concurrency: when each request is sent), data_parallel (vLLM's data-parallel
 ranks in lockstep), serve (simulate, the entry point). Beside it:
 block_hashes (a full block's content hash, for prefix caching), checks (what the engine refuses), reservation (the vLLM paper's Orca baselines, a KV-cache manager of their own), scheduler_v0 (vLLM 0.1.4's, the
-paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (decode runs and the compiled
-loops, calling the same rules and compiling the same schedule(), update_from_output() and time loop).
+paper's), records (Recorder, EngineResult), replay (make parity's documents) and fast/ (the compiled loops, calling
+the same rules and compiling the same schedule(), update_from_output() and time loop, with runs of steps at once).
 """
 
 from kvlab.core.engine.async_scheduler import AsyncScheduler

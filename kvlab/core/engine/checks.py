@@ -32,10 +32,9 @@ ALLOCATIONS = {
     "oracle": "reserve exactly the final length at admission (Orca Oracle); never preempts",
 }
 PATHS = {
-    "auto": "decode runs at once, and the compiled loop where it applies and pays (COMPILED_FROM_REQUESTS)",
-    "reference": "the plain per-step loop, the reference every fast path is held to",
-    "python": "decode runs at once, never the compiled loop",
-    "compiled": "the compiled loop (numba); refused where it does not apply",
+    "auto": "the compiled loop where it applies and pays (COMPILED_FROM_REQUESTS), else the per-step loop in Python",
+    "reference": "the per-step loop in Python, the reference the compiled loop is held to",
+    "compiled": "the compiled loop (numba), with runs of steps at once; refused where it does not apply",
 }
 
 
@@ -145,12 +144,6 @@ def check_kv_cache_groups(groups, config: EngineConfig, allocation: str, path: s
     refusals = (
         (allocation != "paged", "allocation", allocation, "paged"),
         (config.scheduler.scheduler_cls != "v1", "scheduler_cls", config.scheduler.scheduler_cls, "v1"),
-        (
-            path == "python",
-            "path",
-            path,
-            "'auto', 'compiled' or 'reference' (the Python loop has no decode runs for them)",
-        ),
         (
             path == "compiled" and config.cache.enable_prefix_caching,
             "path",

@@ -174,8 +174,6 @@ class Ranks:
     times it by the wall clock; kvlab on the simulated one, from the first arrival: its choice), else every
     IDLE_UPDATE_INTERVAL_S; a request counts as waiting at its rank from its arrival."""
 
-    admits_before_decodes = False
-
     def __init__(self, engine, num_ranks: int, vllm_version: str = "0.33"):
         self.engine = engine
         self.sync_interval, self.sync_first_step = DP_RULES[vllm_version]
@@ -223,14 +221,13 @@ class Ranks:
         return out
 
     def update_from_output(self, out: GroupOutput):
-        """Every rank's update from its batch's output; the sampled count, first tokens and finishes of all."""
+        """Every rank's update from its batch's output; the first tokens and finishes of all."""
         self.catch_up(self.engine.now_s)
-        num_sampled, first_tokens, finished = 0, [], []
+        first_tokens, finished = [], []
         for rank, (scheduler, mine) in enumerate(zip(self.schedulers, out.outs)):
             if mine is None:
                 continue
-            sampled, firsts, done = scheduler.update_from_output(mine)
-            num_sampled += sampled
+            firsts, done = scheduler.update_from_output(mine)
             first_tokens += firsts
             finished += done
             for _ in done:
@@ -238,7 +235,7 @@ class Ranks:
         self.note()
         if out.batch.num_scheduled_tokens:
             self.num_wave_steps += 1
-        return num_sampled, first_tokens, finished
+        return first_tokens, finished
 
     # ---------------------------------------------------------------- dealing
     def counts(self) -> list[tuple[int, int, float]]:
@@ -332,7 +329,7 @@ class DataParallelEngine(Engine):
         validate.one_of("vllm_version", vllm_version, DP_RULES)
         for name, value, allowed in (
             ("allocation", allocation, ("paged",)),
-            ("path", path, ("auto", "python", "reference")),  # each the per-step loop here
+            ("path", path, ("auto", "reference")),  # each the per-step loop here
             ("recorder", recorder, (None,)),
         ):
             if value not in allowed:

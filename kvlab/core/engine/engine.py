@@ -23,13 +23,10 @@ A closed loop (max_concurrency N, vLLM bench's --max-concurrency; closed_loop.py
 times, each unknown (inf) until the finish that frees its slot; a request that finishes at a step's end sends the
 next one then, and it joins the waiting queue with the next add_arrivals, as a request arriving then would.
 
-Speed: where every running request is decoding and nothing can change for a while -- no admission (the
-waiting queue's head is refused and stays refused, since free blocks only fall while nothing finishes), no
-arrival that could be admitted, no preemption (the pool has a block for every block boundary crossed), no
-finish before the run's last step -- decode_run does k steps at once in closed form. path="reference" is the
-plain per-step loop: the reference the tests hold the fast paths to (PATHS). The loop itself (engine_core.run_sync,
-run_async) is written once: the compiled loops (fast/loops/engine.py) compile it from its source. The scheduler is SchedulerConfig.scheduler_cls's
-(SCHEDULERS); vLLM 0.1.4's (scheduler_v0) has decode runs too, under its own rules (see decode_run).
+Speed: this engine steps one at a time. The loop (engine_core.run_sync, run_async) is written once, and the compiled
+loops (fast/compiled.py) compile it from its source, with runs of steps in which nothing can change done at once in
+closed form (fast/loops/step_runs.py); path="auto" takes them where they apply and pay, path="reference" never: the
+reference the tests hold them to (checks.PATHS). The scheduler is SchedulerConfig.scheduler_cls's (SCHEDULERS).
 """
 
 from __future__ import annotations
@@ -112,9 +109,6 @@ class Engine:
         self.cost = ConstantStepCost() if cost is None else cost
         self.prompt_token_ids = prompt_token_ids
         self.recorder = recorder
-        # fast paths: the compiled loop, and in the Python loop decode runs (not for a hybrid model's groups)
-        self.fast = path != "reference" and not (recorder is not None and recorder.block_ids is not None)
-        self.decode_runs = self.fast and groups is None
         self.requests = RequestLog(workload.num_requests)
         self.steps = StepLog(bs, allocation == "paged")
         self.reserving = allocation != "paged"
@@ -125,16 +119,13 @@ class Engine:
         # The loop's state (run_sync, run_async; the compiled loops keep the same fields in arrays.LOOP_STATE):
         self.now_s = float(self.arrival_s[0])  # the clock
         self.next_arrival = 0  # index of the next request to arrive
-        self._arrived: Request | None = None
         self.num_kv_tokens = 0  # computed tokens of the running requests
-        self.num_decode_runs = 0  # runs of steps done at once (decode runs; the compiled loop's prefill runs too)
-        self.num_prefill_runs = 0  # the compiled loop's runs of a prompt's chunks beside the same decodes
+        self.num_decode_runs = 0  # the compiled loop's runs of steps done at once (decode runs, prefill runs)
+        self.num_prefill_runs = 0  # of them, runs of a prompt's chunks beside the same decodes
         self.gpu_free_s = self.now_s  # asynchronous: when the GPU has run every batch queued so far
         self.num_empty = 0  # asynchronous: schedule() calls in a row that scheduled nothing
-        # asynchronous: batches scheduled, not yet processed: (out, start_s, end_s, num_running, num_waiting, whether
-        # a decode run may start from it: it has tokens, no preemption, no prefix hit)
+        # asynchronous: batches scheduled, not yet processed: (out, start_s, end_s, num_running, num_waiting)
         self.batch_queue: deque = deque()
-        self.all_decoding = False  # every running request was scheduled in the last step and sampled (decode runs)
         self.compiled = compiled_loop.chosen(self, path)
 
     def make_scheduler(self, recorder: Recorder | None = None):
@@ -163,33 +154,30 @@ class Engine:
         return arrival_s
 
     # ---------------------------------------------------------------- requests
-    def peek_arrival(self) -> Request:
-        """The next request to arrive, built once (the decode run may look at it before it arrives)."""
-        if self._arrived is None:
-            i, w = self.next_arrival, self.workload
-            ids = blocks = None
-            if self.prompt_token_ids is not None:
-                ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
-            elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
-                blocks = w.prefix_hashes[i]
-            self._arrived = Request(
-                i,
-                self.arrival_list[i],
-                int(w.prompt_tokens[i]),
-                int(w.output_tokens[i]),
-                self.scheduler.max_request_tokens,
-                ids,
-                blocks,
-                w.prefix_block_tokens or 0,
-            )
-        return self._arrived
+    def arrival(self, i: int) -> Request:
+        """Request i of the workload, as it arrives."""
+        w = self.workload
+        ids = blocks = None
+        if self.prompt_token_ids is not None:
+            ids = np.asarray(self.prompt_token_ids[i], dtype=np.int64)
+        elif w.prefix_hashes is not None and self.config.cache.enable_prefix_caching:
+            blocks = w.prefix_hashes[i]
+        return Request(
+            i,
+            self.arrival_list[i],
+            int(w.prompt_tokens[i]),
+            int(w.output_tokens[i]),
+            self.scheduler.max_request_tokens,
+            ids,
+            blocks,
+            w.prefix_block_tokens or 0,
+        )
 
     def add_arrivals(self) -> None:
         """Every request that has arrived by the clock joins the waiting queue, in arrival order."""
         arrival, n, add = self.arrival_list, len(self.arrival_list), self.scheduler.waiting.append
         while self.next_arrival < n and arrival[self.next_arrival] <= self.now_s:
-            add(self.peek_arrival())
-            self._arrived = None
+            add(self.arrival(self.next_arrival))
             self.next_arrival += 1
 
     # ---------------------------------------------------------------- the loop

@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 from kvlab.core.cost import checked_s
-from kvlab.core.engine.fast import decode_run
 from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
 
 # The Python engine calls run_sync and run_async with itself as the engine and as the loop's state (loop: now_s,
@@ -154,20 +153,13 @@ def idle_until(engine, arrival_s: float) -> float:
 
 
 def run_at_once(engine, loop) -> bool:
-    """A decode run (fast/decode_run.py's advance) where every running request decodes; False if none was done."""
-    return engine.decode_runs and engine.all_decoding and bool(engine.scheduler.running) and decode_run.advance(engine)
+    """None: the Python engine steps one at a time (the compiled loops bind their decode and prefill runs here)."""
+    return False
 
 
 def run_at_once_async(engine, loop) -> bool:
-    """The asynchronous decode run (decode_run.advance_async) from the one batch in flight; False if none was done."""
-    queue = engine.batch_queue
-    if not (engine.decode_runs and len(queue) == 1 and queue[0][5]):
-        return False
-    end_s = decode_run.advance_async(engine, queue, loop.gpu_free_s)
-    if end_s is None:
-        return False
-    loop.gpu_free_s = end_s
-    return True
+    """None: as run_at_once."""
+    return False
 
 
 def schedule_batch(engine, loop) -> tuple:
@@ -196,18 +188,15 @@ def running_kv_tokens(engine, loop) -> int:
 
 
 def update_batch(engine, loop, out, num_reqs: int, end_s: float) -> int:
-    """The scheduler's update_from_output for the batch, its first tokens and finishes stamped at its end; whether
-    every running request decodes next (decode runs). Returns the computed tokens of the requests that finished."""
-    scheduler = engine.scheduler
-    num_sampled, first_tokens, finished = scheduler.update_from_output(out)
+    """The scheduler's update_from_output for the batch, its first tokens and finishes stamped at its end. Returns the
+    computed tokens of the requests that finished."""
+    first_tokens, finished = engine.scheduler.update_from_output(out)
     for request in first_tokens:
         request.first_token_s = end_s
     num_finished_tokens = 0
     for request in finished:
         num_finished_tokens += request.num_computed_tokens
         engine.finished(request, end_s)
-    # vLLM 0.1.4 computes a request's whole prompt when it admits it: every running request decodes next.
-    engine.all_decoding = scheduler.admits_before_decodes or num_sampled - len(finished) == len(scheduler.running)
     return num_finished_tokens
 
 
@@ -222,9 +211,8 @@ def record_step(engine, loop, start_s, end_s, num_tokens, num_running, num_waiti
 
 def queue_batch(engine, loop, out, num_reqs, num_tokens, num_preempted, num_hit_tokens, start_s, end_s) -> None:
     """A scheduled batch joins the batch queue, with the running and waiting requests after its schedule()."""
-    pure = bool(num_tokens and not num_preempted and not num_hit_tokens)  # a decode run may start from it
     scheduler = engine.scheduler
-    engine.batch_queue.append((out, start_s, end_s, len(scheduler.running), len(scheduler.waiting), pure))
+    engine.batch_queue.append((out, start_s, end_s, len(scheduler.running), len(scheduler.waiting)))
 
 
 def num_queued(engine, loop) -> int:
@@ -240,7 +228,7 @@ def queued_tokens(engine, loop) -> int:
 def pop_batch(engine, loop) -> tuple:
     """The oldest queued batch: (its SchedulerOutput, requests, tokens, preemptions, prompt tokens hit, start_s, end_s,
     and the running and waiting requests after its schedule())."""
-    out, start_s, end_s, num_running, num_waiting, _ = engine.batch_queue.popleft()
+    out, start_s, end_s, num_running, num_waiting = engine.batch_queue.popleft()
     batch = out.batch
     return (out, len(out.scheduled), batch.num_scheduled_tokens, len(out.preempted), out.num_hit_tokens, start_s,
             end_s, num_running, num_waiting)  # fmt: skip

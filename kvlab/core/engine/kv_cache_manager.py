@@ -117,12 +117,11 @@ class KVCacheManager:
             None, num_tokens, hit[0], num_hit_tokens, prefill_end, capped
         )
 
-    def can_admit(self, request: Request, num_new_tokens: int, hit, num_blocks_taken: int = 0) -> bool:
-        """Whether allocate_slots would admit the request (with this prefix hit) with num_blocks_taken blocks fewer
-        free: every group's blocks for its whole current length (a window's or chunk's at most its admission cap),
+    def can_admit(self, request: Request, num_new_tokens: int, hit) -> bool:
+        """Whether allocate_slots would admit the request (with this prefix hit): every group's blocks for its whole current length (a window's or chunk's at most its admission cap),
         then those for the tokens it computes now (KVCacheManager.allocate_slots with full_sequence_must_fit; a Mamba
         group notes its prefill checkpoint, as vLLM's get_num_blocks_to_allocate does)."""
-        free = self.pool.num_free_blocks - num_blocks_taken
+        free = self.pool.num_free_blocks
         hit_blocks, num_hit_tokens = (None, 0) if hit is None else (hit[0], hit[2])
         if self.full_attention is not None:
             new = self.full_attention.admission_num_new_blocks(request.num_tokens, hit_blocks, num_new_tokens, free)

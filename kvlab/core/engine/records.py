@@ -98,12 +98,6 @@ class Recorder:
         if self.block_ids is not None:
             self.block_ids.append([(r.request_id, list(r.block_ids)) for r, _ in out.scheduled])
 
-    def decode_steps(self, running, num_steps: int) -> None:
-        """Keep num_steps decode steps of every running request at once (a decode run)."""
-        if self.scheduled is not None:
-            batch = [(r.request_id, 1) for r in running]
-            self.scheduled.extend((list(batch), []) for _ in range(num_steps))
-
     def freed(self, request) -> None:
         """Keep a request's block table as it is freed (KV-cache managers call this)."""
         if self.freed_tables is not None:
@@ -184,37 +178,11 @@ class StepLog:
         self.num_running.add(num_running)
         self.num_waiting.add(num_waiting)
 
-    def add_split(
-        self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int, count: int = 1
-    ) -> None:
-        """Add a reservation pool's Fig. 2 counts for the last count steps added."""
-        self.num_final_tokens.add(num_final_tokens, count)
-        self.num_rounding_tokens.add(num_rounding_tokens, count)
-        self.num_external_frag_tokens.add(num_external_frag_tokens, count)
-
-    def extend(
-        self,
-        times: list[float],
-        num_running: int,
-        num_waiting: list[int] | int,
-        held: list[int],
-        num_kv_tokens: list[int],
-    ) -> None:
-        """Add the k steps of a decode run: k + 1 step boundaries, num_running tokens and requests a step,
-        num_waiting one count or one a step."""
-        k = len(times) - 1
-        if not self.end_s or self.end_s[-1] != times[0]:
-            self.starts.append((len(self.end_s), times[0]))
-        self.end_s.extend(times[1:])
-        self.held.extend(held)
-        self.num_kv_tokens.extend(num_kv_tokens)
-        self.num_scheduled_tokens.add(num_running, k)
-        self.num_running.add(num_running, k)
-        if isinstance(num_waiting, int):
-            self.num_waiting.add(num_waiting, k)
-        else:
-            for waiting in num_waiting:
-                self.num_waiting.add(waiting)
+    def add_split(self, num_final_tokens: int, num_rounding_tokens: int, num_external_frag_tokens: int) -> None:
+        """Add a reservation pool's Fig. 2 counts for the last step added."""
+        self.num_final_tokens.add(num_final_tokens)
+        self.num_rounding_tokens.add(num_rounding_tokens)
+        self.num_external_frag_tokens.add(num_external_frag_tokens)
 
 
 SLICE_STEPS = 1 << 20  # steps a slice when a summary reads a long column piece by piece

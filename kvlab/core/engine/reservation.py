@@ -65,7 +65,7 @@ class ReservationManager:
         """Whether a chunk for the request's reservation is free now."""
         return self.buddy.can_allocate(self.reservation_tokens(request))
 
-    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks=(), num_blocks_taken: int = 0) -> bool:
+    def can_admit(self, request: Request, num_new_tokens: int, hit_blocks=()) -> bool:
         """Whether allocate_slots would admit the request: a chunk for its reservation is free (a running request's
         decodes take nothing from a reservation pool)."""
         return self.can_reserve(request)

@@ -295,8 +295,8 @@ def settles_placeholder(was_stale: bool, num_output_placeholders: int) -> bool:
 
 
 # ---------------------------------------------------------------- what a run of steps follows from the rules above
-# Not vLLM's code but kvlab's closed forms of it: what the decode and prefill runs (fast/decode_run.py, fast/loops/)
-# and the step cost's inputs (Scheduler.account) compute, each once.
+# Not vLLM's code but kvlab's closed forms of it: what the compiled loops' decode and prefill runs
+# (fast/loops/step_runs.py) and the step cost's inputs (Scheduler.account) compute, each once.
 
 
 def steps_to_finish(num_tokens: int, max_num_tokens: int, num_output_placeholders: int) -> int:
@@ -314,6 +314,19 @@ def block_phase(num_computed_tokens: int, block_size: int) -> int:
 def blocks_crossed(phase: int, num_steps: int, block_size: int) -> int:
     """The new blocks a decoding request of block_phase phase takes in num_steps one-token steps."""
     return num_steps // block_size + (1 if phase < num_steps % block_size else 0)
+
+
+def steps_covered(per_phase, num_running: int, num_free_blocks: int, block_size: int) -> int:
+    """The most one-token steps num_free_blocks cover: a block for every block boundary crossed, per_phase[p] of the
+    num_running requests crossing one at the steps j with j % block_size == p. The blocks crossed in steps 0..s-1 are
+    num_running x (s // block_size) plus the requests of phase below s % block_size."""
+    full_periods, left = divmod(num_free_blocks, num_running)
+    seen = 0
+    for p in range(block_size):
+        seen += per_phase[p]
+        if seen > left:
+            return full_periods * block_size + p
+    return full_periods * block_size + block_size  # not reached: left < num_running, the sum of per_phase
 
 
 def attention_pairs(num_new_tokens: int, num_computed_tokens: int) -> int:

@@ -74,7 +74,6 @@ class SchedulerOutput:
 class Scheduler:
     """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output(), synchronous."""
 
-    admits_before_decodes = False  # vLLM 0.1.4 (SchedulerV0): prompt steps first, a free block per decode
     async_scheduling = False  # AsyncScheduler: the next batch is scheduled before this one's output
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
@@ -123,17 +122,16 @@ class Scheduler:
         preempt(self.kv_cache_manager, None, self.waiting, 0, request)
 
     # ---------------------------------------------------------------- update_from_output
-    def update_from_output(self, out: SchedulerOutput) -> tuple[int, list[Request], list[Request]]:
+    def update_from_output(self, out: SchedulerOutput) -> tuple[list[Request], list[Request]]:
         """Process a batch's output (the module's update_from_output, on this scheduler's Request objects and
-        queues). Returns how many requests sampled, those that sampled their first token and those that finished
-        (both in batch order)."""
+        queues). Returns the requests that sampled their first token and those that finished (both in batch order)."""
         running, waiting = self.running, self.waiting
-        num_sampled, num_finished = update_from_output(
+        num_finished = update_from_output(
             self, self.kv_cache_manager, None, out, len(out.scheduled), running, len(running), waiting, 0, len(waiting),
-        )[:2]  # fmt: skip
+        )[1]  # fmt: skip
         if num_finished:
             self.has_finished = True
-        return num_sampled, out.first_tokens, out.finished
+        return out.first_tokens, out.finished
 
 
 # ---------------------------------------------------------------- schedule() and update_from_output(), written once

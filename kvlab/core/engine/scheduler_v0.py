@@ -37,8 +37,7 @@ copy-on-write and fork (beam search only), a prompt longer than min(max_model_le
 ignored (lines 125-137: kvlab refuses such prompts and a max_num_batched_tokens below max_model_len up front,
 so no waiting request, preempted ones included, is ever that long), CPU blocks, the free-block stack's order
 (block ids differ from vLLM 0.1.4's LIFO stack; with no sharing, only their number matters), stop strings
-and EOS. kvlab's engine jumps over its decode runs as over vLLM 0.33's (decode_run, under its two rules: admission
-before a step's decodes, a free block before every decode); tests/test_scheduler_v0.py holds it to the per-step loop.
+and EOS. Its compiled loop (fast/loops/v0.py) steps one at a time; tests/test_compiled.py holds it to this one.
 """
 
 from __future__ import annotations
@@ -85,8 +84,6 @@ def blocks_to_finish(
 class SchedulerV0(Scheduler):
     """vLLM 0.1.4's decisions over the same queues, requests and KV-cache managers as the v1 scheduler."""
 
-    admits_before_decodes = True
-
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
         super().__init__(scheduler, kv_cache_manager, max_model_len)
         self.max_request_tokens = self.max_model_len + 1  # finished once get_len() > max_model_len
@@ -101,11 +98,6 @@ class SchedulerV0(Scheduler):
         schedule(self, self.kv_cache_manager, None, running, len(running), waiting, 0, len(waiting), out)
         self.has_finished = False
         return out
-
-    def can_admit(self, request, num_batched_tokens: int = 0, num_blocks_taken: int = 0) -> bool:
-        """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken
-        blocks fewer free than now (the module's can_admit)."""
-        return can_admit(self, self.kv_cache_manager, request, num_batched_tokens, len(self.running), num_blocks_taken)
 
 
 # ---------------------------------------------------------------- schedule(), written once
@@ -124,7 +116,7 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
     while num_waiting > 0:
         handle = waiting_front(waiting, head)
         request = request_of(requests, handle)
-        if not can_admit(scheduler, kv, request, num_batched_tokens, num_running, 0):
+        if not can_admit(scheduler, kv, request, num_batched_tokens, num_running):
             break
         n = request.num_tokens
         allocate_admitted(kv, requests, handle, n, None)  # can_admit checked its blocks or its reservation
@@ -159,25 +151,23 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
     return num_reqs, num_preempted, num_scheduled_tokens, num_running, head, num_waiting
 
 
-def can_admit(scheduler, kv, request, num_batched_tokens, num_running, num_blocks_taken):
-    """Whether the prompt step admits request after num_batched_tokens prompt tokens, with num_blocks_taken blocks
-    fewer free than now (side-effect free): the token budget, max_num_seqs, then the watermark (blocks for all its
+def can_admit(scheduler, kv, request, num_batched_tokens, num_running):
+    """Whether the prompt step admits request after num_batched_tokens prompt tokens (side-effect free): the token budget, max_num_seqs, then the watermark (blocks for all its
     tokens leave watermark_blocks free) or its reservation (prompt_fits)."""
     n = request.num_tokens
     if num_batched_tokens + n > scheduler.max_num_batched_tokens or num_running >= scheduler.max_num_seqs:
         return False
-    return prompt_fits(scheduler, kv, request, num_blocks_taken)
+    return prompt_fits(scheduler, kv, request)
 
 
 # ---------------------------------------------------------------- the reference's side of them
-def prompt_fits(scheduler, kv, request, num_blocks_taken: int) -> bool:
+def prompt_fits(scheduler, kv, request) -> bool:
     """Blocks for all of request's tokens leave watermark_blocks free (paged), or a buddy chunk for its reservation is
     free."""
     if not scheduler.paged:
         return kv.can_reserve(request)
-    num_free = kv.num_free_blocks - num_blocks_taken
     return watermark_admits(
-        request.num_tokens, num_free, scheduler.watermark_blocks, kv.block_size, scheduler.max_model_len
+        request.num_tokens, kv.num_free_blocks, scheduler.watermark_blocks, kv.block_size, scheduler.max_model_len
     )
 
 

@@ -6,7 +6,7 @@ named arrays of arrays.py (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
 (clock_of: the measured one's tables and the others' figures, evaluated by loops.clock.measured_s, vllm_2023_s and
 roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, as their run_s times them). Without prefix
-caching both loops also do decode runs at once, as decode_run.advance and advance_async do (DECODE_RUNS;
+caching both loops also do runs of decode steps at once, in closed form (loops.step_runs; DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
 (loops.step_runs.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
@@ -23,7 +23,7 @@ holds the two to the same results, bit for bit, on hand cases and on hypothesis 
 
 numba is a pinned wheel (requirements.lock). Without it the engine runs in Python; and, unless the loops are
 already loaded in this process, below COMPILED_FROM_REQUESTS requests too, where numba's import and the loading
-of its cache (about 1.4 s) cost more than they save. numba compiles each loop once per machine (about 40-60 s each, the step costs with the first)
+of its cache (0.6-0.9 s) cost more than they save. numba compiles each loop once per machine (about 40-60 s each, the step costs with the first)
 into its cache (NUMBA_CACHE_DIR, by default the checkout's .cache/numba): `make setup` does it (kvlab.core.engine.warm), and a run
 that must compile first says so on the "kvlab" logger, which the command line prints. The loop runs
 in chunks of CHUNK_STEPS steps, each compacted into the StepLog's form before the next, so memory per step stays
@@ -67,9 +67,11 @@ Served = namedtuple(
     "Served", ["steps", "num_decode_runs", "num_prefill_runs", "now_s", "requests", "num_window_freed", "send_s"]
 )
 LOG = logging.getLogger("kvlab")
-COMPILED_FROM_REQUESTS = 15_000
-# A hybrid model's groups: the Python loop serves them step by step (no decode runs), about 1.6 ms a request, so the
-# compiled loop pays from far fewer requests (numba's import and cache load, about 1.4 s, over that).
+# Where a fresh process's compiled run (numba's import and cache load, 0.6-0.9 s here, included) overtakes the Python
+# per-step loop, measured on make bench's binding Azure-like workload: 2,000 requests take 0.7-1.0 s in Python and
+# 0.7-0.9 s compiled, 3,000 requests 1.35 s and 0.75 s.
+COMPILED_FROM_REQUESTS = 2_000
+# A hybrid model's groups, about 1.6 ms a request in Python: the compiled loop pays from fewer requests.
 COMPILED_FROM_REQUESTS_HYBRID = 1_000
 _RAN: set = set()  # the loops run in this process (numba's cache need not be asked again: ~0.2 ms a run)
 CHUNK_STEPS = 1 << 18
@@ -302,11 +304,11 @@ def kv_cache_groups(engine) -> Groups:
 def chosen(engine, path: str) -> bool:
     """Whether run() takes the compiled loop (kvlab.core.engine.fast.compiled): "auto" decides by itself
     (eligible, numba installed, and worth it: COMPILED_FROM_REQUESTS requests, or the loops already loaded);
-    "compiled" insists; "reference" and "python" never. A closed loop (max_concurrency) as an open one: the loops
+    "compiled" insists; "reference" never. A closed loop (max_concurrency) as an open one: the loops
     send each request as the finish that frees its slot comes (loops.scheduler.finished_at, closed_loop.send_s compiled)."""
     if path == "auto":
         hybrid = engine.kv_cache_groups is not None
-        return engine.fast and worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()
+        return worth_it(engine.workload.num_requests, hybrid) and eligible(engine) and available()
     if path == "compiled":
         if not eligible(engine):
             validate.fail(

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from kvlab.core import block_pool
 from kvlab.core.engine import closed_loop, engine_core, records, request, rules, scheduler, scheduler_v0
-from kvlab.core.engine.fast import decode_run as python_decode_run
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
 # process to compiled code; no such measurement covers these loops, so numba is imported without it (coverage
@@ -28,8 +27,7 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
 SOURCE_FILES = [
-    Path(m.__file__)
-    for m in (rules, request, scheduler, scheduler_v0, engine_core, block_pool, closed_loop, python_decode_run, records)
+    Path(m.__file__) for m in (rules, request, scheduler, scheduler_v0, engine_core, block_pool, closed_loop, records)
 ] + sorted(Path(__file__).parent.glob("*.py"))
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
@@ -79,7 +77,7 @@ def inline(function):
 
 def compiled_rules() -> dict:
     """Every function of kvlab.core.engine.rules, a request's transitions (kvlab.core.engine.request, on a request's
-    record), decode_run.steps_covered, closed_loop.send_s and the free queue of kvlab.core.block_pool
+    record), closed_loop.send_s and the free queue of kvlab.core.block_pool
     (block_pool.QUEUE), compiled: the same functions the Python engine calls, each with its calls to the others
     resolved to their compiled selves (block_pool's integer constants as its, a request's statuses as the loops').
     The rules and the transitions, whose arguments are numbers and a record, are compiled once each and called (LLVM
@@ -96,7 +94,7 @@ def compiled_rules() -> dict:
         f for f in vars(rules).values() if isinstance(f, types.FunctionType) and f.__module__ == rules.__name__
     ]
     functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
-    functions += [python_decode_run.steps_covered, closed_loop.send_s]
+    functions += [closed_loop.send_s]
     _compiled_into(namespace, functions, inlined=False)
     return _compiled_into(namespace, [getattr(block_pool, name) for name in block_pool.QUEUE])
 

@@ -1,5 +1,18 @@
-"""Decode runs and prefill runs (kvlab/core/engine/fast/decode_run.py): steps in which nothing can change, done at
-once in closed form, synchronous and asynchronous."""
+"""Decode runs and prefill runs: steps in which nothing can change, done at once in closed form, synchronous and
+asynchronous; the compiled loops' only speed-up over a compiled step (the Python engine steps one at a time).
+
+When every running request is decoding (it sampled in the last step), the next steps schedule one token per running
+request (max_num_batched_tokens >= max_num_seqs, which vLLM requires) until one of:
+- a request finishes: the run ends with the step that samples its last token;
+- a request needs a block the pool has not got: a request whose computed tokens are c crosses into a new block at the
+  steps j with (c + j) % block_size == 0 (rules.block_phase), so the pool covers the first k steps while the blocks
+  crossed in them are at most the free blocks (rules.steps_covered);
+- a waiting request is admitted: the head of the waiting queue is refused in the first step and so in every later
+  one, since free blocks only fall while nothing finishes; if nothing waits, the first request to arrive during the
+  run must be refused when it joins;
+and each step's cost follows in closed form (loops.clock: decode_run_clock, decode_step_s; the same float additions as
+the per-step loop, in the same order). A run's per-step records are filled in, so a run is indistinguishable from its
+steps: tests/test_compiled.py holds the loops with runs to the Python engine's per-step loop, bit for bit."""
 
 from kvlab.core.engine.fast.loops.clock import (
     cost_s,
@@ -128,7 +141,7 @@ def limits_of(cfg):
 @inline
 def decode_run(at):
     """at: the synchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
-    phases, per_phase, logs, counts, groups). decode_run.advance (kvlab/core/engine/fast/decode_run.py) without prefix
+    phases, per_phase, logs, counts, groups). Without prefix
     caching: while every running request decodes (it sampled in the last step), their steps at once, O(1) a step,
     recorded as the synchronous loop records them. A run stops before a step that would cross more block boundaries than there
     are free blocks (it preempts) or admit the first request to arrive during it, and after the step that samples
@@ -205,7 +218,7 @@ def decode_run(at):
         num_events, freed_first = group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
-    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance: cost.run_s)
+    growing = cost.kind >= 2  # its steps grow with the context (cost.run_s)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
@@ -405,7 +418,7 @@ def prefill_run(at):
 
 @inline
 def blocks_taken(per_phase, num_running, num_steps, block_size):
-    """decode_run.blocks_taken: the blocks the running requests take in a run's first num_steps steps."""
+    """The blocks the running requests take in a run's first num_steps steps."""
     taken = num_running * (num_steps // block_size)
     for p in range(num_steps % block_size):
         taken += per_phase[p]
@@ -453,12 +466,21 @@ def hybrid_batches(cfg, groups, req, running, nrun, waiting, head, nwait, nxt, n
 def decode_run_async(at, times):
     """at: the asynchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
     queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
-    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches. decode_run.advance_async
-    (kvlab/core/engine/fast/decode_run.py) without prefix caching: with one batch in flight that holds every running
-    request, each of which sampled in it, k loop iterations at once (schedule batch j, process batch j - 1), and the
-    one after them where the run ends at a first finish (last_iteration, finish_async), recorded as the asynchronous loop
-    records them; batch k (or k + 1) is left queued in the batch in flight's slot. Returns (ran, nxt, nwait, num_free_blocks,
-    nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches.
+    Without prefix caching, k loop iterations at once (schedule batch j, then process batch j - 1's output), and the
+    one after them where the run ends at a first finish, recorded as the asynchronous loop records them; batch k (or
+    k + 1) is left queued in the batch in flight's slot.
+
+    It starts with one batch in flight (no preemption, no prefix hit) that holds every running request, each of
+    which sampled in it (decodes, and prefills it ended): each then has one output placeholder and computed = known
+    tokens t. Iteration j schedules one token for every running request unless one of its own rules applies: vLLM's
+    early stop skips a request whose placeholder brings it to max_num_tokens, so all are scheduled while
+    k <= min(max_num_tokens - t - 1); blocks are taken at the same phases as the synchronous run (computed tokens run
+    one ahead); admissions and arrivals as there, each schedule() at the clock of the output it waited for last.
+    Batch j runs from the end of batch j - 1 (the GPU is never idle: the next batch is always queued). A run that
+    reaches the first finish does its next iteration too (last_iteration): the requests whose last token is in
+    flight are skipped and finish (finish_async). Returns (ran, nxt, nwait, num_free_blocks, nrun, kv, now_s,
+    last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
     arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
@@ -532,7 +554,7 @@ def decode_run_async(at, times):
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     n = arrival_s.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
-    growing = cost.kind >= 2  # its steps grow with the context (decode_run.advance_async: cost.run_s)
+    growing = cost.kind >= 2  # its steps grow with the context (cost.run_s)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
     joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)

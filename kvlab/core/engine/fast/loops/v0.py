@@ -123,14 +123,13 @@ def free_chunk(orca, offset, size_tokens):
 
 
 @inline
-def prompt_fits(cfg, kv, request, num_blocks_taken):
+def prompt_fits(cfg, kv, request):
     """Blocks for all of request's tokens leave watermark_blocks free (paged), or a buddy chunk for its reservation
     is free."""
     orca = kv.orca
     if not orca.paged:
         return can_allocate(orca, orca.reserve[request.request_id])
-    num_free = kv.num_free[0] - num_blocks_taken
-    return watermark_admits(request.num_tokens, num_free, orca.watermark_blocks, kv.block_size, cfg.max_model_len)
+    return watermark_admits(request.num_tokens, kv.num_free[0], orca.watermark_blocks, kv.block_size, cfg.max_model_len)
 
 
 @inline
