@@ -386,6 +386,7 @@ MEASURED[("facebook/opt-13b", "roofline")] = RooflineStepCost.from_specs(
 MEASURED[("facebook/opt-13b", "vllm-2023")] = make_step_cost(
     "vllm-2023", model=models.get_model("facebook/opt-13b"), gpu=models.get_gpu("A100-40GB")
 )  # section 6's clock of the vLLM of 2023
+MEASURED_ONLY = sorted((k for k in MEASURED if k[1] not in ("vllm-2023", "roofline")), key=str)
 
 
 @given(st.sampled_from(sorted(MEASURED, key=str)), batches())
@@ -470,7 +471,7 @@ def test_prefill_runs_record_what_steps_record(
 
 
 @given(
-    st.sampled_from(sorted((k for k in MEASURED if k[1] not in ("vllm-2023", "roofline")), key=str)),
+    st.sampled_from(MEASURED_ONLY),
     st.integers(0, 40),
     st.integers(1, 3000),
     st.integers(0, 9000),
@@ -506,6 +507,48 @@ def test_a_prefill_runs_step_on_the_measured_clock_is_the_python_steps_bits(
     assert kernels.prefill_step_s(clock, run, num_decodes, chunk, before, decode_context, low, high) == cost.step_s(
         batch
     )
+
+
+def decode_run_steps(cost, num_decodes: int, context: int, low: int, high: int, num_steps: int) -> tuple:
+    """The compiled decode run's step times (decode_step_s, with what decode_run_clock read once for the run) and the
+    step_s of each step's Batch: num_decodes decodes of context tokens in all, from low to high each, a token more a
+    step."""
+    from kvlab.core.engine.fast.loops import clock as kernels
+
+    clock = compiled.clock_of(cost)
+    run = kernels.decode_run_clock(clock, num_decodes, context, low, high)
+    n = num_decodes
+    steps = [
+        cost.step_s(Batch(n, context + n * j, n, context + n * j, 0, 0, low + j, high + j)) for j in range(num_steps)
+    ]
+    return [kernels.decode_step_s(clock, run, j) for j in range(num_steps)], steps
+
+
+@given(
+    st.sampled_from(MEASURED_ONLY),
+    st.integers(1, 300),
+    st.integers(0, 30_000),
+    st.integers(0, 30_000),
+    st.integers(1, 60),
+)
+@settings(max_examples=120, deadline=None)
+def test_a_decode_runs_steps_on_the_measured_clock_are_the_python_steps_bits(which, num_decodes, history, spread, k):
+    """num_decodes - 1 decodes of history + 1 context tokens and one of spread more (all equal with one decode)."""
+    spread *= num_decodes > 1
+    low = history + 1
+    run, steps = decode_run_steps(MEASURED[which], num_decodes, num_decodes * low + spread, low, low + spread, k)
+    assert run == steps
+
+
+@pytest.mark.parametrize("largest", [1019, 4090, 16380, 30])  # the run crosses the fit's bin edge at 1,024, 4,096, ...
+def test_a_decode_run_across_a_skew_bin_edge_gives_the_bits_of_its_steps(largest):
+    cost = MEASURED[("meta-llama/Llama-3.1-8B", 1, 1)]
+    n, low = 12, 10
+    run, steps = decode_run_steps(cost, n, (n - 1) * low + largest, low, largest, 12)
+    assert run == steps
+    context = (n - 1) * low + largest
+    plain = cost.without("attention skew")
+    assert steps != [plain.step_s(Batch(n, context + n * j, n, context + n * j)) for j in range(12)]
 
 
 @st.composite

@@ -41,7 +41,6 @@ def test_constant_and_linear_steps_are_the_parity_scripts_formulas():
     assert ConstantStepCost().step_s(Batch(500)) == 8.0 / 1000.0
     cost = LinearStepCost(5.0, 0.1)
     assert cost.step_s(Batch(50)) == (5.0 + 0.1 * 50) / 1000.0  # bit for bit what vllm_scheduler.py computes
-    assert cost.run_s(Batch(7, 1000, 7, 1000), 10) == cost.step_s(Batch(7))
     with pytest.raises(ValueError, match="step_ms=0.0 is not allowed: and step_ms_per_token cannot both be 0"):
         LinearStepCost(0.0, 0.0)
 
@@ -54,8 +53,6 @@ def test_roofline_of_opt_13b_on_an_a100_40gb():
     assert cost.step_s(Batch(1, 1001)) == pytest.approx((25.7e9 + 819_200 * 1001) / 1555e9)
     # a 2,000-token prefill: compute-bound, 2 FLOPs per parameter and token at 312 TFLOPS
     assert cost.step_s(Batch(2000, 2000)) == pytest.approx(2 * 12.85e9 * 2000 / 312e12)
-    durations = cost.run_s(Batch(8, 4000, 8, 4000), 50)
-    assert durations.tolist() == [cost.step_s(Batch(8, 4000 + 8 * j)) for j in range(50)]
     half = RooflineStepCost.from_specs(
         models.get_model("facebook/opt-13b"),
         models.get_gpu("A100-40GB"),
@@ -71,27 +68,21 @@ def test_calibrated_steps_add_decode_and_prefill_times():
     cost = calibrated()
     assert cost.step_s(Batch(4, 4 * 1024, 4, 4 * 1024)) == pytest.approx(8.0 / 1000)  # 4 decodes at 1,024 tokens
     assert cost.step_s(Batch(1024 + 1, 2048, 1, 1024)) == pytest.approx((6.0 + 40.0) / 1000)  # + a 1,024-token prefill
-    assert cost.run_s(Batch(4, 4 * 1024, 4, 4 * 1024), 3).tolist() == [
-        cost.step_s(Batch(4, 4 * 1024 + 4 * j, 4, 4 * 1024 + 4 * j)) for j in range(3)
-    ]
 
 
-@pytest.mark.parametrize(
-    "cost",
-    [RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB")), calibrated()],
-    ids=["roofline", "calibrated"],
-)
-def test_a_decode_run_under_a_changing_step_cost_equals_its_steps(cost):
+def test_the_compiled_loops_decode_runs_under_a_growing_step_cost_equal_its_steps():
+    """The roofline's steps grow with the context: the compiled loop's decode runs time each step as step_s does."""
+    pytest.importorskip("numba", reason="numba is not installed (fix: make setup installs it from requirements.lock)")
+    cost = RooflineStepCost.from_specs(models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB"))
     rng = np.random.default_rng(0)
     w = Workload(np.cumsum(rng.exponential(0.2, 200)), rng.integers(10, 600, 200), rng.integers(1, 400, 200))
     config = EngineConfig().replace(max_model_len=2048, async_scheduling=False)
-    slow, fast = (
-        Engine(w, config, num_gpu_blocks=300, cost=cost, path=("auto" if f else "reference")).run()
-        for f in (False, True)
-    )
+    slow = Engine(w, config, num_gpu_blocks=300, cost=cost, path="reference").run()
+    engine = Engine(w, config, num_gpu_blocks=300, cost=cost, path="compiled")
+    fast = engine.run()
     assert np.array_equal(slow.finish_s, fast.finish_s) and np.array_equal(slow.first_token_s, fast.first_token_s)
     assert np.array_equal(slow.steps["end_s"], fast.steps["end_s"])
-    assert slow.num_preemptions.sum() > 0
+    assert slow.num_preemptions.sum() > 0 and engine.num_decode_runs > 0
 
 
 OPT, A100 = models.get_model("facebook/opt-13b"), models.get_gpu("A100-40GB")

@@ -88,13 +88,6 @@ def test_a_step_by_hand():
     )  # one chunk without aggregates
 
 
-def test_a_decode_run_takes_each_step_as_step_s_does():
-    c = data.committed_step_cost()
-    run = c.run_s(Batch(30, 30 * 400, 30, 30 * 400), 50)
-    steps = [c.step_s(Batch(30, 30 * 400 + 30 * i, 30, 30 * 400 + 30 * i)) for i in range(50)]
-    assert run.tolist() == steps
-
-
 def test_small_blocks_cost_more_at_equal_context():
     by_block = {
         bs: data.committed_step_cost(bs).step_s(Batch(32, 32 * 500, 32, 32 * 500)) for bs in (1, 2, 4, 8, 16, 32)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
 from kvlab.core import validate
 from kvlab.core.article import MS_PER_TOKEN
 from kvlab.core.config import EngineConfig
@@ -34,9 +32,6 @@ class StepCost(Protocol):
     """What the engine asks of a step cost.
 
     step_s: seconds of one step, from what it schedules: a Batch (kvlab.core.cost.batch says what each field counts).
-    run_s: the k steps of a decode run at once, from its first step's batch (decodes only): the same requests
-    decode every step and each one's context grows by a token a step; one float when every step lasts the same, else an array, computed by the same float
-    operations as step_s so that both paths give the same times.
     min_step_s: a lower bound (s) on any step of num_tokens scheduled tokens, whatever the batch (the planner's).
     name: the family (one of STEP_COSTS); source: where its numbers come from, in words; describe(): the step
     cost in words, with units.
@@ -50,8 +45,6 @@ class StepCost(Protocol):
     def describe(self) -> str: ...
 
     def step_s(self, batch: Batch) -> float: ...
-
-    def run_s(self, first: Batch, num_steps: int) -> float | np.ndarray: ...
 
     def min_step_s(self, num_tokens: int) -> float: ...
 
@@ -105,14 +98,12 @@ def group_step_s(cost, batches) -> float:
     return max(steps) if steps else cost.min_step_s(1)
 
 
-def checked_s(cost, seconds, num_tokens: int):
-    """seconds (step_s's float, or run_s's float or array) when every step lasts 0 s or more; else the one-line
-    ValueError naming the step cost: a profile or fitted coefficients extrapolated below 0 s, or a NaN, would
-    otherwise run the clock backwards unseen."""
-    least = seconds if isinstance(seconds, float) else float(np.min(seconds))
-    if not least >= 0.0:
+def checked_s(cost, seconds: float, num_tokens: int) -> float:
+    """seconds (step_s's) when the step lasts 0 s or more; else the one-line ValueError naming the step cost: a
+    profile or fitted coefficients extrapolated below 0 s, or a NaN, would otherwise run the clock backwards unseen."""
+    if not seconds >= 0.0:
         raise ValueError(
-            f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {least:.6g} s: a step "
+            f"the {cost.name} step cost gave a step of {num_tokens:,} tokens {seconds:.6g} s: a step "
             "lasts 0 s or more, so its profile or coefficients are wrong there (fix them, or choose "
             "another step cost)"
         )

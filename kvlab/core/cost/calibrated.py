@@ -49,12 +49,6 @@ class CalibratedStepCost:
         num_tokens, _, num_decodes, decode_context_tokens = batch[:4]
         return float(self._ms(num_tokens, num_decodes, decode_context_tokens)[0] / 1000.0)
 
-    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run from the decode-only batch first (all its tokens are decodes)."""
-        num_decodes = first.num_decodes
-        context = first.decode_context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
-        return self._ms(num_decodes, num_decodes, context) / 1000.0
-
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): over every split into decodes and one
         prompt, the decodes' least step time at any measured context plus the prompt's prefill."""

@@ -75,12 +75,6 @@ class LinearProfileStepCost:
         us = self.linear_step_us(batch[0]) + self.rest.step_s(batch) * 1e6
         return self._with_cpu(us, batch[2] + max(batch[4], 1 if batch[0] > batch[2] else 0)) / 1e6
 
-    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run from the decode-only batch first (the context grows by its decodes'
-        tokens a step)."""
-        us = self.linear_step_us(first.num_decodes) + self.rest.run_s(first, num_steps) * 1e6
-        return self._with_cpu(us, first.num_decodes) / 1e6
-
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): the linear layers, the rest with no KV read
         and the CPU's least time."""

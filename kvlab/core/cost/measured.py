@@ -42,10 +42,6 @@ def cudagraph_capture_sizes(
     return tuple(sorted(set(sizes)))
 
 
-# A decode run of at most this many steps is timed step by step (step_s): numpy's fixed cost per call is more than
-# a few scalar steps (measured: 18 us for a one-step run, 6.5 us for a step).
-SHORT_RUN_STEPS = 3
-
 # The terms a measured step is the sum of (MeasuredStepCost's docstring), each of which MeasuredStepCost.without
 # switches off.
 MEASURED_TERMS = (
@@ -521,51 +517,6 @@ class MeasuredStepCost:
         attention = self._mixed_at(corners, decode_history)
         us += self._layers * self.skewed_attention_us(attention, prefill_tokens, history, num_decodes, batch, corners)
         return us, num_sequences
-
-    def run_s(self, first: Batch, num_steps: int):
-        """Seconds of each step of a decode run from the decode-only batch first (an array; every decode's context
-        grows by a token a step)."""
-        num_decodes, context_tokens = first.num_decodes, first.decode_context_tokens
-        if num_steps <= SHORT_RUN_STEPS:  # step by step: the same floats (tested), without numpy's per-call cost
-            low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
-            return np.array(
-                [
-                    self.step_s(
-                        Batch(num_decodes, context_tokens + num_decodes * j, num_decodes,
-                              context_tokens + num_decodes * j, 0, 0, low + j * (high > 0), high + j * (high > 0))
-                    )
-                    for j in range(num_steps)
-                ]
-            )  # fmt: skip
-        steps = np.arange(num_steps, dtype=np.int64)
-        context = context_tokens + num_decodes * steps
-        history = (context - num_decodes) / num_decodes
-        alpha = self._run_alpha(first, num_steps)
-        if alpha is None:
-            attention = self.decode_attention_us(num_decodes, history)
-        else:  # the mean and the largest history looked up at once (the same float operations, one call)
-            largest = (first.max_decode_context_tokens - 1 + steps).astype(np.float64)
-            both = self.decode_attention_us(num_decodes, np.concatenate((history, largest)))
-            attention, gap = both[:num_steps], both[num_steps:] - both[:num_steps]
-            skewed = attention + alpha * np.maximum(gap, 0.0)  # no penalty where the largest history is no slower
-            negative = alpha < 0 if isinstance(alpha, float) else bool((alpha < 0).any())
-            attention = np.maximum(skewed, 0.0) if negative else skewed
-        us = self.fixed_us(num_decodes, num_decodes) + self._layers * attention
-        return self.with_cpu_us(us, num_decodes) / 1e6
-
-    def _run_alpha(self, first: Batch, num_steps: int):
-        """The skew fit's alpha for each step of a decode run (skewed_attention_us): None where it adds nothing (no
-        fit, one decode, equal histories, alpha 0), else one float or, where the run's largest history crosses a bin
-        edge, an array. The skew rate is the same every step (every history grows by one)."""
-        skew, num_decodes = self.skew, first.num_decodes
-        low, high = first.min_decode_context_tokens, first.max_decode_context_tokens
-        if skew is None or num_decodes < 2 or high <= low:
-            return None
-        rate, kv_bins = skew_rate(first), skew.bins[2]
-        start, end = high - 1, high - 2 + num_steps  # the largest history of the first and the last step
-        if skew.bucket(kv_bins, start) == skew.bucket(kv_bins, end):
-            return skew.alpha_at(0, num_decodes, rate, start, 0) or None
-        return np.array([skew.alpha_at(0, num_decodes, rate, h, 0) for h in range(start, end + 1)])
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but

@@ -72,13 +72,6 @@ class RooflineStepCost:
         num_tokens, context_tokens = batch[:2]
         return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
 
-    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run from the decode-only batch first: the context grows by its decodes'
-        tokens a step."""
-        num_decodes = first.num_decodes
-        context = first.context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)
-        return self._seconds(np.float64(num_decodes), context.astype(np.float64))
-
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s) of a dense model: the weights read once or
         their FLOPs, no KV read (for a mixture-of-experts model the FLOPs of every expert: not a bound)."""

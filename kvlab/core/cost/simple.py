@@ -24,10 +24,6 @@ class ConstantStepCost:
         """Seconds of one step: step_ms / 1000."""
         return self.step_ms / 1000.0
 
-    def run_s(self, first: Batch, num_steps: int) -> float:
-        """Seconds of each step of a decode run (all the same)."""
-        return self.step_ms / 1000.0
-
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): every step's step_ms / 1000."""
         return self.step_ms / 1000.0
@@ -56,10 +52,6 @@ class LinearStepCost:
         """Seconds of one step: (step_ms + step_ms_per_token x num_tokens) / 1000."""
         num_tokens = batch[0]
         return (self.step_ms + self.step_ms_per_token * num_tokens) / 1000.0
-
-    def run_s(self, first: Batch, num_steps: int) -> float:
-        """Seconds of each step of a decode run (all the same: first's decodes' tokens each)."""
-        return (self.step_ms + self.step_ms_per_token * first.num_decodes) / 1000.0
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): such a step's own time."""

@@ -174,18 +174,6 @@ class Vllm2023StepCost:
         )
         return float(us) / 1e6
 
-    def run_s(self, first: Batch, num_steps: int) -> np.ndarray:
-        """Seconds of each step of a decode run from the decode-only batch first: the context grows by its decodes'
-        tokens a step."""
-        num_decodes = first.num_decodes
-        context = (first.context_tokens + num_decodes * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
-        us = (
-            self.step_overhead_ms * 1000.0
-            + self.dense_us(np.float64(num_decodes))
-            + self.num_layers * (self.decode_attention_us(num_decodes, context) + self.prefill_attention_us(0.0))
-        )
-        return us / 1e6
-
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): the overhead and the dense term (every
         attention term is 0 or more)."""

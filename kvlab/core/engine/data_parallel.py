@@ -302,7 +302,7 @@ class DataParallelEngine(Engine):
     slowest rank's: kvlab.core.cost.group_step_s), requests dealt at arrival by vLLM's client (Ranks). Once no rank
     has a request the ranks run dummy steps of one token until vLLM's next check of the group (Ranks.tail_steps);
     a request arriving meanwhile waits for the dummy step in flight. Each rank is served by the engine's per-step
-    loop (no decode runs: a rank's run can end at another rank's arrival) and its steps are the group's (records
+    loop (in Python: no runs of steps at once, which would end at another rank's arrival) and its steps are the group's (records
     sum the ranks: tokens, requests, blocks; num_gpu_blocks of the result is all the ranks').
 
     kvlab's lockstep is at the level of steps: in vLLM each rank's busy loop schedules, and its forward pass waits

@@ -1,4 +1,4 @@
-"""The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step or a decode run at once.
+"""The serving engine in simulated time: vLLM's scheduler over one KV budget, step by step.
 
 Time, synchronous (the rules of scripts/parity/vllm_scheduler.py, vLLM's side of make parity): the clock
 starts at the first arrival; before each step every request that has arrived by the clock joins the

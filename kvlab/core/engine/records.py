@@ -128,7 +128,7 @@ class Runs:
 
 
 class StepLog:
-    """Per-step records, compact (24 bytes a step); a decode run's k steps are added at once.
+    """Per-step records, compact (24 bytes a step).
 
     Stored: each step's end time (its start is the previous step's end except after an idle gap, kept
     aside), what the running requests hold (blocks of the paged pool, or reserved token slots) and their

@@ -1,7 +1,7 @@
 """vLLM 0.33's scheduling rules, each written once, as functions of integers.
 
-The reference scheduler (scheduler.py, async_scheduler.py), the KV-cache manager, the decode runs and the
-compiled loop (fast/) all call these functions; numba compiles every function of this module for the compiled
+The reference scheduler (scheduler.py, async_scheduler.py), the KV-cache manager and the compiled loops (fast/,
+their runs of steps at once included) all call these functions; numba compiles every function of this module for the compiled
 loops (fast/loops/), so a rule has one home. Each docstring names the vLLM file and function it follows
 (paths under vllm/v1/core/). Tokens and blocks are counts; block_size is tokens a block.
 """

@@ -218,7 +218,7 @@ def decode_run(at):
         num_events, freed_first = group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, 0)
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
-    growing = cost.kind >= 2  # its steps grow with the context (cost.run_s)
+    growing = cost.kind >= 2  # its steps grow with the context (each timed as step_s times it)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     context = kv + nrun  # the first step's decodes' context, each one's computed tokens + 1
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
@@ -547,14 +547,14 @@ def decode_run_async(at, times):
         k = covered if covered < k else k
         if k < (1 if first_finish == 1 else 2):
             return no
-    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step (run_s).
+    # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step.
     gpu_free_s = queue_f[slot, 1]
     times[0] = gpu_free_s
     context = kv + nrun  # the first step's decodes' context
     run = decode_run_clock(cost, nrun, context, low + 1, high + 1)  # (read on the measured clock only)
     n = arrival_s.shape[0]
     watch = may_admit and nwait == 0 and nxt < n  # the first to arrive may be admitted where it joins
-    growing = cost.kind >= 2  # its steps grow with the context (cost.run_s)
+    growing = cost.kind >= 2  # its steps grow with the context (each timed as step_s times it)
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     m = 0  # times known up to times[m]
     joins = k + 1  # the iteration the first request to arrive joins at (k + 1: none)
