@@ -314,8 +314,8 @@ def chosen(engine, path: str) -> bool:
             validate.fail(
                 "path",
                 "compiled",
-                "applies only to the v1 scheduler over paged blocks (prefix caching "
-                "by token ids, not Workload.prefix_hashes) or the v0-2023 one over paged blocks or a reservation, "
+                "applies only to the v1 scheduler over paged blocks (prefix caching by token ids that are the "
+                "prompts, or by Workload.prefix_hashes) or the v0-2023 one over paged blocks or a reservation, "
                 "a constant, linear, measured, 2023 or roofline (one GPU) step cost and no recorder",
             )
         if not available():
