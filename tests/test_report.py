@@ -308,20 +308,20 @@ def _outputs(path):
 
 
 def test_two_builds_give_identical_numbers(tmp_path, built_report):
-    """Section 3 built again, alone, gives the numbers of make report's own build (the one beside the tests): the same
-    outputs and the same ledger rows."""
+    """Section 1 (the quickest) built again, alone, gives the numbers of make report's own build (the one beside the
+    tests): the same outputs and the same ledger rows."""
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
-    shutil.copy(ROOT / "notebooks" / "03_capacity.ipynb", notebooks)
+    shutil.copy(ROOT / "notebooks" / "01_allocation.ipynb", notebooks)
     import yaml
 
-    only_03 = {"03_capacity": yaml.safe_load((ROOT / "params.yaml").read_text())["03_capacity"]}
-    params = _params(tmp_path, yaml.safe_dump(only_03))
+    only_01 = {"01_allocation": yaml.safe_load((ROOT / "params.yaml").read_text())["01_allocation"]}
+    params = _params(tmp_path, yaml.safe_dump(only_01))
     a = report_build.build(params, [], tmp_path / "a", notebook_dir=notebooks, pdf=False, log=lambda *a, **k: None)
     b = built_report
-    assert _outputs(a / "notebooks" / "03_capacity.ipynb") == _outputs(b / "notebooks" / "03_capacity.ipynb")
+    assert _outputs(a / "notebooks" / "01_allocation.ipynb") == _outputs(b / "notebooks" / "01_allocation.ipynb")
     rows, again = (pd.read_csv(out / "ledger.csv", dtype=str, keep_default_na=False) for out in (a, b))
-    rows, again = (r[r["section"] == "3"].reset_index(drop=True) for r in (rows, again))
+    rows, again = (r[r["section"] == "1"].reset_index(drop=True) for r in (rows, again))
     pd.testing.assert_frame_equal(rows, again)
     assert len(rows) and (rows["status"] == "pass").all()
 

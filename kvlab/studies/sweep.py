@@ -68,7 +68,9 @@ def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
 
 
 def _dask_executor(address: str):
-    """A concurrent.futures executor on the Dask cluster at address; one line within 10 s when none answers."""
+    """A concurrent.futures executor on the Dask cluster at address; one line at once where nothing listens there
+    (check_reachable), within 10 s when none answers."""
+    check_reachable(address)
     try:
         from distributed import Client
     except ImportError:  # pragma: no cover - distributed is pinned in requirements.lock

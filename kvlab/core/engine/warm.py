@@ -18,13 +18,14 @@ LOOPS = ("synchronous", "asynchronous", "vLLM 0.1.4")  # the compiled loops: vLL
 
 
 def warm() -> list[str]:
-    """Compile every loop into numba's cache (a few requests through each of LOOPS), in as many processes as the
-    machine has cores, up to one a loop (numba compiles on one core: two cores take the time of the longest loop, not
-    of all three); what was compiled, and in how many seconds, in words (make setup prints it). Nothing without numba."""
+    """Compile every loop into numba's cache (a few requests through each of LOOPS), each in its own process where the
+    machine has more than one core (numba compiles on one: on two cores the three loops, 75, 75 and 20 s, share them
+    and end together, where two processes would take 95 s); what was compiled, and in how many seconds, in words
+    (make setup prints it). Nothing without numba."""
     if not compiled.available():
         return []
     modes = [mode for mode in LOOPS if not compiled.cached(_loop(mode))]
-    workers = min(len(modes), os.cpu_count() or 1)
+    workers = len(modes) if (os.cpu_count() or 1) > 1 else 1
     if workers <= 1:
         return [_timed(mode) for mode in modes]
     # forked: numba is imported (compiled.cached imported the loops' modules) but has compiled nothing yet; each process
