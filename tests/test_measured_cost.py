@@ -20,6 +20,7 @@ from kvlab.core.cost import (
     RooflineStepCost,
     cudagraph_capture_sizes,
     make_step_cost,
+    tables,
 )
 from kvlab.core.engine import Engine
 from kvlab.core.workload import Workload
@@ -420,9 +421,9 @@ def llmservingsim_bucket(bins, val):
 
 @given(st.integers(0, 2), st.floats(-1, 2e9, allow_nan=False))
 def test_a_bucket_is_llmservingsims(axis, value):
-    fit = profiles.load_profile(profiles.load_index()[0]).skew
-    bins = fit.bins[axis]
-    assert fit.bucket(bins, value) == llmservingsim_bucket(bins, value)
+    bins = list(profiles.load_profile(profiles.load_index()[0]).skew.bins[axis])
+    clock = tables.clock(2, {"skew_bins0": bins})
+    assert tables.skew_bucket(clock, tables.SKEW_BINS0, value) == llmservingsim_bucket(bins, value)
 
 
 class BatchSpy:

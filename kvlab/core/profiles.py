@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import json
 import statistics
-from bisect import bisect_left
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -247,26 +246,6 @@ class SkewFit:
     num_buckets: int  # buckets fitted
     rel_err_p50: float  # the fit's relative error, as the source reports it (meta.yaml's rel_err_p50)
     rel_err_p90: float
-
-    @staticmethod
-    def bucket(bins, x) -> int:
-        """The bucket of x: i with bins[i] < x <= bins[i + 1], the last past the last edge."""
-        return min(bisect_left(bins, x, 1), len(bins) - 1) - 1
-
-    def alpha_at(self, prefill_chunk: int, n_decode: int, skew_rate: float, kv_big: int, kv_prefill: int) -> float:
-        """alpha of a batch (skew_rate clipped to [0, 1]); alpha_default off the fit's prefill chunks."""
-        p = self.prefill_chunks.get(prefill_chunk)
-        if p is None:
-            return self.alpha_default
-        n_bins, rate_bins, big_bins, kp_bins = self.bins
-        rate = 0.0 if skew_rate < 0.0 else 1.0 if skew_rate > 1.0 else skew_rate
-        bucket = self.bucket
-        return self._alpha[p][bucket(n_bins, n_decode)][bucket(rate_bins, rate)][bucket(big_bins, kv_big)][
-            bucket(kp_bins, kv_prefill)
-        ]
-
-    def __post_init__(self):
-        object.__setattr__(self, "_alpha", self.alpha.tolist())  # nested lists: a lookup is five list indexings
 
     def describe(self) -> str:
         return (

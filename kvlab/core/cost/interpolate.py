@@ -1,10 +1,9 @@
-"""Piecewise-linear reading of measured tables, shared by the measured step cost and the all-reduce."""
+"""Piecewise-linear reading of measured tables, shared by the measured step cost and the all-reduce (and compiled from
+this source for the engine's compiled loops: kvlab.core.cost.tables)."""
 
 from __future__ import annotations
 
 from bisect import bisect_right
-
-import numpy as np
 
 
 def bracket(axis: list, x: float) -> tuple[int, float]:
@@ -12,12 +11,6 @@ def bracket(axis: list, x: float) -> tuple[int, float]:
     point w > 1 (linear extrapolation from the last two)."""
     j = min(max(bisect_right(axis, x) - 1, 0), len(axis) - 2)
     return j, max((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
-
-
-def bracket_array(axis: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """bracket of every x (the same float operations)."""
-    j = np.minimum(np.maximum(np.searchsorted(axis, x, side="right") - 1, 0), len(axis) - 2)
-    return j, np.maximum((x - axis[j]) / (axis[j + 1] - axis[j]), 0.0)
 
 
 def blend(low, high, w):

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
 
 from kvlab.core import validate
+from kvlab.core.cost import tables
 from kvlab.core.cost.all_reduce import AllReduceCost, DispatchCombine
 from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.cpu import combine_cpu
-from kvlab.core.cost.interpolate import blend, bracket, bracket_array, interp
+from kvlab.core.cost.interpolate import interp
 from kvlab.core.cost.linear_profile import LinearProfileStepCost
 from kvlab.core.cost.roofline import RooflineStepCost
 from kvlab.core.profiles import SkewFit
@@ -55,13 +55,6 @@ MEASURED_TERMS = (
     "CUDA-graph padding",
     "CPU scheduling",
 )
-
-
-def skew_rate(batch: Batch) -> float:
-    """Where the decodes' mean history lies between their least and most, 0 to 1 ((mean - min) / (max - min),
-    LLMServingSim's skew rate), as a ratio of whole numbers: the same in every step of a decode run."""
-    low, high, n = batch.min_decode_context_tokens, batch.max_decode_context_tokens, batch.num_decodes
-    return (batch.decode_context_tokens - n * low) / (n * (high - low))
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,27 +189,44 @@ class MeasuredStepCost:
                 validate.fail(name, type(getattr(self, name)).__name__, "must be an AllReduceCost or None")
         if self.skew is not None and not isinstance(self.skew, SkewFit):
             validate.fail("skew", type(self.skew).__name__, "must be a SkewFit or None")
-        # Python copies of the tables: a step is a few bisections and blends, no numpy call.
-        decode = np.asarray(self.attention_us)[0, 0]
-        fast = {
-            "_tokens": self.dense_tokens.tolist(),
-            "_dense": self.dense_us.tolist(),
-            "_sequences": self.sequences.tolist(),
-            "_per_sequence": self.per_sequence_us.tolist(),
-            "_axes": [np.asarray(a, dtype=np.float64).tolist() for a in self.attention_axes],
-            "_attention": np.asarray(self.attention_us).tolist(),
-            "_decode_grid": decode,
-            "_decode_rows": {},
-            "_kv_axis": np.asarray(self.attention_axes[3], dtype=np.float64),
-            "_layers": float(self.num_layers),
-            "_sizes": sizes,
-            "_overhead_us": self.step_overhead_ms * 1000.0,
-            "_moe": (self.moe_tokens.tolist(), self.moe_experts.tolist(), self.moe_us.tolist()),
-            "_cpu": (np.asarray(self.cpu_sequences).tolist(), np.asarray(self.cpu_us).tolist()),
-            "_cpu_at": {},  # the CPU's time by scheduled sequences, as read (a step is a dict lookup)
-        }
-        for key, value in fast.items():
-            object.__setattr__(self, key, value)
+        object.__setattr__(self, "clock", self._clock())
+
+    def _clock(self) -> tables.Clock:
+        """The step cost as kvlab.core.cost.tables reads it: its tables as Python lists (a step is a few bisections
+        and blends, no numpy call), its scalars as numbers."""
+        parts = dict(zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (
+            self.cudagraph_capture_sizes, self.dense_tokens, self.dense_us, self.sequences, self.per_sequence_us
+        )))  # fmt: skip
+        parts |= dict(zip(("axis0", "axis1", "axis2", "axis3"), self.attention_axes))
+        parts["attention"] = np.asarray(self.attention_us)
+        parts["decode_grid"] = parts["attention"][0, 0]
+        if self.num_experts:
+            parts |= {"moe_tokens": self.moe_tokens, "moe_experts": self.moe_experts, "moe_us": self.moe_us}
+        scalars = {}
+        for name, cost in (("all_reduce", self.all_reduce), ("dispatch", self.dispatch)):
+            if cost is not None:
+                parts[f"{name}_sizes"], parts[f"{name}_us"] = cost._table
+                scalars[f"{name}_per_step"], scalars[f"{name}_bytes_per_token"] = (
+                    cost.num_per_step,
+                    cost.bytes_per_token,
+                )
+        parts["cpu_sequences"], parts["cpu_us"] = self.cpu_sequences, self.cpu_us
+        skew = self.skew
+        if skew is not None:
+            parts["skew_chunks"] = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
+            parts |= dict(zip(("skew_bins0", "skew_bins1", "skew_bins2", "skew_bins3"), skew.bins))
+            parts["skew_alpha"] = skew.alpha
+            scalars["skew"], scalars["skew_default"] = 1, skew.alpha_default
+        experts = ("num_experts", "num_experts_per_tok", "expert_parallel_size", "data_parallel_size")
+        return tables.clock(
+            2,
+            {name: np.asarray(table, dtype=np.float64).ravel().tolist() for name, table in parts.items()},
+            layers=self.num_layers,
+            **{name: getattr(self, name) for name in experts},
+            cpu_overlapped=self.cpu_overlapped,
+            overhead_us=self.step_overhead_ms * 1000.0,
+            **scalars,
+        )
 
     @staticmethod
     def _check_axis(name: str, axis, first: int) -> None:
@@ -334,28 +344,16 @@ class MeasuredStepCost:
 
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens a step of num_tokens runs with: the next CUDA-graph capture size, or itself past the last."""
-        sizes = self._sizes
-        if not sizes or num_tokens > sizes[-1]:
-            return num_tokens
-        return sizes[bisect_left(sizes, num_tokens)]
+        return tables.padded_tokens(self.clock, num_tokens)
 
     def active_experts(self, num_tokens: int) -> float:
-        """Experts this GPU runs in a layer for num_tokens tokens of its rank under uniform top-k routing: of its
-        E / EP experts (all E without expert parallelism), those hit by the DP x num_tokens tokens of every rank
-        (the class's docstring), E / EP x (1 - (1 - k/E)^tokens), at most the token-expert pairs they receive."""
-        e, k, ep = self.num_experts, self.num_experts_per_tok, self.expert_parallel_size
-        tokens = self.data_parallel_size * num_tokens
-        return min(e / ep, k * tokens / ep, e / ep * (1.0 - (1.0 - k / e) ** tokens))
+        """Experts this GPU runs in a layer for num_tokens tokens of its rank (the class's docstring)."""
+        return tables.active_experts(self.clock, num_tokens)
 
     def moe_block_us(self, num_tokens: int) -> float:
         """One layer's MoE block at num_tokens (us; 0 for a dense model): with expert parallelism, this GPU's E / EP
         experts, as many of them as the data-parallel ranks' tokens hit (the class's docstring)."""
-        if not self.num_experts:
-            return 0.0
-        tokens, experts, grid = self._moe
-        i, wi = bracket(tokens, num_tokens)
-        j, wj = bracket(experts, self.active_experts(num_tokens))
-        return blend(blend(grid[i][j], grid[i][j + 1], wj), blend(grid[i + 1][j], grid[i + 1][j + 1], wj), wi)
+        return tables.moe_block_us(self.clock, num_tokens)
 
     def fixed_us(
         self, num_tokens: int, num_sequences: int, expert_tokens: float | None = None, pad: bool = True
@@ -363,49 +361,18 @@ class MeasuredStepCost:
         """Every term but attention (us): dense and all-reduce at the padded tokens (num_tokens itself with pad
         False), MoE and dispatch there too or at expert_tokens (a rank's share of the tokens every rank sends the
         experts), per-sequence (none for 0 sequences: vLLM's dummy batch samples nothing), overhead."""
-        padded = self.padded_tokens(num_tokens) if pad else num_tokens
-        experts = padded if expert_tokens is None else expert_tokens
-        us = interp(self._tokens, self._dense, padded)
-        us += self._layers * self.moe_block_us(experts)
-        if num_sequences:
-            us += interp(self._sequences, self._per_sequence, num_sequences)
-        if self.all_reduce is not None:
-            us += self.all_reduce.step_us(padded)
-        if self.dispatch is not None:
-            us += self.dispatch.step_us(self.data_parallel_size * experts)
-        return us + self._overhead_us
+        return tables.fixed_us(
+            self.clock, num_tokens, num_sequences, -1.0 if expert_tokens is None else expert_tokens, pad
+        )
 
-    def with_cpu_us(self, gpu_us, num_sequences: int):
+    def with_cpu_us(self, gpu_us: float, num_sequences: int) -> float:
         """A step of gpu_us of GPU work for num_sequences scheduled sequences with the CPU's scheduling (us): added
         (synchronous) or the longer of the two (asynchronous); gpu_us itself without a CPU table."""
-        cpu = self._cpu_at.get(num_sequences)
-        if cpu is None:
-            sequences, cpu_us = self._cpu
-            if not sequences:
-                return gpu_us
-            cpu = self._cpu_at[num_sequences] = interp(sequences, cpu_us, num_sequences)
-        return combine_cpu(gpu_us, cpu, self.cpu_overlapped)
+        return tables.with_cpu_us(self.clock, gpu_us, tables.cpu_us(self.clock, num_sequences))
 
-    def _decode_row(self, num_decodes: int) -> tuple[list, np.ndarray]:
-        """One layer's decode attention (us) for num_decodes at each measured history: the decode grid blended
-        along the decodes first (kept, as a list and an array of the same floats)."""
-        row = self._decode_rows.get(num_decodes)
-        if row is None:
-            i, wi = bracket(self._axes[2], num_decodes)
-            grid = self._decode_grid
-            values = blend(grid[i], grid[i + 1], wi)
-            row = self._decode_rows[num_decodes] = (values.tolist(), values)
-        return row
-
-    def decode_attention_us(self, num_decodes: int, history_tokens):
-        """One layer's attention for num_decodes decodes of history_tokens computed tokens each (us; a float, or
-        an array for an array of histories: the same float operations)."""
-        values, array = self._decode_row(num_decodes)
-        if isinstance(history_tokens, np.ndarray):
-            j, w = bracket_array(self._kv_axis, history_tokens)
-            return blend(array[j], array[j + 1], w)
-        j, w = bracket(self._axes[3], history_tokens)
-        return blend(values[j], values[j + 1], w)
+    def decode_attention_us(self, num_decodes: int, history_tokens: float) -> float:
+        """One layer's attention for num_decodes decodes of history_tokens computed tokens each (us)."""
+        return tables.decode_attention_us(self.clock, num_decodes, history_tokens)
 
     def mixed_attention_us(
         self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int, decode_history_tokens: float
@@ -414,60 +381,13 @@ class MeasuredStepCost:
         num_decodes decodes of decode_history_tokens each (us): multilinear on the measured grid."""
         if not prefill_tokens:
             return self.decode_attention_us(num_decodes, decode_history_tokens)
-        corners = self._mixed_corners(prefill_tokens, prefill_history_tokens, num_decodes)
-        return self._mixed_at(corners, decode_history_tokens)
-
-    def _mixed_corners(self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int) -> tuple:
-        """The grid's 8 rows (along the decode history) around a prefill chunk beside num_decodes decodes, and the
-        weights along the chunk's tokens, its history and the decodes: what _mixed_at blends."""
-        axes, grid = self._axes, self._attention
-        a, wa = bracket(axes[0], prefill_tokens)
-        b, wb = bracket(axes[1], prefill_history_tokens)
-        c, wc = bracket(axes[2], num_decodes)
-        low, high = grid[a], grid[a + 1]
-        rows = (low[b][c], low[b][c + 1], low[b + 1][c], low[b + 1][c + 1])
-        return rows + (high[b][c], high[b][c + 1], high[b + 1][c], high[b + 1][c + 1]), wa, wb, wc
-
-    def _mixed_at(self, corners: tuple, decode_history_tokens: float) -> float:
-        """_mixed_corners blended at a decode history: along it, then the decodes, the chunk's history and its tokens
-        (blend's float operations in that order: one lookup of the grid, whichever history)."""
-        rows, wa, wb, wc = corners
-        d, wd = bracket(self._axes[3], decode_history_tokens)
-        kv = [blend(row[d], row[d + 1], wd) for row in rows]
-        first = blend(blend(kv[0], kv[1], wc), blend(kv[2], kv[3], wc), wb)
-        return blend(first, blend(blend(kv[4], kv[5], wc), blend(kv[6], kv[7], wc), wb), wa)
-
-    def skewed_attention_us(
-        self,
-        attention_us,
-        prefill_tokens: int,
-        prefill_history_tokens: float,
-        num_decodes: int,
-        batch: Batch,
-        corners: tuple | None = None,
-    ):
-        """One layer's attention of a batch whose decodes' mean-history attention is attention_us, with the skew
-        penalty of decodes of unequal history (the class's "attention skew"): attention_us itself without a fit,
-        with one decode, or with decodes of equal history. corners: the batch's _mixed_corners, where it has a
-        prefill chunk."""
-        low, high = batch.min_decode_context_tokens, batch.max_decode_context_tokens
-        if self.skew is None or num_decodes < 2 or high <= low:
-            return attention_us
-        alpha = self.skew.alpha_at(prefill_tokens, num_decodes, skew_rate(batch), high - 1, int(prefill_history_tokens))
-        if not alpha:
-            return attention_us
-        if corners is None:
-            at_max = self.decode_attention_us(num_decodes, high - 1)
-        else:
-            at_max = self._mixed_at(corners, high - 1)
-        if at_max <= attention_us:
-            return attention_us
-        return max(attention_us + alpha * (at_max - attention_us), 0.0)
+        return tables.mixed_attention_us(
+            self.clock, prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens
+        )
 
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        us, num_sequences = self._gpu_us(batch, batch[0])
-        return self.with_cpu_us(us, num_sequences) / 1e6
+        return tables.measured_s(self.clock, *batch)
 
     def group_step_s(self, batches) -> float:
         """Seconds of one step of data-parallel ranks in lockstep (vLLM's mixture-of-experts data parallelism; one
@@ -479,17 +399,16 @@ class MeasuredStepCost:
         every rank's tokens, read as the ranks' mean. Attention, per-sequence work and the CPU's scheduling are each
         rank's own. The step lasts as long as its slowest rank."""
         tokens = [b[0] if b is not None and b[0] else 1 for b in batches]
-        largest, sizes = max(tokens), self._sizes
+        largest, sizes = max(tokens), self.cudagraph_capture_sizes
         graphs = bool(sizes) and largest <= sizes[-1]
-        experts = None if graphs else sum(tokens) / len(tokens)
+        experts = -1.0 if graphs else sum(tokens) / len(tokens)
         slowest = 0.0
         for batch, own in zip(batches, tokens):
             run = largest if graphs else own
             if batch is None or not batch[0]:
-                us = self.fixed_us(run, 0, experts, graphs)
+                us = tables.fixed_us(self.clock, run, 0, experts, graphs)
             else:
-                gpu_us, num_sequences = self._gpu_us(batch, run, experts, graphs)
-                us = self.with_cpu_us(gpu_us, num_sequences)
+                us = self.with_cpu_us(*tables.gpu_us(self.clock, run, experts, graphs, *batch))
             slowest = us if us > slowest else slowest
         return slowest / 1e6
 
@@ -499,31 +418,15 @@ class MeasuredStepCost:
         """The GPU's work of a step (us) with its dense, MoE and all-reduce terms read at num_tokens (the batch's
         own, or the largest of data-parallel ranks in lockstep; fixed_us says what expert_tokens and pad change),
         and the sequences it schedules."""
-        context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[1:6]
-        prefill_tokens = batch[0] - num_decodes
-        decode_history = (decode_context_tokens - num_decodes) / num_decodes if num_decodes else 0.0
-        if not prefill_tokens:
-            us = self.fixed_us(num_tokens, num_decodes, expert_tokens, pad)
-            attention = self.decode_attention_us(num_decodes, decode_history)
-            us += self._layers * self.skewed_attention_us(attention, 0, 0.0, num_decodes, batch)
-            return us, num_decodes
-        if num_prefills:
-            history = max(0.0, (prefill_attention_pairs - prefill_tokens * (prefill_tokens + 1) / 2) / prefill_tokens)
-        else:  # a caller without the prefill aggregates: one chunk
-            history = max(0.0, float(context_tokens - decode_context_tokens - prefill_tokens))
-        num_sequences = num_decodes + max(num_prefills, 1)
-        us = self.fixed_us(num_tokens, num_sequences, expert_tokens, pad)
-        corners = self._mixed_corners(prefill_tokens, history, num_decodes)
-        attention = self._mixed_at(corners, decode_history)
-        us += self._layers * self.skewed_attention_us(attention, prefill_tokens, history, num_decodes, batch, corners)
-        return us, num_sequences
+        experts = -1.0 if expert_tokens is None else expert_tokens
+        return tables.gpu_us(self.clock, num_tokens, experts, pad, *batch)
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but
         attention (at least 0) at those tokens, the per-sequence term at its least measured value."""
-        one = interp(self._sequences, self._per_sequence, 1)
-        us = self.fixed_us(num_tokens, 1) - one + min(self._per_sequence)
-        return combine_cpu(us, min(self._cpu[1], default=0.0), self.cpu_overlapped) / 1e6
+        one = interp(self.sequences.tolist(), self.per_sequence_us.tolist(), 1)
+        us = self.fixed_us(num_tokens, 1) - one + min(self.per_sequence_us.tolist())
+        return combine_cpu(us, min(self.cpu_us.tolist(), default=0.0), self.cpu_overlapped) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: the profile it was read from."""

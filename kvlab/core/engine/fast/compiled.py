@@ -4,7 +4,7 @@ It is Engine.run's loop (kvlab/core/engine/engine_core.py's run_sync and run_asy
 the step's record), synchronous or asynchronous (a batch queue of two), compiled by numba from that source over the
 named arrays of arrays.py (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
-(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock.measured_s, vllm_2023_s and
+(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock: kvlab.core.cost.tables.measured_s compiled, vllm_2023_s and
 roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, each as its step_s times it). Without prefix
 caching both loops also do runs of decode steps at once, in closed form (loops.step_runs; DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
@@ -44,15 +44,18 @@ import numpy as np
 
 from kvlab.core import validate
 from kvlab.core.block_pool import BlockPool
-from kvlab.core.cost import ConstantStepCost, LinearStepCost, MeasuredStepCost, RooflineStepCost, Vllm2023StepCost
+from kvlab.core.cost import (
+    ConstantStepCost,
+    LinearStepCost,
+    MeasuredStepCost,
+    RooflineStepCost,
+    Vllm2023StepCost,
+    tables,
+)
 from kvlab.core.engine.fast.arrays import (
     LOOP_STATE,
     REQUEST_RECORD,
-    ROOFLINE,
-    TABLES,
-    VLLM_2023,
     Arrays,
-    Clock,
     Groups,
     Limits,
     Pool,
@@ -100,58 +103,24 @@ def loaded() -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def clock_of(cost) -> Clock | None:
-    """The step cost as the compiled loop reads it (arrays.Clock), or None for one it does not evaluate: constant,
-    linear, measured, 2023 and roofline (without all-reduces) ones it does (the measured one's Python copies of its tables, as floats, packed one
-    after another). Kept for the step costs last asked about (a plan serves hundreds of runs on a few)."""
+def clock_of(cost) -> tables.Clock | None:
+    """The step cost as the compiled loop reads it (kvlab.core.cost.tables.Clock, its tables packed one after another
+    into one array), or None for one it does not evaluate: constant, linear, measured, 2023 and roofline (without
+    all-reduces) ones it does. Kept for the step costs last asked about (a plan serves hundreds of runs on a few)."""
     kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3, RooflineStepCost: 4}.get(
         type(cost)
     )
     if kind is None or (kind == 4 and cost.all_reduce is not None):
         return None
-    parts = dict.fromkeys(TABLES, ())
-    integers = ("num_experts", "num_experts_per_tok", "expert_parallel_size", "data_parallel_size")
-    scalars = {name: 0 if name in integers + ("cpu_overlapped", "skew") else 0.0 for name in Clock._fields[1:-2]}
-    if kind == 4:
-        parts["cost_ms"] = [float(getattr(cost, name)) for name in ROOFLINE]
-    elif kind == 3:
-        parts["cost_ms"] = [float(getattr(cost, name)) for name in VLLM_2023]
-        scalars["layers"] = float(cost.num_layers)
-    elif kind < 2:
-        parts["cost_ms"] = [float(cost.step_ms), 0.0 if kind == 0 else float(cost.step_ms_per_token)]
+    if kind == 2:
+        clock = cost.clock
     else:
-        reduce, dispatch, skew = cost.all_reduce, cost.dispatch, cost.skew
-        parts |= dict(
-            zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (cost._sizes, cost._tokens,
-                cost._dense, cost._sequences, cost._per_sequence))
-        )  # fmt: skip
-        parts |= dict(zip(("axis0", "axis1", "axis2", "axis3"), cost._axes))
-        parts["attention"], parts["decode_grid"] = cost._attention, cost._decode_grid
-        if cost.num_experts:
-            parts["moe_tokens"], parts["moe_experts"], parts["moe_us"] = cost._moe
-        if reduce is not None:
-            parts["all_reduce_sizes"], parts["all_reduce_us"] = reduce._table
-            scalars["all_reduce_per_step"] = float(reduce.num_per_step)
-            scalars["all_reduce_bytes_per_token"] = float(reduce.bytes_per_token)
-        if dispatch is not None:
-            parts["dispatch_sizes"], parts["dispatch_us"] = dispatch._table
-            scalars["dispatch_per_step"] = float(dispatch.num_per_step)
-            scalars["dispatch_bytes_per_token"] = float(dispatch.bytes_per_token)
-        parts["cpu_sequences"], parts["cpu_us"] = cost._cpu
-        if skew is not None:
-            parts["skew_chunks"] = sorted(skew.prefill_chunks, key=skew.prefill_chunks.get)
-            parts |= dict(zip(("skew_bins0", "skew_bins1", "skew_bins2", "skew_bins3"), skew.bins))
-            parts["skew_alpha"] = skew.alpha
-            scalars["skew"], scalars["skew_default"] = 1, float(skew.alpha_default)
-        scalars |= {
-            "layers": float(cost._layers),
-            **{name: int(getattr(cost, name)) for name in integers},
-            "cpu_overlapped": int(cost.cpu_overlapped),
-            "overhead_us": float(cost._overhead_us),
-        }
-    arrays = [np.asarray(parts[name], dtype=np.float64).ravel() for name in TABLES]
+        figures = {4: tables.ROOFLINE, 3: tables.VLLM_2023}.get(kind, ("step_ms", "step_ms_per_token"))
+        cost_ms = [float(getattr(cost, name, 0.0)) for name in figures]  # a constant one has no ms a token
+        clock = tables.clock(kind, {"cost_ms": cost_ms}, layers=cost.num_layers if kind == 3 else 0.0)
+    arrays = [np.asarray(t, dtype=np.float64).ravel() for t in clock.table]
     at = np.concatenate(([0], np.cumsum([len(a) for a in arrays]))).astype(np.int64)
-    return Clock(kind, **scalars, table=np.concatenate(arrays), at=at)
+    return clock._replace(table=np.concatenate(arrays), at=at)
 
 
 def eligible(engine) -> bool:

@@ -11,6 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
+from kvlab.core.cost import interpolate, tables
 from kvlab.core.engine import closed_loop, engine_core, records, request, rules, scheduler, scheduler_v0
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -27,7 +28,19 @@ _CACHE_BASE = os.environ.get("NUMBA_CACHE_DIR") or (
 # inlined would load as it was. So the cache lives in a folder named by the contents of every source the loops
 # compile (SOURCE_FILES): an edit to any of them compiles the loops afresh.
 SOURCE_FILES = [
-    Path(m.__file__) for m in (rules, request, scheduler, scheduler_v0, engine_core, block_pool, closed_loop, records)
+    Path(m.__file__)
+    for m in (
+        rules,
+        request,
+        scheduler,
+        scheduler_v0,
+        engine_core,
+        block_pool,
+        closed_loop,
+        records,
+        tables,
+        interpolate,
+    )
 ] + sorted(Path(__file__).parent.glob("*.py"))
 SOURCE_FILES.append(Path(__file__).parents[1] / "arrays.py")
 _DIGEST = hashlib.sha256(b"".join(f.read_bytes() for f in SOURCE_FILES)).hexdigest()[:16]
@@ -95,11 +108,11 @@ def compiled_rules() -> dict:
     ]
     functions += [request.update_after_schedule, request.preempt_request, request.update_request_with_output]
     functions += [closed_loop.send_s]
-    _compiled_into(namespace, functions, inlined=False)
-    return _compiled_into(namespace, [getattr(block_pool, name) for name in block_pool.QUEUE])
+    compiled_into(namespace, functions, inlined=False)
+    return compiled_into(namespace, [getattr(block_pool, name) for name in block_pool.QUEUE])
 
 
-def _compiled_into(namespace: dict, functions, inlined: bool = True, tag: str = "") -> dict:
+def compiled_into(namespace: dict, functions, inlined: bool = True, tag: str = "") -> dict:
     """namespace with each of functions compiled from its own source (inlined into its callers, or where not inlined
     compiled once and called), namespace its globals: their calls to each other resolve to their compiled selves.
     tag: a suffix to a function's qualified name, which numba's cache keys it by (a function compiled twice, with two
@@ -118,8 +131,8 @@ def compiled_from(functions, names: dict, entries=(), tag: str = "") -> dict:
     entries (a loop, e.g. kvlab.core.engine.engine_core.run_sync) are compiled once and called, under their name and
     tag (the namespace's: compiled_into). numba inlines a function by compiling it afresh at every call site, its own
     inlined calls included, so an entry called by a small wrapper compiles in about half the time it takes inlined."""
-    namespace = _compiled_into(RULES | names, functions)
-    return _compiled_into(namespace, entries, inlined=False, tag=tag)
+    namespace = compiled_into(RULES | names, functions)
+    return compiled_into(namespace, entries, inlined=False, tag=tag)
 
 
 def _unowned_value(context, builder, ty, value):
