@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from kvlab.core import validate
+from kvlab.core.cost import tables
 from kvlab.core.cost.all_reduce import AllReduceCost
 from kvlab.core.cost.batch import Batch
 from kvlab.core.units import GIB
@@ -40,6 +39,8 @@ class RooflineStepCost:
         validate.positive_number("num_params", self.num_params)
         validate.positive_number("memory_bandwidth_gb_s", self.memory_bandwidth_gb_s)
         validate.positive_number("bf16_dense_tflops", self.bf16_dense_tflops)
+        figures = [float(getattr(self, name)) for name in tables.ROOFLINE]
+        object.__setattr__(self, "clock", tables.clock(4, {"cost_ms": figures}))
 
     @classmethod
     def from_specs(cls, model, gpu, config=None, weight_bytes_per_param: float = 2.0) -> RooflineStepCost:
@@ -60,17 +61,11 @@ class RooflineStepCost:
             gpu.bf16_dense_tflops,
         )
 
-    def _seconds(self, num_tokens, context_tokens):
-        memory_s = (self.weights_bytes + self.kv_bytes_per_token * context_tokens) / (self.memory_bandwidth_gb_s * 1e9)
-        compute_s = 2.0 * self.num_params * num_tokens / (self.bf16_dense_tflops * 1e12)
-        if self.all_reduce is None:
-            return np.maximum(memory_s, compute_s)
-        return np.maximum(memory_s, compute_s) + self.all_reduce.step_us(float(num_tokens)) / 1e6
-
     def step_s(self, batch: Batch) -> float:
-        """Seconds of one step (see the class)."""
+        """Seconds of one step (see the class; kvlab.core.cost.tables.roofline_s), with the all-reduce's if any."""
         num_tokens, context_tokens = batch[:2]
-        return float(self._seconds(np.float64(num_tokens), np.float64(context_tokens)))
+        seconds = tables.roofline_s(self.clock, num_tokens, context_tokens)
+        return seconds if self.all_reduce is None else seconds + self.all_reduce.step_us(float(num_tokens)) / 1e6
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s) of a dense model: the weights read once or

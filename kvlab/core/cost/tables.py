@@ -1,5 +1,6 @@
-"""A step's time read off the measured step cost's tables, written once. MeasuredStepCost (kvlab.core.cost.measured,
-whose docstring says what each term is and where its numbers come from) calls these functions over its Clock, whose
+"""A step's time read off a step cost's tables, written once: the measured step cost's (measured_s), vLLM 2023's
+(vllm_2023_s) and the roofline's (roofline_s). Their step costs (MeasuredStepCost, Vllm2023StepCost, RooflineStepCost,
+whose docstrings say what each term is and where its numbers come from) call these functions over their Clock, whose
 tables are Python lists; the engine's compiled loops compile them from this source over the same Clock packed into
 one array (kvlab.core.engine.fast: part, length, search and interpolate's bisect_right bound to their compiled
 selves), so that a step lasts the same bits either way. Grids are flat, in C order, indexed by their axes' lengths."""
@@ -353,3 +354,44 @@ def measured_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs, lo
         cost, tokens, -1.0, True, tokens, context, num_decodes, dctx, num_prefills, pairs, low, high
     )
     return with_cpu_us(cost, us, cpu_us(cost, num_sequences)) / 1e6
+
+
+def vllm_2023_dense_us(cost, tokens):
+    """vLLM 2023's linear layers for a step of tokens (us): reading the weights or their FLOPs, whichever is slower."""
+    c = part(cost, COST_MS)
+    memory_us = c[0] / (c[1] * 1e3)
+    compute_us = 2.0 * c[2] * float(tokens) / (c[3] * 1e6)
+    return memory_us if memory_us >= compute_us else compute_us
+
+
+def vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs):
+    """Seconds of one step of vLLM 2023's step cost (Vllm2023StepCost, its figures in cost_ms: VLLM_2023) for a Batch
+    of these fields."""
+    c = part(cost, COST_MS)
+    hidden, launch, per_sequence, per_token, per_block = c[4], c[5], c[6], c[7], c[8]
+    block_size, overhead_ms, tflops = c[9], c[10], c[3]
+    prefill_tokens = tokens - num_decodes
+    pairs_f = float(pairs)
+    if prefill_tokens and not num_prefills:  # one chunk
+        history = context - dctx - prefill_tokens
+        history = history if history > 0 else 0
+        pairs_f = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
+    dense = vllm_2023_dense_us(cost, tokens)
+    decode_context = float(dctx)
+    attention = 0.0 * decode_context
+    if num_decodes:
+        blocks = decode_context / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
+        attention = launch + per_sequence * num_decodes + per_token * decode_context + per_block * blocks
+    prefill = 4.0 * hidden * pairs_f / (tflops * 1e6)
+    us = overhead_ms * 1000.0 + dense + cost.layers * (attention + prefill)
+    return us / 1e6
+
+
+def roofline_s(cost, tokens, context):
+    """Seconds of one step of the roofline (RooflineStepCost without its all-reduce; its figures in cost_ms: ROOFLINE)
+    for a Batch of tokens and context tokens."""
+    c = part(cost, COST_MS)
+    weights, kv_per_token, params, bandwidth, tflops = c[0], c[1], c[2], c[3], c[4]
+    memory_s = (weights + kv_per_token * float(context)) / (bandwidth * 1e9)
+    compute_s = 2.0 * params * float(tokens) / (tflops * 1e12)
+    return memory_s if memory_s >= compute_s else compute_s

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.core import models, validate
+from kvlab.core.cost import tables
 from kvlab.core.cost.batch import Batch
 from kvlab.core.models import DATA_DIR
 from kvlab.core.workload import Workload
@@ -88,6 +89,8 @@ class Vllm2023StepCost:
             validate.non_negative_number(name, getattr(self, name))
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("step_overhead_ms", self.step_overhead_ms, "step_ms")
+        figures = [float(getattr(self, name)) for name in tables.VLLM_2023]
+        object.__setattr__(self, "clock", tables.clock(3, {"cost_ms": figures}, layers=self.num_layers))
 
     @classmethod
     def from_coefficients(cls, model, gpu, coefficients: dict, block_size: int = 16) -> Vllm2023StepCost:
@@ -129,55 +132,15 @@ class Vllm2023StepCost:
             f"vLLM 2023 step cost of {model.name} on {gpu.name}",
         )
 
-    # ---------------------------------------------------------------- terms (us)
-    def dense_us(self, num_tokens):
-        """The linear layers of a step of num_tokens tokens (us): memory- or compute-bound, whichever is slower."""
-        memory_us = self.weights_bytes / (self.memory_bandwidth_gb_s * 1e3)
-        compute_us = 2.0 * self.num_params * num_tokens / (self.dense_tflops * 1e6)
-        return np.maximum(memory_us, compute_us)
-
-    def decode_attention_us(self, num_decodes: int, decode_context_tokens):
-        """One layer's PagedAttention kernel for num_decodes decodes attending decode_context_tokens tokens in all
-        (us; 0 without decodes; a float, or an array for an array of contexts)."""
-        return paged_attention_us(
-            self.attention_launch_us,
-            self.attention_us_per_sequence,
-            self.attention_us_per_token,
-            self.attention_us_per_block,
-            self.block_size,
-            num_decodes,
-            decode_context_tokens,
-        )
-
-    def prefill_attention_us(self, prefill_attention_pairs: float) -> float:
-        """One layer's prefill attention over that many query-key pairs (us): 4 x hidden_size FLOPs a pair."""
-        return 4.0 * self.hidden_size * prefill_attention_pairs / (self.dense_tflops * 1e6)
-
     # ---------------------------------------------------------------- the engine's interface
     def step_s(self, batch: Batch) -> float:
-        """Seconds of one step (see the class)."""
-        num_tokens, context_tokens, num_decodes, decode_context_tokens, num_prefills, prefill_attention_pairs = batch[
-            :6
-        ]
-        prefill_tokens = num_tokens - num_decodes
-        if prefill_tokens and not num_prefills:  # a caller without the prefill aggregates: one chunk
-            history = max(0, context_tokens - decode_context_tokens - prefill_tokens)
-            prefill_attention_pairs = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
-        us = (
-            self.step_overhead_ms * 1000.0
-            + float(self.dense_us(np.float64(num_tokens)))
-            + self.num_layers
-            * (
-                self.decode_attention_us(num_decodes, np.float64(decode_context_tokens))
-                + self.prefill_attention_us(float(prefill_attention_pairs))
-            )
-        )
-        return float(us) / 1e6
+        """Seconds of one step (see the class; kvlab.core.cost.tables.vllm_2023_s)."""
+        return tables.vllm_2023_s(self.clock, *batch[:6])
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): the overhead and the dense term (every
         attention term is 0 or more)."""
-        return (self.step_overhead_ms * 1000.0 + float(self.dense_us(np.float64(num_tokens)))) / 1e6
+        return (self.step_overhead_ms * 1000.0 + tables.vllm_2023_dense_us(self.clock, num_tokens)) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: its model, GPU and coefficients' source."""

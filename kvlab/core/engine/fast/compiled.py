@@ -112,12 +112,11 @@ def clock_of(cost) -> tables.Clock | None:
     )
     if kind is None or (kind == 4 and cost.all_reduce is not None):
         return None
-    if kind == 2:
+    if kind >= 2:
         clock = cost.clock
-    else:
-        figures = {4: tables.ROOFLINE, 3: tables.VLLM_2023}.get(kind, ("step_ms", "step_ms_per_token"))
-        cost_ms = [float(getattr(cost, name, 0.0)) for name in figures]  # a constant one has no ms a token
-        clock = tables.clock(kind, {"cost_ms": cost_ms}, layers=cost.num_layers if kind == 3 else 0.0)
+    else:  # ms a step and ms a token (a constant one has none)
+        cost_ms = [float(cost.step_ms), float(getattr(cost, "step_ms_per_token", 0.0))]
+        clock = tables.clock(kind, {"cost_ms": cost_ms})
     arrays = [np.asarray(t, dtype=np.float64).ravel() for t in clock.table]
     at = np.concatenate(([0], np.cumsum([len(a) for a in arrays]))).astype(np.int64)
     return clock._replace(table=np.concatenate(arrays), at=at)

@@ -1,8 +1,8 @@
 """The step costs the compiled loops evaluate, over a step cost's Clock packed into one array (kvlab.core.cost.tables):
-the measured one compiled from kvlab.core.cost.tables's own source (its functions and kvlab.core.cost.interpolate's,
-over part, length and search below), so that a step lasts the same bits in the loops as in MeasuredStepCost; the
-constant, linear, 2023 and roofline ones, each the float operations of its Python namesake in the same order; and what
-stays the same through the steps of a decode or prefill run on the measured clock (decode_run_clock, prefill_run_clock)."""
+the measured, 2023 and roofline ones compiled from kvlab.core.cost.tables's own source (its functions and
+kvlab.core.cost.interpolate's, over part, length and search below), so that a step lasts the same bits in the loops
+as in the step costs' step_s; the constant and linear ones; and what stays the same through the steps of a decode or
+prefill run on the measured clock (decode_run_clock, prefill_run_clock)."""
 
 import builtins
 import types
@@ -11,7 +11,6 @@ from kvlab.core.cost import interpolate, tables
 from kvlab.core.cost.tables import (
     AXIS0,
     AXIS2,
-    COST_MS,
     SKEW_ALPHA,
     SKEW_BINS0,
     SKEW_BINS1,
@@ -55,7 +54,8 @@ def length(cost, name):
 
 # kvlab.core.cost.tables's functions (and interpolate's), compiled from their source: the few-line ones inlined into
 # their callers (LEAVES), the others each compiled once and called
-LEAVES = ("bracket", "blend", "interp", "padded_tokens", "active_experts", "corner", "skew_bucket", "cpu_us", "with_cpu_us")  # fmt: skip
+LEAVES = ("bracket", "blend", "interp", "padded_tokens", "active_experts", "corner", "skew_bucket", "cpu_us", "with_cpu_us",
+          "vllm_2023_dense_us")  # fmt: skip
 _OWN = {"part": part, "length": length, "search": search, "bisect_right": bisect_right}
 _FUNCTIONS = [interpolate.bracket, interpolate.blend, interpolate.interp] + [
     f for f in vars(tables).values()
@@ -73,6 +73,7 @@ skew_bucket, skewed_attention_us, with_cpu_us = (
     _TABLES[n] for n in ("skew_bucket", "skewed_attention_us", "with_cpu_us")
 )
 cpu_us, measured_s = _TABLES["cpu_us"], _TABLES["measured_s"]
+vllm_2023_s, roofline_s = _TABLES["vllm_2023_s"], _TABLES["roofline_s"]
 
 
 @njit
@@ -150,42 +151,6 @@ def prefill_step_s(cost, run, num_decodes, chunk, before, dctx, low, high):
     us = fixed
     us += cost.layers * skewed_attention_us(cost, attention, chunk, history, num_decodes, dctx, low, high, corners)
     return with_cpu_us(cost, us, cpu) / 1e6
-
-
-@njit
-def vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs):
-    """Vllm2023StepCost.step_s of the Batch of these fields (its figures in the clock's COST_MS, tables.VLLM_2023)."""
-    c = part(cost, COST_MS)
-    weights, bandwidth, params, tflops, hidden = c[0], c[1], c[2], c[3], c[4]
-    launch, per_sequence, per_token, per_block, block_size, overhead_ms = c[5], c[6], c[7], c[8], c[9], c[10]
-    prefill_tokens = tokens - num_decodes
-    pairs_f = float(pairs)
-    if prefill_tokens and not num_prefills:  # one chunk
-        history = context - dctx - prefill_tokens
-        history = history if history > 0 else 0
-        pairs_f = prefill_tokens * history + prefill_tokens * (prefill_tokens + 1) / 2
-    memory_us = weights / (bandwidth * 1e3)
-    compute_us = 2.0 * params * float(tokens) / (tflops * 1e6)
-    dense = memory_us if memory_us >= compute_us else compute_us
-    decode_context = float(dctx)
-    attention = 0.0 * decode_context
-    if num_decodes:
-        blocks = decode_context / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
-        attention = launch + per_sequence * num_decodes + per_token * decode_context + per_block * blocks
-    prefill = 4.0 * hidden * pairs_f / (tflops * 1e6)
-    us = overhead_ms * 1000.0 + dense + cost.layers * (attention + prefill)
-    return us / 1e6
-
-
-@njit
-def roofline_s(cost, tokens, context):
-    """RooflineStepCost.step_s of a Batch of tokens and context tokens (no all-reduce; its figures in the clock's
-    COST_MS, tables.ROOFLINE): the same float operations."""
-    c = part(cost, COST_MS)
-    weights, kv_per_token, params, bandwidth, tflops = c[0], c[1], c[2], c[3], c[4]
-    memory_s = (weights + kv_per_token * float(context)) / (bandwidth * 1e9)
-    compute_s = 2.0 * params * float(tokens) / (tflops * 1e12)
-    return memory_s if memory_s >= compute_s else compute_s
 
 
 @njit
