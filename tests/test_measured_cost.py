@@ -20,7 +20,7 @@ from kvlab.core.cost import (
     RooflineStepCost,
     cudagraph_capture_sizes,
     make_step_cost,
-    tables,
+    step_time,
 )
 from kvlab.core.engine import Engine
 from kvlab.core.workload import Workload
@@ -422,8 +422,8 @@ def llmservingsim_bucket(bins, val):
 @given(st.integers(0, 2), st.floats(-1, 2e9, allow_nan=False))
 def test_a_bucket_is_llmservingsims(axis, value):
     bins = list(profiles.load_profile(profiles.load_index()[0]).skew.bins[axis])
-    clock = tables.clock(2, {"skew_bins0": bins})
-    assert tables.skew_bucket(clock, tables.SKEW_BINS0, value) == llmservingsim_bucket(bins, value)
+    clock = step_time.clock(2, {"skew_bins0": bins})
+    assert step_time.skew_bucket(clock, step_time.SKEW_BINS0, value) == llmservingsim_bucket(bins, value)
 
 
 class BatchSpy:

@@ -1,5 +1,5 @@
 """Piecewise-linear reading of measured tables, shared by the measured step cost and the all-reduce (and compiled from
-this source for the engine's compiled loops: kvlab.core.cost.tables)."""
+this source for the engine's compiled loops: kvlab.core.cost.step_time)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from kvlab.core import validate
-from kvlab.core.cost import tables
+from kvlab.core.cost import step_time
 from kvlab.core.cost.all_reduce import AllReduceCost, DispatchCombine
 from kvlab.core.cost.batch import Batch
 from kvlab.core.cost.cpu import combine_cpu
@@ -191,8 +191,8 @@ class MeasuredStepCost:
             validate.fail("skew", type(self.skew).__name__, "must be a SkewFit or None")
         object.__setattr__(self, "clock", self._clock())
 
-    def _clock(self) -> tables.Clock:
-        """The step cost as kvlab.core.cost.tables reads it: its tables as Python lists (a step is a few bisections
+    def _clock(self) -> step_time.Clock:
+        """The step cost as kvlab.core.cost.step_time reads it: its tables as Python lists (a step is a few bisections
         and blends, no numpy call), its scalars as numbers."""
         parts = dict(zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (
             self.cudagraph_capture_sizes, self.dense_tokens, self.dense_us, self.sequences, self.per_sequence_us
@@ -218,7 +218,7 @@ class MeasuredStepCost:
             parts["skew_alpha"] = skew.alpha
             scalars["skew"], scalars["skew_default"] = 1, skew.alpha_default
         experts = ("num_experts", "num_experts_per_tok", "expert_parallel_size", "data_parallel_size")
-        return tables.clock(
+        return step_time.clock(
             2,
             {name: np.asarray(table, dtype=np.float64).ravel().tolist() for name, table in parts.items()},
             layers=self.num_layers,
@@ -344,16 +344,16 @@ class MeasuredStepCost:
 
     def padded_tokens(self, num_tokens: int) -> int:
         """The tokens a step of num_tokens runs with: the next CUDA-graph capture size, or itself past the last."""
-        return tables.padded_tokens(self.clock, num_tokens)
+        return step_time.padded_tokens(self.clock, num_tokens)
 
     def active_experts(self, num_tokens: int) -> float:
         """Experts this GPU runs in a layer for num_tokens tokens of its rank (the class's docstring)."""
-        return tables.active_experts(self.clock, num_tokens)
+        return step_time.active_experts(self.clock, num_tokens)
 
     def moe_block_us(self, num_tokens: int) -> float:
         """One layer's MoE block at num_tokens (us; 0 for a dense model): with expert parallelism, this GPU's E / EP
         experts, as many of them as the data-parallel ranks' tokens hit (the class's docstring)."""
-        return tables.moe_block_us(self.clock, num_tokens)
+        return step_time.moe_block_us(self.clock, num_tokens)
 
     def fixed_us(
         self, num_tokens: int, num_sequences: int, expert_tokens: float | None = None, pad: bool = True
@@ -361,18 +361,18 @@ class MeasuredStepCost:
         """Every term but attention (us): dense and all-reduce at the padded tokens (num_tokens itself with pad
         False), MoE and dispatch there too or at expert_tokens (a rank's share of the tokens every rank sends the
         experts), per-sequence (none for 0 sequences: vLLM's dummy batch samples nothing), overhead."""
-        return tables.fixed_us(
+        return step_time.fixed_us(
             self.clock, num_tokens, num_sequences, -1.0 if expert_tokens is None else expert_tokens, pad
         )
 
     def with_cpu_us(self, gpu_us: float, num_sequences: int) -> float:
         """A step of gpu_us of GPU work for num_sequences scheduled sequences with the CPU's scheduling (us): added
         (synchronous) or the longer of the two (asynchronous); gpu_us itself without a CPU table."""
-        return tables.with_cpu_us(self.clock, gpu_us, tables.cpu_us(self.clock, num_sequences))
+        return step_time.with_cpu_us(self.clock, gpu_us, step_time.cpu_us(self.clock, num_sequences))
 
     def decode_attention_us(self, num_decodes: int, history_tokens: float) -> float:
         """One layer's attention for num_decodes decodes of history_tokens computed tokens each (us)."""
-        return tables.decode_attention_us(self.clock, num_decodes, history_tokens)
+        return step_time.decode_attention_us(self.clock, num_decodes, history_tokens)
 
     def mixed_attention_us(
         self, prefill_tokens: int, prefill_history_tokens: float, num_decodes: int, decode_history_tokens: float
@@ -381,13 +381,13 @@ class MeasuredStepCost:
         num_decodes decodes of decode_history_tokens each (us): multilinear on the measured grid."""
         if not prefill_tokens:
             return self.decode_attention_us(num_decodes, decode_history_tokens)
-        return tables.mixed_attention_us(
+        return step_time.mixed_attention_us(
             self.clock, prefill_tokens, prefill_history_tokens, num_decodes, decode_history_tokens
         )
 
     def step_s(self, batch: Batch) -> float:
         """Seconds of one step (see the class)."""
-        return tables.measured_s(self.clock, *batch)
+        return step_time.measured_s(self.clock, *batch)
 
     def group_step_s(self, batches) -> float:
         """Seconds of one step of data-parallel ranks in lockstep (vLLM's mixture-of-experts data parallelism; one
@@ -406,9 +406,9 @@ class MeasuredStepCost:
         for batch, own in zip(batches, tokens):
             run = largest if graphs else own
             if batch is None or not batch[0]:
-                us = tables.fixed_us(self.clock, run, 0, experts, graphs)
+                us = step_time.fixed_us(self.clock, run, 0, experts, graphs)
             else:
-                us = self.with_cpu_us(*tables.gpu_us(self.clock, run, experts, graphs, *batch))
+                us = self.with_cpu_us(*step_time.gpu_us(self.clock, run, experts, graphs, *batch))
             slowest = us if us > slowest else slowest
         return slowest / 1e6
 
@@ -419,7 +419,7 @@ class MeasuredStepCost:
         own, or the largest of data-parallel ranks in lockstep; fixed_us says what expert_tokens and pad change),
         and the sequences it schedules."""
         experts = -1.0 if expert_tokens is None else expert_tokens
-        return tables.gpu_us(self.clock, num_tokens, experts, pad, *batch)
+        return step_time.gpu_us(self.clock, num_tokens, experts, pad, *batch)
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s), whatever the batch: every term but

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvlab.core import validate
-from kvlab.core.cost import tables
+from kvlab.core.cost import step_time
 from kvlab.core.cost.all_reduce import AllReduceCost
 from kvlab.core.cost.batch import Batch
 from kvlab.core.units import GIB
@@ -39,8 +39,8 @@ class RooflineStepCost:
         validate.positive_number("num_params", self.num_params)
         validate.positive_number("memory_bandwidth_gb_s", self.memory_bandwidth_gb_s)
         validate.positive_number("bf16_dense_tflops", self.bf16_dense_tflops)
-        figures = [float(getattr(self, name)) for name in tables.ROOFLINE]
-        object.__setattr__(self, "clock", tables.clock(4, {"cost_ms": figures}))
+        figures = [float(getattr(self, name)) for name in step_time.ROOFLINE]
+        object.__setattr__(self, "clock", step_time.clock(4, {"cost_ms": figures}))
 
     @classmethod
     def from_specs(cls, model, gpu, config=None, weight_bytes_per_param: float = 2.0) -> RooflineStepCost:
@@ -62,9 +62,9 @@ class RooflineStepCost:
         )
 
     def step_s(self, batch: Batch) -> float:
-        """Seconds of one step (see the class; kvlab.core.cost.tables.roofline_s), with the all-reduce's if any."""
+        """Seconds of one step (see the class; kvlab.core.cost.step_time.roofline_s), with the all-reduce's if any."""
         num_tokens, context_tokens = batch[:2]
-        seconds = tables.roofline_s(self.clock, num_tokens, context_tokens)
+        seconds = step_time.roofline_s(self.clock, num_tokens, context_tokens)
         return seconds if self.all_reduce is None else seconds + self.all_reduce.step_us(float(num_tokens)) / 1e6
 
     def min_step_s(self, num_tokens: int) -> float:

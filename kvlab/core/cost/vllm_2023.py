@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from kvlab.core import models, validate
-from kvlab.core.cost import tables
+from kvlab.core.cost import step_time
 from kvlab.core.cost.batch import Batch
 from kvlab.core.models import DATA_DIR
 from kvlab.core.workload import Workload
@@ -89,8 +89,8 @@ class Vllm2023StepCost:
             validate.non_negative_number(name, getattr(self, name))
         validate.in_range("block_size", self.block_size, "block_size")
         validate.in_range("step_overhead_ms", self.step_overhead_ms, "step_ms")
-        figures = [float(getattr(self, name)) for name in tables.VLLM_2023]
-        object.__setattr__(self, "clock", tables.clock(3, {"cost_ms": figures}, layers=self.num_layers))
+        figures = [float(getattr(self, name)) for name in step_time.VLLM_2023]
+        object.__setattr__(self, "clock", step_time.clock(3, {"cost_ms": figures}, layers=self.num_layers))
 
     @classmethod
     def from_coefficients(cls, model, gpu, coefficients: dict, block_size: int = 16) -> Vllm2023StepCost:
@@ -134,13 +134,13 @@ class Vllm2023StepCost:
 
     # ---------------------------------------------------------------- the engine's interface
     def step_s(self, batch: Batch) -> float:
-        """Seconds of one step (see the class; kvlab.core.cost.tables.vllm_2023_s)."""
-        return tables.vllm_2023_s(self.clock, *batch[:6])
+        """Seconds of one step (see the class; kvlab.core.cost.step_time.vllm_2023_s)."""
+        return step_time.vllm_2023_s(self.clock, *batch[:6])
 
     def min_step_s(self, num_tokens: int) -> float:
         """A lower bound on any step of num_tokens scheduled tokens (s): the overhead and the dense term (every
         attention term is 0 or more)."""
-        return (self.step_overhead_ms * 1000.0 + tables.vllm_2023_dense_us(self.clock, num_tokens)) / 1e6
+        return (self.step_overhead_ms * 1000.0 + step_time.vllm_2023_dense_us(self.clock, num_tokens)) / 1e6
 
     def describe(self) -> str:
         """The step cost in words: its model, GPU and coefficients' source."""

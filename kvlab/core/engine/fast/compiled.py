@@ -4,7 +4,7 @@ It is Engine.run's loop (kvlab/core/engine/engine_core.py's run_sync and run_asy
 the step's record), synchronous or asynchronous (a batch queue of two), compiled by numba from that source over the
 named arrays of arrays.py (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
-(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock: kvlab.core.cost.tables.measured_s compiled, vllm_2023_s and
+(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock: kvlab.core.cost.step_time.measured_s compiled, vllm_2023_s and
 roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, each as its step_s times it). Without prefix
 caching both loops also do runs of decode steps at once, in closed form (loops.step_runs; DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
@@ -50,7 +50,7 @@ from kvlab.core.cost import (
     MeasuredStepCost,
     RooflineStepCost,
     Vllm2023StepCost,
-    tables,
+    step_time,
 )
 from kvlab.core.engine.fast.arrays import (
     LOOP_STATE,
@@ -103,8 +103,8 @@ def loaded() -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def clock_of(cost) -> tables.Clock | None:
-    """The step cost as the compiled loop reads it (kvlab.core.cost.tables.Clock, its tables packed one after another
+def clock_of(cost) -> step_time.Clock | None:
+    """The step cost as the compiled loop reads it (kvlab.core.cost.step_time.Clock, its tables packed one after another
     into one array), or None for one it does not evaluate: constant, linear, measured, 2023 and roofline (without
     all-reduces) ones it does. Kept for the step costs last asked about (a plan serves hundreds of runs on a few)."""
     kind = {ConstantStepCost: 0, LinearStepCost: 1, MeasuredStepCost: 2, Vllm2023StepCost: 3, RooflineStepCost: 4}.get(
@@ -116,7 +116,7 @@ def clock_of(cost) -> tables.Clock | None:
         clock = cost.clock
     else:  # ms a step and ms a token (a constant one has none)
         cost_ms = [float(cost.step_ms), float(getattr(cost, "step_ms_per_token", 0.0))]
-        clock = tables.clock(kind, {"cost_ms": cost_ms})
+        clock = step_time.clock(kind, {"cost_ms": cost_ms})
     arrays = [np.asarray(t, dtype=np.float64).ravel() for t in clock.table]
     at = np.concatenate(([0], np.cumsum([len(a) for a in arrays]))).astype(np.int64)
     return clock._replace(table=np.concatenate(arrays), at=at)

@@ -1,5 +1,5 @@
-"""The step costs the compiled loops evaluate, over a step cost's Clock packed into one array (kvlab.core.cost.tables):
-the measured, 2023 and roofline ones compiled from kvlab.core.cost.tables's own source (its functions and
+"""The step costs the compiled loops evaluate, over a step cost's Clock packed into one array (kvlab.core.cost.step_time):
+the measured, 2023 and roofline ones compiled from kvlab.core.cost.step_time's own source (its functions and
 kvlab.core.cost.interpolate's, over part, length and search below), so that a step lasts the same bits in the loops
 as in the step costs' step_s; the constant and linear ones; and what stays the same through the steps of a decode or
 prefill run on the measured clock (decode_run_clock, prefill_run_clock)."""
@@ -7,8 +7,8 @@ prefill run on the measured clock (decode_run_clock, prefill_run_clock)."""
 import builtins
 import types
 
-from kvlab.core.cost import interpolate, tables
-from kvlab.core.cost.tables import (
+from kvlab.core.cost import interpolate, step_time
+from kvlab.core.cost.step_time import (
     AXIS0,
     AXIS2,
     SKEW_ALPHA,
@@ -52,17 +52,19 @@ def length(cost, name):
     return cost.at[name + 1] - cost.at[name]
 
 
-# kvlab.core.cost.tables's functions (and interpolate's), compiled from their source: the few-line ones inlined into
+# kvlab.core.cost.step_time's functions (and interpolate's), compiled from their source: the few-line ones inlined into
 # their callers (LEAVES), the others each compiled once and called
 LEAVES = ("bracket", "blend", "interp", "padded_tokens", "active_experts", "corner", "skew_bucket", "cpu_us", "with_cpu_us",
           "vllm_2023_dense_us")  # fmt: skip
 _OWN = {"part": part, "length": length, "search": search, "bisect_right": bisect_right}
 _FUNCTIONS = [interpolate.bracket, interpolate.blend, interpolate.interp] + [
-    f for f in vars(tables).values()
-    if isinstance(f, types.FunctionType) and f.__module__ == tables.__name__ and f.__name__ not in _OWN | {"clock": 0}
+    f for f in vars(step_time).values()
+    if isinstance(f, types.FunctionType) and f.__module__ == step_time.__name__ and f.__name__ not in _OWN | {"clock": 0}
 ]  # fmt: skip
 _TABLES = compiled_into(
-    {"__builtins__": builtins, "__name__": __name__} | {k: v for k, v in vars(tables).items() if type(v) is int} | _OWN,
+    {"__builtins__": builtins, "__name__": __name__}
+    | {k: v for k, v in vars(step_time).items() if type(v) is int}
+    | _OWN,
     [f for f in _FUNCTIONS if f.__name__ in LEAVES],
 )
 _TABLES = compiled_into(_TABLES, [f for f in _FUNCTIONS if f.__name__ not in LEAVES], inlined=False)
@@ -145,7 +147,7 @@ def prefill_step_s(cost, run, num_decodes, chunk, before, dctx, low, high):
     pairs = attention_pairs(chunk, before)
     history = (pairs - chunk * (chunk + 1) / 2) / chunk
     history = history if history > 0.0 else 0.0
-    b, wb = bracket(part(cost, tables.AXIS1), history)
+    b, wb = bracket(part(cost, step_time.AXIS1), history)
     attention = mixed_at(cost, a, wa, b, wb, c, wc, decode_history)
     corners = (a, wa, b, wb, c, wc)
     us = fixed

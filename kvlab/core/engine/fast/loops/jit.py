@@ -11,7 +11,7 @@ import types
 from pathlib import Path
 
 from kvlab.core import block_pool
-from kvlab.core.cost import interpolate, tables
+from kvlab.core.cost import interpolate, step_time
 from kvlab.core.engine import closed_loop, engine_core, records, request, rules, scheduler, scheduler_v0
 
 # numba imports coverage.py at its own import (about 0.3 s) only to extend a coverage measurement running in the
@@ -38,7 +38,7 @@ SOURCE_FILES = [
         block_pool,
         closed_loop,
         records,
-        tables,
+        step_time,
         interpolate,
     )
 ] + sorted(Path(__file__).parent.glob("*.py"))
