@@ -36,23 +36,16 @@ help:
 
 setup: $(STAMP)
 
-# What the engine's compiled loops import (kvlab.core.engine.warm), installed first at the lock's versions so that
-# numba compiles them while pip installs the rest (about 40 s of the 2 minutes).
-LOOP_PACKAGES := numba numpy scipy PyYAML
-
 $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "make setup: kvlab needs \
 	Python 3.11 or later as $(PYTHON) (found: $$($(PYTHON) --version 2>&1)); give one with make PYTHON=python3.11"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c requirements.lock $(LOOP_PACKAGES)
+	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	@echo "make setup: numba compiles kvlab's engine loops once for this machine (about 2 minutes), beside the rest of the install"
-	@$(BIN)/python -c 'from kvlab.core.engine import warm; print("\n".join("make setup: compiled the " + d for d in warm.warm()))' & \
-	warm=$$!; \
-	$(BIN)/python -m pip install --quiet -r requirements.lock && \
-	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null && \
-	bash scripts/install_chromium.sh; \
-	status=$$?; [ $$status = 0 ] || kill $$warm 2>/dev/null; wait $$warm && exit $$status
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
+	@bash scripts/install_chromium.sh
+	@echo "make setup: numba compiles kvlab's engine loops once for this machine (about 2 minutes)"
+	@$(BIN)/python -c 'from kvlab.core.engine import warm; print("\n".join("make setup: compiled the " + d for d in warm.warm()))'
 	@touch $@
 
 # The cache folders must exist before Jupyter or IPython look at them.
