@@ -194,22 +194,25 @@ class MeasuredStepCost:
     def _clock(self) -> step_time.Clock:
         """The step cost as kvlab.core.cost.step_time reads it: its tables as Python lists (a step is a few bisections
         and blends, no numpy call), its scalars as numbers."""
-        parts = dict(zip(("sizes", "dense_tokens", "dense_us", "sequences", "per_sequence_us"), (
-            self.cudagraph_capture_sizes, self.dense_tokens, self.dense_us, self.sequences, self.per_sequence_us
-        )))  # fmt: skip
+        attention = np.asarray(self.attention_us)
+        parts = {
+            "sizes": self.cudagraph_capture_sizes,
+            "dense_tokens": self.dense_tokens,
+            "dense_us": self.dense_us,
+            "sequences": self.sequences,
+            "per_sequence_us": self.per_sequence_us,
+            "attention": attention,
+            "decode_grid": attention[0, 0],  # no prefill chunk: the decode-only plane
+        }
         parts |= dict(zip(("axis0", "axis1", "axis2", "axis3"), self.attention_axes))
-        parts["attention"] = np.asarray(self.attention_us)
-        parts["decode_grid"] = parts["attention"][0, 0]
         if self.num_experts:
             parts |= {"moe_tokens": self.moe_tokens, "moe_experts": self.moe_experts, "moe_us": self.moe_us}
         scalars = {}
         for name, cost in (("all_reduce", self.all_reduce), ("dispatch", self.dispatch)):
             if cost is not None:
                 parts[f"{name}_sizes"], parts[f"{name}_us"] = cost._table
-                scalars[f"{name}_per_step"], scalars[f"{name}_bytes_per_token"] = (
-                    cost.num_per_step,
-                    cost.bytes_per_token,
-                )
+                scalars[f"{name}_per_step"] = cost.num_per_step
+                scalars[f"{name}_bytes_per_token"] = cost.bytes_per_token
         parts["cpu_sequences"], parts["cpu_us"] = self.cpu_sequences, self.cpu_us
         skew = self.skew
         if skew is not None:

@@ -37,6 +37,7 @@ def search(axis, x, right):
 
 @njit
 def bisect_right(axis, x):
+    """bisect.bisect_right of a sorted axis and a number (interpolate's, compiled)."""
     return search(axis, x, True)
 
 
@@ -59,23 +60,23 @@ LEAVES = ("bracket", "blend", "interp", "padded_tokens", "active_experts", "corn
 _OWN = {"part": part, "length": length, "search": search, "bisect_right": bisect_right}
 _FUNCTIONS = [interpolate.bracket, interpolate.blend, interpolate.interp] + [
     f for f in vars(step_time).values()
-    if isinstance(f, types.FunctionType) and f.__module__ == step_time.__name__ and f.__name__ not in _OWN | {"clock": 0}
+    if isinstance(f, types.FunctionType) and f.__module__ == step_time.__name__ and f.__name__ not in {*_OWN, "clock"}
 ]  # fmt: skip
-_TABLES = compiled_into(
+_STEP_TIME = compiled_into(
     {"__builtins__": builtins, "__name__": __name__}
     | {k: v for k, v in vars(step_time).items() if type(v) is int}
     | _OWN,
     [f for f in _FUNCTIONS if f.__name__ in LEAVES],
 )
-_TABLES = compiled_into(_TABLES, [f for f in _FUNCTIONS if f.__name__ not in LEAVES], inlined=False)
+_STEP_TIME = compiled_into(_STEP_TIME, [f for f in _FUNCTIONS if f.__name__ not in LEAVES], inlined=False)
 bracket, blend, fixed_us, mixed_at, decode_at = (
-    _TABLES[n] for n in ("bracket", "blend", "fixed_us", "mixed_at", "decode_at")
+    _STEP_TIME[n] for n in ("bracket", "blend", "fixed_us", "mixed_at", "decode_at")
 )
 skew_bucket, skewed_attention_us, with_cpu_us = (
-    _TABLES[n] for n in ("skew_bucket", "skewed_attention_us", "with_cpu_us")
+    _STEP_TIME[n] for n in ("skew_bucket", "skewed_attention_us", "with_cpu_us")
 )
-cpu_us, measured_s = _TABLES["cpu_us"], _TABLES["measured_s"]
-vllm_2023_s, roofline_s = _TABLES["vllm_2023_s"], _TABLES["roofline_s"]
+cpu_us, measured_s = _STEP_TIME["cpu_us"], _STEP_TIME["measured_s"]
+vllm_2023_s, roofline_s = _STEP_TIME["vllm_2023_s"], _STEP_TIME["roofline_s"]
 
 
 @njit
