@@ -237,7 +237,8 @@ class SkewFit:
     alpha is fitted per bucket of (prefill chunk tokens, decodes, skew rate = (mean - min) / (max - min), largest
     history, the prefill chunk's history), a bucket being (bins[i], bins[i + 1]] of each axis and the prefill chunk
     one of its profiled values; a batch in no fitted bucket takes the fit's pooled alpha_default. As LLMServingSim's
-    simulator reads it (serving/core/trace_generator.py: _skew_alpha, _lookup_attention_with_skew)."""
+    simulator reads it (serving/core/trace_generator.py: _skew_alpha, _lookup_attention_with_skew); the measured step
+    cost reads it through its Clock (kvlab.core.cost.step_time.skew_alpha)."""
 
     prefill_chunks: dict  # profiled prefill chunk tokens -> index
     bins: tuple  # per SKEW_AXES: the bucket edges
