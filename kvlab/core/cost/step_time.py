@@ -364,6 +364,16 @@ def vllm_2023_dense_us(cost, tokens):
     return memory_us if memory_us >= compute_us else compute_us
 
 
+def paged_attention_kernel_us(launch_us, us_per_sequence, us_per_token, us_per_block, block_size, num_decodes,
+                              decode_context_tokens):  # fmt: skip
+    """One layer's PagedAttention kernel of vLLM 2023 for num_decodes decodes (at least one) attending
+    decode_context_tokens tokens in all (us): launch + per sequence x decodes + per token x context tokens + per block
+    x blocks, blocks = context tokens / block_size + decodes x (1 - 1/block_size) / 2 (a sequence's last block half
+    full on average). Floats or arrays alike."""
+    blocks = decode_context_tokens / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
+    return launch_us + us_per_sequence * num_decodes + us_per_token * decode_context_tokens + us_per_block * blocks
+
+
 def vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs):
     """Seconds of one step of vLLM 2023's step cost (Vllm2023StepCost, its figures in cost_ms: VLLM_2023) for a Batch
     of these fields."""
@@ -380,8 +390,9 @@ def vllm_2023_s(cost, tokens, context, num_decodes, dctx, num_prefills, pairs):
     decode_context = float(dctx)
     attention = 0.0 * decode_context
     if num_decodes:
-        blocks = decode_context / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
-        attention = launch + per_sequence * num_decodes + per_token * decode_context + per_block * blocks
+        attention = paged_attention_kernel_us(
+            launch, per_sequence, per_token, per_block, block_size, num_decodes, decode_context
+        )
     prefill = 4.0 * hidden * pairs_f / (tflops * 1e6)
     us = overhead_ms * 1000.0 + dense + cost.layers * (attention + prefill)
     return us / 1e6

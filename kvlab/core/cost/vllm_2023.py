@@ -33,11 +33,11 @@ MODEL, GPU = "facebook/opt-13b", "A100-40GB"  # the benchmark's and Fig. 18a's s
 def paged_attention_us(
     launch_us, us_per_sequence, us_per_token, us_per_block, block_size: int, num_decodes, decode_context_tokens
 ):
-    """One layer's PagedAttention kernel (us): launch + per sequence x decodes + per token x context tokens + per block
-    x blocks, blocks = context tokens / block_size + decodes x (1 - 1/block_size) / 2; 0 without decodes. Floats or
-    arrays alike."""
-    blocks = decode_context_tokens / block_size + num_decodes * (1.0 - 1.0 / block_size) / 2.0
-    us = launch_us + us_per_sequence * num_decodes + us_per_token * decode_context_tokens + us_per_block * blocks
+    """One layer's PagedAttention kernel (us; kvlab.core.cost.step_time.paged_attention_kernel_us), 0 without decodes.
+    Floats or arrays alike."""
+    us = step_time.paged_attention_kernel_us(
+        launch_us, us_per_sequence, us_per_token, us_per_block, block_size, num_decodes, decode_context_tokens
+    )
     if np.ndim(num_decodes) == 0:
         return us if num_decodes else 0.0 * decode_context_tokens
     return np.where(np.asarray(num_decodes) > 0, us, 0.0)

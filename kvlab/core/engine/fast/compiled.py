@@ -4,8 +4,9 @@ It is Engine.run's loop (kvlab/core/engine/engine_core.py's run_sync and run_asy
 the step's record), synchronous or asynchronous (a batch queue of two), compiled by numba from that source over the
 named arrays of arrays.py (kvlab.core.engine.fast.loops):
 vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 2023 or one GPU's roofline step cost
-(clock_of: the measured one's tables and the others' figures, evaluated by loops.clock: kvlab.core.cost.step_time.measured_s compiled, vllm_2023_s and
-roofline_s with their step_s's float operations in their order; a decode run's steps each timed as it grows, each as its step_s times it). Without prefix
+(clock_of: the step cost's Clock packed into one array, evaluated by loops.clock, which compiles
+kvlab.core.cost.step_time, the source their step_s runs; a decode run's steps each timed as it grows, each as its
+step_s times it). Without prefix
 caching both loops also do runs of decode steps at once, in closed form (loops.step_runs; DECODE_RUNS;
 engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
 (loops.step_runs.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).

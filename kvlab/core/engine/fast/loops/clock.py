@@ -56,7 +56,7 @@ def length(cost, name):
 # kvlab.core.cost.step_time's functions (and interpolate's), compiled from their source: the few-line ones inlined into
 # their callers (LEAVES), the others each compiled once and called
 LEAVES = ("bracket", "blend", "interp", "padded_tokens", "active_experts", "corner", "skew_bucket", "cpu_us", "with_cpu_us",
-          "vllm_2023_dense_us")  # fmt: skip
+          "vllm_2023_dense_us", "paged_attention_kernel_us")  # fmt: skip
 _OWN = {"part": part, "length": length, "search": search, "bisect_right": bisect_right}
 _FUNCTIONS = [interpolate.bracket, interpolate.blend, interpolate.interp] + [
     f for f in vars(step_time).values()
