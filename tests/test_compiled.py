@@ -80,7 +80,7 @@ def test_compiled_loop_under_a_closed_loop_equals_the_python_engine(args, max_co
 
 def test_the_closed_loops_decode_runs_in_the_compiled_loop_send_what_steps_send(monkeypatch):
     """Long decodes and chunked prompts under a closed loop of 24 in flight, all made at t=0, memory that preempts: the
-    compiled loop's decode and prefill runs (hundreds) send and record what its step-by-step loop and the Python engine
+    compiled loop's decode runs (hundreds) send and record what its step-by-step loop and the Python engine
     do."""
     rng = np.random.default_rng(3)
     n = 400
@@ -97,7 +97,7 @@ def test_the_closed_loops_decode_runs_in_the_compiled_loop_send_what_steps_send(
         }
         fast = Engine(**args, path="compiled")
         result = fast.run()
-        assert fast.num_decode_runs > 50 and fast.num_prefill_runs > 0
+        assert fast.num_decode_runs > 50
         assert result.num_preemptions.sum() > 0 and result.arrival_s[-1] > 0
         assert_identical(Engine(**args, path="reference").run(), result)
         monkeypatch.setattr(compiled, "DECODE_RUNS", False)
@@ -438,12 +438,12 @@ def test_the_loops_leave_every_array_they_take_as_they_found_it_but_for_its_cont
     "block_size, num_gpu_blocks, max_num_batched_tokens, threshold",
     [(16, 400, 64, 0), (16, 90, 100, 0), (4, 1200, 48, 16), (1, 4000, 40, 0)],
 )
-def test_prefill_runs_record_what_steps_record(
+def test_long_prompts_chunks_beside_decodes_record_what_the_python_engine_records(
     monkeypatch, clock, block_size, num_gpu_blocks, max_num_batched_tokens, threshold, async_scheduling
 ):
-    """Prefill runs in both modes (a long prompt's chunks beside the same decodes; ended by a finish, the blocks the
-    pool has not got, an arrival it admits, the prompt's last chunk, the chunk of records' end) are taken, and change
-    nothing: the Python engine's bits on every clock (each term of the measured one), and the loop's without runs."""
+    """A long prompt's chunks beside the same decodes, in both modes, between decode runs (ended by a finish, the
+    blocks the pool has not got, an arrival it admits, the chunk of records' end): the Python engine's bits on every
+    clock (each term of the measured one), with and without decode runs."""
     rng = np.random.default_rng(5)
     n = 150
     prompts = np.where(rng.random(n) < 0.3, rng.integers(200, 900, n), rng.integers(1, 40, n))
@@ -461,52 +461,13 @@ def test_prefill_runs_record_what_steps_record(
     python = Engine(**args, path="reference").run()
     engine = Engine(**args, path="compiled")
     assert_identical(python, engine.run())
-    assert engine.num_prefill_runs > 0
+    assert engine.num_decode_runs > 0
     monkeypatch.setattr(compiled, "CHUNK_STEPS", 29)
     assert_identical(python, Engine(**args, path="compiled").run())
     monkeypatch.setattr(compiled, "DECODE_RUNS", False)
     stepping = Engine(**args, path="compiled")
     assert_identical(python, stepping.run())
-    assert stepping.num_prefill_runs == 0
-
-
-@given(
-    st.sampled_from(MEASURED_ONLY),
-    st.integers(0, 40),
-    st.integers(1, 3000),
-    st.integers(0, 9000),
-    st.integers(1, 5000),
-    st.integers(0, 3000),
-    st.integers(0, 9),
-)
-@settings(max_examples=300, deadline=None)
-def test_a_prefill_runs_step_on_the_measured_clock_is_the_python_steps_bits(
-    which, num_decodes, chunk, before, low, spread, j
-):
-    """prefill_step_s, with what prefill_run_clock read once for the run, gives step j of a prefill run (the decodes
-    j + 1 tokens further, the prompt's chunk after before tokens) the bits of MeasuredStepCost.step_s of its Batch."""
-    cost = MEASURED[which]
-    from kvlab.core.engine.fast.loops import clock as kernels
-
-    clock = compiled.clock_of(cost)
-    low, high = (low + j + 1, low + spread + j + 1) if num_decodes else (0, 0)
-    if num_decodes == 1:
-        high = low
-    decode_context = low * num_decodes + (high - low) * (num_decodes > 1)  # a total between their least and most
-    batch = Batch(
-        num_decodes + chunk,
-        decode_context + before + chunk,
-        num_decodes,
-        decode_context,
-        1,
-        chunk * before + chunk * (chunk + 1) // 2,
-        low,
-        high,
-    )
-    run = kernels.prefill_run_clock(clock, num_decodes, chunk)
-    assert kernels.prefill_step_s(clock, run, num_decodes, chunk, before, decode_context, low, high) == cost.step_s(
-        batch
-    )
+    assert stepping.num_decode_runs == 0
 
 
 def decode_run_steps(cost, num_decodes: int, context: int, low: int, high: int, num_steps: int) -> tuple:

@@ -120,8 +120,7 @@ class Engine:
         self.now_s = float(self.arrival_s[0])  # the clock
         self.next_arrival = 0  # index of the next request to arrive
         self.num_kv_tokens = 0  # computed tokens of the running requests
-        self.num_decode_runs = 0  # the compiled loop's runs of steps done at once (decode runs, prefill runs)
-        self.num_prefill_runs = 0  # of them, runs of a prompt's chunks beside the same decodes
+        self.num_decode_runs = 0  # the compiled loop's decode runs (steps done at once)
         self.gpu_free_s = self.now_s  # asynchronous: when the GPU has run every batch queued so far
         self.num_empty = 0  # asynchronous: schedule() calls in a row that scheduled nothing
         # asynchronous: batches scheduled, not yet processed: (out, start_s, end_s, num_running, num_waiting)
@@ -202,7 +201,6 @@ class Engine:
     def adopt(self, served) -> EngineResult:
         """Take a compiled run's records (compiled.Served) as this engine's; the result."""
         self.steps, self.num_decode_runs, self.now_s = served.steps, served.num_decode_runs, served.now_s
-        self.num_prefill_runs = served.num_prefill_runs
         self.next_arrival = len(self.arrival_list)
         self.requests = served.requests
         if served.send_s is not None:  # a closed loop: the sends the compiled loop made

@@ -153,7 +153,7 @@ def idle_until(engine, arrival_s: float) -> float:
 
 
 def run_at_once(engine, loop) -> bool:
-    """None: the Python engine steps one at a time (the compiled loops bind their decode and prefill runs here)."""
+    """None: the Python engine steps one at a time (the compiled loops bind their decode runs here)."""
     return False
 
 

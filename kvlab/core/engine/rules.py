@@ -295,7 +295,7 @@ def settles_placeholder(was_stale: bool, num_output_placeholders: int) -> bool:
 
 
 # ---------------------------------------------------------------- what a run of steps follows from the rules above
-# Not vLLM's code but kvlab's closed forms of it: what the compiled loops' decode and prefill runs
+# Not vLLM's code but kvlab's closed forms of it: what the compiled loops' decode runs
 # (fast/loops/step_runs.py) and the step cost's inputs (Scheduler.account) compute, each once.
 
 

@@ -191,8 +191,7 @@ Groups = namedtuple(
 # The loop's state (engine_core.run_sync's and run_async's loop, the Python Engine's attributes of the same names where it
 # has them), one record kept between chunks: the clock (now_s), the next request to arrive, the free blocks, the running
 # list's length, the waiting ring's head and length, the running requests' computed tokens, the steps recorded before
-# the chunk, the runs done at once (decode runs and prefill runs) and of them prefill runs, whether the last step
-# scheduled a request more than one token (a prefill run may follow), the end of the last step recorded; asynchronous:
+# the chunk, the decode runs done at once, the end of the last step recorded; asynchronous:
 # the batch queue's head and length, schedule() calls in a row that scheduled nothing, whether a request finished since
 # the last schedule() (vLLM's has_requests) and when the GPU has run every batch queued.
 LOOP_STATE = np.dtype(
@@ -208,8 +207,6 @@ LOOP_STATE = np.dtype(
             "num_kv_tokens",
             "num_steps",
             "num_decode_runs",
-            "num_prefill_runs",
-            "chunked",
             "last_end_s",
             "queue_head",
             "queue_len",

@@ -8,8 +8,7 @@ vLLM 0.33's v1 scheduler over paged blocks and a constant, linear, measured, 202
 kvlab.core.cost.step_time, the source their step_s runs; a decode run's steps each timed as it grows, each as its
 step_s times it). Without prefix
 caching both loops also do runs of decode steps at once, in closed form (loops.step_runs; DECODE_RUNS;
-engine.num_decode_runs counts them), and runs of a long prompt's chunks beside the same decodes in both modes too
-(loops.step_runs.prefill_run and prefill_run_async; counted there too, and in engine.num_prefill_runs).
+engine.num_decode_runs counts them).
 Without prefix caching the pool is a count of free blocks (which block a request gets changes nothing then); with
 it, the blocks themselves, vLLM's free-queue order and a cache keyed by hash ids computed here up front (hash_ids:
 full prompt blocks of equal token ids, or of equal prompt block ids (Workload.prefix_hashes, Mooncake's form), under
@@ -65,11 +64,8 @@ from kvlab.core.engine.fast.arrays import (
 )
 from kvlab.core.engine.records import DONE, NO_PROGRESS, RequestLog, Runs, StepLog
 
-# What a compiled run recorded: the step log, runs done at once (decode runs and prefill runs) and of them prefill runs,
-# the clock at the end, its RequestLog, the blocks windows gave back and, in a closed loop, the send times (else None).
-Served = namedtuple(
-    "Served", ["steps", "num_decode_runs", "num_prefill_runs", "now_s", "requests", "num_window_freed", "send_s"]
-)
+# What a compiled run recorded: the step log, the decode runs done at once, the clock at the end, its RequestLog, the blocks windows gave back and, in a closed loop, the send times (else None).
+Served = namedtuple("Served", ["steps", "num_decode_runs", "now_s", "requests", "num_window_freed", "send_s"])
 LOG = logging.getLogger("kvlab")
 # Where a fresh process's compiled run (numba's import and cache load, 0.6-0.9 s here, included) overtakes the Python
 # per-step loop, measured on make bench's binding Azure-like workload: 2,000 requests take 0.7-1.0 s in Python and
@@ -362,7 +358,7 @@ def serve(engine) -> Served | None:
     start = state[0]
     start["num_free_blocks"] = engine.num_gpu_blocks - 1  # every usable block is free
     start["now_s"] = start["gpu_free_s"] = float(w.arrival_s[0])
-    start["last_end_s"], start["chunked"] = math.nan, 1
+    start["last_end_s"] = math.nan
     zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
     sends = engine.closed_loop  # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
     if sends is None:
@@ -469,7 +465,6 @@ def serve(engine) -> Served | None:
     return Served(
         log,
         int(state["num_decode_runs"][0]),
-        int(state["num_prefill_runs"][0]),
         float(state["now_s"][0]),
         RequestLog.of(
             req.first_scheduled_s,

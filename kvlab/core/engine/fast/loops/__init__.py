@@ -7,7 +7,7 @@ reference's own functions (request.py, scheduler.py), all compiled from their so
 One module per thing it mirrors: jit (numba, its cache, the compiled rules), pool (the block pool with prefix caching),
 groups (a hybrid model's KV cache groups), scheduler (the array side of schedule(): the queues, the KV-cache manager's
 calls, the batch; update_from_output and the step around them), clock
-(the step costs), step_runs (decode and prefill runs in closed form), engine (vLLM 0.33's loops, synchronous and
+(the step costs), step_runs (decode runs in closed form), engine (vLLM 0.33's loops, synchronous and
 asynchronous) and v0 (vLLM 0.1.4's loop). The waiting queue is a ring (waiting, its head, its length); the running
 list an array and its length; the pool a count of free blocks, or with prefix caching a Pool. The loops take their
 arrays unowned (jit.unowned), so that numba counts no references.

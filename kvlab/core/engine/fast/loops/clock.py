@@ -1,15 +1,14 @@
 """The step costs the compiled loops evaluate, over a step cost's Clock packed into one array (kvlab.core.cost.step_time):
 the measured, 2023 and roofline ones compiled from kvlab.core.cost.step_time's own source (its functions and
 kvlab.core.cost.interpolate's, over part, length and search below), so that a step lasts the same bits in the loops
-as in the step costs' step_s; the constant and linear ones; and what stays the same through the steps of a decode or
-prefill run on the measured clock (decode_run_clock, prefill_run_clock)."""
+as in the step costs' step_s; the constant and linear ones; and what stays the same through the steps of a decode run
+on the measured clock (decode_run_clock)."""
 
 import builtins
 import types
 
 from kvlab.core.cost import interpolate, step_time
 from kvlab.core.cost.step_time import (
-    AXIS0,
     AXIS2,
     SKEW_ALPHA,
     SKEW_BINS0,
@@ -18,7 +17,7 @@ from kvlab.core.cost.step_time import (
     SKEW_BINS3,
     SKEW_CHUNKS,
 )
-from kvlab.core.engine.fast.loops.jit import attention_pairs, compiled_into, inline, njit
+from kvlab.core.engine.fast.loops.jit import compiled_into, inline, njit
 
 
 @njit
@@ -69,12 +68,8 @@ _STEP_TIME = compiled_into(
     [f for f in _FUNCTIONS if f.__name__ in LEAVES],
 )
 _STEP_TIME = compiled_into(_STEP_TIME, [f for f in _FUNCTIONS if f.__name__ not in LEAVES], inlined=False)
-bracket, blend, fixed_us, mixed_at, decode_at = (
-    _STEP_TIME[n] for n in ("bracket", "blend", "fixed_us", "mixed_at", "decode_at")
-)
-skew_bucket, skewed_attention_us, with_cpu_us = (
-    _STEP_TIME[n] for n in ("skew_bucket", "skewed_attention_us", "with_cpu_us")
-)
+bracket, blend, fixed_us, decode_at = (_STEP_TIME[n] for n in ("bracket", "blend", "fixed_us", "decode_at"))
+skew_bucket, with_cpu_us = _STEP_TIME["skew_bucket"], _STEP_TIME["with_cpu_us"]
 cpu_us, measured_s = _STEP_TIME["cpu_us"], _STEP_TIME["measured_s"]
 vllm_2023_s, roofline_s = _STEP_TIME["vllm_2023_s"], _STEP_TIME["roofline_s"]
 
@@ -122,37 +117,6 @@ def decode_step_s(cost, run, j):
                 attention = attention if attention > 0.0 else 0.0
     us = fixed
     us += cost.layers * attention
-    return with_cpu_us(cost, us, cpu) / 1e6
-
-
-@njit
-def prefill_run_clock(cost, num_decodes, chunk):
-    """What stays the same through the steps of a prefill run (prefill_run: num_decodes decodes beside a chunk of
-    chunk tokens) on the measured clock: every term but attention (the same tokens and sequences), the attention
-    grid's corners along the chunk and the decodes, and the CPU's time. prefill_step_s reads it."""
-    if cost.kind != 2:  # none to read
-        return 0.0, 0, 0.0, 0, 0.0, 0.0
-    fixed = fixed_us(cost, num_decodes + chunk, num_decodes + 1, -1.0, True)
-    a, wa = bracket(part(cost, AXIS0), chunk)
-    c, wc = bracket(part(cost, AXIS2), num_decodes)
-    return fixed, a, wa, c, wc, cpu_us(cost, num_decodes + 1)
-
-
-@njit
-def prefill_step_s(cost, run, num_decodes, chunk, before, dctx, low, high):
-    """measured_s of a step of the prefill run prefill_run_clock described: its chunk after before tokens of the
-    prompt, its decodes of dctx context tokens in all, from low to high each; the same float operations, the run's
-    constant terms read from it."""
-    fixed, a, wa, c, wc, cpu = run
-    decode_history = (dctx - num_decodes) / num_decodes if num_decodes else 0.0
-    pairs = attention_pairs(chunk, before)
-    history = (pairs - chunk * (chunk + 1) / 2) / chunk
-    history = history if history > 0.0 else 0.0
-    b, wb = bracket(part(cost, step_time.AXIS1), history)
-    attention = mixed_at(cost, a, wa, b, wb, c, wc, decode_history)
-    corners = (a, wa, b, wb, c, wc)
-    us = fixed
-    us += cost.layers * skewed_attention_us(cost, attention, chunk, history, num_decodes, dctx, low, high, corners)
     return with_cpu_us(cost, us, cpu) / 1e6
 
 

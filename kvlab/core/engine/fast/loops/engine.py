@@ -21,8 +21,6 @@ from kvlab.core.engine.fast.loops.scheduler import (
 from kvlab.core.engine.fast.loops.step_runs import (
     decode_run,
     decode_run_async,
-    prefill_run,
-    prefill_run_async,
 )
 from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
 
@@ -88,8 +86,7 @@ def runs_at_once(cfg):
 
 @inline
 def run_at_once(engine, loop):
-    """A decode run (step_runs.decode_run) or, after a step that scheduled a request more than one token, a prefill
-    run (step_runs.prefill_run), its steps recorded; False (nothing changed) if there is none."""
+    """A decode run (step_runs.decode_run), its steps recorded; False (nothing changed) if there is none."""
     if not runs_at_once(engine.cfg):
         return False
     at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
@@ -97,9 +94,6 @@ def run_at_once(engine, loop):
           engine.phases, engine.per_phase, engine.logs, engine.counts, engine.groups)  # fmt: skip
     # (one tuple: numba inlines no call with *args)
     steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = decode_run(at)
-    if not steps and loop.chunked:
-        steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = prefill_run(at)
-        loop.num_prefill_runs += steps > 0
     if not steps:
         return False
     loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
@@ -109,8 +103,8 @@ def run_at_once(engine, loop):
 
 @inline
 def run_at_once_async(engine, loop):
-    """From the one batch in flight, a decode run (step_runs.decode_run_async) or, where that batch holds a prefill
-    chunk, a prefill run (prefill_run_async); False (nothing changed) if there is none."""
+    """From the one batch in flight, a decode run (step_runs.decode_run_async); False (nothing changed) if there is
+    none."""
     slot = loop.queue_head
     queue_i = engine.queue_i
     if not (runs_at_once(engine.cfg) and loop.queue_len == 1 and queue_i[slot, 6]):
@@ -122,15 +116,11 @@ def run_at_once_async(engine, loop):
     ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = decode_run_async(
         at, engine.times
     )
-    prefill = not ran and queue_i[slot, 1] > queue_i[slot, 0]  # the batch in flight holds a prefill chunk
-    if prefill:
-        ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = prefill_run_async(at)
     if not ran:
         return False
     loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
     loop.num_kv_tokens, loop.now_s, loop.last_end_s, loop.gpu_free_s = kv, now_s, last_end_s, batch_end_s
     loop.has_finished = 1 if finished else 0
-    loop.num_prefill_runs += prefill
     return True
 
 
@@ -154,7 +144,6 @@ def schedule_batch(engine, loop):
     )  # fmt: skip
     loop.num_running, loop.waiting_head, loop.num_waiting, loop.num_free_blocks = nrun, head, nwait, kv.num_free[0]
     loop.has_finished = 0
-    loop.chunked = 1 if num_tokens > num_reqs else 0
     return out, num_reqs, num_tokens, num_preempted, num_hit_tokens
 
 

@@ -1,5 +1,8 @@
-"""Decode runs and prefill runs: steps in which nothing can change, done at once in closed form, synchronous and
-asynchronous; the compiled loops' only speed-up over a compiled step (the Python engine steps one at a time).
+"""Decode runs: steps in which nothing can change, done at once in closed form, synchronous and asynchronous; the
+compiled loops' only speed-up over a compiled step (the Python engine steps one at a time). Runs of a long prompt's
+chunks beside the same decodes were done so too, in 370 lines, until measured against the loops without them: without,
+make parity's compiled runs take 0.63-1.00x the time and make bench's binding workloads 0.83-0.95x (the loops compile
+smaller), and kvlab plan's default search the same time.
 
 When every running request is decoding (it sampled in the last step), the next steps schedule one token per running
 request (max_num_batched_tokens >= max_num_seqs, which vLLM requires) until one of:
@@ -18,8 +21,6 @@ from kvlab.core.engine.fast.loops.clock import (
     cost_s,
     decode_run_clock,
     decode_step_s,
-    prefill_run_clock,
-    prefill_step_s,
     step_s,
 )
 from kvlab.core.engine.fast.loops.groups import (
@@ -32,14 +33,11 @@ from kvlab.core.engine.fast.loops.groups import (
 )
 from kvlab.core.engine.fast.loops.jit import (
     FINISHED,
-    attention_pairs,
     block_phase,
     blocks_crossed,
     inline,
     is_finished,
     njit,
-    num_blocks_to_allocate,
-    step_token_cap,
     steps_covered,
     steps_to_finish,
 )
@@ -56,10 +54,9 @@ from kvlab.core.engine.rules import NEVER_ENOUGH_BLOCKS
 
 
 @inline
-def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, num_free_blocks, kv, now_s, waiting, head, nwait,
+def decodes_advanced(req, running, nrun, j, phases, block_size, usable, num_free_blocks, kv, now_s, waiting, head, nwait,
                      logs, s, groups):  # fmt: skip
-    """The running requests but running[skip] (-1: none) after a run's j decode steps at once (decode_run,
-    prefill_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
+    """The running requests after a decode run's j steps at once (decode_run; s: the run's first record): their block crossings (phases), computed tokens and tokens; and the
     first finish, sampled in the last step, released, with that step's record of held blocks and KV tokens after it.
     Returns (num_free_blocks, kv, nrun, nwait)."""
     max_num_tokens, num_tokens, num_computed_tokens, num_blocks, status, finish_s = (
@@ -73,8 +70,6 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, nu
     finished = False
     hybrid = groups.block_size.shape[0] > 0
     for i in range(nrun):
-        if i == skip:
-            continue
         r = running[i]
         if hybrid:
             groups_advanced(groups, r, num_computed_tokens[r], j, 0)
@@ -95,33 +90,6 @@ def decodes_advanced(req, running, nrun, skip, j, phases, block_size, usable, nu
         logs[3][s + j - 1] = kv  # kv_tokens
         nrun, nwait = remove_finished(req, running, nrun, waiting, head, nwait, False)
     return num_free_blocks, kv, nrun, nwait
-
-
-@inline
-def prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j):
-    """The time of a prefill run's step on a measured (prefill_step_s) or 2023 clock (cost_s of the step's Batch, as
-    schedule's account builds it): its decodes j tokens further than the run found them (decode_context tokens in
-    all, from low to high each), its prompt's chunk after before tokens."""
-    low, high = (low + j, high + j) if num_decodes else (0, 0)
-    step_context = decode_context + num_decodes * j
-    if cost.kind == 2:
-        return prefill_step_s(cost, run, num_decodes, chunk, before, step_context, low, high)
-    pairs = attention_pairs(chunk, before)
-    return cost_s(cost, num_decodes + chunk, step_context + before + chunk, num_decodes, step_context, 1, pairs,
-                  low, high)  # fmt: skip
-
-
-@inline
-def prefill_run_chunk(budget, threshold, at, nrun, nwait, num_left):
-    """A prefill run's chunk (the budget the at decodes before P leave, at most the step's cap) and its steps whose
-    chunk leaves P more of its num_left tokens; (0, 0) where P or a decode after it would go unscheduled."""
-    chunk = budget - at
-    cap_tokens = step_token_cap(threshold, nrun, nwait)
-    if 0 < cap_tokens < chunk:
-        chunk = cap_tokens
-    if chunk <= 0 or budget - at - chunk < nrun - at - 1:
-        return 0, 0
-    return chunk, (num_left - 1) // chunk
 
 
 @inline
@@ -279,141 +247,7 @@ def decode_run(at):
     counts[0] = s + j
     if j:
         last_end_s = now_s
-    num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, -1, j, phases, block_size, usable, num_free_blocks, kv, now_s,
-                                             waiting, head, nwait, logs, s, groups)  # fmt: skip
-    return j, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-
-
-# Compiled once and called, not inlined into the synchronous loop as decode_run is: it is tried only after a step that
-# scheduled a request more than one token, and inlined it took 11-15 s of the loop's 103 s of compilation (measured).
-@njit
-def prefill_run(at):
-    """at: decode_run's. A run of one prompt's chunks beside the same decodes (synchronous, without prefix caching), its
-    steps at once, recorded as the synchronous loop records them. Every running request but one (the prompt's, P) decodes; each
-    step gives each decode its token and P the same chunk: the budget the decodes before it leave, at most the
-    step's cap (step_token_cap: fixed when more than one request runs or waits, or no threshold), with the decodes
-    after it each scheduled too, and P's tokens left more than the chunk (so it samples none). A run stops before a
-    step whose blocks (the decodes' crossings and P's, num_blocks_to_allocate) are more than the free ones (it
-    preempts), or that would admit the first request to arrive during it (or change the cap), and after the step
-    that samples the first finish or fills the chunk; a refused waiting head stays refused (free blocks only fall).
-    Each step costs the step cost of its Batch (the decodes' context grows by one a step, P's by the chunk; on the
-    measured clock, prefill_step_s). The synchronous loop tries one after a step that scheduled a request more than one token.
-    Returns (steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s); 0 steps: no run, nothing changed."""
-    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
-     counts, groups) = at  # fmt: skip
-    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
-        req.arrival_s,
-        req.num_prompt_tokens,
-        req.max_num_tokens,
-        req.num_tokens,
-    )
-    num_computed_tokens, num_blocks = req.num_computed_tokens, req.num_blocks
-    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    if nrun == 0 or last_end_s != now_s or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    at = -1  # P's place in the running list
-    k = logs[0].shape[0] - counts[0]  # the steps left in the chunk's records
-    low = high = decode_context = 0
-    per_phase[:] = 0
-    for i in range(nrun):
-        r = running[i]
-        c = num_computed_tokens[r]
-        if c == num_tokens[r] - 1 and num_tokens[r] > num_prompt_tokens[r]:  # a decode
-            steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
-            k = steps_left if steps_left < k else k  # its last token at step left - 1
-            low = c if low == 0 or c < low else low
-            high = c if c > high else high
-            decode_context += c
-            phases[i] = block_phase(c, block_size)
-            per_phase[phases[i]] += 1
-        elif at < 0 and num_tokens[r] - c > 1:
-            at = i
-        else:
-            return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s  # two prompts, or a prompt's last token
-    if at < 0:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    p = running[at]
-    num_decodes = nrun - 1
-    before = num_computed_tokens[p]
-    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
-    if chunk == 0:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s  # P or a decode after it not scheduled
-    k = chunks if chunks < k else k
-    if k < 2:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    budget_left = budget - num_decodes - chunk
-    may_admit = budget_left > 0 and nrun < max_num_seqs
-    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
-    p_blocks = num_blocks[p]
-    num_blocks_needed = per_phase[0] + max(
-        num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0
-    )
-    if num_blocks_needed > num_free_blocks:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    refused = nwait > 0  # the head, refused now, stays refused: free blocks only fall
-    if (
-        refused
-        and may_admit
-        and admitted_tokens(
-            cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - num_blocks_needed, threshold
-        )[0]
-    ):
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-    s = counts[0]  # record()'s columns; no event: last_end_s == now_s (a step just ended), no pre/hit
-    num_scheduled = num_decodes + chunk
-    duration = 0.0 if cost.kind >= 2 else step_s(cost, num_scheduled, per_phase)  # (an acc unread)
-    run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
-    n = arrival_s.shape[0]
-    j = 0
-    phase = 0  # j % block_size
-    while j < k:
-        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
-        num_blocks_needed = per_phase[phase] + p_new
-        if j and nxt < n and arrival_s[nxt] <= now_s:
-            if not fixed_cap:
-                break
-            nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
-            if not refused:  # the first to arrive: admitted at this step ends the run
-                if (
-                    may_admit
-                    and admitted_tokens(
-                        cfg,
-                        num_tokens,
-                        waiting[head],
-                        0,
-                        0,
-                        budget_left,
-                        num_free_blocks - num_blocks_needed,
-                        threshold,
-                    )[0]
-                ):
-                    break
-                refused = True
-        if num_blocks_needed > num_free_blocks:
-            break  # a block the pool has not got: it preempts
-        num_free_blocks -= num_blocks_needed
-        p_blocks += p_new
-        if cost.kind >= 2:
-            duration = prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j + 1)
-        now_s += duration
-        kv += num_scheduled
-        before += chunk
-        end_s[s + j] = now_s
-        held[s + j] = usable - num_free_blocks
-        kv_tokens[s + j] = kv
-        tokens[s + j] = num_scheduled
-        num_running_log[s + j] = nrun
-        num_waiting_log[s + j] = nwait
-        j += 1
-        phase = 0 if phase == block_size - 1 else phase + 1
-    if j == 0:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
-    counts[0] = s + j
-    last_end_s = now_s
-    num_computed_tokens[p] = before
-    num_blocks[p] = p_blocks
-    num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, at, j, phases, block_size, usable, num_free_blocks, kv, now_s,
+    num_free_blocks, kv, nrun, nwait = decodes_advanced(req, running, nrun, j, phases, block_size, usable, num_free_blocks, kv, now_s,
                                              waiting, head, nwait, logs, s, groups)  # fmt: skip
     return j, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
 
@@ -706,151 +540,3 @@ def decode_run_async(at, times):
     queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
     queue_f[slot, 0], queue_f[slot, 1] = end_k, batch_end_s
     return True, nxt, nwait, num_free_blocks, nrun, context, now_s, end_k, batch_end_s, True
-
-
-@njit
-def prefill_run_async(at):
-    """at: decode_run_async's. prefill_run's asynchronous twin (without prefix caching): with one batch in flight (batch 0)
-    that holds every running request in order, each sampling in it but one prompt P, mid-prefill, k loop iterations
-    at once: schedule batch j (j = 1..k; each decode one token, P the same chunk, as prefill_run's steps), process
-    batch j - 1, recorded as the asynchronous loop records them; batch k is left queued in batch 0's slot. Batch j is scheduled
-    at the loop's clock (j = 1), else at batch j - 2's end (arrivals by then join the waiting queue), and runs from
-    batch j - 1's end. The run stops before a batch whose blocks are more than the free ones (it preempts), that
-    would admit the first request to arrive (or change the cap), or whose processing would leave a record the chunk
-    has no room for; and at the latest at the batch that schedules a decode's last token or P's last chunk but one
-    (no request samples its last token, nor P its first, in a batch the run processes). Returns decode_run_async's
-    (ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, gpu_free_s, has_finished); ran False: no run, nothing
-    changed."""
-    (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
-     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
-    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
-        req.arrival_s,
-        req.num_prompt_tokens,
-        req.max_num_tokens,
-        req.num_tokens,
-    )
-    num_computed_tokens, num_blocks = req.num_computed_tokens, req.num_blocks
-    num_output_placeholders, num_in_flight_tokens, num_stale_tokens, first_token_s = (
-        req.num_output_placeholders,
-        req.num_in_flight_tokens,
-        req.num_stale_tokens,
-        req.first_token_s,
-    )
-    block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
-    if nrun == 0 or queue_i[slot, 0] != nrun or groups.block_size.shape[0]:  # (not for a hybrid model's groups)
-        return no
-    at = -1  # P's place in the running list
-    k = logs[0].shape[0] - counts[0]  # batches 0..k-1 recorded
-    low = high = decode_context = 0
-    per_phase[:] = 0
-    for i in range(nrun):
-        r = running[i]
-        c = num_computed_tokens[r]
-        if queue_r[slot, i] != r or num_stale_tokens[r]:
-            return no
-        if num_output_placeholders[r] == 1 and c == num_tokens[r]:  # a decode: it samples in batch 0
-            steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 1)  # batch left schedules its last token
-            k = steps_left if steps_left < k else k
-            low = c if low == 0 or c < low else low
-            high = c if c > high else high
-            decode_context += c
-            phases[i] = block_phase(
-                c, block_size
-            )  # it crosses into a new block in batch j when (j - 1) % bs == phases[i]
-            per_phase[phases[i]] += 1
-        elif at < 0 and num_output_placeholders[r] == 0 and c < num_tokens[r]:
-            at = i
-        else:
-            return no  # two prompts
-    if at < 0:
-        return no
-    p = running[at]
-    num_decodes = nrun - 1
-    before = num_computed_tokens[p]
-    chunk, chunks = prefill_run_chunk(budget, threshold, at, nrun, nwait, num_tokens[p] - before)
-    if chunk == 0:
-        return no  # P or a decode after it not scheduled
-    k = chunks if chunks < k else k
-    if k < 2:
-        return no
-    budget_left = budget - num_decodes - chunk
-    may_admit = budget_left > 0 and nrun < max_num_seqs
-    fixed_cap = threshold == 0 or nrun + nwait > 1  # an arrival does not change the cap
-    p_blocks = num_blocks[p]
-    num_scheduled = num_decodes + chunk
-    duration = 0.0 if cost.kind >= 2 else step_s(cost, num_scheduled, per_phase)  # (an acc unread)
-    run = prefill_run_clock(cost, num_decodes, chunk)  # (read on the measured clock only)
-    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-    start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
-    n = arrival_s.shape[0]
-    refused = False  # the waiting head refused: it stays refused (free blocks only fall)
-    at_s = now_s  # batch j's scheduling clock
-    last_batch_end_s = queue_f[slot, 1]  # batch j - 1's end
-    batch_start_s = batch_end_s = 0.0
-    waiting_j = waiting0  # batch j - 1's waiting requests
-    kv = 0
-    s = counts[0]
-    j = 1
-    while j <= k:
-        if nxt < n and arrival_s[nxt] <= at_s:
-            if not fixed_cap:
-                break
-            nxt, nwait = arrive(arrival_s, at_s, nxt, waiting, head, nwait)
-        p_new = max(num_blocks_to_allocate(before, chunk, p_blocks, block_size, max_model_len), 0)
-        num_blocks_needed = per_phase[(j - 1) % block_size] + p_new
-        if num_blocks_needed > num_free_blocks:
-            break  # a block the pool has not got: it preempts
-        if nwait and not refused:
-            if (
-                may_admit
-                and admitted_tokens(
-                    cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - num_blocks_needed, threshold
-                )[0]
-            ):
-                break
-            refused = True
-        num_free_blocks -= num_blocks_needed  # batch j scheduled
-        p_blocks += p_new
-        if cost.kind >= 2:
-            duration = prefill_run_step_s(cost, run, num_decodes, chunk, before, decode_context, low, high, j)
-        before += chunk
-        batch_start_s = at_s if at_s > last_batch_end_s else last_batch_end_s
-        batch_end_s = batch_start_s + duration
-        kv = decode_context + num_decodes * j + before  # the running requests' computed tokens, batch j's included
-        if j == 1:  # batch 0's record, after batch 1 is scheduled
-            record(first, start0, last_batch_end_s, last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv, logs,
-                   events, counts)  # fmt: skip
-            s = counts[0]
-        else:  # batch j - 1's: record()'s columns (it starts where batch j - 2 ended: no event)
-            end_s[s], held[s], kv_tokens[s] = last_batch_end_s, usable - num_free_blocks, kv
-            tokens[s], num_running_log[s], num_waiting_log[s] = num_scheduled, nrun, waiting_j
-            s += 1
-        waiting_j = nwait
-        at_s = last_batch_end_s
-        last_batch_end_s = batch_end_s
-        j += 1
-    k = j - 1  # batches scheduled (and 0..k-1 processed)
-    if k == 0:
-        return no
-    counts[0] = s
-    now_s = last_end_s = at_s  # batch k - 1's end: the loop waited for its output
-    for i in range(nrun):
-        r = running[i]
-        if i == at:
-            continue
-        if num_tokens[r] == num_prompt_tokens[r]:
-            first_token_s[r] = queue_f[slot, 1]  # its prefill's last chunk was in batch 0
-        num_blocks[r] += blocks_crossed(phases[i], k, block_size)  # its crossings in batches 1..k
-        num_computed_tokens[r] += k
-        num_tokens[r] += k  # batches 0..k-1's tokens
-        num_in_flight_tokens[r] = 1  # batch k's
-        queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = r, 1, True
-    num_computed_tokens[p] = before
-    num_blocks[p] = p_blocks
-    num_in_flight_tokens[p] = chunk
-    queue_r[slot, at], queue_n[slot, at], queue_sample[slot, at] = p, chunk, False
-    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, num_scheduled, nrun, waiting_j
-    queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
-    queue_f[slot, 0], queue_f[slot, 1] = batch_start_s, batch_end_s
-    return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, False
