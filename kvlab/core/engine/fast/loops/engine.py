@@ -113,14 +113,12 @@ def run_at_once_async(engine, loop):
           loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.now_s, loop.last_end_s, engine.queue_r,
           engine.queue_n, engine.queue_sample, queue_i, engine.queue_f, slot, engine.phases, engine.per_phase,
           loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups)  # fmt: skip
-    ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s, finished = decode_run_async(
-        at, engine.times
-    )
+    ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s = decode_run_async(at, engine.times)
     if not ran:
         return False
     loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
     loop.num_kv_tokens, loop.now_s, loop.last_end_s, loop.gpu_free_s = kv, now_s, last_end_s, batch_end_s
-    loop.has_finished = 1 if finished else 0
+    loop.has_finished = 0
     return True
 
 

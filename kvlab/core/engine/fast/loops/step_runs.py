@@ -107,6 +107,43 @@ def limits_of(cfg):
 
 
 @inline
+def decodes_found(req, running, nrun, phases, per_phase, block_size, hybrid, lag):
+    """The running requests as a decode run finds them, each decoding: synchronous (lag 0), each sampled in the last
+    step (its computed tokens one short of its tokens); asynchronous (lag 1), each samples in the batch in flight
+    (one output placeholder, every token computed; a hybrid model's, one token in flight, since its window moves
+    with its settled tokens). Their block phases in phases and per_phase (a hybrid model's: their computed tokens).
+    Returns (the steps to the first finish, their computed tokens in all, the least and the most); -1 steps: one
+    does not decode (a prefill chunk, or its first token next)."""
+    num_tokens, num_computed_tokens, max_num_tokens = req.num_tokens, req.num_computed_tokens, req.max_num_tokens
+    per_phase[:] = 0  # per_phase[p]: requests of phase p
+    k = max_num_tokens[running[0]]
+    kv = 0
+    low = high = num_computed_tokens[running[0]]
+    for i in range(nrun):
+        r = running[i]
+        c = num_computed_tokens[r]
+        if (
+            req.num_output_placeholders[r] != lag
+            or c != num_tokens[r] - 1 + lag
+            or num_tokens[r] + lag <= req.num_prompt_tokens[r]
+        ):
+            return -1, 0, 0, 0
+        if hybrid and lag and req.num_in_flight_tokens[r] != 1:
+            return -1, 0, 0, 0
+        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], lag)
+        k = steps_left if steps_left < k else k
+        kv += c
+        low = c if c < low else low
+        high = c if c > high else high
+        if hybrid:
+            phases[i] = c  # (its computed tokens: group_phases_cleared)
+        else:
+            phases[i] = block_phase(c, block_size)  # it crosses into a new block at steps j % bs == phases[i]
+            per_phase[phases[i]] += 1
+    return k, kv, low, high
+
+
+@inline
 def decode_run(at):
     """at: the synchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s,
     phases, per_phase, logs, counts, groups). Without prefix
@@ -119,46 +156,16 @@ def decode_run(at):
     run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, kv, now_s, last_end_s, phases, per_phase, logs,
      counts, groups) = at  # fmt: skip
-    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
-        req.arrival_s,
-        req.num_prompt_tokens,
-        req.max_num_tokens,
-        req.num_tokens,
-    )
-    num_computed_tokens = req.num_computed_tokens
+    arrival_s, num_tokens, num_computed_tokens = req.arrival_s, req.num_tokens, req.num_computed_tokens
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
+    no = (0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s)
     if nrun == 0:  # and nrun <= budget: a step admits only once every running request has a token
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
+        return no
     hybrid = groups.block_size.shape[0] > 0
-    per_phase[:] = 0  # per_phase[p]: requests of phase p
-    k = max_num_tokens[running[0]]
-    low = high = num_computed_tokens[running[0]]
-    for i in range(nrun):
-        r = running[i]
-        c = num_computed_tokens[r]
-        if c != num_tokens[r] - 1 or num_tokens[r] <= num_prompt_tokens[r]:
-            return (
-                0,
-                nxt,
-                nwait,
-                num_free_blocks,
-                nrun,
-                kv,
-                now_s,
-                last_end_s,
-            )  # a prefill chunk or its first token next
-        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], 0)
-        k = steps_left if steps_left < k else k
-        low = c if c < low else low
-        high = c if c > high else high
-        if hybrid:
-            phases[i] = c  # (its computed tokens: group_phases_cleared)
-        else:
-            phases[i] = block_phase(c, block_size)  # it crosses into a new block at steps j % bs == phases[i]
-            per_phase[phases[i]] += 1
+    k, _, low, high = decodes_found(req, running, nrun, phases, per_phase, block_size, hybrid, 0)
     limit = min(k, logs[0].shape[0] - counts[0])  # the run's last step samples the first finish
     if limit < 2:
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
+        return no
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
     refused = nwait > 0  # the head, refused now, stays refused: free blocks only fall
@@ -170,7 +177,7 @@ def decode_run(at):
             cfg, num_tokens, waiting[head], 0, 0, budget_left, num_free_blocks - per_phase[0], threshold
         )[0]
     ):
-        return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
+        return no
     # A hybrid model's groups give blocks back as they take them (a window's, a chunk's), so free blocks may rise: the
     # waiting queue's head is admitted at the first step that leaves num_blocks_needed free (NEVER_ENOUGH_BLOCKS: none,
     # or the budget refuses it), and a step runs only if it can take its blocks before any are given back (else it
@@ -241,7 +248,7 @@ def decode_run(at):
     if hybrid:
         group_phases_cleared(groups, nrun, phases, max_model_len, 0)
         if j == 0:
-            return 0, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s
+            return no
     tokens[s : s + j] = nrun
     num_running_log[s : s + j] = nrun
     counts[0] = s + j
@@ -303,9 +310,8 @@ def decode_run_async(at, times):
     """at: the asynchronous loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s,
     queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups;
     slot: the batch in flight's); times: scratch for the batches' ends. A hybrid model's groups: hybrid_batches.
-    Without prefix caching, k loop iterations at once (schedule batch j, then process batch j - 1's output), and the
-    one after them where the run ends at a first finish, recorded as the asynchronous loop records them; batch k (or
-    k + 1) is left queued in the batch in flight's slot.
+    Without prefix caching, k loop iterations at once (schedule batch j, then process batch j - 1's output), recorded
+    as the asynchronous loop records them; batch k is left queued in the batch in flight's slot.
 
     It starts with one batch in flight (no preemption, no prefix hit) that holds every running request, each of
     which sampled in it (decodes, and prefills it ended): each then has one output placeholder and computed = known
@@ -313,64 +319,33 @@ def decode_run_async(at, times):
     early stop skips a request whose placeholder brings it to max_num_tokens, so all are scheduled while
     k <= min(max_num_tokens - t - 1); blocks are taken at the same phases as the synchronous run (computed tokens run
     one ahead); admissions and arrivals as there, each schedule() at the clock of the output it waited for last.
-    Batch j runs from the end of batch j - 1 (the GPU is never idle: the next batch is always queued). A run that
-    reaches the first finish does its next iteration too (last_iteration): the requests whose last token is in
-    flight are skipped and finish (finish_async). Returns (ran, nxt, nwait, num_free_blocks, nrun, kv, now_s,
-    last_end_s, gpu_free_s, has_finished); ran False: no run, nothing changed."""
+    Batch j runs from the end of batch j - 1 (the GPU is never idle: the next batch is always queued). A run ends at
+    the latest with the batch that schedules the first finish's last token: the loop's next iteration skips the
+    requests whose last token is in flight and finishes them. Returns (ran, nxt, nwait, num_free_blocks, nrun, kv,
+    now_s, last_end_s, gpu_free_s); ran False: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
      queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
-    arrival_s, num_prompt_tokens, max_num_tokens, num_tokens = (
-        req.arrival_s,
-        req.num_prompt_tokens,
-        req.max_num_tokens,
-        req.num_tokens,
-    )
-    num_computed_tokens = req.num_computed_tokens
-    num_blocks, status, num_output_placeholders, num_in_flight_tokens = (
+    arrival_s, num_prompt_tokens, num_tokens = req.arrival_s, req.num_prompt_tokens, req.num_tokens
+    num_computed_tokens, num_blocks, num_in_flight_tokens = (
+        req.num_computed_tokens,
         req.num_blocks,
-        req.status,
-        req.num_output_placeholders,
         req.num_in_flight_tokens,
     )
-    first_token_s, finish_s = req.first_token_s, req.finish_s
+    first_token_s = req.first_token_s
     block_size, max_num_seqs, budget, usable, threshold, max_model_len = limits_of(cfg)
-    no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0, False)
+    no = (False, nxt, nwait, num_free_blocks, nrun, 0, now_s, last_end_s, 0.0)
     if nrun == 0 or queue_i[slot, 0] != nrun:
         return no
     hybrid = groups.block_size.shape[0] > 0
-    k = max_num_tokens[running[0]]
-    kv = 0
-    low = high = num_computed_tokens[running[0]]
-    per_phase[:] = 0
-    for i in range(nrun):
-        r = running[i]
-        c = num_computed_tokens[r]
-        if num_output_placeholders[r] != 1 or c != num_tokens[r]:
-            return no  # it did not sample in the batch in flight (a prefill chunk)
-        if hybrid and num_in_flight_tokens[r] != 1:
-            return no  # its window moves with its settled tokens: a prompt's last chunk in flight is more than one
-        steps_left = steps_to_finish(num_tokens[r], max_num_tokens[r], num_output_placeholders[r])  # (1 here)
-        k = steps_left if steps_left < k else k
-        kv += c
-        low = c if c < low else low
-        high = c if c > high else high
-        if hybrid:
-            phases[i] = c  # (its computed tokens: group_phases_cleared)
-        else:
-            phases[i] = block_phase(c, block_size)
-            per_phase[phases[i]] += 1
-    first_finish = k
-    room = logs[0].shape[0] - counts[0] - 1  # records left in the chunk, the last one's included
+    k, kv, low, high = decodes_found(req, running, nrun, phases, per_phase, block_size, hybrid, 1)
+    room = logs[0].shape[0] - counts[0]  # records left in the chunk
     if k > room:
         k = room
     budget_left = budget - nrun
     may_admit = budget_left > 0 and nrun < max_num_seqs
-    if hybrid:  # its batches' blocks after the times (hybrid_batches), the run's last iteration step by step
-        if k < 2:
-            return no
-    elif k > 0:  # run_limits
-        if k < (1 if first_finish == 1 else 2):
-            return no
+    if k < 2:
+        return no
+    if not hybrid:  # run_limits (a hybrid model's groups: their blocks after the times, hybrid_batches)
         if (
             nwait
             and may_admit
@@ -381,7 +356,7 @@ def decode_run_async(at, times):
             return no
         covered = steps_covered(per_phase, nrun, num_free_blocks, block_size)
         k = covered if covered < k else k
-        if k < (1 if first_finish == 1 else 2):
+        if k < 2:
             return no
     # times[j]: the end of batch j (times[0]: the batch in flight), each the last plus its step.
     gpu_free_s = queue_f[slot, 1]
@@ -415,128 +390,45 @@ def decode_run_async(at, times):
                            budget_left, phases)  # fmt: skip
         if k < 2:
             return no
-    # last_iteration: where the run reaches the first finish, iteration k + 1 as well, unless it changes more (a
-    # hybrid model's: step by step).
-    finishing = False
-    if k == first_finish and not hybrid:
-        num_left = 0
-        for i in range(nrun):
-            num_left += steps_to_finish(num_tokens[running[i]], max_num_tokens[running[i]], 1) != k
-        if num_left:
-            rest = k % block_size
-            taken = blocks_taken(per_phase, nrun, k, block_size)
-            for i in range(nrun):
-                r = running[i]
-                if phases[i] == rest and steps_to_finish(num_tokens[r], max_num_tokens[r], 1) != k:
-                    taken += 1
-            finishing = taken <= num_free_blocks
-            left_budget = budget - num_left
-            if finishing and left_budget > 0 and nrun < max_num_seqs:
-                at = times[k - 1] if k else now_s
-                r = waiting[head] if nwait else nxt if nxt < n and arrival_s[nxt] <= at else -1
-                if (
-                    r >= 0
-                    and admitted_tokens(cfg, num_tokens, r, 0, 0, left_budget, num_free_blocks - taken, threshold)[0]
-                ):
-                    finishing = False
-    if not finishing and k < 2:
-        return no
     start0, tokens0, running0, waiting0 = queue_f[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3]
-    if k:  # apply_async: batches 0..k-1 recorded, batch k queued
-        end0 = times[0]
-        for i in range(nrun):
-            r = running[i]
-            if num_tokens[r] == num_prompt_tokens[r]:
-                first_token_s[r] = end0  # its prefill's last chunk was in batch 0
-        # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
-        # by then join the waiting queue (behind a refused head) and count in its record.
-        num_free_blocks = groups.free_at[1] if hybrid else num_free_blocks - per_phase[0]
-        record(first, start0, times[0], last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv + nrun, logs,
-               events, counts)  # fmt: skip
-        nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
-        # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
-        # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
-        end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
-        s = counts[0]
-        for j in range(1, k):
-            num_free_blocks = groups.free_at[j + 1] if hybrid else num_free_blocks - per_phase[j % block_size]
-            end_s[s], held[s], kv_tokens[s] = times[j], usable - num_free_blocks, kv + nrun * (j + 1)
-            tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
-            s += 1
-            nxt, nwait = arrive(arrival_s, times[j - 1], nxt, waiting, head, nwait)
-        counts[0] = s
-        last_end_s = times[k - 1]
-        for i in range(nrun):
-            r = running[i]
-            if hybrid:
-                groups_advanced(groups, r, num_computed_tokens[r], k, 1)
-            else:
-                num_blocks[r] += blocks_crossed(phases[i], k, block_size)
-            num_computed_tokens[r] += k
-            num_tokens[r] += k
-            num_in_flight_tokens[r] = 1  # batch k's token
-        kv += nrun * k
-        now_s = times[k - 1]  # it waited for batch k - 1's output
-        start_k, end_k, tokens_k, running_k, waiting_k = times[k - 1], times[k], nrun, nrun, nwait
-    else:
-        start_k, end_k, tokens_k, running_k, waiting_k = start0, times[0], tokens0, running0, waiting0
-    if not finishing:  # batch k queued (in the slot of the batch in flight)
-        queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, nrun, nrun, nwait
-        queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
-        queue_f[slot, 0], queue_f[slot, 1] = times[k - 1], times[k]
-        for i in range(nrun):
-            queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = running[i], 1, True
-        return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, times[k], False
-    # finish_async: at batch k - 1's output, batch k + 1 schedules a token for each request not finishing, then
-    # batch k's output finishes the others.
+    # apply_async: batches 0..k-1 recorded, batch k queued (in the slot of the batch in flight)
+    end0 = times[0]
+    for i in range(nrun):
+        r = running[i]
+        if num_tokens[r] == num_prompt_tokens[r]:
+            first_token_s[r] = end0  # its prefill's last chunk was in batch 0
+    # Batch j (j >= 1) is scheduled at the clock of batch j - 2's output (the loop's clock for j = 1): arrivals
+    # by then join the waiting queue (behind a refused head) and count in its record.
+    num_free_blocks = groups.free_at[1] if hybrid else num_free_blocks - per_phase[0]
+    record(first, start0, times[0], last_end_s, 0, 0, tokens0, running0, waiting0, usable - num_free_blocks, kv + nrun, logs,
+           events, counts)  # fmt: skip
     nxt, nwait = arrive(arrival_s, now_s, nxt, waiting, head, nwait)
-    for i in range(nrun):  # phases[i]: now whether running[i] finishes (its last token is batch k's)
-        phases[i] = num_tokens[running[i]] == max_num_tokens[running[i]] - 1
-    context = 0
-    low, high = -1, 0
-    num_left = 0
+    # Batches 1..k-1: record()'s columns, written here (each starts where the last ended, so no event), with the
+    # columns unpacked once: record() unpacks them at each call, and numba counts a reference to each column there.
+    end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
+    s = counts[0]
+    for j in range(1, k):
+        num_free_blocks = groups.free_at[j + 1] if hybrid else num_free_blocks - per_phase[j % block_size]
+        end_s[s], held[s], kv_tokens[s] = times[j], usable - num_free_blocks, kv + nrun * (j + 1)
+        tokens[s], num_running_log[s], num_waiting_log[s] = nrun, nrun, nwait
+        s += 1
+        nxt, nwait = arrive(arrival_s, times[j - 1], nxt, waiting, head, nwait)
+    counts[0] = s
+    last_end_s = times[k - 1]
     for i in range(nrun):
         r = running[i]
-        if phases[i]:
-            continue
-        c = num_computed_tokens[r]
-        low = c if low < 0 or c < low else low
-        high = c if c > high else high
-        if c % block_size == 0:
-            num_blocks[r] += 1
-            num_free_blocks -= 1
-        if num_tokens[r] == num_prompt_tokens[r]:
-            first_token_s[r] = end_k  # k = 0: batch 0 ended its prefill
-        num_computed_tokens[r] = c + 1
-        num_tokens[r] += 1  # batch k's token
-        num_in_flight_tokens[r] = 1  # batch k + 1's
-        context += c + 1
-        queue_r[slot, num_left], queue_n[slot, num_left], queue_sample[slot, num_left] = r, 1, True
-        num_left += 1
-    if cost.kind >= 2:
-        batch_end_s = end_k + cost_s(cost, num_left, context, num_left, context, 0, 0, low + 1, high + 1)
-    else:
-        batch_end_s = end_k + step_s(cost, num_left, per_phase)
-    for i in range(nrun):
-        r = running[i]
-        if not phases[i]:
-            continue
-        if num_tokens[r] == num_prompt_tokens[r]:
-            first_token_s[r] = end_k
-        num_tokens[r] += 1  # its last token
-        num_in_flight_tokens[r] = 0
-        num_output_placeholders[r] = 0
-        status[r] = FINISHED
-        num_free_blocks += num_blocks[r]  # release without prefix caching
-        num_blocks[r] = 0
-        finish_s[r] = end_k
-        finished_at(req, end_k)
-    nrun_before = nrun
-    nrun, nwait = remove_finished(req, running, nrun, waiting, head, nwait, False)
-    now_s = end_k  # it waited for batch k's output
-    record(first, start_k, end_k, last_end_s, 0, 0, tokens_k, running_k, waiting_k, usable - num_free_blocks, context, logs, events,
-           counts)  # fmt: skip
-    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = num_left, num_left, nrun_before, nwait
+        if hybrid:
+            groups_advanced(groups, r, num_computed_tokens[r], k, 1)
+        else:
+            num_blocks[r] += blocks_crossed(phases[i], k, block_size)
+        num_computed_tokens[r] += k
+        num_tokens[r] += k
+        num_in_flight_tokens[r] = 1  # batch k's token
+    kv += nrun * k
+    now_s = times[k - 1]  # it waited for batch k - 1's output
+    queue_i[slot, 0], queue_i[slot, 1], queue_i[slot, 2], queue_i[slot, 3] = nrun, nrun, nrun, nwait
     queue_i[slot, 4], queue_i[slot, 5], queue_i[slot, 6] = 0, 0, 1
-    queue_f[slot, 0], queue_f[slot, 1] = end_k, batch_end_s
-    return True, nxt, nwait, num_free_blocks, nrun, context, now_s, end_k, batch_end_s, True
+    queue_f[slot, 0], queue_f[slot, 1] = times[k - 1], times[k]
+    for i in range(nrun):
+        queue_r[slot, i], queue_n[slot, i], queue_sample[slot, i] = running[i], 1, True
+    return True, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, times[k]
