@@ -18,10 +18,7 @@ from kvlab.core.engine.fast.loops.scheduler import (
     shared_schedule,
     shared_update_from_output,
 )
-from kvlab.core.engine.fast.loops.step_runs import (
-    decode_run,
-    decode_run_async,
-)
+from kvlab.core.engine.fast.loops.step_runs import decode_run
 from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
 
 
@@ -85,41 +82,31 @@ def runs_at_once(cfg):
 
 
 @inline
-def run_at_once(engine, loop):
-    """A decode run (step_runs.decode_run), its steps recorded; False (nothing changed) if there is none."""
-    if not runs_at_once(engine.cfg):
+def run_at_once(engine, loop, lag=0):
+    """A decode run (step_runs.decode_run; lag 1: asynchronous, from the one batch in flight), its steps recorded;
+    False (nothing changed) if there is none."""
+    slot = loop.queue_head
+    if not runs_at_once(engine.cfg) or (lag and not (loop.queue_len == 1 and engine.queue_i[slot, 6])):
         return False
     at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
-          loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.num_kv_tokens, loop.now_s, loop.last_end_s,
-          engine.phases, engine.per_phase, engine.logs, engine.counts, engine.groups)  # fmt: skip
+          loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.now_s, loop.last_end_s, engine.queue_r,
+          engine.queue_n, engine.queue_sample, engine.queue_i, engine.queue_f, slot, engine.phases, engine.per_phase,
+          loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups)  # fmt: skip
     # (one tuple: numba inlines no call with *args)
-    steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s = decode_run(at)
+    steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, gpu_free_s = decode_run(at, engine.times, lag)
     if not steps:
         return False
     loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
     loop.num_kv_tokens, loop.now_s, loop.last_end_s = kv, now_s, last_end_s
+    if lag:
+        loop.gpu_free_s, loop.has_finished = gpu_free_s, 0
     return True
 
 
 @inline
 def run_at_once_async(engine, loop):
-    """From the one batch in flight, a decode run (step_runs.decode_run_async); False (nothing changed) if there is
-    none."""
-    slot = loop.queue_head
-    queue_i = engine.queue_i
-    if not (runs_at_once(engine.cfg) and loop.queue_len == 1 and queue_i[slot, 6]):
-        return False
-    at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
-          loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.now_s, loop.last_end_s, engine.queue_r,
-          engine.queue_n, engine.queue_sample, queue_i, engine.queue_f, slot, engine.phases, engine.per_phase,
-          loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups)  # fmt: skip
-    ran, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, batch_end_s = decode_run_async(at, engine.times)
-    if not ran:
-        return False
-    loop.next_arrival, loop.num_waiting, loop.num_free_blocks, loop.num_running = nxt, nwait, num_free_blocks, nrun
-    loop.num_kv_tokens, loop.now_s, loop.last_end_s, loop.gpu_free_s = kv, now_s, last_end_s, batch_end_s
-    loop.has_finished = 0
-    return True
+    """run_at_once, asynchronous."""
+    return run_at_once(engine, loop, 1)
 
 
 @inline
