@@ -459,3 +459,34 @@ def test_the_runs_closed_forms_count_what_a_step_by_step_walk_counts(
     assert rules.steps_to_finish(c, c + num_steps, 0) == num_steps and rules.steps_to_finish(c, c + num_steps, 1) == (
         num_steps - 1
     )
+
+
+@given(
+    num_computed_tokens=st.integers(1, 3000),
+    block_size=st.sampled_from([1, 2, 16, 32, 64]),
+    window_blocks=st.integers(0, 40),
+    spare=st.integers(0, 63),
+    chunked=st.booleans(),
+    lag=st.integers(0, 1),
+)
+def test_a_window_or_chunk_gives_blocks_back_at_the_steps_its_closed_form_says(
+    num_computed_tokens, block_size, window_blocks, spare, chunked, lag
+):
+    """rules.window_release_step: the steps j >= 1 of one-token steps at which the blocks of num_skipped_tokens of the
+    settled tokens (c + j - lag) grow, and by how many, as stepping through them counts, for a sliding window of any
+    length and an attention chunk of whole blocks."""
+    from kvlab.core.engine import rules
+
+    c, bs = num_computed_tokens, block_size
+    window, chunk = (0, (window_blocks + 1) * bs) if chunked else (window_blocks * bs + spare % bs + 1, 0)
+    first = rules.window_release_step(c, window, chunk, bs, lag)
+
+    def blocks(j):
+        return rules.num_skipped_tokens(c + j - lag, window, chunk) // bs
+
+    for j in range(1, 3 * (chunk or bs) + window + 2):
+        released = blocks(j) - blocks(j - 1)
+        if chunk:
+            assert 0 <= first < chunk and released == (chunk // bs if (j - first) % chunk == 0 else 0)
+        else:
+            assert released == (1 if j >= first and (j - first) % bs == 0 else 0)

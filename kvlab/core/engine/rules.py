@@ -329,6 +329,18 @@ def steps_covered(per_phase, num_running: int, num_free_blocks: int, block_size:
     return full_periods * block_size + block_size  # not reached: left < num_running, the sum of per_phase
 
 
+def window_release_step(
+    num_computed_tokens: int, sliding_window: int, attention_chunk_size: int, block_size: int, lag: int
+) -> int:
+    """The first step of a decoding request's one-token steps at which its sliding window or attention chunk gives
+    blocks back (the blocks of num_skipped_tokens of its settled tokens, num_computed_tokens + j - lag at step j, grow):
+    a window one block every block_size steps from it on (0 or less: it already does, at the same phase), a chunk
+    attention_chunk_size / block_size blocks every attention_chunk_size steps (its phase, 0 <= it < the chunk)."""
+    if attention_chunk_size:
+        return (lag - num_computed_tokens) % attention_chunk_size
+    return sliding_window - 1 - num_computed_tokens + lag + block_size
+
+
 def attention_pairs(num_new_tokens: int, num_computed_tokens: int) -> int:
     """The (query, key) pairs a chunk's causal attention computes: each of its num_new_tokens tokens with the
     num_computed_tokens before the chunk and with the chunk's tokens up to itself (the step cost's Batch.pairs)."""

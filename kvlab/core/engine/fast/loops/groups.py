@@ -6,9 +6,11 @@ import numpy as np
 from kvlab.core.engine.fast.loops.jit import (
     admission_blocks,
     admission_num_new_tokens,
+    block_phase,
     inline,
     num_blocks_to_allocate,
     num_skipped_tokens,
+    window_release_step,
 )
 
 # ---------------------------------------------------------------- a hybrid model's KV cache groups
@@ -116,11 +118,10 @@ def skipped_blocks(groups, g, num_processed_tokens):
 @inline
 def group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_len, lag):
     """A hybrid decode run's set-up (decode_run): in groups.hist, for each first group of a spec (groups.weight: the
-    groups of that spec), the running requests by the phase at which they take a block (the steps j with
-    (c + j) % block_size == 0, c their computed tokens) and, from the run's second step, give one back as the c + j -
-    lag tokens settled by step j (lag: 1 under asynchronous scheduling, a token in flight) move on (a window's block
-    leaves it at (c + j - lag - window + 1) % block_size == 0 once past its first block; a chunk's blocks at
-    (c + j - lag) % chunk == 0, chunk / block_size of them); a window that starts to free within limit steps is an
+    groups of that spec), the running requests by the phase at which they take a block (rules.block_phase, c their
+    computed tokens) and, from the run's second step, give one back as the c + j - lag tokens settled by step j (lag:
+    1 under asynchronous scheduling, a token in flight) move on (rules.window_release_step: a window's block once past
+    its first block, a chunk's chunk / block_size blocks); a window that starts to free within limit steps is an
     event (groups.events: its step, its phase's place, its weight). Returns (the events, the blocks step 0 frees)."""
     hist, events, weight, offset = groups.hist, groups.events, groups.weight, groups.offset
     num_events = 0
@@ -139,17 +140,15 @@ def group_phases(groups, running, nrun, num_computed_tokens, limit, max_model_le
                     freed += w * (end - groups.nulls[r, g])
             at = offset[g]
             if bs < max_model_len:  # (a Mamba state's block of max_model_len tokens takes none)
-                hist[at + (-c) % bs] += w
-            if window:
-                first = window - 1 - c + lag + bs  # the first step at which it frees one
-                if first <= 0:
-                    hist[at + bs + (window - 1 - c + lag) % bs] += w
-                elif first < limit:
-                    events[num_events, 0], events[num_events, 1] = first, at + bs + first % bs
-                    events[num_events, 2] = w
-                    num_events += 1
-            elif chunk:
-                hist[at + bs + (lag - c) % chunk] += w * (chunk // bs)
+                hist[at + block_phase(c, bs)] += w
+            first = window_release_step(c, window, chunk, bs, lag)
+            if chunk:
+                hist[at + bs + first] += w * (chunk // bs)
+            elif window and first <= 0:
+                hist[at + bs + first % bs] += w
+            elif window and first < limit:
+                events[num_events, 0], events[num_events, 1], events[num_events, 2] = first, at + bs + first % bs, w
+                num_events += 1
     if num_events > 1:
         order = np.argsort(events[:num_events, 0])
         events[:num_events] = events[order]
@@ -185,11 +184,12 @@ def group_phases_cleared(groups, nrun, computed_before, max_model_len, lag):
                 continue
             at, bs, window, chunk = offset[g], groups.block_size[g], groups.window[g], groups.chunk[g]
             if bs < max_model_len:
-                hist[at + (-c) % bs] = 0
-            if window:
-                hist[at + bs + (window - 1 - c + lag) % bs] = 0
-            elif chunk:
-                hist[at + bs + (lag - c) % chunk] = 0
+                hist[at + block_phase(c, bs)] = 0
+            first = window_release_step(c, window, chunk, bs, lag)
+            if chunk:
+                hist[at + bs + first] = 0
+            elif window:
+                hist[at + bs + first % bs] = 0
 
 
 @inline

@@ -178,7 +178,7 @@ num_lookup_blocks, admission_num_new_tokens, admission_num_new_blocks, preemptio
 )
 num_skipped_tokens, admission_blocks = RULES["num_skipped_tokens"], RULES["admission_blocks"]
 samples, is_finished, settles_placeholder = (RULES[name] for name in ("samples", "is_finished", "settles_placeholder"))
-steps_covered, send_s = RULES["steps_covered"], RULES["send_s"]
+steps_covered, send_s, window_release_step = RULES["steps_covered"], RULES["send_s"], RULES["window_release_step"]
 steps_to_finish, block_phase, blocks_crossed, attention_pairs = (
     RULES[name] for name in ("steps_to_finish", "block_phase", "blocks_crossed", "attention_pairs")
 )
