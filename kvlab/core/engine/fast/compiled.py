@@ -64,7 +64,8 @@ from kvlab.core.engine.fast.arrays import (
 )
 from kvlab.core.engine.records import DONE, NO_PROGRESS, RequestLog, Runs, StepLog
 
-# What a compiled run recorded: the step log, the decode runs done at once, the clock at the end, its RequestLog, the blocks windows gave back and, in a closed loop, the send times (else None).
+# What a compiled run recorded: the step log, the decode runs done at once, the clock at the end, its RequestLog, the
+# blocks windows gave back and, in a closed loop, the send times (else None).
 Served = namedtuple("Served", ["steps", "num_decode_runs", "now_s", "requests", "num_window_freed", "send_s"])
 LOG = logging.getLogger("kvlab")
 # Where a fresh process's compiled run (numba's import and cache load, 0.6-0.9 s here, included) overtakes the Python

@@ -68,7 +68,7 @@ _STEP_TIME = compiled_into(
     [f for f in _FUNCTIONS if f.__name__ in LEAVES],
 )
 _STEP_TIME = compiled_into(_STEP_TIME, [f for f in _FUNCTIONS if f.__name__ not in LEAVES], inlined=False)
-bracket, blend, fixed_us, decode_at = (_STEP_TIME[n] for n in ("bracket", "blend", "fixed_us", "decode_at"))
+bracket, fixed_us, decode_at = _STEP_TIME["bracket"], _STEP_TIME["fixed_us"], _STEP_TIME["decode_at"]
 skew_bucket, with_cpu_us = _STEP_TIME["skew_bucket"], _STEP_TIME["with_cpu_us"]
 cpu_us, measured_s = _STEP_TIME["cpu_us"], _STEP_TIME["measured_s"]
 vllm_2023_s, roofline_s = _STEP_TIME["vllm_2023_s"], _STEP_TIME["roofline_s"]
