@@ -58,8 +58,13 @@ $(shell echo 'c.IPKernelApp.log_level = "CRITICAL"' > $(IPYTHONDIR)/profile_defa
 report: $(STAMP)
 	$(BIN)/kvlab report --params $(PARAMS) $(foreach s,$(SET),--set $(s))
 
+# A pytest-xdist worker per core (at most TEST_WORKERS_MAX), each taking whole files and notebooks in the order
+# collected: the report that the last tests read builds meanwhile (conftest.py). TEST_WORKERS=0: one process.
+TEST_WORKERS     ?= auto
+TEST_WORKERS_MAX ?= 4
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs --nbval --nbval-current-env tests notebooks
+	$(BIN)/python -m pytest -q -rs --nbval --nbval-current-env -n $(TEST_WORKERS) --maxprocesses $(TEST_WORKERS_MAX) \
+	--dist loadfile --no-loadscope-reorder tests notebooks
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import nbformat
@@ -73,23 +74,29 @@ def skip_what_needs_missing_traces(items) -> None:
 
 # ---------------------------------------------------------------- the whole report, built beside the other tests
 # tests/test_report_output.py reads the report `make report` builds, at its defaults: most of its time is one core's
-# work while the other tests leave the second core idle. So it is built in a child process from the end of
-# collection, while the other tests run, and the tests that read it (and the notebooks' cells, which check its
-# executions) run last. Its sweeps run in its own process (SWEEP_SCHEDULER=serial): a core for the build, the other
-# for the tests and their sweeps.
+# work. So it is built once per session in a child process from the end of collection, while the other tests run, and
+# the tests that read it (and the notebooks' cells, which check its executions) run last. Its sweeps run in its own
+# process (SWEEP_SCHEDULER=serial). Under pytest-xdist (make test: a worker per core) the controller names one folder
+# for the session; the first worker that needs the report starts the build there and the others wait for the exit
+# status it leaves.
 BUILD_REPORT = (
     "import sys; from pathlib import Path; from kvlab.report.build import build; "
     "build(Path(sys.argv[1]), [], Path(sys.argv[2]))"
 )
+BUILD_FOLDER_KEY = "kvlab_report_build"  # the session's build folder, in each xdist worker's workerinput
 
 
 class ReportBuild:
-    """`make report`'s build (params.yaml, no overrides) into a temporary folder, in a child process."""
+    """`make report`'s build (params.yaml, no overrides) into folder/report, in a child process: started by the
+    first process of the session that asks (it claims folder/started), waited for by the others (folder/exit)."""
 
-    def __init__(self):
-        self.folder = Path(tempfile.mkdtemp(prefix="kvlab-report-test-"))
-        self.out = self.folder / "report"
-        self.log = self.folder / "build.log"
+    def __init__(self, folder: Path):
+        self.folder, self.out, self.log = folder, folder / "report", folder / "build.log"
+        self.exit, self.process = folder / "exit", None
+        try:
+            os.close(os.open(folder / "started", os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return  # another worker of this session builds it
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-c", BUILD_REPORT, str(ROOT / "params.yaml"), str(self.out)],
@@ -99,27 +106,42 @@ class ReportBuild:
                 env={**os.environ, "SWEEP_SCHEDULER": "serial"},
                 start_new_session=True,
             )  # its kernels: one group
+        (folder / "pid").write_text(str(self.process.pid))
 
     def succeeded(self) -> bool:
         """Whether the build succeeded, once it is done."""
-        return self.process.wait() == 0
+        if self.process is not None:
+            self._finished(self.process.wait())
+        while not self.exit.exists():
+            time.sleep(0.2)
+        return self.exit.read_text() == "0"
+
+    def _finished(self, code: int) -> None:
+        """Leave the build's exit status for the session's other processes (whole, by a rename)."""
+        if not self.exit.exists():
+            part = self.folder / "exit.part"
+            part.write_text(str(code))
+            part.replace(self.exit)
 
     def result(self) -> Path:
         """The built report's folder, once the build is done; the test fails with the build's last lines if it
         failed."""
         if not self.succeeded():
             tail = "\n".join(self.log.read_text().splitlines()[-15:])
-            pytest.fail(f"the report build failed (exit {self.process.returncode}):\n{tail}", pytrace=False)
+            pytest.fail(f"the report build failed (exit {self.exit.read_text()}):\n{tail}", pytrace=False)
         return self.out
 
-    def close(self) -> None:
-        if self.process.poll() is None:  # the session ended first (an interrupt, -x): stop it and its kernels
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
+    def close(self, stopped: bool) -> None:
+        """At the end of this process's session: the build ends (killed, with its kernels, where the session was
+        stopped early: an interrupt, -x), so that no other process waits for it in vain."""
+        if self.process is not None and self.process.poll() is None:
+            if stopped:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self._finished(self.process.wait())
 
 
 _report_build: ReportBuild | None = None
+_build_folder: Path | None = None  # made (and removed) by this process: the xdist controller's, or a lone pytest's
 
 
 def _runs(item) -> bool:
@@ -129,15 +151,30 @@ def _runs(item) -> bool:
     )
 
 
+def pytest_configure(config):
+    global _build_folder
+    if not hasattr(config, "workerinput"):  # the xdist controller or a lone pytest: the session's folder
+        _build_folder = Path(tempfile.mkdtemp(prefix="kvlab-report-test-"))
+    else:  # an xdist worker yields a core to the build, whose report the last tests wait for
+        os.nice(5)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: each worker is told the session's build folder."""
+    node.workerinput[BUILD_FOLDER_KEY] = str(_build_folder)
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(config, items):
-    """Skip what needs missing traces; start the report's build if a test that reads it will run, and run those
-    tests and the cells of the notebooks it executes last (the build's time)."""
+    """Skip what needs missing traces; start the report's build (or join the session's) if a test that reads it will
+    run, and run those tests and the cells of the notebooks it executes last (the build's time)."""
     global _report_build
     skip_what_needs_missing_traces(items)
     reading = [item for item in items if "built_report" in getattr(item, "fixturenames", ())]
     if not config.option.collectonly and any(_runs(item) for item in reading):
-        _report_build = ReportBuild()
+        worker = getattr(config, "workerinput", None)
+        _report_build = ReportBuild(Path(worker[BUILD_FOLDER_KEY]) if worker else _build_folder)
         last = set(reading) | {
             item for item in items if isinstance(item, ExecutedCell) and item.path.parent == NOTEBOOK_DIR
         }
@@ -146,7 +183,15 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session, exitstatus):
     if _report_build is not None:
-        _report_build.close()
+        _report_build.close(stopped=exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop))
+    if _build_folder is not None:  # every process of the session is done with it
+        pid = _build_folder / "pid"
+        if pid.exists() and not (_build_folder / "exit").exists():  # a worker that started it was killed
+            try:
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(_build_folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
