@@ -17,6 +17,8 @@ export JUPYTER_RUNTIME_DIR := $(CURDIR)/.cache/jupyter/runtime
 export NUMBA_CACHE_DIR     := $(CURDIR)/.cache/numba
 export PYTHONHASHSEED      := 0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export UV_CACHE_DIR        := $(CURDIR)/.cache/uv
+UV_VERSION := 0.13.10
 # Real request traces (not committed): a folder holding the files that data/traces.toml lists.
 export TRACE_DIR ?= $(CURDIR)/../shared/traces
 
@@ -40,7 +42,9 @@ $(STAMP): requirements.lock pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || { echo "make setup: kvlab needs \
 	Python 3.11 or later as $(PYTHON) (found: $$($(PYTHON) --version 2>&1)); give one with make PYTHON=python3.11"; exit 2; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -r requirements.lock
+	@# uv installs the lock in about a tenth of pip's time (compiled to bytecode, as pip does); pip where uv cannot
+	$(BIN)/python -m pip install --quiet uv==$(UV_VERSION) && $(BIN)/uv pip install --quiet --compile-bytecode \
+	--python $(BIN)/python -r requirements.lock || $(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
 	@bash scripts/install_chromium.sh
