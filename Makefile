@@ -48,7 +48,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (kvlab)" >/dev/null
 	@bash scripts/install_chromium.sh
-	@echo "make setup: numba compiles kvlab's engine loops once for this machine (about 2 minutes)"
+	@echo "make setup: numba compiles kvlab's engine loops once for this machine (about a minute)"
 	@$(BIN)/python -c 'from kvlab.core.engine import warm; print("\n".join("make setup: compiled the " + d for d in warm.warm()))'
 	@touch $@
 

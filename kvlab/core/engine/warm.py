@@ -20,8 +20,9 @@ LOOPS = ("synchronous", "asynchronous", "vLLM 0.1.4")  # the compiled loops: vLL
 def warm() -> list[str]:
     """Compile every loop into numba's cache (a few requests through each of LOOPS), each in its own process where the
     machine has more than one core (numba compiles on one: on two cores the three loops share them and end together,
-    83-95 s on fresh clones here against 97 s in two processes, the longest beside the other two); what was compiled,
-    and in how many seconds, in words (make setup prints it). Nothing without numba."""
+    sooner than in two processes, the longest beside the other two: 83-95 s against 97 s when measured, 53-55 s now
+    that numba's inliner copies less, jit._InlinerCopy); what was compiled, and in how many seconds, in words (make
+    setup prints it). Nothing without numba."""
     if not compiled.available():
         return []
     modes = [mode for mode in LOOPS if not compiled.cached(_loop(mode))]

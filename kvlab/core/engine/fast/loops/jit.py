@@ -3,6 +3,7 @@ compile), the two decorators (njit: compiled and cached; inline: inlined into it
 (unowned) and the rules of kvlab.core.engine.rules compiled from their own source (RULES and a name for each)."""
 
 import builtins
+import copy
 import hashlib
 import os
 import shutil
@@ -52,7 +53,7 @@ if _WITHOUT_COVERAGE:
     sys.modules["coverage"] = None
 try:
     import numba
-    from numba.core import cgutils
+    from numba.core import cgutils, inline_closurecall, ir
     from numba.extending import intrinsic
     from numba.np.arrayobj import make_array
 finally:
@@ -60,6 +61,41 @@ finally:
         del sys.modules["coverage"]
 if CACHE_DIR:
     numba.config.CACHE_DIR = CACHE_DIR  # read when each dispatcher below opens its cache
+
+
+class _InlinerCopy:
+    """The copy module as numba's inliner sees it (numba.core.inline_closurecall.copy), with one change: while it
+    inlines a function (InlineWorker.inline_ir), the function's blocks are deep-copied with one memo, as one deepcopy
+    of them all would be. numba copies them block by block, each with a fresh memo, so each copies the function's
+    whole scope (every variable) again: blocks x variables, about a third of the loops' compilation (numba issue
+    8989). The copies are the same IR (the blocks share one copied scope, as the function's blocks share one), and the
+    loops the same machine code (the synchronous loop's assembly, 31,753 lines, compared: equal but for names that
+    numba numbers per process)."""
+
+    def __init__(self, inliner):
+        self.memos = None  # a memo per scope copied, while a function is inlined
+        original = inliner.InlineWorker.inline_ir
+
+        def inline_ir(worker, *args, **kwargs):
+            outer, self.memos = self.memos, {}
+            try:
+                return original(worker, *args, **kwargs)
+            finally:
+                self.memos = outer
+
+        inliner.InlineWorker.inline_ir = inline_ir
+        inliner.copy = self
+
+    def deepcopy(self, x, memo=None):
+        if memo is None and self.memos is not None and isinstance(x, ir.Block):
+            memo = self.memos.setdefault(id(x.scope), {})
+        return copy.deepcopy(x, memo)
+
+    def __getattr__(self, name):
+        return getattr(copy, name)
+
+
+_InlinerCopy(inline_closurecall)
 
 WAITING, RUNNING, PREEMPTED, FINISHED = 0, 1, 2, 3
 
@@ -118,9 +154,9 @@ def compiled_into(namespace: dict, functions, inlined: bool = True, tag: str = "
     tag: a suffix to a function's qualified name, which numba's cache keys it by (a function compiled twice, with two
     namespaces, is then cached twice)."""
     for function in functions:
-        copy = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
-        copy.__qualname__ = function.__qualname__ + tag
-        namespace[function.__name__] = inline(copy) if inlined else njit(copy)
+        clone = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__)
+        clone.__qualname__ = function.__qualname__ + tag
+        namespace[function.__name__] = inline(clone) if inlined else njit(clone)
     return namespace
 
 
