@@ -1,0 +1,1 @@
+"""A fleet of engines: routers (routers.py)."""
