@@ -74,6 +74,14 @@ def test_without_a_session_the_first_unused_endpoint_then_the_fewest_requests_in
     assert router.route(request(5, at_s=200.0), IDLE) == 0  # the window forgot them all: all at 0, the first
 
 
+def test_an_endpoint_whose_requests_left_the_window_is_not_new():
+    router = Session(3, window_s=60.0)
+    assert router.route(request(0, at_s=0.0), IDLE) == 0  # new
+    assert router.route(request(1, at_s=100.0), IDLE) == 1  # new (endpoint 0's request has left the window)
+    # endpoint 0 has had a request (0 requests/s now), endpoint 2 none yet: the first new one wins
+    assert router.route(request(2, at_s=101.0), IDLE) == 2
+
+
 def test_prefix_aware_follows_the_longest_prefix_an_endpoint_holds():
     router = PrefixAware(3, seed=1)
     first = router.route(request(0, blocks=("a", "b")), IDLE)

@@ -120,12 +120,13 @@ class QpsFallback(Router):
     def __init__(self, num_instances: int, seed: int = 0, window_s: float = 60.0):
         super().__init__(num_instances, seed)
         self.window_s = window_s
-        self.sent_s = [deque() for _ in range(num_instances)]
+        self.sent_s = [deque() for _ in range(num_instances)]  # each endpoint's requests in the window
+        self.used = [False] * num_instances  # whether it has had one (production-stack: in request_stats)
 
     def qps_routing(self, now_s: float) -> int:
         lowest, chosen = np.inf, 0
         for i, sent in enumerate(self.sent_s):
-            if not sent:
+            if not self.used[i]:
                 return i
             while sent and sent[0] < now_s - self.window_s:
                 sent.popleft()
@@ -136,6 +137,7 @@ class QpsFallback(Router):
 
     def sent(self, index: int, now_s: float) -> int:
         self.sent_s[index].append(now_s)
+        self.used[index] = True
         return index
 
 
