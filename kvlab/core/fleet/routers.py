@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROUTERS = ("round-robin", "least-loaded", "session", "prefix-aware", "llm-d", "dynamo-kv")
-
 
 @dataclass(frozen=True)
 class RoutedRequest:
@@ -59,12 +57,10 @@ class InstanceLoad:
 
 
 class Router:
-    """The base: a router of n instances (named instance-0, ... where a rule reads names, as production-stack reads
-    URLs), its random tie-breaks from seed."""
+    """The base: a router of n instances, its random tie-breaks from seed."""
 
     def __init__(self, num_instances: int, seed: int = 0):
         self.num_instances = num_instances
-        self.names = [f"instance-{i}" for i in range(num_instances)]
         self.rng = np.random.default_rng(seed)
 
     def route(self, request: RoutedRequest, loads: list[InstanceLoad]) -> int:
@@ -149,12 +145,13 @@ def md5_int(text: str) -> int:
 class Session(QpsFallback):
     """production-stack's SessionRouter: a request with a session id goes where a consistent-hash ring puts it
     (uhashring 2.3's HashRing: 160 points per endpoint at md5(f"{url}-{w}"), the first point after md5(session id),
-    wrapping round); one without goes by the QPS fallback."""
+    wrapping round; kvlab's instances named instance-0, ... for the URLs); one without goes by the QPS fallback."""
 
     VNODES = 160
 
     def __init__(self, num_instances: int, seed: int = 0, window_s: float = 60.0):
         super().__init__(num_instances, seed, window_s)
+        self.names = [f"instance-{i}" for i in range(num_instances)]
         points = sorted((md5_int(f"{name}-{w}"), i) for i, name in enumerate(self.names) for w in range(self.VNODES))
         self.keys, self.owners = [k for k, _ in points], [i for _, i in points]
 
