@@ -11,6 +11,7 @@ from kvlab.core import article
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.cost import HARDWARE_STEP_COSTS, STEP_COSTS
 from kvlab.core.engine import ALLOCATIONS
+from kvlab.core.fleet.routers import ROUTERS
 from kvlab.core.pool import ARTICLE_KV_TOKENS
 from kvlab.core.requests_csv import REQUESTS_CSV_COLUMNS
 from kvlab.studies.serving import DEFAULT_MAX_MODEL_LEN, FLAGS, ServingOptions
@@ -40,6 +41,8 @@ ENGINE_FLAGS = flag_table(
     "step_ms_per_token",
     "calibration",
     "max_concurrency",
+    "num_instances",
+    "router",
     config="--config",
     enable_chunked_prefill="--no-chunked-prefill",
     requests_csv="--requests-csv",
@@ -206,11 +209,30 @@ def add_engine_flags(p) -> list[str]:
         "(vLLM bench's default request rate, inf) or Poisson at --arrival-rate; a --trace gives its lengths only; "
         "TTFT and latency count from the send, the --requests-csv arrival_s column is it (default: open loop)",
     )
+    add_flag(
+        g,
+        "num_instances",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a fleet: N engines (vLLM instances), each with the pool and step cost above, behind --router, on one "
+        "clock (default 1: one engine)",
+    )
+    add_flag(
+        g,
+        "router",
+        choices=list(ROUTERS),
+        help="which instance of the fleet serves each request, at its arrival: round-robin (default with "
+        "--instances), least-loaded (fewest running + waiting), session and prefix-aware (vLLM production-stack's; "
+        "kvlab's workloads carry no session ids, so session routes by its load fallback), llm-d (its default "
+        "scorers: queue, KV-cache usage, prefix cache), dynamo-kv (NVIDIA Dynamo's KV router: prefill blocks after "
+        "its cache overlap + decode blocks); each as its public code writes it (kvlab.core.fleet.routers)",
+    )
     g.add_argument(
         "--requests-csv",
         metavar="FILE",
         help=f"write one row per request: {', '.join(REQUESTS_CSV_COLUMNS)} (request_id: 0-based input "
-        "order; scheduling: async or sync)",
+        "order; scheduling: async or sync; a fleet's: instance before scheduling)",
     )
     return [option for action in g._group_actions for option in action.option_strings]
 

@@ -234,7 +234,21 @@ def print_vllm(out: dict, run: serving.Serving) -> None:
         f"{out['num_requests']:,}, {out['num_output_tokens']:,} output tokens"
         + (f" ({capped:,} stopped at max_model_len)" if capped else ""),
     )
+    if run.fleet:
+        per_instance = ", ".join(f"{i['num_requests']:,}" for i in out["instances"])
+        print_line(
+            "fleet",
+            f"{out['num_instances']:,} instances behind the {out['router']} router, each with the pool and step cost "
+            f"above; requests per instance {per_instance}",
+        )
     print_line("TTFT", f"mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s")
+    if run.fleet:
+        print_line(
+            "TTFT's parts",
+            f"mean {out['mean_ttft_queue_s']:,.3f} s waiting to be scheduled + {out['mean_ttft_prefill_s']:,.3f} s "
+            f"from the first step to the first token; {100 * out['prefix_hit_rate']:.1f}% of prompt tokens found in "
+            "the instances' prefix caches",
+        )
     print_line("TPOT", f"mean {1e3 * out['mean_tpot_s']:,.2f} ms")
     print_line("preemptions", f"{out['num_preemptions']:,}")
     print_line(

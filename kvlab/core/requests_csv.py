@@ -21,8 +21,8 @@ REQUESTS_CSV_COLUMNS = (
 
 
 def write_requests_csv(path: str, result, async_scheduling: bool) -> None:
-    """One row per request of an EngineResult, REQUESTS_CSV_COLUMNS (with data parallelism, data_parallel_rank
-    before scheduling), times in full float precision; scheduling is async or sync. A path that cannot be written is
+    """One row per request of an EngineResult (or a fleet's FleetResult), REQUESTS_CSV_COLUMNS (with data
+    parallelism, data_parallel_rank before scheduling; a fleet's, the instance), times in full float precision; scheduling is async or sync. A path that cannot be written is
     a one-line ValueError naming requests_csv."""
     table = result.requests_table()
     columns = tuple(table)

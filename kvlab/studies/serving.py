@@ -21,6 +21,8 @@ from kvlab.core.config import VLLM_FLAGS, CacheConfig, EngineConfig, ParallelCon
 from kvlab.core.cost import HARDWARE_STEP_COSTS, make_step_cost
 from kvlab.core.engine import DEFAULT_CONFIG, PEAK_BYTES_PER_REQUEST, NoProgressError, check_max_concurrency
 from kvlab.core.engine import simulate as engine_simulate
+from kvlab.core.fleet.fleet import Fleet, bytes_per_request
+from kvlab.core.fleet.routers import ROUTERS, make_router
 from kvlab.core.models import ModelSpec
 from kvlab.core.pool import size_kv_pool
 from kvlab.core.workload import Workload
@@ -29,10 +31,11 @@ from kvlab.workloads import synthetic, traces
 # Each option's flag on kvlab's command line (ServingOptions', and kvlab.studies.sizing.SizingOptions' of kvlab
 # capacity): vLLM's (kvlab.core.config.VLLM_FLAGS) where vLLM has one, else kvlab's.
 FLAGS = VLLM_FLAGS | {"hf_config_path": "--config"}
+FLAGS |= {"num_instances": "--instances"}
 FLAGS |= {
     name: "--" + name.replace("_", "-")
     for name in (
-        "policy num_params_b gpu num_gpu_blocks allocation cost step_ms step_ms_per_token calibration trace "
+        "policy router num_params_b gpu num_gpu_blocks allocation cost step_ms step_ms_per_token calibration trace "
         "trace_format skip_bad_rows num_requests arrival_rate lengths constant_tokens prompt_tokens output_tokens seed "
         "num_layers num_kv_heads head_dim num_attention_heads attention kv_lora_rank qk_rope_head_dim available_kv_gib "
         "gpu_memory_gib weights_gib weight_dtype activation_peak_gib non_torch_gib unit"
@@ -63,7 +66,8 @@ class ServingOptions:
     context, else default_max_model_len (None: refused). The pool: num_gpu_blocks, else sized from the model on the
     GPU, else the article's KV memory. The step cost: cost (None: constant, or linear with step_ms_per_token). The
     workload: the trace's requests, or a synthetic one (lengths: LENGTHS); seed None: 0, and a trace's own arrivals
-    are kept; max_concurrency: vLLM bench's closed loop."""
+    are kept; max_concurrency: vLLM bench's closed loop. num_instances > 1 or a router: a fleet of that many engines,
+    each with the pool and step cost above, behind the router (kvlab.core.fleet.routers.ROUTERS)."""
 
     policy: str = "vllm"
     # the model and the GPU
@@ -110,6 +114,9 @@ class ServingOptions:
     output_tokens: int | None = None
     seed: int | None = None
     max_concurrency: int | None = None
+    # the fleet: num_instances engines behind a router (kvlab.core.fleet; None: round-robin where num_instances > 1)
+    num_instances: int = 1
+    router: str | None = None
 
     @property
     def cost_name(self) -> str:
@@ -424,6 +431,12 @@ class Serving:
         """Serve the workload (kvlab.core.engine.simulate: the engine refuses its config, pool and workload in one
         line before any step); a run that cannot go on stops with why, as a one-line ValueError."""
         try:
+            if self.fleet:
+                router = make_router(self.router_name, self.options.num_instances, self.config.cache.block_size,
+                                     self.options.seed or 0)  # fmt: skip
+                return Fleet(self.workload, self.config, router, self.options.num_instances,
+                             num_gpu_blocks=self.num_gpu_blocks, cost=self.cost,
+                             kv_cache_groups=self.kv_cache_groups).run()  # fmt: skip
             return engine_simulate(
                 self.workload,
                 self.config,
@@ -436,12 +449,47 @@ class Serving:
         except NoProgressError as err:
             raise ValueError(str(err)) from None
 
+    @property
+    def fleet(self) -> bool:
+        """Whether the run is a fleet's (kvlab.core.fleet): more than one instance, or a router named."""
+        return self.options.num_instances > 1 or self.options.router is not None
+
+    @property
+    def router_name(self) -> str:
+        return self.options.router or "round-robin"
+
     def summary(self, result) -> dict:
         """The run's figures (kvlab simulate --policy vllm --json): the settings served, the step cost and where its
-        numbers come from, latency, preemptions, steps, KV blocks and throughput."""
-        scheduler, cache, parallel = self.config.scheduler, self.config.cache, self.config.parallel
+        numbers come from, latency, preemptions, steps, KV blocks and throughput; a fleet's, its own
+        (kvlab.core.fleet.FleetResult.summary: TTFT's parts, the prefix caches' hit rate, each instance's counts)."""
         summary = result.summary()
-        out = {
+        if self.fleet:
+            return self.settings() | summary | self.model_keys() | self.trace_keys()
+        out = self.settings() | {
+            "num_requests": summary["num_requests"],
+            **{k: summary[k] for k in SUMMARY_KEYS},
+            "num_output_tokens": summary["num_output_tokens"],
+            "num_capped_by_max_model_len": int((result.num_output_tokens < self.workload.output_tokens).sum()),
+            "makespan_s": summary["makespan_s"],
+            "mean_kv_token_share": summary["mean_kv_token_share"],
+        }
+        if self.options.max_concurrency is not None:
+            out["max_concurrency"] = self.options.max_concurrency
+        out |= self.model_keys()
+        parallel = self.config.parallel
+        ranks = parallel.data_parallel_size
+        if ranks > 1:
+            out |= {
+                "data_parallel_size": ranks,
+                "enable_expert_parallel": parallel.enable_expert_parallel,
+                "requests_per_rank": np.bincount(result.data_parallel_rank, minlength=ranks).tolist(),
+            }
+        return out | self.trace_keys()
+
+    def settings(self) -> dict:
+        """The settings served and the step cost (the first keys of kvlab simulate --policy vllm --json)."""
+        scheduler, cache = self.config.scheduler, self.config.cache
+        return {
             "policy": "vllm",
             "async_scheduling": scheduler.async_scheduling,
             "allocation": self.options.allocation,
@@ -454,31 +502,24 @@ class Serving:
             "enable_prefix_caching": cache.enable_prefix_caching,
             "cost": self.options.cost_name,
             "cost_source": f"{self.options.cost_name}, {self.cost.describe()}",
-            "num_requests": summary["num_requests"],
-            **{k: summary[k] for k in SUMMARY_KEYS},
-            "num_output_tokens": summary["num_output_tokens"],
-            "num_capped_by_max_model_len": int((result.num_output_tokens < self.workload.output_tokens).sum()),
-            "makespan_s": summary["makespan_s"],
-            "mean_kv_token_share": summary["mean_kv_token_share"],
         }
-        if self.options.max_concurrency is not None:
-            out["max_concurrency"] = self.options.max_concurrency
+
+    def model_keys(self) -> dict:
+        """The model's quantization and KV cache groups, where they apply."""
+        out = {}
         if self.model is not None:
             out["quantization"] = self.model.quantization or "none"
         if self.kv_cache_groups is not None:
             out["kv_cache_groups"] = describe_groups(self.kv_cache_groups)
-        ranks = parallel.data_parallel_size
-        if ranks > 1:
-            out |= {
-                "data_parallel_size": ranks,
-                "enable_expert_parallel": parallel.enable_expert_parallel,
-                "requests_per_rank": np.bincount(result.data_parallel_rank, minlength=ranks).tolist(),
-            }
-        if self.trace is not None:  # a closed loop draws its own arrivals: Poisson only at arrival_rate
-            closed = self.options.max_concurrency is not None
-            poisson = self.options.arrival_rate is not None if closed else self.trace.poisson_arrivals
-            out |= trace_keys(self.trace) | {"poisson_arrivals": poisson}
         return out
+
+    def trace_keys(self) -> dict:
+        """The trace's keys (trace_keys), where a trace is served, and whether its arrivals are Poisson."""
+        if self.trace is None:
+            return {}
+        closed = self.options.max_concurrency is not None  # a closed loop draws its own arrivals: Poisson only
+        poisson = self.options.arrival_rate is not None if closed else self.trace.poisson_arrivals  # at arrival_rate
+        return trace_keys(self.trace) | {"poisson_arrivals": poisson}
 
 
 SUMMARY_KEYS = (
@@ -508,6 +549,29 @@ def describe_groups(groups) -> str:
     return f"{len(groups)} sharing the pool: " + ", ".join(parts) + " (vLLM's hybrid KV cache manager)"
 
 
+# Bytes a fleet's instance holds per KV block of its pool (its block pool's lists; measured: 88 B).
+INSTANCE_BYTES_PER_BLOCK = 100
+
+
+def check_fleet(options: ServingOptions) -> None:
+    """A fleet (num_instances > 1 or a router) of engines kvlab's fleet serves: one-line errors for the rest."""
+    n = validate.positive_int("num_instances", options.num_instances)
+    if options.router is not None and options.router not in ROUTERS:
+        raise ValueError(f"{FLAGS['router']} {options.router!r} is not a router kvlab has: {', '.join(ROUTERS)}")
+    if n == 1 and options.router is None:
+        return
+    fleet = f"{FLAGS['num_instances']} {n}" if n > 1 else f"{FLAGS['router']} {options.router}"
+    for name, served, what in (
+        ("data_parallel_size", options.data_parallel_size == 1, "its instances are single-rank engines"),
+        ("max_concurrency", options.max_concurrency is None, "a closed loop is served for one engine only"),
+        ("allocation", options.allocation == "paged", "its instances are vLLM's paged engines"),
+    ):
+        if not served:
+            raise ValueError(
+                f"{fleet} and {FLAGS[name]} {getattr(options, name)} cannot be used together: {what} (kvlab's fleet)"
+            )
+
+
 def setup(options: ServingOptions) -> Serving:
     """What kvlab's engine needs to serve the run of options, each part made once and refused in one line where the
     options cannot make it: the model, the EngineConfig (max_model_len's default: max_model_len_of), data and expert
@@ -522,13 +586,26 @@ def setup(options: ServingOptions) -> Serving:
         )
     if options.max_concurrency is not None:
         check_max_concurrency(options.max_concurrency)
+    check_fleet(options)
     model = load_model(options)
     config = engine_config(options, max_model_len_of(options, model))
     check_parallel(model, config)
     groups = None if model is None else capacity.kv_cache_groups(model, config)
     num_gpu_blocks, pool_source = kv_pool(options, model, config, groups)
+    if options.num_instances > 1:  # each instance's pool, held in this machine's memory
+        resources.refuse_if_too_big("num_instances", options.num_instances, num_gpu_blocks * INSTANCE_BYTES_PER_BLOCK,
+                                    unit="instances of this pool")  # fmt: skip
+    if options.router == "dynamo-kv" and groups is not None and len(groups) > 1:
+        raise ValueError(
+            f"{FLAGS['router']} dynamo-kv reads the instances' prefix caches, which kvlab's fleet reads for one "
+            f"full-attention group only, and {describe_groups(groups)} (choose another {FLAGS['router']})"
+        )
     cost = step_cost(options, model, config)
     requests, load = workload(options)
+    if options.num_instances > 1 or options.router is not None:  # the prompts' hashes a fleet's run keeps
+        per_request = bytes_per_request(requests, config.cache.block_size, options.router or "round-robin",
+                                        config.cache.enable_prefix_caching)  # fmt: skip
+        resources.refuse_if_too_big("num_requests", requests.num_requests, PEAK_BYTES_PER_REQUEST + per_request)
     if groups is not None and len(groups) == 1 and groups[0].kind == "full_attention":
         groups = None  # one full-attention group: the engine serves a plain decoder (capacity.engine_kv_cache_groups)
     return Serving(options, model, config, num_gpu_blocks, pool_source, groups, cost, requests, load)

@@ -123,6 +123,7 @@ class Engine:
         self.num_decode_runs = 0  # the compiled loop's decode runs (steps done at once)
         self.gpu_free_s = self.now_s  # asynchronous: when the GPU has run every batch queued so far
         self.num_empty = 0  # asynchronous: schedule() calls in a row that scheduled nothing
+        self.until_s = math.inf  # the loop pauses once the clock reaches it (a fleet's instance: kvlab.core.fleet)
         # asynchronous: batches scheduled, not yet processed: (out, start_s, end_s, num_running, num_waiting)
         self.batch_queue: deque = deque()
         self.compiled = compiled_loop.chosen(self, path)
@@ -155,6 +156,10 @@ class Engine:
     # ---------------------------------------------------------------- requests
     def arrival(self, i: int) -> Request:
         """Request i of the workload, as it arrives."""
+        return self.request(i, self.arrival_list[i])
+
+    def request(self, i: int, arrival_s: float) -> Request:
+        """Request i of the workload, arriving at arrival_s."""
         w = self.workload
         ids = blocks = None
         if self.prompt_token_ids is not None:
@@ -163,7 +168,7 @@ class Engine:
             blocks = w.prefix_hashes[i]
         return Request(
             i,
-            self.arrival_list[i],
+            arrival_s,
             int(w.prompt_tokens[i]),
             int(w.output_tokens[i]),
             self.scheduler.max_request_tokens,

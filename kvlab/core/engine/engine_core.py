@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from kvlab.core.cost import checked_s
-from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
+from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, PAUSED, STEP
 
 # The Python engine calls run_sync and run_async with itself as the engine and as the loop's state (loop: now_s,
 # next_arrival, num_kv_tokens, num_decode_runs, gpu_free_s, num_empty) and with the bindings after them; the compiled
@@ -22,7 +22,9 @@ def run_sync(engine, loop):
     """Engine.run's loop, synchronous: the requests that have arrived join the waiting queue (with nothing running or
     waiting the clock jumps to the next arrival); then a run of steps at once where nothing can change (run_at_once),
     or one step: schedule, its cost, update_from_output at its end, its record. Returns DONE (every request
-    finished), FULL (a compiled loop's chunk of records is full) or NO_PROGRESS (a step scheduled nothing)."""
+    finished), FULL (a compiled loop's chunk of records is full), NO_PROGRESS (a step scheduled nothing) or PAUSED
+    (the clock reached the engine's until_s before the requests arrived by then joined: a fleet's instance, whose
+    router has yet to route them)."""
     engine = started(engine)
     while True:
         code = next_step(engine, loop)
@@ -48,8 +50,11 @@ def run_sync(engine, loop):
 
 def next_step(engine, loop):
     """run_sync up to its next step: the requests that have arrived join the waiting queue; with nothing running or
-    waiting the clock jumps to the next arrival (idle_until). Returns STEP, DONE (every request finished) or FULL."""
+    waiting the clock jumps to the next arrival (idle_until). Returns STEP, DONE (every request finished), FULL or
+    PAUSED."""
     while True:
+        if paused(engine, loop):
+            return PAUSED
         add_arrivals(engine, loop)
         num_running, num_waiting = queue_lengths(engine, loop)
         if num_running or num_waiting:
@@ -70,6 +75,8 @@ def run_async(engine, loop):
     engine = started(engine)
     n = num_requests(engine)
     while True:
+        if paused(engine, loop):
+            return PAUSED
         add_arrivals(engine, loop)
         if records_full(engine):
             return FULL
@@ -113,6 +120,11 @@ def started(engine):
     """The engine the loop runs on: this one (a compiled loop's: its arrays as views that own no reference, its chunk of
     step records empty)."""
     return engine
+
+
+def paused(engine, loop) -> bool:
+    """Whether the clock has reached the engine's until_s (inf but for a fleet's instance: kvlab.core.fleet)."""
+    return loop.now_s >= engine.until_s
 
 
 def add_arrivals(engine, loop) -> None:

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 
 # How a run of the time loop (engine_core.run_sync, run_async) ended: every request finished, a compiled loop's chunk of step
-# records is full, or a step scheduled nothing (the Python engine then says why); STEP: next_step found a step to take.
-DONE, FULL, NO_PROGRESS, STEP = 0, 1, 2, -1
+# records is full, a step scheduled nothing (the Python engine then says why), or the clock reached the engine's until_s
+# (a fleet's instance waits there for its router: kvlab.core.fleet); STEP: next_step found a step to take.
+DONE, FULL, NO_PROGRESS, PAUSED, STEP = 0, 1, 2, 3, -1
 
 # Per step, read after the step's update (vLLM's num_running / num_waiting are read right after schedule()):
 STEP_FIELDS = (
@@ -365,13 +366,12 @@ class EngineResult:
     def requests_table(self) -> dict[str, np.ndarray]:
         """One row per request (request_id = 0-based input order): the columns of kvlab simulate --requests-csv."""
         ranks = {} if self.data_parallel_rank is None else {"data_parallel_rank": self.data_parallel_rank}
-        return {
-            "request_id": np.arange(self.num_requests),
-            "arrival_s": self.arrival_s,
-            "prompt_tokens": self.prompt_tokens,
-            "output_tokens": self.output_tokens,
-            "first_scheduled_s": self.first_scheduled_s,
-            "first_token_s": self.first_token_s,
-            "finish_s": self.finish_s,
-            "num_preemptions": self.num_preemptions,
-        } | ranks
+        return requests_table(self) | ranks
+
+
+def requests_table(result) -> dict[str, np.ndarray]:
+    """One row per request of a run (an EngineResult, or a fleet's FleetResult): request_id (0-based input order),
+    arrival_s, prompt_tokens, output_tokens, first_scheduled_s, first_token_s, finish_s and num_preemptions."""
+    names = ("arrival_s", "prompt_tokens", "output_tokens", "first_scheduled_s", "first_token_s", "finish_s",
+             "num_preemptions")  # fmt: skip
+    return {"request_id": np.arange(len(result.arrival_s))} | {name: getattr(result, name) for name in names}

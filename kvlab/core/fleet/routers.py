@@ -57,7 +57,12 @@ class InstanceLoad:
 
 
 class Router:
-    """The base: a router of n instances, its random tie-breaks from seed."""
+    """The base: a router of n instances, its random tie-breaks from seed. What it reads: the instances' loads
+    (reads_instances; else route is given None for them), the prompts' block hashes (reads_prefixes; else they are
+    ()), and the requests' first tokens and finishes (hears_requests)."""
+
+    name = ""  # kvlab simulate's --router
+    reads_instances = reads_prefixes = hears_requests = False
 
     def __init__(self, num_instances: int, seed: int = 0):
         self.num_instances = num_instances
@@ -81,6 +86,8 @@ class RoundRobin(Router):
     """production-stack's RoundRobinRouter: a counter over the endpoints' URLs sorted (kvlab's instances in index
     order), the next one each request."""
 
+    name = "round-robin"
+
     def __init__(self, num_instances: int, seed: int = 0):
         super().__init__(num_instances, seed)
         self.next_index = 0
@@ -94,6 +101,8 @@ class RoundRobin(Router):
 class LeastLoaded(Router):
     """kvlab's baseline: the instance with the fewest unfinished requests (by="requests": running + waiting) or tokens
     (by="tokens"), the first of them on a tie."""
+
+    name, reads_instances = "least-loaded", True
 
     def __init__(self, num_instances: int, seed: int = 0, by: str = "requests"):
         super().__init__(num_instances, seed)
@@ -147,7 +156,7 @@ class Session(QpsFallback):
     (uhashring 2.3's HashRing: 160 points per endpoint at md5(f"{url}-{w}"), the first point after md5(session id),
     wrapping round; kvlab's instances named instance-0, ... for the URLs); one without goes by the QPS fallback."""
 
-    VNODES = 160
+    name, VNODES = "session", 160
 
     def __init__(self, num_instances: int, seed: int = 0, window_s: float = 60.0):
         super().__init__(num_instances, seed, window_s)
@@ -169,6 +178,8 @@ class PrefixAware(QpsFallback):
     unmatched request goes anywhere at random). Its prompt is then added for the endpoint chosen; nothing is ever
     evicted. production-stack hashes 128-character chunks of the prompt's text (the last one shorter); kvlab's
     prompt blocks stand for them (its full blocks only)."""
+
+    name, reads_prefixes = "prefix-aware", True
 
     def __init__(self, num_instances: int, seed: int = 0, window_s: float = 60.0, min_match_blocks: int = 0):
         super().__init__(num_instances, seed, window_s)
@@ -204,6 +215,7 @@ class LlmD(Router):
     in order until one no endpoint holds, each endpoint counting every block it holds on the way. llm-d hashes the
     prompt's text in chunks of block size x 4 characters; kvlab's prompt blocks stand for them."""
 
+    name, reads_instances, reads_prefixes = "llm-d", True, True
     WEIGHTS = {"queue": 2.0, "kv_cache_utilization": 2.0, "prefix_cache": 3.0}
     MAX_PREFIX_BLOCKS = 256
 
@@ -245,6 +257,8 @@ class DynamoKv(Router):
     blocks, plus the prompt tokens of requests sent to it whose first token has not come back, over block_size) plus
     its decode blocks (the distinct blocks of its unfinished requests, the request's own counted); the lowest cost
     wins, and among equals the worker whose cache holds the fewest blocks, at random where they hold as many."""
+
+    name, reads_instances, reads_prefixes, hears_requests = "dynamo-kv", True, True, True
 
     def __init__(self, num_instances: int, block_size: int, seed: int = 0, overlap_score_weight: float = 1.0):
         super().__init__(num_instances, seed)
@@ -299,3 +313,16 @@ class DynamoKv(Router):
             refs[block_hash] -= 1
             if refs[block_hash] == 0:
                 del refs[block_hash]
+
+
+ROUTERS = {router.name: router for router in (RoundRobin, LeastLoaded, Session, PrefixAware, LlmD, DynamoKv)}
+
+
+def make_router(name: str, num_instances: int, block_size: int, seed: int = 0) -> Router:
+    """The router named (ROUTERS: kvlab simulate's --router) for num_instances instances of block_size tokens a block,
+    its random tie-breaks from seed."""
+    if name not in ROUTERS:
+        raise ValueError(f"router {name!r} is not one kvlab has: {', '.join(ROUTERS)}")
+    if name == "dynamo-kv":
+        return DynamoKv(num_instances, block_size, seed)
+    return ROUTERS[name](num_instances, seed)

@@ -19,7 +19,7 @@ from kvlab.core.engine.fast.loops.scheduler import (
     shared_update_from_output,
 )
 from kvlab.core.engine.fast.loops.step_runs import decode_run
-from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, STEP
+from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, PAUSED, STEP
 
 
 # ---------------------------------------------------------------- the time loop's calls, over the arrays
@@ -29,6 +29,12 @@ def started(engine):
     engine = unowned(engine)
     engine.counts[:] = 0
     return engine
+
+
+@inline
+def paused(engine, loop):
+    """Never: a compiled loop serves a whole workload (a fleet's instances that wait for their router run in Python)."""
+    return False
 
 
 @inline
@@ -217,11 +223,11 @@ def pop_batch(engine, loop):
 BINDINGS = {
     name: globals()[name]
     for name in (
-        "started", "add_arrivals", "queue_lengths", "has_requests", "records_full", "num_requests", "arrival_s_of", "idle_until",
-        "run_at_once", "run_at_once_async", "schedule_batch", "batch_s", "running_kv_tokens", "update_batch",
-        "record_step", "queue_batch", "num_queued", "queued_tokens", "pop_batch",
+        "started", "paused", "add_arrivals", "queue_lengths", "has_requests", "records_full", "num_requests",
+        "arrival_s_of", "idle_until", "run_at_once", "run_at_once_async", "schedule_batch", "batch_s",
+        "running_kv_tokens", "update_batch", "record_step", "queue_batch", "num_queued", "queued_tokens", "pop_batch",
     )
-} | {"math": math, "STEP": STEP, "DONE": DONE, "FULL": FULL, "NO_PROGRESS": NO_PROGRESS}  # fmt: skip
+} | {"math": math, "STEP": STEP, "DONE": DONE, "FULL": FULL, "NO_PROGRESS": NO_PROGRESS, "PAUSED": PAUSED}  # fmt: skip
 LOOPS = compiled_from((engine_core.next_step,), BINDINGS, (engine_core.run_sync, engine_core.run_async), "_v1")
 # The loops fast/compiled.py calls, each with the arrays and the loop's state (a LOOP_STATE record) from where it stopped.
 loop_sync, loop_async = LOOPS["run_sync"], LOOPS["run_async"]

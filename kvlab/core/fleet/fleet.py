@@ -1,0 +1,325 @@
+"""A fleet: N instances of kvlab's engine behind a router, on one clock.
+
+Each instance is an Engine with the fleet's EngineConfig, its own pool of num_gpu_blocks and its own step cost (a
+fleet of equal instances, vLLM replicas). Requests arrive in the workload's order; at its arrival a request is routed
+(kvlab.core.fleet.routers) and joins its instance as the engine's own arrivals join it, so an instance makes the
+decisions an Engine makes on the requests it is sent (a fleet of one is the engine: a test holds them equal).
+
+Time: an instance runs until its clock reaches the arrival of the next request still to be routed (Engine.until_s:
+its loop pauses before the requests that have arrived by then join it, engine_core.paused). So when a request is
+routed every instance has run each step that started before its arrival, and the router reads each instance as
+those steps leave it: the step running at the arrival counted as done, with no delay in what the router sees
+(kvlab's choice; vLLM publishes a step's counts at its end, and real routers read them later: production-stack
+scrapes its engines every few seconds, llm-d every 50 ms). What a router hears of requests (a first token, a finish:
+Router.prefill_done, finished) reaches it in time order, all up to an arrival before that request is routed.
+
+A router that reads nothing of the instances (Router.reads_instances False: round robin, session, prefix-aware)
+routes the whole workload first; each instance then serves its share alone, through the engine's compiled loop where
+its path allows: the same decisions, since an instance's decisions depend on its own arrivals only (a test holds the
+two ways equal).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.engine.block_hashes import block_hashes
+from kvlab.core.engine.checks import NoProgressError, no_progress_message
+from kvlab.core.engine.engine import Engine
+from kvlab.core.engine.engine_core import run_async, run_sync
+from kvlab.core.engine.records import NO_PROGRESS, EngineResult, RequestLog, StepRecords, requests_table
+from kvlab.core.fleet.routers import ROUTERS, PrefixAware, RoutedRequest, Router
+from kvlab.core.workload import Workload
+
+# Bytes a fleet's run holds per full prompt block beyond its engines' own records: the content hashes a Python
+# instance keeps for prefix caching, or that a router reading prefixes is given (measured: about 150 B on the Mooncake
+# conversation trace), and production-stack's prefix trie, which never forgets a prompt (about 330 B more).
+BYTES_PER_PROMPT_BLOCK = 200
+TRIE_BYTES_PER_PROMPT_BLOCK = 400
+
+
+def bytes_per_request(workload: Workload, block_size: int, router: str, enable_prefix_caching: bool) -> float:
+    """The bytes a fleet's run holds per request of workload beyond its engines' own (BYTES_PER_PROMPT_BLOCK, and
+    TRIE_BYTES_PER_PROMPT_BLOCK for the prefix-aware router): for `resources.refuse_if_too_big`."""
+    per_block = BYTES_PER_PROMPT_BLOCK if enable_prefix_caching or ROUTERS[router].reads_prefixes else 0
+    per_block += TRIE_BYTES_PER_PROMPT_BLOCK if router == PrefixAware.name else 0
+    return per_block * float((workload.prompt_tokens // block_size).mean())
+
+
+class CachedBlocks:
+    """An instance's prefix cache as a router reads it (what vLLM's KV events tell it): `block_hash in cached`, and
+    len(cached), the distinct block hashes cached."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __contains__(self, block_hash) -> bool:
+        return self.pool.get_cached_block(block_hash) is not None
+
+    def __len__(self) -> int:
+        ends = self.pool.hash_ends
+        return sum(1 for h in range(0, len(ends), 2) if ends[h] >= 0)
+
+
+class Instance(Engine):
+    """One engine of a fleet: the requests routed to it join in arrival order (their ids the workload's, their
+    records in the fleet's RequestLog). Its arrival list ends with a placeholder at until_s, which never joins (the
+    loop pauses first), so an idle instance waits there for its router."""
+
+    def __init__(self, index: int, log: RequestLog, workload: Workload, config, **engine_options):
+        super().__init__(workload, config, path="reference", **engine_options)
+        self.index, self.requests = index, log
+        self.routed: list = []  # the requests routed here, in arrival order
+        self.arrival_list = [math.inf]  # their arrivals, then the placeholder at until_s
+        self.finishes: list = []  # (finish_s, request id), in time order
+        self.cached_block_hashes = CachedBlocks(self.kv_cache_manager.pool)
+
+    def arrival(self, i: int):
+        return self.routed[i]
+
+    def route(self, request) -> None:
+        """A request routed here joins at its arrival."""
+        self.routed.append(request)
+        self.arrival_list.insert(len(self.routed) - 1, request.arrival_s)
+
+    def run_until(self, until_s: float) -> None:
+        """Run until the clock reaches until_s (math.inf: every request routed here finished)."""
+        if until_s == math.inf:
+            self.arrival_list.pop()  # no request is still to be routed: no placeholder
+        else:
+            self.arrival_list[-1] = until_s
+        self.until_s = until_s
+        if (run_async if self.scheduler.async_scheduling else run_sync)(self, self) == NO_PROGRESS:
+            raise NoProgressError(no_progress_message(self))
+
+    def finished(self, request, end_s: float) -> None:
+        super().finished(request, end_s)
+        self.finishes.append((end_s, request.request_id))
+
+    # ---------------------------------------------------------------- what a router reads (routers.InstanceLoad)
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, those routed here that have arrived and not yet joined included."""
+        return len(self.scheduler.waiting) + len(self.routed) - self.next_arrival
+
+    @property
+    def num_unfinished_tokens(self) -> int:
+        """Tokens the unfinished requests routed here still have to compute (prompt and output)."""
+        scheduler = self.scheduler
+        pending = self.routed[self.next_arrival :]
+        return sum(r.max_num_tokens - r.num_computed_tokens for q in (scheduler.running, scheduler.waiting, pending)
+                   for r in q)  # fmt: skip
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """vLLM's kv_cache_usage_perc (BlockPool.get_usage): 1 - free blocks / usable blocks."""
+        return 1.0 - self.kv_cache_manager.num_free_blocks / (self.num_gpu_blocks - 1)
+
+    def result(self) -> EngineResult:
+        """The run of the requests routed here, in their arrival order."""
+        ids = np.array([r.request_id for r in self.routed], dtype=np.int64)
+        w = self.workload
+        columns = [c[ids] for c in self.requests.columns()]
+        return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s[ids],
+                            w.prompt_tokens[ids], w.output_tokens[ids], *columns, StepRecords(self.steps))  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class FleetResult:
+    """A fleet's run: the instance that served each request (instance_of, index = the workload's order), each
+    instance's run over its requests (EngineResult in their arrival order; None: none was routed to it) and the
+    requests' records in the workload's order (EngineResult's per-request arrays; its steps: none)."""
+
+    router: str
+    instance_of: np.ndarray
+    instances: list
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray  # asked for
+    num_output_tokens: np.ndarray  # produced
+    first_scheduled_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    num_preemptions: np.ndarray
+
+    @property
+    def num_instances(self) -> int:
+        return len(self.instances)
+
+    @property
+    def ttft_s(self) -> np.ndarray:
+        """Time to first token (s): queue (first scheduled - arrival) + prefill (first token - first scheduled)."""
+        return self.first_token_s - self.arrival_s
+
+    def summary(self) -> dict:
+        """The fleet's figures: its requests' TTFT (mean, p95, and its two parts), TPOT, preemptions, output tokens/s,
+        the share of prompt tokens found in the instances' prefix caches, and each instance's counts."""
+        extra = self.num_output_tokens - 1
+        tpot = (self.finish_s - self.first_token_s)[extra > 0] / extra[extra > 0]
+        makespan = float(self.finish_s.max() - self.arrival_s.min())
+        output = int(self.num_output_tokens.sum())
+        per_instance = [instance_summary(r) for r in self.instances]
+        num_hit = sum(p["num_hit_tokens"] for p in per_instance)
+        num_steps = sum(p["num_steps"] for p in per_instance)
+        return {
+            "num_instances": self.num_instances,
+            "router": self.router,
+            "num_requests": len(self.arrival_s),
+            "mean_ttft_s": float(self.ttft_s.mean()),
+            "p95_ttft_s": float(np.percentile(self.ttft_s, 95)),
+            "mean_ttft_queue_s": float((self.first_scheduled_s - self.arrival_s).mean()),
+            "mean_ttft_prefill_s": float((self.first_token_s - self.first_scheduled_s).mean()),
+            "mean_tpot_s": float(tpot.mean()) if len(tpot) else float("nan"),
+            "p95_tpot_s": float(np.percentile(tpot, 95)) if len(tpot) else float("nan"),
+            "num_preemptions": int(self.num_preemptions.sum()),
+            "num_steps": num_steps,
+            "peak_kv_blocks": max(p["peak_kv_blocks"] for p in per_instance),
+            "mean_running": sum(p["mean_running"] * p["num_steps"] for p in per_instance) / max(num_steps, 1),
+            "prefix_hit_rate": num_hit / max(int(self.prompt_tokens.sum()), 1),
+            "num_output_tokens": output,
+            "num_capped_by_max_model_len": int((self.num_output_tokens < self.output_tokens).sum()),
+            "makespan_s": makespan,
+            "output_tokens_per_s": output / makespan if makespan > 0 else float("nan"),
+            "instances": per_instance,
+        }
+
+    def requests_table(self) -> dict[str, np.ndarray]:
+        """One row per request: the columns of kvlab simulate --requests-csv (EngineResult.requests_table's), and the
+        instance that served it."""
+        return requests_table(self) | {"instance": self.instance_of}
+
+
+def instance_summary(result: EngineResult | None) -> dict:
+    """One instance's counts: requests, preemptions, steps, peak KV blocks, mean running requests (over its steps),
+    prompt tokens hit in its prefix cache and their share of its prompt tokens."""
+    if result is None:
+        return {"num_requests": 0, "num_preemptions": 0, "num_steps": 0, "peak_kv_blocks": 0, "mean_running": 0.0,
+                "num_hit_tokens": 0, "prefix_hit_rate": 0.0}  # fmt: skip
+    steps = result.steps
+    num_hit = steps["num_hit_tokens"].sum() if result.num_steps else 0
+    return {
+        "num_requests": result.num_requests,
+        "num_preemptions": int(result.num_preemptions.sum()),
+        "num_steps": result.num_steps,
+        "peak_kv_blocks": int(steps["num_blocks_in_use"].max()) if result.num_steps else 0,
+        "mean_running": steps.column_sum("num_running") / result.num_steps if result.num_steps else 0.0,
+        "num_hit_tokens": int(num_hit),
+        "prefix_hit_rate": int(num_hit) / max(int(result.prompt_tokens.sum()), 1),
+    }
+
+
+class Fleet:
+    """num_instances engines (each Engine(workload's share, config, **engine_options): num_gpu_blocks, cost,
+    kv_cache_groups, prompt_token_ids, path) behind router (a routers.Router for num_instances)."""
+
+    def __init__(self, workload: Workload, config, router: Router, num_instances: int, **engine_options):
+        self.num_instances = validate.positive_int("num_instances", num_instances)
+        if router.num_instances != num_instances:
+            validate.fail("router", f"{router.num_instances} instances", f"must route to the fleet's {num_instances}")
+        for option in ("recorder", "max_concurrency", "allocation"):
+            if engine_options.get(option) not in (None, "paged"):
+                validate.fail(option, engine_options[option], "is not served by a fleet (one engine only)")
+        self.workload, self.config, self.router, self.engine_options = workload, config, router, engine_options
+        self.path = engine_options.pop("path", "auto")
+
+    def run(self) -> FleetResult:
+        """Serve the workload: route each request at its arrival and run every instance to the end."""
+        if self.router.reads_instances or self.router.hears_requests:
+            return self.run_together()
+        return self.run_apart()
+
+    # ---------------------------------------------------------------- routing at each arrival, one clock
+    def run_together(self) -> FleetResult:
+        """Every instance run up to each arrival, the request routed on what the router reads of them then."""
+        w, router = self.workload, self.router
+        log = RequestLog(w.num_requests)
+        instances = [Instance(k, log, w, self.config, check=k == 0, **self.engine_options)
+                     for k in range(self.num_instances)]  # fmt: skip
+        first_token_pending: list = []  # requests routed whose first token the router has yet to hear of
+        next_finish = [0] * self.num_instances
+        instance_of = np.empty(w.num_requests, dtype=np.int64)
+        for j, arrival_s in enumerate(w.arrival_s.tolist()):
+            for instance in instances:
+                instance.run_until(arrival_s)
+            if router.hears_requests:
+                first_token_pending = self.tell(instances, arrival_s, first_token_pending, next_finish)
+            request = instances[0].request(j, arrival_s)
+            k = router.route(self.routed(request, instances[0]), instances)
+            instances[k].route(request)
+            instance_of[j] = k
+            if router.hears_requests:
+                first_token_pending.append(request)
+        for instance in instances:
+            instance.run_until(math.inf)
+        return self.result(instance_of, [instance.result() if instance.routed else None for instance in instances],
+                           log.columns())  # fmt: skip
+
+    def tell(self, instances, now_s: float, pending: list, next_finish: list) -> list:
+        """Tell the router, in time order, of the first tokens and finishes up to now_s; the requests whose first
+        token it has still to hear of."""
+        events = [(r.first_token_s, 0, r.request_id) for r in pending
+                  if r.first_token_s is not None and r.first_token_s <= now_s]  # fmt: skip
+        for k, instance in enumerate(instances):
+            finishes = instance.finishes
+            while next_finish[k] < len(finishes) and finishes[next_finish[k]][0] <= now_s:
+                events.append((finishes[next_finish[k]][0], 1, finishes[next_finish[k]][1]))
+                next_finish[k] += 1
+        for _, kind, request_id in sorted(events):
+            (self.router.prefill_done if kind == 0 else self.router.finished)(request_id)
+        return [r for r in pending if r.first_token_s is None or r.first_token_s > now_s]
+
+    def routed(self, request, engine: Engine) -> RoutedRequest:
+        """What the router reads of a request: its prompt's full blocks' hashes where it reads prefixes."""
+        hashes = ()
+        if self.router.reads_prefixes:
+            hashes = tuple(block_hashes(request, request.num_prompt_tokens // engine.block_size, engine.block_size))
+        return RoutedRequest(request.request_id, request.arrival_s, request.num_prompt_tokens, hashes)
+
+    # ---------------------------------------------------------------- routing first, each instance apart
+    def run_apart(self) -> FleetResult:
+        """Route the whole workload first (the router reads nothing of the instances), then serve each instance's
+        share with an Engine of its own (compiled where its path allows)."""
+        w = self.workload
+        builder = Engine(w, self.config, path="reference", **self.engine_options)  # the requests as they arrive
+        instance_of = np.empty(w.num_requests, dtype=np.int64)
+        for j, arrival_s in enumerate(w.arrival_s.tolist()):
+            instance_of[j] = self.router.route(self.routed(builder.request(j, arrival_s), builder), None)
+        results = []
+        log = RequestLog(w.num_requests)
+        for k in range(self.num_instances):
+            ids = np.flatnonzero(instance_of == k)
+            if len(ids) == 0:
+                results.append(None)
+                continue
+            options = dict(self.engine_options)
+            if options.get("prompt_token_ids") is not None:
+                options["prompt_token_ids"] = [options["prompt_token_ids"][i] for i in ids]
+            result = Engine(share(w, ids), self.config, path=self.path, **options).run()
+            results.append(result)
+            for column, values in zip(("num_output_tokens", "first_scheduled_s", "first_token_s", "finish_s",
+                                       "num_preemptions"), log.columns()):  # fmt: skip
+                values[ids] = getattr(result, column)
+        return self.result(instance_of, results, log.columns())
+
+    def result(self, instance_of, results, columns) -> FleetResult:
+        num_output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions = columns
+        w = self.workload
+        return FleetResult(type(self.router).name, instance_of, results, w.arrival_s, w.prompt_tokens,
+                           w.output_tokens, num_output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions)  # fmt: skip
+
+
+def share(workload: Workload, ids: np.ndarray) -> Workload:
+    """The workload's requests ids (in arrival order), as a workload of their own."""
+    hashes = None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in ids)
+    return Workload(workload.arrival_s[ids], workload.prompt_tokens[ids], workload.output_tokens[ids], hashes,
+                    workload.prefix_block_tokens, workload.name)  # fmt: skip
