@@ -26,10 +26,10 @@ COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", 
 def runs(draw):
     """A small workload whose prompts share prefixes (Mooncake-like block ids of 8 tokens), engine settings tight
     enough to preempt, and the scheduling mode."""
-    n = draw(st.integers(1, 30))
-    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.004, 0.01, 0.05]), min_size=n, max_size=n))
+    n = draw(st.integers(1, 40))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.004, 0.01, 0.05, 0.13]), min_size=n, max_size=n))
     prompts = draw(st.lists(st.integers(1, 60), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.sampled_from([1, 2, 5, 9, 20, 35]), min_size=n, max_size=n))  # decode runs at once
     roots = draw(st.lists(st.integers(0, 2), min_size=n, max_size=n))
     hashes = tuple(np.array([1000 * r + j for j in range(-(-p // 8))], dtype=np.int64) for r, p in zip(roots, prompts))
     w = Workload(np.cumsum(gaps), prompts, outputs, hashes, 8)
@@ -53,18 +53,36 @@ def same_requests(result, fleet) -> None:
         assert np.array_equal(getattr(result, name), getattr(fleet, name), equal_nan=True), name
 
 
+def same_runs(a, b) -> None:
+    """Two runs of the same requests: every request's times and preemptions and every step's records."""
+    same_requests(a, b)
+    for field in a.steps:
+        assert np.array_equal(a.steps[field], b.steps[field]), field
+
+
+def same_fleets(a, b) -> None:
+    """Two fleets' runs: the same routes, and the same run on each instance."""
+    assert np.array_equal(a.instance_of, b.instance_of)
+    same_requests(a, b)
+    for x, y in zip(a.instances, b.instances, strict=True):
+        assert (x is None) == (y is None)
+        if x is not None:
+            same_runs(x, y)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs(), st.sampled_from(sorted(ROUTERS)))
 def test_a_fleet_of_one_makes_the_engines_decisions(run, name):
     """Every request's times and preemptions and every step's records, as the engine alone (compiled or not)."""
     w, cfg, num_gpu_blocks = run
     alone = Engine(w, cfg, num_gpu_blocks=num_gpu_blocks, cost=COST).run()
-    fleet = Fleet(w, cfg, make_router(name, 1, cfg.cache.block_size), 1, num_gpu_blocks=num_gpu_blocks, cost=COST)
-    result = fleet.run()
-    same_requests(alone, result)
-    assert (result.instance_of == 0).all()
-    for field in alone.steps:
-        assert np.array_equal(alone.steps[field], result.instances[0].steps[field]), field
+    for path in ("reference", "compiled") if not cfg.cache.enable_prefix_caching else ("reference",):
+        fleet = Fleet(w, cfg, make_router(name, 1, cfg.cache.block_size), 1, num_gpu_blocks=num_gpu_blocks,
+                      cost=COST, path=path)  # fmt: skip
+        result = fleet.run()
+        assert (result.instance_of == 0).all()
+        same_runs(alone, result.instances[0])
+        same_requests(alone, result)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -76,13 +94,43 @@ def test_routing_first_is_routing_at_each_arrival_for_a_router_that_reads_no_ins
     make = lambda: Fleet(w, cfg, make_router(name, num_instances, 4), num_instances,  # noqa: E731
                          num_gpu_blocks=num_gpu_blocks, cost=COST)  # fmt: skip
     apart, together = make().run(), make().run_together()
-    assert np.array_equal(apart.instance_of, together.instance_of)
-    same_requests(apart, together)
-    for a, b in zip(apart.instances, together.instances):
-        assert (a is None) == (b is None)
-        if a is not None:
-            for field in a.steps:
-                assert np.array_equal(a.steps[field], b.steps[field]), field
+    same_fleets(apart, together)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.integers(20, 80),
+    st.floats(20, 400),
+    st.booleans(),
+    st.sampled_from([40, 200, 2000]),
+    st.integers(0, 2**16),
+)
+def test_a_compiled_instance_pauses_inside_its_runs_of_decode_steps_as_the_engine_steps(
+    n, rate_per_s, async_scheduling, num_gpu_blocks, seed
+):
+    """Long decodes that the compiled loop runs at once, cut by every arrival (a fleet of one pauses at each): the
+    engine's decisions, both modes."""
+    rng = np.random.default_rng(seed)
+    w = Workload(np.cumsum(rng.exponential(1 / rate_per_s, n)), rng.integers(1, 100, n), rng.integers(20, 300, n))
+    cfg = EngineConfig().replace(async_scheduling=async_scheduling, max_model_len=512)
+    alone = Engine(w, cfg, num_gpu_blocks=num_gpu_blocks, cost=COST, path="compiled").run()
+    fleet = Fleet(w, cfg, make_router("least-loaded", 1, 16), 1, num_gpu_blocks=num_gpu_blocks, cost=COST,
+                  path="compiled")  # fmt: skip
+    result = fleet.run()
+    same_runs(alone, result.instances[0])
+    same_requests(alone, result)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.sampled_from(["least-loaded", "llm-d", "dynamo-kv"]), st.integers(1, 4))
+def test_compiled_instances_make_the_python_instances_decisions(run, name, num_instances):
+    """Instances run by the compiled loop, paused at every arrival, against the Python instances: the same routes,
+    times and steps (without prefix caching, which the compiled instances do not serve)."""
+    w, cfg, num_gpu_blocks = run
+    cfg = cfg.replace(enable_prefix_caching=False)
+    runs = [Fleet(w, cfg, make_router(name, num_instances, 4), num_instances, num_gpu_blocks=num_gpu_blocks,
+                  cost=COST, path=path).run() for path in ("compiled", "reference")]  # fmt: skip
+    same_fleets(*runs)
 
 
 class Spy(Router):
@@ -106,28 +154,42 @@ class Spy(Router):
         self.heard.append(("finish", request_id))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs(), st.integers(1, 3))
-def test_a_router_hears_each_first_token_and_finish_in_time_order_before_later_arrivals(run, num_instances):
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.integers(1, 3), st.sampled_from(["compiled", "reference"]))
+def test_a_router_hears_each_first_token_and_finish_in_time_order_before_later_arrivals(run, num_instances, path):
     w, cfg, num_gpu_blocks = run
+    if path == "compiled":
+        cfg = cfg.replace(enable_prefix_caching=False)
     spy = Spy(num_instances)
-    result = Fleet(w, cfg, spy, num_instances, num_gpu_blocks=num_gpu_blocks, cost=COST).run()
+    result = Fleet(w, cfg, spy, num_instances, num_gpu_blocks=num_gpu_blocks, cost=COST, path=path).run()
     times = {("first token", i): t for i, t in enumerate(result.first_token_s)}
     times |= {("finish", i): t for i, t in enumerate(result.finish_s)}
-    heard_at, routed = [], set()
+    heard, routed = set(), set()
     for event in spy.heard:
-        if event[0] == "route":
-            assert all(t <= event[1] for t in heard_at), "an event after the arrival was heard before it"
+        if event[0] == "route":  # by then, every event up to its arrival, and none after it, was heard
+            assert heard == {e for e, t in times.items() if e[1] in routed and t <= event[1]}, event
             routed.add(event[2])
-            heard_at = []
             continue
-        assert event[1] in routed
-        heard_at.append(times[event])
+        assert event[1] in routed and event not in heard
+        heard.add(event)
     told = [times[e] for e in spy.heard if e[0] != "route"]
     assert told == sorted(told)
     # everything that happened by the last arrival was heard, nothing after it
     last = w.arrival_s[-1]
-    assert {e for e in spy.heard if e[0] != "route"} == {e for e, t in times.items() if t <= last}
+    assert heard == {e for e, t in times.items() if t <= last}
+
+
+@pytest.mark.parametrize("path", ["compiled", "reference"])
+def test_a_router_hears_of_a_finish_in_the_step_running_at_an_arrival_before_the_next_arrival(path):
+    """8 ms steps, requests of 3 output tokens dealt by id mod 2: request 0 (0 s) finishes at 0.024 s, in the step
+    running when request 1 arrives (0.02 s); instance 0 then idles until request 2 (1 s), before which the router hears
+    of the finish."""
+    w = Workload(np.array([0.0, 0.02, 1.0]), [10, 10, 10], [3, 3, 3])
+    cfg = EngineConfig().replace(async_scheduling=False, max_model_len=64)
+    spy = Spy(2)
+    Fleet(w, cfg, spy, 2, num_gpu_blocks=100, path=path).run()
+    assert spy.heard == [("route", 0.0, 0), ("first token", 0), ("route", 0.02, 1), ("finish", 0), ("first token", 1),
+                         ("finish", 1), ("route", 1.0, 2)]  # fmt: skip
 
 
 def test_a_router_reads_each_instance_as_its_steps_started_before_the_arrival_leave_it():

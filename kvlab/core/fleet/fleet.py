@@ -16,7 +16,9 @@ Router.prefill_done, finished) reaches it in time order, all up to an arrival be
 A router that reads nothing of the instances (Router.reads_instances False: round robin, session, prefix-aware)
 routes the whole workload first; each instance then serves its share alone, through the engine's compiled loop where
 its path allows: the same decisions, since an instance's decisions depend on its own arrivals only (a test holds the
-two ways equal).
+two ways equal). Otherwise an instance is the compiled loop paused at every arrival (CompiledInstance: without prefix
+caching, whose compiled pool is keyed by the whole workload's hashes) or, else, the Python engine (Instance); tests hold
+them to the same decisions.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kvlab.core.engine.block_hashes import block_hashes
 from kvlab.core.engine.checks import NoProgressError, no_progress_message
 from kvlab.core.engine.engine import Engine
 from kvlab.core.engine.engine_core import run_async, run_sync
+from kvlab.core.engine.fast import compiled
 from kvlab.core.engine.records import NO_PROGRESS, EngineResult, RequestLog, StepRecords, requests_table
 from kvlab.core.fleet.routers import ROUTERS, PrefixAware, RoutedRequest, Router
 from kvlab.core.workload import Workload
@@ -78,15 +81,34 @@ class Instance(Engine):
         self.routed: list = []  # the requests routed here, in arrival order
         self.arrival_list = [math.inf]  # their arrivals, then the placeholder at until_s
         self.finishes: list = []  # (finish_s, request id), in time order
+        self.num_finishes_told = 0
+        self.first_token_pending: list = []  # requests whose first token the router has yet to hear of
         self.cached_block_hashes = CachedBlocks(self.kv_cache_manager.pool)
 
     def arrival(self, i: int):
         return self.routed[i]
 
-    def route(self, request) -> None:
-        """A request routed here joins at its arrival."""
+    def route(self, request, hears: bool) -> None:
+        """A request routed here joins at its arrival (hears: the router hears of its first token and finish)."""
         self.routed.append(request)
         self.arrival_list.insert(len(self.routed) - 1, request.arrival_s)
+        if hears:
+            self.first_token_pending.append(request)
+
+    def heard(self, now_s: float) -> list:
+        """The first tokens and finishes up to now_s the router has not heard of: (time, 0 first token | 1 finish,
+        request id)."""
+        pending = self.first_token_pending
+        events = [(r.first_token_s, 0, r.request_id) for r in pending if r.first_token_s is not None
+                  and r.first_token_s <= now_s]  # fmt: skip
+        if events:
+            self.first_token_pending = [r for r in pending if r.first_token_s is None or r.first_token_s > now_s]
+        finishes, k = self.finishes, self.num_finishes_told
+        while k < len(finishes) and finishes[k][0] <= now_s:
+            events.append((finishes[k][0], 1, finishes[k][1]))
+            k += 1
+        self.num_finishes_told = k
+        return events
 
     def run_until(self, until_s: float) -> None:
         """Run until the clock reaches until_s (math.inf: every request routed here finished)."""
@@ -132,6 +154,93 @@ class Instance(Engine):
         columns = [c[ids] for c in self.requests.columns()]
         return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s[ids],
                             w.prompt_tokens[ids], w.output_tokens[ids], *columns, StepRecords(self.steps))  # fmt: skip
+
+
+class CompiledInstance:
+    """One engine of a fleet run by the compiled loop (kvlab.core.engine.fast.compiled.CompiledRun, room for every
+    request of the fleet): the requests routed to it added as they are, what a router reads of it read from the
+    loop's state. The same decisions as Instance (a test holds them equal)."""
+
+    def __init__(self, index: int, engine: Engine):
+        from kvlab.core.engine.fast.loops.jit import FINISHED  # (numba: imported only where a loop runs)
+
+        self.index, self.engine, self.finished_status = index, engine, FINISHED
+        self.run = compiled.CompiledRun(engine, engine.workload.num_requests)
+        self.ids: list = []  # the requests routed here (the workload's ids), in arrival order
+        # their indices here whose first token, and whose finish, the router has yet to hear of
+        self.pending = {"first_token_s": np.zeros(0, np.int64), "finish_s": np.zeros(0, np.int64)}
+        self.num_gpu_blocks = engine.num_gpu_blocks
+        self.cached_block_hashes = frozenset()  # (no prefix caching: the loop's pool is a count)
+        self.oldest = 0  # every request routed here before it has finished
+        self.steps_heard = 0  # the steps run when the router last heard of this instance
+        self.next_event_s = math.inf  # the first of its events then known but not yet due
+
+    def route(self, request, hears: bool) -> None:
+        """A request routed here joins at its arrival (hears: the router hears of its first token and finish)."""
+        k = self.run.add(request.arrival_s, request.num_prompt_tokens, request.max_tokens)
+        self.ids.append(request.request_id)
+        if hears:
+            for name, slots in self.pending.items():
+                self.pending[name] = np.append(slots, k)
+
+    def run_until(self, until_s: float) -> None:
+        """Run until the clock reaches until_s (math.inf: every request routed here finished)."""
+        if self.run.advance(until_s) == NO_PROGRESS:
+            raise NoProgressError(
+                f"no progress possible on instance {self.index} at t={float(self.run.state['now_s'][0]):.6f} s: a "
+                "step scheduled nothing; vLLM would wait forever (first come, first served)"
+            )
+
+    def heard(self, now_s: float) -> list:
+        """As Instance.heard."""
+        steps = int(self.run.state["num_steps"][0] + self.run.arrays.counts[0])
+        if steps == self.steps_heard and now_s < self.next_event_s:
+            return []  # no step since, and none of its events is due
+        self.steps_heard, self.next_event_s = steps, math.inf
+        req, ids, events = self.run.req, self.ids, []
+        for kind, (name, slots) in enumerate(self.pending.items()):
+            at = getattr(req, name)[slots]
+            told = at <= now_s  # (NaN: not yet)
+            if told.any():
+                events += [(t, kind, ids[k]) for k, t in zip(slots[told].tolist(), at[told].tolist())]
+                self.pending[name] = slots[~told]
+            later = at[at > now_s]  # known, due after now_s (the step running at the arrival)
+            if len(later):
+                self.next_event_s = min(self.next_event_s, float(later.min()))
+        return events
+
+    @property
+    def num_running(self) -> int:
+        return int(self.run.state["num_running"][0])
+
+    @property
+    def num_waiting(self) -> int:
+        """Waiting requests, those routed here that have arrived and not yet joined included."""
+        state = self.run.state
+        return int(state["num_waiting"][0]) + self.run.num_added - int(state["next_arrival"][0])
+
+    @property
+    def num_unfinished_tokens(self) -> int:
+        """Tokens the unfinished requests routed here still have to compute (prompt and output)."""
+        req, n, finished = self.run.req, self.run.num_added, self.finished_status
+        while self.oldest < n and req.status[self.oldest] == finished:
+            self.oldest += 1
+        window = slice(self.oldest, n)
+        left = req.max_num_tokens[window] - req.num_computed_tokens[window]
+        return int(left[req.status[window] != finished].sum())
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """vLLM's kv_cache_usage_perc: 1 - free blocks / usable blocks."""
+        return 1.0 - float(self.run.state["num_free_blocks"][0]) / (self.num_gpu_blocks - 1)
+
+    def result(self) -> EngineResult:
+        """The run of the requests routed here, in their arrival order."""
+        served, ids, engine = self.run.served(), np.array(self.ids, dtype=np.int64), self.engine
+        w = engine.workload
+        return EngineResult(engine.allocation, engine.num_gpu_blocks, engine.block_size, w.arrival_s[ids],
+                            w.prompt_tokens[ids], w.output_tokens[ids], *served.requests.columns(),
+                            StepRecords(served.steps))  # fmt: skip
 
 
 @dataclass(frozen=True, eq=False)
@@ -231,6 +340,7 @@ class Fleet:
                 validate.fail(option, engine_options[option], "is not served by a fleet (one engine only)")
         self.workload, self.config, self.router, self.engine_options = workload, config, router, engine_options
         self.path = engine_options.pop("path", "auto")
+        self.first_block = None  # each request's first full prompt block's number (routed)
 
     def run(self) -> FleetResult:
         """Serve the workload: route each request at its arrival and run every instance to the end."""
@@ -240,49 +350,55 @@ class Fleet:
 
     # ---------------------------------------------------------------- routing at each arrival, one clock
     def run_together(self) -> FleetResult:
-        """Every instance run up to each arrival, the request routed on what the router reads of them then."""
+        """Every instance run up to each arrival, the request routed on what the router reads of them then; each
+        instance compiled where the compiled loop serves it without a prefix cache (instance), else in Python."""
         w, router = self.workload, self.router
         log = RequestLog(w.num_requests)
-        instances = [Instance(k, log, w, self.config, check=k == 0, **self.engine_options)
-                     for k in range(self.num_instances)]  # fmt: skip
-        first_token_pending: list = []  # requests routed whose first token the router has yet to hear of
-        next_finish = [0] * self.num_instances
+        builder = Engine(w, self.config, path="reference", **self.engine_options)  # the requests as they arrive
+        instances = [self.instance(k, builder, log) for k in range(self.num_instances)]
         instance_of = np.empty(w.num_requests, dtype=np.int64)
+        hears = router.hears_requests
         for j, arrival_s in enumerate(w.arrival_s.tolist()):
             for instance in instances:
                 instance.run_until(arrival_s)
-            if router.hears_requests:
-                first_token_pending = self.tell(instances, arrival_s, first_token_pending, next_finish)
-            request = instances[0].request(j, arrival_s)
-            k = router.route(self.routed(request, instances[0]), instances)
-            instances[k].route(request)
+            if hears:
+                for _, kind, request_id in sorted(e for instance in instances for e in instance.heard(arrival_s)):
+                    (router.prefill_done if kind == 0 else router.finished)(request_id)
+            request = builder.request(j, arrival_s)
+            k = router.route(self.routed(request, builder), instances)
+            instances[k].route(request, hears)
             instance_of[j] = k
-            if router.hears_requests:
-                first_token_pending.append(request)
         for instance in instances:
             instance.run_until(math.inf)
-        return self.result(instance_of, [instance.result() if instance.routed else None for instance in instances],
-                           log.columns())  # fmt: skip
+        return self.result(instance_of, [instance.result() if (instance_of == k).any() else None
+                                         for k, instance in enumerate(instances)])  # fmt: skip
 
-    def tell(self, instances, now_s: float, pending: list, next_finish: list) -> list:
-        """Tell the router, in time order, of the first tokens and finishes up to now_s; the requests whose first
-        token it has still to hear of."""
-        events = [(r.first_token_s, 0, r.request_id) for r in pending
-                  if r.first_token_s is not None and r.first_token_s <= now_s]  # fmt: skip
-        for k, instance in enumerate(instances):
-            finishes = instance.finishes
-            while next_finish[k] < len(finishes) and finishes[next_finish[k]][0] <= now_s:
-                events.append((finishes[next_finish[k]][0], 1, finishes[next_finish[k]][1]))
-                next_finish[k] += 1
-        for _, kind, request_id in sorted(events):
-            (self.router.prefill_done if kind == 0 else self.router.finished)(request_id)
-        return [r for r in pending if r.first_token_s is None or r.first_token_s > now_s]
+    def instance(self, k: int, builder: Engine, log: RequestLog):
+        """Instance k: compiled (CompiledInstance) where the path allows ("auto": worth it, as for one engine of the
+        whole workload) and the compiled loop serves it without a prefix cache, else an Instance in Python."""
+        if self.path != "reference" and not self.config.cache.enable_prefix_caching and compiled.available():
+            hybrid = self.engine_options.get("kv_cache_groups") is not None
+            worth = self.path == "compiled" or compiled.worth_it(self.workload.num_requests, hybrid)
+            if worth and compiled.eligible(builder):
+                options = {**self.engine_options, "check": False}
+                return CompiledInstance(k, Engine(self.workload, self.config, path="reference", **options))
+        return Instance(k, log, self.workload, self.config, check=False, **self.engine_options)
 
     def routed(self, request, engine: Engine) -> RoutedRequest:
-        """What the router reads of a request: its prompt's full blocks' hashes where it reads prefixes."""
+        """What the router reads of a request: its prompt's full blocks' hashes where it reads prefixes: the engine's
+        own (block_hashes) where prompts may share content (token ids, or prefix hashes), else numbers no other
+        block has (a prompt no other request shares: block_hashes.block_content), the same for every router."""
         hashes = ()
         if self.router.reads_prefixes:
-            hashes = tuple(block_hashes(request, request.num_prompt_tokens // engine.block_size, engine.block_size))
+            num_blocks = request.num_prompt_tokens // engine.block_size
+            if engine.prompt_token_ids is None and self.workload.prefix_hashes is None:
+                if self.first_block is None:
+                    blocks = self.workload.prompt_tokens // engine.block_size
+                    self.first_block = np.concatenate(([0], np.cumsum(blocks)[:-1]))
+                start = int(self.first_block[request.request_id])
+                hashes = range(start, start + num_blocks)
+            else:
+                hashes = tuple(block_hashes(request, num_blocks, engine.block_size))
         return RoutedRequest(request.request_id, request.arrival_s, request.num_prompt_tokens, hashes)
 
     # ---------------------------------------------------------------- routing first, each instance apart
@@ -295,7 +411,6 @@ class Fleet:
         for j, arrival_s in enumerate(w.arrival_s.tolist()):
             instance_of[j] = self.router.route(self.routed(builder.request(j, arrival_s), builder), None)
         results = []
-        log = RequestLog(w.num_requests)
         for k in range(self.num_instances):
             ids = np.flatnonzero(instance_of == k)
             if len(ids) == 0:
@@ -304,18 +419,21 @@ class Fleet:
             options = dict(self.engine_options)
             if options.get("prompt_token_ids") is not None:
                 options["prompt_token_ids"] = [options["prompt_token_ids"][i] for i in ids]
-            result = Engine(share(w, ids), self.config, path=self.path, **options).run()
-            results.append(result)
-            for column, values in zip(("num_output_tokens", "first_scheduled_s", "first_token_s", "finish_s",
-                                       "num_preemptions"), log.columns()):  # fmt: skip
-                values[ids] = getattr(result, column)
-        return self.result(instance_of, results, log.columns())
+            results.append(Engine(share(w, ids), self.config, path=self.path, **options).run())
+        return self.result(instance_of, results)
 
-    def result(self, instance_of, results, columns) -> FleetResult:
-        num_output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions = columns
+    def result(self, instance_of, results) -> FleetResult:
+        """The fleet's result: each request's record from the run of the instance that served it."""
         w = self.workload
+        columns = {name: np.full(w.num_requests, np.nan) for name in ("first_scheduled_s", "first_token_s", "finish_s")}
+        columns |= {name: np.zeros(w.num_requests, np.int64) for name in ("num_output_tokens", "num_preemptions")}
+        for k, result in enumerate(results):
+            if result is not None:
+                ids = np.flatnonzero(instance_of == k)
+                for name, values in columns.items():
+                    values[ids] = getattr(result, name)
         return FleetResult(type(self.router).name, instance_of, results, w.arrival_s, w.prompt_tokens,
-                           w.output_tokens, num_output_tokens, first_scheduled_s, first_token_s, finish_s, num_preemptions)  # fmt: skip
+                           w.output_tokens, **columns)  # fmt: skip
 
 
 def share(workload: Workload, ids: np.ndarray) -> Workload:

@@ -32,12 +32,13 @@ import numpy as np
 @dataclass(frozen=True)
 class RoutedRequest:
     """What a router reads of an arriving request: its id, arrival, prompt tokens, its prompt's full-block hashes
-    (chained, at the fleet's block size) and its session (production-stack's session key; None: none)."""
+    (chained, at the fleet's block size; a range of numbers no other block has where no prompt shares content) and its
+    session (production-stack's session key; None: none)."""
 
     request_id: int
     arrival_s: float
     num_prompt_tokens: int
-    block_hashes: tuple
+    block_hashes: tuple | range
     session_id: str | None = None
 
 
@@ -244,10 +245,12 @@ class LlmD(Router):
         index = self.choice([i for i in range(len(loads)) if scores[i] == scores.max()])
         lru, capacity = self.index[index], loads[index].num_gpu_blocks
         for block_hash in request.block_hashes[: self.MAX_PREFIX_BLOCKS]:
-            lru[block_hash] = True
-            lru.move_to_end(block_hash)
-            if len(lru) > capacity:
-                lru.popitem(last=False)
+            if block_hash in lru:
+                lru.move_to_end(block_hash)
+            else:
+                lru[block_hash] = True
+        for _ in range(len(lru) - capacity):  # (evicted at once: an LRU keeps the capacity last used either way)
+            lru.popitem(last=False)
         return index
 
 
@@ -280,10 +283,12 @@ class DynamoKv(Router):
     def costs(self, request: RoutedRequest, loads: list[InstanceLoad]) -> np.ndarray:
         """Each worker's cost (Dynamo's logit; lower is better)."""
         costs = np.zeros(len(loads))
+        blocks = set(request.block_hashes)
         for i, load in enumerate(loads):
             prefill_blocks = (self.new_tokens(request, load) + self.active_tokens[i]) / self.block_size
             refs = self.block_refs[i]
-            decode_blocks = len(set(request.block_hashes) - refs.keys()) + len(refs)
+            shared = 0 if refs.keys().isdisjoint(blocks) else sum(1 for b in blocks if b in refs)
+            decode_blocks = len(blocks) - shared + len(refs)
             costs[i] = self.overlap_score_weight * prefill_blocks + decode_blocks
         return costs
 

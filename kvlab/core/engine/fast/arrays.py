@@ -193,7 +193,8 @@ Groups = namedtuple(
 # list's length, the waiting ring's head and length, the running requests' computed tokens, the steps recorded before
 # the chunk, the decode runs done at once, the end of the last step recorded; asynchronous:
 # the batch queue's head and length, schedule() calls in a row that scheduled nothing, whether a request finished since
-# the last schedule() (vLLM's has_requests) and when the GPU has run every batch queued.
+# the last schedule() (vLLM's has_requests) and when the GPU has run every batch queued; until_s: the loop pauses
+# once the clock reaches it (inf; a fleet's instance: the next request still to be routed, kvlab.core.fleet).
 LOOP_STATE = np.dtype(
     [
         (name, np.float64 if name.endswith("_s") else np.int64)
@@ -213,6 +214,7 @@ LOOP_STATE = np.dtype(
             "num_empty",
             "has_finished",
             "gpu_free_s",
+            "until_s",
         )
     ]
 )

@@ -62,7 +62,7 @@ from kvlab.core.engine.fast.arrays import (
     Requests,
     Reservations,
 )
-from kvlab.core.engine.records import DONE, NO_PROGRESS, RequestLog, Runs, StepLog
+from kvlab.core.engine.records import FULL, NO_PROGRESS, PAUSED, RequestLog, Runs, StepLog
 
 # What a compiled run recorded: the step log, the decode runs done at once, the clock at the end, its RequestLog, the
 # blocks windows gave back and, in a closed loop, the send times (else None).
@@ -76,6 +76,7 @@ COMPILED_FROM_REQUESTS = 2_000
 COMPILED_FROM_REQUESTS_HYBRID = 1_000
 _RAN: set = set()  # the loops run in this process (numba's cache need not be asked again: ~0.2 ms a run)
 CHUNK_STEPS = 1 << 18
+FLEET_CHUNK_STEPS = 1 << 14  # a fleet's instance's (1.5 MiB of records each)
 DECODE_RUNS = True  # the loops do decode runs at once (False: step by step)
 
 
@@ -331,118 +332,202 @@ def _add_runs(runs: Runs, column: np.ndarray) -> None:
 def serve(engine) -> Served | None:
     """Serve the engine's whole workload with the compiled loop: what it recorded (the engine adopts it), or None if
     the run cannot progress (the caller runs the Python loop, which says why)."""
-    w, sched = engine.workload, engine.config.scheduler
-    n = w.num_requests
-    v0 = sched.scheduler_cls == "v0-2023"
-    # a writable copy always: a workload's own arrays are read-only, a converted one's not, and numba compiles the
-    # loops once for each (the first run after make setup took 150 s to compile the other)
-    num_prompt_tokens = np.array(w.prompt_tokens, dtype=np.int64)
-    max_tokens_total = num_prompt_tokens + np.asarray(w.output_tokens, dtype=np.int64)
-    max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
-    cfg = Limits(
-        engine.block_size,
-        sched.max_num_seqs,
-        sched.max_num_batched_tokens,
-        engine.max_model_len,
-        int(sched.enable_chunked_prefill),
-        sched.long_prefill_token_threshold,
-        engine.num_gpu_blocks - 1,
-        int(engine.config.cache.enable_prefix_caching),
-        int(DECODE_RUNS and all(g.attention_chunk_size % g.block_size == 0 for g in engine.kv_cache_groups or ())),
-        0,  # no Mamba groups compiled
-        engine.scheduler.max_prefill_tokens,
-        0,
-        bool(sched.async_scheduling),
-    )
-    cost = clock_of(engine.cost)
-    state = np.zeros(1, LOOP_STATE)  # the loop's state, kept between chunks (arrays.LOOP_STATE)
-    start = state[0]
-    start["num_free_blocks"] = engine.num_gpu_blocks - 1  # every usable block is free
-    start["now_s"] = start["gpu_free_s"] = float(w.arrival_s[0])
-    start["last_end_s"] = math.nan
-    zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
-    sends = engine.closed_loop  # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
-    if sends is None:
-        arrival_s = np.array(w.arrival_s, dtype=np.float64)  # writable (finished_at's closed loop writes its sends)
-        open_loop, closed = np.empty(0), np.empty(0, np.int64)
-    else:
-        arrival_s = np.array(sends.send, dtype=np.float64)
-        open_loop = np.array(sends.open_loop, dtype=np.float64)
-        closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
-    # the requests' records, and a spare one after them: every column is then a strided view, which numba types alike
-    # for any n (one request's column alone would be contiguous, a type of its own and the loops compiled again)
-    records = np.zeros(n + 1, REQUEST_RECORD)  # status 0: WAITING
-    records["num_prompt_tokens"][:n], records["max_num_tokens"][:n] = num_prompt_tokens, max_num_tokens
-    records["max_tokens"][:n] = max_tokens_total - num_prompt_tokens
-    records["num_tokens"][:n] = num_prompt_tokens
-    records["request_id"][:n] = np.arange(n)
-    view = {name: records[name] for name in REQUEST_RECORD.names if name in Requests._fields}
-    req = Requests(
-        arrival_s=arrival_s,
-        max_tokens_total=max_tokens_total,
-        num_blocks=zeros(),
-        num_cached_blocks=zeros(),
-        first_scheduled_s=nans(),
-        first_token_s=nans(),
-        finish_s=nans(),
-        open_loop=open_loop,
-        closed_loop=closed,
-        records=records,
-        **view,
-    )
-    chunk = min(CHUNK_STEPS, 64 + 64 * n)
-    logs = (np.empty(chunk), np.empty(chunk)) + tuple(np.empty(chunk, np.int64) for _ in range(5))
-    events = tuple(np.empty(chunk, np.int64) for _ in range(5))
-    end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = logs
-    start_step, preempt_step, preempt_count, hit_step, hit_count = events
-    groups = kv_cache_groups(engine)
-    size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
-    # The loops' arrays (arrays.Arrays), here so that they outlive the loop's unowned views of them (loops.jit.unowned):
-    # the queues, the batch queue, a decode run's block phases (per running request), counts (per phase) and batch ends.
-    split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # reservations' Fig. 2
-    arrays = Arrays(
-        req=req,
-        cfg=cfg,
-        cost=cost,
-        pool=block_pool(engine, max_num_tokens),
-        groups=groups,
-        running=zeros(),
-        waiting=zeros(),
-        queue_r=np.zeros((2, size), np.int64),
-        queue_n=np.zeros((2, size), np.int64),
-        queue_sample=np.zeros((2, size), np.bool_),
-        queue_i=np.zeros((2, 7), np.int64),
-        queue_f=np.zeros((2, 2)),
-        acc=np.zeros(7, np.int64),
-        phases=np.zeros(size, np.int64),
-        per_phase=np.zeros(engine.block_size, np.int64),
-        times=np.zeros(chunk + 2),
-        logs=logs,
-        events=events,
-        counts=np.zeros(4, np.int64),
-        split=split,
-        orca=reservations(engine, num_prompt_tokens, max_num_tokens),
-    )
-    loops = kernels_v0() if v0 else kernels()
-    loop = loops.loop_v0 if v0 else loops.loop_async if sched.async_scheduling else loops.loop_sync
-    compiling = loop not in _RAN and not cached(loop)
-    if compiling:
-        mode = "vLLM 0.1.4" if v0 else "asynchronous" if sched.async_scheduling else "synchronous"
-        LOG.info(
-            "numba compiles the engine's %s loop, once for this machine (about a minute; `make setup` does it ahead; "
-            "cached in %s)",
-            mode,
-            loop._cache._cache_path,
+    run = CompiledRun(engine)
+    return None if run.advance() == NO_PROGRESS else run.served()
+
+
+def entry_point(dispatcher, *args):
+    """The compiled function a numba dispatcher calls for args (its CompileResult's entry_point), or None where
+    numba's internals do not give it (the dispatcher is called then)."""
+    try:
+        return dispatcher.overloads[tuple(dispatcher.typeof_pyval(a) for a in args)].entry_point
+    except (AttributeError, KeyError):  # pragma: no cover - numba's internals moved
+        return None
+
+
+class CompiledRun:
+    """A compiled run of an engine: its arrays (arrays.Arrays), the loop's state (arrays.LOOP_STATE) and the step
+    records so far. serve() runs one to the end; a fleet's instance (kvlab.core.fleet) runs one until each arrival
+    (advance's until_s), the requests routed to it added as they are (add), into room for capacity requests."""
+
+    def __init__(self, engine, capacity: int | None = None):
+        w, sched = engine.workload, engine.config.scheduler
+        self.engine, self.fleet = engine, capacity is not None
+        n = w.num_requests if capacity is None else capacity
+        self.n, self.num_added = n, n if capacity is None else 0
+        v0 = sched.scheduler_cls == "v0-2023"
+        # a writable copy always: a workload's own arrays are read-only, a converted one's not, and numba compiles the
+        # loops once for each (the first run after make setup took 150 s to compile the other)
+        num_prompt_tokens = np.array(w.prompt_tokens if capacity is None else np.zeros(n), dtype=np.int64)
+        output_tokens = np.asarray(w.output_tokens if capacity is None else np.zeros(n), dtype=np.int64)
+        max_tokens_total = num_prompt_tokens + output_tokens
+        max_num_tokens = np.minimum(max_tokens_total, engine.scheduler.max_request_tokens)
+        self.num_prompt_tokens = num_prompt_tokens
+        cfg = Limits(
+            engine.block_size,
+            sched.max_num_seqs,
+            sched.max_num_batched_tokens,
+            engine.max_model_len,
+            int(sched.enable_chunked_prefill),
+            sched.long_prefill_token_threshold,
+            engine.num_gpu_blocks - 1,
+            int(engine.config.cache.enable_prefix_caching),
+            int(DECODE_RUNS and all(g.attention_chunk_size % g.block_size == 0 for g in engine.kv_cache_groups or ())),
+            0,  # no Mamba groups compiled
+            engine.scheduler.max_prefill_tokens,
+            0,
+            bool(sched.async_scheduling),
         )
-        started = time.perf_counter()
-    log = StepLog(engine.block_size, not engine.reserving)
-    while True:
-        first_step = int(state["num_steps"][0])
-        code = loop(arrays, state[0])
-        state["num_steps"] += arrays.counts[0]
-        if code == NO_PROGRESS:
-            return None
+        cost = clock_of(engine.cost)
+        self.state = np.zeros(1, LOOP_STATE)  # the loop's state, kept between chunks (arrays.LOOP_STATE)
+        start = self.state[0]
+        start["num_free_blocks"] = engine.num_gpu_blocks - 1  # every usable block is free
+        start["now_s"] = start["gpu_free_s"] = float(w.arrival_s[0])
+        start["last_end_s"] = math.nan
+        start["until_s"] = math.inf
+        zeros, nans = (lambda: np.zeros(n, np.int64)), (lambda: np.full(n, np.nan))  # noqa: E731
+        # a closed loop: the sends so far (inf until a finish frees a slot), N and 0 finishes
+        sends = engine.closed_loop
+        if capacity is not None:  # a fleet's instance: each arrival unknown (inf) until its request is routed here,
+            # and after the requests added a placeholder at until_s, which never joins (the loop pauses first); once
+            # every request is added the loop ends at the first unknown one: PAUSED with the clock at inf
+            arrival_s = np.full(n + 1, math.inf)
+            open_loop, closed = np.empty(0), np.empty(0, np.int64)
+        elif sends is None:
+            arrival_s = np.array(w.arrival_s, dtype=np.float64)  # writable (finished_at's closed loop writes its sends)
+            open_loop, closed = np.empty(0), np.empty(0, np.int64)
+        else:
+            arrival_s = np.array(sends.send, dtype=np.float64)
+            open_loop = np.array(sends.open_loop, dtype=np.float64)
+            closed = np.array([sends.max_concurrency, sends.num_finished], np.int64)
+        self.sends, self.arrival_s = sends, arrival_s
+        # the requests' records, and a spare one after them: every column is then a strided view, which numba types
+        # alike for any n (one request's column alone would be contiguous, a type of its own and the loops compiled
+        # again)
+        records = np.zeros(n + 1, REQUEST_RECORD)  # status 0: WAITING
+        records["num_prompt_tokens"][:n], records["max_num_tokens"][:n] = num_prompt_tokens, max_num_tokens
+        records["max_tokens"][:n] = max_tokens_total - num_prompt_tokens
+        records["num_tokens"][:n] = num_prompt_tokens
+        records["request_id"][:n] = np.arange(n)
+        view = {name: records[name] for name in REQUEST_RECORD.names if name in Requests._fields}
+        self.req = req = Requests(
+            arrival_s=arrival_s,
+            max_tokens_total=max_tokens_total,
+            num_blocks=zeros(),
+            num_cached_blocks=zeros(),
+            first_scheduled_s=nans(),
+            first_token_s=nans(),
+            finish_s=nans(),
+            open_loop=open_loop,
+            closed_loop=closed,
+            records=records,
+            **view,
+        )
+        chunk = min(CHUNK_STEPS if capacity is None else FLEET_CHUNK_STEPS, 64 + 64 * n)
+        self.logs = logs = (np.empty(chunk), np.empty(chunk)) + tuple(np.empty(chunk, np.int64) for _ in range(5))
+        self.events = events = tuple(np.empty(chunk, np.int64) for _ in range(5))
+        self.groups = groups = kv_cache_groups(engine)
+        size = min(n, sched.max_num_seqs)  # a batch schedules at most max_num_seqs requests
+        # The loops' arrays (arrays.Arrays), here so that they outlive the loop's unowned views of them
+        # (loops.jit.unowned): the queues, the batch queue, a decode run's block phases (per running request), counts
+        # (per phase) and batch ends.
+        self.split = split = tuple(np.zeros(chunk if engine.reserving else 1, np.int64) for _ in range(3))  # Fig. 2
+        self.arrays = Arrays(
+            req=req,
+            cfg=cfg,
+            cost=cost,
+            pool=block_pool(engine, max_num_tokens),
+            groups=groups,
+            running=zeros(),
+            waiting=zeros(),
+            queue_r=np.zeros((2, size), np.int64),
+            queue_n=np.zeros((2, size), np.int64),
+            queue_sample=np.zeros((2, size), np.bool_),
+            queue_i=np.zeros((2, 7), np.int64),
+            queue_f=np.zeros((2, 2)),
+            acc=np.zeros(7, np.int64),
+            phases=np.zeros(size, np.int64),
+            per_phase=np.zeros(engine.block_size, np.int64),
+            times=np.zeros(chunk + 2),
+            logs=logs,
+            events=events,
+            counts=np.zeros(4, np.int64),
+            split=split,
+            orca=reservations(engine, num_prompt_tokens, max_num_tokens),
+        )
+        loops = kernels_v0() if v0 else kernels()
+        self.loop = loops.loop_v0 if v0 else loops.loop_async if sched.async_scheduling else loops.loop_sync
+        self.mode = "vLLM 0.1.4" if v0 else "asynchronous" if sched.async_scheduling else "synchronous"
+        self.log = StepLog(engine.block_size, not engine.reserving)
+        self.entry = None  # a fleet's instance: the loop's compiled entry point (call)
+
+    def add(self, arrival_s: float, num_prompt_tokens: int, output_tokens: int) -> int:
+        """A fleet's instance: the next request routed to it, arriving at arrival_s (after every one added before).
+        Returns its index here."""
+        k, records = self.num_added, self.req.records
+        total = num_prompt_tokens + output_tokens
+        records[k]["num_prompt_tokens"] = records[k]["num_tokens"] = self.num_prompt_tokens[k] = num_prompt_tokens
+        records[k]["max_tokens"] = output_tokens
+        records[k]["max_num_tokens"] = min(total, self.engine.scheduler.max_request_tokens)
+        self.req.max_tokens_total[k] = total
+        self.arrival_s[k] = arrival_s
+        self.num_added = k + 1
+        return k
+
+    def advance(self, until_s: float = math.inf) -> int:
+        """Run the loop until every request added has finished (DONE), nothing can progress (NO_PROGRESS) or, where
+        requests may still be added, its clock reaches until_s (PAUSED: engine_core.paused; a fleet's instance ends
+        PAUSED at the clock inf once every request added has finished)."""
+        state = self.state
+        if self.fleet:
+            self.arrival_s[self.num_added] = until_s  # the placeholder
+            if state["now_s"][0] >= until_s:
+                return PAUSED  # (the loop would pause at once)
+        state["until_s"] = until_s
+        compiling = self.loop not in _RAN and not cached(self.loop)
+        if compiling:
+            LOG.info(
+                "numba compiles the engine's %s loop, once for this machine (about a minute; `make setup` does it "
+                "ahead; cached in %s)",
+                self.mode,
+                self.loop._cache._cache_path,
+            )
+            started = time.perf_counter()
+        while True:
+            code = self.call()
+            if code == NO_PROGRESS:
+                return code
+            _RAN.add(self.loop)
+            if compiling:
+                LOG.info("compiled, with the first steps run, in %.1f s", time.perf_counter() - started)
+                compiling = False
+            if self.fleet and code != FULL:
+                return code  # (its records stay in the chunk until it is full or the run is read: served)
+            self.keep_records()
+            if code != FULL:
+                return code
+
+    def call(self) -> int:
+        """One call of the loop; a fleet's instance, called between every two arrivals, calls its compiled entry
+        point directly after the first (numba's dispatch, which checks the arguments' types, costs 3x the call)."""
+        if self.entry is not None:
+            return self.entry(self.arrays, self.state[0])
+        code = self.loop(self.arrays, self.state[0])
+        if self.fleet:
+            self.entry = entry_point(self.loop, self.arrays, self.state[0])
+        return code
+
+    def keep_records(self) -> None:
+        """Add the chunk's step records (the loop's logs and events) to the run's StepLog."""
+        arrays, log = self.arrays, self.log
         s, num_starts, num_pre, num_hits = (int(c) for c in arrays.counts)
+        first_step = int(self.state["num_steps"][0])
+        self.state["num_steps"] += s
+        if not (s or num_starts or num_pre or num_hits):
+            return
+        arrays.counts[:] = 0  # the chunk emptied
+        end_s, start_s, held, kv_tokens, tokens, num_running, num_waiting = self.logs
+        start_step, preempt_step, preempt_count, hit_step, hit_count = self.events
         log.end_s.frombytes(end_s[:s].tobytes())
         log.held.frombytes(held[:s].tobytes())
         log.num_kv_tokens.frombytes(kv_tokens[:s].tobytes())
@@ -452,28 +537,27 @@ def serve(engine) -> Served | None:
         log.starts.extend(zip((start_step[:num_starts] + first_step).tolist(), start_s[:num_starts].tolist()))
         log.preemptions.extend(zip((preempt_step[:num_pre] + first_step).tolist(), preempt_count[:num_pre].tolist()))
         log.hits.extend(zip((hit_step[:num_hits] + first_step).tolist(), hit_count[:num_hits].tolist()))
-        if engine.reserving:
+        if self.engine.reserving:
             for runs, column in zip(
-                (log.num_final_tokens, log.num_rounding_tokens, log.num_external_frag_tokens), split
+                (log.num_final_tokens, log.num_rounding_tokens, log.num_external_frag_tokens), self.split
             ):
                 _add_runs(runs, column[:s])
-        if compiling:
-            LOG.info("compiled, with the first steps run, in %.1f s", time.perf_counter() - started)
-            compiling = False
-        if code == DONE:
-            break
-    _RAN.add(loop)
-    return Served(
-        log,
-        int(state["num_decode_runs"][0]),
-        float(state["now_s"][0]),
-        RequestLog.of(
-            req.first_scheduled_s,
-            req.first_token_s,
-            req.finish_s,
-            req.num_preemptions[:n],
-            req.num_tokens[:n] - num_prompt_tokens,
-        ),
-        int(groups.freed[0]),
-        None if sends is None else arrival_s,
-    )
+
+    def served(self) -> Served:
+        """What the run recorded, for the requests added."""
+        self.keep_records()
+        req, n, state = self.req, self.num_added, self.state
+        return Served(
+            self.log,
+            int(state["num_decode_runs"][0]),
+            float(state["now_s"][0]),
+            RequestLog.of(
+                req.first_scheduled_s[:n],
+                req.first_token_s[:n],
+                req.finish_s[:n],
+                req.num_preemptions[:n],
+                req.num_tokens[:n] - self.num_prompt_tokens[:n],
+            ),
+            int(self.groups.freed[0]),
+            None if self.sends is None else self.arrival_s,
+        )

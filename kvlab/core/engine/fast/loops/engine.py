@@ -25,16 +25,15 @@ from kvlab.core.engine.records import DONE, FULL, NO_PROGRESS, PAUSED, STEP
 # ---------------------------------------------------------------- the time loop's calls, over the arrays
 @inline
 def started(engine):
-    """The engine's arrays taken unowned (jit.unowned: the caller holds them), the chunk's step records empty."""
-    engine = unowned(engine)
-    engine.counts[:] = 0
-    return engine
+    """The engine's arrays taken unowned (jit.unowned: the caller holds them); the chunk's step records go on from
+    engine.counts (the caller empties the chunk once it has kept its records: compiled.CompiledRun.keep_records)."""
+    return unowned(engine)
 
 
 @inline
 def paused(engine, loop):
-    """Never: a compiled loop serves a whole workload (a fleet's instances that wait for their router run in Python)."""
-    return False
+    """Whether the clock has reached loop.until_s (inf but for a fleet's instance)."""
+    return loop.now_s >= loop.until_s
 
 
 @inline
@@ -97,7 +96,7 @@ def run_at_once(engine, loop, lag=0):
     at = (engine.cfg, engine.cost, engine.req, engine.running, loop.num_running, engine.waiting, loop.waiting_head,
           loop.num_waiting, loop.next_arrival, loop.num_free_blocks, loop.now_s, loop.last_end_s, engine.queue_r,
           engine.queue_n, engine.queue_sample, engine.queue_i, engine.queue_f, slot, engine.phases, engine.per_phase,
-          loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups)  # fmt: skip
+          loop.num_steps, engine.logs, engine.events, engine.counts, engine.groups, loop.until_s)  # fmt: skip
     # (one tuple: numba inlines no call with *args)
     steps, nxt, nwait, num_free_blocks, nrun, kv, now_s, last_end_s, gpu_free_s = decode_run(at, engine.times, lag)
     if not steps:

@@ -114,7 +114,7 @@ def clock_at(times, x, now_s):
 def decode_run(at, times, lag):
     """at: the loop's state (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s,
     last_end_s, queue_r, queue_n, queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts,
-    groups; slot: the batch in flight's); times: scratch for the steps' ends; lag: 0 synchronous, 1 asynchronous.
+    groups, until_s; slot: the batch in flight's); times: scratch for the steps' ends; lag: 0 synchronous, 1 asynchronous.
     Without prefix caching, while every running request decodes (decodes_found), k steps at once, each one token for
     every one, recorded as the loop records them: O(1) a step (a hybrid model's groups: O(groups), group_phases).
 
@@ -126,11 +126,11 @@ def decode_run(at, times, lag):
     each the last plus its step. A run stops before a step that would cross more block boundaries than there are free
     blocks (it preempts) or admit the first request to arrive during it, and at the step that schedules the first
     finish's last token (synchronous: its output finishes it; asynchronous: the loop's next iteration does) or fills
-    the chunk; the waiting queue's head, refused in the first step, stays refused (free blocks only fall; a hybrid
+    the chunk, and before a step the loop would schedule at until_s or later (it pauses there: engine_core.paused); the waiting queue's head, refused in the first step, stays refused (free blocks only fall; a hybrid
     model's windows give blocks back: it is checked at every step). Returns (steps, nxt, nwait,
     num_free_blocks, nrun, kv, now_s, last_end_s, gpu_free_s); 0 steps: no run, nothing changed."""
     (cfg, cost, req, running, nrun, waiting, head, nwait, nxt, num_free_blocks, now_s, last_end_s, queue_r, queue_n,
-     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups) = at  # fmt: skip
+     queue_sample, queue_i, queue_f, slot, phases, per_phase, first, logs, events, counts, groups, until_s) = at  # fmt: skip
     arrival_s, num_prompt_tokens, num_tokens, max_num_tokens = (
         req.arrival_s,
         req.num_prompt_tokens,
@@ -183,6 +183,8 @@ def decode_run(at, times, lag):
     duration = 0.0 if growing else step_s(cost, nrun, per_phase)  # (per_phase: an acc they do not read)
     i = 0
     while i < k:
+        if times[i] >= until_s:
+            break  # the loop pauses before it schedules step i + lag, at times[i] (engine_core.paused)
         if watch and i and times[i - lag] >= arrival_s[nxt]:  # the first to arrive joins step i (scheduled then)
             watch = False
             if hybrid:
@@ -225,7 +227,10 @@ def decode_run(at, times, lag):
     # had arrived when it was scheduled; the rest written here, each starting where the last ended (no event).
     end_s, _, held, kv_tokens, tokens, num_running_log, num_waiting_log = logs
     for i in range(k + 1):
-        nxt, nwait = arrive(arrival_s, clock_at(times, i - 2 * lag, now_s), nxt, waiting, head, nwait)
+        clock = clock_at(times, i - 2 * lag, now_s)
+        if i == k and clock >= until_s:
+            break  # the loop pauses before the arrivals join (engine_core.paused)
+        nxt, nwait = arrive(arrival_s, clock, nxt, waiting, head, nwait)
         if i == k:
             break
         num_free_blocks = groups.free_at[i + 1] if hybrid else num_free_blocks - per_phase[i % block_size]
