@@ -12,10 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvlab.cli import main
+from kvlab.core.block_pool import BlockPool
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearStepCost
 from kvlab.core.engine import Engine
-from kvlab.core.fleet.fleet import Fleet
+from kvlab.core.fleet.fleet import CachedBlocks, Fleet
 from kvlab.core.fleet.routers import ROUTERS, Router, make_router
 from kvlab.core.workload import Workload
 
@@ -76,7 +77,7 @@ def test_a_fleet_of_one_makes_the_engines_decisions(run, name):
     """Every request's times and preemptions and every step's records, as the engine alone (compiled or not)."""
     w, cfg, num_gpu_blocks = run
     alone = Engine(w, cfg, num_gpu_blocks=num_gpu_blocks, cost=COST).run()
-    for path in ("reference", "compiled") if not cfg.cache.enable_prefix_caching else ("reference",):
+    for path in ("reference", "compiled"):
         fleet = Fleet(w, cfg, make_router(name, 1, cfg.cache.block_size), 1, num_gpu_blocks=num_gpu_blocks,
                       cost=COST, path=path)  # fmt: skip
         result = fleet.run()
@@ -121,16 +122,16 @@ def test_a_compiled_instance_pauses_inside_its_runs_of_decode_steps_as_the_engin
     same_requests(alone, result)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs(), st.sampled_from(["least-loaded", "llm-d", "dynamo-kv"]), st.integers(1, 4))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.sampled_from(["least-loaded", "llm-d", "dynamo-kv", "prefix-aware"]), st.integers(1, 4))
 def test_compiled_instances_make_the_python_instances_decisions(run, name, num_instances):
-    """Instances run by the compiled loop, paused at every arrival, against the Python instances: the same routes,
-    times and steps (without prefix caching, which the compiled instances do not serve)."""
+    """Instances run by the compiled loop, paused at every arrival (with prefix caching, keyed by the fleet's hash
+    ids, which the routers read), against the Python instances (keyed by content hashes): the same routes, times,
+    steps and prefix hits."""
     w, cfg, num_gpu_blocks = run
-    cfg = cfg.replace(enable_prefix_caching=False)
     runs = [Fleet(w, cfg, make_router(name, num_instances, 4), num_instances, num_gpu_blocks=num_gpu_blocks,
-                  cost=COST, path=path).run() for path in ("compiled", "reference")]  # fmt: skip
-    same_fleets(*runs)
+                  cost=COST, path=path) for path in ("compiled", "reference")]  # fmt: skip
+    same_fleets(runs[0].run_together(), runs[1].run_together())
 
 
 class Spy(Router):
@@ -226,6 +227,13 @@ def test_dynamo_kv_sends_a_conversation_where_its_prefix_is_cached():
     result = fleet.run()
     assert result.instance_of.tolist()[2] == result.instance_of.tolist()[0]
     assert result.instances[result.instance_of[0]].steps["num_hit_tokens"].sum() == 64
+
+
+def test_a_cache_view_counts_each_hash_cached_once_and_finds_what_is_cached():
+    pool = BlockPool(10, enable_caching=True)
+    pool.cache_full_blocks(pool.get_new_blocks(4), [b"a", b"b", b"a", b"c"])  # two blocks hold a
+    view = CachedBlocks(pool)
+    assert len(view) == 3 and b"a" in view and b"c" in view and b"d" not in view
 
 
 def test_a_summary_counts_each_instance_and_splits_ttft_into_queue_and_prefill():

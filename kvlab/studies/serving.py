@@ -604,7 +604,7 @@ def setup(options: ServingOptions) -> Serving:
     requests, load = workload(options)
     if options.num_instances > 1 or options.router is not None:  # the prompts' hashes a fleet's run keeps
         per_request = bytes_per_request(requests, config.cache.block_size, options.router or "round-robin",
-                                        config.cache.enable_prefix_caching)  # fmt: skip
+                                        config.cache.enable_prefix_caching, options.num_instances)  # fmt: skip
         resources.refuse_if_too_big("num_requests", requests.num_requests, PEAK_BYTES_PER_REQUEST + per_request)
     if groups is not None and len(groups) == 1 and groups[0].kind == "full_attention":
         groups = None  # one full-attention group: the engine serves a plain decoder (capacity.engine_kv_cache_groups)

@@ -16,9 +16,9 @@ Router.prefill_done, finished) reaches it in time order, all up to an arrival be
 A router that reads nothing of the instances (Router.reads_instances False: round robin, session, prefix-aware)
 routes the whole workload first; each instance then serves its share alone, through the engine's compiled loop where
 its path allows: the same decisions, since an instance's decisions depend on its own arrivals only (a test holds the
-two ways equal). Otherwise an instance is the compiled loop paused at every arrival (CompiledInstance: without prefix
-caching, whose compiled pool is keyed by the whole workload's hashes) or, else, the Python engine (Instance); tests hold
-them to the same decisions.
+two ways equal). Otherwise an instance is the compiled loop paused at every arrival (CompiledInstance; with prefix
+caching its pool keyed by hash ids of the fleet's whole workload) or, where the compiled loop does not serve the run,
+the Python engine (Instance); tests hold them to the same decisions.
 """
 
 from __future__ import annotations
@@ -38,17 +38,22 @@ from kvlab.core.engine.records import NO_PROGRESS, EngineResult, RequestLog, Ste
 from kvlab.core.fleet.routers import ROUTERS, PrefixAware, RoutedRequest, Router
 from kvlab.core.workload import Workload
 
-# Bytes a fleet's run holds per full prompt block beyond its engines' own records: the content hashes a Python
-# instance keeps for prefix caching, or that a router reading prefixes is given (measured: about 150 B on the Mooncake
-# conversation trace), and production-stack's prefix trie, which never forgets a prompt (about 330 B more).
+# Bytes a fleet's run holds per full prompt block beyond its engines' own records: the block hashes its instances keep
+# for prefix caching (Python's content hashes, or the compiled instances' hash ids as they are made: about 120-150 B,
+# measured on the Mooncake conversation trace), and with them each compiled instance's cache index by hash id (16 B);
+# production-stack's prefix trie, which never forgets a prompt, about 330 B more.
 BYTES_PER_PROMPT_BLOCK = 200
+INSTANCE_BYTES_PER_PROMPT_BLOCK = 16
 TRIE_BYTES_PER_PROMPT_BLOCK = 400
 
 
-def bytes_per_request(workload: Workload, block_size: int, router: str, enable_prefix_caching: bool) -> float:
-    """The bytes a fleet's run holds per request of workload beyond its engines' own (BYTES_PER_PROMPT_BLOCK, and
-    TRIE_BYTES_PER_PROMPT_BLOCK for the prefix-aware router): for `resources.refuse_if_too_big`."""
+def bytes_per_request(workload: Workload, block_size: int, router: str, enable_prefix_caching: bool,
+                      num_instances: int) -> float:  # fmt: skip
+    """The bytes a fleet's run holds per request of workload beyond its engines' own (BYTES_PER_PROMPT_BLOCK,
+    INSTANCE_BYTES_PER_PROMPT_BLOCK per instance with prefix caching, TRIE_BYTES_PER_PROMPT_BLOCK for the prefix-aware
+    router): for `resources.refuse_if_too_big`."""
     per_block = BYTES_PER_PROMPT_BLOCK if enable_prefix_caching or ROUTERS[router].reads_prefixes else 0
+    per_block += INSTANCE_BYTES_PER_PROMPT_BLOCK * num_instances if enable_prefix_caching else 0
     per_block += TRIE_BYTES_PER_PROMPT_BLOCK if router == PrefixAware.name else 0
     return per_block * float((workload.prompt_tokens // block_size).mean())
 
@@ -66,8 +71,30 @@ class CachedBlocks:
         return self.pool.get_cached_block(block_hash) is not None
 
     def __len__(self) -> int:
-        ends = self.pool.hash_ends
-        return sum(1 for h in range(0, len(ends), 2) if ends[h] >= 0)
+        hash_prev = self.pool.hash_prev  # (the first block cached under each hash)
+        return sum(1 for b, h in enumerate(self.pool.hash_of) if h >= 0 and hash_prev[b] < 0)
+
+
+class CachedIds:
+    """A compiled instance's prefix cache as a router reads it: `hash_id in cached` (the fleet's hash ids of full
+    blocks, compiled.hash_ids), len(cached) (the hash ids cached: the first block cached under each) and
+    longest_prefix(hash_ids) (how many of them, from the first, are cached), all from its pool (arrays.Pool)."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __contains__(self, hash_id) -> bool:
+        return self.pool.hash_ends[2 * hash_id] >= 0
+
+    def __len__(self) -> int:
+        pool = self.pool
+        return int(np.count_nonzero((pool.hash_of >= 0) & (pool.hash_prev < 0)))
+
+    def longest_prefix(self, hash_ids) -> int:
+        cached = self.pool.hash_ends[2 * np.asarray(hash_ids, dtype=np.int64)] >= 0
+        return len(cached) if cached.all() else int(np.argmin(cached))
 
 
 class Instance(Engine):
@@ -158,26 +185,28 @@ class Instance(Engine):
 
 class CompiledInstance:
     """One engine of a fleet run by the compiled loop (kvlab.core.engine.fast.compiled.CompiledRun, room for every
-    request of the fleet): the requests routed to it added as they are, what a router reads of it read from the
-    loop's state. The same decisions as Instance (a test holds them equal)."""
+    request of the fleet; with prefix caching its pool keyed by the hash ids of the fleet's workload, table): the
+    requests routed to it added as they are, what a router reads of it read from the loop's state. The same decisions
+    as Instance (tests hold them equal)."""
 
-    def __init__(self, index: int, engine: Engine):
+    def __init__(self, index: int, engine: Engine, table: tuple | None = None):
         from kvlab.core.engine.fast.loops.jit import FINISHED  # (numba: imported only where a loop runs)
 
         self.index, self.engine, self.finished_status = index, engine, FINISHED
-        self.run = compiled.CompiledRun(engine, engine.workload.num_requests)
+        self.run = compiled.CompiledRun(engine, engine.workload.num_requests, table)
         self.ids: list = []  # the requests routed here (the workload's ids), in arrival order
         # their indices here whose first token, and whose finish, the router has yet to hear of
         self.pending = {"first_token_s": np.zeros(0, np.int64), "finish_s": np.zeros(0, np.int64)}
         self.num_gpu_blocks = engine.num_gpu_blocks
-        self.cached_block_hashes = frozenset()  # (no prefix caching: the loop's pool is a count)
+        # with prefix caching, its cache by the fleet's hash ids (table: compiled.hash_ids); else none
+        self.cached_block_hashes = frozenset() if table is None else CachedIds(self.run.arrays.pool)
         self.oldest = 0  # every request routed here before it has finished
         self.steps_heard = 0  # the steps run when the router last heard of this instance
         self.next_event_s = math.inf  # the first of its events then known but not yet due
 
     def route(self, request, hears: bool) -> None:
         """A request routed here joins at its arrival (hears: the router hears of its first token and finish)."""
-        k = self.run.add(request.arrival_s, request.num_prompt_tokens, request.max_tokens)
+        k = self.run.add(request.arrival_s, request.num_prompt_tokens, request.max_tokens, request.request_id)
         self.ids.append(request.request_id)
         if hears:
             for name, slots in self.pending.items():
@@ -341,6 +370,7 @@ class Fleet:
         self.workload, self.config, self.router, self.engine_options = workload, config, router, engine_options
         self.path = engine_options.pop("path", "auto")
         self.first_block = None  # each request's first full prompt block's number (routed)
+        self.table = None  # compiled instances with prefix caching: the workload's hash ids (instance)
 
     def run(self) -> FleetResult:
         """Serve the workload: route each request at its arrival and run every instance to the end."""
@@ -375,19 +405,26 @@ class Fleet:
 
     def instance(self, k: int, builder: Engine, log: RequestLog):
         """Instance k: compiled (CompiledInstance) where the path allows ("auto": worth it, as for one engine of the
-        whole workload) and the compiled loop serves it without a prefix cache, else an Instance in Python."""
-        if self.path != "reference" and not self.config.cache.enable_prefix_caching and compiled.available():
+        whole workload) and the compiled loop serves it, else an Instance in Python. With prefix caching the compiled
+        instances share the hash ids of the fleet's workload (compiled.hash_ids, made once: self.table)."""
+        if self.path != "reference" and compiled.available():
             hybrid = self.engine_options.get("kv_cache_groups") is not None
             worth = self.path == "compiled" or compiled.worth_it(self.workload.num_requests, hybrid)
             if worth and compiled.eligible(builder):
+                if self.config.cache.enable_prefix_caching and self.table is None:
+                    w = self.workload
+                    max_num_tokens = np.minimum(w.prompt_tokens + w.output_tokens, builder.scheduler.max_request_tokens)
+                    self.table = compiled.hash_ids(builder, max_num_tokens.astype(np.int64))
                 options = {**self.engine_options, "check": False}
-                return CompiledInstance(k, Engine(self.workload, self.config, path="reference", **options))
+                engine = Engine(self.workload, self.config, path="reference", **options)
+                return CompiledInstance(k, engine, self.table)
         return Instance(k, log, self.workload, self.config, check=False, **self.engine_options)
 
     def routed(self, request, engine: Engine) -> RoutedRequest:
         """What the router reads of a request: its prompt's full blocks' hashes where it reads prefixes: the engine's
         own (block_hashes) where prompts may share content (token ids, or prefix hashes), else numbers no other
-        block has (a prompt no other request shares: block_hashes.block_content), the same for every router."""
+        block has (a prompt no other request shares: block_hashes.block_content), the same for every router; with
+        compiled instances that cache prefixes, the hash ids their caches are keyed by (self.table)."""
         hashes = ()
         if self.router.reads_prefixes:
             num_blocks = request.num_prompt_tokens // engine.block_size
@@ -397,6 +434,10 @@ class Fleet:
                     self.first_block = np.concatenate(([0], np.cumsum(blocks)[:-1]))
                 start = int(self.first_block[request.request_id])
                 hashes = range(start, start + num_blocks)
+            elif self.table is not None:  # compiled instances' caches: their hash ids
+                offset, shared, num_shared, _, _ = self.table
+                start = int(offset[request.request_id])
+                hashes = tuple(shared[start : start + int(num_shared[request.request_id])].tolist())
             else:
                 hashes = tuple(block_hashes(request, num_blocks, engine.block_size))
         return RoutedRequest(request.request_id, request.arrival_s, request.num_prompt_tokens, hashes)
@@ -404,9 +445,13 @@ class Fleet:
     # ---------------------------------------------------------------- routing first, each instance apart
     def run_apart(self) -> FleetResult:
         """Route the whole workload first (the router reads nothing of the instances), then serve each instance's
-        share with an Engine of its own (compiled where its path allows)."""
+        share with an Engine of its own (compiled where its path allows; "auto": where the whole workload is worth
+        compiling, since the loops, once loaded, serve every share)."""
         w = self.workload
         builder = Engine(w, self.config, path="reference", **self.engine_options)  # the requests as they arrive
+        path = self.path
+        if path == "auto" and compiled.available() and compiled.eligible(builder):
+            path = "compiled" if compiled.worth_it(w.num_requests, builder.kv_cache_groups is not None) else path
         instance_of = np.empty(w.num_requests, dtype=np.int64)
         for j, arrival_s in enumerate(w.arrival_s.tolist()):
             instance_of[j] = self.router.route(self.routed(builder.request(j, arrival_s), builder), None)
@@ -419,7 +464,7 @@ class Fleet:
             options = dict(self.engine_options)
             if options.get("prompt_token_ids") is not None:
                 options["prompt_token_ids"] = [options["prompt_token_ids"][i] for i in ids]
-            results.append(Engine(share(w, ids), self.config, path=self.path, **options).run())
+            results.append(Engine(share(w, ids), self.config, path=path, **options).run())
         return self.result(instance_of, results)
 
     def result(self, instance_of, results) -> FleetResult:

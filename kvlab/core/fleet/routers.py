@@ -273,11 +273,15 @@ class DynamoKv(Router):
     def new_tokens(self, request: RoutedRequest, load: InstanceLoad) -> int:
         """The request's prompt tokens past the longest prefix of its blocks the worker's cache holds (the radix
         tree's overlap)."""
-        overlap = 0
-        for block_hash in request.block_hashes:
-            if block_hash not in load.cached_block_hashes:
-                break
-            overlap += 1
+        cached = load.cached_block_hashes
+        if hasattr(cached, "longest_prefix"):  # a fleet's view of a cache counts it at once
+            overlap = cached.longest_prefix(request.block_hashes) if request.block_hashes else 0
+        else:
+            overlap = 0
+            for block_hash in request.block_hashes:
+                if block_hash not in cached:
+                    break
+                overlap += 1
         return max(request.num_prompt_tokens - overlap * self.block_size, 0)
 
     def costs(self, request: RoutedRequest, loads: list[InstanceLoad]) -> np.ndarray:

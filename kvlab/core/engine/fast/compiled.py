@@ -180,16 +180,22 @@ def _full_prompt_blocks(engine):
         yield from ([] for _ in range(w.num_requests))
 
 
-def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
-    """The compiled loop's Pool (fast/arrays.py): every usable block free, the null block 0 never handed out."""
+def block_pool(engine, max_num_tokens: np.ndarray, capacity: int | None = None, table: tuple | None = None) -> tuple:
+    """The compiled loop's Pool (fast/arrays.py): every usable block free, the null block 0 never handed out. A
+    fleet's instance (room for capacity requests, added as they are routed: CompiledRun.add): the hash ids of the
+    fleet's whole workload (table: hash_ids'), each request's written where it is added."""
     caching = engine.config.cache.enable_prefix_caching
     if not caching:  # the loops read the pool only with prefix caching: placeholders
         one, table = np.zeros(1, np.int64), np.zeros((1, 1), np.int64)
         return Pool(False, *(one,) * 9, table, *(one,) * 9, np.zeros(1, np.int64))
     bs, sched = engine.block_size, engine.config.scheduler
-    offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
+    if capacity is None:
+        offset, shared, num_shared, base, num_ids = hash_ids(engine, max_num_tokens)
+    else:
+        (_, shared, _, _, num_ids), offset, num_shared, base = table, *(np.zeros(capacity, np.int64) for _ in range(3))
     width = -(-engine.max_model_len // bs) + 1
-    slots = min(sched.max_num_seqs, engine.workload.num_requests)
+    n = engine.workload.num_requests if capacity is None else capacity
+    slots = min(sched.max_num_seqs, n)
     start = BlockPool(engine.num_gpu_blocks, enable_caching=True)  # every usable block free, in vLLM's order
     lists = ("stack", "free_state", "tail_next", "tail_prev", "ref", "hash_of", "hash_next", "hash_prev")
     return Pool(
@@ -197,7 +203,7 @@ def block_pool(engine, max_num_tokens: np.ndarray) -> tuple:
         *(np.array(getattr(start, name), np.int64) for name in lists),
         hash_ends=np.full(2 * num_ids, -1, np.int64),
         tables=np.zeros((slots, width), np.int64),
-        slot_of=np.full(engine.workload.num_requests, -1, np.int64),
+        slot_of=np.full(n, -1, np.int64),
         free_slots=np.arange(slots, dtype=np.int64)[::-1].copy(),
         num_free_slots=np.array([slots], np.int64),
         hash_offset=offset,
@@ -350,8 +356,9 @@ class CompiledRun:
     records so far. serve() runs one to the end; a fleet's instance (kvlab.core.fleet) runs one until each arrival
     (advance's until_s), the requests routed to it added as they are (add), into room for capacity requests."""
 
-    def __init__(self, engine, capacity: int | None = None):
+    def __init__(self, engine, capacity: int | None = None, table: tuple | None = None):
         w, sched = engine.workload, engine.config.scheduler
+        self.table = table  # a fleet's instance with prefix caching: hash_ids of the fleet's workload
         self.engine, self.fleet = engine, capacity is not None
         n = w.num_requests if capacity is None else capacity
         self.n, self.num_added = n, n if capacity is None else 0
@@ -436,7 +443,7 @@ class CompiledRun:
             req=req,
             cfg=cfg,
             cost=cost,
-            pool=block_pool(engine, max_num_tokens),
+            pool=block_pool(engine, max_num_tokens, capacity, table),
             groups=groups,
             running=zeros(),
             waiting=zeros(),
@@ -461,10 +468,15 @@ class CompiledRun:
         self.log = StepLog(engine.block_size, not engine.reserving)
         self.entry = None  # a fleet's instance: the loop's compiled entry point (call)
 
-    def add(self, arrival_s: float, num_prompt_tokens: int, output_tokens: int) -> int:
-        """A fleet's instance: the next request routed to it, arriving at arrival_s (after every one added before).
-        Returns its index here."""
+    def add(self, arrival_s: float, num_prompt_tokens: int, output_tokens: int, request_id: int) -> int:
+        """A fleet's instance: the next request routed to it (request_id: the fleet's workload's), arriving at
+        arrival_s (after every one added before). Returns its index here."""
         k, records = self.num_added, self.req.records
+        if self.table is not None:  # its blocks' hash ids
+            offset, _, num_shared, base, _ = self.table
+            pool = self.arrays.pool
+            pool.hash_offset[k], pool.num_shared[k] = offset[request_id], num_shared[request_id]
+            pool.hash_base[k] = base[request_id]
         total = num_prompt_tokens + output_tokens
         records[k]["num_prompt_tokens"] = records[k]["num_tokens"] = self.num_prompt_tokens[k] = num_prompt_tokens
         records[k]["max_tokens"] = output_tokens
