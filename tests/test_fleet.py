@@ -291,6 +291,7 @@ def test_simulate_writes_each_requests_instance(capsys, tmp_path):
         (["--router", "llm-d", "--allocation", "max"], "--router llm-d and --allocation max cannot be used"),
         (["--router", "nearest"], "argument --router: invalid choice: 'nearest'"),
         (["--instances", "100000000"], "--instances=100000000 is not allowed: needs about"),
+        (["--model", "google/gemma-3-27b-it", "--router", "dynamo-kv"], "google/gemma-3-27b-it has 7 KV cache groups"),
     ],
 )
 def test_simulate_refuses_a_fleet_it_cannot_serve_in_one_line(capsys, flags, message):

@@ -254,7 +254,7 @@ def print_vllm(out: dict, run: serving.Serving) -> None:
     print_line(
         "steps",
         f"{out['num_steps']:,}; peak KV blocks {out['peak_kv_blocks']:,} of {ranks * usable:,}"
-        + (" (all ranks)" if ranks > 1 else "")
+        + (" (all ranks)" if ranks > 1 else " (the fullest instance)" if run.fleet else "")
         + f"; mean running {out['mean_running']:,.1f} requests",
     )
     print_line("throughput", f"{out['output_tokens_per_s']:,.1f} output tokens/s over {out['makespan_s']:,.1f} s")

@@ -598,7 +598,8 @@ def setup(options: ServingOptions) -> Serving:
     if options.router == "dynamo-kv" and groups is not None and len(groups) > 1:
         raise ValueError(
             f"{FLAGS['router']} dynamo-kv reads the instances' prefix caches, which kvlab's fleet reads for one "
-            f"full-attention group only, and {describe_groups(groups)} (choose another {FLAGS['router']})"
+            f"full-attention group only, and {model.name} has {len(groups)} KV cache groups (choose another "
+            f"{FLAGS['router']})"
         )
     cost = step_cost(options, model, config)
     requests, load = workload(options)
