@@ -4,7 +4,7 @@ Layers, imports pointing down only:
     kvlab.core       mechanism: config objects, allocation, capacity, cost models, the schedulers (numpy only)
     kvlab.workloads  synthetic workloads and the real-trace loaders
     kvlab.studies    what is computed but is not report prose: the planner's search, sweeps, the vLLM paper's setting, fits
-    kvlab.sections   one module or package per notebook (s01_allocation ... s07_plan): its tables, bands and ledger
+    kvlab.sections   one module or package per notebook (s01_allocation ... s08_fleet): its tables, bands and ledger
                      rows; what they share (sections.shared: the ledger, plots, present, parameters)
     kvlab.report     papermill -> nbconvert -> index + PDF
     kvlab.cli        the `kvlab` command line over all of it

@@ -67,8 +67,16 @@ RUNS = {
         "HALVING_CHECKS": 1,
         "SWEEP_SCHEDULER": "serial",
     },
+    "08_fleet": {
+        "GPU": "A100-SXM-80GB",
+        "STEP_COST": "roofline",
+        "NUM_INSTANCES": 3,
+        "ROUTERS": ["dynamo-kv", "round-robin"],
+        "NUM_REQUESTS": 300,
+        "RATE_SCALES": [2.0],
+    },
 }
-NEEDS_TRACES = {"04_traces", "06_memory_budget"}  # the whole notebook is about the real traces
+NEEDS_TRACES = {"04_traces", "06_memory_budget", "08_fleet"}  # the whole notebook is about the real traces
 
 
 def _can_run(stem: str) -> bool:

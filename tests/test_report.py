@@ -130,14 +130,14 @@ def test_a_failing_notebook_leaves_the_previous_report(tmp_path):
 
 
 def test_notebooks_run_two_at_a_time_in_order_of_their_estimates_where_memory_holds_both(monkeypatch):
-    """Two at once on two cores or more, the longest by its estimate first (section 6's grids); one at a time where
+    """Two at once on two cores or more, the longest by its estimate first (section 8's fleets); one at a time where
     the two heaviest would not fit in memory together, or on one core."""
     checked = report_params.check_params(ROOT / "params.yaml", [], log=lambda *a, **k: None)
     notebooks = checked.notebooks
     monkeypatch.setattr(report_build.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(report_build.resources, "available_memory_bytes", lambda: 64 * 2**30)
     assert report_build.num_at_once(checked, notebooks) == 2
-    assert report_build.longest_first(checked, notebooks)[0].stem == "06_memory_budget"
+    assert [nb.stem for nb in report_build.longest_first(checked, notebooks)[:2]] == ["08_fleet", "06_memory_budget"]
     peaks = sorted(report_build.parameters.estimate(nb.stem, checked.merged[nb.stem]).peak_bytes for nb in notebooks)
     too_little = int(sum(peaks[-2:]) / report_build.resources.USABLE_SHARE) - 1
     monkeypatch.setattr(report_build.resources, "available_memory_bytes", lambda: too_little)

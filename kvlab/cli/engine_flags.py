@@ -226,7 +226,8 @@ def add_engine_flags(p) -> list[str]:
         "--instances), least-loaded (fewest running + waiting), session and prefix-aware (vLLM production-stack's; "
         "kvlab's workloads carry no session ids, so session routes by its load fallback), llm-d (its default "
         "scorers: queue, KV-cache usage, prefix cache), dynamo-kv (NVIDIA Dynamo's KV router: prefill blocks after "
-        "its cache overlap + decode blocks); each as its public code writes it (kvlab.core.fleet.routers)",
+        "its cache overlap + decode blocks); each as its public code writes it (kvlab.core.fleet.routers), its random "
+        "tie-breaks from --seed (default 0)",
     )
     g.add_argument(
         "--requests-csv",

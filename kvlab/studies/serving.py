@@ -464,7 +464,7 @@ class Serving:
         (kvlab.core.fleet.FleetResult.summary: TTFT's parts, the prefix caches' hit rate, each instance's counts)."""
         summary = result.summary()
         if self.fleet:
-            return self.settings() | summary | self.model_keys() | self.trace_keys()
+            return self.settings() | summary | self.model_keys() | self.trace_summary()
         out = self.settings() | {
             "num_requests": summary["num_requests"],
             **{k: summary[k] for k in SUMMARY_KEYS},
@@ -484,7 +484,7 @@ class Serving:
                 "enable_expert_parallel": parallel.enable_expert_parallel,
                 "requests_per_rank": np.bincount(result.data_parallel_rank, minlength=ranks).tolist(),
             }
-        return out | self.trace_keys()
+        return out | self.trace_summary()
 
     def settings(self) -> dict:
         """The settings served and the step cost (the first keys of kvlab simulate --policy vllm --json)."""
@@ -513,7 +513,7 @@ class Serving:
             out["kv_cache_groups"] = describe_groups(self.kv_cache_groups)
         return out
 
-    def trace_keys(self) -> dict:
+    def trace_summary(self) -> dict:
         """The trace's keys (trace_keys), where a trace is served, and whether its arrivals are Poisson."""
         if self.trace is None:
             return {}

@@ -18,6 +18,8 @@ from kvlab.core.allocator import PEAK_BYTES_PER_REQUEST as ALLOCATION_BYTES_PER_
 from kvlab.core.calibration import DTYPES
 from kvlab.core.config import KV_CACHE_DTYPES
 from kvlab.core.engine import PEAK_BYTES_PER_REQUEST as ENGINE_BYTES_PER_REQUEST
+from kvlab.core.fleet.fleet import BYTES_PER_PROMPT_BLOCK, INSTANCE_BYTES_PER_PROMPT_BLOCK, TRIE_BYTES_PER_PROMPT_BLOCK
+from kvlab.core.fleet.routers import ROUTERS
 from kvlab.studies.paper_setting import SCHEDULERS, SETTING_STEP_COSTS, PaperSetting, prefix_setting
 from kvlab.workloads.paper_datasets import ALPACA_FAMILIES, SHAREGPT_INPUTS
 from kvlab.workloads.synthetic import LENGTH_DISTRIBUTIONS
@@ -37,6 +39,9 @@ SECONDS_CALIBRATION_REPLAYS = (
 )
 SECONDS_PER_REQUEST_PREFIX = 4e-3  # section 6: one Mooncake request through the engine with prefix caching
 SECONDS_PER_ENGINE_RUN = 0.02  # section 6: a run's set-up and its pickling to a process
+SECONDS_PER_REQUEST_FLEET = 2e-3  # section 8: one Mooncake request through a fleet of 8 (compiled, prefix caching;
+# measured 0.5-1.5 ms, or 6 ms behind a router that sends every request to one instance)
+MOONCAKE_PROMPT_BLOCKS = 760  # section 8: a Mooncake request's full prompt blocks of 16 tokens, on average
 SECONDS_PER_REQUEST_HYBRID = 0.02  # section 3: one long-context request through a deployment (per-step loop, hits)
 SECONDS_PER_REQUEST_PLAN = 2e-5  # section 7: one request through a candidate's replicas (the compiled loop on the
 # measured clock: 1.3e-5 s on a saturated replica of 10,000 Azure requests, the slowest case, on this machine)
@@ -300,6 +305,16 @@ RULES: dict[str, dict[str, Rule]] = {
         "HALVING_CHECKS": validate.non_negative_int,
         "SWEEP_SCHEDULER": _scheduler,
     },
+    "08_fleet": {
+        "MODEL": _model_name,
+        "GPU": _gpu_name,
+        "STEP_COST": _choice(("measured", "roofline")),
+        "NUM_INSTANCES": _count,
+        "ROUTERS": _distinct(_choice(ROUTERS)),
+        "NUM_REQUESTS": _range("num_requests"),
+        "RATE_SCALES": _increasing(_scale),
+        "TRACE_DIR": _folder,
+    },
 }
 
 
@@ -535,6 +550,11 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
         )
     if stem == "05_calibration":
         return resources.Estimate(0, SECONDS_PER_NOTEBOOK + SECONDS_CALIBRATION_REPLAYS)
+    if stem == "08_fleet":  # each router at each rate: the fleet's run (its instances compiled) of the trace's requests
+        n, runs = p["NUM_REQUESTS"], len(p["ROUTERS"]) * len(p["RATE_SCALES"])
+        per_block = BYTES_PER_PROMPT_BLOCK + INSTANCE_BYTES_PER_PROMPT_BLOCK * p["NUM_INSTANCES"]
+        per_request = ENGINE_BYTES_PER_REQUEST + MOONCAKE_PROMPT_BLOCKS * (per_block + TRIE_BYTES_PER_PROMPT_BLOCK)
+        return resources.Estimate(n * per_request, SECONDS_PER_NOTEBOOK + runs * n * SECONDS_PER_REQUEST_FLEET)
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 
@@ -545,6 +565,7 @@ SIZE_PARAMETER = {
     "02_batching": "NUM_REQUESTS",
     "06_memory_budget": "NUM_REQUESTS",
     "07_plan": "NUM_REQUESTS",
+    "08_fleet": "NUM_REQUESTS",
 }
 
 

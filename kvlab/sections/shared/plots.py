@@ -746,3 +746,26 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
     axes[0, 0].set_ylabel("requests/s per GPU")
     axes[0, 0].set_ylim(0, 1.3 * float(served["requests_per_s_per_gpu"].max()) if len(served) else 1)
     return fig
+
+
+@captioned
+def fleet_routers(table: pd.DataFrame) -> matplotlib.figure.Figure:
+    """Each router's share of prompt tokens found in the instances' prefix caches (%) and p95 time to first token
+    (s, log scale), at each arrival rate."""
+    fig, (hits, ttft) = _figure(figsize=(FIGSIZE[0], 5.2), nrows=2, sharex=True)
+    routers = list(dict.fromkeys(table["router"]))
+    scales = list(dict.fromkeys(table["rate_scale"]))
+    width = 0.8 / len(scales)
+    for k, scale in enumerate(scales):
+        rows = table[table["rate_scale"] == scale].set_index("router").loc[routers]
+        x = np.arange(len(routers)) + (k - (len(scales) - 1) / 2) * width
+        label = f"{scale:g}x the trace's arrival rate"
+        hits.bar(x, rows["prefix_hit_pct"], width, label=label)
+        ttft.bar(x, rows["p95_ttft_s"], width, label=label)
+    hits.set_ylabel("prefix hits (%)")
+    ttft.set_ylabel("p95 TTFT (s)")
+    ttft.set_yscale("log")
+    ttft.set_xticks(range(len(routers)), routers, rotation=20)
+    ttft.set_xlabel("router")
+    hits.legend(frameon=False)
+    return fig
