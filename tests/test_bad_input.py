@@ -64,7 +64,7 @@ def test_the_report_refuses_hours_of_work_before_any_notebook_runs(tmp_path):
     with pytest.raises(
         ReportError,
         match=r"the report would take about [\d,]+ min on this machine, over the limit of "
-        r"0.05 min \(--max-minutes\); 06_memory_budget takes most: lower its NUM_SEEDS or NUM_REQUESTS",
+        r"0.05 min \(--max-minutes\); 08_fleet takes most: lower its NUM_REQUESTS, ROUTERS or RATE_SCALES",
     ):
         build(ROOT / "params.yaml", [], tmp_path / "report", max_minutes=0.05, log=lambda *a, **k: None)
     assert not (tmp_path / "report").exists()

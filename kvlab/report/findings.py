@@ -113,8 +113,8 @@ EVIDENCE = {
     "the ledger holds it to",
     7: "kvlab's engine (vLLM 0.33's scheduler, matched against vLLM's own decision by decision) on the measured clock, "
     "corrected by that clock's error on a real vLLM run",
-    8: "a fleet of kvlab's engine (each instance vLLM 0.33's scheduler) behind each router as its public code writes "
-    "it, on a public trace's real prompts and arrivals, timed by the clock named",
+    8: "kvlab's engine as each instance, behind each router as its code writes it, on a public trace, on the "
+    "section's clock",
 }
 # The question each section's finding answers on the front page (sections 1-3 and 6 are said through the ledger).
 QUESTIONS = {

@@ -42,9 +42,8 @@ GLOSSARY = {
     "the state, checkpointed inside the prefill kernel",
     "long_prefill_token_threshold": "vLLM's cap on the tokens one long prompt may take of a step's budget",
     "prefix caching": "reusing the blocks of a prompt's beginning that another request already computed",
-    "instance": "one vLLM engine (its own scheduler and KV cache) of a fleet that serves one model",
-    "router": "what picks, for each request as it arrives, the instance of a fleet that serves it",
-    "prefix hit rate": "the share of prompt tokens an instance finds in its prefix cache when it admits a request",
+    "instance, router": "a fleet's vLLM engines (each its own scheduler and KV cache), and what picks the instance of "
+    "each request as it arrives",
     "chunked prefill": "splitting a long prompt over several steps beside the running decodes",
     "step": "one forward pass of the model over a batch: prefill chunks and one token of each decode",
     "clock": "kvlab's model of how long a step takes on a GPU",

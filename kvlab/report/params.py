@@ -205,7 +205,8 @@ def check_params(
         heavy = max(merged, key=lambda stem: parameters.estimate(stem, merged[stem]).seconds)
         raise ParamsError(
             f"the report would take about {seconds / 60:,.0f} min on this machine, over the limit of "
-            f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its NUM_SEEDS or NUM_REQUESTS"
+            f"{max_minutes:g} min (--max-minutes); {heavy} takes most: lower its "
+            + parameters.TIME_PARAMETERS.get(heavy, parameters.SIZE_PARAMETER.get(heavy, "parameters"))
         )
     if seconds > 120:
         log(f"report: about {seconds / 60:,.0f} min on this machine")

@@ -14,31 +14,17 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from kvlab.core.fleet.routers import ROUTERS
 from kvlab.core.workload import Workload
 from kvlab.sections.shared import phrases, present
 from kvlab.studies import serving
 
-# Each router's rule, where kvlab read it (kvlab/core/fleet/routers.py cites file and function).
-ROUTER_SOURCES = {
-    "round-robin": "vLLM production-stack's RoundRobinRouter: the next instance each request",
-    "least-loaded": "kvlab's baseline: the fewest running + waiting requests",
-    "session": "production-stack's SessionRouter: a hash ring of session ids; the trace has none, so its load "
-    "fallback (the instance with the fewest requests in the last minute)",
-    "prefix-aware": "production-stack's PrefixAwareRouter: a trie of the prompts it has sent; the instances holding "
-    "the longest matched prefix, one at random",
-    "llm-d": "llm-d's inference scheduler, its default scorers: queue 2, KV-cache usage 2, prefix cache 3",
-    "dynamo-kv": "NVIDIA Dynamo's KV router: the fewest prefill blocks after its cache's overlap + decode blocks",
-}
-DECIMALS = {"prefix_hit_pct": 1, "mean_ttft_s": 2, "p95_ttft_s": 2, "p95_tpot_ms": 1, "busiest_instance_pct": 1}
+DECIMALS = {"prefix_hit_pct": 1, "p95_ttft_s": 2, "p95_tpot_ms": 1, "busiest_instance_pct": 1}
 LABELS = {
     "rate_scale": "arrival rate (x the trace's)",
-    "prefix_hit_pct": "prompt tokens hit in a prefix cache (%)",
-    "mean_ttft_s": "mean TTFT (s)",
+    "prefix_hit_pct": "prefix hit rate (%)",
     "p95_ttft_s": "p95 TTFT (s)",
     "p95_tpot_ms": "p95 TPOT (ms)",
     "busiest_instance_pct": "requests on the busiest instance (%)",
-    "num_preemptions": "preemptions",
 }
 
 
@@ -63,7 +49,7 @@ def scaled(workload: Workload, rate_scale: float) -> Workload:
 
 def serve_fleets(options: serving.ServingOptions, num_instances: int, routers, rate_scales) -> pd.DataFrame:
     """One row per arrival rate scale and router: the share of prompt tokens found in the instances' prefix caches
-    (%), mean and p95 TTFT (s), p95 TPOT (ms), the busiest instance's share of the requests (%) and preemptions."""
+    (%), p95 TTFT (s), p95 TPOT (ms) and the busiest instance's share of the requests (%)."""
     rows = []
     for rate_scale in rate_scales:
         for router in routers:
@@ -74,11 +60,9 @@ def serve_fleets(options: serving.ServingOptions, num_instances: int, routers, r
                     "rate_scale": rate_scale,
                     "router": router,
                     "prefix_hit_pct": 100 * s["prefix_hit_rate"],
-                    "mean_ttft_s": s["mean_ttft_s"],
                     "p95_ttft_s": s["p95_ttft_s"],
                     "p95_tpot_ms": 1e3 * s["p95_tpot_s"],
                     "busiest_instance_pct": 100 * max(i["num_requests"] for i in s["instances"]) / s["num_requests"],
-                    "num_preemptions": s["num_preemptions"],
                 }
             )
     return pd.DataFrame(rows)
@@ -90,9 +74,13 @@ def first_block_share_pct(workload: Workload) -> float:
     return 100 * float(np.bincount(np.unique(first, return_inverse=True)[1]).max()) / len(first)
 
 
-def routers_table(routers) -> pd.DataFrame:
-    """Each router and its rule, where kvlab read it."""
-    return pd.DataFrame({"router": list(routers), "rule": [ROUTER_SOURCES[r] for r in routers]})
+def setting_text(num_instances: int, model: str, gpu: str, step_cost: str) -> str:
+    """What every run is: the instances, their engine and clock, and the rates (the faster ones kvlab's choice)."""
+    return (
+        f"{num_instances} instances of {model}, one {gpu} each, every one vLLM 0.33's scheduler with prefix caching on "
+        f"(vLLM's default) and asynchronous scheduling, its KV pool sized as vLLM sizes it, its steps on the {step_cost} "
+        "clock; arrivals at the trace's own timestamps, and faster (kvlab's choice, to show the fleet filling)."
+    )
 
 
 def _best(rows: pd.DataFrame, column: str, highest: bool) -> pd.Series:
@@ -101,9 +89,7 @@ def _best(rows: pd.DataFrame, column: str, highest: bool) -> pd.Series:
     return rows.loc[values.idxmax() if highest else values.idxmin()]
 
 
-def finding_text(
-    table: pd.DataFrame, num_instances: int, model: str, gpu: str, num_requests: int, step_cost: str
-) -> str:
+def finding_text(table: pd.DataFrame, num_instances: int, model: str, gpu: str, num_requests: int) -> str:
     """The section's finding: at the first rate scale (the trace's own at the defaults), which router finds the most
     prompt tokens in the prefix caches and which has the lowest p95 TTFT, each against round robin where it was
     served."""
@@ -118,10 +104,10 @@ def finding_text(
         hit, p95 = present.cell(rr["prefix_hit_pct"], 1), present.cell(rr["p95_ttft_s"], 2)
         against = f", against round robin's {hit}% and {p95} s"
     return (
-        f"On {num_instances} instances of {model} on {gpu} ({step_cost} clock) serving the first {num_requests:,} "
-        f"requests of the Mooncake conversation trace {rate}, {hits['router']} finds the most prompt tokens in the "
-        f"instances' prefix caches ({present.cell(hits['prefix_hit_pct'], 1)}%) and {tail['router']} has the lowest "
-        f"p95 time to first token ({present.cell(tail['p95_ttft_s'], 2)} s){against}."
+        f"On {num_instances} instances of {model} on {gpu} serving the Mooncake trace's first {num_requests:,} "
+        f"requests {rate}, {hits['router']} finds the most prompt tokens in their prefix caches "
+        f"({present.cell(hits['prefix_hit_pct'], 1)}%) and {tail['router']} has the lowest p95 TTFT "
+        f"({present.cell(tail['p95_ttft_s'], 2)} s){against}."
     )
 
 
@@ -158,14 +144,18 @@ def rate_text(table: pd.DataFrame) -> str:
 
 
 def headline(table: pd.DataFrame) -> list[str]:
-    """The numbers the report's index shows: per rate scale and router, prefix hits and p95 TTFT."""
-    return [
-        f"{r.rate_scale:g}x {r.router}: prefix hits {r.prefix_hit_pct:.1f}%, p95 TTFT {r.p95_ttft_s:.2f} s, "
-        f"busiest instance {r.busiest_instance_pct:.1f}%"
-        for r in table.itertuples()
-    ]
-
-
-def known_routers() -> list[str]:
-    """Every router kvlab has, in its order."""
-    return list(ROUTERS)
+    """The numbers the report's index shows: at each rate scale, the most prefix hits and the lowest p95 TTFT, and
+    round robin's."""
+    lines = []
+    for scale, rows in table.groupby("rate_scale", sort=False):
+        rows = rows.reset_index(drop=True)
+        hits, tail = _best(rows, "prefix_hit_pct", True), _best(rows, "p95_ttft_s", False)
+        rr = rows[rows["router"] == "round-robin"]
+        against = (
+            f" (round robin {rr['prefix_hit_pct'].iloc[0]:.1f}%, {rr['p95_ttft_s'].iloc[0]:.2f} s)" if len(rr) else ""
+        )
+        lines.append(
+            f"{scale:g}x the trace's rate: most prefix hits {hits['router']} {hits['prefix_hit_pct']:.1f}%, lowest p95 "
+            f"TTFT {tail['router']} {tail['p95_ttft_s']:.2f} s{against}"
+        )
+    return lines

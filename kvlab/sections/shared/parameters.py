@@ -558,6 +558,14 @@ def estimate(stem: str, p: dict) -> resources.Estimate:
     return resources.Estimate(0, SECONDS_PER_NOTEBOOK)
 
 
+# What to lower where a notebook's time is too long (kvlab report's refusal), where not its SIZE_PARAMETER alone.
+TIME_PARAMETERS = {
+    "06_memory_budget": "NUM_SEEDS or NUM_REQUESTS",
+    "07_plan": "NUM_REQUESTS or the values it searches",
+    "08_fleet": "NUM_REQUESTS, ROUTERS or RATE_SCALES",
+}
+
+
 # The parameter whose size drives each notebook's memory, to name in a refusal.
 SIZE_PARAMETER = {
     "01_allocation": "NUM_REQUESTS",

@@ -752,7 +752,7 @@ def plan_pareto(served: pd.DataFrame, objectives: dict, words: dict, units: dict
 def fleet_routers(table: pd.DataFrame) -> matplotlib.figure.Figure:
     """Each router's share of prompt tokens found in the instances' prefix caches (%) and p95 time to first token
     (s, log scale), at each arrival rate."""
-    fig, (hits, ttft) = _figure(figsize=(FIGSIZE[0], 5.2), nrows=2, sharex=True)
+    fig, (hits, ttft) = _figure(figsize=(FIGSIZE[0], 4.2), nrows=2, sharex=True)
     routers = list(dict.fromkeys(table["router"]))
     scales = list(dict.fromkeys(table["rate_scale"]))
     width = 0.8 / len(scales)
