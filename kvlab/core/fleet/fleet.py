@@ -228,6 +228,8 @@ class CompiledInstance:
         self.steps_heard, self.next_event_s = steps, math.inf
         req, ids, events = self.run.req, self.ids, []
         for kind, (name, slots) in enumerate(self.pending.items()):
+            if not len(slots):
+                continue
             at = getattr(req, name)[slots]
             told = at <= now_s  # (NaN: not yet)
             if told.any():

@@ -286,27 +286,33 @@ class DynamoKv(Router):
 
     def costs(self, request: RoutedRequest, loads: list[InstanceLoad]) -> np.ndarray:
         """Each worker's cost (Dynamo's logit; lower is better)."""
-        costs = np.zeros(len(loads))
+        return np.array(self.costs_and_new_tokens(request, loads)[0])
+
+    def costs_and_new_tokens(self, request: RoutedRequest, loads: list[InstanceLoad]) -> tuple[list, list]:
+        """Each worker's cost, and the request's new tokens there (new_tokens)."""
+        costs, new = [], []
         blocks = set(request.block_hashes)
         for i, load in enumerate(loads):
-            prefill_blocks = (self.new_tokens(request, load) + self.active_tokens[i]) / self.block_size
+            new.append(self.new_tokens(request, load))
+            prefill_blocks = (new[-1] + self.active_tokens[i]) / self.block_size
             refs = self.block_refs[i]
             shared = 0 if refs.keys().isdisjoint(blocks) else sum(1 for b in blocks if b in refs)
             decode_blocks = len(blocks) - shared + len(refs)
-            costs[i] = self.overlap_score_weight * prefill_blocks + decode_blocks
-        return costs
+            costs.append(self.overlap_score_weight * prefill_blocks + decode_blocks)
+        return costs, new
 
     def route(self, request, loads):
-        costs = self.costs(request, loads)
-        tied = [i for i in range(len(loads)) if costs[i] == costs.min()]
-        sizes = [len(loads[i].cached_block_hashes) for i in tied]
+        costs, new = self.costs_and_new_tokens(request, loads)
+        lowest = min(costs)
+        tied = [i for i, cost in enumerate(costs) if cost == lowest]
+        sizes = [len(loads[i].cached_block_hashes) for i in tied] if len(tied) > 1 else [0]
         index = self.choice(tied) if len(set(sizes)) == 1 else tied[int(np.argmin(sizes))]
-        prefill_tokens = self.new_tokens(request, loads[index])
+        prefill_tokens = new[index]
         self.active_tokens[index] += prefill_tokens
-        refs = self.block_refs[index]
-        for block_hash in set(request.block_hashes):
+        refs, blocks = self.block_refs[index], set(request.block_hashes)
+        for block_hash in blocks:
             refs[block_hash] = refs.get(block_hash, 0) + 1
-        self.sent[request.request_id] = (index, prefill_tokens, set(request.block_hashes))
+        self.sent[request.request_id] = (index, prefill_tokens, blocks)
         return index
 
     def prefill_done(self, request_id):
