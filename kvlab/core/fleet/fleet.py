@@ -177,10 +177,7 @@ class Instance(Engine):
     def result(self) -> EngineResult:
         """The run of the requests routed here, in their arrival order."""
         ids = np.array([r.request_id for r in self.routed], dtype=np.int64)
-        w = self.workload
-        columns = [c[ids] for c in self.requests.columns()]
-        return EngineResult(self.allocation, self.num_gpu_blocks, self.block_size, w.arrival_s[ids],
-                            w.prompt_tokens[ids], w.output_tokens[ids], *columns, StepRecords(self.steps))  # fmt: skip
+        return share_result(self, ids, [c[ids] for c in self.requests.columns()], self.steps)
 
 
 class CompiledInstance:
@@ -267,11 +264,8 @@ class CompiledInstance:
 
     def result(self) -> EngineResult:
         """The run of the requests routed here, in their arrival order."""
-        served, ids, engine = self.run.served(), np.array(self.ids, dtype=np.int64), self.engine
-        w = engine.workload
-        return EngineResult(engine.allocation, engine.num_gpu_blocks, engine.block_size, w.arrival_s[ids],
-                            w.prompt_tokens[ids], w.output_tokens[ids], *served.requests.columns(),
-                            StepRecords(served.steps))  # fmt: skip
+        served = self.run.served()
+        return share_result(self.engine, np.array(self.ids, dtype=np.int64), served.requests.columns(), served.steps)
 
 
 @dataclass(frozen=True, eq=False)
@@ -383,7 +377,7 @@ class Fleet:
     # ---------------------------------------------------------------- routing at each arrival, one clock
     def run_together(self) -> FleetResult:
         """Every instance run up to each arrival, the request routed on what the router reads of them then; each
-        instance compiled where the compiled loop serves it without a prefix cache (instance), else in Python."""
+        instance compiled where the compiled loop serves it (instance), else in Python."""
         w, router = self.workload, self.router
         log = RequestLog(w.num_requests)
         builder = Engine(w, self.config, path="reference", **self.engine_options)  # the requests as they arrive
@@ -409,18 +403,22 @@ class Fleet:
         """Instance k: compiled (CompiledInstance) where the path allows ("auto": worth it, as for one engine of the
         whole workload) and the compiled loop serves it, else an Instance in Python. With prefix caching the compiled
         instances share the hash ids of the fleet's workload (compiled.hash_ids, made once: self.table)."""
-        if self.path != "reference" and compiled.available():
-            hybrid = self.engine_options.get("kv_cache_groups") is not None
-            worth = self.path == "compiled" or compiled.worth_it(self.workload.num_requests, hybrid)
-            if worth and compiled.eligible(builder):
-                if self.config.cache.enable_prefix_caching and self.table is None:
-                    w = self.workload
-                    max_num_tokens = np.minimum(w.prompt_tokens + w.output_tokens, builder.scheduler.max_request_tokens)
-                    self.table = compiled.hash_ids(builder, max_num_tokens.astype(np.int64))
-                options = {**self.engine_options, "check": False}
-                engine = Engine(self.workload, self.config, path="reference", **options)
-                return CompiledInstance(k, engine, self.table)
+        if self.compiles(builder):
+            if self.config.cache.enable_prefix_caching and self.table is None:
+                self.table = compiled.workload_hash_ids(builder)
+            options = {**self.engine_options, "check": False}
+            engine = Engine(self.workload, self.config, path="reference", **options)
+            return CompiledInstance(k, engine, self.table)
         return Instance(k, log, self.workload, self.config, check=False, **self.engine_options)
+
+    def compiles(self, builder: Engine) -> bool:
+        """Whether the instances run compiled: path "compiled", or "auto" where the whole workload is worth compiling
+        (as for one engine of it: the loops, once loaded, serve every instance), where the compiled loop serves it."""
+        if self.path == "reference" or not compiled.available() or not compiled.eligible(builder):
+            return False
+        return self.path == "compiled" or compiled.worth_it(
+            self.workload.num_requests, builder.kv_cache_groups is not None
+        )
 
     def routed(self, request, engine: Engine) -> RoutedRequest:
         """What the router reads of a request: its prompt's full blocks' hashes where it reads prefixes: the engine's
@@ -451,9 +449,7 @@ class Fleet:
         compiling, since the loops, once loaded, serve every share)."""
         w = self.workload
         builder = Engine(w, self.config, path="reference", **self.engine_options)  # the requests as they arrive
-        path = self.path
-        if path == "auto" and compiled.available() and compiled.eligible(builder):
-            path = "compiled" if compiled.worth_it(w.num_requests, builder.kv_cache_groups is not None) else path
+        path = "compiled" if self.compiles(builder) else self.path
         instance_of = np.empty(w.num_requests, dtype=np.int64)
         for j, arrival_s in enumerate(w.arrival_s.tolist()):
             instance_of[j] = self.router.route(self.routed(builder.request(j, arrival_s), builder), None)
@@ -481,6 +477,14 @@ class Fleet:
                     values[ids] = getattr(result, name)
         return FleetResult(type(self.router).name, instance_of, results, w.arrival_s, w.prompt_tokens,
                            w.output_tokens, **columns)  # fmt: skip
+
+
+def share_result(engine: Engine, ids: np.ndarray, columns, steps) -> EngineResult:
+    """An instance's run: its requests ids of the engine's workload (in arrival order), their records (RequestLog's
+    columns, in that order) and its StepLog."""
+    w = engine.workload
+    return EngineResult(engine.allocation, engine.num_gpu_blocks, engine.block_size, w.arrival_s[ids],
+                        w.prompt_tokens[ids], w.output_tokens[ids], *columns, StepRecords(steps))  # fmt: skip
 
 
 def share(workload: Workload, ids: np.ndarray) -> Workload:

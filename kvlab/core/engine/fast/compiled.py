@@ -161,6 +161,14 @@ def hash_ids(engine, max_num_tokens: np.ndarray) -> tuple:
     return offset, np.array(shared, dtype=np.int64), num_shared, base, int(total + widths.sum())
 
 
+def workload_hash_ids(engine) -> tuple:
+    """hash_ids of the engine's whole workload, each request's blocks looked up as far as it may grow (a fleet's
+    compiled instances share them: CompiledRun's table)."""
+    w = engine.workload
+    max_tokens_total = np.asarray(w.prompt_tokens, dtype=np.int64) + np.asarray(w.output_tokens, dtype=np.int64)
+    return hash_ids(engine, np.minimum(max_tokens_total, engine.scheduler.max_request_tokens))
+
+
 def _full_prompt_blocks(engine):
     """Each request's full prompt blocks as what tells them apart (block_hashes.block_content, under equal parents):
     its token ids, or the prompt block ids (Workload.prefix_hashes) that cover it; nothing where the prompts share
@@ -361,7 +369,7 @@ class CompiledRun:
         self.table = table  # a fleet's instance with prefix caching: hash_ids of the fleet's workload
         self.engine, self.fleet = engine, capacity is not None
         n = w.num_requests if capacity is None else capacity
-        self.n, self.num_added = n, n if capacity is None else 0
+        self.num_added = n if capacity is None else 0
         v0 = sched.scheduler_cls == "v0-2023"
         # a writable copy always: a workload's own arrays are read-only, a converted one's not, and numba compiles the
         # loops once for each (the first run after make setup took 150 s to compile the other)
