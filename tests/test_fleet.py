@@ -17,7 +17,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearStepCost
 from kvlab.core.engine import Engine
 from kvlab.core.fleet.fleet import CachedBlocks, Fleet
-from kvlab.core.fleet.routers import ROUTERS, Router, make_router
+from kvlab.core.fleet.routers import ROUTERS, DynamoKv, InstanceLoad, Router, RoutedRequest, make_router
 from kvlab.core.workload import Workload
 
 COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "num_output_tokens")
@@ -302,3 +302,34 @@ def test_simulate_refuses_a_fleet_it_cannot_serve_in_one_line(capsys, flags, mes
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 200), st.sampled_from(["route", "first token", "finish"])), min_size=1,
+                max_size=60), st.integers(1, 5))  # fmt: skip
+def test_dynamo_kv_counts_a_prompt_no_other_shares_as_it_counts_any_prompt(events, num_instances):
+    """Prompts whose blocks no other request has (a range of hashes, counted without lookups) route as the same
+    blocks given as hashes (looked up in the worker's blocks and caches)."""
+    fast, slow = (DynamoKv(num_instances, 16, seed=3) for _ in range(2))
+    load = InstanceLoad(0, 0, 0, 0.0, frozenset(), 100)
+    start, live, first_pending = 0, [], []
+    for j, (num_prompt_tokens, event) in enumerate(events):
+        if event == "route" or not live:
+            blocks = range(start, start + num_prompt_tokens // 16)
+            start = blocks.stop
+            routed = [RoutedRequest(j, 0.0, num_prompt_tokens, hashes) for hashes in (blocks, tuple(blocks))]
+            assert fast.route(routed[0], [load] * num_instances) == slow.route(routed[1], [load] * num_instances)
+            live.append(j)
+            first_pending.append(j)
+        elif event == "first token" and first_pending:
+            request_id = first_pending.pop(num_prompt_tokens % len(first_pending))
+            fast.prefill_done(request_id), slow.prefill_done(request_id)
+        else:
+            request_id = live.pop(num_prompt_tokens % len(live))
+            if request_id in first_pending:
+                first_pending.remove(request_id)
+            fast.finished(request_id), slow.finished(request_id)
+        probe = range(start, start + 3)  # a request not yet routed
+        probes = [RoutedRequest(-1, 0.0, 50, hashes) for hashes in (probe, tuple(probe))]
+        assert fast.costs(probes[0], [load] * num_instances).tolist() == slow.costs(
+            probes[1], [load] * num_instances).tolist()  # fmt: skip

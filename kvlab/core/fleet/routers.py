@@ -268,6 +268,8 @@ class DynamoKv(Router):
         self.block_size, self.overlap_score_weight = block_size, overlap_score_weight
         self.active_tokens = [0] * num_instances
         self.block_refs = [{} for _ in range(num_instances)]  # block hash -> unfinished requests holding it
+        # blocks of unfinished requests whose prompts no other request shares (their hashes a range): each distinct
+        self.own_blocks = [0] * num_instances
         self.sent: dict = {}  # request id -> (worker, prefill tokens, its blocks)
 
     def new_tokens(self, request: RoutedRequest, load: InstanceLoad) -> int:
@@ -289,16 +291,24 @@ class DynamoKv(Router):
         return np.array(self.costs_and_new_tokens(request, loads)[0])
 
     def costs_and_new_tokens(self, request: RoutedRequest, loads: list[InstanceLoad]) -> tuple[list, list]:
-        """Each worker's cost, and the request's new tokens there (new_tokens)."""
+        """Each worker's cost, and the request's new tokens there (new_tokens). A prompt whose blocks no other request
+        has (its hashes a range) is in no cache and shares no block: it is counted without looking them up."""
+        hashes, weight, block_size = request.block_hashes, self.overlap_score_weight, self.block_size
+        if isinstance(hashes, range):
+            own = request.num_prompt_tokens
+            new = [own] * len(loads)
+            costs = [weight * ((own + active) / block_size) + (len(hashes) + len(refs) + held)
+                     for active, refs, held in zip(self.active_tokens, self.block_refs, self.own_blocks)]  # fmt: skip
+            return costs, new
         costs, new = [], []
-        blocks = set(request.block_hashes)
+        blocks = set(hashes)
         for i, load in enumerate(loads):
             new.append(self.new_tokens(request, load))
-            prefill_blocks = (new[-1] + self.active_tokens[i]) / self.block_size
+            prefill_blocks = (new[-1] + self.active_tokens[i]) / block_size
             refs = self.block_refs[i]
             shared = 0 if refs.keys().isdisjoint(blocks) else sum(1 for b in blocks if b in refs)
-            decode_blocks = len(blocks) - shared + len(refs)
-            costs.append(self.overlap_score_weight * prefill_blocks + decode_blocks)
+            decode_blocks = len(blocks) - shared + len(refs) + self.own_blocks[i]
+            costs.append(weight * prefill_blocks + decode_blocks)
         return costs, new
 
     def route(self, request, loads):
@@ -309,9 +319,13 @@ class DynamoKv(Router):
         index = self.choice(tied) if len(set(sizes)) == 1 else tied[int(np.argmin(sizes))]
         prefill_tokens = new[index]
         self.active_tokens[index] += prefill_tokens
-        refs, blocks = self.block_refs[index], set(request.block_hashes)
-        for block_hash in blocks:
-            refs[block_hash] = refs.get(block_hash, 0) + 1
+        blocks = request.block_hashes
+        if isinstance(blocks, range):  # its own blocks: counted
+            self.own_blocks[index] += len(blocks)
+        else:
+            refs, blocks = self.block_refs[index], set(blocks)
+            for block_hash in blocks:
+                refs[block_hash] = refs.get(block_hash, 0) + 1
         self.sent[request.request_id] = (index, prefill_tokens, blocks)
         return index
 
@@ -323,6 +337,9 @@ class DynamoKv(Router):
     def finished(self, request_id):
         index, prefill_tokens, blocks = self.sent.pop(request_id)
         self.active_tokens[index] -= prefill_tokens
+        if isinstance(blocks, range):
+            self.own_blocks[index] -= len(blocks)
+            return
         refs = self.block_refs[index]
         for block_hash in blocks:
             refs[block_hash] -= 1
