@@ -17,7 +17,7 @@ from kvlab.core.config import EngineConfig
 from kvlab.core.cost import LinearStepCost
 from kvlab.core.engine import Engine
 from kvlab.core.fleet.fleet import CachedBlocks, Fleet
-from kvlab.core.fleet.routers import ROUTERS, DynamoKv, InstanceLoad, Router, RoutedRequest, make_router
+from kvlab.core.fleet.routers import ROUTERS, DynamoKv, InstanceLoad, RoutedRequest, Router, make_router
 from kvlab.core.workload import Workload
 
 COLUMNS = ("first_scheduled_s", "first_token_s", "finish_s", "num_preemptions", "num_output_tokens")

@@ -75,6 +75,7 @@ class Scheduler:
     """vLLM's waiting queue, running list and the decisions of schedule() and update_from_output(), synchronous."""
 
     async_scheduling = False  # AsyncScheduler: the next batch is scheduled before this one's output
+    connector = None  # a KV connector's scheduler side (kv_connector.ConnectorScheduler's)
 
     def __init__(self, scheduler: SchedulerConfig, kv_cache_manager, max_model_len: int):
         self.max_model_len = max_model_len  # checked by checks.check_scheduler_config
@@ -104,6 +105,10 @@ class Scheduler:
     def has_requests(self) -> bool:
         """vLLM's has_requests(): a request runs or waits, or one finished since the last schedule()."""
         return bool(self.running or self.waiting or self.has_finished)
+
+    def num_waiting(self) -> int:
+        """vLLM's count of waiting requests (get_request_counts)."""
+        return len(self.waiting)
 
     # ---------------------------------------------------------------- schedule
     def schedule(self) -> SchedulerOutput:
@@ -146,17 +151,33 @@ class Scheduler:
 
 def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, fields):
     """vLLM's Scheduler.schedule() (the module's docstring): the running requests first, preempting from the back for
-    blocks, then, unless one was preempted, admissions first come first served; then account. scheduler: its limits
-    (max_num_batched_tokens, max_num_seqs, ..., async_scheduling); kv: the KV-cache manager; fields: the Batch's fields beyond its tokens
-    (a clock that reads them). Returns (requests scheduled, requests preempted, tokens scheduled, prompt tokens hit in
-    the prefix cache, num_running, head, num_waiting)."""
-    budget, max_model_len = scheduler.max_num_batched_tokens, scheduler.max_model_len
+    blocks (schedule_running), then, unless one was preempted, admissions first come first served (admit_waiting);
+    then account. scheduler: its limits (max_num_batched_tokens, max_num_seqs, ..., async_scheduling); kv: the KV-cache
+    manager; fields: the Batch's fields beyond its tokens (a clock that reads them). Returns (requests scheduled,
+    requests preempted, tokens scheduled, prompt tokens hit in the prefix cache, num_running, head, num_waiting)."""
     cap = step_token_cap(scheduler.long_prefill_token_threshold, num_running, num_waiting)
-    split = scheduler.mamba_block_size  # Mamba states cached at block boundaries: prefill chunks cut there
-    if split:
+    if scheduler.mamba_block_size:  # Mamba states cached at block boundaries: prefill chunks cut there
         new_step_starts(kv)
+    budget, num_reqs, num_preempted, num_running, head, num_waiting = schedule_running(
+        scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, cap
+    )
+    num_hit_tokens = 0
+    if num_preempted == 0:  # no admission in a step that preempted
+        budget, num_reqs, num_hit_tokens, num_running, head, num_waiting = admit_waiting(
+            scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, cap, budget, num_reqs
+        )
+    num_scheduled_tokens = account(requests, out, num_reqs, scheduler.async_scheduling, fields)
+    return num_reqs, num_preempted, num_scheduled_tokens, num_hit_tokens, num_running, head, num_waiting
+
+
+def schedule_running(scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, cap):
+    """schedule()'s running requests, in admission order, each its tokens (cap: the step's cap on one request's),
+    preempting from the back where its blocks are not free, until the budget is spent or a request preempted itself.
+    Returns (the budget left, requests scheduled, requests preempted, num_running, head, num_waiting)."""
+    budget, max_model_len = scheduler.max_num_batched_tokens, scheduler.max_model_len
+    split = scheduler.mamba_block_size  # Mamba states cached at block boundaries: prefill chunks cut there
     block_size, enable_caching, noop_decodes = kv.block_size, kv.enable_caching, kv.noop_decodes
-    num_reqs = num_preempted = num_hit_tokens = 0
+    num_reqs = num_preempted = 0
     i = 0
     while i < num_running and budget > 0:
         handle = running[i]
@@ -203,43 +224,51 @@ def schedule(scheduler, kv, requests, running, num_running, waiting, head, num_w
         num_reqs += 1
         budget -= n
         i += 1
+    return budget, num_reqs, num_preempted, num_running, head, num_waiting
 
-    if num_preempted == 0:  # no admission in a step that preempted
-        while budget > 0 and num_waiting > 0:
-            if num_running >= scheduler.max_num_seqs:
-                break
-            handle = waiting_front(waiting, head)
-            request = request_of(requests, handle)
-            hits, num_computed = get_computed_blocks(kv, requests, handle)
-            n = admission_num_new_tokens(
-                request.num_tokens, num_computed, cap, budget, scheduler.enable_chunked_prefill
+
+def admit_waiting(
+    scheduler, kv, requests, running, num_running, waiting, head, num_waiting, out, cap, budget, num_reqs
+):
+    """schedule()'s admissions, first come first served while the budget lasts and fewer than max_num_seqs run: a
+    request's prefix-cache hit is taken, blocks for its whole current length must be free, and with chunked prefill
+    off its (capped) tokens must fit the budget left; the first request that cannot be admitted stops the scan.
+    Returns (the budget left, requests scheduled, prompt tokens hit in the prefix cache, num_running, head,
+    num_waiting)."""
+    split = scheduler.mamba_block_size
+    num_hit_tokens = 0
+    while budget > 0 and num_waiting > 0:
+        if num_running >= scheduler.max_num_seqs:
+            break
+        handle = waiting_front(waiting, head)
+        request = request_of(requests, handle)
+        hits, num_computed = get_computed_blocks(kv, requests, handle)
+        n = admission_num_new_tokens(request.num_tokens, num_computed, cap, budget, scheduler.enable_chunked_prefill)
+        if split and n:
+            n = mamba_aligned_num_new_tokens(
+                num_computed,
+                n,
+                request.num_prompt_tokens,
+                request.num_tokens,
+                split,
+                scheduler.max_prefill_tokens,
+                hit_boundary(hits),
+                scheduler.mamba_checkpoint_alignment,
             )
-            if split and n:
-                n = mamba_aligned_num_new_tokens(
-                    num_computed,
-                    n,
-                    request.num_prompt_tokens,
-                    request.num_tokens,
-                    split,
-                    scheduler.max_prefill_tokens,
-                    hit_boundary(hits),
-                    scheduler.mamba_checkpoint_alignment,
-                )
-            if n == 0 or not allocate_admitted(kv, requests, handle, n, hits):
-                break  # the scan stops at the first request that does not fit
-            head = pop_waiting(waiting, head)
-            num_waiting -= 1
-            append_running(running, num_running, handle)
-            num_running += 1
-            request.status = RUNNING
-            request.num_computed_tokens = num_computed
-            num_hit_tokens += num_computed
-            add_admitted(out, requests, handle)
-            add_scheduled(out, num_reqs, handle, n)
-            num_reqs += 1
-            budget -= n
-    num_scheduled_tokens = account(requests, out, num_reqs, scheduler.async_scheduling, fields)
-    return num_reqs, num_preempted, num_scheduled_tokens, num_hit_tokens, num_running, head, num_waiting
+        if n == 0 or not allocate_admitted(kv, requests, handle, n, hits):
+            break  # the scan stops at the first request that does not fit
+        head = pop_waiting(waiting, head)
+        num_waiting -= 1
+        append_running(running, num_running, handle)
+        num_running += 1
+        request.status = RUNNING
+        request.num_computed_tokens = num_computed
+        num_hit_tokens += num_computed
+        add_admitted(out, requests, handle)
+        add_scheduled(out, num_reqs, handle, n)
+        num_reqs += 1
+        budget -= n
+    return budget, num_reqs, num_hit_tokens, num_running, head, num_waiting
 
 
 def preempt_latest(kv, requests, running, num_running, waiting, head, out):

@@ -372,7 +372,8 @@ def record(
 
 
 SHARED = compiled_from(
-    (python_scheduler.schedule, python_scheduler.preempt_latest, python_scheduler.preempt, python_scheduler.account,
+    (python_scheduler.schedule, python_scheduler.schedule_running, python_scheduler.admit_waiting,
+     python_scheduler.preempt_latest, python_scheduler.preempt, python_scheduler.account,
      python_scheduler.update_from_output),
     {
         name: globals()[name]
