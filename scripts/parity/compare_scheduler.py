@@ -12,7 +12,8 @@ over vLLM's (the seconds spent inside schedule() and update_from_output() only, 
 Where the compiled loop applies (kvlab.core.engine.fast.compiled: every run here), it is compared too, on the
 same fields but the batch lists it does not keep, and timed the same way (numba's import excluded, as vLLM's).
 
-Writes data/parity/scheduler.csv (one row per run) and exits 1 unless every run is 100% identical.
+Writes data/parity/scheduler.csv (one row per run; the runs of a KV connector, scheduler_workloads.CONNECTOR_RUNS, in
+data/parity/kv_connector.csv) and exits 1 unless every run is 100% identical.
 
     .venv/bin/python scripts/parity/compare_scheduler.py --vllm-python .venv-vllm/bin/python [--runs NAME ...]
 """
@@ -39,6 +40,7 @@ from kvlab.core.engine.fast import compiled  # noqa: E402
 
 VLLM_SCRIPT = HERE / "vllm_scheduler.py"
 SUMMARY_CSV = ROOT / "data" / "parity" / "scheduler.csv"
+CONNECTOR_CSV = ROOT / "data" / "parity" / "kv_connector.csv"  # the runs of a KV connector (disaggregated instances)
 REQUEST_FIELDS = ("first_scheduled_s", "first_token_s", "finish_s", "num_output_tokens", "num_preemptions")
 STEP_FIELDS = (
     "start_s",
@@ -192,11 +194,17 @@ def main(argv: list[str] | None = None) -> int:
             if first:
                 print(f"  first difference: {first}", flush=True)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
+    connector = [row for row in rows if row["run"] in scheduler_workloads.CONNECTOR_RUNS]
+    for path, kept in (
+        (out, [row for row in rows if row not in connector]),
+        (out.with_name(CONNECTOR_CSV.name), connector),
+    ):
+        if kept:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
+                writer.writeheader()
+                writer.writerows(kept)
     print(f"{'all runs identical to vLLM 0.33' if all_identical else 'NOT IDENTICAL'}; summary in {out}")
     return 0 if all_identical else 1
 

@@ -205,6 +205,40 @@ def qwen3_next_prefix_groups(attention_block_size: int = 64) -> list[dict]:
     return [mamba, mamba, mamba, {"kind": "full_attention", "block_size": attention_block_size, "sliding_window": 0}]
 
 
+def disaggregated(
+    role: str, n: int = 2000, prefix: bool = False, chunked: bool = True, budget: int = 8192, threshold: int = 0
+) -> dict:
+    """An instance of a disaggregated deployment (a KV connector, NIXL's pull, vllm_fake_nixl.py on vLLM's side):
+    "decode" (every request loads its prompt's KV, in 2 us a token plus 1 ms, from the step that allocates its blocks),
+    "prefill" (every request computes its prompt and one token, its blocks held 5-200 ms after it finishes, until the
+    decode instance has read them) or "mixed" (a third of each, and requests of neither role); memory that binds."""
+    rng = np.random.default_rng(7)
+    arrival, prompt, output = _azure_like(rng, n, 8.0, max_prompt=6000)
+    roles = {"decode": np.full(n, 2), "prefill": np.full(n, 1), "mixed": rng.integers(0, 3, n)}[role]
+    output = np.where(roles == 1, 1, output)
+    requests = _requests(arrival, prompt, output)
+    ids = None
+    if prefix:  # 8 shared system prompts before each question
+        systems = [rng.integers(1000, 30_000, int(rng.integers(200, 1500))) for _ in range(8)]
+        ids = [np.concatenate([systems[int(rng.integers(8))], rng.integers(1000, 30_000, int(p))]) for p in prompt]
+        requests = _requests(arrival, [len(x) for x in ids], output, ids)
+    hold = rng.uniform(0.005, 0.2, n)
+    for request, kind, h in zip(requests, roles, hold):
+        request["kv_role"] = int(kind)
+        if kind == 2:
+            request["kv_load_s"] = 0.001 + 2e-6 * request["prompt_tokens"]
+        elif kind == 1:
+            request["kv_hold_s"] = float(h)
+    return {
+        "config": _config(
+            num_gpu_blocks=700, max_model_len=8192, max_num_seqs=64, enable_prefix_caching=prefix,
+            enable_chunked_prefill=chunked, max_num_batched_tokens=budget, long_prefill_token_threshold=threshold,
+        ),
+        "cost": LINEAR,
+        "requests": requests,
+    }  # fmt: skip
+
+
 # name -> (what it shows, the document's builder)
 RUNS = {
     "azure-preempt": (
@@ -266,6 +300,30 @@ RUNS = {
     ),
 }
 SYNC_RUNS = dict(RUNS)
+# A disaggregated deployment's instances (a KV connector): the synchronous scheduler only, so far
+CONNECTOR_RUNS = {
+    "pd-decode": (
+        "a decode instance: every request loads its prompt's KV (NIXL), 700 blocks",
+        lambda: disaggregated("decode"),
+    ),
+    "pd-prefill": (
+        "a prefill instance: every request's blocks held 5-200 ms after it finishes, 700 blocks",
+        lambda: disaggregated("prefill"),
+    ),
+    "pd-mixed-prefix": (
+        "an instance of both roles and neither, prefix caching over 8 shared system prompts, 700 blocks",
+        lambda: disaggregated("mixed", prefix=True),
+    ),
+    "pd-mixed-long-prefill": (
+        "an instance of both roles and neither, long_prefill_token_threshold 128 in a budget of 2,048 tokens (prompts "
+        "prefill in chunks while others load: the blocks their prefills still need are kept from the loads), 700 blocks",
+        lambda: disaggregated("mixed", budget=2048, threshold=128),
+    ),
+    "pd-mixed-no-chunking": (
+        "an instance of both roles and neither, chunked prefill off, 700 blocks",
+        lambda: disaggregated("mixed", chunked=False),
+    ),
+}
 
 
 def asynchronous(build):
@@ -284,5 +342,6 @@ RUNS |= {
     f"{name}-async": (f"{what}; asynchronous scheduling", asynchronous(build))
     for name, (what, build) in SYNC_RUNS.items()
 }
+RUNS |= CONNECTOR_RUNS
 # The two runs make bench measures the speed ratio on (the issue's targets).
 SPEED_RUNS = ("azure-preempt", "long-prompt", "azure-preempt-async", "long-prompt-async")

@@ -172,6 +172,9 @@ class RequestSpec:
     prompt_tokens: int
     output_tokens: int
     prompt_token_ids: list[int] | None
+    kv_role: int = 0  # a KV connector's: 0 none, 1 producer (do_remote_decode), 2 consumer (do_remote_prefill)
+    kv_load_s: float = 0.0  # a consumer's KV arrives this long after the schedule() that allocated its blocks
+    kv_hold_s: float = 0.0  # a producer's blocks are freed this long after it finishes
 
 
 @dataclass
@@ -179,6 +182,11 @@ class Workload:
     config: dict[str, Any]
     cost: Cost
     requests: list[RequestSpec]
+
+    @property
+    def connector(self) -> bool:
+        """Whether a request has a KV connector role (vllm_fake_nixl.py's connector then serves every request)."""
+        return any(r.kv_role for r in self.requests)
 
 
 def _as_int(value: Any, what: str, minimum: int) -> int:
@@ -251,9 +259,15 @@ def parse_workload(doc: dict[str, Any]) -> Workload:
                 f"request {i}: prompt_tokens={prompt} >= max_model_len="
                 f"{config['max_model_len']}; vLLM rejects such prompts at the API"
             )
-        requests.append(RequestSpec(i, arrival, prompt, output, ids))
+        role = _as_int(raw.get("kv_role", 0), f"request {i}: kv_role", 0)
+        load_s, hold_s = float(raw.get("kv_load_s", 0.0)), float(raw.get("kv_hold_s", 0.0))
+        if role > 2 or not (math.isfinite(load_s) and math.isfinite(hold_s) and load_s >= 0 and hold_s >= 0):
+            raise BadInputError(f"request {i}: kv_role must be 0, 1 or 2 and kv_load_s, kv_hold_s finite >= 0")
+        requests.append(RequestSpec(i, arrival, prompt, output, ids, role, load_s, hold_s))
     if not requests:
         raise BadInputError("no requests")
+    if any(r.kv_role for r in requests) and (config["async_scheduling"] or config["kv_cache_groups"] is not None):
+        raise BadInputError("a KV connector (kv_role) is replayed with the synchronous scheduler of one group only")
     return Workload(config, cost, requests)
 
 
@@ -350,7 +364,7 @@ def _write_tiny_model_dir(path: str, max_model_len: int) -> None:
         json.dump(config, f)
 
 
-def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
+def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str, connector: bool = False):
     """Build vLLM's v1 scheduler the way EngineCore does, minus the model executor.
 
     Returns ``(scheduler, block_hasher)``; the hasher is None without prefix caching
@@ -369,6 +383,8 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
             long_prefill_token_threshold=config["long_prefill_token_threshold"],
             enable_chunked_prefill=config["enable_chunked_prefill"],
             async_scheduling=config["async_scheduling"],
+            # a connector without HMA support (the fake NIXL one) over one group; else vLLM decides (unset)
+            **({"disable_hybrid_kv_cache_manager": True} if connector else {}),
         )
     except ValueError as e:  # pydantic's ValidationError is a ValueError
         raise BadInputError(f"vLLM rejects this scheduler config: {e}") from None
@@ -387,11 +403,20 @@ def build_scheduler(v: SimpleNamespace, config: dict[str, Any], model_dir: str):
             cache_dtype="auto",
             enable_prefix_caching=config["enable_prefix_caching"],
         )
+        kv_transfer_config = None
+        if connector:  # vllm_fake_nixl.FakeNixlConnector, both roles on one instance
+            from vllm.config import KVTransferConfig
+            from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+            if "KvlabFakeNixl" not in KVConnectorFactory._registry:
+                KVConnectorFactory.register_connector("KvlabFakeNixl", "vllm_fake_nixl", "FakeNixlConnector")
+            kv_transfer_config = KVTransferConfig(kv_connector="KvlabFakeNixl", kv_role="kv_both")
         vllm_config = v.VllmConfig(
             scheduler_config=scheduler_config,
             model_config=model_config,
             cache_config=cache_config,
             device_config=v.DeviceConfig(device="cpu"),
+            kv_transfer_config=kv_transfer_config,
         )
     _check_effective_config(vllm_config, config)
 
@@ -525,6 +550,8 @@ class Replay:
         self.block_pool = scheduler.kv_cache_manager.block_pool
         self.num_usable_blocks = self.block_pool.num_gpu_blocks - 1  # minus the null block
         self.wall_s = 0.0
+        self.clock_s = 0.0  # the clock the fake connector reads (schedule()'s, or the step's end at its output)
+        self.connector = scheduler.connector if workload.connector else None
         # vLLM Request objects by input index (kept after vLLM forgets finished ones).
         self.vllm_requests = [self._make_request(spec, block_hasher) for spec in workload.requests]
         self.records = [RequestRecord(spec.arrival_s) for spec in workload.requests]
@@ -570,6 +597,7 @@ class Replay:
     def _schedule(self, clock: float) -> tuple[Any, StepRecord, Any]:
         """Call schedule(); return its output, a step record (times filled in by the
         caller) and the fabricated model output for the step."""
+        self.clock_s = clock
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         self.wall_s += time.perf_counter() - t0
@@ -615,6 +643,7 @@ class Replay:
     def _update(self, out: Any, step: StepRecord, model_output: Any) -> None:
         """Feed the fabricated output back and record emitted tokens and finishes."""
         counts_before = {rid: self.vllm_requests[rid].num_output_tokens for rid, _ in step.scheduled}
+        self._transfers_done(model_output, step.end_s)
         t0 = time.perf_counter()
         self.scheduler.update_from_output(out, model_output)
         self.wall_s += time.perf_counter() - t0
@@ -627,6 +656,43 @@ class Replay:
                 record.finish_s = step.end_s
                 self.num_finished += 1
         step.num_blocks_in_use = self.num_usable_blocks - self.block_pool.get_num_free_blocks()
+
+    def _transfers_done(self, model_output: Any, end_s: float) -> None:
+        """The worker's KV connector output of a step ending at end_s: the transfers that ended by then, in the order
+        they ended (lists: vLLM iterates them as given); the clock the connector reads moves to end_s."""
+        if self.connector is None:
+            return
+        from vllm.v1.outputs import KVConnectorOutput
+
+        self.clock_s = end_s
+        recving, sending = self.connector.finished_by(end_s)
+        if recving or sending:
+            model_output.kv_connector_output = KVConnectorOutput(finished_sending=sending, finished_recving=recving)
+
+    def _await_transfers(self, out: Any, clock: float) -> float | None:
+        """A schedule() that scheduled nothing while transfers are under way: an empty step to the first of the next
+        transfer's end and the next arrival (vLLM's engine steps on, polling its connector; kvlab's choice: no
+        time), whose output reports what ended. Returns the clock, or None where none is under way."""
+        if self.connector is None:
+            return None
+        if self.connector.next_event_s() == math.inf:
+            return None
+        end_s = self.connector.next_event_s()
+        if self.pending:
+            end_s = min(end_s, self.pending[0].arrival_s)
+        end_s = max(clock, end_s)
+        output = self.v.ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+        self._transfers_done(output, end_s)
+        self.scheduler.update_from_output(out, output)
+        return end_s
+
+    def _await_transfers_until(self, arrival_s: float) -> None:
+        """Idle until arrival_s with blocks held: the transfers that end by then reported (an empty step)."""
+        if self.connector.next_event_s() <= arrival_s:
+            out = self.scheduler.schedule()
+            output = self.v.ModelRunnerOutput(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
+            self._transfers_done(output, arrival_s)
+            self.scheduler.update_from_output(out, output)
 
     def _admitted_at(self, step: StepRecord, clock: float) -> None:
         """First-scheduled times of the requests a schedule() call at clock scheduled."""
@@ -681,10 +747,23 @@ class Replay:
             if self._unfinished() == 0:
                 if not self.pending:
                     break
+                if self.connector is not None:  # the engine steps on while blocks are held: sends end on the way
+                    self.clock_s = clock
+                    self._await_transfers_until(self.pending[0].arrival_s)
                 clock = self.pending[0].arrival_s  # idle: jump to the next arrival
                 continue
             out, step, model_output = self._schedule(clock)
+            if out.total_num_scheduled_tokens == 0 and self.connector is not None and out.preempted_req_ids:
+                # it preempted (its one request, while others hold blocks): a step of the records, in no time, and
+                # the next follows at once
+                self._start_step(step, clock)
+                self._update(out, step, model_output)
+                continue
             if out.total_num_scheduled_tokens == 0:
+                waited = self._await_transfers(out, clock)
+                if waited is not None:
+                    clock = waited
+                    continue
                 # Nothing runs, and the waiting head cannot be admitted; later arrivals
                 # queue behind it (FCFS), so nothing can ever change.
                 raise self._no_progress(clock)
@@ -789,8 +868,17 @@ def run_workload(doc: dict[str, Any], record_block_ids: bool = False) -> dict[st
     v = _import_vllm()
     with tempfile.TemporaryDirectory(prefix="vllm-parity-model-") as model_dir:
         _write_tiny_model_dir(model_dir, workload.config["max_model_len"])
-        scheduler, block_hasher = build_scheduler(v, workload.config, model_dir)
+        if workload.connector:  # the fake NIXL connector (vllm_fake_nixl.py): each request's role and times
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            import vllm_fake_nixl
+
+            vllm_fake_nixl.FakeNixlConnector.roles = {
+                str(r.index): (r.kv_role, r.kv_load_s, r.kv_hold_s) for r in workload.requests
+            }
+        scheduler, block_hasher = build_scheduler(v, workload.config, model_dir, workload.connector)
     replay = Replay(v, workload, scheduler, block_hasher, record_block_ids)
+    if workload.connector:
+        scheduler.connector.clock = replay  # the connector reads the replay's clock_s
     replay.run()
     return replay.result()
 

@@ -190,6 +190,40 @@ def check_engine(
     return num_gpu_blocks, max_model_len
 
 
+def check_kv_transfers(kv_transfers, workload: Workload, config: EngineConfig, allocation: str, groups):
+    """The engine's kv_transfers (kv_connector.KVTransfers), or None: one entry per request, roles NONE, PRODUCER or
+    CONSUMER, finite times >= 0; a connector runs vLLM's synchronous v1 scheduler over paged blocks of one
+    full-attention group (what kvlab models of it)."""
+    if kv_transfers is None:
+        return None
+    from kvlab.core.engine.kv_connector import CONSUMER, KVTransfers
+
+    if not isinstance(kv_transfers, KVTransfers):
+        validate.fail(
+            "kv_transfers", type(kv_transfers).__name__, "must be a kvlab.core.engine.kv_connector.KVTransfers"
+        )
+    n = workload.num_requests
+    for name in ("role", "load_s", "hold_s"):
+        values = np.asarray(getattr(kv_transfers, name))
+        if values.shape != (n,):
+            validate.fail(f"kv_transfers.{name}", f"{values.size} entries", f"must have one per request ({n})")
+        if name == "role" and not np.isin(values, (0, 1, CONSUMER)).all():
+            validate.fail("kv_transfers.role", values[~np.isin(values, (0, 1, CONSUMER))][0], "must be 0, 1 or 2")
+        if name != "role" and not (np.isfinite(values).all() and (values >= 0).all()):
+            bad = values[~(np.isfinite(values) & (values >= 0))][0]
+            validate.fail(f"kv_transfers.{name}", float(bad), "must be finite seconds >= 0")
+    if config.scheduler.async_scheduling:
+        validate.fail("async_scheduling", True, "is not modelled with a KV connector yet: set async_scheduling=False")
+    if config.scheduler.scheduler_cls != "v1" or allocation != "paged" or groups is not None:
+        validate.fail(
+            "kv_transfers",
+            "given",
+            "applies to the v1 scheduler over paged blocks of one full-attention group (kvlab's model of vLLM's KV "
+            "connector)",
+        )
+    return kv_transfers
+
+
 def check_workload(workload: Workload, config: EngineConfig, num_gpu_blocks: int, allocation: str = "paged") -> None:
     """Refuse, in one line and before any work, settings vLLM would refuse, a pool without a usable block, and a
     request vLLM would refuse or that can never fit the pool."""

@@ -208,8 +208,13 @@ class Ranks:
     def num_held(self) -> int:
         return sum(kv.num_held for kv in self.kv_cache_managers)
 
+    connector = None  # (no KV connector with data-parallel ranks)
+
     def has_requests(self) -> bool:
         return any(s.has_requests() for s in self.schedulers)
+
+    def num_waiting(self) -> int:
+        return len(self.waiting)
 
     def schedule(self) -> GroupOutput:
         """Every rank with requests schedules its batch (after the snapshots and deals due by the clock)."""

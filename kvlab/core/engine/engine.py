@@ -41,11 +41,18 @@ from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost
 from kvlab.core.engine.async_scheduler import AsyncScheduler
-from kvlab.core.engine.checks import NoProgressError, check_engine, check_kv_cache_groups, no_progress_message
+from kvlab.core.engine.checks import (
+    NoProgressError,
+    check_engine,
+    check_kv_cache_groups,
+    check_kv_transfers,
+    no_progress_message,
+)
 from kvlab.core.engine.closed_loop import ClosedLoop
 from kvlab.core.engine.engine_core import run_async, run_sync
 from kvlab.core.engine.fast import compiled as compiled_loop
 from kvlab.core.engine.kv_cache_manager import KVCacheManager
+from kvlab.core.engine.kv_connector import ConnectorScheduler, KVTransfers, NixlConnector
 from kvlab.core.engine.records import NO_PROGRESS, EngineResult, Recorder, RequestLog, StepLog, StepRecords
 from kvlab.core.engine.request import Request
 from kvlab.core.engine.reservation import ReservationManager
@@ -86,6 +93,7 @@ class Engine:
         check: bool = True,
         kv_cache_groups=None,
         max_concurrency: int | None = None,
+        kv_transfers: KVTransfers | None = None,
     ):
         if not isinstance(workload, Workload):
             validate.fail("workload", type(workload).__name__, "must be a kvlab.core.workload.Workload")
@@ -104,6 +112,9 @@ class Engine:
         )
         self.workload, self.config, self.allocation = workload, config, allocation
         self.num_gpu_blocks, self.block_size, self.max_model_len = num_gpu_blocks, bs, max_model_len
+        # each request's part in a disaggregated deployment (kv_connector.py: vLLM's scheduler with NIXL's connector)
+        self.kv_transfers = check_kv_transfers(kv_transfers, workload, config, allocation, groups)
+        self.now_s = float(workload.arrival_s[0])  # the clock (the connector's scheduler reads it)
         self.scheduler = self.make_scheduler(recorder)
         self.kv_cache_manager = self.scheduler.kv_cache_manager
         self.cost = ConstantStepCost() if cost is None else cost
@@ -146,11 +157,16 @@ class Engine:
         else:
             kv = ReservationManager(self.allocation, self.num_gpu_blocks, bs, self.max_model_len, recorder)
         sched = config.scheduler
+        if self.kv_transfers is not None:
+            return ConnectorScheduler(sched, kv, self.max_model_len, NixlConnector(self.kv_transfers), self)
         return SCHEDULERS[sched.scheduler_cls, sched.async_scheduling](sched, kv, self.max_model_len)
 
     def idle_until(self, arrival_s: float) -> float:
         """Where the clock goes when nothing runs or waits: the next arrival (DataParallelEngine: later, where the
-        ranks' dummy batches still run)."""
+        ranks' dummy batches still run); a KV connector's transfers that end by then are reported on the way (vLLM's
+        engine steps on while a connector holds blocks)."""
+        if self.scheduler.connector is not None:
+            self.scheduler.transfers_done(arrival_s)
         return arrival_s
 
     # ---------------------------------------------------------------- requests

@@ -36,6 +36,8 @@ def run_sync(engine, loop):
         start_s = loop.now_s
         out, num_reqs, num_tokens, num_preempted, num_hit_tokens = schedule_batch(engine, loop)
         if num_tokens == 0:
+            if await_transfers(engine, loop):
+                continue  # a KV connector's transfer ended: its request may run now
             return NO_PROGRESS
         end_s = start_s + batch_s(engine, out, num_tokens)
         loop.now_s = end_s  # the outputs below are processed at the step's end
@@ -135,8 +137,34 @@ def add_arrivals(engine, loop) -> None:
 
 
 def queue_lengths(engine, loop) -> tuple:
-    """The running list's and the waiting queue's lengths."""
-    return len(engine.scheduler.running), len(engine.scheduler.waiting)
+    """The running list's and the waiting queue's lengths (with a KV connector, both its queues)."""
+    scheduler = engine.scheduler
+    return len(scheduler.running), scheduler.num_waiting()
+
+
+def await_transfers(engine, loop) -> bool:
+    """A step that scheduled nothing with a KV connector (kv_connector.py). One that preempted (its only request, while
+    others held blocks) is a step of the records, in no time, its output processed at once, and the next follows;
+    else, while transfers are under way, the clock goes to the first of the next transfer's end and the next arrival,
+    where the worker reports what ended. False otherwise: no progress (no connector: never)."""
+    scheduler = engine.scheduler
+    connector = scheduler.connector
+    if connector is None:
+        return False
+    if scheduler.num_preempted:
+        scheduler.transfers_done(loop.now_s)
+        num_running, num_waiting = queue_lengths(engine, loop)
+        loop.num_kv_tokens = running_kv_tokens(engine, loop)
+        record_step(engine, loop, loop.now_s, loop.now_s, 0, num_running, num_waiting, scheduler.num_preempted, 0)
+        return True
+    if connector.next_event_s() == math.inf:
+        return False
+    end_s = connector.next_event_s()
+    if loop.next_arrival < num_requests(engine):
+        end_s = min(end_s, arrival_s_of(engine, loop.next_arrival))
+    loop.now_s = max(loop.now_s, end_s)
+    scheduler.transfers_done(loop.now_s)
+    return True
 
 
 def has_requests(engine, loop) -> bool:

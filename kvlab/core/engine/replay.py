@@ -14,6 +14,7 @@ from kvlab.core.capacity import KVCacheGroup
 from kvlab.core.config import EngineConfig
 from kvlab.core.cost import ConstantStepCost, LinearStepCost
 from kvlab.core.engine.engine import Engine
+from kvlab.core.engine.kv_connector import KVTransfers
 from kvlab.core.engine.records import EngineResult
 from kvlab.core.workload import Workload
 
@@ -80,6 +81,11 @@ def from_document(doc: dict) -> dict:
             )
             for g in groups
         )
+    transfers = None  # a KV connector's roles and times (kv_role, kv_load_s, kv_hold_s), where a request has one
+    if any(r.get("kv_role", 0) for r in requests):
+        transfers = KVTransfers(
+            *(np.array([r.get(k, 0) for r in requests]) for k in ("kv_role", "kv_load_s", "kv_hold_s"))
+        )
     return {
         "workload": workload,
         "config": config,
@@ -87,6 +93,7 @@ def from_document(doc: dict) -> dict:
         "cost": cost,
         "prompt_token_ids": ids,
         "kv_cache_groups": groups,
+        "kv_transfers": transfers,
     }
 
 

@@ -136,6 +136,7 @@ def eligible(engine) -> bool:
         )
         and engine.recorder is None
         and (engine.kv_cache_groups is None or not caching)
+        and engine.kv_transfers is None  # a KV connector: the Python engine (kv_connector.py)
     )
 
 
@@ -297,7 +298,8 @@ def chosen(engine, path: str) -> bool:
                 "compiled",
                 "applies only to the v1 scheduler over paged blocks (prefix caching by token ids that are the "
                 "prompts, or by Workload.prefix_hashes) or the v0-2023 one over paged blocks or a reservation, "
-                "a constant, linear, measured, 2023 or roofline (one GPU) step cost and no recorder",
+                "a constant, linear, measured, 2023 or roofline (one GPU) step cost, no recorder and no KV "
+                "connector (kv_transfers),",
             )
         if not available():
             validate.fail("path", "compiled", "needs numba, which is not installed (make setup installs it)")

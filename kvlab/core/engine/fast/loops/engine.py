@@ -219,12 +219,20 @@ def pop_batch(engine, loop):
             queue_i[slot, 5], queue_f[slot, 0], queue_f[slot, 1], queue_i[slot, 2], queue_i[slot, 3])  # fmt: skip
 
 
+@inline
+def await_transfers(engine, loop):
+    """No KV connector in the compiled loops (the Python engine serves one): a step that scheduled nothing is no
+    progress."""
+    return False
+
+
 BINDINGS = {
     name: globals()[name]
     for name in (
         "started", "paused", "add_arrivals", "queue_lengths", "has_requests", "records_full", "num_requests",
         "arrival_s_of", "idle_until", "run_at_once", "run_at_once_async", "schedule_batch", "batch_s",
         "running_kv_tokens", "update_batch", "record_step", "queue_batch", "num_queued", "queued_tokens", "pop_batch",
+        "await_transfers",
     )
 } | {"math": math, "STEP": STEP, "DONE": DONE, "FULL": FULL, "NO_PROGRESS": NO_PROGRESS, "PAUSED": PAUSED}  # fmt: skip
 LOOPS = compiled_from((engine_core.next_step,), BINDINGS, (engine_core.run_sync, engine_core.run_async), "_v1")
