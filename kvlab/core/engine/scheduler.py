@@ -26,7 +26,8 @@ its last block may still free a block behind its window).
 Left out because it is inert for a text-only decoder of full-attention and sliding-window layers and no speculative
 decoding, LoRA, structured output, connectors or pipeline parallelism: pause states, encoder budgets,
 deferred frees (only with a KV-connector consumer), the prefill cadence, drafts, the watermark (0), drop-mode
-stale output (reset_prefix_cache and connectors only). With Mamba states and prefix caching (vLLM's mamba_cache_mode
+stale output (reset_prefix_cache and connectors only). A KV connector's path (a disaggregated deployment's
+instances) is kv_connector.py's ConnectorScheduler, this class with its own waiting loop. With Mamba states and prefix caching (vLLM's mamba_cache_mode
 "align") a prefill chunk is cut where a state is cached (rules.mamba_aligned_num_new_tokens), the prefill's last
 chunk not when the Mamba groups export its checkpoint from inside the kernel (prefill checkpoint blocks).
 """
