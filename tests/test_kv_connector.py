@@ -129,3 +129,14 @@ def test_bad_transfers_are_refused_in_one_line(change, message):
     with pytest.raises(ValueError) as caught:
         Engine(w, config, num_gpu_blocks=30, kv_transfers=transfers)
     assert str(caught.value).startswith(message)
+
+
+def test_a_producers_blocks_are_held_until_the_read_end_given():
+    """A producer finishing at 9 ms whose read ends at 50 ms (read_end_s, a fleet's): its 7 blocks stay held through
+    the steps of a second request until the first step output at or after 50 ms, and are free after it."""
+    w = Workload(np.array([0.0, 0.001]), [100, 10], [1, 12])
+    transfers = KVTransfers(np.array([PRODUCER, NONE]), np.zeros(2), np.zeros(2), np.array([0.05, 0.0]))
+    result = Engine(w, SYNC, num_gpu_blocks=30, cost=COST, kv_transfers=transfers).run()
+    held, end_s = result.steps["num_blocks_in_use"], result.steps["end_s"]  # request 1 holds 1 or 2 blocks
+    assert held.tolist() == [7, 8, 8, 8, 8, 8, 1, 1, 2, 2, 2, 2, 0]
+    assert end_s[5] < 0.05 <= end_s[6]  # freed in the output of the first step ending at or after 50 ms

@@ -43,6 +43,9 @@ ENGINE_FLAGS = flag_table(
     "max_concurrency",
     "num_instances",
     "router",
+    "prefill_instances",
+    "decode_instances",
+    "kv_transfer_link",
     config="--config",
     enable_chunked_prefill="--no-chunked-prefill",
     requests_csv="--requests-csv",
@@ -228,6 +231,29 @@ def add_engine_flags(p) -> list[str]:
         "scorers: queue, KV-cache usage, prefix cache), dynamo-kv (NVIDIA Dynamo's KV router: prefill blocks after "
         "its cache overlap + decode blocks); each as its public code writes it (kvlab.core.fleet.routers), its random "
         "tie-breaks from --seed (default 0)",
+    )
+    add_flag(
+        g,
+        "prefill_instances",
+        type=int,
+        default=None,
+        metavar="X",
+        help="disaggregated prefill and decode (with --decode-instances): X instances prefill each request (vLLM's "
+        "max_tokens=1 request) and hold its blocks until a decode instance has read them over --kv-transfer-link (NIXL's "
+        "connector, vLLM's synchronous scheduler: add --no-async-scheduling); each side's instances take requests in "
+        "turn; --json adds TTFT's parts (queue, prefill, decode_queue, transfer, first_decode) and each side's counts",
+    )
+    add_flag(
+        g, "decode_instances", type=int, default=None, metavar="Y", help="the decode instances of --prefill-instances"
+    )
+    add_flag(
+        g,
+        "kv_transfer_link",
+        choices=["same-node", "rdma-400g"],
+        default=None,
+        help="the link a request's KV crosses from its prefill to its decode instance, at its datasheet bandwidth (a "
+        "lower bound): same-node (the GPUs' NVLink or PCIe, data/profiles/interconnects.csv) or rdma-400g (one 400 Gb/s "
+        "NIC a GPU; default)",
     )
     g.add_argument(
         "--requests-csv",

@@ -176,6 +176,11 @@ def run_vllm(args, given: set[str]) -> dict:
     check_engine_flags(given, options)
     check_model_flags(given)
     check_lengths_flags(args, given)
+    if args.requests_csv and options.prefill_instances:
+        raise ValueError(
+            "--requests-csv and --prefill-instances cannot be used together: a disaggregated run's per-request table "
+            "is not written yet (use --json for its figures)"
+        )
     run = serving.setup(options)
     result = run.run()
     if args.requests_csv:
@@ -188,8 +193,45 @@ def run_vllm(args, given: set[str]) -> dict:
     return out
 
 
+def print_disaggregated(out: dict, run: serving.Serving) -> None:
+    """The text of a disaggregated run (out: its summary)."""
+    if run.trace is not None:
+        print_trace(out)
+    scheduler = run.config.scheduler
+    print_line(
+        "deployment",
+        f"{out['num_prefill_instances']} prefill + {out['num_decode_instances']} decode instances of vLLM 0.33 "
+        f"(synchronous scheduler, NIXL's KV connector), each {run.num_gpu_blocks:,} GPU blocks of "
+        f"{run.config.cache.block_size} tokens ({run.pool_source}); max_num_seqs {scheduler.max_num_seqs:,}, "
+        f"max_num_batched_tokens {scheduler.max_num_batched_tokens:,}; each side's instances in turn",
+    )
+    print_line(
+        "KV transfer", f"{out['kv_transfer_bytes_per_block']:,} bytes a block a GPU, {out['kv_transfer_source']}"
+    )
+    print_line("step cost", out["cost_source"])
+    print_line("requests", f"{out['num_requests']:,}")
+    print_line(
+        "TTFT", f"mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s; p95 E2E {out['p95_e2e_s']:,.3f} s"
+    )
+    print_line(
+        "TTFT's parts",
+        f"mean {out['mean_ttft_queue_s']:,.4f} s queued + {out['mean_ttft_prefill_s']:,.4f} s prefill + "
+        f"{out['mean_ttft_decode_queue_s']:,.4f} s until a decode instance takes it + {out['mean_ttft_transfer_s']:,.4f} s "
+        f"transfer + {out['mean_ttft_first_decode_s']:,.4f} s first decode step",
+    )
+    print_line(
+        "steps",
+        f"prefill {out['prefill_steps']:,} ({out['prefill_preemptions']:,} preemptions), decode "
+        f"{out['decode_steps']:,} ({out['decode_preemptions']:,} preemptions); the two sides settled in "
+        f"{out['num_rounds']} rounds",
+    )
+
+
 def print_vllm(out: dict, run: serving.Serving) -> None:
     """The text of a run of vLLM's scheduler (out: its summary)."""
+    if run.disaggregated:
+        print_disaggregated(out, run)
+        return
     scheduler, parallel, options = run.config.scheduler, run.config.parallel, run.options
     usable, ranks = run.num_gpu_blocks - 1, parallel.data_parallel_size
     if run.trace is not None:

@@ -21,8 +21,10 @@ from kvlab.core.config import VLLM_FLAGS, CacheConfig, EngineConfig, ParallelCon
 from kvlab.core.cost import HARDWARE_STEP_COSTS, make_step_cost
 from kvlab.core.engine import DEFAULT_CONFIG, PEAK_BYTES_PER_REQUEST, NoProgressError, check_max_concurrency
 from kvlab.core.engine import simulate as engine_simulate
+from kvlab.core.fleet.disaggregated import DisaggregatedFleet
 from kvlab.core.fleet.fleet import Fleet, bytes_per_request
 from kvlab.core.fleet.routers import ROUTERS, make_router
+from kvlab.core.kv_transfer import LINKS, transfer_cost
 from kvlab.core.models import ModelSpec
 from kvlab.core.pool import size_kv_pool
 from kvlab.core.workload import Workload
@@ -31,7 +33,8 @@ from kvlab.workloads import synthetic, traces
 # Each option's flag on kvlab's command line (ServingOptions', and kvlab.studies.sizing.SizingOptions' of kvlab
 # capacity): vLLM's (kvlab.core.config.VLLM_FLAGS) where vLLM has one, else kvlab's.
 FLAGS = VLLM_FLAGS | {"hf_config_path": "--config"}
-FLAGS |= {"num_instances": "--instances"}
+FLAGS |= {"num_instances": "--instances", "prefill_instances": "--prefill-instances"}
+FLAGS |= {"decode_instances": "--decode-instances", "kv_transfer_link": "--kv-transfer-link"}
 FLAGS |= {
     name: "--" + name.replace("_", "-")
     for name in (
@@ -117,6 +120,11 @@ class ServingOptions:
     # the fleet: num_instances engines behind a router (kvlab.core.fleet; None: round-robin where num_instances > 1)
     num_instances: int = 1
     router: str | None = None
+    # disaggregated prefill and decode (kvlab.core.fleet.disaggregated): that many instances of each, joined by a KV
+    # connector over kv_transfer_link (kvlab.core.kv_transfer.LINKS); 0: none
+    prefill_instances: int = 0
+    decode_instances: int = 0
+    kv_transfer_link: str = "rdma-400g"
 
     @property
     def cost_name(self) -> str:
@@ -431,6 +439,11 @@ class Serving:
         """Serve the workload (kvlab.core.engine.simulate: the engine refuses its config, pool and workload in one
         line before any step); a run that cannot go on stops with why, as a one-line ValueError."""
         try:
+            if self.disaggregated:
+                transfer = transfer_cost(self.model, self.options.gpu, self.options.kv_transfer_link, self.config)
+                return DisaggregatedFleet(self.workload, self.config, self.options.prefill_instances,
+                                          self.options.decode_instances, transfer, num_gpu_blocks=self.num_gpu_blocks,
+                                          cost=self.cost).run()  # fmt: skip
             if self.fleet:
                 router = make_router(self.router_name, self.options.num_instances, self.config.cache.block_size,
                                      self.options.seed or 0)  # fmt: skip
@@ -455,6 +468,11 @@ class Serving:
         return self.options.num_instances > 1 or self.options.router is not None
 
     @property
+    def disaggregated(self) -> bool:
+        """Whether prefill and decode run on instances of their own (kvlab.core.fleet.disaggregated)."""
+        return self.options.prefill_instances > 0
+
+    @property
     def router_name(self) -> str:
         return self.options.router or "round-robin"
 
@@ -463,6 +481,16 @@ class Serving:
         numbers come from, latency, preemptions, steps, KV blocks and throughput; a fleet's, its own
         (kvlab.core.fleet.FleetResult.summary: TTFT's parts, the prefix caches' hit rate, each instance's counts)."""
         summary = result.summary()
+        if self.disaggregated:
+            transfer = transfer_cost(self.model, self.options.gpu, self.options.kv_transfer_link, self.config)
+            keys = {
+                "num_prefill_instances": self.options.prefill_instances,
+                "num_decode_instances": self.options.decode_instances,
+                "kv_transfer_link": transfer.link,
+                "kv_transfer_source": transfer.source,
+                "kv_transfer_bytes_per_block": transfer.bytes_per_block,
+            }
+            return self.settings() | keys | summary | self.model_keys() | self.trace_summary()
         if self.fleet:
             return self.settings() | summary | self.model_keys() | self.trace_summary()
         out = self.settings() | {
@@ -553,6 +581,45 @@ def describe_groups(groups) -> str:
 INSTANCE_BYTES_PER_BLOCK = 100
 
 
+def check_disaggregated(options: ServingOptions) -> None:
+    """Disaggregated prefill and decode (--prefill-instances X --decode-instances Y) as kvlab serves it: one-line
+    errors for the rest, each naming its fix."""
+    x, y = options.prefill_instances, options.decode_instances
+    if not x and not y:
+        return
+    for name, value in (("prefill_instances", x), ("decode_instances", y)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(
+                f"{FLAGS[name]} {value} is not allowed: a disaggregated deployment needs at least one prefill and one "
+                f"decode instance (give both {FLAGS['prefill_instances']} and {FLAGS['decode_instances']})"
+            )
+    validate.one_of("kv_transfer_link", options.kv_transfer_link, LINKS)
+    both = f"{FLAGS['prefill_instances']} {x} {FLAGS['decode_instances']} {y}"
+    if options.async_scheduling:
+        raise ValueError(
+            f"{both} runs vLLM's synchronous scheduler (kvlab models its KV connector's asynchronous path not yet), "
+            "and asynchronous scheduling is on (vLLM's default): add --no-async-scheduling"
+        )
+    for name, fix in (("model", "the KV bytes a request moves come from the model"),
+                      ("gpu", "the link's bandwidth comes from the GPU")):  # fmt: skip
+        if getattr(options, name) is None:
+            raise ValueError(f"{both} needs {FLAGS[name]}: {fix}")
+    for name, served, what in (
+        ("enable_prefix_caching", not options.enable_prefix_caching, "the read of blocks a decode instance has "
+         "cached is not counted yet (drop it)"),
+        ("num_instances", options.num_instances == 1, "each side's instances take requests in turn, as vLLM's example "
+         "proxies send them (drop it)"),
+        ("router", options.router is None, "each side's instances take requests in turn (drop it)"),
+        ("data_parallel_size", options.data_parallel_size == 1, "its instances are single-rank engines"),
+        ("max_concurrency", options.max_concurrency is None, "a closed loop is served for one engine only"),
+        ("allocation", options.allocation == "paged", "its instances are vLLM's paged engines"),
+    ):  # fmt: skip
+        if not served:
+            value = getattr(options, name)
+            shown = "" if value is True else f" {value}"
+            raise ValueError(f"{both} and {FLAGS[name]}{shown} cannot be used together: {what}")
+
+
 def check_fleet(options: ServingOptions) -> None:
     """A fleet (num_instances > 1 or a router) of engines kvlab's fleet serves: one-line errors for the rest."""
     n = validate.positive_int("num_instances", options.num_instances)
@@ -587,11 +654,16 @@ def setup(options: ServingOptions) -> Serving:
     if options.max_concurrency is not None:
         check_max_concurrency(options.max_concurrency)
     check_fleet(options)
+    check_disaggregated(options)
     model = load_model(options)
     config = engine_config(options, max_model_len_of(options, model))
     check_parallel(model, config)
     groups = None if model is None else capacity.kv_cache_groups(model, config)
     num_gpu_blocks, pool_source = kv_pool(options, model, config, groups)
+    if options.prefill_instances:  # each instance's pool, held in this machine's memory
+        x, y = options.prefill_instances, options.decode_instances
+        resources.refuse_if_too_big("prefill_instances", x, num_gpu_blocks * INSTANCE_BYTES_PER_BLOCK * (x + y) / x,
+                                    unit=f"prefill instances with {y:,} decode instances")  # fmt: skip
     if options.num_instances > 1:  # each instance's pool, held in this machine's memory
         resources.refuse_if_too_big("num_instances", options.num_instances, num_gpu_blocks * INSTANCE_BYTES_PER_BLOCK,
                                     unit="instances of this pool")  # fmt: skip

@@ -203,7 +203,8 @@ def check_kv_transfers(kv_transfers, workload: Workload, config: EngineConfig, a
             "kv_transfers", type(kv_transfers).__name__, "must be a kvlab.core.engine.kv_connector.KVTransfers"
         )
     n = workload.num_requests
-    for name in ("role", "load_s", "hold_s"):
+    names = ("role", "load_s", "hold_s") + (() if kv_transfers.read_end_s is None else ("read_end_s",))
+    for name in names:
         values = np.asarray(getattr(kv_transfers, name))
         if values.shape != (n,):
             validate.fail(f"kv_transfers.{name}", f"{values.size} entries", f"must have one per request ({n})")

@@ -48,11 +48,13 @@ WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"  # a consumer holding its bloc
 class KVTransfers:
     """Each request's part in a disaggregated deployment: role (NONE, PRODUCER or CONSUMER), a consumer's load_s (its
     prompt's KV arrives load_s after the step that allocated its blocks starts) and a producer's hold_s (its blocks
-    are freed hold_s after it finishes, once the decode instance has read them)."""
+    are freed hold_s after it finishes, once the decode instance has read them), or read_end_s where given: when the
+    decode instance's read of them ends (a fleet's: kvlab.core.fleet.disaggregated)."""
 
     role: np.ndarray
     load_s: np.ndarray
     hold_s: np.ndarray
+    read_end_s: np.ndarray | None = None
 
     @classmethod
     def none(cls, num_requests: int) -> KVTransfers:
@@ -67,6 +69,7 @@ class NixlConnector:
     def __init__(self, transfers: KVTransfers):
         self.transfers = transfers
         self.processed: set[int] = set()  # consumers whose transfer was set up (vLLM: do_remote_prefill set False)
+        self.load_start_s: dict[int, float] = {}  # consumer -> when its load started (its blocks allocated)
         self.events: list = []  # heap of (end_s, sequence, kind, request): transfers under way
         self.sequence = 0
 
@@ -86,6 +89,7 @@ class NixlConnector:
         if self.transfers.role[rid] == CONSUMER and rid not in self.processed:
             self.processed.add(rid)
             if num_external_tokens > 0:
+                self.load_start_s[rid] = now_s
                 self.add_event(now_s + float(self.transfers.load_s[rid]), "recv", request)
 
     def request_finished(self, request, now_s: float) -> bool:
@@ -94,7 +98,9 @@ class NixlConnector:
         rid = request.request_id
         if self.transfers.role[rid] != PRODUCER or not request.block_ids:
             return False
-        self.add_event(now_s + float(self.transfers.hold_s[rid]), "send", request)
+        read_end_s = self.transfers.read_end_s
+        self.add_event(now_s + float(self.transfers.hold_s[rid]) if read_end_s is None else float(read_end_s[rid]),
+                       "send", request)  # fmt: skip
         return True
 
     def add_event(self, end_s: float, kind: str, request) -> None:

@@ -1,0 +1,192 @@
+"""Disaggregated prefill and decode ("xPyD"): x prefill instances and y decode instances of kvlab's engine joined by a
+KV connector (vLLM's NIXL pull connector: kvlab.core.engine.kv_connector), behind vLLM's example proxy.
+
+A request goes, as vLLM's proxies send it (tests/v1/kv_connector/nixl_integration/toy_proxy_server.py,
+examples/online_serving/disaggregated_serving/disagg_proxy_demo.py: each side's instances in turn), first to a prefill
+instance as a request of max_tokens=1 (do_remote_decode): it is prefilled there and its blocks stay held after it
+finishes. When that response comes back (no network time: kvlab's choice) the proxy sends the request whole to a
+decode instance (do_remote_prefill): it gets blocks for its prompt, its KV is read from the prefill instance
+(TransferCost.transfer_s: kvlab.core.kv_transfer, the link's datasheet bound), the prefill instance's blocks are freed
+once that read ends (reported in its first step output after it), and the decode instance computes the last prompt
+token, samples the first token (the one the client sees: the prefill's is dropped) and decodes the rest.
+
+The two sides depend on each other: a decode instance's arrivals are the prefill instances' finishes, and a prefill
+instance's blocks are held until the decode side's reads end. Each instance is an Engine of its own: the prefill side
+is served with the reads' ends of the last decode run, the decode side with the prefill side's finishes, until the
+reads' ends repeat exactly (a fixed point: every instance is causal, so the one run consistent with both sides is the
+deployment's run). The reads start where the decode side allocates (its first guess: at the prefill's finish).
+
+TTFT (arrival to the decode instance's first token) splits into five parts that sum to it: queue (arrival to the
+prefill instance's first step with it), prefill (to its finish), decode_queue (to the decode instance's allocation of
+its blocks, where the read starts), transfer (to the decode instance's step that computes its last prompt token: the
+read and the promotion after it) and first_decode (that step).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvlab.core import validate
+from kvlab.core.engine import Engine
+from kvlab.core.engine.kv_connector import CONSUMER, PRODUCER, KVTransfers
+from kvlab.core.workload import Workload
+
+TTFT_PARTS = ("queue", "prefill", "decode_queue", "transfer", "first_decode")
+MAX_ROUNDS = 200  # runs of both sides before kvlab gives up on a fixed point (it says so)
+LOG = logging.getLogger("kvlab")
+
+
+@dataclass
+class DisaggregatedResult:
+    """A disaggregated run: per request (the workload's order) its prefill and decode instance, arrival, first token
+    (the decode instance's), finish, TTFT's parts (TTFT_PARTS, seconds), each instance's EngineResult (None: it had
+    no request) and the rounds the two sides took to settle."""
+
+    prefill_of: np.ndarray
+    decode_of: np.ndarray
+    arrival_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    ttft_parts_s: dict
+    prefill_results: list
+    decode_results: list
+    num_rounds: int
+
+    def summary(self) -> dict:
+        """The run's figures: requests, TTFT (mean, p95), E2E p95, TTFT's parts (means), preemptions and steps of each
+        side, the rounds to the fixed point."""
+        ttft = self.first_token_s - self.arrival_s
+        out = {
+            "num_requests": len(ttft),
+            "mean_ttft_s": float(ttft.mean()),
+            "p95_ttft_s": float(np.percentile(ttft, 95)),
+            "p95_e2e_s": float(np.percentile(self.finish_s - self.arrival_s, 95)),
+        }
+        out |= {f"mean_ttft_{part}_s": float(v.mean()) for part, v in self.ttft_parts_s.items()}
+        for side, results in (("prefill", self.prefill_results), ("decode", self.decode_results)):
+            used = [r for r in results if r is not None]
+            out[f"{side}_preemptions"] = int(sum(r.num_preemptions.sum() for r in used))
+            out[f"{side}_steps"] = int(sum(r.num_steps for r in used))
+        out["num_rounds"] = self.num_rounds
+        return out
+
+
+class DisaggregatedFleet:
+    """num_prefill prefill and num_decode decode instances of the config (synchronous scheduling: what kvlab's
+    connector models), each with num_gpu_blocks blocks and the step cost; transfer: a kv_transfer.TransferCost."""
+
+    def __init__(self, workload: Workload, config, num_prefill: int, num_decode: int, transfer, **engine_options):
+        for name, value in (("num_prefill", num_prefill), ("num_decode", num_decode)):
+            if not isinstance(value, int) or value < 1:
+                validate.fail(name, value, "must be a whole number of instances >= 1")
+        self.workload, self.config, self.transfer = workload, config, transfer
+        self.num_prefill, self.num_decode = num_prefill, num_decode
+        self.engine_options = engine_options
+
+    def run(self) -> DisaggregatedResult:
+        w, n = self.workload, self.workload.num_requests
+        prefill_of = np.arange(n) % self.num_prefill  # the proxy's turn over the prefill instances, by arrival
+        read_s = np.array([self.transfer.transfer_s(int(p)) for p in w.prompt_tokens])
+        read_end_s = None  # first guess: each read starts at its prefill's finish
+        rounds = 0
+        while rounds < MAX_ROUNDS:
+            rounds += 1
+            prefill = [self.prefill_side(k, prefill_of, read_end_s, read_s) for k in range(self.num_prefill)]
+            prefilled_s = np.empty(n)
+            for ids, result in prefill:
+                if result is not None:
+                    prefilled_s[ids] = result.finish_s
+            if read_end_s is None:
+                read_end_s = prefilled_s + read_s
+            decode_of, decode, load_start_s = self.decode_side(prefilled_s, read_s)
+            new_read_end_s = load_start_s + read_s
+            if np.array_equal(new_read_end_s, read_end_s):
+                break
+            if rounds % 10 == 0:
+                LOG.info(
+                    "disaggregated: round %d, the decode side's reads of %d requests still move the prefill side",
+                    rounds,
+                    int(np.count_nonzero(new_read_end_s != read_end_s)),
+                )
+            read_end_s = new_read_end_s
+        else:
+            raise RuntimeError(
+                f"the prefill and decode sides did not settle in {MAX_ROUNDS} rounds (their reads' ends still "
+                "moved): kvlab cannot serve this deployment exactly; fewer requests or more decode instances"
+            )
+        return self.result(prefill_of, prefill, prefilled_s, decode_of, decode, load_start_s, rounds)
+
+    def prefill_side(self, k: int, prefill_of: np.ndarray, read_end_s, read_s: np.ndarray):
+        """Prefill instance k's requests (each of max_tokens=1, a producer) served with the reads' ends given (None:
+        read_s after each finish). Returns (their ids, its EngineResult)."""
+        w = self.workload
+        ids = np.flatnonzero(prefill_of == k)
+        if len(ids) == 0:
+            return ids, None  # (more instances than requests)
+        share = Workload(w.arrival_s[ids], w.prompt_tokens[ids], np.ones(len(ids), dtype=np.int64))
+        m = len(ids)
+        transfers = KVTransfers(
+            np.full(m, PRODUCER), np.zeros(m), read_s[ids], None if read_end_s is None else read_end_s[ids]
+        )
+        return ids, Engine(share, self.config, kv_transfers=transfers, **self.options(ids)).run()
+
+    def decode_side(self, prefilled_s: np.ndarray, read_s: np.ndarray):
+        """Every request sent to a decode instance at its prefill's finish (in that order, the proxy's turn over the
+        decode instances; ties by arrival). Returns (each request's decode instance, each instance's (ids, result),
+        each request's load start)."""
+        w, n = self.workload, self.workload.num_requests
+        order = np.lexsort((np.arange(n), prefilled_s))
+        decode_of = np.empty(n, dtype=np.int64)
+        decode_of[order] = np.arange(n) % self.num_decode
+        load_start_s = np.empty(n)
+        results = []
+        for k in range(self.num_decode):
+            ids = order[decode_of[order] == k]
+            m = len(ids)
+            if m == 0:
+                results.append((ids, None))
+                continue
+            share = Workload(prefilled_s[ids], w.prompt_tokens[ids], w.output_tokens[ids])
+            transfers = KVTransfers(np.full(m, CONSUMER), read_s[ids], np.zeros(m))
+            engine = Engine(share, self.config, kv_transfers=transfers, **self.options(ids))
+            result = engine.run()
+            started = engine.scheduler.connector.load_start_s
+            load_start_s[ids] = [started[j] for j in range(m)]
+            results.append((ids, result))
+        return decode_of, results, load_start_s
+
+    def options(self, ids: np.ndarray) -> dict:
+        """The engine options for the requests ids (their prompts' token ids where given)."""
+        options = dict(self.engine_options)
+        if options.get("prompt_token_ids") is not None:
+            options["prompt_token_ids"] = [options["prompt_token_ids"][i] for i in ids]
+        return {**options, "path": "reference"}
+
+    def result(self, prefill_of, prefill, prefilled_s, decode_of, decode, load_start_s, rounds) -> DisaggregatedResult:
+        w, n = self.workload, self.workload.num_requests
+        prefill_scheduled_s = np.empty(n)
+        first_token_s, finish_s, decode_scheduled_s = np.empty(n), np.empty(n), np.empty(n)
+        for ids, r in prefill:
+            if r is not None:
+                prefill_scheduled_s[ids] = r.first_scheduled_s
+        for ids, r in decode:
+            if r is None:
+                continue
+            first_token_s[ids], finish_s[ids], decode_scheduled_s[ids] = (
+                r.first_token_s,
+                r.finish_s,
+                r.first_scheduled_s,
+            )
+        parts = {
+            "queue": prefill_scheduled_s - w.arrival_s,
+            "prefill": prefilled_s - prefill_scheduled_s,
+            "decode_queue": load_start_s - prefilled_s,
+            "transfer": decode_scheduled_s - load_start_s,
+            "first_decode": first_token_s - decode_scheduled_s,
+        }
+        results = {"prefill": [r for _, r in prefill], "decode": [r for _, r in decode]}
+        return DisaggregatedResult(prefill_of, decode_of, w.arrival_s, first_token_s, finish_s, parts,
+                                   results["prefill"], results["decode"], rounds)  # fmt: skip
