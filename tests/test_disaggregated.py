@@ -47,25 +47,19 @@ def test_the_prefill_side_waits_for_the_decode_side_to_read_its_blocks():
     prefill = result.prefill_results[0]
     first_read_end = result.arrival_s[0] + sum(float(result.ttft_parts_s[p][0]) for p in TTFT_PARTS[:4])
     assert prefill.first_scheduled_s[1] >= first_read_end > prefill.finish_s[0]
-    assert result.num_rounds >= 2
 
 
 @st.composite
 def deployments(draw):
-    n = draw(st.integers(1, 12))
-    prompts = draw(st.lists(st.integers(1, 300), min_size=n, max_size=n))
-    outputs = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
-    gaps = draw(st.lists(st.sampled_from([0.0, 0.002, 0.01, 0.05]), min_size=n, max_size=n))
+    """Up to 24 requests on one or two instances a side, pools from the least that holds the longest request up."""
+    n = draw(st.integers(1, 24))
+    prompts = draw(st.lists(st.integers(1, 400), min_size=n, max_size=n))
+    outputs = draw(st.lists(st.integers(1, 30), min_size=n, max_size=n))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.002, 0.01]), min_size=n, max_size=n))
     workload = Workload(np.cumsum(gaps) - gaps[0], np.array(prompts), np.array(outputs))
     config = SYNC.replace(max_num_seqs=draw(st.integers(1, 4)), max_num_batched_tokens=draw(st.sampled_from([64, 512])))
     least = max(-(-(p + o) // 16) for p, o in zip(prompts, outputs)) + 1
-    return (
-        workload,
-        config,
-        draw(st.integers(1, 3)),
-        draw(st.integers(1, 3)),
-        least + draw(st.sampled_from([0, 5, 100])),
-    )
+    return workload, config, draw(st.integers(1, 2)), draw(st.integers(1, 2)), least + draw(st.sampled_from([0, 2, 10]))
 
 
 @given(deployments())
@@ -86,6 +80,21 @@ def test_ttfts_parts_sum_to_it_and_each_is_what_it_says(deployment):
     assert sorted(np.bincount(result.decode_of, minlength=num_decode).tolist()) in (
         sorted(np.bincount(np.arange(workload.num_requests) % num_decode, minlength=num_decode).tolist()),
     )
+
+
+@given(deployments())
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_one_clock_equals_the_sides_served_alternately_to_a_fixed_point(deployment):
+    """run() (every instance on one clock) against run_alternating() (each side whole with the other's last run,
+    until the reads' ends repeat): the same instances, times and TTFT parts for every request."""
+    workload, config, num_prefill, num_decode, num_gpu_blocks = deployment
+    fleet = DisaggregatedFleet(workload, config, num_prefill, num_decode, RDMA, num_gpu_blocks=num_gpu_blocks,
+                               cost=COST)  # fmt: skip
+    mine, theirs = fleet.run(), fleet.run_alternating()
+    for name in ("prefill_of", "decode_of", "first_token_s", "finish_s"):
+        assert getattr(mine, name).tolist() == getattr(theirs, name).tolist(), name
+    for part in TTFT_PARTS:
+        assert mine.ttft_parts_s[part].tolist() == theirs.ttft_parts_s[part].tolist(), part
 
 
 def test_the_command_line_serves_a_disaggregated_deployment(capsys):

@@ -222,8 +222,7 @@ def print_disaggregated(out: dict, run: serving.Serving) -> None:
     print_line(
         "steps",
         f"prefill {out['prefill_steps']:,} ({out['prefill_preemptions']:,} preemptions), decode "
-        f"{out['decode_steps']:,} ({out['decode_preemptions']:,} preemptions); the two sides settled in "
-        f"{out['num_rounds']} rounds",
+        f"{out['decode_steps']:,} ({out['decode_preemptions']:,} preemptions)",
     )
 
 

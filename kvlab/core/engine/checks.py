@@ -210,8 +210,9 @@ def check_kv_transfers(kv_transfers, workload: Workload, config: EngineConfig, a
             validate.fail(f"kv_transfers.{name}", f"{values.size} entries", f"must have one per request ({n})")
         if name == "role" and not np.isin(values, (0, 1, CONSUMER)).all():
             validate.fail("kv_transfers.role", values[~np.isin(values, (0, 1, CONSUMER))][0], "must be 0, 1 or 2")
-        if name != "role" and not (np.isfinite(values).all() and (values >= 0).all()):
-            bad = values[~(np.isfinite(values) & (values >= 0))][0]
+        known = ~np.isnan(values) if name == "read_end_s" else np.ones(n, dtype=bool)  # (NaN: a fleet's, unknown)
+        if name != "role" and not (np.isfinite(values[known]).all() and (values[known] >= 0).all()):
+            bad = values[known][~(np.isfinite(values[known]) & (values[known] >= 0))][0]
             validate.fail(f"kv_transfers.{name}", float(bad), "must be finite seconds >= 0")
     if config.scheduler.async_scheduling:
         validate.fail("async_scheduling", True, "is not modelled with a KV connector yet: set async_scheduling=False")

@@ -146,7 +146,8 @@ def await_transfers(engine, loop) -> bool:
     """A step that scheduled nothing with a KV connector (kv_connector.py). One that preempted (its only request, while
     others held blocks) is a step of the records, in no time, its output processed at once, and the next follows;
     else, while transfers are under way, the clock goes to the first of the next transfer's end and the next arrival,
-    where the worker reports what ended. False otherwise: no progress (no connector: never)."""
+    where the worker reports what ended; a fleet's instance with none under way waits for its fleet (until_s: another
+    instance may start a read of its blocks). False otherwise: no progress (no connector: never)."""
     scheduler = engine.scheduler
     connector = scheduler.connector
     if connector is None:
@@ -158,8 +159,11 @@ def await_transfers(engine, loop) -> bool:
         record_step(engine, loop, loop.now_s, loop.now_s, 0, num_running, num_waiting, scheduler.num_preempted, 0)
         return True
     if connector.next_event_s() == math.inf:
-        return False
-    end_s = connector.next_event_s()
+        if engine.until_s == math.inf:
+            return False
+        loop.now_s = max(loop.now_s, engine.until_s)  # a fleet's instance: others may yet start its reads
+        return True
+    end_s = min(connector.next_event_s(), engine.until_s)  # (a fleet's instance: no further than its fleet allows)
     if loop.next_arrival < num_requests(engine):
         end_s = min(end_s, arrival_s_of(engine, loop.next_arrival))
     loop.now_s = max(loop.now_s, end_s)

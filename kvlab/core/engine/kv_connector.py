@@ -70,6 +70,7 @@ class NixlConnector:
         self.transfers = transfers
         self.processed: set[int] = set()  # consumers whose transfer was set up (vLLM: do_remote_prefill set False)
         self.load_start_s: dict[int, float] = {}  # consumer -> when its load started (its blocks allocated)
+        self.awaiting_read: dict[int, object] = {}  # finished producers whose read has not started (read_end_s NaN)
         self.events: list = []  # heap of (end_s, sequence, kind, request): transfers under way
         self.sequence = 0
 
@@ -99,9 +100,17 @@ class NixlConnector:
         if self.transfers.role[rid] != PRODUCER or not request.block_ids:
             return False
         read_end_s = self.transfers.read_end_s
-        self.add_event(now_s + float(self.transfers.hold_s[rid]) if read_end_s is None else float(read_end_s[rid]),
-                       "send", request)  # fmt: skip
+        if read_end_s is None:
+            self.add_event(now_s + float(self.transfers.hold_s[rid]), "send", request)
+        elif math.isnan(read_end_s[rid]):  # the decode instance has yet to read them (read_ends tells when it ends)
+            self.awaiting_read[rid] = request
+        else:
+            self.add_event(float(read_end_s[rid]), "send", request)
         return True
+
+    def read_ends(self, request_id: int, end_s: float) -> None:
+        """A fleet's decode instance started reading a finished producer's blocks: the read ends at end_s."""
+        self.add_event(end_s, "send", self.awaiting_read.pop(request_id))
 
     def add_event(self, end_s: float, kind: str, request) -> None:
         heapq.heappush(self.events, (end_s, self.sequence, kind, request))
@@ -149,6 +158,14 @@ class ConnectorScheduler(Scheduler):
         self.inflight_prefills: set = set()  # requests whose prefill is under way or loading (_inflight_prefills)
         self.finished_recving: set = set()  # consumers whose KV has arrived, to promote
         self.num_preempted = 0  # requests the last schedule() preempted
+        self.num_scheduled_tokens = -1  # tokens the last schedule() scheduled (-1: none yet)
+        self.scheduled_s = (
+            self.reported_s
+        ) = -math.inf  # the clock of the last schedule(), of the last report of a transfer
+        # a fleet's prefill instance (kvlab.core.fleet.disaggregated): reads other instances start end in the output of
+        # its step whose end they precede, which kvlab's fleet may learn of only after that step: applied at the next
+        # schedule(), before anything reads them (no read ends at a step's end: it starts after the finish)
+        self.deferred_reports = False
 
     @property
     def now_s(self) -> float:
@@ -163,6 +180,9 @@ class ConnectorScheduler(Scheduler):
         return bool(self.running or self.waiting or self.kv_holding or self.has_finished)
 
     def schedule(self) -> SchedulerOutput:
+        if self.deferred_reports:
+            self.transfers_done(self.now_s)
+        self.scheduled_s = self.now_s
         out = SchedulerOutput()
         running, waiting, kv = self.running, self.waiting, self.kv_cache_manager
         cap = step_token_cap(self.long_prefill_token_threshold, len(running), self.num_waiting())
@@ -179,6 +199,7 @@ class ConnectorScheduler(Scheduler):
             if request.num_computed_tokens >= request.num_tokens:
                 self.inflight_prefills.discard(request)
         self.has_finished = False
+        self.num_scheduled_tokens = out.batch.num_scheduled_tokens
         return out
 
     def admit(self, out: SchedulerOutput, cap: int, budget: int, num_reqs: int) -> tuple[int, int]:
@@ -306,6 +327,8 @@ class ConnectorScheduler(Scheduler):
         """The worker's report at now_s (or the one given): consumers whose KV arrived wait to be promoted; producers'
         held blocks are freed."""
         recving, sending = self.connector.finished_by(now_s) if report is None else report
+        if recving or sending:
+            self.reported_s = now_s
         self.finished_recving.update(recving)
         for request in sending:
             self.manager.free(request)
