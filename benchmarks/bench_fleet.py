@@ -61,3 +61,25 @@ def main() -> None:
             f"({slow / fast:.1f}x)",
             flush=True,
         )
+    disaggregated(10_000)
+
+
+def disaggregated(num_requests: int) -> None:
+    """Disaggregated prefill and decode (kvlab.core.fleet.disaggregated, Python instances on one clock): 4 prefill + 4
+    decode instances of the pool above, Llama-3.1-8B's KV read over one 400 Gb/s NIC a GPU (no target: measured)."""
+    from kvlab.core.fleet.disaggregated import DisaggregatedFleet
+    from kvlab.core.kv_transfer import transfer_cost
+    from kvlab.core.models import get_model
+
+    config = EngineConfig().replace(max_model_len=16384, async_scheduling=False)
+    transfer = transfer_cost(get_model("meta-llama/Llama-3.1-8B-Instruct"), "H100-SXM-80GB")
+    fleet = DisaggregatedFleet(workload(num_requests), config, 4, 4, transfer, num_gpu_blocks=NUM_GPU_BLOCKS,
+                               cost=LinearStepCost(8.0, 0.01))  # fmt: skip
+    start = time.perf_counter()
+    s = fleet.run().summary()
+    seconds = time.perf_counter() - start
+    print(
+        f"   4 prefill + 4 decode instances x {num_requests:,} requests, one clock, in Python: {seconds:.2f} s "
+        f"({s['prefill_steps'] + s['decode_steps']:,} steps; p95 TTFT {s['p95_ttft_s']:.2f} s)",
+        flush=True,
+    )
