@@ -6,7 +6,8 @@ A request is one of three kinds (KVTransfers.role):
 - NONE: served as by any engine;
 - PRODUCER (vLLM's kv_transfer_params do_remote_decode: the prefill instance's max_tokens=1 request): it runs as any
   request, but when it finishes the connector delays its blocks' free (request_finished returns delay_free_blocks)
-  until the decode instance has read them (the worker's finished_sending, KVTransfers.hold_s after its finish here);
+  until the decode instance has read them (the worker's finished_sending: KVTransfers.hold_s after its finish, or
+  read_end_s, a fleet's decode instance's read end, which it tells with read_ends once the read starts);
 - CONSUMER (do_remote_prefill: the decode instance's request): on admission the connector matches its prompt's tokens
   past the local prefix hit (get_num_new_matched_tokens: the whole prompt, loaded asynchronously); the scheduler
   allocates blocks for them (blocks for its whole length must be free, those for the load within the free blocks less
@@ -159,12 +160,11 @@ class ConnectorScheduler(Scheduler):
         self.finished_recving: set = set()  # consumers whose KV has arrived, to promote
         self.num_preempted = 0  # requests the last schedule() preempted
         self.num_scheduled_tokens = -1  # tokens the last schedule() scheduled (-1: none yet)
-        self.scheduled_s = (
-            self.reported_s
-        ) = -math.inf  # the clock of the last schedule(), of the last report of a transfer
-        # a fleet's prefill instance (kvlab.core.fleet.disaggregated): reads other instances start end in the output of
-        # its step whose end they precede, which kvlab's fleet may learn of only after that step: applied at the next
-        # schedule(), before anything reads them (no read ends at a step's end: it starts after the finish)
+        self.scheduled_s = -math.inf  # the clock of the last schedule()
+        self.reported_s = -math.inf  # the clock of the last report that ended a transfer
+        # a fleet's prefill instance (kvlab.core.fleet.disaggregated): a read another instance starts while this one's
+        # step runs, and ends before that step does, is reported in that step's output, which kvlab's fleet may have
+        # processed already: such reports are applied at the next schedule(), before anything reads them
         self.deferred_reports = False
 
     @property
