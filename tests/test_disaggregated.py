@@ -107,6 +107,9 @@ def test_the_command_line_serves_a_disaggregated_deployment(capsys):
     parts = sum(out[f"mean_ttft_{p}_s"] for p in TTFT_PARTS)
     assert parts == pytest.approx(out["mean_ttft_s"], rel=1e-9)
     assert "datasheet bound" in out["kv_transfer_source"] and out["kv_transfer_link"] == "rdma-400g"
+    assert [i["num_requests"] for i in out["prefill_instances"]] == [20, 20]  # in turn
+    assert sum(i["num_requests"] for i in out["decode_instances"]) == 40
+    assert 0 < out["mean_tpot_s"] <= out["p95_tpot_s"] * 2
     main(args)
     text = capsys.readouterr().out
     assert "2 prefill + 1 decode instances" in text and "TTFT's parts" in text

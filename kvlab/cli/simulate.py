@@ -213,6 +213,7 @@ def print_disaggregated(out: dict, run: serving.Serving) -> None:
     print_line(
         "TTFT", f"mean {out['mean_ttft_s']:,.3f} s, p95 {out['p95_ttft_s']:,.3f} s; p95 E2E {out['p95_e2e_s']:,.3f} s"
     )
+    print_line("TPOT", f"mean {1e3 * out['mean_tpot_s']:,.2f} ms, p95 {1e3 * out['p95_tpot_s']:,.2f} ms (decode side)")
     print_line(
         "TTFT's parts",
         f"mean {out['mean_ttft_queue_s']:,.4f} s queued + {out['mean_ttft_prefill_s']:,.4f} s prefill + "

@@ -65,8 +65,8 @@ class DisaggregatedResult:
     num_rounds: int
 
     def summary(self) -> dict:
-        """The run's figures: requests, TTFT (mean, p95), E2E p95, TTFT's parts (means), preemptions and steps of each
-        side."""
+        """The run's figures: requests, TTFT (mean, p95), E2E p95, TTFT's parts (means), TPOT on the decode side
+        (mean, p95), each side's preemptions and steps, and each instance's requests, preemptions and steps."""
         ttft = self.first_token_s - self.arrival_s
         out = {
             "num_requests": len(ttft),
@@ -75,10 +75,19 @@ class DisaggregatedResult:
             "p95_e2e_s": float(np.percentile(self.finish_s - self.arrival_s, 95)),
         }
         out |= {f"mean_ttft_{part}_s": float(v.mean()) for part, v in self.ttft_parts_s.items()}
+        decoded = [r for r in self.decode_results if r is not None]
+        tpot = np.concatenate([r.tpot_s for r in decoded])  # (EngineResult.tpot_s: NaN for one output token)
+        out["mean_tpot_s"] = float(np.nanmean(tpot)) if np.isfinite(tpot).any() else math.nan
+        out["p95_tpot_s"] = float(np.nanpercentile(tpot, 95)) if np.isfinite(tpot).any() else math.nan
         for side, results in (("prefill", self.prefill_results), ("decode", self.decode_results)):
             used = [r for r in results if r is not None]
             out[f"{side}_preemptions"] = int(sum(r.num_preemptions.sum() for r in used))
             out[f"{side}_steps"] = int(sum(r.num_steps for r in used))
+            out[f"{side}_instances"] = [
+                {"num_requests": 0 if r is None else r.num_requests, "num_preemptions": 0 if r is None else
+                 int(r.num_preemptions.sum()), "num_steps": 0 if r is None else r.num_steps}
+                for r in results
+            ]  # fmt: skip
         return out
 
 
