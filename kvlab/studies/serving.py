@@ -605,8 +605,6 @@ def check_disaggregated(options: ServingOptions) -> None:
         if getattr(options, name) is None:
             raise ValueError(f"{both} needs {FLAGS[name]}: {fix}")
     for name, served, what in (
-        ("enable_prefix_caching", not options.enable_prefix_caching, "the read of blocks a decode instance has "
-         "cached is not counted yet (drop it)"),
         ("num_instances", options.num_instances == 1, "each side's instances take requests in turn, as vLLM's example "
          "proxies send them (drop it)"),
         ("router", options.router is None, "each side's instances take requests in turn (drop it)"),

@@ -50,12 +50,14 @@ class KVTransfers:
     """Each request's part in a disaggregated deployment: role (NONE, PRODUCER or CONSUMER), a consumer's load_s (its
     prompt's KV arrives load_s after the step that allocated its blocks starts) and a producer's hold_s (its blocks
     are freed hold_s after it finishes, once the decode instance has read them), or read_end_s where given: when the
-    decode instance's read of them ends (a fleet's: kvlab.core.fleet.disaggregated)."""
+    decode instance's read of them ends (a fleet's: kvlab.core.fleet.disaggregated); where transfer is given, a
+    consumer's load takes transfer.transfer_s(the tokens it loads: those past its local prefix hit) instead of load_s."""
 
     role: np.ndarray
     load_s: np.ndarray
     hold_s: np.ndarray
     read_end_s: np.ndarray | None = None
+    transfer: object = None  # or: a consumer's load takes transfer.transfer_s(its external tokens) (kv_transfer)
 
     @classmethod
     def none(cls, num_requests: int) -> KVTransfers:
@@ -71,6 +73,7 @@ class NixlConnector:
         self.transfers = transfers
         self.processed: set[int] = set()  # consumers whose transfer was set up (vLLM: do_remote_prefill set False)
         self.load_start_s: dict[int, float] = {}  # consumer -> when its load started (its blocks allocated)
+        self.load_end_s: dict[int, float] = {}  # consumer -> when it ends
         self.awaiting_read: dict[int, object] = {}  # finished producers whose read has not started (read_end_s NaN)
         self.events: list = []  # heap of (end_s, sequence, kind, request): transfers under way
         self.sequence = 0
@@ -91,8 +94,10 @@ class NixlConnector:
         if self.transfers.role[rid] == CONSUMER and rid not in self.processed:
             self.processed.add(rid)
             if num_external_tokens > 0:
-                self.load_start_s[rid] = now_s
-                self.add_event(now_s + float(self.transfers.load_s[rid]), "recv", request)
+                transfer = self.transfers.transfer
+                load_s = self.transfers.load_s[rid] if transfer is None else transfer.transfer_s(num_external_tokens)
+                self.load_start_s[rid], self.load_end_s[rid] = now_s, now_s + float(load_s)
+                self.add_event(self.load_end_s[rid], "recv", request)
 
     def request_finished(self, request, now_s: float) -> bool:
         """Whether a finished request's blocks stay held: a producer's, until the decode instance has read them

@@ -40,7 +40,7 @@ from kvlab.core import validate
 from kvlab.core.engine import Engine
 from kvlab.core.engine.kv_connector import CONSUMER, PRODUCER, KVTransfers
 from kvlab.core.engine.records import RequestLog
-from kvlab.core.fleet.fleet import Instance
+from kvlab.core.fleet.fleet import Instance, share
 from kvlab.core.workload import Workload
 
 TTFT_PARTS = ("queue", "prefill", "decode_queue", "transfer", "first_decode")
@@ -125,10 +125,11 @@ class DisaggregatedFleet:
         decode instance's allocation tells the prefill instance when its read ends."""
         w, n, x, y = self.workload, self.workload.num_requests, self.num_prefill, self.num_decode
         read_s = np.array([self.transfer.transfer_s(int(p)) for p in w.prompt_tokens])
-        one_token = Workload(w.arrival_s, w.prompt_tokens, np.ones(n, dtype=np.int64))
+        one_token = Workload(w.arrival_s, w.prompt_tokens, np.ones(n, dtype=np.int64), w.prefix_hashes,
+                             w.prefix_block_tokens)  # fmt: skip
         options = {**self.engine_options, "check": False}
         producers = KVTransfers(np.full(n, PRODUCER), np.zeros(n), read_s, np.full(n, np.nan))
-        consumers = KVTransfers(np.full(n, CONSUMER), read_s, np.zeros(n))
+        consumers = KVTransfers(np.full(n, CONSUMER), read_s, np.zeros(n), transfer=self.transfer)
         logs = RequestLog(n), RequestLog(n)
         prefill = [Instance(k, logs[0], one_token, self.config, kv_transfers=producers, **options) for k in range(x)]
         decode = [Instance(k, logs[1], w, self.config, kv_transfers=consumers, **options) for k in range(y)]
@@ -159,10 +160,10 @@ class DisaggregatedFleet:
                     heapq.heappush(finishes, (finish_s, j))
                 num_finishes[k] = len(instance.finishes)
             else:  # a decode instance: the reads it started end at the prefill instances
-                started = instance.scheduler.connector.load_start_s
-                for j in list(started)[reads_told[k - x] :]:
-                    prefill[prefill_of[j]].scheduler.connector.read_ends(j, started[j] + read_s[j])
-                reads_told[k - x] = len(started)
+                ends = instance.scheduler.connector.load_end_s
+                for j in list(ends)[reads_told[k - x] :]:
+                    prefill[prefill_of[j]].scheduler.connector.read_ends(j, ends[j])
+                reads_told[k - x] = len(ends)
         for instance in instances:
             instance.run_until(math.inf)
         load_start_s = np.empty(n)
@@ -196,8 +197,7 @@ class DisaggregatedFleet:
                     prefilled_s[ids] = result.finish_s
             if read_end_s is None:
                 read_end_s = prefilled_s + read_s
-            decode_of, decode, load_start_s = self.decode_side(prefilled_s, read_s)
-            new_read_end_s = load_start_s + read_s
+            decode_of, decode, load_start_s, new_read_end_s = self.decode_side(prefilled_s, read_s)
             if np.array_equal(new_read_end_s, read_end_s):
                 break
             if rounds % 10 == 0:
@@ -221,22 +221,24 @@ class DisaggregatedFleet:
         ids = np.flatnonzero(prefill_of == k)
         if len(ids) == 0:
             return ids, None  # (more instances than requests)
-        share = Workload(w.arrival_s[ids], w.prompt_tokens[ids], np.ones(len(ids), dtype=np.int64))
+        part = share(w, ids)
+        share_ = Workload(part.arrival_s, part.prompt_tokens, np.ones(len(ids), dtype=np.int64), part.prefix_hashes,
+                          part.prefix_block_tokens)  # fmt: skip
         m = len(ids)
         transfers = KVTransfers(
             np.full(m, PRODUCER), np.zeros(m), read_s[ids], None if read_end_s is None else read_end_s[ids]
         )
-        return ids, Engine(share, self.config, kv_transfers=transfers, **self.options(ids)).run()
+        return ids, Engine(share_, self.config, kv_transfers=transfers, **self.options(ids)).run()
 
     def decode_side(self, prefilled_s: np.ndarray, read_s: np.ndarray):
         """Every request sent to a decode instance at its prefill's finish (in that order, the proxy's turn over the
         decode instances; ties by arrival). Returns (each request's decode instance, each instance's (ids, result),
-        each request's load start)."""
+        each request's load start and end)."""
         w, n = self.workload, self.workload.num_requests
         order = np.lexsort((np.arange(n), prefilled_s))
         decode_of = np.empty(n, dtype=np.int64)
         decode_of[order] = np.arange(n) % self.num_decode
-        load_start_s = np.empty(n)
+        load_start_s, load_end_s = np.empty(n), np.empty(n)
         results = []
         for k in range(self.num_decode):
             ids = order[decode_of[order] == k]
@@ -244,14 +246,17 @@ class DisaggregatedFleet:
             if m == 0:
                 results.append((ids, None))
                 continue
-            share = Workload(prefilled_s[ids], w.prompt_tokens[ids], w.output_tokens[ids])
-            transfers = KVTransfers(np.full(m, CONSUMER), read_s[ids], np.zeros(m))
-            engine = Engine(share, self.config, kv_transfers=transfers, **self.options(ids))
+            hashes = None if w.prefix_hashes is None else tuple(w.prefix_hashes[i] for i in ids)
+            part = Workload(prefilled_s[ids], w.prompt_tokens[ids], w.output_tokens[ids], hashes,
+                            w.prefix_block_tokens)  # fmt: skip
+            transfers = KVTransfers(np.full(m, CONSUMER), read_s[ids], np.zeros(m), transfer=self.transfer)
+            engine = Engine(part, self.config, kv_transfers=transfers, **self.options(ids))
             result = engine.run()
-            started = engine.scheduler.connector.load_start_s
-            load_start_s[ids] = [started[j] for j in range(m)]
+            connector = engine.scheduler.connector
+            load_start_s[ids] = [connector.load_start_s[j] for j in range(m)]
+            load_end_s[ids] = [connector.load_end_s[j] for j in range(m)]
             results.append((ids, result))
-        return decode_of, results, load_start_s
+        return decode_of, results, load_start_s, load_end_s
 
     def options(self, ids: np.ndarray) -> dict:
         """The engine options for the requests ids (their prompts' token ids where given)."""
