@@ -40,7 +40,7 @@ from kvlab.core import validate
 from kvlab.core.engine import Engine
 from kvlab.core.engine.kv_connector import CONSUMER, PRODUCER, KVTransfers
 from kvlab.core.engine.records import RequestLog
-from kvlab.core.fleet.fleet import Instance, share
+from kvlab.core.fleet.fleet import Instance
 from kvlab.core.workload import Workload
 
 TTFT_PARTS = ("queue", "prefill", "decode_queue", "transfer", "first_decode")
@@ -91,6 +91,13 @@ class DisaggregatedResult:
         return out
 
 
+def requests_of(workload: Workload, ids: np.ndarray, arrival_s: np.ndarray, output_tokens: np.ndarray) -> Workload:
+    """The workload's requests ids (their prompts and prefix hashes) arriving at arrival_s for output_tokens each: a
+    side's share (a prefill instance's: one output token; a decode instance's: arriving at their prefill's finish)."""
+    hashes = None if workload.prefix_hashes is None else tuple(workload.prefix_hashes[i] for i in ids)
+    return Workload(arrival_s, workload.prompt_tokens[ids], output_tokens, hashes, workload.prefix_block_tokens)
+
+
 def next_decision_s(instance) -> float:
     """When a fleet's instance next decides: at its next arrival when idle; at its next transfer's end or arrival
     while it waits for transfers (its last schedule() scheduled nothing and no report came since); else at its clock;
@@ -124,9 +131,8 @@ class DisaggregatedFleet:
         in time order; a prefill's finish reaches the proxy, which sends it to a decode instance, at its time; a
         decode instance's allocation tells the prefill instance when its read ends."""
         w, n, x, y = self.workload, self.workload.num_requests, self.num_prefill, self.num_decode
-        read_s = np.array([self.transfer.transfer_s(int(p)) for p in w.prompt_tokens])
-        one_token = Workload(w.arrival_s, w.prompt_tokens, np.ones(n, dtype=np.int64), w.prefix_hashes,
-                             w.prefix_block_tokens)  # fmt: skip
+        read_s = self.read_s()
+        one_token = requests_of(w, np.arange(n), w.arrival_s, np.ones(n, dtype=np.int64))
         options = {**self.engine_options, "check": False}
         producers = KVTransfers(np.full(n, PRODUCER), np.zeros(n), read_s, np.full(n, np.nan))
         consumers = KVTransfers(np.full(n, CONSUMER), read_s, np.zeros(n), transfer=self.transfer)
@@ -183,9 +189,9 @@ class DisaggregatedFleet:
     def run_alternating(self) -> DisaggregatedResult:
         """The reference: each side served whole with the other's last run, until the reads' ends repeat exactly
         (a fixed point: the one run consistent with both sides, as every instance is causal); run() must equal it."""
-        w, n = self.workload, self.workload.num_requests
+        n = self.workload.num_requests
         prefill_of = np.arange(n) % self.num_prefill  # the proxy's turn over the prefill instances, by arrival
-        read_s = np.array([self.transfer.transfer_s(int(p)) for p in w.prompt_tokens])
+        read_s = self.read_s()
         read_end_s = None  # first guess: each read starts at its prefill's finish
         rounds = 0
         while rounds < MAX_ROUNDS:
@@ -221,14 +227,12 @@ class DisaggregatedFleet:
         ids = np.flatnonzero(prefill_of == k)
         if len(ids) == 0:
             return ids, None  # (more instances than requests)
-        part = share(w, ids)
-        share_ = Workload(part.arrival_s, part.prompt_tokens, np.ones(len(ids), dtype=np.int64), part.prefix_hashes,
-                          part.prefix_block_tokens)  # fmt: skip
         m = len(ids)
+        part = requests_of(w, ids, w.arrival_s[ids], np.ones(m, dtype=np.int64))
         transfers = KVTransfers(
             np.full(m, PRODUCER), np.zeros(m), read_s[ids], None if read_end_s is None else read_end_s[ids]
         )
-        return ids, Engine(share_, self.config, kv_transfers=transfers, **self.options(ids)).run()
+        return ids, Engine(part, self.config, kv_transfers=transfers, **self.options(ids)).run()
 
     def decode_side(self, prefilled_s: np.ndarray, read_s: np.ndarray):
         """Every request sent to a decode instance at its prefill's finish (in that order, the proxy's turn over the
@@ -246,9 +250,7 @@ class DisaggregatedFleet:
             if m == 0:
                 results.append((ids, None))
                 continue
-            hashes = None if w.prefix_hashes is None else tuple(w.prefix_hashes[i] for i in ids)
-            part = Workload(prefilled_s[ids], w.prompt_tokens[ids], w.output_tokens[ids], hashes,
-                            w.prefix_block_tokens)  # fmt: skip
+            part = requests_of(w, ids, prefilled_s[ids], w.output_tokens[ids])
             transfers = KVTransfers(np.full(m, CONSUMER), read_s[ids], np.zeros(m), transfer=self.transfer)
             engine = Engine(part, self.config, kv_transfers=transfers, **self.options(ids))
             result = engine.run()
@@ -257,6 +259,11 @@ class DisaggregatedFleet:
             load_end_s[ids] = [connector.load_end_s[j] for j in range(m)]
             results.append((ids, result))
         return decode_of, results, load_start_s, load_end_s
+
+    def read_s(self) -> np.ndarray:
+        """Each request's whole prompt read at the link's bandwidth (the first guess at its read; a decode instance
+        times the tokens it loads)."""
+        return np.array([self.transfer.transfer_s(int(p)) for p in self.workload.prompt_tokens])
 
     def options(self, ids: np.ndarray) -> dict:
         """The engine options for the requests ids (their prompts' token ids where given)."""
@@ -287,6 +294,5 @@ class DisaggregatedFleet:
             "transfer": decode_scheduled_s - load_start_s,
             "first_decode": first_token_s - decode_scheduled_s,
         }
-        results = {"prefill": [r for _, r in prefill], "decode": [r for _, r in decode]}
         return DisaggregatedResult(prefill_of, decode_of, w.arrival_s, first_token_s, finish_s, parts,
-                                   results["prefill"], results["decode"], rounds)  # fmt: skip
+                                   [r for _, r in prefill], [r for _, r in decode], rounds)  # fmt: skip
